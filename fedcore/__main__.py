@@ -1,0 +1,7 @@
+"""``python -m fedcore`` runs the CLI."""
+
+import sys
+
+from fedcore.cli import main
+
+sys.exit(main())

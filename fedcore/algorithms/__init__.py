@@ -1,0 +1,64 @@
+"""Decentralized learning algorithms as sans-I/O state machines, and their registry.
+
+``make_algorithm(name, **options)`` builds one from the registry; the options are the
+extra keys of the config's ``[algorithm]`` table.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext
+from fedcore.algorithms.dpsgd import DPSGD, DPSGDState, gossip_mix
+from fedcore.algorithms.ops import OPS, OPSState, push_shares, push_sum_mix
+from fedcore.algorithms.reference import Central, Local, ModelState
+from fedcore.errors import ConfigError
+
+__all__ = [
+    "ALGORITHMS",
+    "DPSGD",
+    "OPS",
+    "Algorithm",
+    "Central",
+    "DPSGDState",
+    "Inbox",
+    "Local",
+    "ModelState",
+    "OPSState",
+    "Outbox",
+    "RoundContext",
+    "gossip_mix",
+    "make_algorithm",
+    "push_shares",
+    "push_sum_mix",
+]
+
+ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
+    "ops": OPS,
+    "dpsgd": DPSGD,
+    "local": Local,
+    "central": Central,
+}
+
+
+def make_algorithm(name: str, **options: Any) -> Algorithm:
+    """Build the algorithm registered as ``name`` with keyword ``options``.
+
+    Raises:
+        ConfigError: unknown name, or an option the algorithm does not take.
+    """
+    factory = ALGORITHMS.get(name)
+    if factory is None:
+        raise ConfigError(
+            f"unknown algorithm {name!r}; known algorithms: {', '.join(sorted(ALGORITHMS))}."
+        )
+    accepted = set(inspect.signature(factory).parameters)
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        allowed = ", ".join(sorted(accepted)) or "none"
+        raise ConfigError(
+            f"algorithm {name!r} has no option {', '.join(unknown)} (its options: {allowed})."
+        )
+    return factory(**options)

@@ -1,0 +1,351 @@
+"""Experiment configuration: TOML into frozen, validated dataclasses.
+
+A config file has six tables; every key is optional and defaults to the built-in run
+(OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
+
+    [run]        name, seed, rounds, eval_every
+    [topology]   kind, nodes, seed, file, p, rows, cols     (file wins over kind)
+    [algorithm]  name, lr, lr_schedule, and the algorithm's own options
+    [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction
+    [model]      name, hidden, dtype
+    [transport]  kind, mode, deadline_s, strict_timeout_s
+
+``--set KEY=VALUE`` overrides any key by dotted path; VALUE is read as a TOML value
+(``--set run.rounds=50``, ``--set algorithm.name=dpsgd``; a bare word is a string).
+Unknown tables or keys, wrong types and unknown names raise
+:class:`~fedcore.errors.ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from fedcore.errors import ConfigError
+
+__all__ = [
+    "AlgorithmConfig",
+    "Config",
+    "DataConfig",
+    "ModelConfig",
+    "RunConfig",
+    "TopologyConfig",
+    "TransportConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "dumps_toml",
+    "fingerprint",
+    "load_config",
+    "parse_override",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """``[run]``: name (empty: ``<algorithm>-<topology>``), seed, rounds, eval period."""
+
+    name: str = ""
+    seed: int = 0
+    rounds: int = 300
+    eval_every: int = 25
+
+    def __post_init__(self) -> None:
+        """Validate ranges."""
+        _require(self.rounds >= 1, "run.rounds", self.rounds, "must be >= 1")
+        _require(self.eval_every >= 1, "run.eval_every", self.eval_every, "must be >= 1")
+        _require(
+            "/" not in self.name and "\\" not in self.name,
+            "run.name",
+            self.name,
+            "must not contain path separators",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopologyConfig:
+    """``[topology]``: a generator (kind, nodes, seed and its parameters) or a file."""
+
+    kind: str = "social"
+    nodes: int = 16
+    seed: int = 0
+    file: str = ""
+    p: float = 0.3
+    rows: int = 0
+    cols: int = 0
+
+    def __post_init__(self) -> None:
+        """Validate ranges."""
+        _require(self.nodes >= 1, "topology.nodes", self.nodes, "must be >= 1")
+        _require(0.0 < self.p <= 1.0, "topology.p", self.p, "must be in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlgorithmConfig:
+    """``[algorithm]``: name, step size and schedule; other keys go to the algorithm."""
+
+    name: str = "ops"
+    lr: float = 0.5
+    lr_schedule: str = "constant"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Validate ranges."""
+        _require(math.isfinite(self.lr) and self.lr >= 0, "algorithm.lr", self.lr, "must be >= 0")
+        _require(
+            self.lr_schedule in ("constant", "sqrt"),
+            "algorithm.lr_schedule",
+            self.lr_schedule,
+            "must be 'constant' or 'sqrt'",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataConfig:
+    """``[data]``: dataset, how it is split across nodes, minibatch size."""
+
+    dataset: str = "digits"
+    partition: str = "dirichlet"
+    alpha: float = 0.3
+    shards_per_node: int = 2
+    batch_size: int = 32
+    test_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        """Validate ranges."""
+        _require(
+            self.partition in ("iid", "dirichlet", "shards"),
+            "data.partition",
+            self.partition,
+            "must be one of iid, dirichlet, shards",
+        )
+        _require(self.alpha > 0, "data.alpha", self.alpha, "must be > 0")
+        _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
+        _require(
+            0 < self.test_fraction < 1, "data.test_fraction", self.test_fraction, "must be in (0, 1)"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """``[model]``: built-in name or ``"pkg.module:factory"``, MLP width, dtype.
+
+    Other keys are passed to a user's model factory as keyword arguments.
+    """
+
+    name: str = "logreg"
+    hidden: int = 64
+    dtype: str = "float32"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Validate ranges."""
+        _require(self.hidden >= 1, "model.hidden", self.hidden, "must be >= 1")
+        _require(
+            self.dtype in ("float32", "float64"),
+            "model.dtype",
+            self.dtype,
+            "must be 'float32' or 'float64'",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransportConfig:
+    """``[transport]``: which transport and how long a node waits for its inbox."""
+
+    kind: str = "inproc"
+    mode: str = "strict"
+    deadline_s: float = 5.0
+    strict_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        """Validate ranges."""
+        _require(self.kind == "inproc", "transport.kind", self.kind, "must be 'inproc' here")
+        _require(
+            self.mode in ("strict", "deadline"),
+            "transport.mode",
+            self.mode,
+            "must be 'strict' or 'deadline'",
+        )
+        _require(self.deadline_s > 0, "transport.deadline_s", self.deadline_s, "must be > 0")
+        _require(
+            self.strict_timeout_s > 0,
+            "transport.strict_timeout_s",
+            self.strict_timeout_s,
+            "must be > 0",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """A whole experiment."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "run": RunConfig,
+    "topology": TopologyConfig,
+    "algorithm": AlgorithmConfig,
+    "data": DataConfig,
+    "model": ModelConfig,
+    "transport": TransportConfig,
+}
+
+
+def _require(ok: bool, key: str, value: object, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r} is invalid: it {why}.")
+
+
+def _coerce(key: str, value: object, default: object) -> object:
+    """Check ``value`` against the type of the field's default (int accepted for float)."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok:
+            value = float(value)  # type: ignore[arg-type]
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    else:
+        ok = True
+    if not ok:
+        raise ConfigError(
+            f"{key} must be a {type(default).__name__}, got {value!r} ({type(value).__name__})."
+        )
+    return value
+
+
+def config_from_dict(raw: Mapping[str, Any]) -> Config:
+    """Build a validated :class:`Config` from nested tables.
+
+    Raises:
+        ConfigError: unknown table or key, wrong type, or invalid value.
+    """
+    unknown = sorted(set(raw) - set(_SECTIONS))
+    if unknown:
+        raise ConfigError(
+            f"unknown config table [{unknown[0]}]; tables are: {', '.join(_SECTIONS)}."
+        )
+    sections: dict[str, Any] = {}
+    for name, cls in _SECTIONS.items():
+        table = raw.get(name, {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"[{name}] must be a table, got {table!r}.")
+        defaults = cls()
+        names = {f.name for f in fields(cls)}
+        takes_options = "options" in names
+        known = names - {"options"}
+        kwargs: dict[str, Any] = {}
+        options: dict[str, Any] = {}
+        for key, value in table.items():
+            if key in known:
+                kwargs[key] = _coerce(f"{name}.{key}", value, getattr(defaults, key))
+            elif takes_options:
+                options[key] = value
+            else:
+                raise ConfigError(
+                    f"unknown key {name}.{key}; keys of [{name}]: {', '.join(sorted(known))}."
+                )
+        if takes_options:
+            kwargs["options"] = options
+        sections[name] = cls(**kwargs)
+    return Config(**sections)
+
+
+def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
+    """Nested tables of ``config``, options flattened into their table."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in _SECTIONS:
+        table = asdict(getattr(config, name))
+        options = table.pop("options", None)
+        if options:
+            table.update(options)
+        out[name] = table
+    return out
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse ``"a.b=value"`` into ``(["a", "b"], value)``; value as TOML, else a string."""
+    key, sep, text = item.partition("=")
+    path = key.strip().split(".")
+    if not sep or len(path) != 2 or not all(path):
+        raise ConfigError(
+            f"--set {item!r} must look like TABLE.KEY=VALUE, e.g. --set algorithm.lr=0.1."
+        )
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    return path, value
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
+    """Read ``path`` (or start from the built-in default), apply overrides, validate.
+
+    Raises:
+        ConfigError: unreadable file, TOML syntax error, or any invalid key or value.
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                raw = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}.") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}.") from exc
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        (table, key), value = parse_override(item)
+        section = raw.setdefault(table, {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"[{table}] must be a table.")
+        section[key] = value
+    return config_from_dict(raw)
+
+
+def fingerprint(config: Config, graph_edges: Iterable[tuple[str, str, float]]) -> str:
+    """SHA-256 over the config and the weighted graph: peers of other runs differ."""
+    blob = json.dumps(
+        {"config": config_to_dict(config), "edges": sorted(graph_edges)},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError(f"cannot write {value!r} as a TOML value.")
+
+
+def dumps_toml(tables: Mapping[str, Mapping[str, Any]]) -> str:
+    """Write nested tables of scalars as TOML (enough for configs)."""
+    lines: list[str] = []
+    for name, table in tables.items():
+        lines.append(f"[{name}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""The one error tree of fedcore.
+
+Every error fedcore raises on purpose is a :class:`FedcoreError`. Each subclass also
+inherits the builtin exception it refines, so callers that catch ``ValueError`` or
+``ConnectionError`` keep working::
+
+    FedcoreError
+    ├── ConfigError(ValueError)           bad configuration file, key or value
+    ├── TopologyError(ValueError)         invalid trust graph, weights or graph file
+    ├── DataError(ValueError)             dataset, partition or model that cannot be built
+    ├── CompressionError(ValueError)      bytes that do not decode under their codec header
+    ├── AlgorithmError(RuntimeError)      an algorithm got input it cannot use
+    └── TransportError(RuntimeError)      a message could not be delivered or received
+        ├── PeerUnavailableError(ConnectionError)   a peer cannot be reached
+        ├── TransportTimeoutError(TimeoutError)     strict-mode wait for in-neighbours ran out
+        ├── ProtocolError                            a message broke the wire protocol
+        └── TransportClosedError                     the transport was used after close()
+
+Messages are full sentences that name the bad value and, where there is one, the fix.
+The CLI turns any of these into one line on stderr and a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlgorithmError",
+    "CompressionError",
+    "ConfigError",
+    "DataError",
+    "FedcoreError",
+    "PeerUnavailableError",
+    "ProtocolError",
+    "TopologyError",
+    "TransportClosedError",
+    "TransportError",
+    "TransportTimeoutError",
+]
+
+
+class FedcoreError(Exception):
+    """Base class of every error fedcore raises on purpose."""
+
+
+class ConfigError(FedcoreError, ValueError):
+    """A configuration file, key or value is invalid."""
+
+
+class TopologyError(FedcoreError, ValueError):
+    """A trust graph, its mixing weights or a graph file is invalid."""
+
+
+class DataError(FedcoreError, ValueError):
+    """A dataset, partition or model cannot be built as configured."""
+
+
+class CompressionError(FedcoreError, ValueError):
+    """Encoded bytes do not match their codec header."""
+
+
+class AlgorithmError(FedcoreError, RuntimeError):
+    """An algorithm received state or messages it cannot use."""
+
+
+class TransportError(FedcoreError, RuntimeError):
+    """A message could not be delivered or received."""
+
+
+class PeerUnavailableError(TransportError, ConnectionError):
+    """A peer cannot be reached."""
+
+
+class TransportTimeoutError(TransportError, TimeoutError):
+    """A strict-mode wait for in-neighbours ran out of time."""
+
+
+class ProtocolError(TransportError):
+    """A message broke the wire protocol (wrong sender, run, shape or dtype)."""
+
+
+class TransportClosedError(TransportError):
+    """The transport was used after it was closed."""

@@ -1,0 +1,87 @@
+"""The plain data types that cross the transport line.
+
+A :class:`Message` is what one node sends another in one phase of one round: its
+address ``(run, round, phase, sender, receiver)``, a few named scalars (such as the
+push-sum weight) and named tensors already encoded by a codec into the bytes a wire
+carries. Messages are immutable snapshots: the bytes are copied out of the sender's
+tensors when the message is built, so later in-place updates at the sender can never
+leak into what a receiver mixes (the FedML bug named in reference/algorithms.md).
+
+:class:`Payload` is the decoded, algorithm-facing view of the same content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+
+__all__ = ["EncodedTensor", "Message", "Payload"]
+
+_EMPTY: Mapping[str, float] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EncodedTensor:
+    """One tensor as a wire carries it.
+
+    Attributes:
+        codec: Name of the codec that produced ``data`` (``"raw"`` is lossless).
+        dtype: Torch dtype name of the decoded tensor, e.g. ``"float32"``.
+        shape: Shape of the decoded tensor.
+        data: The codec's packed bytes.
+        params: The codec's few scalars (scale, seed, k); empty for ``raw``.
+    """
+
+    codec: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+    params: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this tensor puts on the wire: its data plus 8 per codec scalar."""
+        return len(self.data) + 8 * len(self.params)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """One message of one phase of one round, from ``sender`` to ``receiver``.
+
+    Attributes:
+        run: Fingerprint of the run (config and graph); peers of other runs refuse it.
+        round: Round index, from 0.
+        phase: Communication phase within the round, from 0.
+        sender: Node id of the sender.
+        receiver: Node id of the receiver.
+        tensors: Named encoded tensors.
+        scalars: Named float scalars (carried as float64).
+    """
+
+    run: str
+    round: int
+    phase: int
+    sender: str
+    receiver: str
+    tensors: Mapping[str, EncodedTensor]
+    scalars: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes: encoded tensors plus 8 bytes per scalar (headers excluded)."""
+        return sum(t.nbytes for t in self.tensors.values()) + 8 * len(self.scalars)
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """Decoded message content as an algorithm sees it.
+
+    An algorithm returns one ``Payload`` per destination. Returning the *same* object
+    for several destinations lets the node encode it once.
+    """
+
+    tensors: Mapping[str, torch.Tensor]
+    scalars: Mapping[str, float] = field(default_factory=lambda: _EMPTY)

@@ -1,0 +1,136 @@
+"""Reference models and the flat-parameter objective the algorithms work on.
+
+Algorithms see a model as one flat parameter vector. :class:`Objective` binds an
+``nn.Module`` to such a vector without copies in the hot path: the module's
+parameters are views into one flat buffer and their gradients views into another, so
+evaluating the loss and gradient at a point is one copy in and one backward pass.
+
+Built-in models: ``logreg`` (multinomial logistic regression) and ``mlp`` (one hidden
+ReLU layer, ``model.hidden`` units). A user's model loads by import path:
+``"pkg.module:factory"`` is called as ``factory(input_dim=..., num_classes=..., **options)``
+and returns an ``nn.Module`` mapping a batch of inputs to class logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from fedcore.data import load_object
+from fedcore.errors import DataError
+
+__all__ = ["MODELS", "Objective", "build_model", "logreg", "mlp"]
+
+
+def logreg(*, input_dim: int, num_classes: int) -> nn.Module:
+    """Multinomial logistic regression: one linear layer to class logits."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_dim, num_classes))
+
+
+def mlp(*, input_dim: int, num_classes: int, hidden: int = 64) -> nn.Module:
+    """A small multi-layer perceptron: linear, ReLU, linear."""
+    if hidden < 1:
+        raise DataError(f"model.hidden must be >= 1, got {hidden}.")
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(input_dim, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+    )
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {"logreg": logreg, "mlp": mlp}
+
+
+def build_model(
+    name: str, *, input_dim: int, num_classes: int, seed: int, **options: Any
+) -> nn.Module:
+    """Build a model by name or import path, initialized from ``seed``.
+
+    Raises:
+        DataError: unknown name, bad options, or a factory that returns no module.
+    """
+    factory = MODELS.get(name)
+    if factory is None:
+        if ":" not in name:
+            raise DataError(
+                f"unknown model {name!r}; built-in models: {', '.join(sorted(MODELS))}, "
+                "or give your own as 'pkg.module:factory'."
+            )
+        loaded = load_object(name, what="model")
+        if not callable(loaded):
+            raise DataError(f"model {name!r} is not callable.")
+        factory = loaded
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            module = factory(input_dim=input_dim, num_classes=num_classes, **options)
+        except TypeError as exc:
+            raise DataError(f"model {name!r} does not accept these options {options}: {exc}.") from exc
+    if not isinstance(module, nn.Module):
+        raise DataError(f"model factory {name!r} returned {type(module).__name__}, not nn.Module.")
+    return module
+
+
+class Objective:
+    """A classification model as a function of one flat parameter vector.
+
+    Args:
+        module: The model. It is taken over: its parameters become views into a
+            private flat buffer, so give each node its own module.
+        dtype: Parameter dtype (``torch.float32`` or ``torch.float64``).
+    """
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype = torch.float32) -> None:
+        """Move ``module`` onto flat parameter and gradient buffers."""
+        module.to(dtype)
+        params = [p for p in module.parameters() if p.requires_grad]
+        if not params:
+            raise DataError("the model has no trainable parameters.")
+        self.module = module
+        self.dtype = dtype
+        self.numel = sum(p.numel() for p in params)
+        self._flat = torch.empty(self.numel, dtype=dtype)
+        self._grad = torch.zeros(self.numel, dtype=dtype)
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                n = p.numel()
+                self._flat[offset : offset + n].copy_(p.reshape(-1))
+                p.data = self._flat[offset : offset + n].view_as(p)
+                p.grad = self._grad[offset : offset + n].view_as(p)
+                offset += n
+
+    def initial_params(self) -> torch.Tensor:
+        """A copy of the module's parameters at construction, flattened."""
+        return self._flat.clone()
+
+    def _load(self, params: torch.Tensor) -> None:
+        if params.shape != (self.numel,):
+            raise DataError(f"expected {self.numel} parameters, got shape {tuple(params.shape)}.")
+        with torch.no_grad():
+            self._flat.copy_(params)
+
+    def loss_and_grad(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[float, torch.Tensor]:
+        """Mean cross-entropy on ``(x, y)`` at ``params`` and its gradient (a new tensor)."""
+        self._load(params)
+        self._grad.zero_()
+        self.module.train()
+        loss = functional.cross_entropy(self.module(x.to(self.dtype)), y)
+        loss.backward()
+        return float(loss.item()), self._grad.clone()
+
+    @torch.no_grad()
+    def evaluate(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[float, float]:
+        """Mean cross-entropy and accuracy on ``(x, y)`` at ``params``."""
+        self._load(params)
+        self.module.eval()
+        logits = self.module(x.to(self.dtype))
+        loss = functional.cross_entropy(logits, y)
+        acc = (logits.argmax(dim=1) == y).to(torch.float64).mean()
+        return float(loss.item()), float(acc.item())

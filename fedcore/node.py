@@ -1,0 +1,287 @@
+"""The node: one peer's round loop, the only place that knows asyncio and algorithms.
+
+Per round a node evaluates the loss and gradient at its algorithm's model on its next
+minibatch, lets the algorithm step, encodes and sends the outgoing payloads, collects
+each phase's inbox from the transport, decodes and validates it, and lets the
+algorithm mix. It records one :class:`RoundRecord` per round.
+
+Two waiting modes:
+
+* ``strict``: wait for every expected sender; if one is still missing after
+  ``strict_timeout_s``, fail with :class:`~fedcore.errors.TransportTimeoutError`
+  naming who is missing.
+* ``deadline``: wait at most ``deadline_s`` per phase, then proceed with what arrived;
+  the rest count as missing (and, if they come later, as late).
+
+A message that fails validation (undecodable bytes, wrong shape or dtype, non-finite
+values) is logged, counted as rejected and treated as missing; the node keeps going.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedcore.algorithms.base import Algorithm, Outbox, RoundContext
+from fedcore.compression import Codec, RawCodec, get_codec
+from fedcore.data import BatchStream
+from fedcore.errors import CompressionError, ConfigError, ProtocolError, TransportTimeoutError
+from fedcore.messages import EncodedTensor, Message, Payload
+from fedcore.models import Objective
+from fedcore.topology import Topology
+from fedcore.transport.base import Transport
+
+__all__ = ["MODES", "Node", "NodeOptions", "RoundRecord", "lr_at"]
+
+logger = logging.getLogger(__name__)
+
+MODES = ("strict", "deadline")
+LR_SCHEDULES = ("constant", "sqrt")
+
+
+def lr_at(lr: float, schedule: str, round: int) -> float:
+    """Step size of ``round``: constant, or ``lr / sqrt(round + 1)`` for ``"sqrt"``."""
+    if schedule == "constant":
+        return lr
+    if schedule == "sqrt":
+        return lr / math.sqrt(round + 1)
+    raise ConfigError(f"unknown algorithm.lr_schedule {schedule!r}; use one of {LR_SCHEDULES}.")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeOptions:
+    """How a node runs its rounds.
+
+    Attributes:
+        run_id: Fingerprint of the run, stamped on every message.
+        lr: Base step size.
+        lr_schedule: ``"constant"`` or ``"sqrt"`` (``lr / sqrt(t + 1)``).
+        mode: ``"strict"`` or ``"deadline"``.
+        deadline_s: Per-phase wait in deadline mode.
+        strict_timeout_s: Upper bound of a strict-mode wait before failing.
+    """
+
+    run_id: str
+    lr: float
+    lr_schedule: str = "constant"
+    mode: str = "strict"
+    deadline_s: float = 5.0
+    strict_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        """Reject unknown modes and schedules early."""
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown transport.mode {self.mode!r}; use one of {MODES}.")
+        lr_at(self.lr, self.lr_schedule, 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundRecord:
+    """What one node did in one round (one line of ``metrics.jsonl``)."""
+
+    node: str
+    round: int
+    loss: float
+    lr: float
+    messages_sent: int
+    bytes_sent: int
+    messages_received: int
+    bytes_received: int
+    messages_missing: int
+    messages_late: int
+    messages_rejected: int
+    missing: tuple[str, ...]
+    wall_s: float
+
+
+class Node:
+    """One peer: its algorithm state, data, model and transport endpoint.
+
+    Args:
+        node_id: This node's id in ``graph``.
+        algorithm: The algorithm (shared by all nodes; it is stateless).
+        graph: The communication topology with the algorithm's mixing weights.
+        objective: The model as a function of flat parameters (this node's own).
+        stream: This node's minibatches.
+        transport: This node's endpoint.
+        options: Run id, step size, waiting mode.
+        params: Initial flat parameters (default: the objective's initial ones).
+        codec: Codec for outgoing tensors (incoming ones name their own).
+        observer: Called with ``(node, record)`` after every round.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        algorithm: Algorithm,
+        graph: Topology,
+        objective: Objective,
+        stream: BatchStream,
+        transport: Transport,
+        options: NodeOptions,
+        params: torch.Tensor | None = None,
+        codec: Codec | None = None,
+        observer: Callable[[Node, RoundRecord], None] | None = None,
+    ) -> None:
+        """Initialise the algorithm state from ``params``."""
+        self.id = node_id
+        self.algorithm = algorithm
+        self.graph = graph
+        self.objective = objective
+        self.stream = stream
+        self.transport = transport
+        self.options = options
+        self.codec: Codec = codec or RawCodec()
+        self.observer = observer
+        start = objective.initial_params() if params is None else params
+        self.state: Any = algorithm.init(start)
+        self.round = 0
+        self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
+
+    def model(self) -> torch.Tensor:
+        """The parameters this node currently predicts with."""
+        return self.algorithm.model(self.state)
+
+    def _context(self, t: int) -> RoundContext:
+        slot = t % self.graph.period
+        weights = self._contexts.get(slot)
+        if weights is None:
+            g = self.graph.at(t)
+            weights = (g.self_weight(self.id), g.out_weights(self.id), g.in_weights(self.id))
+            self._contexts[slot] = weights
+        return RoundContext(
+            node=self.id,
+            round=t,
+            lr=lr_at(self.options.lr, self.options.lr_schedule, t),
+            self_weight=weights[0],
+            out_weights=weights[1],
+            in_weights=weights[2],
+            nodes=self.graph.nodes,
+        )
+
+    async def run(self, rounds: int) -> None:
+        """Run rounds ``self.round .. rounds - 1``."""
+        while self.round < rounds:
+            await self.run_round()
+
+    async def run_round(self) -> RoundRecord:
+        """Run one round and return its record."""
+        t = self.round
+        began = time.perf_counter()
+        stats = self.transport.stats
+        before = (
+            stats.messages_sent,
+            stats.bytes_sent,
+            stats.messages_received,
+            stats.bytes_received,
+            stats.messages_late,
+            stats.messages_rejected,
+        )
+        ctx = self._context(t)
+        x, y = self.stream.next_batch()
+        loss, grad = self.objective.loss_and_grad(self.algorithm.model(self.state), x, y)
+        self.state, outbox = self.algorithm.step(self.state, grad, ctx)
+        missing: list[str] = []
+        for phase in range(self.algorithm.phases):
+            await self._send(outbox, t, phase)
+            expected = self.algorithm.expected_senders(phase, ctx)
+            inbox = await self._collect(t, phase, expected, missing)
+            self.state, outbox = self.algorithm.mix(self.state, phase, inbox, ctx)
+        self.round = t + 1
+        record = RoundRecord(
+            node=self.id,
+            round=t,
+            loss=loss,
+            lr=ctx.lr,
+            messages_sent=stats.messages_sent - before[0],
+            bytes_sent=stats.bytes_sent - before[1],
+            messages_received=stats.messages_received - before[2],
+            bytes_received=stats.bytes_received - before[3],
+            messages_missing=len(missing),
+            messages_late=stats.messages_late - before[4],
+            messages_rejected=stats.messages_rejected - before[5],
+            missing=tuple(missing),
+            wall_s=time.perf_counter() - began,
+        )
+        if self.observer is not None:
+            self.observer(self, record)
+        return record
+
+    async def _send(self, outbox: Outbox, t: int, phase: int) -> None:
+        encoded: dict[int, dict[str, EncodedTensor]] = {}
+        for dst in sorted(outbox):
+            payload = outbox[dst]
+            tensors = encoded.get(id(payload))
+            if tensors is None:
+                tensors = {k: self.codec.encode(v) for k, v in payload.tensors.items()}
+                encoded[id(payload)] = tensors
+            await self.transport.send(
+                Message(
+                    run=self.options.run_id,
+                    round=t,
+                    phase=phase,
+                    sender=self.id,
+                    receiver=dst,
+                    tensors=tensors,
+                    scalars=payload.scalars,
+                )
+            )
+
+    async def _collect(
+        self, t: int, phase: int, expected: tuple[str, ...], missing: list[str]
+    ) -> dict[str, Payload]:
+        strict = self.options.mode == "strict"
+        timeout = self.options.strict_timeout_s if strict else self.options.deadline_s
+        messages = await self.transport.collect(t, phase, expected, timeout)
+        inbox: dict[str, Payload] = {}
+        for sender in sorted(messages):
+            try:
+                inbox[sender] = self._decode(messages[sender])
+            except (CompressionError, ProtocolError) as exc:
+                self.transport.stats.messages_rejected += 1
+                logger.warning("%s: rejected round %d message from %s: %s", self.id, t, sender, exc)
+        absent = [s for s in expected if s not in inbox]
+        if absent and strict:
+            raise TransportTimeoutError(
+                f"node {self.id!r}, round {t} phase {phase}: no valid message from "
+                f"{', '.join(absent)} within {timeout:g} s (strict mode). Check that those "
+                "peers are running, or use transport.mode = 'deadline' to proceed without them."
+            )
+        missing.extend(absent)
+        return inbox
+
+    def _decode(self, message: Message) -> Payload:
+        if message.run != self.options.run_id:
+            raise ProtocolError(
+                f"message of run {message.run[:12]} does not belong to this run "
+                f"({self.options.run_id[:12]})."
+            )
+        reference = self.algorithm.model(self.state)
+        tensors: dict[str, torch.Tensor] = {}
+        for name, enc in message.tensors.items():
+            tensor = self.codec_for(enc).decode(enc)
+            if tensor.shape != reference.shape or tensor.dtype != reference.dtype:
+                raise ProtocolError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)} and dtype {enc.dtype}; "
+                    f"expected {tuple(reference.shape)} and {reference.dtype}."
+                )
+            if not bool(torch.isfinite(tensor).all()):
+                raise ProtocolError(f"tensor {name!r} holds non-finite values.")
+            tensors[name] = tensor
+        for name, value in message.scalars.items():
+            if not math.isfinite(value):
+                raise ProtocolError(f"scalar {name!r} is not finite ({value}).")
+        return Payload(tensors, message.scalars)
+
+    def codec_for(self, encoded: EncodedTensor) -> Codec:
+        """The codec that decodes ``encoded`` (the node's own, or the registry's)."""
+        if encoded.codec == self.codec.name:
+            return self.codec
+        return get_codec(encoded.codec)

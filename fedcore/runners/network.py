@@ -1,0 +1,201 @@
+"""Build a whole in-process network from a config: data, models, graph, nodes.
+
+:func:`build_network` is shared by ``fedcore simulate`` and by the public test harness
+:mod:`fedcore.testing`, so users' tests run exactly the code path of a simulation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fedcore import topology
+from fedcore.algorithms import Algorithm, make_algorithm
+from fedcore.config import Config, TopologyConfig, fingerprint
+from fedcore.data import BatchStream, Dataset, load_dataset, partition
+from fedcore.errors import ConfigError
+from fedcore.models import Objective, build_model
+from fedcore.node import Node, NodeOptions, RoundRecord
+from fedcore.topology import Topology, TrustGraph
+from fedcore.transport import InProcessNetwork
+
+__all__ = ["Network", "build_network", "build_topology", "communication_graph"]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def build_topology(cfg: TopologyConfig) -> Topology:
+    """The trust graph of ``[topology]``: the file if one is given, else the generator."""
+    if cfg.file:
+        return topology.load(cfg.file)
+    params: dict[str, object] = {}
+    if cfg.kind == "erdos-renyi":
+        params["p"] = cfg.p
+    if cfg.kind == "torus" and (cfg.rows or cfg.cols):
+        params.update(rows=cfg.rows, cols=cfg.cols)
+    return topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
+
+
+def communication_graph(algorithm: Algorithm, trust: Topology) -> Topology:
+    """The weighted graph ``algorithm`` communicates over, validated for it.
+
+    ``push-sum`` and ``doubly-stochastic`` algorithms use the trust graph with their
+    weights; CENTRAL (``complete``) uses uniform weights over all nodes and LOCAL
+    (``none``) a graph with self-loops only.
+    """
+    nodes = trust.nodes
+    if algorithm.mixing == "complete":
+        n = len(nodes)
+        edges = [(u, v) for u in nodes for v in nodes if u != v]
+        graph = TrustGraph.from_edges(edges, name=f"complete-{n}", nodes=nodes)
+        return graph.with_weights({(u, v): 1.0 / n for u in nodes for v in nodes})
+    if algorithm.mixing == "none":
+        graph = TrustGraph.from_edges([], name=f"isolated-{len(nodes)}", nodes=nodes)
+        return graph.with_weights({(u, u): 1.0 for u in nodes})
+    return topology.prepare(trust, mixing=algorithm.mixing, algorithm=algorithm.name)
+
+
+@dataclass(slots=True)
+class Network:
+    """An in-process network ready to run.
+
+    Attributes:
+        config: The experiment.
+        dataset: The dataset (with its test split).
+        trust: The trust graph as configured.
+        graph: The weighted communication graph the algorithm uses.
+        algorithm: The algorithm.
+        transport: The in-process network (``transport.messages`` if recording).
+        nodes: Node id -> node, in graph order.
+        run_id: The run fingerprint.
+        evaluator: An objective (own module) for evaluating any parameters.
+    """
+
+    config: Config
+    dataset: Dataset
+    trust: Topology
+    graph: Topology
+    algorithm: Algorithm
+    transport: InProcessNetwork
+    nodes: dict[str, Node]
+    run_id: str
+    evaluator: Objective
+
+    async def run_async(self, rounds: int) -> None:
+        """Run every node up to ``rounds`` total rounds, concurrently."""
+        async with asyncio.TaskGroup() as group:
+            for node in self.nodes.values():
+                group.create_task(node.run(rounds))
+
+    def run(self, rounds: int) -> None:
+        """Run every node up to ``rounds`` total rounds (blocking)."""
+        asyncio.run(self.run_async(rounds))
+
+
+def build_network(
+    config: Config,
+    *,
+    record: bool = False,
+    observer: Callable[[Node, RoundRecord], None] | None = None,
+    algorithm: Algorithm | None = None,
+    trust: Topology | None = None,
+    dataset: Dataset | None = None,
+) -> Network:
+    """Build every node of ``config`` on an in-process network.
+
+    Args:
+        config: The experiment.
+        record: Keep every delivered message in ``network.transport.messages``.
+        observer: Called with ``(node, record)`` after every node's round.
+        algorithm: Use this algorithm object instead of ``config.algorithm.name``.
+        trust: Use this trust graph instead of ``config.topology``.
+        dataset: Use this dataset instead of ``config.data.dataset``.
+
+    Raises:
+        ConfigError, TopologyError, DataError: on anything invalid.
+    """
+    seed = config.run.seed
+    trust = trust if trust is not None else build_topology(config.topology)
+    if algorithm is None:
+        algorithm = make_algorithm(config.algorithm.name, **config.algorithm.options)
+    graph = communication_graph(algorithm, trust)
+    nodes = graph.nodes
+    if dataset is None:
+        dataset = load_dataset(
+            config.data.dataset, seed=seed, test_fraction=config.data.test_fraction
+        )
+    parts = partition(
+        dataset.y_train,
+        len(nodes),
+        config.data.partition,
+        seed=seed,
+        alpha=config.data.alpha,
+        shards_per_node=config.data.shards_per_node,
+    )
+    dtype = _DTYPES[config.model.dtype]
+
+    def objective() -> Objective:
+        options = dict(config.model.options)
+        if config.model.name == "mlp":
+            options["hidden"] = config.model.hidden
+        module = build_model(
+            config.model.name,
+            input_dim=dataset.input_dim,
+            num_classes=dataset.num_classes,
+            seed=seed,
+            **options,
+        )
+        return Objective(module, dtype)
+
+    evaluator = objective()
+    start = evaluator.initial_params()
+    edges = [
+        (u, v, graph.at(t).weight(u, v))
+        for t in range(graph.period)
+        for u, v in graph.at(t).edges()
+    ]
+    run_id = fingerprint(config, edges)
+    options = NodeOptions(
+        run_id=run_id,
+        lr=config.algorithm.lr,
+        lr_schedule=config.algorithm.lr_schedule,
+        mode=config.transport.mode,
+        deadline_s=config.transport.deadline_s,
+        strict_timeout_s=config.transport.strict_timeout_s,
+    )
+    if config.transport.kind != "inproc":
+        raise ConfigError(f"build_network runs in-process only, not {config.transport.kind!r}.")
+    net = InProcessNetwork(record=record)
+    built: dict[str, Node] = {}
+    for i, node_id in enumerate(nodes):
+        idx = torch.as_tensor(parts[i])
+        built[node_id] = Node(
+            node_id,
+            algorithm=algorithm,
+            graph=graph,
+            objective=objective(),
+            stream=BatchStream(
+                dataset.x_train[idx],
+                dataset.y_train[idx],
+                batch_size=config.data.batch_size,
+                seed=seed * 1_000_003 + i,
+            ),
+            transport=net.endpoint(node_id),
+            options=options,
+            params=start,
+            observer=observer,
+        )
+    return Network(
+        config=config,
+        dataset=dataset,
+        trust=trust,
+        graph=graph,
+        algorithm=algorithm,
+        transport=net,
+        nodes=built,
+        run_id=run_id,
+        evaluator=evaluator,
+    )

@@ -1,0 +1,349 @@
+"""Trust graph generators, the ``build`` registry and the ``KIND:NODES`` spec parser.
+
+Every generator names its nodes ``"n0" ... "n{N-1}"`` in that order and returns an unweighted
+graph; :func:`fedcore.topology.prepare` adds mixing weights. Random generators take an explicit
+seed and use only ``random.Random(seed).random()``, whose stream Python keeps stable across
+versions, so a seed names the same graph everywhere (shipped files depend on it).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping
+
+import networkx as nx
+
+from fedcore.errors import TopologyError
+from fedcore.topology.graph import TrustGraph
+from fedcore.topology.schedule import Schedule, Topology
+
+__all__ = [
+    "KINDS",
+    "build",
+    "complete",
+    "erdos_renyi",
+    "exponential",
+    "one_peer_exponential",
+    "parse_spec",
+    "ring",
+    "social",
+    "torus",
+]
+
+KINDS: tuple[str, ...] = (
+    "ring",
+    "directed-ring",
+    "exponential",
+    "torus",
+    "complete",
+    "erdos-renyi",
+    "social",
+    "one-peer-exponential",
+)
+
+_SPEC_GRAMMAR = (
+    "KIND:NODES[:KEY=VALUE[,KEY=VALUE...]] (a torus also takes KIND:ROWSxCOLS), "
+    "for example 'ring:8', 'torus:4x4', 'social:32:seed=3' or 'erdos-renyi:20:p=0.2,seed=1'; "
+    f"KIND is one of {', '.join(KINDS)}"
+)
+
+
+def _names(n: int) -> list[str]:
+    return [f"n{i}" for i in range(n)]
+
+
+def _check_count(value: object, what: str, minimum: int = 2) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TopologyError(f"The {what} must be an integer of at least {minimum}, not {value!r}.")
+    return value
+
+
+def _from_index_edges(name: str, n: int, edges: Iterable[tuple[int, int]]) -> TrustGraph:
+    names = _names(n)
+    return TrustGraph.from_edges(((names[u], names[v]) for u, v in edges), name=name, nodes=names)
+
+
+def ring(n: int, *, directed: bool = False) -> TrustGraph:
+    """A cycle ``n0 -> n1 -> ... -> n{n-1} -> n0``; both ways unless ``directed``.
+
+    Args:
+        n: Number of nodes, at least 2 (an undirected 2-ring is one edge each way).
+        directed: Keep only the forward direction, giving every node one in- and one out-edge.
+    """
+    n = _check_count(n, "number of ring nodes")
+    edges = {(i, (i + 1) % n) for i in range(n)}
+    if not directed:
+        edges |= {(v, u) for u, v in edges}
+    return _from_index_edges(f"{'directed-' if directed else ''}ring-{n}", n, sorted(edges))
+
+
+def exponential(n: int) -> TrustGraph:
+    """The static exponential graph: node i sends to ``(i + 2**k) % n`` for every ``2**k < n``.
+
+    Each node has ``ceil(log2 n)`` out-neighbours, yet information spreads in ``log2 n`` hops,
+    which is why SGP and OPS experiments use it.
+    """
+    n = _check_count(n, "number of exponential-graph nodes")
+    offsets = [2**k for k in range(n.bit_length()) if 2**k < n]
+    return _from_index_edges(
+        f"exponential-{n}", n, [(i, (i + d) % n) for i in range(n) for d in offsets]
+    )
+
+
+def torus(rows: int, cols: int) -> TrustGraph:
+    """An undirected 2-D periodic grid; node ``r * cols + c`` sits at row r, column c.
+
+    Each node links to its up, down, left and right neighbour with wrap-around. With 2 rows or
+    2 columns the two vertical (or horizontal) neighbours coincide, so such nodes have degree 3
+    (2 for a 2x2 torus) and no edge is listed twice.
+    """
+    rows = _check_count(rows, "number of torus rows")
+    cols = _check_count(cols, "number of torus columns")
+    edges: set[tuple[int, int]] = set()
+    for r in range(rows):
+        for c in range(cols):
+            here = r * cols + c
+            for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+                there = ((r + dr) % rows) * cols + (c + dc) % cols
+                edges.add((here, there))
+    return _from_index_edges(f"torus-{rows}x{cols}", rows * cols, sorted(edges))
+
+
+def complete(n: int) -> TrustGraph:
+    """Every node sends to every other node."""
+    n = _check_count(n, "number of complete-graph nodes")
+    return _from_index_edges(
+        f"complete-{n}", n, [(u, v) for u in range(n) for v in range(n) if u != v]
+    )
+
+
+def erdos_renyi(n: int, p: float, *, seed: int) -> TrustGraph:
+    """A directed G(n, p) graph: each ordered pair is an edge with probability p.
+
+    Connectivity is not forced; :func:`fedcore.topology.prepare` reports a graph that is not
+    strongly connected, which keeps the model honest for studies of sparse random graphs.
+    """
+    n = _check_count(n, "number of Erdős–Rényi nodes")
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+        raise TopologyError(f"The edge probability p must be a number in [0, 1], not {p!r}.")
+    seed = _check_count(seed, "seed", minimum=0)
+    rng = random.Random(seed)
+    edges = [(u, v) for u in range(n) for v in range(n) if u != v and rng.random() < p]
+    return _from_index_edges(f"erdos-renyi-{n}-p{p:g}-seed{seed}", n, edges)
+
+
+def _weighted_pick(rng: random.Random, weights: list[int], total: int) -> int:
+    """An index chosen with probability ``weights[i] / total`` from one ``rng.random()`` draw."""
+    target = rng.random() * total
+    acc = 0
+    for i, w in enumerate(weights):
+        acc += w
+        if target < acc:
+            return i
+    return len(weights) - 1
+
+
+def _social_edges(n: int, follows: int, rng: random.Random) -> set[tuple[int, int]]:
+    """Grow a one-way trust graph by preferential attachment on popularity.
+
+    Start from a directed cycle of ``follows + 1`` peers. Each newcomer ``v`` then trusts
+    ``follows`` distinct existing peers, each picked with probability proportional to
+    (number of peers already trusting it) + 1, i.e. edges ``u -> v``; and one existing peer
+    picked uniformly trusts the newcomer back, edge ``v -> w``. Popular peers become hubs
+    that many trust (heavy-tailed out-degree), every peer listens to at least one other, and
+    every newcomer both reaches and is reached by the strongly connected core, so the whole
+    graph is strongly connected by construction with no repair step.
+    """
+    core = min(n, follows + 1)
+    edges = {(i, (i + 1) % core) for i in range(core)} if core > 1 else set()
+    popularity = [1] * core  # out-degree of each peer so far
+    for v in range(core, n):
+        chosen: set[int] = set()
+        while len(chosen) < follows:
+            weights = [0 if u in chosen else popularity[u] + 1 for u in range(v)]
+            chosen.add(_weighted_pick(rng, weights, sum(weights)))
+        for u in sorted(chosen):
+            edges.add((u, v))
+            popularity[u] += 1
+        w = min(int(rng.random() * v), v - 1)
+        edges.add((v, w))
+        popularity.append(1)
+    return edges
+
+
+def social(n: int, *, seed: int, follows: int = 2) -> TrustGraph:
+    """A directed scale-free "social" trust graph, strongly connected by construction.
+
+    Newcomers trust ``follows`` popular peers (chosen by how many already trust them) and
+    are trusted back by one random peer (see ``_social_edges``). Trust is one-way: the graph
+    is not symmetric for n >= 4, and a few hubs are trusted by many (heavy-tailed out-degree).
+    Every peer hears from at least one other, which keeps push-sum weights well conditioned.
+    The name is ``social-{n}``, with a ``-seed{seed}`` suffix for seeds other than 0. Only
+    ``random.Random(seed).random()`` is drawn from, so a seed gives the same graph everywhere.
+    """
+    n = _check_count(n, "number of social-graph nodes")
+    seed = _check_count(seed, "seed", minimum=0)
+    follows = _check_count(follows, "social-graph follows", minimum=1)
+    edges = _social_edges(n, follows, random.Random(seed))
+    name = f"social-{n}" if seed == 0 else f"social-{n}-seed{seed}"
+    return _from_index_edges(name, n, sorted(edges))
+
+
+def one_peer_exponential(n: int) -> Schedule:
+    """The one-peer exponential schedule: in round t node i sends only to ``i + 2**(t % K)``.
+
+    ``K = ceil(log2 n)`` rounds make one period, whose union is the static exponential graph.
+    Every node sends one message a round; for n a power of two, K rounds of uniform push-sum
+    averaging give the exact average.
+    """
+    n = _check_count(n, "number of one-peer exponential nodes")
+    period = max(1, math.ceil(math.log2(n)))
+    graphs = [
+        _from_index_edges(
+            f"one-peer-exponential-{n}-round{t}", n, [(i, (i + 2**t) % n) for i in range(n)]
+        )
+        for t in range(period)
+    ]
+    return Schedule(graphs, name=f"one-peer-exponential-{n}")
+
+
+def _take_int(params: dict[str, object], key: str, kind: str) -> int | None:
+    value = params.pop(key, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TopologyError(f"Parameter {key}={value!r} of topology '{kind}' must be an integer.")
+    return value
+
+
+def _build_torus(nodes: int, params: dict[str, object]) -> TrustGraph:
+    rows = _take_int(params, "rows", "torus")
+    cols = _take_int(params, "cols", "torus")
+    if rows is None and cols is None:
+        side = math.isqrt(nodes)
+        if side * side != nodes:
+            raise TopologyError(
+                f"A torus of {nodes} nodes needs rows and cols because {nodes} is not a perfect "
+                "square. Give them, for example 'torus:3x4' or build('torus', nodes=12, rows=3, "
+                "cols=4)."
+            )
+        rows = cols = side
+    elif rows is None or cols is None:
+        given = rows if rows is not None else cols
+        assert given is not None
+        if given <= 0 or nodes % given:
+            raise TopologyError(
+                f"A torus of {nodes} nodes cannot have {given} rows or columns: {nodes} is not "
+                f"a multiple of {given}. Give rows and cols whose product is {nodes}."
+            )
+        rows, cols = (given, nodes // given) if rows is not None else (nodes // given, given)
+    if rows * cols != nodes:
+        raise TopologyError(
+            f"A torus of rows={rows} and cols={cols} has {rows * cols} nodes, not {nodes}. "
+            "Make nodes equal rows * cols."
+        )
+    return torus(rows, cols)
+
+
+def _build_erdos_renyi(nodes: int, seed: int, params: dict[str, object]) -> TrustGraph:
+    p = params.pop("p", 0.3)
+    if isinstance(p, bool) or not isinstance(p, int | float):
+        raise TopologyError(f"Parameter p={p!r} of topology 'erdos-renyi' must be a number.")
+    return erdos_renyi(nodes, float(p), seed=seed)
+
+
+_BUILDERS: Mapping[str, tuple[tuple[str, ...], Callable[[int, int, dict[str, object]], Topology]]]
+_BUILDERS = {
+    "ring": ((), lambda n, s, p: ring(n)),
+    "directed-ring": ((), lambda n, s, p: ring(n, directed=True)),
+    "exponential": ((), lambda n, s, p: exponential(n)),
+    "torus": (("rows", "cols"), lambda n, s, p: _build_torus(n, p)),
+    "complete": ((), lambda n, s, p: complete(n)),
+    "erdos-renyi": (("p",), _build_erdos_renyi),
+    "social": ((), lambda n, s, p: social(n, seed=s)),
+    "one-peer-exponential": ((), lambda n, s, p: one_peer_exponential(n)),
+}
+
+
+def build(kind: str, *, nodes: int, seed: int = 0, **params: object) -> Topology:
+    """Build a topology by kind name, as configs and the CLI name them.
+
+    Args:
+        kind: One of :data:`KINDS`.
+        nodes: Number of nodes.
+        seed: Seed of the random kinds (``erdos-renyi``, ``social``); others ignore it.
+        **params: Kind-specific parameters: ``rows`` and ``cols`` for ``torus`` (default: a
+            square of side ``isqrt(nodes)``), ``p`` for ``erdos-renyi`` (default 0.3).
+
+    Raises:
+        TopologyError: On an unknown kind, an unknown parameter or a bad value.
+    """
+    if kind not in _BUILDERS:
+        raise TopologyError(f"Unknown topology kind {kind!r}. Use one of: {', '.join(KINDS)}.")
+    allowed, builder = _BUILDERS[kind]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        takes = ", ".join(allowed) if allowed else "no parameters besides nodes and seed"
+        raise TopologyError(
+            f"Unknown parameter(s) {', '.join(unknown)} for topology kind '{kind}'; it takes "
+            f"{takes}."
+        )
+    nodes = _check_count(nodes, f"number of nodes of a '{kind}' topology")
+    seed = _check_count(seed, "seed", minimum=0)
+    return builder(nodes, seed, dict(params))
+
+
+def _parse_value(text: str) -> object:
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_spec(spec: str) -> Topology:
+    """Build a topology from a short spec such as ``"ring:8"`` or ``"social:32:seed=3"``.
+
+    The grammar is ``KIND:NODES[:KEY=VALUE[,KEY=VALUE...]]``; a torus may give ``ROWSxCOLS`` in
+    place of NODES (``"torus:4x4"``). ``seed`` is one of the keys; the others are
+    :func:`build`'s parameters.
+
+    Raises:
+        TopologyError: If the spec does not parse (the message shows the grammar) or
+            :func:`build` refuses it.
+    """
+
+    def fail(why: str) -> TopologyError:
+        return TopologyError(f"Topology spec {spec!r} {why}. Write it as {_SPEC_GRAMMAR}.")
+
+    if not isinstance(spec, str):
+        raise fail("is not a string")
+    parts = spec.strip().split(":")
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise fail("does not have the form KIND:NODES")
+    kind, count = parts[0].strip(), parts[1].strip()
+    if kind not in KINDS:
+        raise fail(f"names the unknown kind {kind!r}")
+    params: dict[str, object] = {}
+    if len(parts) == 3:
+        for item in parts[2].split(","):
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip() or not value.strip():
+                raise fail(f"has the parameter {item!r}, which is not KEY=VALUE")
+            params[key.strip()] = _parse_value(value.strip())
+    rows, x, cols = count.lower().partition("x")
+    if x and kind == "torus":
+        if not (rows.isdigit() and cols.isdigit()):
+            raise fail(f"has the torus size {count!r}, which is not ROWSxCOLS")
+        params.update(rows=int(rows), cols=int(cols))
+        nodes = int(rows) * int(cols)
+    elif count.isdigit():
+        nodes = int(count)
+    else:
+        raise fail(f"has the node count {count!r}, which is not a whole number")
+    seed = params.pop("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise fail(f"has seed={seed!r}, which is not a whole number")
+    return build(kind, nodes=nodes, seed=seed, **params)

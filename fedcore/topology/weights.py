@@ -1,0 +1,242 @@
+"""Mixing weights: uniform push-sum, Metropolis–Hastings, and their validation.
+
+Two families of decentralized algorithms need two kinds of weights (``weight(u, v)`` is the
+share of u's value that v receives; ``W[i, j] = weight(nodes[i], nodes[j])``):
+
+* **Push-sum** (OPS, SGP) needs each *sender's* weights, self included, to sum to 1, so the
+  total mass is preserved on any strongly connected digraph, one-way edges included.
+* **Gossip averaging** (D-PSGD, DOG, DeepSqueeze, CHOCO) needs doubly stochastic weights, which
+  keep the plain average; the standard Metropolis–Hastings rule gives them on undirected graphs.
+
+:func:`prepare` checks that a topology fits an algorithm's mixing family and returns it with
+valid weights: the graph's own (from a file, checked) or the family's default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fedcore.errors import TopologyError
+from fedcore.topology.graph import TrustGraph, format_components
+from fedcore.topology.schedule import Schedule, Topology
+
+__all__ = [
+    "MIXINGS",
+    "TOLERANCE",
+    "check_doubly_stochastic",
+    "check_push_sum",
+    "metropolis_hastings",
+    "prepare",
+    "require_strongly_connected",
+    "uniform_push_sum",
+]
+
+TOLERANCE = 1e-9
+"""How far a weight sum may stray from 1 and still count as 1."""
+
+MIXINGS: tuple[str, ...] = ("push-sum", "doubly-stochastic", "none")
+
+
+def _per_graph(t: Topology, fn: Callable[[TrustGraph], TrustGraph]) -> Topology:
+    if isinstance(t, Schedule):
+        return t.map(fn)
+    if isinstance(t, TrustGraph):
+        return fn(t)
+    raise TopologyError(f"Expected a TrustGraph or Schedule, not {type(t).__name__}.")
+
+
+def _push_sum_graph(g: TrustGraph) -> TrustGraph:
+    weights: dict[tuple[str, str], float] = {}
+    for u in g.nodes:
+        share = 1.0 / (len(g.out_neighbours(u)) + 1)
+        weights[(u, u)] = share
+        for v in g.out_neighbours(u):
+            weights[(u, v)] = share
+    return g.with_weights(weights)
+
+
+def uniform_push_sum(t: Topology) -> Topology:
+    """Uniform push-sum weights: each sender splits its value evenly over itself and its
+    out-neighbours, ``1 / (out-degree + 1)`` each. Works on any digraph; a Schedule gets them
+    round by round. Existing weights are replaced."""
+    return _per_graph(t, _push_sum_graph)
+
+
+def _one_way_message(g: TrustGraph, edge: tuple[str, str], need: str, fix: str) -> str:
+    u, v = edge
+    return f"{need}, but graph '{g.name}' is one-way: {u} -> {v} has no {v} -> {u}. {fix}"
+
+
+def _mh_graph(g: TrustGraph) -> TrustGraph:
+    edge = g.first_one_way_edge()
+    if edge is not None:
+        raise TopologyError(
+            _one_way_message(
+                g,
+                edge,
+                "Metropolis–Hastings weights need an undirected (symmetric) trust graph",
+                "Use push-sum weights (uniform_push_sum) and a push-sum algorithm on one-way "
+                "graphs.",
+            )
+        )
+    degree = {u: len(g.out_neighbours(u)) for u in g.nodes}
+    weights: dict[tuple[str, str], float] = {}
+    for u in g.nodes:
+        total = 0.0
+        for v in g.out_neighbours(u):
+            w = 1.0 / (1 + max(degree[u], degree[v]))
+            weights[(u, v)] = w
+            total += w
+        weights[(u, u)] = 1.0 - total
+    return g.with_weights(weights)
+
+
+def metropolis_hastings(t: Topology) -> Topology:
+    """Metropolis–Hastings weights ``w_uv = 1 / (1 + max(deg u, deg v))``, self = 1 - the rest.
+
+    They are symmetric and doubly stochastic with a positive self weight, the usual default of
+    gossip averaging (Xiao and Boyd, 2004). Needs a symmetric edge set.
+
+    Raises:
+        TopologyError: If a graph has a one-way edge; the message points to push-sum.
+    """
+    return _per_graph(t, _mh_graph)
+
+
+def require_strongly_connected(t: Topology) -> None:
+    """Raise TopologyError naming the components if ``t`` (its union) is not strongly connected."""
+    components = t.strongly_connected_components()
+    if len(components) > 1:
+        union = (
+            " For a schedule this is the union of the rounds of one period."
+            if isinstance(t, Schedule)
+            else ""
+        )
+        raise TopologyError(
+            f"The trust graph '{t.name}' is not strongly connected: it has {len(components)} "
+            f"strongly connected components: {format_components(components)}; every peer's "
+            "model must be able to reach every other peer. Add edges so that every node can "
+            f"reach every other, for example a cycle through one member of each component.{union}"
+        )
+
+
+def _sums(g: TrustGraph) -> tuple[dict[str, float], dict[str, float]]:
+    """Total weight each node sends and receives, self included, without a dense matrix.
+
+    Raises:
+        TopologyError: If the graph has no weights.
+    """
+    if not g.has_weights():
+        g.mixing_matrix()  # raises the standard "no mixing weights" error
+    sent = dict.fromkeys(g.nodes, 0.0)
+    received = dict.fromkeys(g.nodes, 0.0)
+    for u, v, w in g.weighted_edges():
+        sent[u] += w or 0.0
+        received[v] += w or 0.0
+    return sent, received
+
+
+def check_push_sum(g: TrustGraph) -> None:
+    """Check that ``g``'s weights are push-sum weights.
+
+    Weights are non-negative (TrustGraph guarantees it), each sender's weights (self included)
+    sum to 1 within :data:`TOLERANCE`, and every self weight is positive (push-sum divides by
+    the weight a node keeps, so a node must keep some). Works without a dense matrix, so it
+    scales to graphs of many thousand nodes.
+
+    Raises:
+        TopologyError: Naming the first sender (in node order) that breaks a rule.
+    """
+    sent, _ = _sums(g)
+    fix = "Fix the weights in the graph, or remove them all to use uniform push-sum weights."
+    for u in g.nodes:
+        if abs(sent[u] - 1.0) > TOLERANCE:
+            raise TopologyError(
+                f"Push-sum weights of graph '{g.name}' are invalid: sender {u}'s weights, self "
+                f"included, sum to {sent[u]!r} instead of 1 (within {TOLERANCE:g}). {fix}"
+            )
+        if g.self_weight(u) <= 0.0:
+            raise TopologyError(
+                f"Push-sum weights of graph '{g.name}' are invalid: node {u} has self weight "
+                f"{g.self_weight(u)!r}, but push-sum needs a positive self weight on every "
+                f"node (a self-loop {u} -> {u} with a weight above 0). {fix}"
+            )
+
+
+def check_doubly_stochastic(g: TrustGraph) -> None:
+    """Check that ``g``'s weights are doubly stochastic: rows and columns sum to 1.
+
+    Weights are non-negative (TrustGraph guarantees it); what each node sends and what it
+    receives, self included, must each sum to 1 within :data:`TOLERANCE`.
+
+    Raises:
+        TopologyError: Naming the first node whose sent or received weights do not sum to 1.
+    """
+    sent, received = _sums(g)
+    fix = "Fix the weights in the graph, or remove them all to use Metropolis–Hastings weights."
+    for sums, role in ((sent, "sends"), (received, "receives")):
+        for u in g.nodes:
+            if abs(sums[u] - 1.0) > TOLERANCE:
+                raise TopologyError(
+                    f"Weights of graph '{g.name}' are not doubly stochastic: the weights node "
+                    f"{u} {role}, self included, sum to {sums[u]!r} instead of 1 "
+                    f"(within {TOLERANCE:g}). {fix}"
+                )
+
+
+def _prepare_push_sum(g: TrustGraph) -> TrustGraph:
+    if g.has_weights():
+        check_push_sum(g)
+        return g
+    return _push_sum_graph(g)
+
+
+def _prepare_doubly_stochastic(g: TrustGraph) -> TrustGraph:
+    if g.has_weights():
+        check_doubly_stochastic(g)
+        return g
+    return _mh_graph(g)
+
+
+def prepare(t: Topology, *, mixing: str, algorithm: str) -> Topology:
+    """Check that ``t`` suits an algorithm and return it with valid mixing weights.
+
+    Args:
+        t: A graph or schedule, with or without weights.
+        mixing: The algorithm's mixing family: ``"push-sum"`` (needs strong connectivity; the
+            graph's weights are checked with :func:`check_push_sum`, else uniform push-sum),
+            ``"doubly-stochastic"`` (needs a symmetric edge set in every round and strong
+            connectivity; weights are checked with :func:`check_doubly_stochastic`, else
+            Metropolis–Hastings) or ``"none"`` (returns ``t`` unchanged, for local training).
+        algorithm: The algorithm's registry name, used in messages.
+
+    Raises:
+        TopologyError: On an unknown mixing, a one-way graph for doubly stochastic mixing, a
+            topology that is not strongly connected (over one period for a Schedule), or
+            invalid weights.
+    """
+    if mixing == "none":
+        return t
+    if mixing == "push-sum":
+        require_strongly_connected(t)
+        return _per_graph(t, _prepare_push_sum)
+    if mixing == "doubly-stochastic":
+        graphs = t.graphs if isinstance(t, Schedule) else (t,)
+        for g in graphs:
+            edge = g.first_one_way_edge()
+            if edge is not None:
+                raise TopologyError(
+                    _one_way_message(
+                        g,
+                        edge,
+                        f"The algorithm '{algorithm}' needs an undirected (symmetric) trust graph "
+                        "with doubly stochastic weights",
+                        "Use a push-sum algorithm such as 'ops' on one-way graphs.",
+                    )
+                )
+        require_strongly_connected(t)
+        return _per_graph(t, _prepare_doubly_stochastic)
+    raise TopologyError(
+        f"Algorithm '{algorithm}' asks for the unknown mixing {mixing!r}. "
+        f"Use one of: {', '.join(MIXINGS)}."
+    )

@@ -1,0 +1,55 @@
+"""The transport protocol: how a node sends messages and collects a phase's inbox.
+
+A node is *given* a transport and never builds one, so the same node code runs over
+the in-process transport and over gRPC. A transport
+
+* ``send``s a :class:`~fedcore.messages.Message` to ``message.receiver``;
+* ``collect``s the messages of one ``(round, phase)`` from a set of expected senders,
+  returning when all of them arrived or the timeout passed (whatever arrived by then);
+* drops, and counts, messages of a ``(round, phase)`` already collected (late) and
+  messages from senders that were not expected (not trusted in-neighbours);
+* is closed with ``close()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Protocol
+
+from fedcore.messages import Message
+
+__all__ = ["Transport", "TransportStats"]
+
+
+@dataclass(slots=True)
+class TransportStats:
+    """Running counters of one endpoint (mutable; read them, do not reset them)."""
+
+    messages_sent: int = 0
+    bytes_sent: int = 0
+    messages_received: int = 0
+    bytes_received: int = 0
+    messages_late: int = 0
+    messages_rejected: int = 0
+
+
+class Transport(Protocol):
+    """One node's endpoint of a network."""
+
+    node_id: str
+    stats: TransportStats
+
+    async def send(self, message: Message) -> None:
+        """Deliver ``message`` to ``message.receiver`` (or raise TransportError)."""
+        ...
+
+    async def collect(
+        self, round: int, phase: int, senders: Collection[str], timeout: float | None
+    ) -> dict[str, Message]:
+        """Messages of ``(round, phase)`` from ``senders`` that arrived within ``timeout`` s."""
+        ...
+
+    async def close(self) -> None:
+        """Release resources; later calls raise TransportClosedError."""
+        ...
