@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore import __version__
-from fedcore.errors import FedcoreError
+from fedcore.errors import ConfigError, FedcoreError
 
 __all__ = ["main"]
 
@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
         help="override a config key by dotted path, e.g. --set algorithm.name=dpsgd",
     )
     sim.add_argument("-q", "--quiet", action="store_true", help="no progress or table")
+    sim.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: many small models gain nothing from more)",
+    )
 
     topo = sub.add_parser("topology", help="inspect trust graphs")
     topo_sub = topo.add_subparsers(dest="topology_command", required=True, metavar="ACTION")
@@ -77,7 +83,10 @@ def _print_table(summary: dict[str, Any]) -> None:
     traffic = summary.get("traffic", {})
     rows = [
         ("algorithm", summary["algorithm"]),
-        ("topology", f"{summary['topology']['name']} (gap {summary['topology']['spectral_gap']:.3f})"),
+        (
+            "topology",
+            f"{summary['topology']['name']} (gap {summary['topology']['spectral_gap']:.3f})",
+        ),
         ("nodes x rounds", f"{summary['nodes']} x {summary['rounds']}"),
         ("avg-model accuracy", f"{final.get('avg_model_accuracy', float('nan')):.4f}"),
         ("mean node accuracy", f"{final.get('mean_node_accuracy', float('nan')):.4f}"),
@@ -95,9 +104,14 @@ def _print_table(summary: dict[str, Any]) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    import torch
+
     from fedcore.config import load_config
     from fedcore.runners.simulate import simulate
 
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}.")
+    torch.set_num_threads(args.threads)
     config = load_config(args.config, args.overrides)
     summary = simulate(config, out_dir=args.out, show_progress=not args.quiet)
     if not args.quiet:
@@ -107,14 +121,13 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _topology_show(args: argparse.Namespace) -> int:
     from fedcore import topology
+    from fedcore.topology.io import SUFFIXES as FILE_SUFFIXES
 
     spec: str = args.spec
     path = Path(spec)
-    graph = topology.load(path) if path.suffix and path.exists() else None
-    if graph is None:
-        if path.suffix in (".json", ".graphml", ".edgelist", ".txt", ".edges"):
-            topology.load(path)  # raises a clear "cannot read" error
-        graph = topology.parse_spec(spec)
+    looks_like_file = path.exists() or path.suffix in FILE_SUFFIXES
+    # A missing graph file is reported by load() as such, not as a bad spec.
+    graph = topology.load(path) if looks_like_file else topology.parse_spec(spec)
     print(topology.describe(graph))
     return 0
 
@@ -131,7 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
+    level = (
+        logging.WARNING
+        if args.verbose == 0
+        else logging.INFO
+        if args.verbose == 1
+        else logging.DEBUG
+    )
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     # Let "pkg.module:factory" names resolve against the working directory, as
     # `python -m` would; the console script otherwise only sees its own folder.

@@ -128,7 +128,10 @@ class DataConfig:
         _require(self.alpha > 0, "data.alpha", self.alpha, "must be > 0")
         _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
         _require(
-            0 < self.test_fraction < 1, "data.test_fraction", self.test_fraction, "must be in (0, 1)"
+            0 < self.test_fraction < 1,
+            "data.test_fraction",
+            self.test_fraction,
+            "must be in (0, 1)",
         )
 
 

@@ -58,7 +58,10 @@ class Dataset:
 
     def __post_init__(self) -> None:
         """Check shapes and label ranges once, so models fail with a clear message."""
-        for split, x, y in (("train", self.x_train, self.y_train), ("test", self.x_test, self.y_test)):
+        for split, x, y in (
+            ("train", self.x_train, self.y_train),
+            ("test", self.x_test, self.y_test),
+        ):
             if x.shape[0] != y.shape[0] or x.shape[0] == 0:
                 raise DataError(
                     f"dataset {self.name!r}: the {split} split has {x.shape[0]} inputs and "
@@ -121,11 +124,15 @@ def load_object(path: str, *, what: str) -> object:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise DataError(f"cannot import module {module_name!r} for {what} {path!r}: {exc}.") from exc
+        raise DataError(
+            f"cannot import module {module_name!r} for {what} {path!r}: {exc}."
+        ) from exc
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise DataError(f"module {module_name!r} has no attribute {attr!r} ({what} {path!r}).") from None
+        raise DataError(
+            f"module {module_name!r} has no attribute {attr!r} ({what} {path!r})."
+        ) from None
 
 
 def load_dataset(name: str, *, seed: int, test_fraction: float = 0.2) -> Dataset:
@@ -205,13 +212,13 @@ def partition(
         shards = np.array_split(order, n_parts * shards_per_node)
         deal = rng.permutation(len(shards))
         parts = [
-            np.concatenate([shards[s] for s in deal[i * shards_per_node : (i + 1) * shards_per_node]])
+            np.concatenate(
+                [shards[s] for s in deal[i * shards_per_node : (i + 1) * shards_per_node]]
+            )
             for i in range(n_parts)
         ]
     else:
-        raise DataError(
-            f"unknown partition {scheme!r}; use one of {', '.join(PARTITIONS)}."
-        )
+        raise DataError(f"unknown partition {scheme!r}; use one of {', '.join(PARTITIONS)}.")
     return [np.sort(p) for p in parts]
 
 

@@ -67,7 +67,9 @@ def build_model(
         try:
             module = factory(input_dim=input_dim, num_classes=num_classes, **options)
         except TypeError as exc:
-            raise DataError(f"model {name!r} does not accept these options {options}: {exc}.") from exc
+            raise DataError(
+                f"model {name!r} does not accept these options {options}: {exc}."
+            ) from exc
     if not isinstance(module, nn.Module):
         raise DataError(f"model factory {name!r} returned {type(module).__name__}, not nn.Module.")
     return module
@@ -120,7 +122,7 @@ class Objective:
         self._grad.zero_()
         self.module.train()
         loss = functional.cross_entropy(self.module(x.to(self.dtype)), y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         return float(loss.item()), self._grad.clone()
 
     @torch.no_grad()

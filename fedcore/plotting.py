@@ -7,6 +7,7 @@ One line per run, labelled with the run's name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,10 +41,8 @@ def load_evals(run_dir: Path) -> tuple[str, list[dict[str, Any]]]:
     name = run_dir.name
     summary = run_dir / "summary.json"
     if summary.is_file():
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             name = json.loads(summary.read_text(encoding="utf-8")).get("name", name)
-        except json.JSONDecodeError:
-            pass
     return name, evals
 
 

@@ -13,8 +13,8 @@ from typing import TextIO
 __all__ = ["Progress"]
 
 
-def _fmt_seconds(s: float) -> str:
-    s = max(0, int(round(s)))
+def _fmt_seconds(seconds: float) -> str:
+    s = max(0, round(seconds))
     return f"{s // 60}:{s % 60:02d}" if s >= 60 else f"{s}s"
 
 
@@ -30,7 +30,9 @@ class Progress:
         self.start = time.perf_counter()
         self._next_report = 0.0
 
-    def update(self, done: int, *, loss: float | None = None, accuracy: float | None = None) -> None:
+    def update(
+        self, done: int, *, loss: float | None = None, accuracy: float | None = None
+    ) -> None:
         """Report that ``done`` rounds are complete."""
         fraction = done / self.total
         if not self.tty and fraction < self._next_report and done != self.total:

@@ -232,5 +232,3 @@ def _snapshot(outboxes: Mapping[str, Outbox]) -> dict[str, dict[str, Payload]]:
             box[dst] = seen[id(payload)]
         copies[sender] = box
     return copies
-
-

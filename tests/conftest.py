@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 
+import torch
 from hypothesis import HealthCheck, settings
+
+# Many tiny models: intra-op threads only add overhead (and contention on 2 cores).
+torch.set_num_threads(1)
 
 settings.register_profile(
     "ci",

@@ -88,8 +88,6 @@ class Algorithm(Protocol):
         """Who should send to this node in ``phase`` (sorted)."""
         ...
 
-    def mix(
-        self, state: Any, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[Any, Outbox]:
+    def mix(self, state: Any, phase: int, inbox: Inbox, ctx: RoundContext) -> tuple[Any, Outbox]:
         """Incorporate ``inbox``; return the new state and the next phase's messages."""
         ...

@@ -86,7 +86,9 @@ class OPS:
         """The de-biased model ``z = x / omega``."""
         return state.x / state.omega
 
-    def step(self, state: OPSState, grad: torch.Tensor, ctx: RoundContext) -> tuple[OPSState, Outbox]:
+    def step(
+        self, state: OPSState, grad: torch.Tensor, ctx: RoundContext
+    ) -> tuple[OPSState, Outbox]:
         """Gradient step on the numerator, then push shares to out-neighbours."""
         x_half = state.x - ctx.lr * grad
         outbox = push_shares(x_half, state.omega, dict(ctx.out_weights))

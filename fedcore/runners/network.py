@@ -85,14 +85,26 @@ class Network:
     evaluator: Objective
 
     async def run_async(self, rounds: int) -> None:
-        """Run every node up to ``rounds`` total rounds, concurrently."""
-        async with asyncio.TaskGroup() as group:
-            for node in self.nodes.values():
-                group.create_task(node.run(rounds))
+        """Run every node up to ``rounds`` total rounds, concurrently.
+
+        If a node fails, the others are cancelled and the first node's error is raised
+        as itself (not wrapped in an exception group), so callers can catch it by type.
+        """
+        try:
+            async with asyncio.TaskGroup() as group:
+                for node in self.nodes.values():
+                    group.create_task(node.run(rounds))
+        except BaseExceptionGroup as failure:
+            raise _first_leaf(failure) from None
 
     def run(self, rounds: int) -> None:
         """Run every node up to ``rounds`` total rounds (blocking)."""
         asyncio.run(self.run_async(rounds))
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def build_network(

@@ -110,9 +110,7 @@ class RunObserver:
         if snapshots is not None and self.network is not None:
             net = self.network
             ordered = {nid: snapshots[nid] for nid in net.nodes}
-            result = evaluate_models(
-                net.evaluator, ordered, net.dataset.x_test, net.dataset.y_test
-            )
+            result = evaluate_models(net.evaluator, ordered, net.dataset.x_test, net.dataset.y_test)
             record: dict[str, Any] = {
                 "kind": "eval",
                 "round": t,
@@ -150,9 +148,7 @@ def simulate(
         TransportTimeoutError: a strict-mode node waited too long.
     """
     rounds = config.run.rounds
-    progress = (
-        Progress(rounds, label="simulate", stream=progress_stream) if show_progress else None
-    )
+    progress = Progress(rounds, label="simulate", stream=progress_stream) if show_progress else None
     observer = RunObserver(
         n_nodes=0, rounds=rounds, eval_every=config.run.eval_every, writer=None, progress=progress
     )

@@ -12,8 +12,6 @@ import math
 import random
 from collections.abc import Callable, Iterable, Mapping
 
-import networkx as nx
-
 from fedcore.errors import TopologyError
 from fedcore.topology.graph import TrustGraph
 from fedcore.topology.schedule import Schedule, Topology

@@ -82,14 +82,20 @@ class InProcessTransport:
         key = (message.round, message.phase)
         if key <= self._last_collected:
             self.stats.messages_late += 1
-            logger.debug("%s: late message from %s for %s dropped", self.node_id, message.sender, key)
+            logger.debug(
+                "%s: late message from %s for %s dropped", self.node_id, message.sender, key
+            )
             return
         box = self._mailbox.setdefault(key, {})
         box[message.sender] = message
         waiting = self._waiting
-        if waiting is not None and waiting[0] == key and waiting[1].issubset(box):
-            if not waiting[2].done():
-                waiting[2].set_result(None)
+        if (
+            waiting is not None
+            and waiting[0] == key
+            and waiting[1].issubset(box)
+            and not waiting[2].done()
+        ):
+            waiting[2].set_result(None)
 
     async def collect(
         self, round: int, phase: int, senders: Collection[str], timeout: float | None

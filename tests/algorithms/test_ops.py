@@ -41,7 +41,15 @@ def test_mass_conservation(graph: TrustGraph, seed: int) -> None:
     for t in range(10):
         steps = sum(grad(n, t, OPS().model(s)) for n, s in states.items())
         before = sum(s.x for s in states.values())
-        states = lockstep(OPS(), weighted, {}, rounds=1, lr=lr, grad=lambda n, _t, m, t=t: grad(n, t, m), states=states)
+        states = lockstep(
+            OPS(),
+            weighted,
+            {},
+            rounds=1,
+            lr=lr,
+            grad=lambda n, _t, m, t=t: grad(n, t, m),
+            states=states,
+        )
         after = sum(s.x for s in states.values())
         assert torch.allclose(after, before - lr * steps, atol=1e-12)
         assert sum(s.omega for s in states.values()) == pytest.approx(len(graph), abs=1e-12)
@@ -81,7 +89,9 @@ def test_debiasing_matters(spec: str) -> None:
     mean = x0.mean(axis=0)
     plain = _plain_mixing(graph, x0, 1500)
     states = lockstep(OPS(), graph, params, rounds=1500)
-    ops_err = max(float((s.x / s.omega - torch.from_numpy(mean)).abs().max()) for s in states.values())
+    ops_err = max(
+        float((s.x / s.omega - torch.from_numpy(mean)).abs().max()) for s in states.values()
+    )
     plain_err = float(np.abs(plain - mean).max())
     assert ops_err < 1e-8
     assert plain_err > 1e-2
@@ -157,7 +167,9 @@ def test_gradient_at_debiased_point_and_step_on_numerator() -> None:
     ops = OPS()
     state = OPSState(torch.tensor([2.0, 4.0], dtype=torch.float64), 0.5)
     assert torch.equal(ops.model(state), torch.tensor([4.0, 8.0], dtype=torch.float64))
-    ctx = RoundContext(node="a", round=0, lr=0.1, self_weight=0.5, out_weights={"b": 0.5}, in_weights={})
+    ctx = RoundContext(
+        node="a", round=0, lr=0.1, self_weight=0.5, out_weights={"b": 0.5}, in_weights={}
+    )
     new, outbox = ops.step(state, torch.tensor([1.0, 1.0], dtype=torch.float64), ctx)
     assert torch.allclose(new.x, torch.tensor([1.9, 3.9], dtype=torch.float64))
     assert torch.allclose(outbox["b"].tensors["x"], 0.5 * new.x)
@@ -199,7 +211,9 @@ def test_mix_uses_only_arrived_shares() -> None:
     """A hand-built inbox: own share plus received shares, nothing else."""
     ops = OPS()
     state = OPSState(torch.tensor([1.0], dtype=torch.float64), 1.0)
-    ctx = RoundContext(node="a", round=0, lr=0.0, self_weight=0.25, out_weights={}, in_weights={"b": 0.5, "c": 0.5})
+    ctx = RoundContext(
+        node="a", round=0, lr=0.0, self_weight=0.25, out_weights={}, in_weights={"b": 0.5, "c": 0.5}
+    )
     inbox = {"b": Payload({"x": torch.tensor([2.0], dtype=torch.float64)}, {"omega": 0.5})}
     new, out = ops.mix(state, 0, inbox, ctx)
     assert out == {}

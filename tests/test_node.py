@@ -1,0 +1,178 @@
+"""The node loop over the in-process transport: determinism, waiting modes, validation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fedcore.errors import TransportTimeoutError
+from fedcore.messages import EncodedTensor, Message
+from fedcore.metrics import params_sha256
+from fedcore.testing import TestNetwork, make_network
+from fedcore.transport import InProcessTransport
+
+
+class Tamper:
+    """Wraps a transport; ``rule(message)`` returns the message to send, or None to drop it."""
+
+    def __init__(
+        self, inner: InProcessTransport, rule: Callable[[Message], Message | None]
+    ) -> None:
+        self.inner = inner
+        self.rule = rule
+        self.node_id = inner.node_id
+        self.stats = inner.stats
+
+    async def send(self, message: Message) -> None:
+        changed = self.rule(message)
+        if changed is not None:
+            await self.inner.send(changed)
+
+    async def collect(
+        self, round: int, phase: int, senders: Collection[str], timeout: float | None
+    ) -> dict[str, Message]:
+        return await self.inner.collect(round, phase, senders, timeout)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def _tamper(net: TestNetwork, node: str, rule: Callable[[Message], Message | None]) -> None:
+    n = net.nodes[node]
+    assert isinstance(n.transport, InProcessTransport)
+    n.transport = Tamper(n.transport, rule)
+
+
+def _small(algorithm: str = "ops", spec: str = "social:6", **settings: object) -> TestNetwork:
+    base: dict[str, object] = {"data.batch_size": 8, "algorithm.lr": 0.1}
+    base.update(settings)
+    return make_network(spec, algorithm=algorithm, settings=base)
+
+
+def test_messages_flow_only_along_trust_edges() -> None:
+    net = _small().run(3)
+    graph = net.graph.at(0)
+    edges = set(graph.edges())
+    assert net.messages, "OPS must communicate"
+    assert {(m.sender, m.receiver) for m in net.messages} == edges
+    assert len(net.messages_at(1)) == len(edges)
+    assert all(m.run == net.network.run_id for m in net.messages)
+
+
+@pytest.mark.parametrize(
+    "algorithm,spec",
+    [("ops", "social:6"), ("dpsgd", "ring:5"), ("central", "social:5"), ("local", "ring:4")],
+)
+def test_runs_are_deterministic(algorithm: str, spec: str) -> None:
+    a = _small(algorithm, spec).run(5)
+    b = _small(algorithm, spec).run(5)
+    for nid in a.nodes:
+        assert params_sha256(a.nodes[nid].model()) == params_sha256(b.nodes[nid].model())
+
+
+def test_run_in_steps_equals_run_at_once() -> None:
+    a = _small().run(2).run(3)
+    b = _small().run(5)
+    assert all(torch.equal(a.models()[n], b.models()[n]) for n in a.nodes)
+
+
+def test_ops_conserves_omega_over_the_network() -> None:
+    net = _small("ops", "social:8").run(6)
+    assert sum(n.state.omega for n in net.nodes.values()) == pytest.approx(8.0, abs=1e-9)
+
+
+def test_strict_mode_names_the_missing_peer() -> None:
+    net = _small(**{"transport.strict_timeout_s": 0.2})
+    _tamper(net, "n1", lambda m: None)  # n1's messages never arrive
+    with pytest.raises(TransportTimeoutError, match="n1"):
+        net.run(1)
+
+
+def test_deadline_mode_proceeds_and_counts_missing() -> None:
+    net = _small(**{"transport.mode": "deadline", "transport.deadline_s": 0.05})
+    records = []
+    for node in net.nodes.values():
+        node.observer = lambda _n, r: records.append(r)
+    _tamper(net, "n1", lambda m: None)
+    net.run(2)
+    receivers = set(net.graph.at(0).out_neighbours("n1"))
+    missing = {(r.node, r.missing) for r in records if r.messages_missing}
+    assert {node for node, _ in missing} == receivers
+    assert all(names == ("n1",) for _, names in missing)
+
+
+def _corrupt_tensor(message: Message, **changes: object) -> Message:
+    tensors = {k: replace(v, **changes) for k, v in message.tensors.items()}  # type: ignore[arg-type]
+    return replace(message, tensors=tensors)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        pytest.param(lambda m: _corrupt_tensor(m, data=m.tensors["x"].data[:-4]), id="truncated"),
+        pytest.param(
+            lambda m: _corrupt_tensor(
+                m, data=torch.full((m.tensors["x"].shape[0],), float("nan")).numpy().tobytes()
+            ),
+            id="non-finite",
+        ),
+        pytest.param(lambda m: _corrupt_tensor(m, shape=(1, m.tensors["x"].shape[0])), id="shape"),
+        pytest.param(
+            lambda m: _corrupt_tensor(m, dtype="float64", data=m.tensors["x"].data * 2), id="dtype"
+        ),
+        pytest.param(lambda m: replace(m, run="other-run"), id="fingerprint"),
+        pytest.param(lambda m: _corrupt_tensor(m, codec="bogus"), id="codec"),
+    ],
+)
+def test_invalid_messages_are_rejected_not_mixed(rule: Callable[[Message], Message]) -> None:
+    net = _small(**{"transport.mode": "deadline", "transport.deadline_s": 0.05})
+    _tamper(net, "n1", rule)
+    net.run(2)
+    receivers = net.graph.at(0).out_neighbours("n1")
+    assert receivers
+    for r in receivers:
+        assert net.nodes[r].transport.stats.messages_rejected == 2
+        assert torch.isfinite(net.nodes[r].model()).all()
+
+
+def test_invalid_message_in_strict_mode_fails_naming_sender() -> None:
+    net = _small(**{"transport.strict_timeout_s": 0.2})
+    _tamper(net, "n1", lambda m: replace(m, run="other-run"))
+    with pytest.raises(TransportTimeoutError, match="n1"):
+        net.run(1)
+
+
+def test_float64_harness_and_own_algorithm_object() -> None:
+    """Users can pass their own algorithm object and run in float64."""
+    from fedcore.algorithms import OPS
+
+    class HalfStepOPS(OPS):
+        name = "half-step-ops"
+
+    net = make_network("ring:4", algorithm=HalfStepOPS(), settings={"model.dtype": "float64"})
+    net.run(2)
+    assert net.network.algorithm.name == "half-step-ops"
+    assert all(m.dtype == torch.float64 for m in net.models().values())
+    assert all(t.dtype == "float64" for m in net.messages for t in m.tensors.values())
+
+
+def test_encoded_bytes_are_snapshots() -> None:
+    """Changing a node's state after sending never changes a message already sent."""
+    net = _small().run(1)
+    sent = [bytes(m.tensors["x"].data) for m in net.messages]
+    for node in net.nodes.values():
+        node.state.x.add_(1000.0)
+    assert [m.tensors["x"].data for m in net.messages] == sent
+    assert all(isinstance(m.tensors["x"], EncodedTensor) for m in net.messages)
+
+
+def test_deadline_in_asyncio_does_not_block_other_nodes() -> None:
+    """A node waiting on a deadline yields to the others (single event loop)."""
+    net = _small(**{"transport.mode": "deadline", "transport.deadline_s": 0.02})
+    _tamper(net, "n2", lambda m: None)
+    asyncio.run(net.network.run_async(3))
+    assert net.round == 3
