@@ -58,6 +58,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         """Validate ranges."""
+        _require(0 <= self.seed < 2**32, "run.seed", self.seed, "must be in [0, 2**32)")
         _require(self.rounds >= 1, "run.rounds", self.rounds, "must be >= 1")
         _require(self.eval_every >= 1, "run.eval_every", self.eval_every, "must be >= 1")
         _require(
@@ -228,7 +229,8 @@ def _coerce(key: str, value: object, default: object) -> object:
         ok = True
     if not ok:
         raise ConfigError(
-            f"{key} must be a {type(default).__name__}, got {value!r} ({type(value).__name__})."
+            f"{key} must be of type {type(default).__name__}, got {value!r} "
+            f"({type(value).__name__})."
         )
     return value
 
@@ -312,6 +314,10 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
             raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}.") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}.") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {str(path)!r} is not UTF-8 text: {exc.reason}."
+            ) from exc
     raw = copy.deepcopy(raw)
     for item in overrides:
         (table, key), value = parse_override(item)

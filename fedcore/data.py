@@ -148,7 +148,12 @@ def load_dataset(name: str, *, seed: int, test_fraction: float = 0.2) -> Dataset
         if not callable(loaded):
             raise DataError(f"dataset {name!r} is not callable.")
         factory = loaded
-    dataset = factory(seed=seed, test_fraction=test_fraction)
+    try:
+        dataset = factory(seed=seed, test_fraction=test_fraction)
+    except TypeError as exc:
+        raise DataError(
+            f"dataset {name!r} must accept keyword arguments seed and test_fraction: {exc}."
+        ) from exc
     if not isinstance(dataset, Dataset):
         raise DataError(
             f"dataset factory {name!r} returned {type(dataset).__name__}, not fedcore.data.Dataset."
@@ -219,6 +224,12 @@ def partition(
         ]
     else:
         raise DataError(f"unknown partition {scheme!r}; use one of {', '.join(PARTITIONS)}.")
+    smallest = min(len(p) for p in parts)
+    if smallest < min_size:
+        raise DataError(
+            f"the {scheme!r} partition left a node with {smallest} examples (fewer than "
+            f"{min_size}); use fewer nodes, fewer shards per node or more data."
+        )
     return [np.sort(p) for p in parts]
 
 

@@ -201,11 +201,6 @@ def test_plot_of_a_run_without_evaluations(
     assert_one_line_error(status, out, err, "no evaluation records")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a non-UTF-8 config file raises UnicodeDecodeError out of load_config "
-    "(config.py:306-311), so the CLI shows a traceback",
-)
 def test_non_utf8_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "latin1.toml"
     path.write_bytes(b'[run]\nname = "caf\xe9"\n')
@@ -213,11 +208,6 @@ def test_non_utf8_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert_one_line_error(status, out, err, "latin1.toml")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run.seed is not range-checked (config.py:RunConfig); a negative seed reaches "
-    "sklearn's train_test_split and escapes as InvalidParameterError with a traceback",
-)
 def test_negative_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = cli(
         capsys, "simulate", "-q", "--out", str(tmp_path / "run"), *TINY, "--set", "run.seed=-1"
@@ -225,11 +215,6 @@ def test_negative_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert_one_line_error(status, out, err, "run.seed")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_dataset does not catch TypeError from a user factory with the wrong "
-    "signature (data.py:144), so the CLI shows a traceback",
-)
 def test_dataset_factory_with_the_wrong_signature(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

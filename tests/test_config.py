@@ -249,10 +249,6 @@ def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
         load_config(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_config does not catch UnicodeDecodeError from tomllib.load (config.py:306-311)",
-)
 def test_non_utf8_file_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "latin1.toml"
     path.write_bytes(b'[run]\nname = "caf\xe9"\n')

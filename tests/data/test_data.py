@@ -171,11 +171,6 @@ def test_load_dataset_factory_returning_the_wrong_type() -> None:
         load_dataset(f"{__name__}:wrong_type_factory", seed=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_dataset calls a user factory without catching TypeError (data.py:144), so a "
-    "factory with the wrong signature escapes as a raw TypeError and a CLI traceback",
-)
 def test_load_dataset_factory_with_the_wrong_signature() -> None:
     with pytest.raises(DataError, match="wrong_signature_factory"):
         load_dataset(f"{__name__}:wrong_signature_factory", seed=0)
@@ -240,11 +235,6 @@ def test_iid_respects_min_size_at_the_limit(seed: int) -> None:
     check_split(partition(y, 4, "iid", seed=seed, min_size=3), 12, 4, 3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the shards scheme never checks min_size (data.py:205-214): 9 examples in 6 shards "
-    "of 1-2 can leave a node with 2 < min_size=3",
-)
 def test_shards_respect_min_size_or_raise() -> None:
     y = np.arange(9)
     try:
