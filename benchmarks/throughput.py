@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (fedcore is imported after the checkout root is put on sys.path)
 """Simulation throughput of fedcore against a plain-torch floor.
 
 Measures node-rounds per second of an in-process D-PSGD simulation
@@ -33,6 +34,7 @@ import argparse
 import copy
 import cProfile
 import gc
+import importlib.util
 import io
 import json
 import math
@@ -50,6 +52,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional
+
+# Runnable as `python benchmarks/throughput.py` from a checkout without installing fedcore.
+_ROOT = Path(__file__).resolve().parent.parent
+if importlib.util.find_spec("fedcore") is None and (_ROOT / "fedcore").is_dir():
+    sys.path.insert(0, str(_ROOT))
 
 from fedcore import topology
 from fedcore.config import Config, config_from_dict
@@ -93,10 +100,11 @@ def make_config(n: int, model: str, alpha: float | None = None) -> Config:
 
 def choose_alpha(dataset: Dataset, n: int, model: str) -> float:
     """fedcore's default alpha, or the first of ALPHA_LADDER that gives every node 2 examples."""
-    base = make_config(n, model).data
+    config = make_config(n, model)
+    base = config.data
     for alpha in (base.alpha, *ALPHA_LADDER):
         try:
-            partition(dataset.y_train, n, base.partition, seed=0, alpha=alpha)
+            partition(dataset.y_train, n, base.partition, seed=config.run.seed, alpha=alpha)
         except DataError:
             continue
         return alpha
@@ -393,7 +401,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="instead of benchmarking, print a cProfile of fedcore at the first --nodes/--models",
+        help="instead of benchmarking, print a cProfile of one fedcore run "
+        "(N=64 unless --nodes is given, then its first N; the first of --models)",
     )
     return parser.parse_args(argv)
 
@@ -455,8 +464,9 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "benchmark": "fedcore in-process simulation throughput vs plain-torch floor",
-        "command": "python benchmarks/throughput.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(
+            ["python", "benchmarks/throughput.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "settings": {
             "nodes": args.nodes,
             "models": args.models,

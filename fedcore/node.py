@@ -142,6 +142,9 @@ class Node:
         self.observer = observer
         start = objective.initial_params() if params is None else params
         self.state: Any = algorithm.init(start)
+        # Every tensor a peer sends must look like our parameters.
+        self._shape = tuple(start.shape)
+        self._dtype = start.dtype
         self.round = 0
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
 
@@ -263,14 +266,13 @@ class Node:
                 f"message of run {message.run[:12]} does not belong to this run "
                 f"({self.options.run_id[:12]})."
             )
-        reference = self.algorithm.model(self.state)
         tensors: dict[str, torch.Tensor] = {}
         for name, enc in message.tensors.items():
             tensor = self.codec_for(enc).decode(enc)
-            if tensor.shape != reference.shape or tensor.dtype != reference.dtype:
+            if tuple(tensor.shape) != self._shape or tensor.dtype != self._dtype:
                 raise ProtocolError(
                     f"tensor {name!r} has shape {tuple(tensor.shape)} and dtype {enc.dtype}; "
-                    f"expected {tuple(reference.shape)} and {reference.dtype}."
+                    f"expected {self._shape} and {self._dtype}."
                 )
             if not bool(torch.isfinite(tensor).all()):
                 raise ProtocolError(f"tensor {name!r} holds non-finite values.")

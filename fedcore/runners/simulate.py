@@ -201,6 +201,7 @@ def make_summary(
         "run_id": network.run_id,
         "topology": {
             "name": network.trust.name,
+            "communication_graph": network.graph.name,
             "spectral_gap": spectral_gap(network.graph),
             "period": network.graph.period,
         },
