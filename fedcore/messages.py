@@ -68,11 +68,17 @@ class Message:
     receiver: str
     tensors: Mapping[str, EncodedTensor]
     scalars: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    nbytes: int = field(default=-1, repr=False, compare=False)
+    """Payload bytes: encoded tensors plus 8 bytes per scalar (headers excluded).
 
-    @property
-    def nbytes(self) -> int:
-        """Payload bytes: encoded tensors plus 8 bytes per scalar (headers excluded)."""
-        return sum(t.nbytes for t in self.tensors.values()) + 8 * len(self.scalars)
+    Computed when not given; a sender that fans one payload out passes it to skip the sum.
+    """
+
+    def __post_init__(self) -> None:
+        """Count the payload bytes once; messages are immutable."""
+        if self.nbytes < 0:
+            size = sum(t.nbytes for t in self.tensors.values()) + 8 * len(self.scalars)
+            object.__setattr__(self, "nbytes", size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,6 +95,8 @@ class Objective:
         self.numel = sum(p.numel() for p in params)
         self._flat = torch.empty(self.numel, dtype=dtype)
         self._grad = torch.zeros(self.numel, dtype=dtype)
+        module.train()
+        self._training = True  # module.train()/eval() walk every submodule: switch only on change
         offset = 0
         with torch.no_grad():
             for p in params:
@@ -120,7 +122,9 @@ class Objective:
         """Mean cross-entropy on ``(x, y)`` at ``params`` and its gradient (a new tensor)."""
         self._load(params)
         self._grad.zero_()
-        self.module.train()
+        if not self._training:
+            self.module.train()
+            self._training = True
         loss = functional.cross_entropy(self.module(x.to(self.dtype)), y)
         loss.backward()  # type: ignore[no-untyped-call]
         return float(loss.item()), self._grad.clone()
@@ -131,7 +135,9 @@ class Objective:
     ) -> tuple[float, float]:
         """Mean cross-entropy and accuracy on ``(x, y)`` at ``params``."""
         self._load(params)
-        self.module.eval()
+        if self._training:
+            self.module.eval()
+            self._training = False
         logits = self.module(x.to(self.dtype))
         loss = functional.cross_entropy(logits, y)
         acc = (logits.argmax(dim=1) == y).to(torch.float64).mean()

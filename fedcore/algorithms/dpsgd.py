@@ -15,6 +15,7 @@ value: its weight moves to the self weight, which keeps the row a convex combina
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -34,10 +35,12 @@ class DPSGDState(NamedTuple):
 
 
 def gossip_mix(
-    x: torch.Tensor, self_weight: float, in_weights: dict[str, float], inbox: Inbox
+    x: torch.Tensor, self_weight: float, in_weights: Mapping[str, float], inbox: Inbox
 ) -> torch.Tensor:
     """``self_weight * x + sum_j W_ji x_j`` over what arrived; a missing j's weight goes to self."""
-    own = self_weight + sum(w for j, w in in_weights.items() if j not in inbox)
+    own = self_weight
+    if len(inbox) != len(in_weights):
+        own += sum(w for j, w in in_weights.items() if j not in inbox)
     out = x * own
     for sender, payload in inbox.items():
         w = in_weights.get(sender)
@@ -77,7 +80,7 @@ class DPSGD:
         self, state: DPSGDState, phase: int, inbox: Inbox, ctx: RoundContext
     ) -> tuple[DPSGDState, Outbox]:
         """Average with the neighbours' pre-step models, then apply the gradient step."""
-        x = gossip_mix(state.x, ctx.self_weight, dict(ctx.in_weights), inbox)
+        x = gossip_mix(state.x, ctx.self_weight, ctx.in_weights, inbox)
         if state.pending_step is not None:
             x.sub_(state.pending_step)
         return DPSGDState(x, None), {}

@@ -20,6 +20,8 @@ _DTYPES: dict[str, tuple[torch.dtype, np.dtype[np.generic]]] = {
     "int64": (torch.int64, np.dtype("<i8")),
 }
 
+_NAMES = {torch_dtype: name for name, (torch_dtype, _) in _DTYPES.items()}
+
 
 class Codec(Protocol):
     """Encodes tensors into packed bytes and decodes them back."""
@@ -48,15 +50,13 @@ class RawCodec:
 
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
         """Copy ``tensor``'s bytes out (a snapshot: later in-place changes do not leak)."""
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        if dtype not in _DTYPES:
+        dtype = _NAMES.get(tensor.dtype)
+        if dtype is None:
             raise CompressionError(
-                f"codec 'raw' cannot encode dtype {dtype}; use one of {sorted(_DTYPES)}."
+                f"codec 'raw' cannot encode dtype {tensor.dtype}; use one of {sorted(_DTYPES)}."
             )
-        array = tensor.detach().contiguous().cpu().numpy()
-        return EncodedTensor(
-            codec=self.name, dtype=dtype, shape=tuple(tensor.shape), data=array.tobytes()
-        )
+        data = tensor.detach().cpu().numpy().tobytes()  # tobytes() copies in C order
+        return EncodedTensor(codec=self.name, dtype=dtype, shape=tuple(tensor.shape), data=data)
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
         """Rebuild the tensor, checking codec, dtype, shape and byte count."""

@@ -18,7 +18,7 @@ from fedcore.config import Config, TopologyConfig, fingerprint
 from fedcore.data import BatchStream, Dataset, load_dataset, partition
 from fedcore.errors import ConfigError
 from fedcore.models import Objective, build_model
-from fedcore.node import Node, NodeOptions, RoundRecord
+from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
 from fedcore.topology import Topology, TrustGraph
 from fedcore.transport import InProcessNetwork
 
@@ -115,6 +115,7 @@ def build_network(
     algorithm: Algorithm | None = None,
     trust: Topology | None = None,
     dataset: Dataset | None = None,
+    share_decoded: bool = True,
 ) -> Network:
     """Build every node of ``config`` on an in-process network.
 
@@ -125,6 +126,8 @@ def build_network(
         algorithm: Use this algorithm object instead of ``config.algorithm.name``.
         trust: Use this trust graph instead of ``config.topology``.
         dataset: Use this dataset instead of ``config.data.dataset``.
+        share_decoded: Decode each sent payload once for all its receivers
+            (:class:`~fedcore.node.DecodeCache`); results are identical either way.
 
     Raises:
         ConfigError, TopologyError, DataError: on anything invalid.
@@ -181,6 +184,7 @@ def build_network(
     if config.transport.kind != "inproc":
         raise ConfigError(f"build_network runs in-process only, not {config.transport.kind!r}.")
     net = InProcessNetwork(record=record)
+    cache = DecodeCache() if share_decoded else None
     built: dict[str, Node] = {}
     for i, node_id in enumerate(nodes):
         idx = torch.as_tensor(parts[i])
@@ -199,6 +203,7 @@ def build_network(
             options=options,
             params=start,
             observer=observer,
+            decode_cache=cache,
         )
     return Network(
         config=config,

@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 _Key = tuple[int, int]
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class InProcessNetwork:
     """A set of in-process endpoints that can reach each other by node id."""
 
@@ -40,17 +45,6 @@ class InProcessNetwork:
         if node_id not in self._endpoints:
             self._endpoints[node_id] = InProcessTransport(node_id, self)
         return self._endpoints[node_id]
-
-    def _deliver(self, message: Message) -> None:
-        target = self._endpoints.get(message.receiver)
-        if target is None or target.closed:
-            raise PeerUnavailableError(
-                f"node {message.sender!r} cannot reach {message.receiver!r}: no such "
-                "in-process endpoint is open."
-            )
-        if self.record:
-            self.messages.append(message)
-        target._receive(message)
 
 
 class InProcessTransport:
@@ -74,7 +68,16 @@ class InProcessTransport:
         """Put ``message`` into the receiver's mailbox."""
         if self.closed:
             raise TransportClosedError(f"node {self.node_id!r}: send after close().")
-        self._network._deliver(message)
+        network = self._network
+        target = network._endpoints.get(message.receiver)
+        if target is None or target.closed:
+            raise PeerUnavailableError(
+                f"node {message.sender!r} cannot reach {message.receiver!r}: no such "
+                "in-process endpoint is open."
+            )
+        if network.record:
+            network.messages.append(message)
+        target._receive(message)
         self.stats.messages_sent += 1
         self.stats.bytes_sent += message.nbytes
 
@@ -107,14 +110,17 @@ class InProcessTransport:
         expected = frozenset(senders)
         box = self._mailbox.setdefault(key, {})
         if not expected.issubset(box):
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[None] = loop.create_future()
             self._waiting = (key, expected, future)
+            # A plain timer that resolves the future is much cheaper than wait_for.
+            timer = loop.call_later(timeout, _resolve, future) if timeout is not None else None
             try:
-                await asyncio.wait_for(future, timeout)
-            except TimeoutError:
-                pass
+                await future
             finally:
                 self._waiting = None
+                if timer is not None:
+                    timer.cancel()
         box = self._mailbox.pop(key, {})
         self._last_collected = max(self._last_collected, key)
         inbox: dict[str, Message] = {}
