@@ -181,19 +181,13 @@ def test_deadline_in_asyncio_does_not_block_other_nodes() -> None:
 @pytest.mark.parametrize("algorithm,spec", [("ops", "social:8"), ("dpsgd", "torus:3x3")])
 def test_shared_decoding_changes_nothing(algorithm: str, spec: str) -> None:
     """Receivers sharing one decoded tensor get bit-identical results (inboxes are read-only)."""
-    from fedcore.config import Config
     from fedcore.runners.network import build_network
     from fedcore.topology import parse_spec
 
+    config = _small(algorithm, spec).config
     results = []
     for share in (True, False):
-        net = (
-            build_network(Config(), algorithm=None, trust=parse_spec(spec), share_decoded=share)
-            if algorithm == "ops"
-            else build_network(
-                _small(algorithm, spec).config, trust=parse_spec(spec), share_decoded=share
-            )
-        )
+        net = build_network(config, trust=parse_spec(spec), share_decoded=share)
         net.run(4)
         results.append({n: params_sha256(node.model()) for n, node in net.nodes.items()})
     assert results[0] == results[1]

@@ -11,8 +11,9 @@ An algorithm never touches a transport, a file or an event loop. Per round, the 
 
 A missing sender in an inbox (a dropped, late or crashed peer) is a legal input; each
 algorithm's docstring says what it does then. Inbox tensors are read-only: in one process
-the receivers of a payload share one decoded tensor. Never update them in place. Inboxes are ordered by sender id, and
-messages are snapshots, so results do not depend on the order nodes are processed.
+the receivers of a payload share one decoded tensor, so never update them in place.
+Inboxes are ordered by sender id, and messages are snapshots, so results do not depend on
+the order nodes are processed.
 """
 
 from __future__ import annotations
