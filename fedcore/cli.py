@@ -6,8 +6,9 @@ Subcommands::
     fedcore topology show SPEC|FILE
     fedcore plot RUN_DIR... --out FILE.png
 
-Any fedcore error (bad config, unknown name, invalid graph file) becomes one line on
-stderr and exit status 2; never a traceback.
+Errors become one line on stderr, never a traceback: exit status 2 for invalid input (bad
+config, unknown name, invalid graph file, an output path that cannot be written) and 1 for
+a run that fails on its way (a strict-mode peer that never answered).
 """
 
 from __future__ import annotations
@@ -162,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FedcoreError as exc:
         print(f"fedcore: error: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_RUNTIME
+    except OSError as exc:  # an output path that cannot be written
+        where = f" {exc.filename!r}" if exc.filename else ""
+        print(f"fedcore: error: cannot write{where}: {exc.strerror or exc}.", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("fedcore: interrupted", file=sys.stderr)
         return 130

@@ -31,6 +31,9 @@ from typing import Any
 from fedcore.errors import ConfigError
 
 __all__ = [
+    "LR_SCHEDULES",
+    "MODES",
+    "PARTITIONS",
     "AlgorithmConfig",
     "Config",
     "DataConfig",
@@ -45,6 +48,14 @@ __all__ = [
     "load_config",
     "parse_override",
 ]
+
+
+PARTITIONS = ("iid", "dirichlet", "shards")
+"""How training data is split across nodes (``data.partition``)."""
+MODES = ("strict", "deadline")
+"""How a node waits for its in-neighbours (``transport.mode``)."""
+LR_SCHEDULES = ("constant", "sqrt")
+"""Step-size schedules (``algorithm.lr_schedule``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,10 +111,10 @@ class AlgorithmConfig:
         """Validate ranges."""
         _require(math.isfinite(self.lr) and self.lr >= 0, "algorithm.lr", self.lr, "must be >= 0")
         _require(
-            self.lr_schedule in ("constant", "sqrt"),
+            self.lr_schedule in LR_SCHEDULES,
             "algorithm.lr_schedule",
             self.lr_schedule,
-            "must be 'constant' or 'sqrt'",
+            f"must be one of {', '.join(LR_SCHEDULES)}",
         )
 
 
@@ -121,12 +132,14 @@ class DataConfig:
     def __post_init__(self) -> None:
         """Validate ranges."""
         _require(
-            self.partition in ("iid", "dirichlet", "shards"),
+            self.partition in PARTITIONS,
             "data.partition",
             self.partition,
-            "must be one of iid, dirichlet, shards",
+            f"must be one of {', '.join(PARTITIONS)}",
         )
-        _require(self.alpha > 0, "data.alpha", self.alpha, "must be > 0")
+        _require(
+            math.isfinite(self.alpha) and self.alpha > 0, "data.alpha", self.alpha, "must be > 0"
+        )
         _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
         _require(
             0 < self.test_fraction < 1,
@@ -172,10 +185,10 @@ class TransportConfig:
         """Validate ranges."""
         _require(self.kind == "inproc", "transport.kind", self.kind, "must be 'inproc' here")
         _require(
-            self.mode in ("strict", "deadline"),
+            self.mode in MODES,
             "transport.mode",
             self.mode,
-            "must be 'strict' or 'deadline'",
+            f"must be one of {', '.join(MODES)}",
         )
         _require(self.deadline_s > 0, "transport.deadline_s", self.deadline_s, "must be > 0")
         _require(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedcore.config import PARTITIONS
 from fedcore.errors import DataError
 
 __all__ = [
@@ -93,9 +94,15 @@ def digits(*, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
     bunch = load_digits()
     x = np.asarray(bunch.data, dtype=np.float64)
     y = np.asarray(bunch.target, dtype=np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        x, y, test_size=test_fraction, random_state=seed, stratify=y
-    )
+    try:
+        x_tr, x_te, y_tr, y_te = train_test_split(
+            x, y, test_size=test_fraction, random_state=seed, stratify=y
+        )
+    except ValueError as exc:  # a split too small to hold every class
+        raise DataError(
+            f"data.test_fraction = {test_fraction} cannot split digits with every class on "
+            f"both sides: {exc}"
+        ) from exc
     mean = x_tr.mean(axis=0)
     std = x_tr.std(axis=0)
     std[std == 0] = 1.0
@@ -159,9 +166,6 @@ def load_dataset(name: str, *, seed: int, test_fraction: float = 0.2) -> Dataset
             f"dataset factory {name!r} returned {type(dataset).__name__}, not fedcore.data.Dataset."
         )
     return dataset
-
-
-PARTITIONS = ("iid", "dirichlet", "shards")
 
 
 def partition(

@@ -35,18 +35,19 @@ def consensus_distance(models: Sequence[torch.Tensor]) -> float:
 
 def evaluate_models(
     objective: Objective, models: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Accuracy and loss of the average model and of every node's model on ``(x, y)``."""
     tensors = list(models.values())
     average = torch.stack(tensors).mean(dim=0)
     avg_loss, avg_acc = objective.evaluate(average, x, y)
-    node_acc = [objective.evaluate(m, x, y)[1] for m in tensors]
+    node_acc = {nid: objective.evaluate(m, x, y)[1] for nid, m in models.items()}
     return {
         "avg_model_accuracy": avg_acc,
         "avg_model_test_loss": avg_loss,
-        "mean_node_accuracy": sum(node_acc) / len(node_acc),
-        "min_node_accuracy": min(node_acc),
+        "mean_node_accuracy": sum(node_acc.values()) / len(node_acc),
+        "min_node_accuracy": min(node_acc.values()),
         "consensus_distance": consensus_distance(tensors),
+        "node_accuracy": node_acc,
     }
 
 

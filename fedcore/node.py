@@ -9,12 +9,13 @@ Two waiting modes:
 
 * ``strict``: wait for every expected sender; if one is still missing after
   ``strict_timeout_s``, fail with :class:`~fedcore.errors.TransportTimeoutError`
-  naming who is missing.
+  naming who is missing. A message that arrives but fails validation fails the round
+  at once with :class:`~fedcore.errors.ProtocolError` naming the sender and the reason:
+  a strict run never proceeds without an in-neighbour.
 * ``deadline``: wait at most ``deadline_s`` per phase, then proceed with what arrived;
-  the rest count as missing (and, if they come later, as late).
-
-A message that fails validation (undecodable bytes, wrong shape or dtype, non-finite
-values) is logged, counted as rejected and treated as missing; the node keeps going.
+  the rest count as missing (and, if they come later, as late). A message that fails
+  validation (undecodable bytes, wrong shape or dtype, non-finite values, another run)
+  is logged, counted as rejected and treated as missing; the node keeps going.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 
 from fedcore.algorithms.base import Algorithm, Outbox, RoundContext
 from fedcore.compression import Codec, RawCodec, get_codec
+from fedcore.config import LR_SCHEDULES, MODES
 from fedcore.data import BatchStream
 from fedcore.errors import CompressionError, ConfigError, ProtocolError, TransportTimeoutError
 from fedcore.messages import EncodedTensor, Message, Payload
@@ -37,12 +39,9 @@ from fedcore.models import Objective
 from fedcore.topology import Topology
 from fedcore.transport.base import Transport
 
-__all__ = ["MODES", "DecodeCache", "Node", "NodeOptions", "RoundRecord", "lr_at"]
+__all__ = ["DecodeCache", "Node", "NodeOptions", "RoundRecord", "lr_at"]
 
 logger = logging.getLogger(__name__)
-
-MODES = ("strict", "deadline")
-LR_SCHEDULES = ("constant", "sqrt")
 
 
 def lr_at(lr: float, schedule: str, round: int) -> float:
@@ -225,10 +224,11 @@ class Node:
         loss, grad = self.objective.loss_and_grad(self.algorithm.model(self.state), x, y)
         self.state, outbox = self.algorithm.step(self.state, grad, ctx)
         missing: list[str] = []
+        rejected = [0]
         for phase in range(self.algorithm.phases):
             await self._send(outbox, t, phase)
             expected = self.algorithm.expected_senders(phase, ctx)
-            inbox = await self._collect(t, phase, expected, missing)
+            inbox = await self._collect(t, phase, expected, missing, rejected)
             self.state, outbox = self.algorithm.mix(self.state, phase, inbox, ctx)
         self.round = t + 1
         record = RoundRecord(
@@ -242,7 +242,7 @@ class Node:
             bytes_received=stats.bytes_received - before[3],
             messages_missing=len(missing),
             messages_late=stats.messages_late - before[4],
-            messages_rejected=stats.messages_rejected - before[5],
+            messages_rejected=stats.messages_rejected - before[5] + rejected[0],
             missing=tuple(missing),
             wall_s=time.perf_counter() - began,
         )
@@ -274,7 +274,12 @@ class Node:
             )
 
     async def _collect(
-        self, t: int, phase: int, expected: tuple[str, ...], missing: list[str]
+        self,
+        t: int,
+        phase: int,
+        expected: tuple[str, ...],
+        missing: list[str],
+        rejected: list[int],
     ) -> dict[str, Payload]:
         strict = self.options.mode == "strict"
         timeout = self.options.strict_timeout_s if strict else self.options.deadline_s
@@ -284,7 +289,13 @@ class Node:
             try:
                 inbox[sender] = self._decode(messages[sender])
             except (CompressionError, ProtocolError) as exc:
-                self.transport.stats.messages_rejected += 1
+                if strict:
+                    raise ProtocolError(
+                        f"node {self.id!r}, round {t} phase {phase}: the message from "
+                        f"{sender!r} was rejected: {exc} (strict mode stops here; deadline "
+                        "mode would proceed without it)."
+                    ) from exc
+                rejected[0] += 1
                 logger.warning("%s: rejected round %d message from %s: %s", self.id, t, sender, exc)
         absent = [s for s in expected if s not in inbox]
         if absent and strict:

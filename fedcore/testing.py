@@ -90,7 +90,7 @@ class TestNetwork:
         """The mean of all nodes' models."""
         return torch.stack(list(self.models().values())).mean(dim=0)
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> dict[str, Any]:
         """Average-model and per-node test accuracy, loss, consensus distance."""
         net = self.network
         return evaluate_models(net.evaluator, self.models(), net.dataset.x_test, net.dataset.y_test)
@@ -116,14 +116,14 @@ def make_network(
         seed: The run seed.
         record: Keep every message in ``.messages``.
         settings: Other config keys by dotted path, e.g. ``{"algorithm.lr": 0.1}``.
+            ``topology.*`` keys are ignored: ``topology`` gives the graph.
     """
     raw = config_to_dict(Config())
     raw["run"]["seed"] = seed
     raw["model"]["name"] = model
     if isinstance(dataset, str):
         raw["data"]["dataset"] = dataset
-    if isinstance(algorithm, str):
-        raw["algorithm"]["name"] = algorithm
+    raw["algorithm"]["name"] = algorithm if isinstance(algorithm, str) else algorithm.name
     for key, value in (settings or {}).items():
         table, _, name = key.partition(".")
         raw.setdefault(table, {})[name] = value
@@ -140,6 +140,9 @@ def make_network(
         algorithm=algo,
         trust=trust,
         dataset=dataset if isinstance(dataset, Dataset) else None,
+        # Each receiver decodes its own copy, so a user algorithm that (wrongly) updates
+        # its inbox in place cannot corrupt another node's input here.
+        share_decoded=False,
     )
     return TestNetwork(network)
 

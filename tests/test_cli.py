@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from fedcore.cli import main
 from fedcore.config import load_config
@@ -69,6 +70,26 @@ def write_json(path: Path, data: object) -> Path:
 
 # --- error paths ------------------------------------------------------------------------
 
+
+def wrong_width_model(*, input_dim: int, num_classes: int) -> torch.nn.Module:
+    """A user model whose output does not match the number of classes."""
+    return torch.nn.Linear(input_dim, num_classes + 1)
+
+
+class _Broken(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("this model is broken")
+
+
+def broken_model(*, input_dim: int, num_classes: int) -> torch.nn.Module:
+    """A user model that raises on its first batch."""
+    return _Broken()
+
+
 ArgvMaker = Callable[[Path], list[str]]
 
 
@@ -121,6 +142,26 @@ ERRORS: dict[str, tuple[ArgvMaker, tuple[str, ...]]] = {
         ("cannot import", "nosuchpkg"),
     ),
     "bad-model-option": (sim("--set", "model.foo=1"), ("logreg", "foo")),
+    "model-output-does-not-fit": (
+        sim("--set", "model.name=tests.test_cli:wrong_width_model"),
+        ("wrong_width_model", "expected (2, 10)"),
+    ),
+    "model-that-raises": (
+        sim("--set", "model.name=tests.test_cli:broken_model"),
+        ("broken_model", "failed on a batch"),
+    ),
+    "tiny-test-fraction": (sim("--set", "data.test_fraction=0.001"), ("test_fraction",)),
+    "infinite-alpha": (sim("--set", "data.alpha=inf"), ("data.alpha",)),
+    "out-is-a-file": (
+        lambda tmp: [
+            "simulate",
+            "-q",
+            "--out",
+            str(write_json(tmp / "file.json", {})),
+            *TINY,
+        ],
+        ("cannot write", "file.json"),
+    ),
     "unknown-partition": (sim("--set", "data.partition=nope"), ("data.partition", "'nope'")),
     "graph-file-missing": (
         lambda tmp: sim("--set", f"topology.file={tmp / 'nope.json'}")(tmp),

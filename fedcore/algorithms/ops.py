@@ -103,9 +103,10 @@ class OPS:
     ) -> tuple[OPSState, Outbox]:
         """Keep the own share and add the received shares (missing ones are lost mass)."""
         x, omega = push_sum_mix(state.x, state.omega, ctx.self_weight, inbox)
-        if not omega > 0.0:
+        if not omega > 0.0:  # only reachable with a zero self weight or underflow
             raise AlgorithmError(
-                f"node {ctx.node}: push-sum weight fell to {omega} at round {ctx.round}; "
-                "the node received no mass (every in-neighbour's message was lost)."
+                f"node {ctx.node}: push-sum weight is {omega} after round {ctx.round}; "
+                f"it must stay positive (self weight {ctx.self_weight}, {len(inbox)} shares "
+                "received). Give every node a positive self weight."
             )
         return OPSState(x, omega), {}

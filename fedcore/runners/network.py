@@ -16,10 +16,10 @@ from fedcore import topology
 from fedcore.algorithms import Algorithm, make_algorithm
 from fedcore.config import Config, TopologyConfig, fingerprint
 from fedcore.data import BatchStream, Dataset, load_dataset, partition
-from fedcore.errors import ConfigError
+from fedcore.errors import ConfigError, DataError
 from fedcore.models import Objective, build_model
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
-from fedcore.topology import Topology, TrustGraph
+from fedcore.topology import Topology
 from fedcore.transport import InProcessNetwork
 
 __all__ = ["Network", "build_network", "build_topology", "communication_graph"]
@@ -34,27 +34,13 @@ def build_topology(cfg: TopologyConfig) -> Topology:
     params: dict[str, object] = {}
     if cfg.kind == "erdos-renyi":
         params["p"] = cfg.p
-    if cfg.kind == "torus" and (cfg.rows or cfg.cols):
-        params.update(rows=cfg.rows, cols=cfg.cols)
+    if cfg.kind == "torus":
+        params.update({k: v for k, v in (("rows", cfg.rows), ("cols", cfg.cols)) if v})
     return topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
 
 
 def communication_graph(algorithm: Algorithm, trust: Topology) -> Topology:
-    """The weighted graph ``algorithm`` communicates over, validated for it.
-
-    ``push-sum`` and ``doubly-stochastic`` algorithms use the trust graph with their
-    weights; CENTRAL (``complete``) uses uniform weights over all nodes and LOCAL
-    (``none``) a graph with self-loops only.
-    """
-    nodes = trust.nodes
-    if algorithm.mixing == "complete":
-        n = len(nodes)
-        edges = [(u, v) for u in nodes for v in nodes if u != v]
-        graph = TrustGraph.from_edges(edges, name=f"complete-{n}", nodes=nodes)
-        return graph.with_weights({(u, v): 1.0 / n for u in nodes for v in nodes})
-    if algorithm.mixing == "none":
-        graph = TrustGraph.from_edges([], name=f"isolated-{len(nodes)}", nodes=nodes)
-        return graph.with_weights({(u, u): 1.0 for u in nodes})
+    """The weighted graph ``algorithm`` communicates over, validated for it."""
     return topology.prepare(trust, mixing=algorithm.mixing, algorithm=algorithm.name)
 
 
@@ -100,6 +86,23 @@ class Network:
     def run(self, rounds: int) -> None:
         """Run every node up to ``rounds`` total rounds (blocking)."""
         asyncio.run(self.run_async(rounds))
+
+
+def _probe(objective: Objective, dataset: Dataset, name: str) -> None:
+    """Run the model once on two examples so a broken model fails here, clearly."""
+    x, y = dataset.x_train[:2], dataset.y_train[:2]
+    try:
+        logits = objective.module(x.to(objective.dtype))
+    except Exception as exc:  # a user model can raise anything; report it as a config error
+        raise DataError(
+            f"model {name!r} failed on a batch of dataset {dataset.name!r}: {exc}"
+        ) from exc
+    if tuple(logits.shape) != (2, dataset.num_classes):
+        raise DataError(
+            f"model {name!r} maps a batch of 2 examples to shape {tuple(logits.shape)}; "
+            f"expected (2, {dataset.num_classes}) class logits."
+        )
+    objective.loss_and_grad(objective.initial_params(), x, y)
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -166,7 +169,11 @@ def build_network(
         return Objective(module, dtype)
 
     evaluator = objective()
+    _probe(evaluator, dataset, config.model.name)
     start = evaluator.initial_params()
+    # Models with their own randomness (dropout) draw from torch's global generator; seed it
+    # so a run replays exactly.
+    torch.manual_seed(seed)
     edges = [
         (u, v, graph.at(t).weight(u, v))
         for t in range(graph.period)

@@ -24,14 +24,16 @@ from fedcore.progress import Progress
 from fedcore.runners.network import Network, build_network
 from fedcore.topology import spectral_gap
 
-__all__ = ["RunObserver", "default_out_dir", "simulate"]
+__all__ = ["MAX_GAP_NODES", "RunObserver", "default_out_dir", "make_summary", "simulate"]
+
+MAX_GAP_NODES = 2000
+"""Largest graph whose spectral gap the summary computes (a dense eigensolver is O(n^3))."""
 
 logger = logging.getLogger(__name__)
 
 
-def default_out_dir(config: Config, name: str) -> Path:
+def default_out_dir(name: str) -> Path:
     """``runs/<name>-<YYYYmmdd-HHMMSS>``."""
-    del config
     return Path("runs") / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -44,21 +46,17 @@ class RunObserver:
     """
 
     def __init__(
-        self,
-        *,
-        n_nodes: int,
-        rounds: int,
-        eval_every: int,
-        writer: JsonlWriter | None,
-        progress: Progress | None,
+        self, network: Network, *, writer: JsonlWriter | None, progress: Progress | None
     ) -> None:
-        """Prepare empty accumulators."""
-        self.n = n_nodes
-        self.rounds = rounds
-        self.eval_every = eval_every
+        """Attach to every node of ``network``."""
+        self.network = network
+        self.n = len(network.nodes)
+        self.rounds = network.config.run.rounds
+        self.eval_every = network.config.run.eval_every
         self.writer = writer
         self.progress = progress
-        self.network: Network | None = None
+        for node in network.nodes.values():
+            node.observer = self
         self.evals: list[dict[str, Any]] = []
         self.totals = {
             "messages_sent": 0,
@@ -68,7 +66,7 @@ class RunObserver:
             "messages_late": 0,
             "messages_rejected": 0,
         }
-        self.loss_sum = 0.0
+        self.loss_sum = 0.0  # over completed rounds only, so it is exact at each evaluation
         self.loss_count = 0
         self.missing: dict[str, list[int]] = {}
         self._round_loss: dict[int, list[float]] = {}
@@ -93,8 +91,6 @@ class RunObserver:
             self.totals[key] += getattr(record, key)
         for sender in record.missing:
             self.missing.setdefault(sender, []).append(t)
-        self.loss_sum += record.loss
-        self.loss_count += 1
         self._round_loss.setdefault(t, []).append(record.loss)
         self._round_bytes[t] = self._round_bytes.get(t, 0) + record.bytes_sent
         if self.is_eval_round(t):
@@ -106,8 +102,10 @@ class RunObserver:
         losses = self._round_loss.pop(t)
         self._bytes_done += self._round_bytes.pop(t)
         train_loss = sum(losses) / len(losses)
+        self.loss_sum += sum(losses)
+        self.loss_count += len(losses)
         snapshots = self._snapshots.pop(t, None)
-        if snapshots is not None and self.network is not None:
+        if snapshots is not None:
             net = self.network
             ordered = {nid: snapshots[nid] for nid in net.nodes}
             result = evaluate_models(net.evaluator, ordered, net.dataset.x_test, net.dataset.y_test)
@@ -149,18 +147,13 @@ def simulate(
     """
     rounds = config.run.rounds
     progress = Progress(rounds, label="simulate", stream=progress_stream) if show_progress else None
-    observer = RunObserver(
-        n_nodes=0, rounds=rounds, eval_every=config.run.eval_every, writer=None, progress=progress
-    )
-    network = build_network(config, observer=observer)
+    network = build_network(config)
     name = config.run.name or f"{network.algorithm.name}-{network.trust.name}"
-    out = Path(out_dir) if out_dir is not None else default_out_dir(config, name)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
     writer = JsonlWriter(out / "metrics.jsonl")
-    observer.n = len(network.nodes)
-    observer.writer = writer
-    observer.network = network
+    observer = RunObserver(network, writer=writer, progress=progress)
     logger.info("run %s: %d nodes, %d rounds, results in %s", name, observer.n, rounds, out)
     began = time.perf_counter()
     try:
@@ -186,10 +179,10 @@ def make_summary(
     """The ``summary.json`` content of a finished run."""
     n = len(network.nodes)
     rounds = network.config.run.rounds
-    final = dict(observer.evals[-1]) if observer.evals else {}
+    final = dict(observer.evals[-1])  # the last round always evaluates
     for key in ("kind", "round", "bytes_sent_per_node"):
         final.pop(key, None)
-    final["average_loss"] = observer.loss_sum / max(observer.loss_count, 1)
+    n_graph = len(network.graph.nodes)
     totals = observer.totals
     return {
         "name": name,
@@ -202,7 +195,8 @@ def make_summary(
         "topology": {
             "name": network.trust.name,
             "communication_graph": network.graph.name,
-            "spectral_gap": spectral_gap(network.graph),
+            # O(n^3): skipped (null) on graphs too large for a dense eigensolver.
+            "spectral_gap": spectral_gap(network.graph) if n_graph <= MAX_GAP_NODES else None,
             "period": network.graph.period,
         },
         "final": final,

@@ -34,7 +34,7 @@ __all__ = [
 TOLERANCE = 1e-9
 """How far a weight sum may stray from 1 and still count as 1."""
 
-MIXINGS: tuple[str, ...] = ("push-sum", "doubly-stochastic", "none")
+MIXINGS: tuple[str, ...] = ("push-sum", "doubly-stochastic", "complete", "none")
 
 
 def _per_graph(t: Topology, fn: Callable[[TrustGraph], TrustGraph]) -> Topology:
@@ -207,7 +207,9 @@ def prepare(t: Topology, *, mixing: str, algorithm: str) -> Topology:
             graph's weights are checked with :func:`check_push_sum`, else uniform push-sum),
             ``"doubly-stochastic"`` (needs a symmetric edge set in every round and strong
             connectivity; weights are checked with :func:`check_doubly_stochastic`, else
-            Metropolis–Hastings) or ``"none"`` (returns ``t`` unchanged, for local training).
+            Metropolis–Hastings), ``"complete"`` (uniform ``1/n`` between every pair of nodes,
+            ignoring the edges: the CENTRAL reference point) or ``"none"`` (self-loops only:
+            local training).
         algorithm: The algorithm's registry name, used in messages.
 
     Raises:
@@ -215,8 +217,15 @@ def prepare(t: Topology, *, mixing: str, algorithm: str) -> Topology:
             topology that is not strongly connected (over one period for a Schedule), or
             invalid weights.
     """
-    if mixing == "none":
-        return t
+    if mixing in ("complete", "none"):
+        nodes = t.nodes
+        n = len(nodes)
+        if mixing == "complete":
+            edges = [(u, v) for u in nodes for v in nodes if u != v]
+            graph = TrustGraph.from_edges(edges, name=f"complete-{n}", nodes=nodes)
+            return graph.with_weights({(u, v): 1.0 / n for u in nodes for v in nodes})
+        graph = TrustGraph.from_edges([], name=f"isolated-{n}", nodes=nodes)
+        return graph.with_weights({(u, u): 1.0 for u in nodes})
     if mixing == "push-sum":
         require_strongly_connected(t)
         return _per_graph(t, _prepare_push_sum)

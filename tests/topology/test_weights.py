@@ -179,9 +179,15 @@ def test_prepare_checks_given_doubly_stochastic_weights() -> None:
         prepare(g.with_weights(bad), mixing="doubly-stochastic", algorithm="dpsgd")
 
 
-def test_prepare_none_and_unknown_mixing() -> None:
+def test_prepare_none_complete_and_unknown_mixing() -> None:
     g = erdos_renyi(5, 0.0, seed=0)
-    assert prepare(g, mixing="none", algorithm="local") is g
+    isolated = prepare(g, mixing="none", algorithm="local")
+    assert isolated.nodes == g.nodes and isolated.edges() == ()
+    assert all(isolated.self_weight(u) == 1.0 for u in g.nodes)
+    full = prepare(g, mixing="complete", algorithm="central")
+    assert isinstance(full, TrustGraph)
+    assert len(full.edges()) == 20
+    assert full.mixing_matrix() == pytest.approx(0.2)
     with pytest.raises(TopologyError, match="unknown mixing 'gossip'"):
         prepare(g, mixing="gossip", algorithm="x")
 
