@@ -1,8 +1,9 @@
 """``fedcore plot``: compare runs at a glance.
 
 Four panels from each run's ``metrics.jsonl`` evaluation records: training loss and
-average-model test accuracy, each against rounds and against bytes sent per node.
-One line per run, labelled with the run's name.
+test accuracy, each against rounds and against bytes sent per node. One colour per run,
+labelled with the run's name; in the accuracy panels the solid line is the average model
+and the dashed line the mean of the peers' own models.
 """
 
 from __future__ import annotations
@@ -57,20 +58,28 @@ def plot_runs(run_dirs: Sequence[Path], out: Path) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     panels = [
         (axes[0][0], "round", "train_loss", "training loss", "round"),
-        (axes[0][1], "round", "avg_model_accuracy", "average-model test accuracy", "round"),
+        (axes[0][1], "round", "avg_model_accuracy", "test accuracy", "round"),
         (axes[1][0], "bytes_sent_per_node", "train_loss", "training loss", "MB sent per node"),
         (
             axes[1][1],
             "bytes_sent_per_node",
             "avg_model_accuracy",
-            "average-model test accuracy",
+            "test accuracy",
             "MB sent per node",
         ),
     ]
     for ax, xkey, ykey, ylabel, xlabel in panels:
         for name, evals in runs:
             xs = [r[xkey] + 1 if xkey == "round" else r[xkey] / 1e6 for r in evals]
-            ax.plot(xs, [r[ykey] for r in evals], marker=".", label=name)
+            (line,) = ax.plot(xs, [r[ykey] for r in evals], marker=".", label=name)
+            if ykey == "avg_model_accuracy":
+                ax.plot(
+                    xs,
+                    [r["mean_node_accuracy"] for r in evals],
+                    linestyle="--",
+                    color=line.get_color(),
+                    label=f"{name} (mean node)",
+                )
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
