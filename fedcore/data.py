@@ -16,8 +16,9 @@ Everything here is seeded explicitly, so a run's data split replays exactly.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ __all__ = [
     "load_dataset",
     "load_object",
     "partition",
+    "resolve_factory",
 ]
 
 
@@ -142,19 +144,31 @@ def load_object(path: str, *, what: str) -> object:
         ) from None
 
 
+def resolve_factory(
+    name: str, registry: Mapping[str, Callable[..., Any]], *, what: str
+) -> Callable[..., Any]:
+    """The factory registered as ``name``, or the callable at import path ``name``.
+
+    Raises:
+        DataError: an unknown built-in name (listing the known ones) or a bad import path.
+    """
+    factory = registry.get(name)
+    if factory is not None:
+        return factory
+    if ":" not in name:
+        raise DataError(
+            f"unknown {what} {name!r}; built-in {what}s: {', '.join(sorted(registry))}, "
+            "or give your own as 'pkg.module:factory'."
+        )
+    loaded = load_object(name, what=what)
+    if not callable(loaded):
+        raise DataError(f"{what} {name!r} is not callable.")
+    return loaded
+
+
 def load_dataset(name: str, *, seed: int, test_fraction: float = 0.2) -> Dataset:
     """Return the built-in dataset ``name`` or call a user factory given by import path."""
-    factory = DATASETS.get(name)
-    if factory is None:
-        if ":" not in name:
-            raise DataError(
-                f"unknown dataset {name!r}; built-in datasets: {', '.join(sorted(DATASETS))}, "
-                "or give your own as 'pkg.module:factory'."
-            )
-        loaded = load_object(name, what="dataset")
-        if not callable(loaded):
-            raise DataError(f"dataset {name!r} is not callable.")
-        factory = loaded
+    factory = resolve_factory(name, DATASETS, what="dataset")
     try:
         dataset = factory(seed=seed, test_fraction=test_fraction)
     except TypeError as exc:

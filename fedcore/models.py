@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from fedcore.data import load_object
+from fedcore.data import resolve_factory
 from fedcore.errors import DataError
 
 __all__ = ["MODELS", "Objective", "build_model", "logreg", "mlp"]
@@ -51,17 +51,7 @@ def build_model(
     Raises:
         DataError: unknown name, bad options, or a factory that returns no module.
     """
-    factory = MODELS.get(name)
-    if factory is None:
-        if ":" not in name:
-            raise DataError(
-                f"unknown model {name!r}; built-in models: {', '.join(sorted(MODELS))}, "
-                "or give your own as 'pkg.module:factory'."
-            )
-        loaded = load_object(name, what="model")
-        if not callable(loaded):
-            raise DataError(f"model {name!r} is not callable.")
-        factory = loaded
+    factory = resolve_factory(name, MODELS, what="model")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:

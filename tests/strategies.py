@@ -1,10 +1,16 @@
-"""Hypothesis strategies: random strongly connected digraphs and symmetric graphs."""
+"""Hypothesis strategies (random strongly connected digraphs, symmetric graphs) and helpers."""
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Callable
+
+import torch
 from hypothesis import strategies as st
 
-from fedcore.topology import TrustGraph
+from fedcore.topology import Topology, TrustGraph
+
+GradFn = Callable[[str, int, torch.Tensor], torch.Tensor]
 
 
 @st.composite
@@ -37,3 +43,23 @@ def connected_undirected_graphs(
     return TrustGraph.from_edges(
         sorted(edges), name=f"undirected-{n}", nodes=[f"n{i}" for i in range(n)]
     )
+
+
+def random_params(graph: Topology, seed: int, dim: int) -> dict[str, torch.Tensor]:
+    """Seeded float64 starting points, one per node."""
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(dim, generator=gen, dtype=torch.float64) for n in graph.nodes}
+
+
+def random_grad(seed: int, dim: int, pull: float) -> GradFn:
+    """A gradient oracle: seeded noise per (node, round) plus ``pull * model``.
+
+    Seeds come from CRC-32 of the key, so they do not change with Python's hash seed.
+    """
+
+    def grad(node: str, t: int, model: torch.Tensor) -> torch.Tensor:
+        key = zlib.crc32(f"{seed}:{node}:{t}".encode())
+        gen = torch.Generator().manual_seed(key)
+        return torch.randn(dim, generator=gen, dtype=torch.float64) + pull * model
+
+    return grad

@@ -28,11 +28,9 @@ class ModelState(NamedTuple):
     x: torch.Tensor
 
 
-class Local:
-    """Local SGD with no communication."""
+class _ModelOnly:
+    """State handling shared by algorithms whose state is just the model."""
 
-    name = "local"
-    mixing = "none"
     phases = 1
 
     def init(self, params: torch.Tensor) -> ModelState:
@@ -42,6 +40,13 @@ class Local:
     def model(self, state: ModelState) -> torch.Tensor:
         """The model ``x``."""
         return state.x
+
+
+class Local(_ModelOnly):
+    """Local SGD with no communication."""
+
+    name = "local"
+    mixing = "none"
 
     def step(
         self, state: ModelState, grad: torch.Tensor, ctx: RoundContext
@@ -60,20 +65,11 @@ class Local:
         return state, {}
 
 
-class Central:
+class Central(_ModelOnly):
     """Exact averaging of all nodes' post-step models every round."""
 
     name = "central"
     mixing = "complete"
-    phases = 1
-
-    def init(self, params: torch.Tensor) -> ModelState:
-        """Start from ``params``."""
-        return ModelState(params.clone())
-
-    def model(self, state: ModelState) -> torch.Tensor:
-        """The model ``x``."""
-        return state.x
 
     def step(
         self, state: ModelState, grad: torch.Tensor, ctx: RoundContext

@@ -14,22 +14,17 @@ from fedcore.messages import Payload
 from fedcore.runners.network import communication_graph
 from fedcore.testing import lockstep
 from fedcore.topology import TrustGraph, metropolis_hastings, parse_spec, prepare, spectral_gap
-from tests.strategies import connected_undirected_graphs
+from tests.strategies import GradFn, connected_undirected_graphs, random_grad, random_params
 
 D = 4
 
 
 def _params(graph: TrustGraph, seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {n: torch.randn(D, generator=gen, dtype=torch.float64) for n in graph.nodes}
+    return random_params(graph, seed, D)
 
 
-def _grad(seed: int):  # type: ignore[no-untyped-def]
-    def grad(node: str, t: int, model: torch.Tensor) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(hash((seed, node, t)) % 2**31)
-        return torch.randn(D, generator=gen, dtype=torch.float64) + 0.3 * model
-
-    return grad
+def _grad(seed: int) -> GradFn:
+    return random_grad(seed, D, pull=0.3)
 
 
 @given(connected_undirected_graphs(), st.integers(0, 1000))

@@ -12,22 +12,17 @@ from fedcore.algorithms import OPS, OPSState, RoundContext
 from fedcore.messages import Payload
 from fedcore.testing import lockstep
 from fedcore.topology import TrustGraph, complete, parse_spec, prepare, ring, uniform_push_sum
-from tests.strategies import strongly_connected_digraphs
+from tests.strategies import GradFn, random_grad, random_params, strongly_connected_digraphs
 
 D = 3
 
 
 def _params(graph: TrustGraph, seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {n: torch.randn(D, generator=gen, dtype=torch.float64) for n in graph.nodes}
+    return random_params(graph, seed, D)
 
 
-def _grad(seed: int):  # type: ignore[no-untyped-def]
-    def grad(node: str, t: int, model: torch.Tensor) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(hash((seed, node, t)) % 2**31)
-        return torch.randn(D, generator=gen, dtype=torch.float64) + 0.1 * model
-
-    return grad
+def _grad(seed: int) -> GradFn:
+    return random_grad(seed, D, pull=0.1)
 
 
 @given(strongly_connected_digraphs(), st.integers(0, 1000))
