@@ -14,6 +14,9 @@ inherits the builtin exception it refines, so callers that catch ``ValueError`` 
         ├── PeerUnavailableError(ConnectionError)   a peer cannot be reached
         ├── TransportTimeoutError(TimeoutError)     strict-mode wait for in-neighbours ran out
         ├── ProtocolError                            a message broke the wire protocol
+        │   ├── UntrustedPeerError                   sender is not a trusted in-neighbour
+        │   ├── RunMismatchError                     sender belongs to another run or version
+        │   └── MessageTooLargeError                 message exceeds the receiver's bound
         └── TransportClosedError                     the transport was used after close()
 
 Messages are full sentences that name the bad value and, where there is one, the fix.
@@ -28,12 +31,15 @@ __all__ = [
     "ConfigError",
     "DataError",
     "FedcoreError",
+    "MessageTooLargeError",
     "PeerUnavailableError",
     "ProtocolError",
+    "RunMismatchError",
     "TopologyError",
     "TransportClosedError",
     "TransportError",
     "TransportTimeoutError",
+    "UntrustedPeerError",
 ]
 
 
@@ -75,6 +81,18 @@ class TransportTimeoutError(TransportError, TimeoutError):
 
 class ProtocolError(TransportError):
     """A message broke the wire protocol (wrong sender, run, shape or dtype)."""
+
+
+class UntrustedPeerError(ProtocolError):
+    """The sender is not a trusted in-neighbour of the receiver."""
+
+
+class RunMismatchError(ProtocolError):
+    """The sender belongs to another run (config or graph) or protocol version."""
+
+
+class MessageTooLargeError(ProtocolError):
+    """A message is larger than the receiver accepts."""
 
 
 class TransportClosedError(TransportError):

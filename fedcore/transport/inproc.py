@@ -11,24 +11,17 @@ tests (see :mod:`fedcore.testing`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Collection
 
 from fedcore.errors import PeerUnavailableError, TransportClosedError
 from fedcore.messages import Message
 from fedcore.transport.base import TransportStats
+from fedcore.transport.mailbox import Mailbox
 
 __all__ = ["InProcessNetwork", "InProcessTransport"]
 
 logger = logging.getLogger(__name__)
-
-_Key = tuple[int, int]
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class InProcessNetwork:
@@ -48,11 +41,7 @@ class InProcessNetwork:
 
 
 class InProcessTransport:
-    """One node's endpoint of an :class:`InProcessNetwork`.
-
-    Rounds and phases are collected in increasing order, so any message for a
-    ``(round, phase)`` at or before the last one collected is late: dropped and counted.
-    """
+    """One node's endpoint of an :class:`InProcessNetwork` (receiving via a :class:`Mailbox`)."""
 
     def __init__(self, node_id: str, network: InProcessNetwork) -> None:
         """Use :meth:`InProcessNetwork.endpoint` rather than calling this directly."""
@@ -60,9 +49,7 @@ class InProcessTransport:
         self.stats = TransportStats()
         self.closed = False
         self._network = network
-        self._mailbox: dict[_Key, dict[str, Message]] = {}
-        self._last_collected: _Key = (-1, -1)
-        self._waiting: tuple[_Key, frozenset[str], asyncio.Future[None]] | None = None
+        self._mailbox = Mailbox(node_id, self.stats)
 
     async def send(self, message: Message) -> None:
         """Put ``message`` into the receiver's mailbox."""
@@ -82,23 +69,7 @@ class InProcessTransport:
         self.stats.bytes_sent += message.nbytes
 
     def _receive(self, message: Message) -> None:
-        key = (message.round, message.phase)
-        if key <= self._last_collected:
-            self.stats.messages_late += 1
-            logger.debug(
-                "%s: late message from %s for %s dropped", self.node_id, message.sender, key
-            )
-            return
-        box = self._mailbox.setdefault(key, {})
-        box[message.sender] = message
-        waiting = self._waiting
-        if (
-            waiting is not None
-            and waiting[0] == key
-            and waiting[1].issubset(box)
-            and not waiting[2].done()
-        ):
-            waiting[2].set_result(None)
+        self._mailbox.put(message)
 
     async def collect(
         self, round: int, phase: int, senders: Collection[str], timeout: float | None
@@ -106,40 +77,7 @@ class InProcessTransport:
         """Wait for the ``(round, phase)`` messages of ``senders``, up to ``timeout`` s."""
         if self.closed:
             raise TransportClosedError(f"node {self.node_id!r}: collect after close().")
-        key = (round, phase)
-        expected = frozenset(senders)
-        box = self._mailbox.setdefault(key, {})
-        if not expected.issubset(box):
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[None] = loop.create_future()
-            self._waiting = (key, expected, future)
-            # A plain timer that resolves the future is much cheaper than wait_for.
-            timer = loop.call_later(timeout, _resolve, future) if timeout is not None else None
-            try:
-                await future
-            finally:
-                self._waiting = None
-                if timer is not None:
-                    timer.cancel()
-        box = self._mailbox.pop(key, {})
-        self._last_collected = max(self._last_collected, key)
-        inbox: dict[str, Message] = {}
-        for sender, message in box.items():
-            if sender in expected:
-                inbox[sender] = message
-                self.stats.messages_received += 1
-                self.stats.bytes_received += message.nbytes
-            else:
-                self.stats.messages_rejected += 1
-                logger.warning(
-                    "%s: rejected a message from %s, which is not a trusted in-neighbour "
-                    "for round %d phase %d",
-                    self.node_id,
-                    sender,
-                    round,
-                    phase,
-                )
-        return inbox
+        return await self._mailbox.collect(round, phase, senders, timeout)
 
     async def close(self) -> None:
         """Close the endpoint; messages sent to it afterwards fail."""

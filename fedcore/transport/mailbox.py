@@ -1,0 +1,108 @@
+"""The receive side every transport shares: per-(round, phase) inboxes and waiting.
+
+A transport puts each arriving message into the :class:`Mailbox` of its node; the node's
+``collect`` waits there until every expected sender of a ``(round, phase)`` arrived or a
+timeout passed. Rounds and phases are collected in increasing order, so a message for a
+``(round, phase)`` at or before the last one collected is late: dropped and counted.
+Messages from senders that were not expected are dropped and counted as rejected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection
+
+from fedcore.messages import Message
+from fedcore.transport.base import TransportStats
+
+__all__ = ["Mailbox"]
+
+logger = logging.getLogger(__name__)
+
+_Key = tuple[int, int]
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Mailbox:
+    """One node's pending messages, keyed by ``(round, phase)`` and sender."""
+
+    def __init__(self, node_id: str, stats: TransportStats) -> None:
+        """Count into ``stats`` (the owning transport's counters)."""
+        self.node_id = node_id
+        self.stats = stats
+        self._boxes: dict[_Key, dict[str, Message]] = {}
+        self._last_collected: _Key = (-1, -1)
+        self._waiting: tuple[_Key, frozenset[str], asyncio.Future[None]] | None = None
+
+    def is_late(self, round: int, phase: int) -> bool:
+        """Whether ``(round, phase)`` was already collected."""
+        return (round, phase) <= self._last_collected
+
+    def put(self, message: Message) -> bool:
+        """File ``message``; return False (and count it) if it came too late."""
+        key = (message.round, message.phase)
+        if key <= self._last_collected:
+            self.stats.messages_late += 1
+            logger.debug(
+                "%s: late message from %s for %s dropped", self.node_id, message.sender, key
+            )
+            return False
+        box = self._boxes.setdefault(key, {})
+        box[message.sender] = message
+        waiting = self._waiting
+        if (
+            waiting is not None
+            and waiting[0] == key
+            and waiting[1].issubset(box)
+            and not waiting[2].done()
+        ):
+            waiting[2].set_result(None)
+        return True
+
+    async def collect(
+        self, round: int, phase: int, senders: Collection[str], timeout: float | None
+    ) -> dict[str, Message]:
+        """Wait for the ``(round, phase)`` messages of ``senders``, up to ``timeout`` s."""
+        key = (round, phase)
+        expected = frozenset(senders)
+        box = self._boxes.setdefault(key, {})
+        if not expected.issubset(box):
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiting = (key, expected, future)
+            # A plain timer that resolves the future is much cheaper than wait_for.
+            timer = loop.call_later(timeout, _resolve, future) if timeout is not None else None
+            try:
+                await future
+            finally:
+                self._waiting = None
+                if timer is not None:
+                    timer.cancel()
+        box = self._boxes.pop(key, {})
+        self._last_collected = max(self._last_collected, key)
+        inbox: dict[str, Message] = {}
+        for sender, message in box.items():
+            if sender in expected:
+                inbox[sender] = message
+                self.stats.messages_received += 1
+                self.stats.bytes_received += message.nbytes
+            else:
+                self.stats.messages_rejected += 1
+                logger.warning(
+                    "%s: rejected a message from %s, which is not a trusted in-neighbour "
+                    "for round %d phase %d",
+                    self.node_id,
+                    sender,
+                    round,
+                    phase,
+                )
+        return inbox
+
+    def clear(self) -> None:
+        """Drop everything pending."""
+        self._boxes.clear()
