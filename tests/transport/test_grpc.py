@@ -190,7 +190,9 @@ def test_unreachable_peer_is_named() -> None:
         )
         await t.start()
         try:
-            with pytest.raises(PeerUnavailableError, match=r"'a' could not reach b at 127\.0\.0\.1:1"):
+            with pytest.raises(
+                PeerUnavailableError, match=r"'a' could not reach b at 127\.0\.0\.1:1"
+            ):
                 await t.connect(["b"], timeout_s=0.5)
         finally:
             await t.close(0.1)
