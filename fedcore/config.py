@@ -8,7 +8,8 @@ A config file has six tables; every key is optional and defaults to the built-in
     [algorithm]  name, lr, lr_schedule, and the algorithm's own options
     [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction
     [model]      name, hidden, dtype
-    [transport]  kind, mode, deadline_s, strict_timeout_s
+    [transport]  kind, mode, deadline_s, strict_timeout_s, startup_timeout_s,
+                 call_timeout_s, max_message_mb
 
 ``--set KEY=VALUE`` overrides any key by dotted path; VALUE is read as a TOML value
 (``--set run.rounds=50``, ``--set algorithm.name=dpsgd``; a bare word is a string).
@@ -34,6 +35,7 @@ __all__ = [
     "LR_SCHEDULES",
     "MODES",
     "PARTITIONS",
+    "TRANSPORTS",
     "AlgorithmConfig",
     "Config",
     "DataConfig",
@@ -56,6 +58,8 @@ MODES = ("strict", "deadline")
 """How a node waits for its in-neighbours (``transport.mode``)."""
 LR_SCHEDULES = ("constant", "sqrt")
 """Step-size schedules (``algorithm.lr_schedule``)."""
+TRANSPORTS = ("inproc", "grpc")
+"""Transports (``transport.kind``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,16 +178,31 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TransportConfig:
-    """``[transport]``: which transport and how long a node waits for its inbox."""
+    """``[transport]``: how peers talk and how long a node waits for its inbox.
+
+    ``fedcore simulate`` always runs in-process and ``fedcore launch`` / ``fedcore node``
+    always over gRPC; ``kind`` records which one a config was written for.
+    """
 
     kind: str = "inproc"
     mode: str = "strict"
     deadline_s: float = 5.0
     strict_timeout_s: float = 300.0
+    startup_timeout_s: float = 60.0
+    call_timeout_s: float = 60.0
+    max_message_mb: float = 1024.0
 
     def __post_init__(self) -> None:
         """Validate ranges."""
-        _require(self.kind == "inproc", "transport.kind", self.kind, "must be 'inproc' here")
+        _require(
+            self.kind in TRANSPORTS,
+            "transport.kind",
+            self.kind,
+            f"must be one of {', '.join(TRANSPORTS)}",
+        )
+        for key in ("startup_timeout_s", "call_timeout_s", "max_message_mb"):
+            value = getattr(self, key)
+            _require(math.isfinite(value) and value > 0, f"transport.{key}", value, "must be > 0")
         _require(
             self.mode in MODES,
             "transport.mode",

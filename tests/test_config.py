@@ -190,7 +190,7 @@ def test_bool_rejected_for_int_through_override() -> None:
         "data.test_fraction=0",
         "model.hidden=0",
         "model.dtype=float16",
-        "transport.kind=grpc",
+        "transport.kind=carrier-pigeon",
         "transport.mode=eager",
         "transport.deadline_s=0",
         "transport.strict_timeout_s=-1",
@@ -324,7 +324,7 @@ def test_section_classes_validate_directly() -> None:
     with pytest.raises(ConfigError):
         ModelConfig(dtype="int8")
     with pytest.raises(ConfigError):
-        TransportConfig(kind="grpc")
+        TransportConfig(kind="carrier-pigeon")
 
 
 # --- fingerprint ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,13 +17,21 @@ from fedcore import topology
 from fedcore.algorithms import Algorithm, make_algorithm
 from fedcore.config import Config, TopologyConfig, fingerprint
 from fedcore.data import BatchStream, Dataset, load_dataset, partition
-from fedcore.errors import ConfigError, DataError
+from fedcore.errors import DataError
 from fedcore.models import Objective, build_model
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
 from fedcore.topology import Topology
-from fedcore.transport import InProcessNetwork
+from fedcore.transport import InProcessNetwork, Transport
 
-__all__ = ["Network", "build_network", "build_topology", "communication_graph"]
+__all__ = [
+    "Network",
+    "RunSetup",
+    "build_network",
+    "build_topology",
+    "communication_graph",
+    "make_objective",
+    "prepare_run",
+]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -110,6 +119,136 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
+def make_objective(config: Config, dataset: Dataset) -> Objective:
+    """The configured model, initialized from ``run.seed``, as a flat-parameter objective."""
+    options = dict(config.model.options)
+    if config.model.name == "mlp":
+        options["hidden"] = config.model.hidden
+    module = build_model(
+        config.model.name,
+        input_dim=dataset.input_dim,
+        num_classes=dataset.num_classes,
+        seed=config.run.seed,
+        **options,
+    )
+    return Objective(module, _DTYPES[config.model.dtype])
+
+
+@dataclass(slots=True)
+class RunSetup:
+    """Everything every peer of a run derives from the config, identically.
+
+    Each peer (in one process or in its own) builds the same setup from the same config
+    and then makes only its own :class:`Node` with :meth:`make_node`.
+    """
+
+    config: Config
+    dataset: Dataset
+    trust: Topology
+    graph: Topology
+    algorithm: Algorithm
+    parts: list[Any]
+    start: torch.Tensor
+    run_id: str
+    options: NodeOptions
+    evaluator: Objective
+
+    def objective(self) -> Objective:
+        """A fresh model (same initialization on every call) as a flat-parameter objective."""
+        return make_objective(self.config, self.dataset)
+
+    def make_node(
+        self,
+        node_id: str,
+        transport: Transport,
+        *,
+        observer: Callable[[Node, RoundRecord], None] | None = None,
+        decode_cache: DecodeCache | None = None,
+    ) -> Node:
+        """The node ``node_id`` with its data partition, its own model and ``transport``."""
+        i = self.graph.index(node_id)
+        idx = torch.as_tensor(self.parts[i])
+        return Node(
+            node_id,
+            algorithm=self.algorithm,
+            graph=self.graph,
+            objective=self.objective(),
+            stream=BatchStream(
+                self.dataset.x_train[idx],
+                self.dataset.y_train[idx],
+                batch_size=self.config.data.batch_size,
+                seed=self.config.run.seed * 1_000_003 + i,
+            ),
+            transport=transport,
+            options=self.options,
+            params=self.start,
+            observer=observer,
+            decode_cache=decode_cache,
+        )
+
+
+def prepare_run(
+    config: Config,
+    *,
+    algorithm: Algorithm | None = None,
+    trust: Topology | None = None,
+    dataset: Dataset | None = None,
+) -> RunSetup:
+    """Validate ``config`` and derive what every peer shares (see :class:`RunSetup`).
+
+    Raises:
+        ConfigError, TopologyError, DataError: on anything invalid, before any work.
+    """
+    seed = config.run.seed
+    trust = trust if trust is not None else build_topology(config.topology)
+    if algorithm is None:
+        algorithm = make_algorithm(config.algorithm.name, **config.algorithm.options)
+    graph = communication_graph(algorithm, trust)
+    if dataset is None:
+        dataset = load_dataset(
+            config.data.dataset, seed=seed, test_fraction=config.data.test_fraction
+        )
+    parts = partition(
+        dataset.y_train,
+        len(graph.nodes),
+        config.data.partition,
+        seed=seed,
+        alpha=config.data.alpha,
+        shards_per_node=config.data.shards_per_node,
+    )
+    edges = [
+        (u, v, graph.at(t).weight(u, v))
+        for t in range(graph.period)
+        for u, v in graph.at(t).edges()
+    ]
+    run_id = fingerprint(config, edges)
+    options = NodeOptions(
+        run_id=run_id,
+        lr=config.algorithm.lr,
+        lr_schedule=config.algorithm.lr_schedule,
+        mode=config.transport.mode,
+        deadline_s=config.transport.deadline_s,
+        strict_timeout_s=config.transport.strict_timeout_s,
+    )
+    evaluator = make_objective(config, dataset)
+    _probe(evaluator, dataset, config.model.name)
+    # Models with their own randomness (dropout) draw from torch's global generator; seed it
+    # so a run replays exactly.
+    torch.manual_seed(seed)
+    return RunSetup(
+        config=config,
+        dataset=dataset,
+        trust=trust,
+        graph=graph,
+        algorithm=algorithm,
+        parts=parts,
+        start=evaluator.initial_params(),
+        run_id=run_id,
+        options=options,
+        evaluator=evaluator,
+    )
+
+
 def build_network(
     config: Config,
     *,
@@ -135,91 +274,23 @@ def build_network(
     Raises:
         ConfigError, TopologyError, DataError: on anything invalid.
     """
-    seed = config.run.seed
-    trust = trust if trust is not None else build_topology(config.topology)
-    if algorithm is None:
-        algorithm = make_algorithm(config.algorithm.name, **config.algorithm.options)
-    graph = communication_graph(algorithm, trust)
-    nodes = graph.nodes
-    if dataset is None:
-        dataset = load_dataset(
-            config.data.dataset, seed=seed, test_fraction=config.data.test_fraction
-        )
-    parts = partition(
-        dataset.y_train,
-        len(nodes),
-        config.data.partition,
-        seed=seed,
-        alpha=config.data.alpha,
-        shards_per_node=config.data.shards_per_node,
-    )
-    dtype = _DTYPES[config.model.dtype]
-
-    def objective() -> Objective:
-        options = dict(config.model.options)
-        if config.model.name == "mlp":
-            options["hidden"] = config.model.hidden
-        module = build_model(
-            config.model.name,
-            input_dim=dataset.input_dim,
-            num_classes=dataset.num_classes,
-            seed=seed,
-            **options,
-        )
-        return Objective(module, dtype)
-
-    evaluator = objective()
-    _probe(evaluator, dataset, config.model.name)
-    start = evaluator.initial_params()
-    # Models with their own randomness (dropout) draw from torch's global generator; seed it
-    # so a run replays exactly.
-    torch.manual_seed(seed)
-    edges = [
-        (u, v, graph.at(t).weight(u, v))
-        for t in range(graph.period)
-        for u, v in graph.at(t).edges()
-    ]
-    run_id = fingerprint(config, edges)
-    options = NodeOptions(
-        run_id=run_id,
-        lr=config.algorithm.lr,
-        lr_schedule=config.algorithm.lr_schedule,
-        mode=config.transport.mode,
-        deadline_s=config.transport.deadline_s,
-        strict_timeout_s=config.transport.strict_timeout_s,
-    )
-    if config.transport.kind != "inproc":
-        raise ConfigError(f"build_network runs in-process only, not {config.transport.kind!r}.")
+    setup = prepare_run(config, algorithm=algorithm, trust=trust, dataset=dataset)
     net = InProcessNetwork(record=record)
     cache = DecodeCache() if share_decoded else None
-    built: dict[str, Node] = {}
-    for i, node_id in enumerate(nodes):
-        idx = torch.as_tensor(parts[i])
-        built[node_id] = Node(
-            node_id,
-            algorithm=algorithm,
-            graph=graph,
-            objective=objective(),
-            stream=BatchStream(
-                dataset.x_train[idx],
-                dataset.y_train[idx],
-                batch_size=config.data.batch_size,
-                seed=seed * 1_000_003 + i,
-            ),
-            transport=net.endpoint(node_id),
-            options=options,
-            params=start,
-            observer=observer,
-            decode_cache=cache,
+    built = {
+        node_id: setup.make_node(
+            node_id, net.endpoint(node_id), observer=observer, decode_cache=cache
         )
+        for node_id in setup.graph.nodes
+    }
     return Network(
         config=config,
-        dataset=dataset,
-        trust=trust,
-        graph=graph,
-        algorithm=algorithm,
+        dataset=setup.dataset,
+        trust=setup.trust,
+        graph=setup.graph,
+        algorithm=setup.algorithm,
         transport=net,
         nodes=built,
-        run_id=run_id,
-        evaluator=evaluator,
+        run_id=setup.run_id,
+        evaluator=setup.evaluator,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -18,11 +19,13 @@ from typing import Any, TextIO
 import torch
 
 from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.data import Dataset
 from fedcore.metrics import JsonlWriter, evaluate_models, params_sha256
+from fedcore.models import Objective
 from fedcore.node import Node, RoundRecord
 from fedcore.progress import Progress
 from fedcore.runners.network import Network, build_network
-from fedcore.topology import spectral_gap
+from fedcore.topology import Topology, spectral_gap
 
 __all__ = ["MAX_GAP_NODES", "RunObserver", "default_out_dir", "make_summary", "simulate"]
 
@@ -46,17 +49,24 @@ class RunObserver:
     """
 
     def __init__(
-        self, network: Network, *, writer: JsonlWriter | None, progress: Progress | None
+        self,
+        *,
+        nodes: Sequence[str],
+        config: Config,
+        evaluator: Objective,
+        dataset: Dataset,
+        writer: JsonlWriter | None,
+        progress: Progress | None,
     ) -> None:
-        """Attach to every node of ``network``."""
-        self.network = network
-        self.n = len(network.nodes)
-        self.rounds = network.config.run.rounds
-        self.eval_every = network.config.run.eval_every
+        """Expect one record per node of ``nodes`` per round of ``config``."""
+        self.nodes = tuple(nodes)
+        self.n = len(self.nodes)
+        self.rounds = config.run.rounds
+        self.eval_every = config.run.eval_every
+        self.evaluator = evaluator
+        self.dataset = dataset
         self.writer = writer
         self.progress = progress
-        for node in network.nodes.values():
-            node.observer = self
         self.evals: list[dict[str, Any]] = []
         self.totals = {
             "messages_sent": 0,
@@ -79,8 +89,17 @@ class RunObserver:
         """Whether round ``t`` (0-based) ends with an evaluation."""
         return (t + 1) % self.eval_every == 0 or t + 1 == self.rounds
 
-    def __call__(self, node: Node, record: RoundRecord) -> None:
-        """Account one node's round."""
+    def attach(self, network: Network) -> None:
+        """Observe every node of an in-process network."""
+        for node in network.nodes.values():
+            node.observer = self._on_node
+
+    def _on_node(self, node: Node, record: RoundRecord) -> None:
+        model = node.model().detach().clone() if self.is_eval_round(record.round) else None
+        self.observe(record, model)
+
+    def observe(self, record: RoundRecord, model: torch.Tensor | None) -> None:
+        """Account one node's round; ``model`` is its parameters on evaluation rounds."""
         t = record.round
         if self.writer is not None:
             line = asdict(record)
@@ -93,8 +112,8 @@ class RunObserver:
             self.missing.setdefault(sender, []).append(t)
         self._round_loss.setdefault(t, []).append(record.loss)
         self._round_bytes[t] = self._round_bytes.get(t, 0) + record.bytes_sent
-        if self.is_eval_round(t):
-            self._snapshots.setdefault(t, {})[node.id] = node.model().detach().clone()
+        if model is not None:
+            self._snapshots.setdefault(t, {})[record.node] = model
         if len(self._round_loss[t]) == self.n:
             self._round_complete(t)
 
@@ -105,10 +124,11 @@ class RunObserver:
         self.loss_sum += sum(losses)
         self.loss_count += len(losses)
         snapshots = self._snapshots.pop(t, None)
-        if snapshots is not None:
-            net = self.network
-            ordered = {nid: snapshots[nid] for nid in net.nodes}
-            result = evaluate_models(net.evaluator, ordered, net.dataset.x_test, net.dataset.y_test)
+        if snapshots is not None and len(snapshots) == self.n:
+            ordered = {nid: snapshots[nid] for nid in self.nodes}
+            result = evaluate_models(
+                self.evaluator, ordered, self.dataset.x_test, self.dataset.y_test
+            )
             record: dict[str, Any] = {
                 "kind": "eval",
                 "round": t,
@@ -153,7 +173,15 @@ def simulate(
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
     writer = JsonlWriter(out / "metrics.jsonl")
-    observer = RunObserver(network, writer=writer, progress=progress)
+    observer = RunObserver(
+        nodes=list(network.nodes),
+        config=config,
+        evaluator=network.evaluator,
+        dataset=network.dataset,
+        writer=writer,
+        progress=progress,
+    )
+    observer.attach(network)
     logger.info("run %s: %d nodes, %d rounds, results in %s", name, observer.n, rounds, out)
     began = time.perf_counter()
     try:
@@ -161,7 +189,18 @@ def simulate(
     finally:
         writer.close()
     wall = time.perf_counter() - began
-    summary = make_summary(network, observer, name=name, wall_seconds=wall, transport="inproc")
+    summary = make_summary(
+        name=name,
+        config=config,
+        algorithm=network.algorithm.name,
+        trust=network.trust,
+        graph=network.graph,
+        run_id=network.run_id,
+        transport="inproc",
+        wall_seconds=wall,
+        observer=observer,
+        final_params={nid: node.model() for nid, node in network.nodes.items()},
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     try:
         from fedcore.plotting import plot_runs
@@ -174,30 +213,39 @@ def simulate(
 
 
 def make_summary(
-    network: Network, observer: RunObserver, *, name: str, wall_seconds: float, transport: str
+    *,
+    name: str,
+    config: Config,
+    algorithm: str,
+    trust: Topology,
+    graph: Topology,
+    run_id: str,
+    transport: str,
+    wall_seconds: float,
+    observer: RunObserver,
+    final_params: Mapping[str, torch.Tensor],
 ) -> dict[str, Any]:
-    """The ``summary.json`` content of a finished run."""
-    n = len(network.nodes)
-    rounds = network.config.run.rounds
+    """The ``summary.json`` content of a finished run (the same for every transport)."""
+    n = observer.n
+    rounds = config.run.rounds
     final = dict(observer.evals[-1])  # the last round always evaluates
     for key in ("kind", "round", "bytes_sent_per_node"):
         final.pop(key, None)
-    n_graph = len(network.graph.nodes)
     totals = observer.totals
     return {
         "name": name,
-        "algorithm": network.algorithm.name,
+        "algorithm": algorithm,
         "transport": transport,
         "nodes": n,
         "rounds": rounds,
         "wall_seconds": wall_seconds,
-        "run_id": network.run_id,
+        "run_id": run_id,
         "topology": {
-            "name": network.trust.name,
-            "communication_graph": network.graph.name,
+            "name": trust.name,
+            "communication_graph": graph.name,
             # O(n^3): skipped (null) on graphs too large for a dense eigensolver.
-            "spectral_gap": spectral_gap(network.graph) if n_graph <= MAX_GAP_NODES else None,
-            "period": network.graph.period,
+            "spectral_gap": spectral_gap(graph) if len(graph.nodes) <= MAX_GAP_NODES else None,
+            "period": graph.period,
         },
         "final": final,
         "traffic": {
@@ -209,5 +257,5 @@ def make_summary(
             "bytes_per_node_per_round": totals["bytes_sent"] / (n * rounds),
         },
         "missing_rounds": observer.missing,
-        "params_sha256": {nid: params_sha256(node.model()) for nid, node in network.nodes.items()},
+        "params_sha256": {nid: params_sha256(final_params[nid]) for nid in observer.nodes},
     }
