@@ -3,6 +3,8 @@
 Subcommands::
 
     fedcore simulate [CONFIG.toml] [--out DIR] [--set KEY=VALUE ...] [--quiet]
+    fedcore launch [CONFIG.toml] [--out DIR] [--set KEY=VALUE ...] [--quiet]
+    fedcore node --config FILE --id ID --roster FILE [--listen HOST:PORT] [--out DIR]
     fedcore topology show SPEC|FILE
     fedcore plot RUN_DIR... --out FILE.png
 
@@ -45,23 +47,33 @@ def _parser() -> argparse.ArgumentParser:
         description="Run every peer of CONFIG in this process (default: the built-in run, "
         "OPS on a 16-node directed social trust graph with digits).",
     )
-    sim.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
-    sim.add_argument("--out", help="results folder (default: runs/<name>-<timestamp>)")
-    sim.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key by dotted path, e.g. --set algorithm.name=dpsgd",
+    lau = sub.add_parser(
+        "launch",
+        help="run every peer as its own process over gRPC on 127.0.0.1",
+        description="Start one `fedcore node` process per peer of CONFIG on this machine, "
+        "supervise them, and write the same results folder as `simulate`.",
     )
-    sim.add_argument("-q", "--quiet", action="store_true", help="no progress or table")
-    sim.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads (default 1: many small models gain nothing from more)",
+    for p in (sim, lau):
+        p.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
+        p.add_argument("--out", help="results folder (default: runs/<name>-<timestamp>)")
+        _set_option(p)
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress or table")
+        _threads_option(p)
+
+    node = sub.add_parser(
+        "node",
+        help="run one peer over gRPC",
+        description="Run one peer of a run: serve its in-neighbours, connect to its "
+        "out-neighbours as the roster says, and train. The roster maps node ids to "
+        "HOST:PORT (JSON object, or TOML [peers] table).",
     )
+    node.add_argument("--config", required=True, help="experiment TOML (every peer the same)")
+    node.add_argument("--id", required=True, dest="node_id", help="this peer's node id")
+    node.add_argument("--roster", required=True, help="node id -> HOST:PORT file")
+    node.add_argument("--listen", help="HOST:PORT to serve on (default: the roster's entry)")
+    node.add_argument("--out", help="this peer's folder (default: runs/node-<id>)")
+    _set_option(node)
+    _threads_option(node)
 
     topo = sub.add_parser("topology", help="inspect trust graphs")
     topo_sub = topo.add_subparsers(dest="topology_command", required=True, metavar="ACTION")
@@ -104,20 +116,67 @@ def _print_table(summary: dict[str, Any]) -> None:
         print(f"  {key:<{width}}  {value}")
 
 
-def _simulate(args: argparse.Namespace) -> int:
+def _set_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key by dotted path, e.g. --set algorithm.name=dpsgd",
+    )
+
+
+def _threads_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: many small models gain nothing from more)",
+    )
+
+
+def _set_threads(threads: int) -> None:
     import torch
 
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}.")
+    torch.set_num_threads(threads)
+
+
+def _simulate(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
     from fedcore.runners.simulate import simulate
 
-    if args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {args.threads}.")
-    torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
     config = load_config(args.config, args.overrides)
     summary = simulate(config, out_dir=args.out, show_progress=not args.quiet)
     if not args.quiet:
         _print_table(summary)
     return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from fedcore.config import load_config
+    from fedcore.runners.launch import launch
+
+    _set_threads(args.threads)
+    config = load_config(args.config, args.overrides)
+    summary = launch(config, out_dir=args.out, show_progress=not args.quiet, threads=args.threads)
+    if not args.quiet:
+        _print_table(summary)
+    return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    from fedcore.config import load_config
+    from fedcore.runners.peer import load_roster, run_peer_main
+
+    _set_threads(args.threads)
+    config = load_config(args.config, args.overrides)
+    roster = load_roster(args.roster)
+    out = Path(args.out) if args.out else Path("runs") / f"node-{args.node_id}"
+    return run_peer_main(config, args.node_id, roster, out=out, listen=args.listen)
 
 
 def _topology_show(args: argparse.Namespace) -> int:
@@ -157,7 +216,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `python -m` would; the console script otherwise only sees its own folder.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    handlers = {"simulate": _simulate, "topology": _topology_show, "plot": _plot}
+    handlers = {
+        "simulate": _simulate,
+        "launch": _launch,
+        "node": _node,
+        "topology": _topology_show,
+        "plot": _plot,
+    }
     try:
         return handlers[args.command](args)
     except FedcoreError as exc:

@@ -307,6 +307,18 @@ class Node:
         missing.extend(absent)
         return inbox
 
+    def validate(self, message: Message) -> None:
+        """Check ``message`` as this node would before mixing it (for a transport's servicer).
+
+        Raises:
+            ProtocolError: another run, undecodable bytes, wrong shape or dtype, or
+                non-finite values.
+        """
+        try:
+            self._decode(message)
+        except CompressionError as exc:
+            raise ProtocolError(str(exc)) from exc
+
     def _decode(self, message: Message) -> Payload:
         if message.run != self.options.run_id:
             raise ProtocolError(

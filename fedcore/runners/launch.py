@@ -1,0 +1,237 @@
+"""``fedcore launch``: one ``fedcore node`` process per peer on this machine, over gRPC.
+
+The launcher validates the config (the same checks as ``simulate``), picks free ports on
+127.0.0.1, writes ``roster.json`` and the effective ``config.toml``, starts one child per
+node (its output in ``nodes/<id>/node.log``), shows one progress line for the whole run,
+and supervises: a child that dies stops the run, naming its id, exit status and log; Ctrl-C
+stops every child. At the end it merges the peers' records and evaluation-round models into
+the same ``metrics.jsonl``, ``summary.json`` (with ``"transport": "grpc"``) and
+``curves.png`` that ``simulate`` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any, TextIO
+
+import numpy as np
+import torch
+
+import fedcore
+from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.errors import TransportError
+from fedcore.metrics import JsonlWriter
+from fedcore.node import RoundRecord
+from fedcore.progress import Progress
+from fedcore.runners.network import prepare_run
+from fedcore.runners.peer import model_path
+from fedcore.runners.simulate import RunObserver, default_out_dir, make_summary
+
+__all__ = ["free_ports", "launch", "read_params"]
+
+logger = logging.getLogger(__name__)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (held open together while picked)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def read_params(path: Path) -> torch.Tensor:
+    """Parameters written by :func:`fedcore.runners.peer.write_params`."""
+    return torch.from_numpy(np.fromfile(path, dtype="<f4").copy())
+
+
+class _Children:
+    """The peer processes of one launch, and how far each has got."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, IO[bytes]] = {}
+        self.dirs: dict[str, Path] = {}
+        self._offsets: dict[str, int] = {}
+        self.rounds_done: dict[str, int] = {}
+
+    def start(self, node: str, argv: list[str], folder: Path, env: dict[str, str]) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        log = open(folder / "node.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.logs[node] = log
+        self.dirs[node] = folder
+        self.rounds_done[node] = 0
+        self._offsets[node] = 0
+        self.procs[node] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def poll_progress(self) -> int:
+        """Rounds every peer has finished (reading only the new part of each metrics file)."""
+        for node, folder in self.dirs.items():
+            path = folder / "metrics.jsonl"
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self._offsets[node])
+                    chunk = fh.read()
+            except FileNotFoundError:
+                continue
+            complete = chunk.rfind(b"\n") + 1
+            self._offsets[node] += complete
+            self.rounds_done[node] += chunk[:complete].count(b"\n")
+        return min(self.rounds_done.values(), default=0)
+
+    def failed(self) -> tuple[str, int] | None:
+        for node, proc in self.procs.items():
+            status = proc.poll()
+            if status not in (None, 0):
+                return node, status
+        return None
+
+    def all_done(self) -> bool:
+        return all(proc.poll() == 0 for proc in self.procs.values())
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Terminate every child still running (SIGTERM, then SIGKILL after ``grace_s``)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self.logs.values():
+            log.close()
+
+
+def launch(
+    config: Config,
+    *,
+    out_dir: str | Path | None = None,
+    show_progress: bool = True,
+    progress_stream: TextIO | None = None,
+    threads: int = 1,
+) -> dict[str, Any]:
+    """Run every peer of ``config`` as its own process over gRPC; return the summary.
+
+    Raises:
+        ConfigError, TopologyError, DataError: invalid experiment (before any process starts).
+        TransportError: a peer process failed (its id, exit status and log are named).
+    """
+    setup = prepare_run(config)
+    nodes = setup.graph.nodes
+    name = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
+    out = Path(out_dir) if out_dir is not None else default_out_dir(name)
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = out / "config.toml"
+    config_path.write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
+    roster = {n: f"127.0.0.1:{p}" for n, p in zip(nodes, free_ports(len(nodes)), strict=True)}
+    roster_path = out / "roster.json"
+    roster_path.write_text(json.dumps(roster, indent=2) + "\n", encoding="utf-8")
+
+    env = dict(os.environ)
+    package_root = str(Path(fedcore.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    children = _Children()
+    progress = Progress(config.run.rounds, label="launch", stream=progress_stream)
+    began = time.perf_counter()
+    try:
+        for n in nodes:
+            argv = [
+                sys.executable, "-m", "fedcore", "node",
+                "--config", str(config_path), "--id", n, "--roster", str(roster_path),
+                "--out", str(out / "nodes" / n), "--threads", str(threads),
+            ]  # fmt: skip
+            children.start(n, argv, out / "nodes" / n, env)
+        shown = -1
+        while not children.all_done():
+            failure = children.failed()
+            if failure is not None:
+                node, status = failure
+                raise TransportError(
+                    f"peer {node!r} exited with status {status}; see its log "
+                    f"{children.dirs[node] / 'node.log'}."
+                )
+            done = children.poll_progress()
+            if show_progress and done != shown:
+                progress.update(done)
+                shown = done
+            time.sleep(0.1)
+        if show_progress and shown != config.run.rounds:
+            progress.update(config.run.rounds)
+    finally:
+        children.stop()
+    wall = time.perf_counter() - began
+    summary = _merge(config, setup, out, name, wall)
+    summary["out_dir"] = str(out)
+    return summary
+
+
+def _merge(config: Config, setup: Any, out: Path, name: str, wall: float) -> dict[str, Any]:
+    """Replay the peers' records into the same metrics and summary as ``simulate``."""
+    nodes = setup.graph.nodes
+    records: list[RoundRecord] = []
+    for n in nodes:
+        with open(out / "nodes" / n / "metrics.jsonl", encoding="utf-8") as fh:
+            for line in fh:
+                raw = json.loads(line)
+                raw.pop("kind", None)
+                raw["missing"] = tuple(raw["missing"])
+                records.append(RoundRecord(**raw))
+    order = {n: i for i, n in enumerate(nodes)}
+    records.sort(key=lambda r: (r.round, order[r.node]))
+    writer = JsonlWriter(out / "metrics.jsonl")
+    observer = RunObserver(
+        nodes=nodes,
+        config=config,
+        evaluator=setup.evaluator,
+        dataset=setup.dataset,
+        writer=writer,
+        progress=None,
+    )
+    dtype = setup.evaluator.dtype
+    try:
+        for record in records:
+            model = None
+            if observer.is_eval_round(record.round):
+                path = model_path(out / "nodes" / record.node, record.round)
+                model = read_params(path).to(dtype)
+            observer.observe(record, model)
+    finally:
+        writer.close()
+    last = config.run.rounds - 1
+    final = {n: read_params(model_path(out / "nodes" / n, last)) for n in nodes}
+    summary = make_summary(
+        name=name,
+        config=config,
+        algorithm=setup.algorithm.name,
+        trust=setup.trust,
+        graph=setup.graph,
+        run_id=setup.run_id,
+        transport="grpc",
+        wall_seconds=wall,
+        observer=observer,
+        final_params=final,
+    )
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    try:
+        from fedcore.plotting import plot_runs
+
+        plot_runs([out], out / "curves.png")
+    except Exception as exc:  # a missing picture must not lose a finished run
+        logger.warning("could not draw curves.png: %s", exc)
+    return summary

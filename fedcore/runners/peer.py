@@ -1,0 +1,187 @@
+"""``fedcore node``: one peer of a run as its own process, talking gRPC.
+
+Every peer builds the same :class:`~fedcore.runners.network.RunSetup` from the same
+config, so it holds exactly its partition of the data and the same initial model as in
+``fedcore simulate``; then it serves its in-neighbours, connects to its out-neighbours
+(retrying until ``transport.startup_timeout_s``), and runs its rounds.
+
+Its folder (``--out``) receives, as it goes: ``metrics.jsonl`` (one record per round,
+flushed each round), ``models/round-<t>.f32`` (its parameters at every evaluation round, as
+float32 little-endian bytes, for the launcher's evaluation) and, at the end, ``node.json``
+(id, rounds done, parameter digest). SIGINT and SIGTERM stop it cleanly: the server stops
+gracefully, channels close and metrics are flushed.
+
+The roster maps node ids to ``HOST:PORT``, as JSON (``{"n0": "10.0.0.5:7000", ...}``) or
+TOML (``[peers]`` table with ``n0 = "10.0.0.5:7000"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedcore.config import Config
+from fedcore.errors import ConfigError
+from fedcore.metrics import JsonlWriter, params_sha256
+from fedcore.node import Node, RoundRecord
+from fedcore.runners.network import RunSetup, prepare_run
+from fedcore.transport.grpc import GrpcTransport
+
+__all__ = ["load_roster", "model_path", "run_peer", "write_params"]
+
+logger = logging.getLogger(__name__)
+
+
+def load_roster(path: str | Path) -> dict[str, str]:
+    """Read a roster file (JSON object or TOML ``[peers]`` table) into id -> ``HOST:PORT``.
+
+    Raises:
+        ConfigError: unreadable file, bad syntax, or an entry that is not ``HOST:PORT``.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read roster {str(p)!r}: {exc.strerror}.") from exc
+    try:
+        raw: Any = tomllib.loads(text).get("peers") if p.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(
+            f"roster {str(p)!r} is not valid {p.suffix[1:] or 'JSON'}: {exc}."
+        ) from exc
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(
+            f"roster {str(p)!r} must map node ids to 'HOST:PORT' (a JSON object, or a TOML "
+            "[peers] table)."
+        )
+    roster: dict[str, str] = {}
+    for node, address in raw.items():
+        host, sep, port = str(address).rpartition(":")
+        if not isinstance(address, str) or not sep or not host or not port.isdigit():
+            raise ConfigError(f"roster {str(p)!r}: {node!r} -> {address!r} is not 'HOST:PORT'.")
+        roster[str(node)] = address
+    return roster
+
+
+def model_path(out: Path, round: int) -> Path:
+    """Where a peer stores its parameters of evaluation round ``round``."""
+    return out / "models" / f"round-{round:06d}.f32"
+
+
+def write_params(path: Path, params: torch.Tensor) -> None:
+    """Write ``params`` as float32 little-endian bytes, atomically (write, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(params.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes())
+    tmp.replace(path)
+
+
+class _PeerLog:
+    """Per-round record writer and evaluation-round model snapshots of one peer."""
+
+    def __init__(self, out: Path, config: Config) -> None:
+        self.out = out
+        self.rounds = config.run.rounds
+        self.eval_every = config.run.eval_every
+        self.writer = JsonlWriter(out / "metrics.jsonl")
+
+    def __call__(self, node: Node, record: RoundRecord) -> None:
+        line = asdict(record)
+        line["kind"] = "node"
+        line["missing"] = list(record.missing)
+        self.writer.write(line)
+        self.writer.flush()
+        t = record.round
+        if (t + 1) % self.eval_every == 0 or t + 1 == self.rounds:
+            write_params(model_path(self.out, t), node.model())
+
+
+def _trust_sets(setup: RunSetup, node_id: str) -> tuple[set[str], set[str]]:
+    """In- and out-neighbours of ``node_id`` over every round of the schedule."""
+    ins: set[str] = set()
+    outs: set[str] = set()
+    for t in range(setup.graph.period):
+        g = setup.graph.at(t)
+        ins.update(g.in_neighbours(node_id))
+        outs.update(g.out_neighbours(node_id))
+    return ins, outs
+
+
+async def run_peer(
+    config: Config,
+    node_id: str,
+    roster: Mapping[str, str],
+    *,
+    out: Path,
+    listen: str | None = None,
+) -> dict[str, Any]:
+    """Run one peer to the end of the run (or until cancelled); return its ``node.json``."""
+    setup = prepare_run(config)
+    if node_id not in setup.graph.nodes:
+        raise ConfigError(
+            f"node {node_id!r} is not in the graph; its nodes are {', '.join(setup.graph.nodes)}."
+        )
+    ins, outs = _trust_sets(setup, node_id)
+    needed = outs | ({node_id} if listen is None else set())
+    missing = sorted(needed - set(roster))
+    if missing:
+        raise ConfigError(f"the roster has no address for {', '.join(missing)}.")
+    out.mkdir(parents=True, exist_ok=True)
+    transport = GrpcTransport(
+        node_id,
+        listen=listen or roster[node_id],
+        roster=roster,
+        run_id=setup.run_id,
+        trusted=ins,
+        max_message_bytes=int(config.transport.max_message_mb * (1 << 20)),
+        call_timeout_s=config.transport.call_timeout_s,
+    )
+    log = _PeerLog(out, config)
+    node = setup.make_node(node_id, transport, observer=log)
+    transport.validator = node.validate
+    await transport.start()
+    logger.info("%s serving on port %s", node_id, transport.port)
+    try:
+        await transport.connect(sorted(outs), timeout_s=config.transport.startup_timeout_s)
+        await node.run(config.run.rounds)
+    finally:
+        log.writer.close()
+        await transport.close()
+    info = {
+        "node": node_id,
+        "rounds": node.round,
+        "params_sha256": params_sha256(node.model()),
+        "stats": asdict(transport.stats),
+    }
+    (out / "node.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return info
+
+
+def run_peer_main(
+    config: Config, node_id: str, roster: Mapping[str, str], *, out: Path, listen: str | None
+) -> int:
+    """Run a peer in a fresh event loop with SIGINT/SIGTERM stopping it cleanly."""
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await run_peer(config, node_id, roster, out=out, listen=listen)
+        except asyncio.CancelledError:
+            logger.warning("%s stopped by a signal; metrics flushed", node_id)
+            return 130
+        return 0
+
+    return asyncio.run(main())
