@@ -1,0 +1,97 @@
+"""Peers as real processes over gRPC: the same numbers as in-process (marked grpc)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedcore.config import load_config
+from fedcore.runners.launch import _Children, free_ports, launch
+from fedcore.runners.simulate import simulate
+
+pytestmark = pytest.mark.grpc
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.name=ops", "topology.kind=social", "topology.nodes=5"],
+        ["algorithm.name=dpsgd", "topology.kind=ring", "topology.nodes=4"],
+    ],
+    ids=["ops-directed", "dpsgd-undirected"],
+)
+def test_launch_matches_simulate_bit_for_bit(tmp_path: Path, overrides: list[str]) -> None:
+    """Transport transparency: identical parameters on every node, strict mode, no faults."""
+    config = load_config(None, [*overrides, "run.rounds=20", "run.eval_every=10"])
+    sim = simulate(config, out_dir=tmp_path / "sim", show_progress=False)
+    grpc_run = launch(config, out_dir=tmp_path / "launch", show_progress=False)
+    assert sim["transport"] == "inproc" and grpc_run["transport"] == "grpc"
+    assert grpc_run["params_sha256"] == sim["params_sha256"]
+    assert grpc_run["final"]["avg_model_accuracy"] == sim["final"]["avg_model_accuracy"]
+    assert grpc_run["traffic"]["messages_sent"] == sim["traffic"]["messages_sent"]
+    merged = (tmp_path / "launch" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    kinds = [json.loads(line)["kind"] for line in merged]
+    assert kinds.count("node") == 20 * grpc_run["nodes"] and kinds.count("eval") == 2
+    assert (tmp_path / "launch" / "curves.png").stat().st_size > 0
+
+
+def _node_cmd(tmp_path: Path, roster: dict[str, str], *extra: str) -> list[str]:
+    roster_path = tmp_path / "roster.json"
+    roster_path.write_text(json.dumps(roster), encoding="utf-8")
+    return [
+        sys.executable, "-m", "fedcore", "node", "--id", "n0", "--roster", str(roster_path),
+        "--config", str(REPO / "examples" / "dpsgd.toml"), "--out", str(tmp_path / "n0"),
+        "--set", "topology.kind=ring", "--set", "topology.nodes=3", *extra,
+    ]  # fmt: skip
+
+
+def test_node_names_unreachable_peers(tmp_path: Path) -> None:
+    ports = free_ports(3)
+    roster = {f"n{i}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+    cmd = _node_cmd(tmp_path, roster, "--set", "transport.startup_timeout_s=1")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "could not reach n1 at 127.0.0.1" in done.stderr
+    assert "n2 at 127.0.0.1" in done.stderr
+
+
+def test_node_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    ports = free_ports(3)
+    roster = {f"n{i}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+    cmd = _node_cmd(tmp_path, roster, "--set", "transport.startup_timeout_s=120")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (tmp_path / "n0" / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        assert (tmp_path / "n0" / "metrics.jsonl").exists(), "peer never started"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert b"Traceback" not in err
+
+
+def test_supervisor_reports_a_dead_child(tmp_path: Path) -> None:
+    children = _Children()
+    children.start("n0", [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "n0", {})
+    children.start("n1", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "n1", {})
+    try:
+        deadline = time.monotonic() + 30
+        while children.failed() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children.failed() == ("n0", 3)
+    finally:
+        children.stop(grace_s=2)
+    assert children.procs["n1"].returncode is not None
