@@ -95,3 +95,76 @@ def test_supervisor_reports_a_dead_child(tmp_path: Path) -> None:
     finally:
         children.stop(grace_s=2)
     assert children.procs["n1"].returncode is not None
+
+
+def test_peers_finish_their_run_under_hostile_pushes(tmp_path: Path) -> None:
+    """Garbage from a stranger during a real gRPC run: refused with codes, run unaffected."""
+    import asyncio
+
+    import grpc
+    import torch
+
+    from fedcore.compression import RawCodec
+    from fedcore.messages import Message
+    from fedcore.metrics import params_sha256
+    from fedcore.proto import peer_pb2_grpc as pb_grpc
+    from fedcore.runners.network import build_network, prepare_run
+    from fedcore.transport.grpc import GrpcTransport
+    from fedcore.transport.grpc.serde import message_to_chunks
+
+    config = load_config(
+        None, ["algorithm.name=dpsgd", "topology.kind=ring", "topology.nodes=3", "run.rounds=15"]
+    )
+    expected = build_network(config)
+    expected.run(15)
+    setup = prepare_run(config)
+    d = int(setup.start.numel())
+
+    def push(run: str, sender: str, values: torch.Tensor, receiver: str = "n0") -> Message:
+        tensor = RawCodec().encode(values)
+        return Message(
+            run=run, round=3, phase=0, sender=sender, receiver=receiver, tensors={"x": tensor}
+        )
+
+    hostile = {
+        "untrusted": (push(setup.run_id, "mallory", torch.zeros(d)), "PERMISSION_DENIED"),
+        "other-run": (push("other", "n1", torch.zeros(d)), "FAILED_PRECONDITION"),
+        "nan": (push(setup.run_id, "n1", torch.full((d,), float("nan"))), "INVALID_ARGUMENT"),
+        "shape": (push(setup.run_id, "n1", torch.zeros(d + 1)), "INVALID_ARGUMENT"),
+    }
+
+    async def main() -> dict[str, str]:
+        transports = {}
+        for n in setup.graph.nodes:
+            g = setup.graph.at(0)
+            transports[n] = GrpcTransport(
+                n, listen="127.0.0.1:0", roster={}, run_id=setup.run_id,
+                trusted=set(g.in_neighbours(n)),
+            )  # fmt: skip
+        nodes = {n: setup.make_node(n, t) for n, t in transports.items()}
+        for n, t in transports.items():
+            t.validator = nodes[n].validate
+            await t.start()
+        roster = {n: f"127.0.0.1:{t.port}" for n, t in transports.items()}
+        for n, t in transports.items():
+            t.roster = roster
+            await t.connect(setup.graph.at(0).out_neighbours(n), timeout_s=10)
+
+        async def attack() -> None:
+            async with grpc.aio.insecure_channel(roster["n0"]) as channel:
+                stub = pb_grpc.PeerStub(channel)
+                for message, code in hostile.values():
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await stub.Push(message_to_chunks(message), timeout=10)
+                    assert err.value.code().name == code
+
+        try:
+            await asyncio.gather(attack(), *(node.run(15) for node in nodes.values()))
+        finally:
+            for t in transports.values():
+                await t.close(0.1)
+        assert transports["n0"].stats.messages_rejected == len(hostile)
+        return {n: params_sha256(node.model()) for n, node in nodes.items()}
+
+    got = asyncio.run(main())
+    assert got == {n: params_sha256(node.model()) for n, node in expected.nodes.items()}
