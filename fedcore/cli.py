@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -136,6 +137,10 @@ def _threads_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _set_threads(threads: int) -> None:
     import torch
 
@@ -161,6 +166,8 @@ def _launch(args: argparse.Namespace) -> int:
     from fedcore.runners.launch import launch
 
     _set_threads(args.threads)
+    # SIGTERM to the launcher stops its peers too (as Ctrl-C does), rather than orphaning them.
+    signal.signal(signal.SIGTERM, _interrupt)
     config = load_config(args.config, args.overrides)
     summary = launch(config, out_dir=args.out, show_progress=not args.quiet, threads=args.threads)
     if not args.quiet:

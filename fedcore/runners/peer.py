@@ -32,7 +32,7 @@ import torch
 from fedcore.config import Config
 from fedcore.errors import ConfigError
 from fedcore.metrics import JsonlWriter, params_sha256
-from fedcore.node import Node, RoundRecord
+from fedcore.node import DecodeCache, Node, RoundRecord
 from fedcore.runners.network import RunSetup, prepare_run
 from fedcore.transport.grpc import GrpcTransport
 
@@ -146,7 +146,9 @@ async def run_peer(
         call_timeout_s=config.transport.call_timeout_s,
     )
     log = _PeerLog(out, config)
-    node = setup.make_node(node_id, transport, observer=log)
+    # The servicer validates (decodes) every message on arrival; the cache hands the same
+    # tensors to the node's own decode at collect time, so each message is decoded once.
+    node = setup.make_node(node_id, transport, observer=log, decode_cache=DecodeCache())
     transport.validator = node.validate
     await transport.start()
     logger.info("%s serving on port %s", node_id, transport.port)
