@@ -70,8 +70,7 @@ from fedcore.compression.base import RawCodec
 from fedcore.messages import Message
 from fedcore.proto import peer_pb2 as pb
 from fedcore.runners.launch import free_ports
-from fedcore.transport.grpc import GrpcTransport
-from fedcore.transport.grpc import serde
+from fedcore.transport.grpc import GrpcTransport, serde
 from fedcore.transport.grpc import transport as grpc_transport_module
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "transport.json"
@@ -317,19 +316,33 @@ class FedcoreSender:
         await self.transport.close(grace_s=1.0)
 
 
-def spawn(role: str, port: int, plan_path: Path, env_extra: dict[str, str] | None = None,
-          profile_out: str | None = None) -> subprocess.Popen[str]:
+def spawn(
+    role: str,
+    port: int,
+    plan_path: Path,
+    env_extra: dict[str, str] | None = None,
+    profile_out: str | None = None,
+) -> subprocess.Popen[str]:
     env = dict(os.environ)
     for k in MALLOC_KEYS:
         env.pop(k, None)
     env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH")) if p)
-    argv = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--port", str(port),
-            "--plan", str(plan_path)]
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--role",
+        role,
+        "--port",
+        str(port),
+        "--plan",
+        str(plan_path),
+    ]
     if profile_out:
         argv += ["--profile-out", profile_out]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def finish_child(proc: subprocess.Popen[str], name: str, timeout: float = 120) -> dict[str, Any]:
@@ -412,7 +425,7 @@ async def measure(sizes: list[int], repeats: int, workdir: Path) -> dict[str, An
                 p.wait()
     # Receiver CPU per message, in plan order: skip the warm-ups, then bursts as planned.
     for method, res in receivers.items():
-        cpu = res["cpu"][len(sizes):]
+        cpu = res["cpu"][len(sizes) :]
         i = 0
         for b in bursts:
             if b["method"] != method:
@@ -435,12 +448,11 @@ def summarize(bursts: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, 
             row[method] = {
                 "mb_per_s": statistics.median(rates),
                 "mb_per_s_all": rates,
-                "latency_ms_median": 1e3 * statistics.median(
-                    [t for b in mine for t in b["wall_s"]]
-                ),
-                "sender_cpu_ms_per_mib": 1e3 * sum(b["sender_cpu_s"] for b in mine)
-                / (total / MIB),
-                "receiver_cpu_ms_per_mib": 1e3 * sum(b["receiver_cpu_s"] for b in mine)
+                "latency_ms_median": 1e3
+                * statistics.median([t for b in mine for t in b["wall_s"]]),
+                "sender_cpu_ms_per_mib": 1e3 * sum(b["sender_cpu_s"] for b in mine) / (total / MIB),
+                "receiver_cpu_ms_per_mib": 1e3
+                * sum(b["receiver_cpu_s"] for b in mine)
                 / (total / MIB),
                 "sender_main_thread_share": _share(mine, "sender"),
                 "receiver_main_thread_share": _share(mine, "receiver"),
@@ -498,8 +510,9 @@ def serde_costs(nbytes: int, chunk_sizes: list[int], k: int) -> dict[str, Any]:
     """fedcore's serde for one ``nbytes`` message, with no network, against plain copies."""
     payload = payload_tensor(nbytes)
     enc = RawCodec().encode(payload)
-    msg = Message(run=RUN_ID, round=0, phase=0, sender=SENDER, receiver=RECEIVER,
-                  tensors={"x": enc})
+    msg = Message(
+        run=RUN_ID, round=0, phase=0, sender=SENDER, receiver=RECEIVER, tensors={"x": enc}
+    )
     src = memoryview(enc.data)
     dst = memoryview(bytearray(nbytes))
 
@@ -593,8 +606,16 @@ def serde_in_child(env_extra: dict[str, str], chunk_sizes: list[int], k: int) ->
         env.pop(key, None)
     env.update(env_extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH")) if p)
-    argv = [sys.executable, str(Path(__file__).resolve()), "--role", "serde",
-            "--serde-chunks", *[str(c) for c in chunk_sizes], "--serde-repeats", str(k)]
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--role",
+        "serde",
+        "--serde-chunks",
+        *[str(c) for c in chunk_sizes],
+        "--serde-repeats",
+        str(k),
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True, timeout=300)
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
     result: dict[str, Any] = json.loads(line[7:])
@@ -735,13 +756,25 @@ async def measure_variants(
             for key in MALLOC_KEYS:
                 env.pop(key, None)
             env.update(v["env"])
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(_ROOT), env.get("PYTHONPATH")) if p
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH")) if p)
+            argv = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--role",
+                "send-fedcore",
+                "--port",
+                str(port),
+                "--chunk-bytes",
+                str(v["chunk_bytes"] or 0),
+            ]
+            send = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
             )
-            argv = [sys.executable, str(Path(__file__).resolve()), "--role", "send-fedcore",
-                    "--port", str(port), "--chunk-bytes", str(v["chunk_bytes"] or 0)]
-            send = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=env)
             pairs.append((recv, send))
         for _, send in pairs:
             assert send.stdout is not None
@@ -760,8 +793,13 @@ async def measure_variants(
             return times
 
         results: list[dict[str, Any]] = [
-            {"name": v["name"], "env": v["env"], "chunk_bytes": v["chunk_bytes"] or serde.CHUNK_BYTES,
-             "rates": {n: [] for n in sizes}} for v in variants
+            {
+                "name": v["name"],
+                "env": v["env"],
+                "chunk_bytes": v["chunk_bytes"] or serde.CHUNK_BYTES,
+                "rates": {n: [] for n in sizes},
+            }
+            for v in variants
         ]
         for n in sizes:
             for _, send in pairs:
@@ -825,22 +863,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats (default 7)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
-        "--profile", action="store_true",
+        "--profile",
+        action="store_true",
         help="profile the gRPC path and run the variants even when the target is met",
     )
     parser.add_argument(
-        "--no-variants", action="store_true",
+        "--no-variants",
+        action="store_true",
         help="skip the malloc / chunk-size variants of the gRPC pair",
     )
-    parser.add_argument("--variant-repeats", type=int, default=5,
-                        help="interleaved repeats of the variants (default 5)")
-    parser.add_argument("--serde-chunks", type=int, nargs="+",
-                        default=[64 * KIB, 256 * KIB, MIB, 4 * MIB])
+    parser.add_argument(
+        "--variant-repeats",
+        type=int,
+        default=5,
+        help="interleaved repeats of the variants (default 5)",
+    )
+    parser.add_argument(
+        "--serde-chunks", type=int, nargs="+", default=[64 * KIB, 256 * KIB, MIB, 4 * MIB]
+    )
     parser.add_argument("--serde-repeats", type=int, default=5)
     # Internal: the child processes.
-    parser.add_argument("--role", default="main", help=argparse.SUPPRESS,
-                        choices=["main", "recv-raw", "recv-gloo", "recv-fedcore", "send-fedcore",
-                                 "serde"])
+    parser.add_argument(
+        "--role",
+        default="main",
+        help=argparse.SUPPRESS,
+        choices=["main", "recv-raw", "recv-gloo", "recv-fedcore", "send-fedcore", "serde"],
+    )
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--plan", default="", help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", default=None, help=argparse.SUPPRESS)
@@ -876,35 +924,47 @@ async def main_async(args: argparse.Namespace, argv: list[str] | None) -> int:
     met = bool(checked) and all(r["fedcore_over_raw"] >= TARGET_FRACTION for r in checked)
     for r in checked:
         verdict = "meets" if r["fedcore_over_raw"] >= TARGET_FRACTION else "MISSES"
-        print(f"{size_label(r['size'])}: fedcore/raw {r['fedcore_over_raw']:.2f} {verdict} "
-              f"the target >= {TARGET_FRACTION}", flush=True)
+        print(
+            f"{size_label(r['size'])}: fedcore/raw {r['fedcore_over_raw']:.2f} {verdict} "
+            f"the target >= {TARGET_FRACTION}",
+            flush=True,
+        )
 
     serde_default = serde_costs(64 * MIB, args.serde_chunks, args.serde_repeats)
-    print(format_serde(serde_default, "this process's malloc settings", stages=False),
-          flush=True)
+    print(format_serde(serde_default, "this process's malloc settings", stages=False), flush=True)
     serde_tuned = serde_in_child(TUNED_MALLOC_ENV, args.serde_chunks, args.serde_repeats)
-    print(format_serde(serde_tuned, "MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2**40",
-                       stages=True), flush=True)
+    print(
+        format_serde(serde_tuned, "MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2**40", stages=True),
+        flush=True,
+    )
 
     profile = None
     variants = None
     if not met or args.profile:
         profile = await profile_fedcore(workdir, 64 * MIB, 6)
-        print(f"\ncProfile, fedcore gRPC, {profile['messages']} x 64 MiB: "
-              f"{profile['mb_per_s']:.0f} MB/s (slower under the profiler); CPU s sender "
-              f"{profile['sender_cpu_s']:.2f} (main thread {profile['sender_main_thread_cpu_s']:.2f})"
-              f", receiver {profile['receiver_cpu_s']:.2f} (main thread "
-              f"{profile['receiver_main_thread_cpu_s']:.2f})")
+        print(
+            f"\ncProfile, fedcore gRPC, {profile['messages']} x 64 MiB: "
+            f"{profile['mb_per_s']:.0f} MB/s (slower under the profiler); CPU s sender "
+            f"{profile['sender_cpu_s']:.2f} (main thread {profile['sender_main_thread_cpu_s']:.2f})"
+            f", receiver {profile['receiver_cpu_s']:.2f} (main thread "
+            f"{profile['receiver_main_thread_cpu_s']:.2f})"
+        )
         print("sender, by own time:\n" + profile["sender_top"])
         print("receiver, by own time:\n" + profile["receiver_top"])
         if not args.no_variants:
             specs = [
                 {"name": "default", "env": {}, "chunk_bytes": None},
                 {"name": "malloc-tuned", "env": TUNED_MALLOC_ENV, "chunk_bytes": None},
-                {"name": "malloc-tuned + chunk 256 KiB", "env": TUNED_MALLOC_ENV,
-                 "chunk_bytes": 256 * KIB},
-                {"name": "malloc-tuned + chunk 4 MiB", "env": TUNED_MALLOC_ENV,
-                 "chunk_bytes": 4 * MIB},
+                {
+                    "name": "malloc-tuned + chunk 256 KiB",
+                    "env": TUNED_MALLOC_ENV,
+                    "chunk_bytes": 256 * KIB,
+                },
+                {
+                    "name": "malloc-tuned + chunk 4 MiB",
+                    "env": TUNED_MALLOC_ENV,
+                    "chunk_bytes": 4 * MIB,
+                },
             ]
             vsizes = [n for n in sizes if n in TARGET_SIZES] or sizes[-2:]
             variants = await measure_variants(workdir, vsizes, args.variant_repeats, specs)
@@ -912,8 +972,11 @@ async def main_async(args: argparse.Namespace, argv: list[str] | None) -> int:
             print("| variant | " + " | ".join(size_label(n) for n in vsizes) + " |")
             print("|---------|" + "|".join("-------:" for _ in vsizes) + "|")
             for v in variants:
-                print(f"| {v['name']} | "
-                      + " | ".join(f"{v['mb_per_s'][str(n)]:.0f}" for n in vsizes) + " |")
+                print(
+                    f"| {v['name']} | "
+                    + " | ".join(f"{v['mb_per_s'][str(n)]:.0f}" for n in vsizes)
+                    + " |"
+                )
 
     wall = time.perf_counter() - began
     info["loadavg_end"] = list(os.getloadavg())
