@@ -39,7 +39,7 @@ from fedcore.messages import Message
 from fedcore.proto import peer_pb2 as pb
 from fedcore.proto import peer_pb2_grpc as pb_grpc
 from fedcore.transport.base import TransportStats
-from fedcore.transport.grpc.serde import PROTOCOL_VERSION, MessageAssembler, message_to_chunks
+from fedcore.transport.grpc.serde import PROTOCOL_VERSION, MessageAssembler, message_to_wire
 from fedcore.transport.mailbox import Mailbox
 
 __all__ = ["GRPC_OPTIONS", "GrpcTransport"]
@@ -76,8 +76,16 @@ def _status_for(exc: Exception) -> grpc.StatusCode:
     return grpc.StatusCode.INVALID_ARGUMENT
 
 
-class _PeerServicer(pb_grpc.PeerServicer):
-    """Thin: assemble, check, enqueue, map errors to status codes."""
+_SERVICE = pb.DESCRIPTOR.services_by_name["Peer"].full_name
+_PUSH = f"/{_SERVICE}/Push"
+
+
+class _PeerServicer:
+    """Thin: assemble, check, enqueue, map errors to status codes.
+
+    ``Push`` receives each chunk as its serialized bytes (no request deserializer), so the
+    assembler can take data chunks without copying them (see :mod:`serde`).
+    """
 
     def __init__(self, transport: GrpcTransport) -> None:
         self.t = transport
@@ -106,14 +114,16 @@ class _PeerServicer(pb_grpc.PeerServicer):
             node_id=self.t.node_id, protocol_version=PROTOCOL_VERSION, run=self.t.run_id
         )
 
-    async def Push(self, request_iterator: AsyncIterator[pb.Chunk], context: Any) -> pb.Ack:
+    async def Push(self, request_iterator: AsyncIterator[bytes], context: Any) -> pb.Ack:
         t = self.t
         assembler = MessageAssembler(t.max_message_bytes)
         try:
+            checked = False
             async for chunk in request_iterator:
                 assembler.add(chunk)
                 header = assembler.header
-                if header is not None and chunk.WhichOneof("kind") == "header":
+                if header is not None and not checked:
+                    checked = True
                     self._check_peer(header.sender, header.run)
                     if header.receiver != t.node_id:
                         raise ProtocolError(
@@ -172,12 +182,24 @@ class GrpcTransport:
         self._health: Any = None
         self._channels: dict[str, Any] = {}
         self._stubs: dict[str, Any] = {}
+        self._push: dict[str, Any] = {}
         self._closed = False
 
     async def start(self) -> int:
         """Start serving; return the bound port."""
         server = grpc.aio.server(options=GRPC_OPTIONS)
-        pb_grpc.add_PeerServicer_to_server(_PeerServicer(self), server)  # type: ignore[no-untyped-call]
+        servicer = _PeerServicer(self)
+        handlers = {
+            "Handshake": grpc.unary_unary_rpc_method_handler(
+                servicer.Handshake,
+                request_deserializer=pb.Hello.FromString,
+                response_serializer=pb.Welcome.SerializeToString,
+            ),
+            "Push": grpc.stream_unary_rpc_method_handler(
+                servicer.Push, response_serializer=pb.Ack.SerializeToString
+            ),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         port: int = server.add_insecure_port(self.listen)
@@ -204,6 +226,8 @@ class GrpcTransport:
             channel = grpc.aio.insecure_channel(self.roster[peer], options=GRPC_OPTIONS)
             self._channels[peer] = channel
             self._stubs[peer] = pb_grpc.PeerStub(channel)  # type: ignore[no-untyped-call]
+            # Push sends pre-serialized chunks (serde.message_to_wire): no request serializer.
+            self._push[peer] = channel.stream_unary(_PUSH, response_deserializer=pb.Ack.FromString)
         delay = 0.05
         hello = pb.Hello(node_id=self.node_id, protocol_version=PROTOCOL_VERSION, run=self.run_id)
         while pending:
@@ -233,13 +257,13 @@ class GrpcTransport:
         """Stream ``message`` to its receiver."""
         if self._closed:
             raise TransportClosedError(f"node {self.node_id!r}: send after close().")
-        stub = self._stubs.get(message.receiver)
-        if stub is None:
+        push = self._push.get(message.receiver)
+        if push is None:
             raise PeerUnavailableError(
                 f"node {self.node_id!r} has no channel to {message.receiver!r}."
             )
         try:
-            await stub.Push(message_to_chunks(message), timeout=self.call_timeout_s)
+            await push(message_to_wire(message), timeout=self.call_timeout_s)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
