@@ -70,6 +70,7 @@ from fedcore.compression.base import RawCodec
 from fedcore.messages import Message
 from fedcore.proto import peer_pb2 as pb
 from fedcore.runners.launch import free_ports
+from fedcore.runners.peer import tune_malloc
 from fedcore.transport.grpc import GrpcTransport, serde
 from fedcore.transport.grpc import transport as grpc_transport_module
 
@@ -899,6 +900,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    # As `fedcore node` does (FEDCORE_MALLOC_TUNING=0 in a variant's env turns it off);
+    # it applies to every method's processes alike.
+    tune_malloc()
     if args.role.startswith("recv-"):
         return receiver_main(args)
     if args.role == "send-fedcore":
@@ -953,7 +957,7 @@ async def main_async(args: argparse.Namespace, argv: list[str] | None) -> int:
         print("receiver, by own time:\n" + profile["receiver_top"])
         if not args.no_variants:
             specs = [
-                {"name": "default", "env": {}, "chunk_bytes": None},
+                {"name": "default", "env": {"FEDCORE_MALLOC_TUNING": "0"}, "chunk_bytes": None},
                 {"name": "malloc-tuned", "env": TUNED_MALLOC_ENV, "chunk_bytes": None},
                 {
                     "name": "malloc-tuned + chunk 256 KiB",

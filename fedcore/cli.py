@@ -177,9 +177,10 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _node(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
-    from fedcore.runners.peer import load_roster, run_peer_main
+    from fedcore.runners.peer import load_roster, run_peer_main, tune_malloc
 
     _set_threads(args.threads)
+    tune_malloc()
     config = load_config(args.config, args.overrides)
     roster = load_roster(args.roster)
     out = Path(args.out) if args.out else Path("runs") / f"node-{args.node_id}"
