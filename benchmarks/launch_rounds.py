@@ -45,7 +45,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import pstats
 import shutil
 import statistics
@@ -61,6 +60,8 @@ import torch
 _ROOT = Path(__file__).resolve().parent.parent
 if importlib.util.find_spec("fedcore") is None and (_ROOT / "fedcore").is_dir():
     sys.path.insert(0, str(_ROOT))
+
+import _common  # benchmarks/_common.py, beside this script
 
 from fedcore.config import Config, load_config
 from fedcore.runners import launch as launch_module
@@ -459,23 +460,7 @@ def format_profile(n: int, peer: str, p: dict[str, Any]) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    cpu_model = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model,
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "loadavg_start": list(os.getloadavg()),
-    }
+    return _common.machine_info()
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

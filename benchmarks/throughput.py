@@ -39,7 +39,6 @@ import io
 import json
 import math
 import os
-import platform
 import pstats
 import statistics
 import sys
@@ -57,6 +56,8 @@ from torch.nn import functional
 _ROOT = Path(__file__).resolve().parent.parent
 if importlib.util.find_spec("fedcore") is None and (_ROOT / "fedcore").is_dir():
     sys.path.insert(0, str(_ROOT))
+
+import _common  # benchmarks/_common.py, beside this script
 
 from fedcore import topology
 from fedcore.config import Config, config_from_dict
@@ -316,24 +317,7 @@ def build_floor_dim(config: Config, dataset: Dataset) -> int:
 
 
 def machine_info() -> dict[str, Any]:
-    cpu_model = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
+    return _common.machine_info()
 
 
 def format_table(results: list[dict[str, Any]]) -> str:

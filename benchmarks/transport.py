@@ -46,7 +46,6 @@ import importlib.util
 import io
 import json
 import os
-import platform
 import pstats
 import socket
 import statistics
@@ -65,6 +64,8 @@ import torch.distributed as dist
 _ROOT = Path(__file__).resolve().parent.parent
 if importlib.util.find_spec("fedcore") is None and (_ROOT / "fedcore").is_dir():
     sys.path.insert(0, str(_ROOT))
+
+import _common  # benchmarks/_common.py, beside this script
 
 from fedcore.compression.base import RawCodec
 from fedcore.messages import Message
@@ -835,27 +836,9 @@ async def measure_variants(
 
 
 def machine_info() -> dict[str, Any]:
-    cpu_model = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     import grpc
 
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model,
-        "torch": torch.__version__,
-        "grpc": grpc.__version__,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "loadavg_start": list(os.getloadavg()),
-        "malloc_env": {k: os.environ[k] for k in MALLOC_KEYS if k in os.environ},
-    }
+    return _common.machine_info(grpc=grpc.__version__)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -32,7 +32,7 @@ from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runners.network import prepare_run
 from fedcore.runners.peer import model_path
-from fedcore.runners.simulate import RunObserver, default_out_dir, make_summary
+from fedcore.runners.simulate import RunObserver, default_out_dir, make_summary, write_results
 
 __all__ = ["free_ports", "launch", "read_params"]
 
@@ -227,11 +227,5 @@ def _merge(config: Config, setup: Any, out: Path, name: str, wall: float) -> dic
         observer=observer,
         final_params=final,
     )
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    try:
-        from fedcore.plotting import plot_runs
-
-        plot_runs([out], out / "curves.png")
-    except Exception as exc:  # a missing picture must not lose a finished run
-        logger.warning("could not draw curves.png: %s", exc)
+    write_results(out, summary)
     return summary

@@ -27,7 +27,14 @@ from fedcore.progress import Progress
 from fedcore.runners.network import Network, build_network
 from fedcore.topology import Topology, spectral_gap
 
-__all__ = ["MAX_GAP_NODES", "RunObserver", "default_out_dir", "make_summary", "simulate"]
+__all__ = [
+    "MAX_GAP_NODES",
+    "RunObserver",
+    "default_out_dir",
+    "make_summary",
+    "simulate",
+    "write_results",
+]
 
 MAX_GAP_NODES = 2000
 """Largest graph whose spectral gap the summary computes (a dense eigensolver is O(n^3))."""
@@ -201,6 +208,13 @@ def simulate(
         observer=observer,
         final_params={nid: node.model() for nid, node in network.nodes.items()},
     )
+    write_results(out, summary)
+    summary["out_dir"] = str(out)
+    return summary
+
+
+def write_results(out: Path, summary: dict[str, Any]) -> None:
+    """Write ``summary.json`` and draw ``curves.png`` into a finished run's folder."""
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     try:
         from fedcore.plotting import plot_runs
@@ -208,8 +222,6 @@ def simulate(
         plot_runs([out], out / "curves.png")
     except Exception as exc:  # a missing picture must not lose a finished run
         logger.warning("could not draw curves.png: %s", exc)
-    summary["out_dir"] = str(out)
-    return summary
 
 
 def make_summary(
