@@ -1,4 +1,4 @@
-"""The codec protocol, the lossless ``raw`` codec and the codec registry."""
+"""The codec protocol and the lossless ``raw`` codec."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from fedcore.errors import CompressionError
 from fedcore.messages import EncodedTensor
 
-__all__ = ["CODECS", "Codec", "RawCodec", "get_codec"]
+__all__ = ["Codec", "RawCodec"]
 
 # Wire dtype names -> (torch dtype, numpy dtype). Little-endian on every platform we run.
 _DTYPES: dict[str, tuple[torch.dtype, np.dtype[np.generic]]] = {
@@ -81,20 +81,3 @@ class RawCodec:
         array = np.frombuffer(encoded.data, dtype=np_dtype).reshape(encoded.shape)
         # Copy: frombuffer views immutable bytes; the receiver owns a writable tensor.
         return torch.from_numpy(array.copy())
-
-
-CODECS: dict[str, Codec] = {"raw": RawCodec()}
-
-
-def get_codec(name: str) -> Codec:
-    """Return the codec registered as ``name``.
-
-    Raises:
-        CompressionError: if no codec has that name.
-    """
-    try:
-        return CODECS[name]
-    except KeyError:
-        raise CompressionError(
-            f"unknown codec {name!r}; known codecs: {', '.join(sorted(CODECS))}."
-        ) from None
