@@ -1,6 +1,6 @@
 """Experiment configuration: TOML into frozen, validated dataclasses.
 
-A config file has six tables; every key is optional and defaults to the built-in run
+A config file has seven tables; every key is optional and defaults to the built-in run
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
 
     [run]        name, seed, rounds, eval_every
@@ -8,6 +8,7 @@ A config file has six tables; every key is optional and defaults to the built-in
     [algorithm]  name, lr, lr_schedule, and the algorithm's own options
     [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction
     [model]      name, hidden, dtype
+    [compression] codec, bits, ratio, chunk
     [transport]  kind, mode, deadline_s, strict_timeout_s, startup_timeout_s,
                  call_timeout_s, max_message_mb
 
@@ -32,11 +33,13 @@ from typing import Any
 from fedcore.errors import ConfigError
 
 __all__ = [
+    "CODECS",
     "LR_SCHEDULES",
     "MODES",
     "PARTITIONS",
     "TRANSPORTS",
     "AlgorithmConfig",
+    "CompressionConfig",
     "Config",
     "DataConfig",
     "ModelConfig",
@@ -60,6 +63,8 @@ LR_SCHEDULES = ("constant", "sqrt")
 """Step-size schedules (``algorithm.lr_schedule``)."""
 TRANSPORTS = ("inproc", "grpc")
 """Transports (``transport.kind``)."""
+CODECS = ("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "raw")
+"""Codecs (``compression.codec``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +182,34 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CompressionConfig:
+    """``[compression]``: the codec of every tensor a node sends.
+
+    ``codec`` is one of ``CODECS``; ``bits`` applies to ``qsgd`` (2, 4 or 8), ``ratio`` (the
+    fraction of values kept) to ``topk`` and ``randk``, ``chunk`` (values per scale, 0 for
+    one scale per tensor) to ``sign``. ``fp32`` is lossless for float32 models; ``raw``
+    keeps any dtype exactly.
+    """
+
+    codec: str = "fp32"
+    bits: int = 8
+    ratio: float = 0.01
+    chunk: int = 0
+
+    def __post_init__(self) -> None:
+        """Validate names and ranges."""
+        _require(
+            self.codec in CODECS,
+            "compression.codec",
+            self.codec,
+            f"must be one of {', '.join(CODECS)}",
+        )
+        _require(self.bits in (2, 4, 8), "compression.bits", self.bits, "must be 2, 4 or 8")
+        _require(0 < self.ratio <= 1, "compression.ratio", self.ratio, "must be in (0, 1]")
+        _require(self.chunk >= 0, "compression.chunk", self.chunk, "must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TransportConfig:
     """``[transport]``: how peers talk and how long a node waits for its inbox.
 
@@ -227,6 +260,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
 
 
@@ -236,6 +270,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "algorithm": AlgorithmConfig,
     "data": DataConfig,
     "model": ModelConfig,
+    "compression": CompressionConfig,
     "transport": TransportConfig,
 }
 

@@ -86,8 +86,22 @@ class Payload:
     """Decoded message content as an algorithm sees it.
 
     An algorithm returns one ``Payload`` per destination. Returning the *same* object
-    for several destinations lets the node encode it once.
+    for several destinations lets the node encode it once. A tensor the algorithm has
+    already encoded itself (to keep exactly what receivers decode) is an
+    :class:`EncodedTensor` and is sent as it is; inboxes always hold decoded tensors.
     """
 
-    tensors: Mapping[str, torch.Tensor]
+    tensors: Mapping[str, torch.Tensor | EncodedTensor]
     scalars: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The decoded tensor ``name`` (inbox payloads hold only decoded tensors).
+
+        Raises:
+            KeyError: no tensor of that name.
+            TypeError: the tensor is still encoded (only outgoing payloads are).
+        """
+        value = self.tensors[name]
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"payload tensor {name!r} is still encoded.")
+        return value

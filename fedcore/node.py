@@ -199,6 +199,7 @@ class Node:
             out_weights=weights[1],
             in_weights=weights[2],
             nodes=self.graph.nodes,
+            codec=self.codec,
         )
 
     async def run(self, rounds: int) -> None:
@@ -257,7 +258,11 @@ class Node:
             payload = outbox[dst]
             entry = encoded.get(id(payload))
             if entry is None:
-                tensors = {k: self.codec.encode(v) for k, v in payload.tensors.items()}
+                # An algorithm that compressed a tensor itself hands over its EncodedTensor.
+                tensors = {
+                    k: v if isinstance(v, EncodedTensor) else self.codec.encode(v)
+                    for k, v in payload.tensors.items()
+                }
                 size = sum(e.nbytes for e in tensors.values()) + 8 * len(payload.scalars)
                 entry = encoded[id(payload)] = (tensors, size)
             await send(

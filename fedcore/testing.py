@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from fedcore.algorithms import Algorithm, Outbox, RoundContext, make_algorithm
+from fedcore.compression import Codec, get_codec
 from fedcore.config import Config, config_from_dict, config_to_dict
 from fedcore.data import Dataset
 from fedcore.messages import Message, Payload
@@ -159,6 +160,7 @@ def lockstep(
     drop: Callable[[str, str, int, int], bool] | None = None,
     states: Mapping[str, Any] | None = None,
     on_round: Callable[[int, dict[str, Any]], None] | None = None,
+    codecs: Mapping[str, Codec] | None = None,
 ) -> dict[str, Any]:
     """Run ``algorithm``'s pure update rules on every node of ``graph``, with no transport.
 
@@ -178,6 +180,8 @@ def lockstep(
         drop: ``drop(sender, receiver, round, phase) -> True`` loses that message.
         states: Start from these states instead of ``algorithm.init(params)``.
         on_round: Called with ``(round, states)`` after each round.
+        codecs: Node id -> the codec it compresses with (algorithms that compress
+            themselves use it; none means lossless).
 
     Returns:
         Node id -> final algorithm state.
@@ -199,6 +203,7 @@ def lockstep(
                 out_weights=g.out_weights(n),
                 in_weights=g.in_weights(n),
                 nodes=graph.nodes,
+                codec=codecs.get(n) if codecs is not None else None,
             )
             for n in nodes
         }
@@ -229,8 +234,15 @@ def _snapshot(outboxes: Mapping[str, Outbox]) -> dict[str, dict[str, Payload]]:
         box: dict[str, Payload] = {}
         for dst, payload in outbox.items():
             if id(payload) not in seen:
+                # What a receiver gets: a private copy, decoded if the sender encoded it.
                 seen[id(payload)] = Payload(
-                    {k: v.clone() for k, v in payload.tensors.items()}, dict(payload.scalars)
+                    {
+                        k: v.clone()
+                        if isinstance(v, torch.Tensor)
+                        else get_codec(v.codec).decode(v)
+                        for k, v in payload.tensors.items()
+                    },
+                    dict(payload.scalars),
                 )
             box[dst] = seen[id(payload)]
         copies[sender] = box

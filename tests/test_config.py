@@ -312,7 +312,15 @@ def test_config_to_dict_flattens_options_into_their_table() -> None:
     assert tables["algorithm"]["beta"] == 0.9
     assert "options" not in tables["algorithm"]
     assert tables["model"]["width"] == 4
-    assert list(tables) == ["run", "topology", "algorithm", "data", "model", "transport"]
+    assert list(tables) == [
+        "run",
+        "topology",
+        "algorithm",
+        "data",
+        "model",
+        "compression",
+        "transport",
+    ]
 
 
 def test_section_classes_validate_directly() -> None:

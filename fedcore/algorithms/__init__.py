@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext
+from fedcore.algorithms.compressed import CHOCO, CHOCOState, DeepSqueeze, DeepSqueezeState
 from fedcore.algorithms.dpsgd import DPSGD, DPSGDState, gossip_mix
 from fedcore.algorithms.ops import OPS, OPSState, push_shares, push_sum_mix
 from fedcore.algorithms.reference import Central, Local, ModelState
@@ -18,11 +19,15 @@ from fedcore.errors import ConfigError
 
 __all__ = [
     "ALGORITHMS",
+    "CHOCO",
     "DPSGD",
     "OPS",
     "Algorithm",
+    "CHOCOState",
     "Central",
     "DPSGDState",
+    "DeepSqueeze",
+    "DeepSqueezeState",
     "Inbox",
     "Local",
     "ModelState",
@@ -40,6 +45,8 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "dpsgd": DPSGD,
     "local": Local,
     "central": Central,
+    "deepsqueeze": DeepSqueeze,
+    "choco": CHOCO,
 }
 
 

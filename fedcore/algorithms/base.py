@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from fedcore.compression import Codec
 from fedcore.messages import Payload
 
 __all__ = ["Algorithm", "Inbox", "Outbox", "RoundContext"]
@@ -47,6 +48,8 @@ class RoundContext:
         out_weights: Out-neighbour -> share of this node's value it receives.
         in_weights: In-neighbour -> share of that neighbour's value this node receives.
         nodes: Every node of the graph, in graph order (for algorithms that address all).
+        codec: This node's codec, for algorithms that compress what they send themselves
+            (DeepSqueeze, CHOCO); ``None`` means lossless.
     """
 
     node: str
@@ -56,6 +59,7 @@ class RoundContext:
     out_weights: Mapping[str, float]
     in_weights: Mapping[str, float]
     nodes: tuple[str, ...] = ()
+    codec: Codec | None = None
 
 
 class Algorithm(Protocol):

@@ -46,7 +46,7 @@ def gossip_mix(
         w = in_weights.get(sender)
         if w is None:
             raise AlgorithmError(f"gossip message from {sender!r}, which is not an in-neighbour.")
-        out.add_(payload.tensors["x"], alpha=w)
+        out.add_(payload.tensor("x"), alpha=w)
     return out
 
 

@@ -64,7 +64,7 @@ def push_sum_mix(
     new_omega = omega * self_weight
     for sender, payload in inbox.items():
         try:
-            new_x.add_(payload.tensors["x"])
+            new_x.add_(payload.tensor("x"))
             new_omega += float(payload.scalars["omega"])
         except KeyError as exc:
             raise AlgorithmError(f"push-sum message from {sender!r} lacks {exc}.") from None

@@ -89,7 +89,7 @@ class Central(_ModelOnly):
         values = dict(inbox.items())
         values[ctx.node] = Payload({"x": state.x})
         order = ctx.nodes or tuple(sorted(values))
-        present = [values[n].tensors["x"] for n in order if n in values]
+        present = [values[n].tensor("x") for n in order if n in values]
         if not present:
             raise AlgorithmError(f"node {ctx.node}: nothing to average at round {ctx.round}.")
         total = torch.zeros_like(state.x)

@@ -260,7 +260,7 @@ class SignCodec:
                 dtype=dtype,
                 shape=tuple(tensor.shape),
                 data=bits,
-                params={"chunk": 0.0, "scale": scale},
+                params={"scale": scale},
             )
         pad = -n % self.chunk
         padded = torch.cat([x.abs(), x.new_zeros(pad)]).reshape(-1, self.chunk)
@@ -279,7 +279,8 @@ class SignCodec:
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
         """Expand the bits to ``±scale``."""
         n = _numel(encoded, self.name)
-        chunk = _int_param(encoded, "chunk", self.name, 0, 1 << 40)
+        chunked = "chunk" in encoded.params  # absent: one scale for the whole tensor
+        chunk = _int_param(encoded, "chunk", self.name, 1, 1 << 40) if chunked else 0
         nbits = (n + 7) // 8
         scales_count = 0 if chunk == 0 else -(-n // chunk)
         _expect(encoded, nbits + 4 * scales_count, self.name)

@@ -11,11 +11,12 @@ import torch
 
 from fedcore.compression.base import Codec, RawCodec
 from fedcore.compression.codecs import CastCodec, QSGDCodec, RandKCodec, SignCodec, TopKCodec
+from fedcore.config import CODECS as CODECS_IN_CONFIG
 from fedcore.errors import CompressionError
 
 __all__ = ["CODECS", "CODEC_NAMES", "get_codec", "make_codec"]
 
-CODEC_NAMES = ("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk")
+CODEC_NAMES = CODECS_IN_CONFIG
 """The codecs a config may name (``compression.codec``)."""
 
 CODECS: dict[str, Codec] = {

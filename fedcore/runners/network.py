@@ -15,6 +15,7 @@ import torch
 
 from fedcore import topology
 from fedcore.algorithms import Algorithm, make_algorithm
+from fedcore.compression import make_codec
 from fedcore.config import Config, TopologyConfig, fingerprint
 from fedcore.data import BatchStream, Dataset, load_dataset, partition
 from fedcore.errors import DataError
@@ -182,6 +183,13 @@ class RunSetup:
             transport=transport,
             options=self.options,
             params=self.start,
+            codec=make_codec(
+                self.config.compression.codec,
+                bits=self.config.compression.bits,
+                ratio=self.config.compression.ratio,
+                chunk=self.config.compression.chunk,
+                seed=self.config.run.seed * 1_000_003 + i + 7919,
+            ),
             observer=observer,
             decode_cache=decode_cache,
         )

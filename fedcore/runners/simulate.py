@@ -244,6 +244,7 @@ def make_summary(
     for key in ("kind", "round", "bytes_sent_per_node"):
         final.pop(key, None)
     totals = observer.totals
+    numel = next(iter(final_params.values())).numel()
     return {
         "name": name,
         "algorithm": algorithm,
@@ -267,6 +268,14 @@ def make_summary(
             "messages_late": totals["messages_late"],
             "messages_rejected": totals["messages_rejected"],
             "bytes_per_node_per_round": totals["bytes_sent"] / (n * rounds),
+            "codec": config.compression.codec,
+            # Every message carries one model-sized tensor: what fp32 would have sent for
+            # the same messages, over what was sent (payload bytes, headers excluded).
+            "compression_ratio_vs_fp32": (
+                totals["messages_sent"] * 4 * numel / totals["bytes_sent"]
+                if totals["bytes_sent"]
+                else None
+            ),
         },
         "missing_rounds": observer.missing,
         "params_sha256": {nid: params_sha256(final_params[nid]) for nid in observer.nodes},

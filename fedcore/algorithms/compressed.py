@@ -1,0 +1,174 @@
+"""Compressed gossip: DeepSqueeze and CHOCO-SGD.
+
+Both send what the node's codec (``RoundContext.codec``) makes of a vector, and both keep
+locally exactly the value the receivers decode, so no information is lost that the
+algorithm does not account for. Both need a symmetric graph with doubly stochastic weights.
+
+**DeepSqueeze** (Tang, Lian, Qiu, Yuan, Zhang, Zhang, Liu, arXiv 1907.07346):
+error-compensated compression of the *full model*, adapt-then-combine::
+
+    x_half = x - lr * g
+    v      = x_half + delta            # error compensation
+    c      = C(v);  delta = v - c      # the error is remembered, never lost
+    send c to every neighbour
+    x      = x_half + eta * (sum_j W_ji c_j + W_ii c - c)
+
+The mix uses the node's *own compressed* ``c``, so the mean moves exactly by the mean
+gradient step whatever the codec (invariant I-DS-2). A missing neighbour's ``c_j`` is
+replaced by the node's own ``c`` (its weight moves to the self term).
+
+**CHOCO-SGD** (Koloskova, Stich, Jaggi, ICML 2019): compressed *differences* to public
+copies ``xhat`` that every neighbour keeps identically::
+
+    x_half   = x - lr * g
+    q        = C(x_half - xhat_i);  xhat_i += q;  send q
+    xhat_j  += q_j   for every neighbour j that sent
+    x        = x_half + gamma * sum_j W_ji (xhat_j - xhat_i)
+
+CHOCO assumes every message arrives: a lost ``q_j`` leaves this node's copy of ``xhat_j``
+behind for good (the replicas diverge), so use it in strict mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+
+from fedcore.algorithms.base import Inbox, Outbox, RoundContext
+from fedcore.compression import Codec, RawCodec
+from fedcore.errors import ConfigError
+from fedcore.messages import EncodedTensor, Payload
+
+__all__ = ["CHOCO", "CHOCOState", "DeepSqueeze", "DeepSqueezeState", "compress"]
+
+_LOSSLESS = RawCodec()
+
+
+def compress(codec: Codec | None, v: torch.Tensor) -> tuple[EncodedTensor, torch.Tensor]:
+    """``(encoded, decoded)``: what goes on the wire and exactly what receivers will decode."""
+    c = codec if codec is not None else _LOSSLESS
+    encoded = c.encode(v)
+    return encoded, c.decode(encoded)
+
+
+def _check_step(name: str, value: float, key: str) -> None:
+    if not 0 < value <= 1:
+        raise ConfigError(f"algorithm {name!r}: {key} = {value} must be in (0, 1].")
+
+
+class DeepSqueezeState(NamedTuple):
+    """Model ``x``, compression error ``delta``, and this round's own compressed ``c``."""
+
+    x: torch.Tensor
+    delta: torch.Tensor
+    c: torch.Tensor | None
+
+
+class DeepSqueeze:
+    """DeepSqueeze (see the module docstring); ``eta`` is the consensus step."""
+
+    name = "deepsqueeze"
+    mixing = "doubly-stochastic"
+    phases = 1
+
+    def __init__(self, eta: float = 0.2) -> None:
+        """``eta`` in (0, 1]: 0.1-0.2 suits 1-bit codecs (reference/algorithms.md)."""
+        _check_step(self.name, eta, "eta")
+        self.eta = eta
+
+    def init(self, params: torch.Tensor) -> DeepSqueezeState:
+        """Start from ``params`` with no compression error."""
+        return DeepSqueezeState(params.clone(), torch.zeros_like(params), None)
+
+    def model(self, state: DeepSqueezeState) -> torch.Tensor:
+        """The model ``x``."""
+        return state.x
+
+    def step(
+        self, state: DeepSqueezeState, grad: torch.Tensor, ctx: RoundContext
+    ) -> tuple[DeepSqueezeState, Outbox]:
+        """Gradient step, error-compensated compression of the model, send ``C(v)``."""
+        x_half = state.x - ctx.lr * grad
+        v = x_half + state.delta
+        encoded, c = compress(ctx.codec, v)
+        payload = Payload({"c": encoded})
+        return DeepSqueezeState(x_half, v - c, c), dict.fromkeys(ctx.out_weights, payload)
+
+    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
+        """Every neighbour."""
+        return tuple(ctx.in_weights)
+
+    def mix(
+        self, state: DeepSqueezeState, phase: int, inbox: Inbox, ctx: RoundContext
+    ) -> tuple[DeepSqueezeState, Outbox]:
+        """``x = x_half + eta * sum_j W_ji (c_j - c)``; a missing ``c_j`` counts as ``c``."""
+        assert state.c is not None, "mix before step"
+        pull = torch.zeros_like(state.x)
+        for sender, payload in inbox.items():
+            pull.add_(payload.tensor("c") - state.c, alpha=ctx.in_weights[sender])
+        x = state.x + self.eta * pull
+        return DeepSqueezeState(x, state.delta, None), {}
+
+
+class CHOCOState(NamedTuple):
+    """Model ``x``, own public copy ``xhat``, and the copies of the neighbours' ``xhat``."""
+
+    x: torch.Tensor
+    xhat: torch.Tensor
+    neighbours: Mapping[str, torch.Tensor]
+
+
+class CHOCO:
+    """CHOCO-SGD (see the module docstring); ``gamma`` is the consensus step."""
+
+    name = "choco"
+    mixing = "doubly-stochastic"
+    phases = 1
+
+    def __init__(self, gamma: float = 0.5) -> None:
+        """``gamma`` in (0, 1]; smaller for coarser codecs and smaller spectral gaps."""
+        _check_step(self.name, gamma, "gamma")
+        self.gamma = gamma
+
+    def init(self, params: torch.Tensor) -> CHOCOState:
+        """Public copies start at zero, as in the paper."""
+        return CHOCOState(params.clone(), torch.zeros_like(params), {})
+
+    def model(self, state: CHOCOState) -> torch.Tensor:
+        """The model ``x``."""
+        return state.x
+
+    def step(
+        self, state: CHOCOState, grad: torch.Tensor, ctx: RoundContext
+    ) -> tuple[CHOCOState, Outbox]:
+        """Gradient step; compress the difference to the public copy; update that copy."""
+        x_half = state.x - ctx.lr * grad
+        encoded, q = compress(ctx.codec, x_half - state.xhat)
+        xhat = state.xhat + q
+        payload = Payload({"q": encoded})
+        outbox = dict.fromkeys(ctx.out_weights, payload)
+        return CHOCOState(x_half, xhat, state.neighbours), outbox
+
+    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
+        """Every neighbour."""
+        return tuple(ctx.in_weights)
+
+    def mix(
+        self, state: CHOCOState, phase: int, inbox: Inbox, ctx: RoundContext
+    ) -> tuple[CHOCOState, Outbox]:
+        """Update the neighbours' copies with what arrived, then the consensus step."""
+        copies = dict(state.neighbours)
+        for sender, payload in inbox.items():
+            previous = copies.get(sender)
+            q = payload.tensor("q")
+            copies[sender] = q.clone() if previous is None else previous + q
+        pull = torch.zeros_like(state.x)
+        for j, w in ctx.in_weights.items():
+            copy = copies.get(j)
+            pull.add_(
+                (copy if copy is not None else torch.zeros_like(state.x)) - state.xhat, alpha=w
+            )
+        x = state.x + self.gamma * pull
+        return CHOCOState(x, state.xhat, copies), {}
