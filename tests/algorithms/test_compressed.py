@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.algorithms import CHOCO, DeepSqueeze, DeepSqueezeState
+from fedcore.algorithms import CHOCO, Algorithm, DeepSqueeze, DeepSqueezeState
 from fedcore.compression import Codec, make_codec
 from fedcore.errors import ConfigError
 from fedcore.testing import lockstep
@@ -31,24 +34,33 @@ def _stack(states: dict[str, object], field: str = "x") -> torch.Tensor:
     return torch.stack([getattr(s, field) for s in states.values()])
 
 
+def _rounds_follow_exact_sgd(
+    algo: Algorithm, graph: TrustGraph, seed: int, codec: str
+) -> Iterator[dict[str, Any]]:
+    """Run 5 rounds; assert each moves the mean by exactly -lr * mean g; yield the states."""
+    weighted = metropolis_hastings(graph)
+    codecs = _codecs(graph, codec)
+    grad = _grad(seed)
+    states = {n: algo.init(p) for n, p in random_params(graph, seed, D).items()}
+    for t in range(5):
+        before = _stack(states).mean(0)
+        mean_g = torch.stack([grad(n, t, s.x) for n, s in states.items()]).mean(0)
+        states = lockstep(
+            algo, weighted, {}, rounds=1, lr=0.1, states=states, codecs=codecs,
+            grad=lambda n, _t, m, t=t: grad(n, t, m),
+        )  # fmt: skip
+        assert torch.allclose(_stack(states).mean(0), before - 0.1 * mean_g, atol=1e-10)
+        yield states
+
+
 @given(connected_undirected_graphs(), st.integers(0, 1000), st.sampled_from(CODECS))
 @settings(max_examples=30)
 def test_mean_follows_exact_sgd_whatever_the_codec(
     graph: TrustGraph, seed: int, codec: str
 ) -> None:
     """I-DS-2: x_bar(t+1) = x_bar(t) - lr * mean g, for any codec and doubly stochastic W."""
-    weighted = metropolis_hastings(graph)
-    codecs = _codecs(graph, codec)
-    grad = _grad(seed)
-    states = {n: DeepSqueeze(eta=0.3).init(p) for n, p in random_params(graph, seed, D).items()}
-    for t in range(5):
-        before = _stack(states).mean(0)
-        mean_g = torch.stack([grad(n, t, s.x) for n, s in states.items()]).mean(0)
-        states = lockstep(
-            DeepSqueeze(eta=0.3), weighted, {}, rounds=1, lr=0.1, states=states, codecs=codecs,
-            grad=lambda n, _t, m, t=t: grad(n, t, m),
-        )  # fmt: skip
-        assert torch.allclose(_stack(states).mean(0), before - 0.1 * mean_g, atol=1e-10)
+    for _ in _rounds_follow_exact_sgd(DeepSqueeze(eta=0.3), graph, seed, codec):
+        pass
 
 
 @pytest.mark.parametrize("codec", CODECS)
@@ -137,18 +149,7 @@ def test_choco_mean_preserved_and_replicas_identical(
     graph: TrustGraph, seed: int, codec: str
 ) -> None:
     """I-CH-1: the consensus step preserves the mean; every copy of xhat_j equals node j's own."""
-    weighted = metropolis_hastings(graph)
-    codecs = _codecs(graph, codec)
-    grad = _grad(seed)
-    states = {n: CHOCO(gamma=0.4).init(p) for n, p in random_params(graph, seed, D).items()}
-    for t in range(5):
-        before = _stack(states).mean(0)
-        mean_g = torch.stack([grad(n, t, s.x) for n, s in states.items()]).mean(0)
-        states = lockstep(
-            CHOCO(gamma=0.4), weighted, {}, rounds=1, lr=0.1, states=states, codecs=codecs,
-            grad=lambda n, _t, m, t=t: grad(n, t, m),
-        )  # fmt: skip
-        assert torch.allclose(_stack(states).mean(0), before - 0.1 * mean_g, atol=1e-10)
+    for states in _rounds_follow_exact_sgd(CHOCO(gamma=0.4), graph, seed, codec):
         for i, s in states.items():
             for j, copy in s.neighbours.items():
                 assert torch.equal(copy, states[j].xhat), (i, j)
