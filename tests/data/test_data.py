@@ -363,3 +363,19 @@ def test_batch_stream_errors() -> None:
         stream(4, 0)
     with pytest.raises(DataError, match="no training examples"):
         BatchStream(torch.zeros(0, 2), torch.zeros(0, dtype=torch.int64), batch_size=2, seed=0)
+
+
+def test_mnist1d_is_generated_offline_and_seeded() -> None:
+    import numpy as np
+
+    from fedcore.data import mnist1d
+
+    np.random.seed(123)
+    before = np.random.random()
+    np.random.seed(123)
+    a = mnist1d(seed=1, test_fraction=0.25, num_samples=400)
+    assert np.random.random() == before  # the global NumPy state is left as it was
+    b = mnist1d(seed=1, test_fraction=0.25, num_samples=400)
+    assert a.x_train.shape == (300, 40) and a.x_test.shape == (100, 40)
+    assert torch.equal(a.x_train, b.x_train) and a.num_classes == 10
+    assert set(a.y_train.tolist()) == set(range(10))
