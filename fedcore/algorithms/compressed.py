@@ -31,6 +31,7 @@ behind for good (the replicas diverge), so use it in strict mode.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -38,7 +39,7 @@ import torch
 
 from fedcore.algorithms.base import Inbox, Outbox, RoundContext
 from fedcore.compression import Codec, RawCodec
-from fedcore.errors import ConfigError
+from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import EncodedTensor, Payload
 
 __all__ = ["CHOCO", "CHOCOState", "DeepSqueeze", "DeepSqueezeState", "compress"]
@@ -46,8 +47,21 @@ __all__ = ["CHOCO", "CHOCOState", "DeepSqueeze", "DeepSqueezeState", "compress"]
 _LOSSLESS = RawCodec()
 
 
-def compress(codec: Codec | None, v: torch.Tensor) -> tuple[EncodedTensor, torch.Tensor]:
-    """``(encoded, decoded)``: what goes on the wire and exactly what receivers will decode."""
+def compress(
+    codec: Codec | None, v: torch.Tensor, ctx: RoundContext
+) -> tuple[EncodedTensor, torch.Tensor]:
+    """``(encoded, decoded)``: what goes on the wire and exactly what receivers will decode.
+
+    Raises:
+        AlgorithmError: ``v`` is no longer finite (the run diverged), naming node and round.
+    """
+    if not math.isfinite(float(v.sum())):
+        raise AlgorithmError(
+            f"node {ctx.node} diverged at round {ctx.round}: the vector to compress is not "
+            "finite. Lower algorithm.lr or the consensus step, or use a codec with a smaller "
+            "error (unbiased codecs with few levels, such as qsgd with 2 bits, have a variance "
+            "that error feedback can amplify)."
+        )
     c = codec if codec is not None else _LOSSLESS
     encoded = c.encode(v)
     return encoded, c.decode(encoded)
@@ -92,7 +106,7 @@ class DeepSqueeze:
         """Gradient step, error-compensated compression of the model, send ``C(v)``."""
         x_half = state.x - ctx.lr * grad
         v = x_half + state.delta
-        encoded, c = compress(ctx.codec, v)
+        encoded, c = compress(ctx.codec, v, ctx)
         payload = Payload({"c": encoded})
         return DeepSqueezeState(x_half, v - c, c), dict.fromkeys(ctx.out_weights, payload)
 
@@ -145,7 +159,7 @@ class CHOCO:
     ) -> tuple[CHOCOState, Outbox]:
         """Gradient step; compress the difference to the public copy; update that copy."""
         x_half = state.x - ctx.lr * grad
-        encoded, q = compress(ctx.codec, x_half - state.xhat)
+        encoded, q = compress(ctx.codec, x_half - state.xhat, ctx)
         xhat = state.xhat + q
         payload = Payload({"q": encoded})
         outbox = dict.fromkeys(ctx.out_weights, payload)
