@@ -1,0 +1,988 @@
+# ruff: noqa: E402  (fedcore is imported after the checkout root is put on sys.path)
+"""Codec speed and wire size: fedcore's codecs against a memory-copy floor.
+
+Two measurements.
+
+**Speed.** Every codec ``fedcore.compression.make_codec`` builds (raw, fp32, fp16, bf16,
+qsgd with 2/4/8 bits, sign per tensor and per 4096 values, topk and randk at 1%) encodes
+and decodes one float32 tensor of each ``--sizes`` (default 1M and 16M values). Encode,
+decode and the two together are timed in the same call (three clock readings), repeats
+interleave the codecs (the order rotates each repeat) and the tables give medians. Speed is
+GB/s of input, 4 bytes per value / seconds, next to the floor measured in the same run:
+``dst.copy_(src)`` into a preallocated tensor of the same size. Target (from the issue):
+sign, QSGD-8 and fp16 encode *and* decode at least 0.2x the copy's GB/s.
+
+Beside it: exact ``torch.topk`` at the largest size and 1% against two threshold selections
+written here (the k-th magnitude estimated from a random sample; then either an exact
+fix-up on the candidates or the threshold alone), and a timing of the steps of every codec
+that misses its target plus topk and randk, with measured sketches of fixes.
+
+**Wire size.** One message of a ``--wire-params`` (default 1,000,000) parameter model: a
+float32 tensor ``"x"`` and the push-sum scalar ``"omega"``. For every codec: the ideal
+payload (the codec's ``wire_bytes(n)`` and the information-theoretic size: n*bits/8 for
+the packed formats, 8k for topk, 4k for randk), the bytes fedcore's gRPC wire carries (the
+sum of the lengths of ``fedcore.transport.grpc.serde.message_to_wire(message)``, exactly
+what goes into gRPC messages), and the overhead. gRPC's own framing (5 bytes per gRPC
+message, 9 bytes per HTTP/2 DATA frame of at most 16 KiB) is an estimate, reported apart.
+Target: at most 2% framing overhead.
+
+Usage::
+
+    python benchmarks/codec_speed.py [--sizes 1000000 16000000] [--repeats 5]
+        [--out benchmarks/results/codecs.json] [--wire-params 1000000]
+        [--malloc tuned|default] [--threads 1]
+
+(The file is named like the standard library's ``codecs``; running it as a script is
+safe because Python imports the standard ``codecs`` before the script's folder is on
+``sys.path``. Do not import it as a module from ``benchmarks/``.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+# Runnable as `python benchmarks/codec_speed.py` from a checkout without installing fedcore.
+_ROOT = Path(__file__).resolve().parent.parent
+if importlib.util.find_spec("fedcore") is None and (_ROOT / "fedcore").is_dir():
+    sys.path.insert(0, str(_ROOT))
+
+import _common  # benchmarks/_common.py, beside this script
+
+from fedcore.compression import make_codec
+from fedcore.compression.codecs import _pack, _unpack  # mirrored in the step timings
+from fedcore.messages import EncodedTensor, Message
+from fedcore.runners.peer import tune_malloc
+from fedcore.transport.grpc.serde import CHUNK_BYTES, MessageAssembler, message_to_wire
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "codecs.json"
+
+# (label, make_codec name, make_codec options)
+CODECS: list[tuple[str, str, dict[str, Any]]] = [
+    ("raw", "raw", {}),
+    ("fp32", "fp32", {}),
+    ("fp16", "fp16", {}),
+    ("bf16", "bf16", {}),
+    ("qsgd-2", "qsgd", {"bits": 2}),
+    ("qsgd-4", "qsgd", {"bits": 4}),
+    ("qsgd-8", "qsgd", {"bits": 8}),
+    ("sign", "sign", {"chunk": 0}),
+    ("sign-4096", "sign", {"chunk": 4096}),
+    ("topk-1%", "topk", {"ratio": 0.01}),
+    ("randk-1%", "randk", {"ratio": 0.01}),
+]
+SPEED_TARGET = 0.2  # codec GB/s / copy GB/s, for encode and for decode
+TARGETED = ("fp16", "qsgd-8", "sign", "sign-4096")
+ALWAYS_PROFILED = ("topk-1%", "randk-1%")  # no target: reported, and their steps timed
+WIRE_TARGET = 0.02  # (wire - ideal) / ideal
+GRPC_PREFIX = 5  # bytes before every gRPC message: compressed flag + 4-byte length
+HTTP2_FRAME_HEADER = 9
+HTTP2_MAX_FRAME = 16384  # HTTP/2's initial SETTINGS_MAX_FRAME_SIZE: the most frames
+TOPK_SAMPLE = 1 << 16  # magnitudes sampled to estimate the k-th largest
+
+
+def gbps(n: int, seconds: float) -> float:
+    """GB/s of float32 input: 4 bytes per value."""
+    return 4 * n / seconds / 1e9 if seconds > 0 else math.inf
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+# --------------------------------------------------------------------------- speed
+
+
+def bench_speed(n: int, repeats: int, seed: int) -> dict[str, Any]:
+    """Median encode/decode/round-trip seconds of every codec and of the copy floor."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    dst = torch.empty_like(x)
+    codecs = {label: make_codec(name, seed=seed, **opts) for label, name, opts in CODECS}
+    # Warm-up: the first call of each op and the first use of each buffer size.
+    dst.copy_(x)
+    for codec in codecs.values():
+        out = codec.decode(codec.encode(x))
+        if out.shape != x.shape or out.dtype != x.dtype:
+            raise SystemExit(f"{codec.name}: decode returned {out.dtype} {tuple(out.shape)}.")
+        del out
+    copy_s: list[float] = []
+    times: dict[str, dict[str, list[float]]] = {
+        label: {"encode": [], "decode": [], "roundtrip": []} for label in codecs
+    }
+    labels = list(codecs)
+    for r in range(repeats):
+        gc.collect()
+        shift = r % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            # The floor is timed after every codec, so that it runs in the same cache state
+            # as the codecs do (after other work), not back to back with itself.
+            t0 = time.perf_counter()
+            dst.copy_(x)
+            copy_s.append(time.perf_counter() - t0)
+            codec = codecs[label]
+            t0 = time.perf_counter()
+            encoded = codec.encode(x)
+            t1 = time.perf_counter()
+            decoded = codec.decode(encoded)
+            t2 = time.perf_counter()
+            del encoded, decoded
+            times[label]["encode"].append(t1 - t0)
+            times[label]["decode"].append(t2 - t1)
+            times[label]["roundtrip"].append(t2 - t0)
+    floor = median(copy_s)
+    rows = []
+    for label, t in times.items():
+        row: dict[str, Any] = {"size": n, "codec": label}
+        for part in ("encode", "decode", "roundtrip"):
+            s = median(t[part])
+            row[f"{part}_ms"] = 1e3 * s
+            row[f"{part}_gbps"] = gbps(n, s)
+            row[f"{part}_ratio"] = floor / s  # = codec GB/s / copy GB/s
+            row[f"{part}_raw_s"] = t[part]
+        if label in TARGETED:
+            row["target_met"] = min(row["encode_ratio"], row["decode_ratio"]) >= SPEED_TARGET
+        rows.append(row)
+    return {
+        "size": n,
+        "copy_ms": 1e3 * floor,
+        "copy_gbps": gbps(n, floor),
+        "copy_raw_s": copy_s,
+        "rows": rows,
+    }
+
+
+def format_floor_table(speed: list[dict[str, Any]]) -> str:
+    lines = [
+        "|     values | copy ms | copy GB/s (4 B/value) |",
+        "|-----------:|--------:|----------------------:|",
+    ]
+    for s in speed:
+        lines.append(f"| {s['size']:>10,} | {s['copy_ms']:>7.2f} | {s['copy_gbps']:>21.2f} |")
+    return "\n".join(lines)
+
+
+def format_speed_table(speed: list[dict[str, Any]]) -> str:
+    head = (
+        "|     values | codec     | encode ms | decode ms | enc+dec ms | encode GB/s "
+        "| decode GB/s | enc+dec GB/s | encode/copy | decode/copy | enc+dec/copy | target |"
+    )
+    rule = (
+        "|-----------:|-----------|----------:|----------:|-----------:|------------:"
+        "|------------:|-------------:|------------:|------------:|-------------:|:------:|"
+    )
+    lines = [head, rule]
+    for s in speed:
+        for r in s["rows"]:
+            met = r.get("target_met")
+            verdict = "" if met is None else ("met" if met else "MISSED")
+            lines.append(
+                f"| {r['size']:>10,} | {r['codec']:<9} | {r['encode_ms']:>9.2f} "
+                f"| {r['decode_ms']:>9.2f} | {r['roundtrip_ms']:>10.2f} "
+                f"| {r['encode_gbps']:>11.3f} | {r['decode_gbps']:>11.3f} "
+                f"| {r['roundtrip_gbps']:>12.3f} | {r['encode_ratio']:>11.3f} "
+                f"| {r['decode_ratio']:>11.3f} | {r['roundtrip_ratio']:>12.3f} | {verdict:^6} |"
+            )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- top-k study
+
+
+def select_exact(x: torch.Tensor, k: int) -> torch.Tensor:
+    """What TopKCodec does: exact top-k of |x|, indices sorted."""
+    return torch.topk(x.abs(), k, sorted=False).indices.sort().values
+
+
+def _sample_threshold(a: torch.Tensor, kept: int, gen: torch.Generator) -> float:
+    """The ``kept``-th largest of TOPK_SAMPLE magnitudes drawn uniformly (with replacement)."""
+    sample = a[torch.randint(0, a.numel(), (TOPK_SAMPLE,), generator=gen)]
+    return float(torch.topk(sample, kept, sorted=False).values.min())
+
+
+def select_threshold_fixup(
+    x: torch.Tensor, k: int, gen: torch.Generator
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """Exact top-k through a threshold: every value at or above a sampled threshold set low
+    enough that at least k pass (with high probability), then top-k of those candidates.
+
+    The candidates hold the k largest whenever there are at least k of them, so the result is
+    the exact top-k (ties aside); if fewer pass, the margin doubles, then full topk is used.
+    """
+    n = x.numel()
+    a = x.abs()
+    expect = TOPK_SAMPLE * k / n  # sampled values expected above the true k-th magnitude
+    info = {"candidates": 0, "retries": 0, "fallback": 0}
+    if expect < 8 or n < 4 * TOPK_SAMPLE:
+        info["fallback"] = 1
+        return select_exact(x, k), info
+    for sigmas in (4.0, 8.0):
+        kept = min(TOPK_SAMPLE, math.ceil(expect + sigmas * math.sqrt(expect)))
+        threshold = _sample_threshold(a, kept, gen)
+        candidates = torch.nonzero(a >= threshold).squeeze(1)  # sorted indices
+        info["candidates"] = int(candidates.numel())
+        if candidates.numel() >= k:
+            pick = torch.topk(a[candidates], k, sorted=False).indices.sort().values
+            return candidates[pick], info
+        info["retries"] += 1
+    info["fallback"] = 1
+    return select_exact(x, k), info
+
+
+def select_threshold_only(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Approximate: everything at or above the sample's estimate of the k-th magnitude."""
+    a = x.abs()
+    kept = max(1, round(TOPK_SAMPLE * k / x.numel()))
+    return torch.nonzero(a >= _sample_threshold(a, kept, gen)).squeeze(1)
+
+
+def bench_topk(n: int, ratio: float, repeats: int, seed: int) -> dict[str, Any]:
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed + 1))
+    k = math.ceil(ratio * n)
+    gen = torch.Generator().manual_seed(seed + 2)
+    exact = select_exact(x, k)
+    select_threshold_fixup(x, k, gen)  # warm-up
+    select_threshold_only(x, k, gen)
+    t: dict[str, list[float]] = {"exact": [], "fixup": [], "threshold": []}
+    fixup_exact: list[bool] = []
+    fixup_info: list[dict[str, int]] = []
+    counts: list[int] = []
+    recalls: list[float] = []
+    exact_set = torch.zeros(n, dtype=torch.bool)
+    exact_set[exact] = True
+    for r in range(repeats):
+        gc.collect()
+        order = ["exact", "fixup", "threshold"]
+        for method in order[r % 3 :] + order[: r % 3]:
+            t0 = time.perf_counter()
+            if method == "exact":
+                sel = select_exact(x, k)
+            elif method == "fixup":
+                sel, info = select_threshold_fixup(x, k, gen)
+            else:
+                sel = select_threshold_only(x, k, gen)
+            t[method].append(time.perf_counter() - t0)
+            if method == "fixup":
+                fixup_exact.append(bool(torch.equal(sel, exact)))
+                fixup_info.append(info)
+            elif method == "threshold":
+                counts.append(int(sel.numel()))
+                recalls.append(float(exact_set[sel].sum()) / k)
+    med = {m: median(v) for m, v in t.items()}
+    return {
+        "size": n,
+        "ratio": ratio,
+        "k": k,
+        "sample": TOPK_SAMPLE,
+        "exact_ms": 1e3 * med["exact"],
+        "fixup_ms": 1e3 * med["fixup"],
+        "threshold_ms": 1e3 * med["threshold"],
+        "fixup_speedup": med["exact"] / med["fixup"],
+        "threshold_speedup": med["exact"] / med["threshold"],
+        "fixup_equals_exact": fixup_exact,
+        "fixup_info": fixup_info,
+        "threshold_counts": counts,
+        "threshold_count_over_k": [c / k for c in counts],
+        "threshold_recall": recalls,
+        "raw_s": t,
+    }
+
+
+def format_topk_table(study: dict[str, Any], encode_ms: float | None) -> str:
+    k = study["k"]
+    over = study["threshold_count_over_k"]
+    cands = [i["candidates"] for i in study["fixup_info"]]
+    fallbacks = sum(i["fallback"] for i in study["fixup_info"])
+    retries = sum(i["retries"] for i in study["fixup_info"])
+    same = sum(study["fixup_equals_exact"])
+    reps = len(study["fixup_equals_exact"])
+    rec = study["threshold_recall"]
+    lines = [
+        f"top-k selection, {study['size']:,} values, k = {k:,} ({study['ratio']:.0%}), "
+        f"sample {study['sample']:,}:",
+        "",
+        "| method | ms (median) | speed-up vs torch.topk | result |",
+        "|--------|------------:|-----------------------:|--------|",
+        f"| `torch.topk(abs, k)` + sort indices (what TopKCodec does) | {study['exact_ms']:.1f} "
+        f"| 1.00 | exact, k values |",
+        f"| sampled threshold, candidates `>=` it, `topk` on candidates + sort "
+        f"| {study['fixup_ms']:.1f} | {study['fixup_speedup']:.2f} "
+        f"| equal to torch.topk's set in {same}/{reps} repeats; candidates "
+        f"{min(cands) / k:.2f}-{max(cands) / k:.2f} k; {retries} retries, "
+        f"{fallbacks} fallbacks |",
+        f"| sampled threshold alone (`nonzero(abs >= t)`) | {study['threshold_ms']:.1f} "
+        f"| {study['threshold_speedup']:.2f} | count {min(over):.3f}-{max(over):.3f} k; "
+        f"recall of the true top-k {min(rec):.3f}-{max(rec):.3f} |",
+    ]
+    if encode_ms is not None:
+        lines.append(f"\n(the whole TopKCodec.encode at this size: {encode_ms:.1f} ms)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- step timing
+
+# Each generator mirrors one codec method of fedcore/compression/codecs.py step by step,
+# yielding a label after each step; run_steps times the gaps. The "sum of steps" column
+# beside the codec's own median shows whether the mirror still matches the code.
+
+StepGen = Iterator[str]
+
+
+def steps_cast_fp16_encode(x: torch.Tensor) -> StepGen:
+    h = x.detach().reshape(-1).to(torch.float16)
+    yield "x.to(float16)"
+    arr = h.numpy().astype("<f2", copy=False)
+    yield ".numpy().astype('<f2', copy=False)"
+    arr.tobytes()
+    yield ".tobytes() (copy out)"
+
+
+def steps_cast_fp16_decode(data: bytes) -> StepGen:
+    values = torch.from_numpy(np.frombuffer(data, dtype="<f2").copy())
+    yield "frombuffer(...).copy()"
+    values.to(torch.float32)
+    yield "float16 -> float32 (_restore)"
+
+
+def steps_qsgd_encode(x: torch.Tensor, bits: int, gen: torch.Generator) -> StepGen:
+    s = 2 ** (bits - 1) - 1
+    xf = x.detach().reshape(-1).to(torch.float32)
+    norm = float(torch.linalg.vector_norm(xf.to(torch.float64)))
+    yield "L2 norm (x.to(float64) then vector_norm)"
+    scaled = xf.abs() * (s / norm)
+    yield "scaled = |x| * s / norm"
+    low = scaled.floor()
+    yield "low = scaled.floor()"
+    draws = torch.rand(xf.shape, generator=gen)
+    yield "torch.rand(n) (one float32 draw per value)"
+    up = draws < (scaled - low)
+    yield "up = draws < scaled - low"
+    levels = (low + up.to(low.dtype)).clamp_(max=s) * torch.sign(xf)
+    yield "levels = (low + up).clamp_(s) * sign(x)"
+    codes = (levels + s).to(torch.uint8).numpy()
+    yield "codes = (levels + s).to(uint8)"
+    _pack(codes, bits)
+    yield f"_pack ({bits} bits)"
+
+
+def steps_qsgd_decode(encoded: EncodedTensor) -> StepGen:
+    bits = int(encoded.params["bits"])
+    norm = encoded.params["norm"]
+    s = 2 ** (bits - 1) - 1
+    n = math.prod(encoded.shape)
+    codes = _unpack(encoded.data, bits, n)
+    yield f"_unpack ({bits} bits)"
+    int(codes.max())
+    yield "range check codes.max()"
+    levels = torch.from_numpy(codes.astype(np.float32)) - s
+    yield "codes.astype(float32) - s"
+    levels * (norm / s)
+    yield "levels * norm / s"
+
+
+def two_level_norm(x: torch.Tensor) -> float:
+    """L2 norm: float32 norms of 1024-value rows, combined in float64 (no float64 copy)."""
+    cut = x.numel() - x.numel() % 1024
+    rows = torch.linalg.vector_norm(x[:cut].view(-1, 1024), dim=1).double()
+    return math.sqrt(float(rows.square().sum()) + float(x[cut:].double().square().sum()))
+
+
+def steps_qsgd_encode_sketch(x: torch.Tensor, bits: int, rng: np.random.Generator) -> StepGen:
+    """A proposed eager encode, same wire format: ``floor(scaled + u)`` rounds up with
+    probability ``frac(scaled)`` (unbiased, as now) in place, and the draws come from
+    numpy's PCG64 (seeded from the codec's torch generator) instead of ``torch.rand``."""
+    s = 2 ** (bits - 1) - 1
+    xf = x.detach().reshape(-1)
+    norm = two_level_norm(xf)
+    yield "L2 norm, two-level float32/float64"
+    v = xf.abs().mul_(s / norm)
+    yield "v = |x| * s / norm (mul_ in place)"
+    u = torch.from_numpy(rng.random(xf.numel(), dtype=np.float32))
+    yield "numpy PCG64 random(n, float32)"
+    v.add_(u).floor_().clamp_(max=s)
+    yield "v = floor(v + u).clamp(s), in place"
+    torch.copysign(v, xf, out=v).add_(s)
+    yield "codes = copysign(v, x) + s, in place"
+    codes = v.to(torch.uint8).numpy()
+    yield "to(uint8)"
+    _pack(codes, bits)
+    yield f"_pack ({bits} bits)"
+
+
+def qsgd_sketch_bytes(x: torch.Tensor, bits: int, rng: np.random.Generator) -> EncodedTensor:
+    """The sketch's output, for checking that fedcore's decoder reads it within norm/s."""
+    s = 2 ** (bits - 1) - 1
+    norm = two_level_norm(x)
+    v = x.abs().mul_(s / norm)
+    v.add_(torch.from_numpy(rng.random(x.numel(), dtype=np.float32))).floor_().clamp_(max=s)
+    torch.copysign(v, x, out=v).add_(s)
+    return EncodedTensor(
+        codec="qsgd",
+        dtype="float32",
+        shape=tuple(x.shape),
+        data=_pack(v.to(torch.uint8).numpy(), bits),
+        params={"bits": float(bits), "norm": norm},
+    )
+
+
+def steps_sign_encode(x: torch.Tensor, chunk: int) -> StepGen:
+    xf = x.detach().reshape(-1).to(torch.float32)
+    ge = xf >= 0
+    yield "x >= 0"
+    bits = np.packbits(ge.numpy(), bitorder="little").tobytes()
+    yield "np.packbits + tobytes"
+    n = xf.numel()
+    if chunk == 0:
+        float(xf.abs().mean())
+        yield "scale = |x|.mean()"
+        return
+    pad = -n % chunk
+    padded = torch.cat([xf.abs(), xf.new_zeros(pad)]).reshape(-1, chunk)
+    yield "cat(|x|, zero pad) (copy)"
+    counts = torch.full((padded.shape[0],), float(chunk))
+    if pad:
+        counts[-1] = chunk - pad
+    scales = (padded.sum(dim=1) / counts).numpy().astype("<f4")
+    yield "per-chunk sums / counts"
+    bits + scales.tobytes()
+    yield "bits + scales (concat copy)"
+
+
+def steps_sign_decode(encoded: EncodedTensor) -> StepGen:
+    n = math.prod(encoded.shape)
+    chunk = int(encoded.params.get("chunk", 0))
+    nbits = (n + 7) // 8
+    signs = np.unpackbits(
+        np.frombuffer(encoded.data, dtype=np.uint8, count=nbits), count=n, bitorder="little"
+    )
+    yield "np.unpackbits"
+    values = torch.from_numpy(signs.astype(np.float32) * 2 - 1)
+    yield "astype(float32) * 2 - 1"
+    if chunk == 0:
+        values *= encoded.params["scale"]
+        yield "*= scale"
+        return
+    scales = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4", offset=nbits).copy())
+    bool(torch.isfinite(scales).all())
+    yield "scales frombuffer + finite check"
+    expanded = scales.repeat_interleave(chunk)[:n]
+    yield "scales.repeat_interleave(chunk)"
+    values *= expanded
+    yield "values *= expanded scales"
+
+
+def steps_sign_encode_sketch(x: torch.Tensor, chunk: int) -> StepGen:
+    """A proposed encode, same bytes: mean magnitudes as L1 norms, with no |x| temporary
+    (and no padded copy when chunked)."""
+    xf = x.detach().reshape(-1)
+    n = xf.numel()
+    bits = np.packbits((xf >= 0).numpy(), bitorder="little").tobytes()
+    yield "x >= 0, np.packbits + tobytes"
+    if chunk == 0:
+        float(torch.linalg.vector_norm(xf, ord=1)) / n
+        yield "scale = vector_norm(x, ord=1) / n"
+        return
+    cut = n - n % chunk
+    sums = torch.linalg.vector_norm(xf[:cut].view(-1, chunk), ord=1, dim=1) / chunk
+    if cut < n:
+        sums = torch.cat([sums, xf[cut:].abs().mean().reshape(1)])
+    yield "scales = vector_norm(chunks, ord=1, dim=1) / chunk (+ the tail)"
+    bits + sums.numpy().astype("<f4").tobytes()
+    yield "bits + scales"
+
+
+def sign_sketch_decode(encoded: EncodedTensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """A proposed decode: one float32 allocation, scaled in place, chunks scaled as a 2-D
+    view (no repeat_interleave). Yields (step, values so far); the last is the result."""
+    n = math.prod(encoded.shape)
+    chunk = int(encoded.params.get("chunk", 0))
+    nbits = (n + 7) // 8
+    signs = np.unpackbits(
+        np.frombuffer(encoded.data, dtype=np.uint8, count=nbits), count=n, bitorder="little"
+    )
+    yield "np.unpackbits", torch.empty(0)
+    values = torch.from_numpy(signs).to(torch.float32)
+    yield "to(float32) (one allocation)", values
+    if chunk == 0:
+        scale = encoded.params["scale"]
+        values.mul_(2 * scale).sub_(scale)
+        yield "mul_(2 scale).sub_(scale) in place", values
+        return
+    scales = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4", offset=nbits).copy())
+    values.mul_(2).sub_(1)
+    yield "mul_(2).sub_(1) in place", values
+    cut = n - n % chunk
+    values[:cut].view(-1, chunk).mul_(scales[: cut // chunk, None])
+    if cut < n:
+        values[cut:].mul_(scales[-1])
+    yield "chunks *= scales as a 2-D view", values
+
+
+def steps_sign_decode_sketch(encoded: EncodedTensor) -> StepGen:
+    for label, _ in sign_sketch_decode(encoded):
+        yield label
+
+
+def steps_topk_encode(x: torch.Tensor, ratio: float) -> StepGen:
+    xf = x.detach().reshape(-1).to(torch.float32)
+    k = math.ceil(ratio * xf.numel())
+    a = xf.abs()
+    yield "|x|"
+    top = torch.topk(a, k, sorted=False).indices
+    yield "torch.topk(|x|, k, sorted=False)"
+    idx = top.sort().values.to(torch.int64)
+    yield "sort the k indices"
+    values = xf[idx]
+    yield "gather x[idx]"
+    data = idx.numpy().astype("<u4").tobytes() + values.numpy().astype("<f4").tobytes()
+    yield "indices -> <u4, values -> <f4, tobytes, concat"
+    del data
+
+
+def steps_topk_decode(encoded: EncodedTensor) -> StepGen:
+    n = math.prod(encoded.shape)
+    k = int(encoded.params["k"])
+    idx = np.frombuffer(encoded.data, dtype="<u4", count=k).astype(np.int64)
+    yield "indices frombuffer -> int64"
+    int(idx.max())
+    yield "range check idx.max()"
+    values = np.frombuffer(encoded.data, dtype="<f4", count=k, offset=4 * k)
+    out = torch.zeros(n, dtype=torch.float32)
+    yield "torch.zeros(n)"
+    out[torch.from_numpy(idx)] = torch.from_numpy(values.copy())
+    yield "scatter values"
+
+
+def steps_randk_encode(x: torch.Tensor, ratio: float, gen: torch.Generator) -> StepGen:
+    xf = x.detach().reshape(-1).to(torch.float32)
+    n = xf.numel()
+    k = math.ceil(ratio * n)
+    seed = int(torch.randint(0, 2**53, (1,), generator=gen))
+    idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k]
+    yield "torch.randperm(n)[:k] (the indices)"
+    values = xf[idx] * (n / k)
+    yield "gather x[idx] * n/k"
+    values.numpy().astype("<f4").tobytes()
+    yield "values tobytes"
+
+
+def steps_randk_decode(encoded: EncodedTensor) -> StepGen:
+    n = math.prod(encoded.shape)
+    k = int(encoded.params["k"])
+    seed = int(encoded.params["seed"])
+    out = torch.zeros(n, dtype=torch.float32)
+    yield "torch.zeros(n)"
+    values = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4").copy())
+    idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k]
+    yield "torch.randperm(n)[:k] (regenerate the indices)"
+    out[idx] = values
+    yield "scatter values"
+
+
+def draw_k_distinct(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """k distinct indices, uniform over k-subsets, in O(k log k): distinct values of k * 9/8
+    uniform draws with replacement are a uniform subset of their size, and a random k of them
+    a uniform k-subset. (A proposal for RandKCodec: it changes what a seed means, so it would
+    need a new codec name or a parameter, not a silent change.)"""
+    while True:
+        draws: torch.Tensor = torch.unique(torch.randint(0, n, (k + k // 8 + 16,), generator=gen))
+        if draws.numel() >= k:
+            return draws[torch.randperm(draws.numel(), generator=gen)[:k]]
+
+
+def steps_randk_sketch(n: int, ratio: float, gen: torch.Generator) -> StepGen:
+    k = math.ceil(ratio * n)
+    torch.randperm(n, generator=gen)[:k]
+    yield "now: torch.randperm(n)[:k]"
+    draw_k_distinct(n, k, gen)
+    yield "proposed: k distinct from randint + unique + randperm(k')"
+
+
+def run_steps(make: Callable[[], StepGen], repeats: int) -> list[dict[str, Any]]:
+    """Median seconds of each labelled step over ``repeats`` runs of the generator."""
+    per: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        gc.collect()
+        steps = make()
+        t0 = time.perf_counter()
+        for label in steps:
+            t1 = time.perf_counter()
+            per.setdefault(label, []).append(t1 - t0)
+            t0 = time.perf_counter()
+    return [{"step": label, "ms": 1e3 * median(v)} for label, v in per.items()]
+
+
+def profile_codec(
+    label: str, n: int, repeats: int, seed: int, measured: dict[str, Any]
+) -> dict[str, Any]:
+    """Step timings of ``label``'s encode and decode at ``n`` values (and sketches of fixes)."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed + 3))
+    name, opts = next((nm, o) for lb, nm, o in CODECS if lb == label)
+    codec = make_codec(name, seed=seed, **opts)
+    encoded = codec.encode(x)
+    gen = torch.Generator().manual_seed(seed)
+    parts: dict[str, Callable[[], StepGen]] = {}
+    if name == "fp16":
+        parts["encode"] = lambda: steps_cast_fp16_encode(x)
+        parts["decode"] = lambda: steps_cast_fp16_decode(encoded.data)
+    elif name == "qsgd":
+        bits = opts["bits"]
+        rng = np.random.Generator(np.random.PCG64(seed))
+        parts["encode"] = lambda: steps_qsgd_encode(x, bits, gen)
+        parts["decode"] = lambda: steps_qsgd_decode(encoded)
+        parts["encode, proposed sketch"] = lambda: steps_qsgd_encode_sketch(x, bits, rng)
+    elif name == "sign":
+        parts["encode"] = lambda: steps_sign_encode(x, opts["chunk"])
+        parts["decode"] = lambda: steps_sign_decode(encoded)
+        parts["encode, proposed sketch"] = lambda: steps_sign_encode_sketch(x, opts["chunk"])
+        parts["decode, proposed sketch"] = lambda: steps_sign_decode_sketch(encoded)
+    elif name == "topk":
+        parts["encode"] = lambda: steps_topk_encode(x, opts["ratio"])
+        parts["decode"] = lambda: steps_topk_decode(encoded)
+    elif name == "randk":
+        parts["encode"] = lambda: steps_randk_encode(x, opts["ratio"], gen)
+        parts["decode"] = lambda: steps_randk_decode(encoded)
+        parts["index draw, proposed"] = lambda: steps_randk_sketch(n, opts["ratio"], gen)
+    result: dict[str, Any] = {"codec": label, "size": n, "parts": {}}
+    for part, make in parts.items():
+        make_gen = make
+        for _ in make_gen():  # warm-up
+            pass
+        steps = run_steps(make_gen, repeats)
+        total = sum(s["ms"] for s in steps)
+        for s in steps:
+            s["share"] = s["ms"] / total if total else 0.0
+        codec_ms = measured.get(f"{part}_ms")
+        result["parts"][part] = {"steps": steps, "sum_ms": total, "codec_median_ms": codec_ms}
+    if name == "qsgd":
+        sketch = qsgd_sketch_bytes(x, opts["bits"], np.random.Generator(np.random.PCG64(seed)))
+        err = float((codec.decode(sketch) - x).abs().max())
+        bound = sketch.params["norm"] / (2 ** (opts["bits"] - 1) - 1)
+        result["sketch_decodes_within_norm_over_s"] = err <= bound * (1 + 1e-5)
+    if name == "sign":
+        *_, (_, values) = sign_sketch_decode(encoded)
+        result["sketch_decode_matches"] = bool(
+            torch.allclose(values, codec.decode(encoded), rtol=1e-6, atol=0)
+        )
+    return result
+
+
+def quantize_given_draws(x: torch.Tensor, u: torch.Tensor, factor: float) -> torch.Tensor:
+    """QSGD-8's element-wise work in one expression: codes from x, draws u and s / norm."""
+    v = (x.abs() * factor + u).floor().clamp(max=127.0)
+    return (torch.copysign(v, x) + 127.0).to(torch.uint8)
+
+
+def bench_fused_sketch(n: int, repeats: int, seed: int) -> dict[str, Any]:
+    """``--fused-sketch``: QSGD-8's element-wise part eager against ``torch.compile`` (one
+    fused loop), the draws given. Shows what fusing buys once the random draws are cheap."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed + 5))
+    u = torch.rand(n, generator=torch.Generator().manual_seed(seed + 6))
+    factor = 127 / two_level_norm(x)
+    try:
+        compiled = torch.compile(quantize_given_draws, dynamic=False)
+        t0 = time.perf_counter()
+        fused = compiled(x, u, factor)
+        compile_s = time.perf_counter() - t0
+    except Exception as exc:  # no C++ compiler, unsupported platform...
+        return {"error": repr(exc)}
+    eager = quantize_given_draws(x, u, factor)
+    t: dict[str, list[float]] = {"eager": [], "compiled": []}
+    for _ in range(repeats):
+        gc.collect()
+        for label, fn in (("eager", quantize_given_draws), ("compiled", compiled)):
+            t0 = time.perf_counter()
+            fn(x, u, factor)
+            t[label].append(time.perf_counter() - t0)
+    return {
+        "size": n,
+        "compile_s": compile_s,
+        "eager_ms": 1e3 * median(t["eager"]),
+        "compiled_ms": 1e3 * median(t["compiled"]),
+        "codes_differing": int((fused != eager).sum()),
+        "raw_s": t,
+    }
+
+
+def format_steps(profile: dict[str, Any]) -> str:
+    lines = [f"{profile['codec']} at {profile['size']:,} values:", ""]
+    lines.append("| part | step | ms | share |")
+    lines.append("|------|------|---:|------:|")
+    for part, p in profile["parts"].items():
+        for s in p["steps"]:
+            lines.append(f"| {part} | {s['step']} | {s['ms']:.1f} | {s['share']:.0%} |")
+        tail = f"sum of steps {p['sum_ms']:.1f} ms"
+        if p["codec_median_ms"] is not None:
+            tail += f" (codec's median in the speed table: {p['codec_median_ms']:.1f} ms)"
+        lines.append(f"| {part} | *{tail}* | | |")
+    if "sketch_decodes_within_norm_over_s" in profile:
+        ok = profile["sketch_decodes_within_norm_over_s"]
+        lines.append(f"\nsketch's bytes decode with fedcore within norm/s: {'yes' if ok else 'NO'}")
+    if "sketch_decode_matches" in profile:
+        ok = profile["sketch_decode_matches"]
+        lines.append(f"\nsketch's decode equals fedcore's (rtol 1e-6): {'yes' if ok else 'NO'}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- wire size
+
+
+def ideal_bytes(name: str, opts: dict[str, Any], n: int, encoded: EncodedTensor) -> int:
+    """Information-theoretic payload: the bits the format needs for n values."""
+    if name in ("raw", "fp32"):
+        return 4 * n
+    if name in ("fp16", "bf16"):
+        return 2 * n
+    if name == "qsgd":
+        return math.ceil(n * int(opts["bits"]) / 8)
+    if name == "sign":
+        chunk = opts["chunk"]
+        return math.ceil(n / 8) + (4 * math.ceil(n / chunk) if chunk else 0)
+    k = int(encoded.params["k"])
+    return 8 * k if name == "topk" else 4 * k
+
+
+def grpc_framing_estimate(chunks: list[bytes]) -> int:
+    """gRPC's length prefix per message and HTTP/2 DATA frame headers (16 KiB frames)."""
+    total = 0
+    for c in chunks:
+        framed = len(c) + GRPC_PREFIX
+        total += GRPC_PREFIX + HTTP2_FRAME_HEADER * math.ceil(framed / HTTP2_MAX_FRAME)
+    return total
+
+
+def bench_wire(n: int, seed: int) -> list[dict[str, Any]]:
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed + 4))
+    run_id = hashlib.sha256(b"fedcore codecs benchmark").hexdigest()  # a fingerprint's length
+    rows = []
+    for label, name, opts in CODECS:
+        codec = make_codec(name, seed=seed, **opts)
+        encoded = codec.encode(x)
+        wire_bytes = getattr(codec, "wire_bytes", None)
+        declared = wire_bytes(n) if wire_bytes is not None else 4 * n
+        row: dict[str, Any] = {
+            "codec": label,
+            "params": n,
+            "data_bytes": len(encoded.data),
+            "wire_bytes_n": declared,
+            "ideal_bytes": ideal_bytes(name, opts, n, encoded),
+        }
+        for style, scalars in (("pushsum", {"omega": 0.125}), ("plain", {})):
+            message = Message(
+                run=run_id,
+                round=100,
+                phase=0,
+                sender="n3",
+                receiver="n4",
+                tensors={"x": encoded},
+                scalars=scalars,
+            )
+            chunks = list(message_to_wire(message))
+            assembler = MessageAssembler(limit_bytes=1 << 40)
+            for c in chunks:
+                assembler.add(c)
+            back = assembler.finish()
+            if back.tensors["x"].data != encoded.data or dict(back.scalars) != scalars:
+                raise SystemExit(f"{label}: the wire does not reassemble into the message.")
+            wire = sum(len(c) for c in chunks)
+            grpc = grpc_framing_estimate(chunks)
+            row[style] = {
+                "chunks": len(chunks),
+                "header_bytes": len(chunks[0]),
+                "data_framing_bytes": wire - len(chunks[0]) - len(encoded.data),
+                "wire_bytes": wire,
+                "fedcore_nbytes": message.nbytes,
+                "overhead": (wire - row["ideal_bytes"]) / row["ideal_bytes"],
+                "overhead_vs_wire_bytes_n": (wire - declared) / declared,
+                "header_share": len(chunks[0]) / wire,
+                "grpc_estimate_bytes": grpc,
+                "overhead_with_grpc": (wire + grpc - row["ideal_bytes"]) / row["ideal_bytes"],
+                "target_met": (wire - row["ideal_bytes"]) / row["ideal_bytes"] <= WIRE_TARGET,
+            }
+        rows.append(row)
+    return rows
+
+
+def format_wire_table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| codec     |   ideal B | wire_bytes(n) | fedcore wire B | header B | data framing B "
+        "| overhead vs ideal | header share | + gRPC/HTTP2 est. B | overhead incl. est. "
+        "| target |"
+    )
+    rule = (
+        "|-----------|----------:|--------------:|---------------:|---------:|---------------:"
+        "|------------------:|-------------:|--------------------:|--------------------:"
+        "|:------:|"
+    )
+    lines = [head, rule]
+    for r in rows:
+        p = r["pushsum"]
+        lines.append(
+            f"| {r['codec']:<9} | {r['ideal_bytes']:>9,} | {r['wire_bytes_n']:>13,} "
+            f"| {p['wire_bytes']:>14,} | {p['header_bytes']:>8} | {p['data_framing_bytes']:>14} "
+            f"| {100 * p['overhead']:>16.3f}% | {100 * p['header_share']:>11.3f}% "
+            f"| {p['grpc_estimate_bytes']:>19,} | {100 * p['overhead_with_grpc']:>18.3f}% "
+            f"| {'met' if p['target_met'] else 'MISSED':^6} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 16_000_000])
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats (default 5)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--wire-params", type=int, default=1_000_000, help="model size of the wire table"
+    )
+    parser.add_argument(
+        "--malloc",
+        choices=("tuned", "default"),
+        default="tuned",
+        help="tuned (default): fedcore.runners.peer.tune_malloc() first, as `fedcore node` "
+        "does; default: glibc's own settings",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fused-sketch",
+        action="store_true",
+        help="also time QSGD-8's element-wise work under torch.compile (needs a C++ "
+        "compiler; the first call compiles, about 25 s here)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    malloc_tuned = tune_malloc() if args.malloc == "tuned" else False
+    torch.set_num_threads(args.threads)
+    began = time.perf_counter()
+    info = _common.machine_info(malloc_tuned=malloc_tuned, numpy=np.__version__)
+
+    speed = []
+    for n in args.sizes:
+        s = bench_speed(n, args.repeats, args.seed)
+        speed.append(s)
+        print(f"speed at {n:,} values done ({time.perf_counter() - began:.0f} s)", flush=True)
+    print()
+    print("copy floor (dst.copy_(src), preallocated dst):")
+    print(format_floor_table(speed))
+    print()
+    print(format_speed_table(speed))
+
+    largest = max(args.sizes)
+    top = speed[args.sizes.index(largest)]
+    topk_row = next(r for r in top["rows"] if r["codec"] == "topk-1%")
+    study = bench_topk(largest, 0.01, args.repeats, args.seed)
+    print()
+    print(format_topk_table(study, topk_row["encode_ms"]))
+
+    missed = sorted(
+        {r["codec"] for s in speed for r in s["rows"] if r.get("target_met") is False},
+        key=[c[0] for c in CODECS].index,
+    )
+    profiles = []
+    for label in [*missed, *ALWAYS_PROFILED]:
+        measured = next(r for r in top["rows"] if r["codec"] == label)
+        profiles.append(profile_codec(label, largest, args.repeats, args.seed, measured))
+        print()
+        print(format_steps(profiles[-1]))
+
+    fused = None
+    if args.fused_sketch:
+        fused = bench_fused_sketch(largest, args.repeats, args.seed)
+        print()
+        if "error" in fused:
+            print(f"fused sketch: torch.compile failed: {fused['error']}")
+        else:
+            print(
+                f"QSGD-8 element-wise work at {largest:,} values, draws given: eager "
+                f"{fused['eager_ms']:.1f} ms, torch.compile (fused) {fused['compiled_ms']:.1f} ms "
+                f"(compile {fused['compile_s']:.0f} s; {fused['codes_differing']} codes differ)"
+            )
+
+    wire = bench_wire(args.wire_params, args.seed)
+    print()
+    print(f"wire size, one message of a {args.wire_params:,}-parameter model (x + omega):")
+    print(format_wire_table(wire))
+
+    print()
+    for s in speed:
+        for r in s["rows"]:
+            if "target_met" in r:
+                verdict = "meets" if r["target_met"] else "MISSES"
+                print(
+                    f"{r['codec']:<9} at {r['size']:>10,}: encode {r['encode_ratio']:.3f}x, "
+                    f"decode {r['decode_ratio']:.3f}x of copy: {verdict} the "
+                    f">= {SPEED_TARGET}x target"
+                )
+    worst = max(wire, key=lambda r: r["pushsum"]["overhead"])
+    print(
+        f"wire overhead: at most {100 * worst['pushsum']['overhead']:.3f}% ({worst['codec']}); "
+        f"target <= {100 * WIRE_TARGET:.0f}%: "
+        f"{'met' if all(r['pushsum']['target_met'] for r in wire) else 'MISSED'}"
+    )
+    wall = time.perf_counter() - began
+    info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    print(f"wall time {wall:.1f} s")
+
+    report = {
+        "benchmark": "fedcore codecs: speed against a copy floor, and gRPC wire size",
+        "command": " ".join(
+            ["python", "benchmarks/codec_speed.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "settings": {
+            "sizes": args.sizes,
+            "repeats": args.repeats,
+            "torch_threads": args.threads,
+            "malloc": args.malloc,
+            "seed": args.seed,
+            "codecs": [{"label": lb, "name": nm, "options": o} for lb, nm, o in CODECS],
+            "input": "torch.randn(n) float32",
+            "gbps": "4 bytes per value / median seconds / 1e9 (encode, decode, or both)",
+            "floor": "dst.copy_(src) into a preallocated tensor, timed once before each "
+            "codec's turn (so after other work, as the codecs are), median",
+            "speed_target": f"encode and decode each >= {SPEED_TARGET}x the copy's GB/s for "
+            f"{', '.join(TARGETED)}",
+            "wire_message": "run = 64-char fingerprint, round 100, phase 0, n3 -> n4, tensor "
+            "'x' (and scalar 'omega' in the push-sum rows)",
+            "wire": "sum of len() of serde.message_to_wire(message) chunks "
+            f"(CHUNK_BYTES = {CHUNK_BYTES})",
+            "grpc_estimate": f"{GRPC_PREFIX} B per gRPC message + {HTTP2_FRAME_HEADER} B per "
+            f"HTTP/2 DATA frame of <= {HTTP2_MAX_FRAME} B; per-call HEADERS, trailers and "
+            "the Ack not counted",
+            "wire_target": f"(wire - ideal) / ideal <= {WIRE_TARGET}",
+        },
+        "machine": info,
+        "speed": speed,
+        "topk_study": study,
+        "profiles": profiles,
+        "fused_sketch": fused,
+        "wire": wire,
+        "wall_s": wall,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
