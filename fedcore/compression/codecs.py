@@ -120,7 +120,9 @@ class CastCodec:
         elif self.name == "fp16":
             data = x.to(torch.float16).numpy().astype("<f2", copy=False).tobytes()
         else:  # bfloat16 has no numpy dtype: ship its 16 bits as int16
-            data = x.to(torch.bfloat16).view(torch.int16).numpy().astype("<i2", copy=False).tobytes()
+            data = (
+                x.to(torch.bfloat16).view(torch.int16).numpy().astype("<i2", copy=False).tobytes()
+            )
         return EncodedTensor(codec=self.name, dtype=dtype, shape=tuple(tensor.shape), data=data)
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
