@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,3 +33,10 @@ def machine_info(**extra: Any) -> dict[str, Any]:
         "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         **extra,
     }
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """Write a benchmark's JSON report (creating its folder) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path}")

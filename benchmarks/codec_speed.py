@@ -43,7 +43,6 @@ import argparse
 import gc
 import hashlib
 import importlib.util
-import json
 import math
 import os
 import statistics
@@ -978,9 +977,7 @@ def main(argv: list[str] | None = None) -> int:
         "wire": wire,
         "wall_s": wall,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    _common.write_report(args.out, report)
     return 0
 
 

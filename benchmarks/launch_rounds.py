@@ -459,10 +459,6 @@ def format_profile(n: int, peer: str, p: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- main
 
 
-def machine_info() -> dict[str, Any]:
-    return _common.machine_info()
-
-
 def format_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "|  N | start-up s | launch round s (steady) | slowest peer's wall_s, median "
@@ -507,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     began = time.perf_counter()
-    info = machine_info()
+    info = _common.machine_info()
     runs = args.out.parent / "launch-runs"
     profiled_n = max(args.peers)
     peer = None if args.profile_peer == "none" else args.profile_peer
@@ -577,9 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": rows,
         "wall_s": wall,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    _common.write_report(args.out, report)
     return 0
 
 

@@ -36,7 +36,6 @@ import cProfile
 import gc
 import importlib.util
 import io
-import json
 import math
 import os
 import pstats
@@ -316,10 +315,6 @@ def build_floor_dim(config: Config, dataset: Dataset) -> int:
 # --------------------------------------------------------------------------- output
 
 
-def machine_info() -> dict[str, Any]:
-    return _common.machine_info()
-
-
 def format_table(results: list[dict[str, Any]]) -> str:
     head = (
         "|   N | model  | rounds | fedcore node-rounds/s | floor node-rounds/s "
@@ -403,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     began = time.perf_counter()
-    info = machine_info()
+    info = _common.machine_info()
     dataset = load_dataset("digits", seed=0)
 
     checks = [
@@ -481,9 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "wall_s": wall,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    _common.write_report(args.out, report)
     return 0
 
 

@@ -992,9 +992,7 @@ async def main_async(args: argparse.Namespace, argv: list[str] | None) -> int:
         "variants": variants,
         "wall_s": wall,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    _common.write_report(args.out, report)
     return 0
 
 

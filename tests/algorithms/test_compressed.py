@@ -92,13 +92,18 @@ def test_error_feedback_telescopes(codec: str) -> None:
         )  # fmt: skip
 
 
-def test_identity_codec_and_eta_one_is_atc_dpsgd() -> None:
-    """I-DS-1: C = id, eta = 1 gives X(t+1) = (X(t) - lr G) W exactly."""
-    graph = metropolis_hastings(parse_spec("torus:3x3"))
+@pytest.mark.parametrize(
+    "algo,spec",
+    [(DeepSqueeze(eta=1.0), "torus:3x3"), (CHOCO(gamma=1.0), "ring:4")],
+    ids=["deepsqueeze-eta1", "choco-gamma1"],
+)
+def test_identity_codec_and_full_step_is_atc_dpsgd(algo: Algorithm, spec: str) -> None:
+    """I-DS-1 (and CHOCO's first step): C = id, step 1 gives X(t+1) = (X(t) - lr G) W."""
+    graph = metropolis_hastings(parse_spec(spec))
     assert isinstance(graph, TrustGraph)
     params = random_params(graph, 2, D)
     grad = _grad(2)
-    out = lockstep(DeepSqueeze(eta=1.0), graph, params, rounds=1, lr=0.1, grad=grad)
+    out = lockstep(algo, graph, params, rounds=1, lr=0.1, grad=grad)
     w = torch.from_numpy(graph.mixing_matrix())
     x_half = torch.stack([params[n] - 0.1 * grad(n, 0, params[n]) for n in graph.nodes])
     expected = w.T @ x_half
@@ -153,20 +158,6 @@ def test_choco_mean_preserved_and_replicas_identical(
         for i, s in states.items():
             for j, copy in s.neighbours.items():
                 assert torch.equal(copy, states[j].xhat), (i, j)
-
-
-def test_choco_identity_gamma_one_is_atc_after_first_step() -> None:
-    """With Q = id and gamma = 1, after the first step x = W x_half (ATC D-PSGD)."""
-    graph = metropolis_hastings(parse_spec("ring:4"))
-    assert isinstance(graph, TrustGraph)
-    params = random_params(graph, 5, D)
-    grad = _grad(5)
-    out = lockstep(CHOCO(gamma=1.0), graph, params, rounds=1, lr=0.1, grad=grad)
-    w = torch.from_numpy(graph.mixing_matrix())
-    x_half = torch.stack([params[n] - 0.1 * grad(n, 0, params[n]) for n in graph.nodes])
-    expected = w.T @ x_half
-    for i, n in enumerate(graph.nodes):
-        assert torch.allclose(out[n].x, expected[i], atol=1e-12)
 
 
 def test_options_are_validated() -> None:
