@@ -8,7 +8,7 @@ A config file has seven tables; every key is optional and defaults to the built-
     [algorithm]  name, lr, lr_schedule, and the algorithm's own options
     [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction
     [model]      name, hidden, dtype
-    [compression] codec, bits, ratio, chunk
+    [compression] codec, bits, ratio, chunk, scaled
     [transport]  kind, mode, deadline_s, strict_timeout_s, startup_timeout_s,
                  call_timeout_s, max_message_mb
 
@@ -187,14 +187,16 @@ class CompressionConfig:
 
     ``codec`` is one of ``CODECS``; ``bits`` applies to ``qsgd`` (2, 4 or 8), ``ratio`` (the
     fraction of values kept) to ``topk`` and ``randk``, ``chunk`` (values per scale, 0 for
-    one scale per tensor) to ``sign``. ``fp32`` is lossless for float32 models; ``raw``
-    keeps any dtype exactly.
+    one scale per tensor) to ``sign`` and ``qsgd``; ``scaled`` makes ``qsgd`` contractive (shrunk by
+    ``1 + omega``), as error-feedback methods need. ``fp32`` is lossless for float32 models;
+    ``raw`` keeps any dtype exactly.
     """
 
     codec: str = "fp32"
     bits: int = 8
     ratio: float = 0.01
     chunk: int = 0
+    scaled: bool = False
 
     def __post_init__(self) -> None:
         """Validate names and ranges."""

@@ -5,8 +5,9 @@ Algorithms see a model as one flat parameter vector. :class:`Objective` binds an
 parameters are views into one flat buffer and their gradients views into another, so
 evaluating the loss and gradient at a point is one copy in and one backward pass.
 
-Built-in models: ``logreg`` (multinomial logistic regression) and ``mlp`` (one hidden
-ReLU layer, ``model.hidden`` units). A user's model loads by import path:
+Built-in models: ``logreg`` (multinomial logistic regression), ``mlp`` (one hidden
+ReLU layer, ``model.hidden`` units) and ``cnn1d`` (two strided 1-D convolutions with
+``model.hidden`` channels, for signals like MNIST-1D). A user's model loads by import path:
 ``"pkg.module:factory"`` is called as ``factory(input_dim=..., num_classes=..., **options)``
 and returns an ``nn.Module`` mapping a batch of inputs to class logits.
 """
@@ -23,7 +24,7 @@ from torch.nn import functional
 from fedcore.data import resolve_factory
 from fedcore.errors import DataError
 
-__all__ = ["MODELS", "Objective", "build_model", "logreg", "mlp"]
+__all__ = ["MODELS", "Objective", "build_model", "cnn1d", "logreg", "mlp"]
 
 
 def logreg(*, input_dim: int, num_classes: int) -> nn.Module:
@@ -40,7 +41,27 @@ def mlp(*, input_dim: int, num_classes: int, hidden: int = 64) -> nn.Module:
     )
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {"logreg": logreg, "mlp": mlp}
+def cnn1d(*, input_dim: int, num_classes: int, hidden: int = 32) -> nn.Module:
+    """A small 1-D CNN for signals such as MNIST-1D: two strided convolutions, ``hidden``
+    channels, ReLU, then a linear layer on the flattened features."""
+    if hidden < 1:
+        raise DataError(f"model.hidden must be >= 1, got {hidden}.")
+    if input_dim < 8:
+        raise DataError(f"cnn1d needs signals of at least 8 values, got {input_dim}.")
+    length = (input_dim + 1) // 2  # after the first stride-2 convolution (kernel 5, pad 2)
+    length = (length + 1) // 2  # after the second
+    return nn.Sequential(
+        nn.Unflatten(1, (1, input_dim)),
+        nn.Conv1d(1, hidden, 5, stride=2, padding=2),
+        nn.ReLU(),
+        nn.Conv1d(hidden, hidden, 5, stride=2, padding=2),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(hidden * length, num_classes),
+    )
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {"logreg": logreg, "mlp": mlp, "cnn1d": cnn1d}
 
 
 def build_model(

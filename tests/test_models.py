@@ -17,7 +17,7 @@ CUSTOM = "examples.custom.my_experiment"
 DIM, CLASSES = 12, 5
 
 DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.float64, id="float64")]
-NAMES = ["logreg", "mlp"]
+NAMES = ["logreg", "mlp", "cnn1d"]
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +31,7 @@ def not_a_module(*, input_dim: int, num_classes: int) -> object:
 
 
 def make(name: str, seed: int = 0, **options: object) -> nn.Module:
-    if name == "mlp":
+    if name in ("mlp", "cnn1d"):
         options.setdefault("hidden", 7)
     return build_model(name, input_dim=DIM, num_classes=CLASSES, seed=seed, **options)
 
@@ -183,7 +183,7 @@ def test_initial_params_are_the_modules_and_a_copy() -> None:
 
 
 def test_builtin_registry() -> None:
-    assert sorted(MODELS) == ["logreg", "mlp"]
+    assert sorted(MODELS) == ["cnn1d", "logreg", "mlp"]
     assert MODELS["logreg"] is logreg and MODELS["mlp"] is mlp
 
 
@@ -207,6 +207,15 @@ def test_mlp_hidden_width() -> None:
     assert [m.out_features for m in module.modules() if isinstance(m, nn.Linear)] == [11, CLASSES]
     with pytest.raises(DataError, match="hidden"):
         make("mlp", hidden=0)
+
+
+@pytest.mark.parametrize("length", [8, 9, 40, 41])
+def test_cnn1d_shapes(length: int) -> None:
+    """Logits for any signal length from 8 up, odd ones included."""
+    module = build_model("cnn1d", input_dim=length, num_classes=CLASSES, seed=0, hidden=4)
+    assert module(torch.randn(3, length)).shape == (3, CLASSES)
+    with pytest.raises(DataError, match="at least 8"):
+        build_model("cnn1d", input_dim=7, num_classes=CLASSES, seed=0)
 
 
 def test_user_model_by_import_path_with_options() -> None:

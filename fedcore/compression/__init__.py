@@ -10,7 +10,14 @@ and ``randk`` are the packed lossy codecs (see :mod:`fedcore.compression.codecs`
 from __future__ import annotations
 
 from fedcore.compression.base import Codec, RawCodec
-from fedcore.compression.codecs import CastCodec, QSGDCodec, RandKCodec, SignCodec, TopKCodec
+from fedcore.compression.codecs import (
+    CastCodec,
+    QSGDCodec,
+    RandKCodec,
+    SignCodec,
+    TopKCodec,
+    topk_indices,
+)
 from fedcore.compression.registry import CODEC_NAMES, CODECS, get_codec, make_codec
 
 __all__ = [
@@ -25,4 +32,5 @@ __all__ = [
     "TopKCodec",
     "get_codec",
     "make_codec",
+    "topk_indices",
 ]

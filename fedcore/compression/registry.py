@@ -46,7 +46,13 @@ def get_codec(name: str) -> Codec:
 
 
 def make_codec(
-    name: str, *, bits: int = 8, ratio: float = 0.01, chunk: int = 0, seed: int = 0
+    name: str,
+    *,
+    bits: int = 8,
+    ratio: float = 0.01,
+    chunk: int = 0,
+    scaled: bool = False,
+    seed: int = 0,
 ) -> Codec:
     """An encoder: ``name`` with its options; ``seed`` seeds the stochastic ones.
 
@@ -57,7 +63,7 @@ def make_codec(
     if name in ("fp32", "fp16", "bf16"):
         return CastCodec(name)
     if name == "qsgd":
-        return QSGDCodec(bits, generator=generator)
+        return QSGDCodec(bits, chunk=chunk, scaled=scaled, generator=generator)
     if name == "sign":
         return SignCodec(chunk)
     if name == "topk":

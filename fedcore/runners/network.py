@@ -123,7 +123,7 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
 def make_objective(config: Config, dataset: Dataset) -> Objective:
     """The configured model, initialized from ``run.seed``, as a flat-parameter objective."""
     options = dict(config.model.options)
-    if config.model.name == "mlp":
+    if config.model.name in ("mlp", "cnn1d"):
         options["hidden"] = config.model.hidden
     module = build_model(
         config.model.name,
@@ -188,6 +188,7 @@ class RunSetup:
                 bits=self.config.compression.bits,
                 ratio=self.config.compression.ratio,
                 chunk=self.config.compression.chunk,
+                scaled=self.config.compression.scaled,
                 seed=self.config.run.seed * 1_000_003 + i + 7919,
             ),
             observer=observer,

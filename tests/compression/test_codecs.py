@@ -22,6 +22,7 @@ from fedcore.compression import (
     TopKCodec,
     get_codec,
     make_codec,
+    topk_indices,
 )
 from fedcore.errors import CompressionError
 from fedcore.messages import EncodedTensor
@@ -33,6 +34,8 @@ SETTINGS = {
     "qsgd-2": {"bits": 2},
     "qsgd-4": {"bits": 4},
     "qsgd-8": {"bits": 8},
+    "qsgd-4-chunked": {"bits": 4, "chunk": 5},
+    "qsgd-2-scaled": {"bits": 2, "chunk": 4, "scaled": True},
     "sign": {},
     "sign-chunked": {"chunk": 7},
     "topk": {"ratio": 0.1},
@@ -53,10 +56,16 @@ def _error_ok(key: str, x: torch.Tensor, y: torch.Tensor) -> bool:
     if key in ("fp16", "bf16"):
         rel = 2.0**-11 if key == "fp16" else 2.0**-8
         return bool(((flat_x - flat_y).abs() <= rel * flat_x.abs() + 1e-7).all())
-    if key.startswith("qsgd"):
+    if key.startswith("qsgd"):  # within one level of its bucket (a bucket's norm / s)
         s = 2 ** (int(key.split("-")[1]) - 1) - 1
-        norm = float(torch.linalg.vector_norm(flat_x))
-        return bool(((flat_x - flat_y).abs() <= norm / s * (1 + 1e-5) + 1e-6).all())
+        chunk = int(SETTINGS[key].get("chunk", 0)) or flat_x.numel()
+        pad = -flat_x.numel() % chunk
+        norms = torch.linalg.vector_norm(
+            torch.cat([flat_x, flat_x.new_zeros(pad)]).reshape(-1, chunk), dim=1
+        ).repeat_interleave(chunk)[: flat_x.numel()]
+        if key.endswith("scaled"):  # contractive: a shrunk copy of the unbiased quantization
+            flat_y = flat_y * (1 + QSGDCodec(2, chunk=chunk).omega(flat_x.numel()))
+        return bool(((flat_x - flat_y).abs() <= norms / s * (1 + 1e-5) + 1e-6).all())
     if key.startswith("sign"):  # every value is +-scale with the input's sign
         same = (flat_y >= 0) == (flat_x >= 0)
         return bool(same.all())
@@ -89,6 +98,12 @@ def test_round_trip_contract(key: str, x: torch.Tensor) -> None:
     assert _error_ok(key, x, y)
 
 
+def test_qsgd_size_is_bits_per_value_plus_bucket_norms() -> None:
+    x = torch.randn(1000)
+    assert len(QSGDCodec(2, chunk=100).encode(x).data) == 250 + 4 * 10
+    assert len(QSGDCodec(8, chunk=300).encode(x).data) == 1000 + 4 * 4
+
+
 def test_sign_size_is_one_bit_per_value_plus_scales() -> None:
     x = torch.randn(1000)
     assert len(SignCodec().encode(x).data) == 125
@@ -106,7 +121,9 @@ def test_topk_keeps_exactly_the_k_largest_magnitudes() -> None:
 
 
 @pytest.mark.parametrize(
-    "codec", [QSGDCodec(2), QSGDCodec(4), RandKCodec(0.1)], ids=["qsgd-2", "qsgd-4", "randk"]
+    "codec",
+    [QSGDCodec(2), QSGDCodec(4), QSGDCodec(2, chunk=8), RandKCodec(0.1)],
+    ids=["qsgd-2", "qsgd-4", "qsgd-2-chunked", "randk"],
 )
 def test_unbiased(codec: Codec) -> None:
     """The mean of many decodings approaches the input (fixed seed: deterministic)."""
@@ -118,6 +135,23 @@ def test_unbiased(codec: Codec) -> None:
     mean /= trials
     spread = float(x.abs().max()) * (10 if isinstance(codec, RandKCodec) else 2)
     assert float((mean - x.double()).abs().max()) < 4 * spread / math.sqrt(trials)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_scaled_qsgd_is_contractive(bits: int) -> None:
+    """Scaled QSGD is plain QSGD shrunk by 1 + omega, and E||C(x) - x||^2 < ||x||^2."""
+    x = torch.randn(500, generator=torch.Generator().manual_seed(3))
+    plain = QSGDCodec(bits, generator=torch.Generator().manual_seed(4))
+    scaled = QSGDCodec(bits, scaled=True, generator=torch.Generator().manual_seed(4))
+    shrink = 1 + scaled.omega(500)
+    errors, norm2 = [], float(x.square().sum())
+    for _ in range(200):
+        a, b = plain.decode(plain.encode(x)), get_codec("qsgd").decode(scaled.encode(x))
+        torch.testing.assert_close(b, a / shrink)
+        errors.append(float((b - x).square().sum()))
+    assert sum(errors) / len(errors) <= (1 - 1 / shrink) * norm2 * 1.05
+    if bits < 8:  # plain QSGD at few bits is not contractive: that is why scaling exists
+        assert float((a - x).square().sum()) > norm2
 
 
 def test_stochastic_codecs_replay_with_their_seed() -> None:
@@ -159,6 +193,7 @@ def test_bad_headers_raise_compression_error(key: str, corrupt: str) -> None:
         ("qsgd", {"bits": 3.0, "norm": 1.0}),
         ("qsgd", {"bits": 8.0, "norm": float("nan")}),
         ("qsgd", {"bits": 8.0}),
+        ("qsgd", {"bits": 8.0, "chunk": 0.5}),
         ("topk", {"k": 41.0}),
         ("topk", {"k": 2.5}),
         ("randk", {"k": 4.0, "seed": -1.0}),
@@ -216,3 +251,16 @@ def test_registry_errors_name_the_codec() -> None:
     assert set(CODEC_NAMES) == {"fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "raw"}
     assert set(CODEC_NAMES) <= set(CODECS)
     assert isinstance(get_codec("fp16"), CastCodec)
+
+
+@pytest.mark.parametrize("n", [300_000, 1_000_000])
+@pytest.mark.parametrize("ratio", [0.001, 0.01, 0.2])
+def test_threshold_topk_equals_exact_topk(n: int, ratio: float) -> None:
+    """The sampled-threshold selection returns exactly torch.topk's indices."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    k = math.ceil(ratio * n)
+    exact = torch.topk(x.abs(), k, sorted=False).indices.sort().values
+    assert torch.equal(topk_indices(x, k), exact)
+    heavy = x**3  # heavy tails: a threshold far from the bulk
+    exact = torch.topk(heavy.abs(), k, sorted=False).indices.sort().values
+    assert torch.equal(topk_indices(heavy, k), exact)
