@@ -1,6 +1,6 @@
 """Experiment configuration: TOML into frozen, validated dataclasses.
 
-A config file has seven tables; every key is optional and defaults to the built-in run
+A config file has eight tables; every key is optional and defaults to the built-in run
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
 
     [run]        name, seed, rounds, eval_every
@@ -11,6 +11,7 @@ A config file has seven tables; every key is optional and defaults to the built-
     [compression] codec, bits, ratio, chunk, scaled
     [transport]  kind, mode, deadline_s, strict_timeout_s, startup_timeout_s,
                  call_timeout_s, max_message_mb
+    [faults]     seed, drop, edge_drop, delay_s, partitions, crashes, announce
 
 ``--set KEY=VALUE`` overrides any key by dotted path; VALUE is read as a TOML value
 (``--set run.rounds=50``, ``--set algorithm.name=dpsgd``; a bare word is a string).
@@ -42,6 +43,7 @@ __all__ = [
     "CompressionConfig",
     "Config",
     "DataConfig",
+    "FaultsConfig",
     "ModelConfig",
     "RunConfig",
     "TopologyConfig",
@@ -253,6 +255,125 @@ class TransportConfig:
         )
 
 
+def _edge(key: str, text: object) -> tuple[str, str]:
+    if not isinstance(text, str) or text.count("->") != 1:
+        raise ConfigError(f"{key}: an edge is written \"sender->receiver\", got {text!r}.")
+    sender, receiver = (part.strip() for part in text.split("->"))
+    if not sender or not receiver:
+        raise ConfigError(f"{key}: an edge is written \"sender->receiver\", got {text!r}.")
+    return sender, receiver
+
+
+def _round(key: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{key} must be a round number >= 0, got {value!r}.")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """``nodes`` are cut off from every other node for rounds ``start <= t < end``."""
+
+    nodes: frozenset[str]
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Crash:
+    """``node`` is down for rounds ``at <= t < back`` (``back = -1``: for good)."""
+
+    node: str
+    at: int
+    back: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FaultsConfig:
+    """``[faults]``: reproducible message loss, delay, partitions and crashes.
+
+    Every decision is a function of ``(run.seed, faults.seed, sender, receiver, round,
+    phase)``, so a fault plan gives the same run in-process and over gRPC.
+
+    * ``drop``: probability that any message is lost; ``edge_drop`` overrides it per edge:
+      ``{ "n0->n1" = 0.5 }``.
+    * ``delay_s``: each message waits uniformly in ``[0, delay_s]`` before it is sent.
+    * ``partitions``: ``[{ nodes = ["n0", "n1"], start = 10, end = 20 }]``: messages between
+      those nodes and the rest are lost in rounds 10-19.
+    * ``crashes``: ``[{ node = "n3", at = 50, back = 80 }]``: n3 does nothing in rounds
+      50-79 (no step, no message) and resumes with the state it had; omit ``back`` to keep
+      it down.
+    * ``announce`` (default true): a lost message is replaced by a tiny drop notice, so
+      receivers never wait for it (runs are fast and deterministic in strict mode); false:
+      it vanishes and receivers need ``transport.mode = "deadline"``.
+    """
+
+    seed: int = 0
+    drop: float = 0.0
+    edge_drop: Mapping[str, float] = field(default_factory=dict)
+    delay_s: float = 0.0
+    partitions: tuple[Any, ...] = ()
+    crashes: tuple[Any, ...] = ()
+    announce: bool = True
+
+    def __post_init__(self) -> None:
+        """Validate, and parse ``partitions`` and ``crashes`` into typed records."""
+        _require(0.0 <= self.drop <= 1.0, "faults.drop", self.drop, "must be in [0, 1]")
+        _require(
+            math.isfinite(self.delay_s) and self.delay_s >= 0,
+            "faults.delay_s",
+            self.delay_s,
+            "must be >= 0",
+        )
+        if not isinstance(self.edge_drop, Mapping):
+            raise ConfigError(f"faults.edge_drop must be a table, got {self.edge_drop!r}.")
+        for edge, p in self.edge_drop.items():
+            _edge("faults.edge_drop", edge)
+            ok = isinstance(p, int | float) and not isinstance(p, bool) and 0 <= p <= 1
+            _require(ok, f"faults.edge_drop.{edge!r}", p, "must be a probability in [0, 1]")
+        object.__setattr__(self, "partitions", tuple(map(self._partition, self.partitions)))
+        object.__setattr__(self, "crashes", tuple(map(self._crash, self.crashes)))
+
+    @property
+    def active(self) -> bool:
+        """Whether any fault is configured."""
+        return bool(
+            self.drop or self.edge_drop or self.delay_s or self.partitions or self.crashes
+        )
+
+    @staticmethod
+    def _partition(item: object) -> Partition:
+        if isinstance(item, Partition):
+            return item
+        key = "faults.partitions"
+        if not isinstance(item, Mapping) or set(item) != {"nodes", "start", "end"}:
+            raise ConfigError(f"{key}: each entry is {{ nodes = [...], start = R, end = R }}.")
+        nodes = item["nodes"]
+        if not isinstance(nodes, list | tuple) or not nodes:
+            raise ConfigError(f"{key}: nodes must be a non-empty list of node ids.")
+        start, end = _round(f"{key}.start", item["start"]), _round(f"{key}.end", item["end"])
+        _require(end > start, f"{key}.end", end, f"must be after start ({start})")
+        return Partition(frozenset(str(n) for n in nodes), start, end)
+
+    @staticmethod
+    def _crash(item: object) -> Crash:
+        if isinstance(item, Crash):
+            return item
+        key = "faults.crashes"
+        if not isinstance(item, Mapping) or not {"node", "at"} <= set(item) <= {
+            "node",
+            "at",
+            "back",
+        }:
+            raise ConfigError(f"{key}: each entry is {{ node = ID, at = R, back = R }}.")
+        at = _round(f"{key}.at", item["at"])
+        back = item.get("back", -1)
+        if back != -1:
+            back = _round(f"{key}.back", back)
+            _require(back > at, f"{key}.back", back, f"must be after at ({at})")
+        return Crash(str(item["node"]), at, back)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     """A whole experiment."""
@@ -264,6 +385,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -274,6 +396,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "model": ModelConfig,
     "compression": CompressionConfig,
     "transport": TransportConfig,
+    "faults": FaultsConfig,
 }
 
 
@@ -346,6 +469,12 @@ def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in _SECTIONS:
         table = asdict(getattr(config, name))
+        if name == "faults":  # plain TOML values, sets sorted (fingerprints must not vary)
+            table["edge_drop"] = dict(sorted(table["edge_drop"].items()))
+            for part in table["partitions"]:
+                part["nodes"] = sorted(part["nodes"])
+            table["partitions"] = list(table["partitions"])
+            table["crashes"] = list(table["crashes"])
         options = table.pop("options", None)
         if options:
             table.update(options)
@@ -416,6 +545,9 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
     raise ConfigError(f"cannot write {value!r} as a TOML value.")
 
 

@@ -38,6 +38,7 @@ from fedcore.messages import EncodedTensor, Message, Payload
 from fedcore.models import Objective
 from fedcore.topology import Topology
 from fedcore.transport.base import Transport
+from fedcore.transport.faults import FaultAware
 
 __all__ = ["DecodeCache", "Node", "NodeOptions", "RoundRecord", "lr_at"]
 
@@ -97,6 +98,16 @@ class RoundRecord:
     messages_rejected: int
     missing: tuple[str, ...]
     wall_s: float
+    messages_dropped: int = 0
+    """Messages this node sent that fault injection lost."""
+    dropped_out: tuple[str, ...] = ()
+    """Receivers of those lost messages (one entry per message)."""
+    dropped_in: tuple[str, ...] = ()
+    """Senders whose message to this node fault injection lost (announced; also missing)."""
+    fp32_bytes_sent: int = 0
+    """What the tensors sent would have taken as float32 (for compression ratios)."""
+    down: bool = False
+    """This node was crashed (fault injection) and skipped the round; ``loss`` is NaN."""
 
 
 class DecodeCache:
@@ -179,6 +190,9 @@ class Node:
         self._dtype = start.dtype
         self.round = 0
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
+        self._faults = transport if isinstance(transport, FaultAware) else None
+        # Algorithms whose messages are not model-sized (RPS blocks) say what to expect.
+        self._message_shape = getattr(algorithm, "message_shape", None)
 
     def model(self) -> torch.Tensor:
         """The parameters this node currently predicts with."""
@@ -221,17 +235,25 @@ class Node:
             stats.messages_rejected,
         )
         ctx = self._context(t)
+        faults = self._faults
+        if faults is not None and faults.down(t):
+            return self._skip_round(t, ctx.lr, began)
         x, y = self.stream.next_batch()
         loss, grad = self.objective.loss_and_grad(self.algorithm.model(self.state), x, y)
         self.state, outbox = self.algorithm.step(self.state, grad, ctx)
         missing: list[str] = []
+        dropped_in: list[str] = []
         rejected = [0]
+        fp32 = 0
         for phase in range(self.algorithm.phases):
-            await self._send(outbox, t, phase)
+            fp32 += await self._send(outbox, t, phase)
             expected = self.algorithm.expected_senders(phase, ctx)
-            inbox = await self._collect(t, phase, expected, missing, rejected)
+            lost = faults.announced_lost(t, phase, expected) if faults is not None else []
+            dropped_in.extend(lost)
+            inbox = await self._collect(t, phase, expected, lost, ctx, missing, rejected)
             self.state, outbox = self.algorithm.mix(self.state, phase, inbox, ctx)
         self.round = t + 1
+        dropped_out = faults.pop_lost_sent(t) if faults is not None else []
         record = RoundRecord(
             node=self.id,
             round=t,
@@ -246,14 +268,43 @@ class Node:
             messages_rejected=stats.messages_rejected - before[5] + rejected[0],
             missing=tuple(missing),
             wall_s=time.perf_counter() - began,
+            messages_dropped=len(dropped_out),
+            dropped_out=tuple(dropped_out),
+            dropped_in=tuple(dropped_in),
+            fp32_bytes_sent=fp32,
         )
         if self.observer is not None:
             self.observer(self, record)
         return record
 
-    async def _send(self, outbox: Outbox, t: int, phase: int) -> None:
+    def _skip_round(self, t: int, lr: float, began: float) -> RoundRecord:
+        """A crashed round: no step, no message; the state waits for the node's return."""
+        self.round = t + 1
+        record = RoundRecord(
+            node=self.id,
+            round=t,
+            loss=math.nan,
+            lr=lr,
+            messages_sent=0,
+            bytes_sent=0,
+            messages_received=0,
+            bytes_received=0,
+            messages_missing=0,
+            messages_late=0,
+            messages_rejected=0,
+            missing=(),
+            wall_s=time.perf_counter() - began,
+            down=True,
+        )
+        if self.observer is not None:
+            self.observer(self, record)
+        return record
+
+    async def _send(self, outbox: Outbox, t: int, phase: int) -> int:
+        """Encode and send ``outbox``; return the float32 size of the tensors that went."""
         encoded: dict[int, tuple[dict[str, EncodedTensor], int]] = {}
         send = self.transport.send
+        fp32 = 0
         for dst in sorted(outbox):
             payload = outbox[dst]
             entry = encoded.get(id(payload))
@@ -265,6 +316,7 @@ class Node:
                 }
                 size = sum(e.nbytes for e in tensors.values()) + 8 * len(payload.scalars)
                 entry = encoded[id(payload)] = (tensors, size)
+            sent = self.transport.stats.messages_sent
             await send(
                 Message(
                     run=self.options.run_id,
@@ -277,22 +329,28 @@ class Node:
                     nbytes=entry[1],
                 )
             )
+            if self.transport.stats.messages_sent > sent:  # not lost to fault injection
+                fp32 += sum(4 * math.prod(e.shape) for e in entry[0].values())
+        return fp32
 
     async def _collect(
         self,
         t: int,
         phase: int,
         expected: tuple[str, ...],
+        lost: list[str],
+        ctx: RoundContext,
         missing: list[str],
         rejected: list[int],
     ) -> dict[str, Payload]:
+        """The decoded inbox; ``lost``: senders fault injection lost (not waited for)."""
         strict = self.options.mode == "strict"
         timeout = self.options.strict_timeout_s if strict else self.options.deadline_s
         messages = await self.transport.collect(t, phase, expected, timeout)
         inbox: dict[str, Payload] = {}
         for sender in sorted(messages):
             try:
-                inbox[sender] = self._decode(messages[sender])
+                inbox[sender] = self._decode(messages[sender], ctx)
             except (CompressionError, ProtocolError) as exc:
                 if strict:
                     raise ProtocolError(
@@ -303,10 +361,11 @@ class Node:
                 rejected[0] += 1
                 logger.warning("%s: rejected round %d message from %s: %s", self.id, t, sender, exc)
         absent = [s for s in expected if s not in inbox]
-        if absent and strict:
+        if strict and any(s not in lost for s in absent):
+            absent_alive = [s for s in absent if s not in lost]
             raise TransportTimeoutError(
                 f"node {self.id!r}, round {t} phase {phase}: no valid message from "
-                f"{', '.join(absent)} within {timeout:g} s (strict mode). Check that those "
+                f"{', '.join(absent_alive)} within {timeout:g} s (strict mode). Check that those "
                 "peers are running, or use transport.mode = 'deadline' to proceed without them."
             )
         missing.extend(absent)
@@ -320,11 +379,11 @@ class Node:
                 non-finite values.
         """
         try:
-            self._decode(message)
+            self._decode(message, self._context(message.round))
         except CompressionError as exc:
             raise ProtocolError(str(exc)) from exc
 
-    def _decode(self, message: Message) -> Payload:
+    def _decode(self, message: Message, ctx: RoundContext) -> Payload:
         if message.run != self.options.run_id:
             raise ProtocolError(
                 f"message of run {message.run[:12]} does not belong to this run "
@@ -332,6 +391,9 @@ class Node:
             )
         tensors: dict[str, torch.Tensor] = {}
         cache = self.decode_cache
+        shape = self._shape
+        if self._message_shape is not None:
+            shape = tuple(self._message_shape(message.phase, message.sender, ctx))
         for name, enc in message.tensors.items():
             tensor = cache.get(message.round, enc) if cache is not None else None
             if tensor is None:
@@ -344,10 +406,10 @@ class Node:
                     raise ProtocolError(f"tensor {name!r} holds non-finite values.")
                 if cache is not None:
                     cache.put(message.round, enc, tensor)
-            if tuple(tensor.shape) != self._shape or tensor.dtype != self._dtype:
+            if tuple(tensor.shape) != shape or tensor.dtype != self._dtype:
                 raise ProtocolError(
                     f"tensor {name!r} has shape {tuple(tensor.shape)} and dtype {enc.dtype}; "
-                    f"expected {self._shape} and {self._dtype}."
+                    f"expected {shape} and {self._dtype}."
                 )
             tensors[name] = tensor
         if message.scalars:

@@ -15,6 +15,7 @@ from fedcore.algorithms.compressed import CHOCO, CHOCOState, DeepSqueeze, DeepSq
 from fedcore.algorithms.dpsgd import DPSGD, DPSGDState, gossip_mix
 from fedcore.algorithms.ops import OPS, OPSState, push_shares, push_sum_mix
 from fedcore.algorithms.reference import Central, Local, ModelState
+from fedcore.algorithms.rps import RPS, RPSState
 from fedcore.errors import ConfigError
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "CHOCO",
     "DPSGD",
     "OPS",
+    "RPS",
     "Algorithm",
     "CHOCOState",
     "Central",
@@ -33,6 +35,7 @@ __all__ = [
     "ModelState",
     "OPSState",
     "Outbox",
+    "RPSState",
     "RoundContext",
     "gossip_mix",
     "make_algorithm",
@@ -47,6 +50,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "central": Central,
     "deepsqueeze": DeepSqueeze,
     "choco": CHOCO,
+    "rps": RPS,
 }
 
 

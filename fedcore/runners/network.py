@@ -23,6 +23,7 @@ from fedcore.models import Objective, build_model
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
 from fedcore.topology import Topology
 from fedcore.transport import InProcessNetwork, Transport
+from fedcore.transport.faults import FaultPlan, FaultyTransport
 
 __all__ = [
     "Network",
@@ -153,6 +154,7 @@ class RunSetup:
     run_id: str
     options: NodeOptions
     evaluator: Objective
+    faults: FaultPlan | None = None
 
     def objective(self) -> Objective:
         """A fresh model (same initialization on every call) as a flat-parameter objective."""
@@ -166,7 +168,12 @@ class RunSetup:
         observer: Callable[[Node, RoundRecord], None] | None = None,
         decode_cache: DecodeCache | None = None,
     ) -> Node:
-        """The node ``node_id`` with its data partition, its own model and ``transport``."""
+        """The node ``node_id`` with its data partition, its own model and ``transport``.
+
+        With a ``[faults]`` plan, ``transport`` is wrapped in a :class:`FaultyTransport`.
+        """
+        if self.faults is not None:
+            transport = FaultyTransport(transport, self.faults)
         i = self.graph.index(node_id)
         idx = torch.as_tensor(self.parts[i])
         return Node(
@@ -255,6 +262,11 @@ def prepare_run(
         run_id=run_id,
         options=options,
         evaluator=evaluator,
+        faults=(
+            FaultPlan(config.faults, run_seed=seed, nodes=graph.nodes)
+            if config.faults.active
+            else None
+        ),
     )
 
 

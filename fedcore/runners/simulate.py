@@ -8,6 +8,7 @@ evaluation round), ``summary.json`` and ``curves.png``.
 from __future__ import annotations
 
 import json
+import math
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -82,10 +83,15 @@ class RunObserver:
             "messages_missing": 0,
             "messages_late": 0,
             "messages_rejected": 0,
+            "messages_dropped": 0,
+            "fp32_bytes_sent": 0,
         }
         self.loss_sum = 0.0  # over completed rounds only, so it is exact at each evaluation
         self.loss_count = 0
-        self.missing: dict[str, list[int]] = {}
+        self.missing: dict[str, set[int]] = {}
+        self.missing_edges: dict[str, int] = {}
+        self.dropped_edges: dict[str, int] = {}
+        self.down: dict[str, list[int]] = {}
         self._round_loss: dict[int, list[float]] = {}
         self._round_bytes: dict[int, int] = {}
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
@@ -111,12 +117,22 @@ class RunObserver:
         if self.writer is not None:
             line = asdict(record)
             line["kind"] = "node"
-            line["missing"] = list(record.missing)
+            for key in ("missing", "dropped_out", "dropped_in"):
+                line[key] = list(line[key])
+            if record.down:
+                line["loss"] = None  # strict JSON has no NaN
             self.writer.write(line)
         for key in self.totals:
             self.totals[key] += getattr(record, key)
         for sender in record.missing:
-            self.missing.setdefault(sender, []).append(t)
+            self.missing.setdefault(sender, set()).add(t)
+            edge = f"{sender}->{record.node}"
+            self.missing_edges[edge] = self.missing_edges.get(edge, 0) + 1
+        for receiver in record.dropped_out:
+            edge = f"{record.node}->{receiver}"
+            self.dropped_edges[edge] = self.dropped_edges.get(edge, 0) + 1
+        if record.down:
+            self.down.setdefault(record.node, []).append(t)
         self._round_loss.setdefault(t, []).append(record.loss)
         self._round_bytes[t] = self._round_bytes.get(t, 0) + record.bytes_sent
         if model is not None:
@@ -125,9 +141,9 @@ class RunObserver:
             self._round_complete(t)
 
     def _round_complete(self, t: int) -> None:
-        losses = self._round_loss.pop(t)
+        losses = [x for x in self._round_loss.pop(t) if not math.isnan(x)]  # not down nodes
         self._bytes_done += self._round_bytes.pop(t)
-        train_loss = sum(losses) / len(losses)
+        train_loss = sum(losses) / len(losses) if losses else math.nan
         self.loss_sum += sum(losses)
         self.loss_count += len(losses)
         snapshots = self._snapshots.pop(t, None)
@@ -224,6 +240,17 @@ def write_results(out: Path, summary: dict[str, Any]) -> None:
         logger.warning("could not draw curves.png: %s", exc)
 
 
+def _ranges(rounds: Sequence[int]) -> list[list[int]]:
+    """Sorted rounds as inclusive ``[first, last]`` runs: [3, 4, 5, 9] -> [[3, 5], [9, 9]]."""
+    out: list[list[int]] = []
+    for r in rounds:
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return out
+
+
 def make_summary(
     *,
     name: str,
@@ -244,7 +271,6 @@ def make_summary(
     for key in ("kind", "round", "bytes_sent_per_node"):
         final.pop(key, None)
     totals = observer.totals
-    numel = next(iter(final_params.values())).numel()
     return {
         "name": name,
         "algorithm": algorithm,
@@ -264,19 +290,25 @@ def make_summary(
         "traffic": {
             "bytes_sent": totals["bytes_sent"],
             "messages_sent": totals["messages_sent"],
-            "messages_dropped": totals["messages_missing"],
+            "messages_missing": totals["messages_missing"],
+            "messages_dropped": totals["messages_dropped"],
             "messages_late": totals["messages_late"],
             "messages_rejected": totals["messages_rejected"],
             "bytes_per_node_per_round": totals["bytes_sent"] / (n * rounds),
             "codec": config.compression.codec,
-            # Every message carries one model-sized tensor: what fp32 would have sent for
-            # the same messages, over what was sent (payload bytes, headers excluded).
+            # What float32 would have taken for the same tensors, over what was sent
+            # (payload bytes, headers excluded).
             "compression_ratio_vs_fp32": (
-                totals["messages_sent"] * 4 * numel / totals["bytes_sent"]
-                if totals["bytes_sent"]
-                else None
+                totals["fp32_bytes_sent"] / totals["bytes_sent"] if totals["bytes_sent"] else None
             ),
         },
-        "missing_rounds": observer.missing,
+        "missing_rounds": {
+            sender: _ranges(sorted(rounds)) for sender, rounds in sorted(observer.missing.items())
+        },
+        "faults": {
+            "lost_per_edge": dict(sorted(observer.dropped_edges.items())),
+            "missing_per_edge": dict(sorted(observer.missing_edges.items())),
+            "down_rounds": {n: _ranges(r) for n, r in sorted(observer.down.items())},
+        },
         "params_sha256": {nid: params_sha256(final_params[nid]) for nid in observer.nodes},
     }

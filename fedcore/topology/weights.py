@@ -34,7 +34,7 @@ __all__ = [
 TOLERANCE = 1e-9
 """How far a weight sum may stray from 1 and still count as 1."""
 
-MIXINGS: tuple[str, ...] = ("push-sum", "doubly-stochastic", "complete", "none")
+MIXINGS: tuple[str, ...] = ("push-sum", "doubly-stochastic", "complete", "all-pairs", "none")
 
 
 def _per_graph(t: Topology, fn: Callable[[TrustGraph], TrustGraph]) -> Topology:
@@ -184,6 +184,28 @@ def check_doubly_stochastic(g: TrustGraph) -> None:
                 )
 
 
+def _require_all_pairs(t: Topology, algorithm: str) -> None:
+    """Raise TopologyError naming the first ordered pair that is not an edge in some round."""
+    graphs = t.graphs if isinstance(t, Schedule) else (t,)
+    nodes = t.nodes
+    for r, g in enumerate(graphs):
+        for u in nodes:
+            out = g.out_neighbours(u)
+            if len(out) == len(nodes) - 1:
+                continue
+            targets = set(out)
+            v = next(v for v in nodes if v != u and v not in targets)
+            where = f"graph '{g.name}'"
+            if isinstance(t, Schedule):
+                where += f" (round {r} of schedule '{t.name}')"
+            raise TopologyError(
+                f"The algorithm '{algorithm}' needs every worker to reach every block owner: "
+                f"every ordered pair of distinct nodes must be an edge in every round, but "
+                f"{where} has no edge {u} -> {v}. Use a complete trust graph: "
+                'topology.kind = "complete" has every pair.'
+            )
+
+
 def _prepare_push_sum(g: TrustGraph) -> TrustGraph:
     if g.has_weights():
         check_push_sum(g)
@@ -208,21 +230,26 @@ def prepare(t: Topology, *, mixing: str, algorithm: str) -> Topology:
             ``"doubly-stochastic"`` (needs a symmetric edge set in every round and strong
             connectivity; weights are checked with :func:`check_doubly_stochastic`, else
             Metropolis–Hastings), ``"complete"`` (uniform ``1/n`` between every pair of nodes,
-            ignoring the edges: the CENTRAL reference point) or ``"none"`` (self-loops only:
-            local training).
+            ignoring the edges: the CENTRAL reference point), ``"all-pairs"`` (every ordered
+            pair of distinct nodes must be an edge in every round, as RPS sends to every
+            block owner; the result is the complete graph with uniform ``1/n`` weights, which
+            RPS does not use for mixing) or ``"none"`` (self-loops only: local training).
         algorithm: The algorithm's registry name, used in messages.
 
     Raises:
         TopologyError: On an unknown mixing, a one-way graph for doubly stochastic mixing, a
-            topology that is not strongly connected (over one period for a Schedule), or
-            invalid weights.
+            missing pair for all-pairs mixing (the first one is named), a topology that is not
+            strongly connected (over one period for a Schedule), or invalid weights.
     """
-    if mixing in ("complete", "none"):
+    if mixing in ("complete", "all-pairs", "none"):
         nodes = t.nodes
         n = len(nodes)
-        if mixing == "complete":
+        if mixing == "all-pairs":
+            _require_all_pairs(t, algorithm)
+        if mixing in ("complete", "all-pairs"):
             edges = [(u, v) for u in nodes for v in nodes if u != v]
-            graph = TrustGraph.from_edges(edges, name=f"complete-{n}", nodes=nodes)
+            name = t.name if mixing == "all-pairs" else f"complete-{n}"
+            graph = TrustGraph.from_edges(edges, name=name, nodes=nodes)
             return graph.with_weights({(u, v): 1.0 / n for u in nodes for v in nodes})
         graph = TrustGraph.from_edges([], name=f"isolated-{n}", nodes=nodes)
         return graph.with_weights({(u, u): 1.0 for u in nodes})

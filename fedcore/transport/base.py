@@ -32,6 +32,8 @@ class TransportStats:
     bytes_received: int = 0
     messages_late: int = 0
     messages_rejected: int = 0
+    messages_dropped: int = 0
+    """Messages this endpoint sent that fault injection lost (``[faults]``)."""
 
 
 class Transport(Protocol):
