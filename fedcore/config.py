@@ -257,10 +257,10 @@ class TransportConfig:
 
 def _edge(key: str, text: object) -> tuple[str, str]:
     if not isinstance(text, str) or text.count("->") != 1:
-        raise ConfigError(f"{key}: an edge is written \"sender->receiver\", got {text!r}.")
+        raise ConfigError(f'{key}: an edge is written "sender->receiver", got {text!r}.')
     sender, receiver = (part.strip() for part in text.split("->"))
     if not sender or not receiver:
-        raise ConfigError(f"{key}: an edge is written \"sender->receiver\", got {text!r}.")
+        raise ConfigError(f'{key}: an edge is written "sender->receiver", got {text!r}.')
     return sender, receiver
 
 
@@ -337,9 +337,7 @@ class FaultsConfig:
     @property
     def active(self) -> bool:
         """Whether any fault is configured."""
-        return bool(
-            self.drop or self.edge_drop or self.delay_s or self.partitions or self.crashes
-        )
+        return bool(self.drop or self.edge_drop or self.delay_s or self.partitions or self.crashes)
 
     @staticmethod
     def _partition(item: object) -> Partition:

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -33,7 +33,13 @@ from fedcore.algorithms.base import Algorithm, Outbox, RoundContext
 from fedcore.compression import Codec, RawCodec, get_codec
 from fedcore.config import LR_SCHEDULES, MODES
 from fedcore.data import BatchStream
-from fedcore.errors import CompressionError, ConfigError, ProtocolError, TransportTimeoutError
+from fedcore.errors import (
+    CompressionError,
+    ConfigError,
+    PeerUnavailableError,
+    ProtocolError,
+    TransportTimeoutError,
+)
 from fedcore.messages import EncodedTensor, Message, Payload
 from fedcore.models import Objective
 from fedcore.topology import Topology
@@ -108,6 +114,28 @@ class RoundRecord:
     """What the tensors sent would have taken as float32 (for compression ratios)."""
     down: bool = False
     """This node was crashed (fault injection) and skipped the round; ``loss`` is NaN."""
+    unreachable: tuple[str, ...] = ()
+    """Receivers a send failed to (deadline mode only: a dead or unreachable peer)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as one ``metrics.jsonl`` line (``kind = "node"``; strict JSON)."""
+        line = asdict(self)
+        for key in ("missing", "dropped_out", "dropped_in", "unreachable"):
+            line[key] = list(line[key])
+        if math.isnan(self.loss):
+            line["loss"] = None
+        line["kind"] = "node"
+        return line
+
+    @classmethod
+    def from_json(cls, line: dict[str, Any]) -> RoundRecord:
+        """The record of a line written by :meth:`to_json`."""
+        raw = {k: v for k, v in line.items() if k != "kind"}
+        for key in ("missing", "dropped_out", "dropped_in", "unreachable"):
+            raw[key] = tuple(raw.get(key, ()))
+        if raw["loss"] is None:
+            raw["loss"] = math.nan
+        return cls(**raw)
 
 
 class DecodeCache:
@@ -191,6 +219,7 @@ class Node:
         self.round = 0
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
         self._faults = transport if isinstance(transport, FaultAware) else None
+        self._unreachable: set[str] = set()  # peers whose last send failed (logged once)
         # Algorithms whose messages are not model-sized (RPS blocks) say what to expect.
         self._message_shape = getattr(algorithm, "message_shape", None)
 
@@ -245,8 +274,9 @@ class Node:
         dropped_in: list[str] = []
         rejected = [0]
         fp32 = 0
+        unreachable: list[str] = []
         for phase in range(self.algorithm.phases):
-            fp32 += await self._send(outbox, t, phase)
+            fp32 += await self._send(outbox, t, phase, unreachable)
             expected = self.algorithm.expected_senders(phase, ctx)
             lost = faults.announced_lost(t, phase, expected) if faults is not None else []
             dropped_in.extend(lost)
@@ -272,6 +302,7 @@ class Node:
             dropped_out=tuple(dropped_out),
             dropped_in=tuple(dropped_in),
             fp32_bytes_sent=fp32,
+            unreachable=tuple(unreachable),
         )
         if self.observer is not None:
             self.observer(self, record)
@@ -300,8 +331,12 @@ class Node:
             self.observer(self, record)
         return record
 
-    async def _send(self, outbox: Outbox, t: int, phase: int) -> int:
-        """Encode and send ``outbox``; return the float32 size of the tensors that went."""
+    async def _send(self, outbox: Outbox, t: int, phase: int, unreachable: list[str]) -> int:
+        """Encode and send ``outbox``; return the float32 size of the tensors that went.
+
+        In deadline mode a receiver that cannot be reached (a dead peer) is logged and
+        added to ``unreachable``, and the round goes on; strict mode raises.
+        """
         encoded: dict[int, tuple[dict[str, EncodedTensor], int]] = {}
         send = self.transport.send
         fp32 = 0
@@ -317,18 +352,27 @@ class Node:
                 size = sum(e.nbytes for e in tensors.values()) + 8 * len(payload.scalars)
                 entry = encoded[id(payload)] = (tensors, size)
             sent = self.transport.stats.messages_sent
-            await send(
-                Message(
-                    run=self.options.run_id,
-                    round=t,
-                    phase=phase,
-                    sender=self.id,
-                    receiver=dst,
-                    tensors=entry[0],
-                    scalars=payload.scalars,
-                    nbytes=entry[1],
-                )
+            message = Message(
+                run=self.options.run_id,
+                round=t,
+                phase=phase,
+                sender=self.id,
+                receiver=dst,
+                tensors=entry[0],
+                scalars=payload.scalars,
+                nbytes=entry[1],
             )
+            try:
+                await send(message)
+            except (PeerUnavailableError, TransportTimeoutError) as exc:
+                if self.options.mode == "strict":
+                    raise
+                if dst not in self._unreachable:
+                    logger.warning("%s: cannot reach %s (round %d): %s", self.id, dst, t, exc)
+                self._unreachable.add(dst)
+                unreachable.append(dst)
+                continue
+            self._unreachable.discard(dst)
             if self.transport.stats.messages_sent > sent:  # not lost to fault injection
                 fp32 += sum(4 * math.prod(e.shape) for e in entry[0].values())
         return fp32

@@ -70,8 +70,13 @@ class Algorithm(Protocol):
         mixing: The weights it needs on the trust graph: ``"push-sum"`` (each sender's
             out-weights sum to 1; any strongly connected digraph), ``"doubly-stochastic"``
             (symmetric graph, Metropolis-Hastings by default), ``"complete"`` (uniform
-            weights over every node, ignoring the trust graph) or ``"none"``.
+            weights over every node, ignoring the trust graph), ``"all-pairs"`` (every
+            ordered pair must be a trust edge: RPS) or ``"none"``.
         phases: Communication phases per round.
+
+    An algorithm whose messages are not model-sized (RPS sends blocks) also defines
+    ``message_shape(phase, sender, ctx) -> tuple[int, ...]``; the node checks every
+    received tensor against it (against the model's shape otherwise).
     """
 
     name: str

@@ -206,21 +206,24 @@ def push_totals(
         every edge's totals (unchanged for edges absent this round).
     """
     x64 = x.to(_TOTAL)
-    pushed_x = torch.zeros_like(x64)
+    pushed_x: torch.Tensor | None = None
     pushed_omega = 0.0
     totals = dict(sent)
     for dst, w in out_weights.items():
         old = totals.get(dst)
-        old_x = old.x if old is not None else torch.zeros_like(x64)
-        old_omega = old.omega if old is not None else 0.0
-        new_x = old_x + w * x64
-        new_omega = old_omega + w * omega
-        # What the edge really carries more than before (exact by Sterbenz's lemma for a
-        # total that has grown large), so rounding inside the total never creates mass.
-        pushed_x = pushed_x + (new_x - old_x)
-        pushed_omega += new_omega - old_omega
-        totals[dst] = EdgeTotal(new_x, new_omega)
-    return (x64 - pushed_x).to(x.dtype), omega - pushed_omega, totals
+        if old is None:
+            new = EdgeTotal(w * x64, w * omega)
+            delta_x, delta_omega = new.x, new.omega
+        else:
+            new = EdgeTotal(old.x + w * x64, old.omega + w * omega)
+            # What the edge really carries more than before (exact by Sterbenz's lemma once
+            # the total is large), so rounding inside the total never creates or loses mass.
+            delta_x, delta_omega = new.x - old.x, new.omega - old.omega
+        pushed_x = delta_x if pushed_x is None else pushed_x + delta_x
+        pushed_omega += delta_omega
+        totals[dst] = new
+    kept = x if pushed_x is None else (x64 - pushed_x).to(x.dtype)
+    return kept, omega - pushed_omega, totals
 
 
 def _wire_is_float64(dtype: torch.dtype, codec: Codec | None) -> bool:
@@ -284,21 +287,23 @@ def absorb_totals(
     Returns:
         ``(x, omega, seen)``: the new numerator, weight and last-applied totals.
     """
-    gained = torch.zeros_like(x, dtype=_TOTAL)
+    gained: torch.Tensor | None = None
     gained_omega = 0.0
     new_seen = dict(seen)
     for sender, payload in inbox.items():
         total = read_total(sender, payload)
         last = new_seen.get(sender)
         if last is None:
-            gained = gained + total.x
-            gained_omega += total.omega
+            delta_x, delta_omega = total.x, total.omega
         elif total.omega >= last.omega:
-            gained = gained + (total.x - last.x)
-            gained_omega += total.omega - last.omega
+            delta_x, delta_omega = total.x - last.x, total.omega - last.omega
         else:
             continue  # a stale (replayed or reordered) total: its mass is already in
+        gained = delta_x if gained is None else gained + delta_x
+        gained_omega += delta_omega
         new_seen[sender] = total
+    if gained is None:
+        return x, omega, new_seen
     return (x.to(_TOTAL) + gained).to(x.dtype), omega + gained_omega, new_seen
 
 
@@ -323,9 +328,7 @@ class OPS:
     def __init__(self, robust: bool = False, step_scale: str = "none") -> None:
         """Check and keep the options."""
         if not isinstance(robust, bool):
-            raise ConfigError(
-                f"algorithm.robust for 'ops' must be true or false, not {robust!r}."
-            )
+            raise ConfigError(f"algorithm.robust for 'ops' must be true or false, not {robust!r}.")
         if step_scale not in STEP_SCALES:
             raise ConfigError(
                 f"algorithm.step_scale for 'ops' is {step_scale!r}; use one of "

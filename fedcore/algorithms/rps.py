@@ -30,6 +30,11 @@ worker a round. With ``p = 1`` it is pure local SGD. For ``0 < p < 1`` the per-b
 mixing is row-stochastic but not column-stochastic, so the **mean of the models is not
 preserved** (an owner's own value gets more than its share); do not expect it to be.
 
+Compression is orthogonal (the paper is about loss): the node's codec encodes messages of both
+phases. The owner encodes its average once with ``ctx.codec`` and keeps, as its own block,
+exactly what the receivers decode, so with no loss every replica is bit-identical whatever
+the codec.
+
 When the model has fewer entries than there are nodes, the last blocks are empty: their
 owners receive no scatter messages and send no gather messages, and
 :meth:`RPS.expected_senders` leaves them out.
@@ -43,8 +48,9 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import Inbox, Outbox, RoundContext
+from fedcore.algorithms.compressed import compress
 from fedcore.errors import AlgorithmError
-from fedcore.messages import Payload
+from fedcore.messages import EncodedTensor, Payload
 
 __all__ = ["RPS", "RPSState", "assemble_blocks", "average_block", "block_bounds", "block_sizes"]
 
@@ -179,9 +185,10 @@ class RPS:
             AlgorithmError: For another phase, a sender not in ``ctx.nodes``, or before
                 :meth:`init` recorded the model size.
         """
+        me = _index(ctx)
         sizes = block_sizes(self._require_numel(), len(ctx.nodes))
         if phase == 0:
-            return (sizes[_index(ctx)],)
+            return (sizes[me],)
         if phase == 1:
             if sender not in ctx.nodes:
                 raise AlgorithmError(
@@ -216,7 +223,11 @@ class RPS:
             y = average_block(flat[start:stop], received)
             outbox: dict[str, Payload] = {}
             if stop > start:
-                payload = Payload({"avg": y})
+                avg: torch.Tensor | EncodedTensor = y
+                if ctx.codec is not None:
+                    # Keep exactly what the receivers decode, so replicas stay identical.
+                    avg, y = compress(ctx.codec, y, ctx)
+                payload = Payload({"avg": avg})
                 outbox = {dst: payload for j, dst in enumerate(ctx.nodes) if j != me}
             return RPSState(state.x, y), outbox
         if phase == 1:

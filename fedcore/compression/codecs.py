@@ -186,7 +186,7 @@ class QSGDCodec:
         """The variance factor for ``n`` values: ``E||Q(x) - x||^2 <= omega ||x||^2``."""
         s = 2 ** (self.bits - 1) - 1
         b = n if self.chunk == 0 else min(n, self.chunk)
-        return min(b / s**2, math.sqrt(b) / s)
+        return float(min(b / s**2, math.sqrt(b) / s))
 
     def wire_bytes(self, n: int) -> int:
         """Payload size for ``n`` values: the packed codes, plus per-bucket norms if chunked."""
@@ -477,7 +477,9 @@ class RandKCodec:
         if 4 * k > n:
             return torch.randperm(n, generator=gen)[:k]
         while True:
-            draws = torch.unique(torch.randint(0, n, (k + k // 8 + 16,), generator=gen))
+            draws: torch.Tensor = torch.unique(
+                torch.randint(0, n, (k + k // 8 + 16,), generator=gen)
+            )
             if draws.numel() >= k:
                 return draws[torch.randperm(draws.numel(), generator=gen)[:k]]
 

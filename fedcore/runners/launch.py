@@ -3,21 +3,25 @@
 The launcher validates the config (the same checks as ``simulate``), picks free ports on
 127.0.0.1, writes ``roster.json`` and the effective ``config.toml``, starts one child per
 node (its output in ``nodes/<id>/node.log``), shows one progress line for the whole run,
-and supervises: a child that dies stops the run, naming its id, exit status and log; Ctrl-C
-stops every child. At the end it merges the peers' records and evaluation-round models into
-the same ``metrics.jsonl``, ``summary.json`` (with ``"transport": "grpc"``) and
-``curves.png`` that ``simulate`` writes.
+and supervises: a child that dies stops the run, naming its id, exit status and log (in
+deadline mode the others go on without it, and the summary's ``peer_exits`` and
+``faults.down_rounds`` say who died and when); Ctrl-C stops every child. At the end it
+merges the peers' records and evaluation-round models into the same ``metrics.jsonl``,
+``summary.json`` (with ``"transport": "grpc"``) and ``curves.png`` that ``simulate``
+writes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import IO, Any, TextIO
 
@@ -77,8 +81,8 @@ class _Children:
         self._offsets[node] = 0
         self.procs[node] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
-    def poll_progress(self) -> int:
-        """Rounds every peer has finished (reading only the new part of each metrics file)."""
+    def poll_progress(self, skip: Collection[str] = ()) -> int:
+        """Rounds every peer not in ``skip`` has finished (reading only what is new)."""
         for node, folder in self.dirs.items():
             path = folder / "metrics.jsonl"
             try:
@@ -90,17 +94,11 @@ class _Children:
             complete = chunk.rfind(b"\n") + 1
             self._offsets[node] += complete
             self.rounds_done[node] += chunk[:complete].count(b"\n")
-        return min(self.rounds_done.values(), default=0)
+        return min((r for n, r in self.rounds_done.items() if n not in skip), default=0)
 
-    def failed(self) -> tuple[str, int] | None:
-        for node, proc in self.procs.items():
-            status = proc.poll()
-            if status not in (None, 0):
-                return node, status
-        return None
-
-    def all_done(self) -> bool:
-        return all(proc.poll() == 0 for proc in self.procs.values())
+    def exited(self) -> dict[str, int]:
+        """Exit status of every child that has ended."""
+        return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Terminate every child still running (SIGTERM, then SIGKILL after ``grace_s``)."""
@@ -147,6 +145,9 @@ def launch(
     package_root = str(Path(fedcore.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     children = _Children()
+    # In deadline mode the peers go on without a dead one; strict mode stops the run.
+    tolerate = config.transport.mode == "deadline"
+    dead: dict[str, int] = {}
     progress = Progress(config.run.rounds, label="launch", stream=progress_stream)
     began = time.perf_counter()
     try:
@@ -158,40 +159,66 @@ def launch(
             ]  # fmt: skip
             children.start(n, argv, out / "nodes" / n, env)
         shown = -1
-        while not children.all_done():
-            failure = children.failed()
-            if failure is not None:
-                node, status = failure
-                raise TransportError(
-                    f"peer {node!r} exited with status {status}; see its log "
-                    f"{children.dirs[node] / 'node.log'}."
+        while True:
+            ended = children.exited()
+            for node, status in ended.items():
+                if status == 0 or node in dead:
+                    continue
+                log_path = children.dirs[node] / "node.log"
+                if not tolerate or len(dead) + 1 == len(nodes):
+                    raise TransportError(
+                        f"peer {node!r} exited with status {status}; see its log {log_path}."
+                    )
+                dead[node] = status
+                logger.warning(
+                    "peer %s exited with status %s after round %d; the others go on without "
+                    "it (deadline mode). Its log: %s",
+                    node,
+                    status,
+                    children.rounds_done[node] - 1,
+                    log_path,
                 )
-            done = children.poll_progress()
+            done = children.poll_progress(skip=dead)
             if show_progress and done != shown:
                 progress.update(done)
                 shown = done
+            if len(ended) == len(nodes):
+                break
             time.sleep(0.1)
         if show_progress and shown != config.run.rounds:
             progress.update(config.run.rounds)
     finally:
         children.stop()
     wall = time.perf_counter() - began
-    summary = _merge(config, setup, out, name, wall)
+    summary = _merge(config, setup, out, name, wall, dead)
     summary["out_dir"] = str(out)
     return summary
 
 
-def _merge(config: Config, setup: Any, out: Path, name: str, wall: float) -> dict[str, Any]:
-    """Replay the peers' records into the same metrics and summary as ``simulate``."""
+def _merge(
+    config: Config, setup: Any, out: Path, name: str, wall: float, dead: dict[str, int]
+) -> dict[str, Any]:
+    """Replay the peers' records into the same metrics and summary as ``simulate``.
+
+    A peer that died (``dead``: id -> exit status) is counted as down from the round after
+    its last record, and its last model snapshot (or the initial model) stands for it.
+    """
     nodes = setup.graph.nodes
+    rounds = config.run.rounds
     records: list[RoundRecord] = []
+    last_round: dict[str, int] = {}
     for n in nodes:
-        with open(out / "nodes" / n / "metrics.jsonl", encoding="utf-8") as fh:
-            for line in fh:
-                raw = json.loads(line)
-                raw.pop("kind", None)
-                raw["missing"] = tuple(raw["missing"])
-                records.append(RoundRecord(**raw))
+        path = out / "nodes" / n / "metrics.jsonl"
+        mine = []
+        if path.exists():
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    if line.endswith("\n"):  # a killed peer may leave half a line
+                        mine.append(RoundRecord.from_json(json.loads(line)))
+        last_round[n] = mine[-1].round if mine else -1
+        records.extend(mine)
+        if n in dead:
+            records.extend(_down_record(n, t) for t in range(last_round[n] + 1, rounds))
     order = {n: i for i, n in enumerate(nodes)}
     records.sort(key=lambda r: (r.round, order[r.node]))
     writer = JsonlWriter(out / "metrics.jsonl")
@@ -204,17 +231,18 @@ def _merge(config: Config, setup: Any, out: Path, name: str, wall: float) -> dic
         progress=None,
     )
     dtype = setup.evaluator.dtype
+    models: dict[str, torch.Tensor] = dict.fromkeys(nodes, setup.start)
     try:
         for record in records:
             model = None
             if observer.is_eval_round(record.round):
                 path = model_path(out / "nodes" / record.node, record.round)
-                model = read_params(path).to(dtype)
+                if path.exists():
+                    models[record.node] = read_params(path).to(dtype)
+                model = models[record.node]
             observer.observe(record, model)
     finally:
         writer.close()
-    last = config.run.rounds - 1
-    final = {n: read_params(model_path(out / "nodes" / n, last)) for n in nodes}
     summary = make_summary(
         name=name,
         config=config,
@@ -225,7 +253,30 @@ def _merge(config: Config, setup: Any, out: Path, name: str, wall: float) -> dic
         transport="grpc",
         wall_seconds=wall,
         observer=observer,
-        final_params=final,
+        final_params=models,
     )
+    summary["peer_exits"] = {
+        n: {"status": status, "last_round": last_round[n]} for n, status in sorted(dead.items())
+    }
     write_results(out, summary)
     return summary
+
+
+def _down_record(node: str, round: int) -> RoundRecord:
+    """A round a dead peer did not run."""
+    return RoundRecord(
+        node=node,
+        round=round,
+        loss=math.nan,
+        lr=0.0,
+        messages_sent=0,
+        bytes_sent=0,
+        messages_received=0,
+        bytes_received=0,
+        messages_missing=0,
+        messages_late=0,
+        messages_rejected=0,
+        missing=(),
+        wall_s=0.0,
+        down=True,
+    )

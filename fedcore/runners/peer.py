@@ -5,10 +5,10 @@ config, so it holds exactly its partition of the data and the same initial model
 ``fedcore simulate``; then it serves its in-neighbours, connects to its out-neighbours
 (retrying until ``transport.startup_timeout_s``), and runs its rounds.
 
-Its folder (``--out``) receives, as it goes: ``metrics.jsonl`` (one record per round,
-flushed each round), ``models/round-<t>.f32`` (its parameters at every evaluation round, as
-float32 little-endian bytes, for the launcher's evaluation) and, at the end, ``node.json``
-(id, rounds done, parameter digest). SIGINT and SIGTERM stop it cleanly: the server stops
+Its folder (``--out``) receives ``node.pid`` (its process id) at start, then, as it goes,
+``metrics.jsonl`` (one record per round, flushed each round) and ``models/round-<t>.f32``
+(its parameters at every evaluation round, as float32 little-endian bytes, for the
+launcher's evaluation), and at the end ``node.json`` (id, rounds done, parameter digest). SIGINT and SIGTERM stop it cleanly: the server stops
 gracefully, channels close and metrics are flushed.
 
 The roster maps node ids to ``HOST:PORT``, as JSON (``{"n0": "10.0.0.5:7000", ...}``) or
@@ -121,10 +121,7 @@ class _PeerLog:
         self.writer = JsonlWriter(out / "metrics.jsonl")
 
     def __call__(self, node: Node, record: RoundRecord) -> None:
-        line = asdict(record)
-        line["kind"] = "node"
-        line["missing"] = list(record.missing)
-        self.writer.write(line)
+        self.writer.write(record.to_json())
         self.writer.flush()
         t = record.round
         if (t + 1) % self.eval_every == 0 or t + 1 == self.rounds:
@@ -162,6 +159,7 @@ async def run_peer(
     if missing:
         raise ConfigError(f"the roster has no address for {', '.join(missing)}.")
     out.mkdir(parents=True, exist_ok=True)
+    (out / "node.pid").write_text(f"{os.getpid()}\n", encoding="utf-8")  # for operators
     transport = GrpcTransport(
         node_id,
         listen=listen or roster[node_id],

@@ -8,11 +8,10 @@ evaluation round), ``summary.json`` and ``curves.png``.
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -115,13 +114,7 @@ class RunObserver:
         """Account one node's round; ``model`` is its parameters on evaluation rounds."""
         t = record.round
         if self.writer is not None:
-            line = asdict(record)
-            line["kind"] = "node"
-            for key in ("missing", "dropped_out", "dropped_in"):
-                line[key] = list(line[key])
-            if record.down:
-                line["loss"] = None  # strict JSON has no NaN
-            self.writer.write(line)
+            self.writer.write(record.to_json())
         for key in self.totals:
             self.totals[key] += getattr(record, key)
         for sender in record.missing:

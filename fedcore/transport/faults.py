@@ -39,9 +39,7 @@ __all__ = ["FaultAware", "FaultPlan", "FaultyTransport"]
 class FaultPlan:
     """The fault decisions of one run: a pure function of the message's coordinates."""
 
-    def __init__(
-        self, faults: FaultsConfig, *, run_seed: int, nodes: Collection[str] = ()
-    ) -> None:
+    def __init__(self, faults: FaultsConfig, *, run_seed: int, nodes: Collection[str] = ()) -> None:
         """Bind ``faults`` to ``run_seed``; ``nodes`` (if given) checks the node ids named.
 
         Raises:
@@ -67,7 +65,8 @@ class FaultPlan:
         """A uniform number in [0, 1) that only these coordinates (and the seeds) determine."""
         text = f"{kind}|{sender}|{receiver}|{round}|{phase}".encode()
         digest = hashlib.blake2b(text, key=self._key, digest_size=8).digest()
-        return (struct.unpack("<Q", digest)[0] >> 11) / float(1 << 53)
+        (value,) = struct.unpack("<Q", digest)
+        return float(value >> 11) / float(1 << 53)
 
     def down(self, node: str, round: int) -> bool:
         """Whether ``node`` is crashed in ``round``."""
