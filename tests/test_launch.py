@@ -168,3 +168,82 @@ def test_peers_finish_their_run_under_hostile_pushes(tmp_path: Path) -> None:
 
     got = asyncio.run(main())
     assert got == {n: params_sha256(node.model()) for n, node in expected.nodes.items()}
+
+
+def test_fault_plan_gives_the_same_run_over_grpc(tmp_path: Path) -> None:
+    """Drops, a partition and a crash-and-return: launch and simulate agree bit for bit."""
+    config = load_config(
+        None,
+        [
+            "algorithm.name=ops",
+            "topology.kind=social",
+            "topology.nodes=5",
+            "run.rounds=20",
+            "run.eval_every=10",
+            "faults.drop=0.25",
+            'faults.partitions=[{nodes=["n0"], start=3, end=6}]',
+            'faults.crashes=[{node="n2", at=8, back=12}]',
+        ],
+    )
+    sim = simulate(config, out_dir=tmp_path / "sim", show_progress=False)
+    grpc_run = launch(config, out_dir=tmp_path / "launch", show_progress=False)
+    assert grpc_run["params_sha256"] == sim["params_sha256"]
+    assert grpc_run["faults"] == sim["faults"] and grpc_run["faults"]["lost_per_edge"]
+    assert grpc_run["traffic"]["messages_dropped"] == sim["traffic"]["messages_dropped"] > 0
+    assert grpc_run["faults"]["down_rounds"] == {"n2": [[8, 11]]}
+
+
+def test_peers_survive_kill_9_of_a_neighbour(tmp_path: Path) -> None:
+    """Deadline mode: a peer killed mid-run is noticed; the others finish; the summary says."""
+    import os
+    import threading
+
+    config = load_config(
+        None,
+        [
+            "algorithm.name=dpsgd",
+            "topology.kind=ring",
+            "topology.nodes=4",
+            "run.rounds=40",
+            "run.eval_every=10",
+            "transport.mode=deadline",
+            "transport.deadline_s=0.3",
+        ],
+    )
+    out = tmp_path / "run"
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            result["summary"] = launch(config, out_dir=out, show_progress=False)
+        except Exception as exc:  # surfaced by the assertions below
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    metrics = out / "nodes" / "n1" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (
+        not metrics.exists() or metrics.read_text(encoding="utf-8").count("\n") < 8
+    ):
+        time.sleep(0.05)
+    pid = int((out / "nodes" / "n1" / "node.pid").read_text(encoding="utf-8"))
+    os.kill(pid, signal.SIGKILL)
+    thread.join(timeout=240)
+    assert not thread.is_alive()
+    assert "error" not in result, result.get("error")
+    summary = result["summary"]
+    assert isinstance(summary, dict)
+    exit_info = summary["peer_exits"]["n1"]
+    assert exit_info["status"] == -signal.SIGKILL
+    last = exit_info["last_round"]
+    assert 7 <= last < 39
+    assert summary["faults"]["down_rounds"]["n1"] == [[last + 1, 39]]
+    # Its ring neighbours noticed it missing to the end (it may have sent the messages of
+    # the round it was killed in before its record of that round was written).
+    for neighbour in ("n0", "n2"):
+        assert summary["faults"]["missing_per_edge"][f"n1->{neighbour}"] >= 38 - last
+    for node in ("n0", "n2", "n3"):
+        info = json.loads((out / "nodes" / node / "node.json").read_text(encoding="utf-8"))
+        assert info["rounds"] == 40
+    assert summary["final"]["avg_model_accuracy"] > 0.5

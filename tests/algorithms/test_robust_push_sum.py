@@ -1,0 +1,507 @@
+"""Robust push-sum OPS (reference/algorithms.md section 10, I-RPSUM-1/2) and step scaling.
+
+Nodes are driven in a plain Python loop with hand-built inboxes (no transport); each message
+is lost independently with probability ``p``, decided by a seeded generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedcore.algorithms import RoundContext, make_algorithm
+from fedcore.algorithms.ops import (
+    OPS,
+    EdgeTotal,
+    OPSState,
+    RobustOPSState,
+    push_totals,
+    read_total,
+    total_payload,
+)
+from fedcore.compression import Codec, get_codec, make_codec
+from fedcore.errors import AlgorithmError, ConfigError
+from fedcore.messages import EncodedTensor, Payload
+from fedcore.testing import lockstep
+from fedcore.topology import Schedule, Topology, TrustGraph, parse_spec, prepare
+from tests.strategies import GradFn, random_grad, random_params, strongly_connected_digraphs
+
+D = 3
+State = OPSState | RobustOPSState
+_ZERO = EdgeTotal(torch.zeros(D, dtype=torch.float64), 0.0)
+
+
+def _weighted(topology: str | Topology) -> Topology:
+    graph = parse_spec(topology) if isinstance(topology, str) else topology
+    return prepare(graph, mixing="push-sum", algorithm="ops")
+
+
+def _decoded(payload: Payload) -> Payload:
+    """What a receiver gets: encoded tensors decoded (as the node does), the rest as sent."""
+    tensors = {
+        k: get_codec(v.codec).decode(v) if isinstance(v, EncodedTensor) else v
+        for k, v in payload.tensors.items()
+    }
+    return Payload(tensors, payload.scalars)
+
+
+def _rounds(
+    algo: OPS,
+    topo: Topology,
+    params: Mapping[str, torch.Tensor],
+    *,
+    rounds: int,
+    p: float = 0.0,
+    seed: int = 0,
+    lr: float | Callable[[int], float] = 0.0,
+    grad: GradFn | None = None,
+    codec: Codec | None = None,
+    drop: Callable[[str, str, int], bool] | None = None,
+) -> Iterator[tuple[int, dict[str, Any], torch.Tensor]]:
+    """Run ``rounds`` rounds; yield ``(round, states, stepped)`` after each one.
+
+    A message is lost with probability ``p`` (a generator seeded with ``seed``), or, if
+    ``drop`` is given, when ``drop(sender, receiver, round)`` says so.
+
+    ``stepped`` is the float64 sum over nodes and rounds of what the gradient steps took off
+    the numerators (``lr * g``, or ``lr * omega * g`` with ``step_scale="omega"``).
+    Messages are snapshots of the sender's payloads (never updated in place by anyone).
+    """
+    rng = np.random.default_rng(seed)
+    nodes = topo.nodes
+    states: dict[str, Any] = {n: algo.init(params[n]) for n in nodes}
+    stepped = torch.zeros(params[nodes[0]].shape, dtype=torch.float64)
+    for t in range(rounds):
+        g = topo.at(t)
+        lr_t = lr(t) if callable(lr) else lr
+        ctxs = {
+            n: RoundContext(
+                node=n,
+                round=t,
+                lr=lr_t,
+                self_weight=g.self_weight(n),
+                out_weights=g.out_weights(n),
+                in_weights=g.in_weights(n),
+                nodes=nodes,
+                codec=codec,
+            )
+            for n in nodes
+        }
+        outboxes = {}
+        for n in nodes:
+            model = algo.model(states[n])
+            gradient = grad(n, t, model) if grad is not None else torch.zeros_like(model)
+            scale = states[n].omega if algo.step_scale == "omega" else 1.0
+            stepped = stepped + lr_t * scale * gradient.to(torch.float64)
+            states[n], outboxes[n] = algo.step(states[n], gradient, ctxs[n])
+        for n in nodes:
+            inbox = {}
+            for s in sorted(algo.expected_senders(0, ctxs[n])):
+                lost = drop(s, n, t) if drop is not None else bool(rng.random() < p)
+                if not lost and n in outboxes[s]:
+                    inbox[s] = _decoded(outboxes[s][n])
+            states[n], _ = algo.mix(states[n], 0, inbox, ctxs[n])
+        yield t, states, stepped
+
+
+def _run(
+    algo: OPS, topo: Topology, params: Mapping[str, torch.Tensor], **kw: Any
+) -> dict[str, Any]:
+    final: dict[str, Any] = {}
+    for _, states, _ in _rounds(algo, topo, params, **kw):
+        final = states
+    return final
+
+
+def _mass(states: Mapping[str, RobustOPSState]) -> tuple[torch.Tensor, float]:
+    """I-RPSUM-1's conserved quantity: held mass plus mass in flight (sigma - rho)."""
+    x = sum(s.x.to(torch.float64) for s in states.values())
+    omega = sum(s.omega for s in states.values())
+    for i, s in states.items():
+        for j, total in s.sent.items():
+            seen = states[j].seen.get(i)
+            x = x + total.x - (seen.x if seen is not None else 0.0)
+            omega += total.omega - (seen.omega if seen is not None else 0.0)
+    assert isinstance(x, torch.Tensor)
+    return x, omega
+
+
+def _z_error(states: Mapping[str, State], mean: torch.Tensor) -> float:
+    return max(float((s.x.to(torch.float64) / s.omega - mean).abs().max()) for s in states.values())
+
+
+def _mean(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return torch.stack([p.to(torch.float64) for p in params.values()]).mean(dim=0)
+
+
+# --- options -------------------------------------------------------------------------------
+
+
+def test_options_through_the_registry() -> None:
+    """The config's ``algorithm.robust`` / ``algorithm.step_scale`` reach OPS and are checked."""
+    algo = make_algorithm("ops", robust=True, step_scale="omega")
+    assert isinstance(algo, OPS) and algo.robust and algo.step_scale == "omega"
+    assert isinstance(algo.init(torch.zeros(2)), RobustOPSState)
+    default = make_algorithm("ops")
+    assert isinstance(default, OPS) and not default.robust and default.step_scale == "none"
+    assert type(default.init(torch.zeros(2))) is OPSState
+    with pytest.raises(ConfigError, match=r"step_scale.*'sigma'.*'none', 'omega'"):
+        make_algorithm("ops", step_scale="sigma")
+    with pytest.raises(ConfigError, match="robust"):
+        make_algorithm("ops", robust="yes")
+    with pytest.raises(ConfigError, match="no option"):
+        make_algorithm("ops", robustness=True)
+
+
+def test_robust_ops_rejects_a_plain_state() -> None:
+    ctx = RoundContext(node="a", round=0, lr=0.1, self_weight=1.0, out_weights={}, in_weights={})
+    with pytest.raises(AlgorithmError, match="init"):
+        OPS(robust=True).step(OPSState(torch.zeros(1), 1.0), torch.zeros(1), ctx)
+
+
+# --- I-RPSUM-2: exact average under message loss -------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["social:12", "social:8:seed=2"])
+def test_exact_average_under_drops(spec: str) -> None:
+    """I-RPSUM-2: lr = 0, 30% loss: robust z reach the exact mean; plain push-sum misses it."""
+    topo = _weighted(spec)
+    params = random_params(topo, 7, D)
+    mean = _mean(params)
+    robust = _run(OPS(robust=True), topo, params, rounds=500, p=0.3, seed=1)
+    plain = _run(OPS(), topo, params, rounds=500, p=0.3, seed=1)
+    assert _z_error(robust, mean) < 1e-6
+    assert _z_error(plain, mean) > 1e-3
+    assert sum(s.omega for s in plain.values()) < 1e-6  # plain push-sum bled its weight away
+
+
+def test_lost_messages_arrive_with_the_next_total() -> None:
+    """Edge n0 -> n1 loses rounds 0-2; round 3's total delivers all of it (plain: lost)."""
+    topo = _weighted("directed-ring:4")
+    params = random_params(topo, 5, D)
+    x0 = sum(params.values())
+    assert isinstance(x0, torch.Tensor)
+
+    def drop(sender: str, receiver: str, t: int) -> bool:
+        return (sender, receiver) == ("n0", "n1") and t < 3
+
+    for t, states, _ in _rounds(OPS(robust=True), topo, params, rounds=4, drop=drop):
+        held = sum(s.omega for s in states.values())
+        in_flight = states["n0"].sent["n1"].omega - states["n1"].seen.get("n0", _ZERO).omega
+        if t < 3:
+            assert held < 4.0 and in_flight > 0.0
+            assert held + in_flight == pytest.approx(4.0, abs=1e-14)
+        else:
+            assert held == pytest.approx(4.0, abs=1e-14) and in_flight == 0.0
+            assert torch.allclose(sum(s.x for s in states.values()), x0, atol=1e-14)
+    plain = _run(OPS(), topo, params, rounds=4, drop=drop)
+    assert sum(s.omega for s in plain.values()) < 4.0 - 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_one_peer_exponential_schedule_under_drops(dtype: torch.dtype) -> None:
+    """Time-varying graph (one out-edge a round) with 30% loss: still the exact average."""
+    topo = _weighted("one-peer-exponential:8")
+    params = {n: p.to(dtype) for n, p in random_params(topo, 4, D).items()}
+    states = _run(OPS(robust=True), topo, params, rounds=400, p=0.3, seed=2)
+    assert _z_error(states, _mean(params)) < (1e-9 if dtype == torch.float64 else 1e-6)
+
+
+# --- I-RPSUM-1: conservation ---------------------------------------------------------------
+
+
+def _check_conservation(
+    algo: OPS, topo: Topology, params: Mapping[str, torch.Tensor], **kw: Any
+) -> None:
+    x0 = _mean(params) * len(params)
+    n = len(params)
+    for _, states, stepped in _rounds(algo, topo, params, **kw):
+        x, omega = _mass(states)
+        expected = x0 - stepped
+        scale = 1.0 + float(expected.abs().max())
+        assert float((x - expected).abs().max()) <= 1e-9 * scale
+        assert omega == pytest.approx(n, rel=1e-12)
+
+
+@given(
+    strongly_connected_digraphs(max_nodes=6),
+    st.integers(0, 1000),
+    st.floats(0.0, 0.7),
+    st.sampled_from([0.0, 0.1]),
+    st.sampled_from(["none", "omega"]),
+)
+@settings(max_examples=20, deadline=None)
+def test_conservation_every_round(
+    graph: TrustGraph, seed: int, p: float, lr: float, step_scale: str
+) -> None:
+    """I-RPSUM-1: held + in-flight mass = initial mass minus the gradient steps, every round."""
+    topo = _weighted(graph)
+    params = random_params(topo, seed, D)
+    algo = OPS(robust=True, step_scale=step_scale)
+    grad = random_grad(seed, D, pull=0.1)
+    _check_conservation(algo, topo, params, rounds=25, p=p, seed=seed, lr=lr, grad=grad)
+
+
+@st.composite
+def _schedules(draw: st.DrawFn) -> Schedule:
+    """Three random strongly connected digraphs over one node set, taken in turn."""
+    n = draw(st.integers(3, 6))
+    graphs = [draw(strongly_connected_digraphs(min_nodes=n, max_nodes=n)) for _ in range(3)]
+    return Schedule(graphs, name=f"random-schedule-{n}")
+
+
+@given(_schedules(), st.integers(0, 1000), st.floats(0.0, 0.6))
+@settings(max_examples=10, deadline=None)
+def test_conservation_on_time_varying_graph(schedule: Schedule, seed: int, p: float) -> None:
+    """I-RPSUM-1 when edges come and go between rounds (their totals wait for them)."""
+    topo = _weighted(schedule)
+    params = random_params(topo, seed, D)
+    grad = random_grad(seed, D, pull=0.1)
+    _check_conservation(
+        OPS(robust=True), topo, params, rounds=30, p=p, seed=seed, lr=0.1, grad=grad
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_ten_thousand_rounds_do_not_drift(dtype: torch.dtype) -> None:
+    """10^4 rounds at 30% loss: the totals grow ~10^3-fold, yet z and I-RPSUM-1 stay exact.
+
+    Measured (social:4, d = 2): float64 z error 3e-12 and mass error 8e-14; float32 z error
+    3e-7 and mass error 1e-6 (the float32 rounding of x itself), omega exact. Sending the
+    x-total without its low part ``x_lo`` leaves a float32 z error of 3e-4, and keeping
+    ``W_ii * x`` at home instead of exactly what the totals did not take gives a float64
+    mass error that grows with the totals.
+    """
+    topo = _weighted("social:4")
+    params = {n: p.to(dtype) for n, p in random_params(topo, 0, 2).items()}
+    mean = _mean(params)
+    total_x = mean * len(params)
+    worst_mass = worst_omega = 0.0
+    final: dict[str, Any] = {}
+    for t, states, _ in _rounds(OPS(robust=True), topo, params, rounds=10_000, p=0.3, seed=3):
+        if t % 1000 == 999:
+            x, omega = _mass(states)
+            worst_mass = max(worst_mass, float((x - total_x).abs().max()))
+            worst_omega = max(worst_omega, abs(omega - 4.0))
+            final = states
+    grown = max(float(t.x.abs().max()) for s in final.values() for t in s.sent.values())
+    assert grown > 1e3  # the totals really are large
+    assert worst_omega < 1e-12  # omega travels as a float64 scalar, whatever the model dtype
+    if dtype == torch.float64:
+        assert _z_error(final, mean) < 1e-10
+        assert worst_mass < 1e-12
+    else:
+        assert _z_error(final, mean) < 2e-6
+        assert worst_mass < 2e-5
+
+
+# --- equivalence with plain OPS and step scaling --------------------------------------------
+
+
+@pytest.mark.parametrize("step_scale", ["none", "omega"])
+def test_no_drops_matches_plain_ops(step_scale: str) -> None:
+    """Without loss, robust OPS follows plain OPS's trajectory (to float rounding)."""
+    topo = _weighted("social:8")
+    params = random_params(topo, 11, D)
+    grad = random_grad(11, D, pull=0.1)
+    kw: dict[str, Any] = {"rounds": 60, "lr": 0.1, "grad": grad}
+    robust = _rounds(OPS(robust=True, step_scale=step_scale), topo, params, **kw)
+    plain = _rounds(OPS(step_scale=step_scale), topo, params, **kw)
+    for (_, a, _), (_, b, _) in zip(robust, plain, strict=True):
+        for n in topo.nodes:
+            assert torch.allclose(OPS().model(a[n]), OPS().model(b[n]), rtol=0, atol=1e-11)
+            assert a[n].omega == pytest.approx(b[n].omega, rel=1e-12)
+
+
+@pytest.mark.parametrize("robust", [False, True])
+def test_step_scale_omega_is_a_step_of_lr_on_z(robust: bool) -> None:
+    """One round: ``x -= lr * omega * g`` (z moves by lr * g), against the paper's ``x -= lr g``."""
+    x = torch.tensor([2.0, 4.0], dtype=torch.float64)
+    g = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    ctx = RoundContext(
+        node="a", round=0, lr=0.1, self_weight=0.5, out_weights={"b": 0.5}, in_weights={}
+    )
+    moved = {}
+    for step_scale in ("none", "omega"):
+        algo = OPS(robust=robust, step_scale=step_scale)
+        state = algo.init(x)._replace(omega=0.5)
+        new, out = algo.step(state, g, ctx)
+        sent = out["b"].tensor("x")
+        moved[step_scale] = (new.x + sent if robust else new.x) - x  # what the step took off
+        z_half = (new.x + sent) / 0.5 if robust else new.x / 0.5
+        if step_scale == "omega":
+            assert torch.allclose(z_half, x / 0.5 - 0.1 * g, atol=1e-15)
+    assert torch.allclose(moved["none"], -0.1 * g, atol=1e-15)
+    assert torch.allclose(moved["omega"], -0.1 * 0.5 * g, atol=1e-15)
+
+
+def _quadratic(topo: Topology) -> tuple[GradFn, torch.Tensor, torch.Tensor]:
+    """f_i(z) = |z - c_i|^2 / 2: gradient, uniform optimum, Perron(omega)-weighted optimum."""
+    gen = torch.Generator().manual_seed(3)
+    c = {n: torch.randn(2, generator=gen, dtype=torch.float64) for n in topo.nodes}
+    w = topo.at(0).mixing_matrix()
+    vals, vecs = np.linalg.eig(w.T)
+    pi = np.abs(np.real(vecs[:, np.argmax(np.real(vals))]))
+    pi = pi / pi.sum()
+    perron = sum(float(pi[i]) * c[n] for i, n in enumerate(topo.nodes))
+    assert isinstance(perron, torch.Tensor)
+
+    def grad(node: str, _t: int, z: torch.Tensor) -> torch.Tensor:
+        return z - c[node]
+
+    return grad, torch.stack(list(c.values())).mean(dim=0), perron
+
+
+@pytest.mark.parametrize(("spec", "target"), [("social:8", "perron"), ("exponential:8", "uniform")])
+def test_step_scale_omega_quadratic_under_drops(spec: str, target: str) -> None:
+    """Robust OPS + step_scale="omega" at 30% loss converges on a quadratic.
+
+    Its fixed point minimises ``sum_i omega_i f_i``: on the non-regular social graph that is
+    the Perron-weighted optimum, not the uniform one (the documented price of the scaling);
+    on the regular exponential graph the two coincide.
+    """
+    topo = _weighted(spec)
+    grad, uniform, perron = _quadratic(topo)
+    params = {n: torch.zeros(2, dtype=torch.float64) for n in topo.nodes}
+    algo = OPS(robust=True, step_scale="omega")
+    states = _run(
+        algo, topo, params, rounds=1000, p=0.3, seed=1, lr=lambda t: 0.5 / (t + 1) ** 0.5, grad=grad
+    )
+    zs = torch.stack([algo.model(s) for s in states.values()])
+    centre = zs.mean(dim=0)
+    assert float((zs - centre).norm(dim=1).max()) < 0.05  # consensus, up to lr_T * |grad|
+    goal = perron if target == "perron" else uniform
+    assert float((centre - goal).norm()) < 0.02
+    if target == "perron":
+        assert float((perron - uniform).norm()) > 0.1  # the two targets are far apart here
+
+
+# --- wire format, codecs, inbox hygiene ------------------------------------------------------
+
+
+def test_wire_carries_a_low_part_unless_float64_travels_exactly() -> None:
+    """Totals travel in the model dtype; ``x + x_lo`` matches the float64 total to ~u^2."""
+    gen = torch.Generator().manual_seed(0)
+    total = EdgeTotal(torch.randn(50, generator=gen, dtype=torch.float64) * 1e4, 1234.5)
+    fp32 = make_codec("fp32")
+    exact = total_payload(total, torch.float64)
+    assert set(exact.tensors) == {"x"} and torch.equal(exact.tensor("x"), total.x)
+    assert set(total_payload(total, torch.float64, make_codec("raw")).tensors) == {"x"}
+    for dtype, codec in [(torch.float32, None), (torch.float32, fp32), (torch.float64, fp32)]:
+        received = _decoded(total_payload(total, dtype, codec))
+        assert set(received.tensors) == {"x", "x_lo"}
+        assert all(t.dtype == dtype and t.shape == (50,) for t in received.tensors.values())
+        assert received.scalars["omega"] == 1234.5
+        back = read_total("a", received)
+        hi_only = float((received.tensor("x").double() - total.x).abs().max())
+        assert float((back.x - total.x).abs().max()) < 1e-14 * 1e4 * 8
+        assert hi_only > 1e-5  # without x_lo the receiver would be off by ~u * |total|
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_fp32_codec_wire_keeps_the_exact_average(dtype: torch.dtype) -> None:
+    """With the node's default fp32 codec (lossy for float64 models) under 30% loss."""
+    topo = _weighted("social:8")
+    params = {n: p.to(dtype) for n, p in random_params(topo, 9, D).items()}
+    states = _run(
+        OPS(robust=True), topo, params, rounds=400, p=0.3, seed=4, codec=make_codec("fp32")
+    )
+    assert _z_error(states, _mean(params)) < (1e-11 if dtype == torch.float64 else 1e-6)
+
+
+def test_mix_leaves_inbox_untouched_and_ignores_stale_totals() -> None:
+    """Inbox tensors are read only; a total older than the one applied adds nothing."""
+    algo = OPS(robust=True)
+    ctx = RoundContext(
+        node="a", round=0, lr=0.0, self_weight=0.5, out_weights={}, in_weights={"b": 0.5}
+    )
+    state = algo.init(torch.tensor([1.0, 2.0], dtype=torch.float64))
+    old = total_payload(
+        EdgeTotal(torch.tensor([1.0, 1.0], dtype=torch.float64), 0.5), torch.float64
+    )
+    new = total_payload(
+        EdgeTotal(torch.tensor([3.0, 2.0], dtype=torch.float64), 1.0), torch.float64
+    )
+    copies = {k: v.clone() for k, v in new.tensors.items() if isinstance(v, torch.Tensor)}
+    s1, out = algo.mix(state, 0, {"b": old}, ctx)
+    s2, _ = algo.mix(s1, 0, {"b": new}, ctx)
+    s3, _ = algo.mix(s2, 0, {"b": old}, ctx)  # replayed: ignored
+    s4, _ = algo.mix(s3, 0, {"b": new}, ctx)  # repeated: adds zero
+    assert out == {}
+    assert torch.equal(s2.x, torch.tensor([4.0, 4.0], dtype=torch.float64)) and s2.omega == 2.0
+    for s in (s3, s4):
+        assert torch.equal(s.x, s2.x) and s.omega == s2.omega
+    assert all(torch.equal(new.tensor(k), v) for k, v in copies.items())
+
+
+def test_message_without_totals_is_an_algorithm_error() -> None:
+    algo = OPS(robust=True)
+    ctx = RoundContext(
+        node="a", round=0, lr=0.0, self_weight=0.5, out_weights={}, in_weights={"b": 0.5}
+    )
+    state = algo.init(torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(AlgorithmError, match=r"'b'.*omega"):
+        algo.mix(state, 0, {"b": Payload({"x": torch.zeros(2, dtype=torch.float64)})}, ctx)
+
+
+def test_new_edge_totals_start_at_zero_and_absent_edges_wait() -> None:
+    """An edge's totals start at its first use; an edge absent this round keeps its totals."""
+    x = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    kept, omega, totals = push_totals(x, 1.0, {}, {"b": 0.25, "c": 0.25})
+    assert torch.equal(kept, 0.5 * x) and omega == 0.5
+    assert torch.equal(totals["b"].x, 0.25 * x) and totals["b"].omega == 0.25
+    kept2, omega2, totals2 = push_totals(kept, omega, totals, {"c": 0.5})
+    assert totals2["b"] is totals["b"]
+    assert torch.equal(totals2["c"].x, 0.25 * x + 0.25 * x) and totals2["c"].omega == 0.5
+    assert torch.equal(kept2, 0.25 * x) and omega2 == 0.25
+
+
+# --- through the project's harnesses ---------------------------------------------------------
+
+
+def test_lockstep_with_drops_reaches_the_average() -> None:
+    """fedcore.testing.lockstep (snapshotted messages) with seeded 30% loss."""
+    topo = _weighted("social:10")
+    params = random_params(topo, 12, D)
+    rng = np.random.default_rng(0)
+    states = lockstep(
+        OPS(robust=True), topo, params, rounds=400, drop=lambda *_: bool(rng.random() < 0.3)
+    )
+    assert _z_error(states, _mean(params)) < 1e-8
+
+
+def test_over_the_network_with_faults() -> None:
+    """End to end (float32 model, fp32 codec, injected 30% loss): the node accepts the
+    totals and their low parts, and no mass is lost."""
+    from fedcore.testing import make_network
+
+    net = make_network(
+        "social:6",
+        algorithm="ops",
+        settings={
+            "algorithm.robust": True,
+            "algorithm.step_scale": "omega",
+            "algorithm.lr": 0.0,
+            "faults.drop": 0.3,
+        },
+    )
+    start = net.average_model().clone()
+    net.run(30)
+    states = {n: node.state for n, node in net.nodes.items()}
+    assert all(isinstance(s, RobustOPSState) for s in states.values())
+    assert {name for m in net.messages for name in m.tensors} == {"x", "x_lo"}
+    assert all(t.dtype == "float32" for m in net.messages for t in m.tensors.values())
+    _, omega = _mass(states)
+    assert omega == pytest.approx(6.0, rel=1e-12)
+    assert torch.allclose(
+        torch.stack([s.x.double() / s.omega for s in states.values()]).mean(0),
+        start.double(),
+        atol=1e-2,
+    )
