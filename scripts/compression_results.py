@@ -20,15 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from fedcore.config import load_config
-from fedcore.errors import FedcoreError
-from fedcore.runners.simulate import simulate
+from _results import finals, first_reaching, mean, plot_curves, run_all
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,16 +45,13 @@ METHODS: dict[str, list[str]] = {
 }
 
 
-def config_overrides(dataset: str, topology: str, label: str, seed: int, args: Any) -> list[str]:
-    """The ``--set`` overrides of one run of the grid."""
+def config_overrides(dataset: str, topology: str, label: str, args: Any) -> list[str]:
+    """The ``--set`` overrides of one run of the grid (the seed comes separately)."""
     overrides = METHODS[label]
     extra = [f"algorithm.eta={args.eta}"] if "deepsqueeze" in overrides[0] else []
     extra += [f"algorithm.gamma={args.gamma}"] if "choco" in overrides[0] else []
-    extra += (
-        [f"compression.chunk={args.chunk}"]
-        if "qsgd" in str(overrides) or SIGN[0] in overrides
-        else []
-    )
+    chunked = "qsgd" in str(overrides) or SIGN[0] in overrides
+    extra += [f"compression.chunk={args.chunk}"] if chunked else []
     return [
         f"data.dataset={dataset}",
         "data.partition=dirichlet",
@@ -70,61 +62,18 @@ def config_overrides(dataset: str, topology: str, label: str, seed: int, args: A
         "topology.nodes=16",
         f"run.rounds={args.rounds}",
         f"run.eval_every={max(1, args.rounds // 20)}",
-        f"run.seed={seed}",
         f"algorithm.lr={args.lr}",
         *overrides,
         *extra,
     ]
 
 
-def run_one(job: tuple[str, str, str, int, argparse.Namespace]) -> dict[str, Any]:
-    """One simulate run; a diverged method is a finding, recorded as ``failed``."""
-    dataset, topology, label, seed, args = job
-    torch.set_num_threads(1)
-    config = load_config(None, config_overrides(dataset, topology, label, seed, args))
-    out = args.out / "runs" / f"{dataset}-{topology}-{label.replace(' ', '_')}-seed{seed}"
-    try:
-        summary = simulate(config, out_dir=out, show_progress=False)
-    except FedcoreError as exc:
-        print(f"{dataset:8s} {topology:6s} {label:28s} seed {seed} FAILED: {exc}", flush=True)
-        return {"method": label, "seed": seed, "failed": str(exc)}
-    evals = [
-        json.loads(line)
-        for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-        if '"kind":"eval"' in line
-    ]
-    final = summary["final"]
-    print(
-        f"{dataset:8s} {topology:6s} {label:28s} seed {seed} "
-        f"avg {final['avg_model_accuracy']:.4f} node {final['mean_node_accuracy']:.4f} "
-        f"x{summary['traffic']['compression_ratio_vs_fp32']:.1f}",
-        flush=True,
-    )
-    return {"method": label, "seed": seed, "summary": summary, "evals": evals}
-
-
-def bytes_to_reach(evals: list[dict[str, Any]], target: float) -> float | None:
-    """Bytes sent per node when the average model first reached ``target`` accuracy."""
-    for record in evals:
-        if record["avg_model_accuracy"] >= target:
-            return float(record["bytes_sent_per_node"])
-    return None
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 def report(
     dataset: str, topology: str, runs: list[dict[str, Any]], args: argparse.Namespace
 ) -> tuple[str, list[dict[str, Any]]]:
     """A markdown table (means over seeds) and its rows."""
-
-    def finals(label: str, key: str) -> list[float]:
-        return [r["summary"]["final"][key] for r in runs if r["method"] == label and "summary" in r]
-
-    base_avg = _mean(finals("D-PSGD fp32", "avg_model_accuracy"))
-    base_node = _mean(finals("D-PSGD fp32", "mean_node_accuracy"))
+    base_avg = mean(finals(runs, "D-PSGD fp32", "avg_model_accuracy"))
+    base_node = mean(finals(runs, "D-PSGD fp32", "mean_node_accuracy"))
     target = 0.9 * base_avg
     seeds = sorted({r["seed"] for r in runs})
     lines = [
@@ -149,24 +98,26 @@ def report(
             )
             rows.append({"method": label, "failed": [r["failed"] for r in failed]})
             continue
-        avg, node = finals(label, "avg_model_accuracy"), finals(label, "mean_node_accuracy")
+        avg = finals(runs, label, "avg_model_accuracy")
+        node = finals(runs, label, "mean_node_accuracy")
         traffic = mine[0]["summary"]["traffic"]
-        reach = [bytes_to_reach(r["evals"], target) for r in mine]
+        hits = [first_reaching(r["evals"], target) for r in mine]
+        reach = [None if h is None else h["bytes_sent_per_node"] for h in hits]
         reached = [b for b in reach if b is not None]
         reach_text = (
             "never"
             if not reached
-            else f"{_mean(reached) / 1e6:.3f}"
+            else f"{mean(reached) / 1e6:.3f}"
             + ("" if len(reached) == len(reach) else f" ({len(reached)}/{len(reach)} seeds)")
         )
         row = {
             "method": label,
-            "avg_model_accuracy": _mean(avg),
-            "mean_node_accuracy": _mean(node),
+            "avg_model_accuracy": mean(avg),
+            "mean_node_accuracy": mean(node),
             "avg_model_accuracy_per_seed": avg,
             "mean_node_accuracy_per_seed": node,
-            "delta_avg_points": 100 * (_mean(avg) - base_avg),
-            "delta_node_points": 100 * (_mean(node) - base_node),
+            "delta_avg_points": 100 * (mean(avg) - base_avg),
+            "delta_node_points": 100 * (mean(node) - base_node),
             "bytes_per_node_per_round": traffic["bytes_per_node_per_round"],
             "compression_ratio_vs_fp32": traffic["compression_ratio_vs_fp32"],
             "bytes_per_node_to_90pct": reach,
@@ -179,31 +130,6 @@ def report(
             f"{reach_text} |"
         )
     return "\n".join(lines) + "\n", rows
-
-
-def plot(dataset: str, topology: str, runs: list[dict[str, Any]], path: Path) -> None:
-    """Average-model accuracy against MB sent per node, seed 0 of every method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    first = min(r["seed"] for r in runs)
-    for r in runs:
-        if "failed" in r or r["seed"] != first:
-            continue
-        xs = [e["bytes_sent_per_node"] / 1e6 for e in r["evals"]]
-        ax.plot(xs, [e["avg_model_accuracy"] for e in r["evals"]], marker=".", label=r["method"])
-    ax.set_xscale("log")
-    ax.set_xlabel("MB sent per node (log)")
-    ax.set_ylabel("average-model test accuracy")
-    ax.set_title(f"{dataset}, 16-node {topology} (seed {first})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,13 +160,29 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for dataset in args.dataset:
         for topology in args.topology:
-            jobs = [(dataset, topology, m, seed, args) for m in labels for seed in args.seeds]
-            with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-                runs = list(pool.map(run_one, jobs))
+            jobs = [
+                (
+                    label,
+                    seed,
+                    config_overrides(dataset, topology, label, args),
+                    args.out / "runs" / f"{dataset}-{topology}-{label.replace(' ', '_')}-s{seed}",
+                )
+                for label in labels
+                for seed in args.seeds
+            ]
+            runs = run_all(jobs, args.jobs)
             stem = args.out / f"compression-{dataset}-{topology}"
             table, rows = report(dataset, topology, runs, args)
             stem.with_suffix(".md").write_text(table, encoding="utf-8")
-            plot(dataset, topology, runs, stem.with_suffix(".png"))
+            plot_curves(
+                runs,
+                stem.with_suffix(".png"),
+                x=lambda e: e["bytes_sent_per_node"] / 1e6,
+                xlabel="MB sent per node (log)",
+                panels=[("avg_model_accuracy", "average-model test accuracy", False)],
+                title=f"{dataset}, 16-node {topology}",
+                logx=True,
+            )
             stem.with_suffix(".json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
             print(table, flush=True)
             print(f"wrote {stem}.md/.png/.json", flush=True)

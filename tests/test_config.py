@@ -301,9 +301,13 @@ def test_dumps_toml_round_trips_control_characters() -> None:
     assert round_trip(c) == c
 
 
-def test_dumps_toml_rejects_nested_tables() -> None:
+def test_dumps_toml_writes_inline_tables_and_rejects_other_values() -> None:
+    import tomllib
+
+    text = dumps_toml({"algorithm": {"nested": {"a": 1, "b->c": [{"d": "e"}]}}})
+    assert tomllib.loads(text) == {"algorithm": {"nested": {"a": 1, "b->c": [{"d": "e"}]}}}
     with pytest.raises(ConfigError, match="TOML value"):
-        dumps_toml({"algorithm": {"nested": {"a": 1}}})
+        dumps_toml({"algorithm": {"nothing": None}})
 
 
 def test_config_to_dict_flattens_options_into_their_table() -> None:

@@ -18,12 +18,15 @@ from fedcore.algorithms import Algorithm, make_algorithm
 from fedcore.compression import make_codec
 from fedcore.config import Config, TopologyConfig, fingerprint
 from fedcore.data import BatchStream, Dataset, load_dataset, partition
-from fedcore.errors import DataError
+from fedcore.errors import ConfigError, DataError
 from fedcore.models import Objective, build_model
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
 from fedcore.topology import Topology
 from fedcore.transport import InProcessNetwork, Transport
 from fedcore.transport.faults import FaultPlan, FaultyTransport
+
+LOSSY_SPARSE = ("qsgd", "sign", "topk", "randk")
+"""Codecs whose error scales with the values sent (no use on growing running sums)."""
 
 __all__ = [
     "Network",
@@ -220,6 +223,12 @@ def prepare_run(
     if algorithm is None:
         algorithm = make_algorithm(config.algorithm.name, **config.algorithm.options)
     graph = communication_graph(algorithm, trust)
+    if getattr(algorithm, "robust", False) and config.compression.codec in LOSSY_SPARSE:
+        raise ConfigError(
+            f"algorithm {config.algorithm.name!r} with robust = true sends running totals that "
+            f"grow without bound; codec {config.compression.codec!r} has an error relative to "
+            "them. Use compression.codec = 'fp32', 'fp16', 'bf16' or 'raw'."
+        )
     if dataset is None:
         dataset = load_dataset(
             config.data.dataset, seed=seed, test_fraction=config.data.test_fraction

@@ -8,8 +8,9 @@ config, so it holds exactly its partition of the data and the same initial model
 Its folder (``--out``) receives ``node.pid`` (its process id) at start, then, as it goes,
 ``metrics.jsonl`` (one record per round, flushed each round) and ``models/round-<t>.f32``
 (its parameters at every evaluation round, as float32 little-endian bytes, for the
-launcher's evaluation), and at the end ``node.json`` (id, rounds done, parameter digest). SIGINT and SIGTERM stop it cleanly: the server stops
-gracefully, channels close and metrics are flushed.
+launcher's evaluation), and at the end ``node.json`` (id, rounds done, parameter digest).
+SIGINT and SIGTERM stop it cleanly: the server stops gracefully, channels close and metrics
+are flushed.
 
 The roster maps node ids to ``HOST:PORT``, as JSON (``{"n0": "10.0.0.5:7000", ...}``) or
 TOML (``[peers]`` table with ``n0 = "10.0.0.5:7000"``).

@@ -132,9 +132,7 @@ def test_strict_run_with_announced_losses_is_fast_and_counts_them(tmp_path: Path
     lines = (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines]
     down = [r for r in records if r["kind"] == "node" and r["down"]]
-    assert {r["round"] for r in down} == set(range(12, 20)) and all(
-        r["loss"] is None for r in down
-    )
+    assert {r["round"] for r in down} == set(range(12, 20)) and all(r["loss"] is None for r in down)
 
 
 def test_same_plan_same_run_and_no_faults_unchanged(tmp_path: Path) -> None:
