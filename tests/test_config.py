@@ -324,6 +324,7 @@ def test_config_to_dict_flattens_options_into_their_table() -> None:
         "model",
         "compression",
         "transport",
+        "faults",
     ]
 
 
