@@ -297,7 +297,8 @@ class FaultsConfig:
 
     * ``drop``: probability that any message is lost; ``edge_drop`` overrides it per edge:
       ``{ "n0->n1" = 0.5 }``.
-    * ``delay_s``: each message waits uniformly in ``[0, delay_s]`` before it is sent.
+    * ``delay_s``: each message waits uniformly in ``[0, delay_s]`` before it is sent (a
+      node sends one message after another, so its delays add up within a phase).
     * ``partitions``: ``[{ nodes = ["n0", "n1"], start = 10, end = 20 }]``: messages between
       those nodes and the rest are lost in rounds 10-19.
     * ``crashes``: ``[{ node = "n3", at = 50, back = 80 }]``: n3 does nothing in rounds
