@@ -128,6 +128,26 @@ class RoundRecord:
         return line
 
     @classmethod
+    def down_round(cls, node: str, round: int, *, lr: float, wall_s: float) -> RoundRecord:
+        """The record of a round a crashed or dead node did not run (``loss`` NaN)."""
+        return cls(
+            node=node,
+            round=round,
+            loss=math.nan,
+            lr=lr,
+            messages_sent=0,
+            bytes_sent=0,
+            messages_received=0,
+            bytes_received=0,
+            messages_missing=0,
+            messages_late=0,
+            messages_rejected=0,
+            missing=(),
+            wall_s=wall_s,
+            down=True,
+        )
+
+    @classmethod
     def from_json(cls, line: dict[str, Any]) -> RoundRecord:
         """The record of a line written by :meth:`to_json`."""
         raw = {k: v for k, v in line.items() if k != "kind"}
@@ -311,22 +331,7 @@ class Node:
     def _skip_round(self, t: int, lr: float, began: float) -> RoundRecord:
         """A crashed round: no step, no message; the state waits for the node's return."""
         self.round = t + 1
-        record = RoundRecord(
-            node=self.id,
-            round=t,
-            loss=math.nan,
-            lr=lr,
-            messages_sent=0,
-            bytes_sent=0,
-            messages_received=0,
-            bytes_received=0,
-            messages_missing=0,
-            messages_late=0,
-            messages_rejected=0,
-            missing=(),
-            wall_s=time.perf_counter() - began,
-            down=True,
-        )
+        record = RoundRecord.down_round(self.id, t, lr=lr, wall_s=time.perf_counter() - began)
         if self.observer is not None:
             self.observer(self, record)
         return record

@@ -86,10 +86,15 @@ def plot_curves(
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
     first = min(r["seed"] for r in runs)
     for ax, (key, ylabel, logy) in zip(axes[0], panels, strict=True):
-        for r in runs:
-            if "failed" in r or r["seed"] != first:
-                continue
-            ax.plot([x(e) for e in r["evals"]], [e[key] for e in r["evals"]], label=r["method"])
+        shown = [r for r in runs if "failed" not in r and r["seed"] == first]
+        for i, r in enumerate(shown):
+            ax.plot(
+                [x(e) for e in r["evals"]],
+                [e[key] for e in r["evals"]],
+                label=r["method"],
+                color=plt.get_cmap("tab20")(i % 20),
+                linestyle=("-", "--")[i // 20 % 2],
+            )
         if logy:
             ax.set_yscale("log")
         if logx:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -218,7 +217,10 @@ def _merge(
         last_round[n] = mine[-1].round if mine else -1
         records.extend(mine)
         if n in dead:
-            records.extend(_down_record(n, t) for t in range(last_round[n] + 1, rounds))
+            records.extend(
+                RoundRecord.down_round(n, t, lr=0.0, wall_s=0.0)
+                for t in range(last_round[n] + 1, rounds)
+            )
     order = {n: i for i, n in enumerate(nodes)}
     records.sort(key=lambda r: (r.round, order[r.node]))
     writer = JsonlWriter(out / "metrics.jsonl")
@@ -260,23 +262,3 @@ def _merge(
     }
     write_results(out, summary)
     return summary
-
-
-def _down_record(node: str, round: int) -> RoundRecord:
-    """A round a dead peer did not run."""
-    return RoundRecord(
-        node=node,
-        round=round,
-        loss=math.nan,
-        lr=0.0,
-        messages_sent=0,
-        bytes_sent=0,
-        messages_received=0,
-        bytes_received=0,
-        messages_missing=0,
-        messages_late=0,
-        messages_rejected=0,
-        missing=(),
-        wall_s=0.0,
-        down=True,
-    )

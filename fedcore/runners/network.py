@@ -223,6 +223,13 @@ def prepare_run(
     if algorithm is None:
         algorithm = make_algorithm(config.algorithm.name, **config.algorithm.options)
     graph = communication_graph(algorithm, trust)
+    f = config.faults
+    if algorithm.name == "choco" and (f.drop or f.edge_drop or f.partitions or f.crashes):
+        raise ConfigError(
+            "algorithm 'choco' needs every message: a lost one leaves the receiver's copy of "
+            "the sender's public model behind for good. Remove the [faults] losses, or use "
+            "'deepsqueeze' or 'dpsgd', which mix what arrives."
+        )
     if getattr(algorithm, "robust", False) and config.compression.codec in LOSSY_SPARSE:
         raise ConfigError(
             f"algorithm {config.algorithm.name!r} with robust = true sends running totals that "

@@ -159,3 +159,18 @@ def test_unannounced_losses_need_deadline_mode(tmp_path: Path) -> None:
         show_progress=False,
     )
     assert summary["traffic"]["messages_missing"] >= summary["traffic"]["messages_dropped"] > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["algorithm.name=choco", "topology.kind=ring", "faults.drop=0.1"], "needs every message"),
+        (["algorithm.robust=true", "compression.codec=sign"], "running totals"),
+        (['faults.crashes=[{node="n99", at=1}]'], "n99"),
+    ],
+)
+def test_fault_plans_that_cannot_work_are_refused(
+    tmp_path: Path, overrides: list[str], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        simulate(load_config(None, [*SMALL, *overrides]), out_dir=tmp_path, show_progress=False)
