@@ -108,7 +108,11 @@ def _print_table(summary: dict[str, Any]) -> None:
         ("consensus distance", f"{final.get('consensus_distance', float('nan')):.4g}"),
         ("average loss", f"{final.get('average_loss', float('nan')):.4f}"),
         ("bytes / node / round", f"{traffic.get('bytes_per_node_per_round', 0):.0f}"),
-        ("messages dropped", str(traffic.get("messages_dropped", 0))),
+        (
+            "messages missing",
+            f"{traffic.get('messages_missing', 0)} ({traffic.get('messages_dropped', 0)} lost "
+            "to [faults])",
+        ),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
         ("results", summary.get("out_dir", "")),
     ]
