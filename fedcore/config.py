@@ -3,10 +3,11 @@
 A config file has eight tables; every key is optional and defaults to the built-in run
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
 
-    [run]        name, seed, rounds, eval_every
+    [run]        name, seed, rounds, eval_every, regret
     [topology]   kind, nodes, seed, file, p, rows, cols     (file wins over kind)
     [algorithm]  name, lr, lr_schedule, and the algorithm's own options
-    [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction
+    [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction,
+                 order, stream, features, adversarial, noise, drift
     [model]      name, hidden, dtype
     [compression] codec, bits, ratio, chunk, scaled
     [transport]  kind, mode, deadline_s, strict_timeout_s, startup_timeout_s,
@@ -37,6 +38,7 @@ __all__ = [
     "CODECS",
     "LR_SCHEDULES",
     "MODES",
+    "ORDERS",
     "PARTITIONS",
     "TRANSPORTS",
     "AlgorithmConfig",
@@ -61,6 +63,8 @@ PARTITIONS = ("iid", "dirichlet", "shards")
 """How training data is split across nodes (``data.partition``)."""
 MODES = ("strict", "deadline")
 """How a node waits for its in-neighbours (``transport.mode``)."""
+ORDERS = ("shuffled", "sorted")
+"""Order of a node's examples in a dataset stream (``data.order``)."""
 LR_SCHEDULES = ("constant", "sqrt")
 """Step-size schedules (``algorithm.lr_schedule``)."""
 TRANSPORTS = ("inproc", "grpc")
@@ -71,12 +75,17 @@ CODECS = ("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "raw")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
-    """``[run]``: name (empty: ``<algorithm>-<topology>``), seed, rounds, eval period."""
+    """``[run]``: name (empty: ``<algorithm>-<topology>``), seed, rounds, eval period.
+
+    ``regret``: after the run, compute the static regret (and the dynamic regret where the
+    stream knows its comparator) at every evaluation round, for convex models (``logreg``).
+    """
 
     name: str = ""
     seed: int = 0
     rounds: int = 300
     eval_every: int = 25
+    regret: bool = False
 
     def __post_init__(self) -> None:
         """Validate ranges."""
@@ -131,7 +140,14 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataConfig:
-    """``[data]``: dataset, how it is split across nodes, minibatch size."""
+    """``[data]``: dataset, how it is split across nodes, minibatch size, online streams.
+
+    ``order``: ``"shuffled"`` minibatches, or ``"sorted"`` by label (each node sees its
+    classes one after another). ``stream``: ``""`` (batches of ``dataset``),
+    ``"synthetic"`` (the drifting stream of :mod:`fedcore.streams`, shaped by
+    ``features``, ``adversarial`` (G), ``noise`` (sigma) and ``drift`` (M)) or a user's
+    ``"pkg.module:factory"``.
+    """
 
     dataset: str = "digits"
     partition: str = "dirichlet"
@@ -139,9 +155,18 @@ class DataConfig:
     shards_per_node: int = 2
     batch_size: int = 32
     test_fraction: float = 0.2
+    order: str = "shuffled"
+    stream: str = ""
+    features: int = 10
+    adversarial: float = 1.0
+    noise: float = 1.0
+    drift: float = 10.0
 
     def __post_init__(self) -> None:
         """Validate ranges."""
+        _require(
+            self.order in ORDERS, "data.order", self.order, f"must be one of {', '.join(ORDERS)}"
+        )
         _require(
             self.partition in PARTITIONS,
             "data.partition",

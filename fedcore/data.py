@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedcore.config import PARTITIONS
+from fedcore.config import ORDERS, PARTITIONS
 from fedcore.errors import DataError
 
 __all__ = [
@@ -320,18 +320,39 @@ class BatchStream:
     (2, 2)
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, seed: int) -> None:
-        """Hold ``x``/``y`` and a private generator seeded with ``seed``."""
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        batch_size: int,
+        seed: int,
+        order: str = "shuffled",
+    ) -> None:
+        """Hold ``x``/``y`` and a private generator seeded with ``seed``.
+
+        ``order = "sorted"`` walks the examples in label order (ties in a seeded shuffle),
+        the same every epoch: a non-iid order over time, for online learning.
+        """
         if batch_size < 1:
             raise DataError(f"data.batch_size must be >= 1, got {batch_size}.")
         if len(x) == 0:
             raise DataError("a node was given no training examples.")
+        if order not in ORDERS:
+            raise DataError(f"data.order must be one of {ORDERS}, got {order!r}.")
         self.x = x
         self.y = y
         self.batch_size = min(batch_size, len(x))
         self._gen = torch.Generator().manual_seed(seed)
-        self._order = torch.randperm(len(x), generator=self._gen)
+        self._sorted = order == "sorted"
+        self._order = self._new_order()
         self._pos = 0
+
+    def _new_order(self) -> torch.Tensor:
+        perm = torch.randperm(len(self.x), generator=self._gen)
+        if self._sorted:
+            perm = perm[torch.sort(self.y[perm], stable=True).indices]
+        return perm
 
     def __len__(self) -> int:
         """Number of examples this node holds."""
@@ -340,7 +361,7 @@ class BatchStream:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the next ``batch_size`` examples, starting a new epoch when needed."""
         if self._pos + self.batch_size > len(self._order):
-            self._order = torch.randperm(len(self.x), generator=self._gen)
+            self._order = self._new_order()
             self._pos = 0
         idx = self._order[self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size

@@ -10,13 +10,26 @@ Definitions (every run reports them the same way):
 * **consensus distance**: ``(1/n) sum_i ||m_i - x_bar||_2``.
 * **average loss**: the mean, over every node and every round so far, of the training
   loss a node suffered on its minibatch *before* its update (the online average loss).
+  It is not a regret: nothing is subtracted (public OPS/DOG code plots it as "regret").
+
+Online learning (node ``i`` suffers ``f_{i,t}(x_{i,t})``: the mean loss of its round-``t``
+batch at its model *before* the round's update; ``n`` nodes, rounds ``t = 0..T-1``):
+
+* **static regret** ``R_T = sum_{t,i} f_{i,t}(x_{i,t}) - min_x sum_{t,i} f_{i,t}(x)``:
+  against the best single model in hindsight for the whole network's stream, found by
+  :func:`minimize` (L-BFGS to a gradient tolerance; exact for convex losses such as
+  logistic regression, a lower bound on the regret otherwise).
+* **dynamic regret** ``R^dyn_T = sum_{t,i} f_{i,t}(x_{i,t}) - sum_{t,i} f_{i,t}(x*_t)``:
+  against a comparator sequence ``x*_t`` the stream knows (its path length
+  ``sum_t ||x*_{t+1} - x*_t||`` bounds how fast it drifts).
+* **average regret**: ``R_T / (n T)``, comparable across network sizes and horizons.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,7 +37,15 @@ import torch
 
 from fedcore.models import Objective
 
-__all__ = ["JsonlWriter", "consensus_distance", "evaluate_models", "params_sha256"]
+__all__ = [
+    "JsonlWriter",
+    "consensus_distance",
+    "dynamic_regret",
+    "evaluate_models",
+    "minimize",
+    "params_sha256",
+    "static_regret",
+]
 
 
 def consensus_distance(models: Sequence[torch.Tensor]) -> float:
@@ -51,6 +72,51 @@ def evaluate_models(
     }
 
 
+def minimize(
+    loss_and_grad: Callable[[torch.Tensor], tuple[float, torch.Tensor]],
+    start: torch.Tensor,
+    *,
+    tol: float = 1e-8,
+    max_iter: int = 2000,
+) -> tuple[torch.Tensor, float, float]:
+    """Minimize a smooth function from ``start`` with L-BFGS (strong Wolfe), in float64.
+
+    ``loss_and_grad(w)`` returns the value and gradient at ``w``. Returns the minimizer,
+    the minimum and the final gradient norm (compare it with ``tol`` to know whether the
+    tolerance was reached within ``max_iter`` evaluations).
+    """
+    w = start.detach().to(torch.float64).clone().requires_grad_(True)
+    optimizer = torch.optim.LBFGS(
+        [w],
+        lr=1.0,
+        max_iter=max_iter,
+        max_eval=2 * max_iter,
+        tolerance_grad=tol,
+        tolerance_change=1e-15,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure() -> torch.Tensor:
+        value, grad = loss_and_grad(w.detach())
+        w.grad = grad.to(torch.float64)
+        return torch.tensor(value, dtype=torch.float64)
+
+    optimizer.step(closure)  # type: ignore[no-untyped-call]
+    value, grad = loss_and_grad(w.detach())
+    return w.detach(), float(value), float(grad.abs().max())
+
+
+def static_regret(suffered: float, hindsight_minimum: float) -> float:
+    """``sum of suffered losses - min_x sum_t f_t(x)`` (see the module docstring)."""
+    return suffered - hindsight_minimum
+
+
+def dynamic_regret(suffered: float, comparator_losses: float) -> float:
+    """``sum of suffered losses - sum_t f_t(x*_t)`` (see the module docstring)."""
+    return suffered - comparator_losses
+
+
 def params_sha256(params: torch.Tensor) -> str:
     """Hex SHA-256 of ``params`` as float32 little-endian bytes."""
     array = params.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
@@ -60,10 +126,11 @@ def params_sha256(params: torch.Tensor) -> str:
 class JsonlWriter:
     """Appends one JSON object per line, flushing often so a crash loses little."""
 
-    def __init__(self, path: Path) -> None:
-        """Open ``path`` for writing (truncating it)."""
+    def __init__(self, path: Path, *, append: bool = False) -> None:
+        """Open ``path`` for writing (truncating it, unless ``append``)."""
         self.path = path
-        self._fh: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        mode = "a" if append else "w"
+        self._fh: IO[str] = open(path, mode, encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._pending = 0
 
     def write(self, record: Mapping[str, Any]) -> None:

@@ -32,7 +32,6 @@ import torch
 from fedcore.algorithms.base import Algorithm, Outbox, RoundContext
 from fedcore.compression import Codec, RawCodec, get_codec
 from fedcore.config import LR_SCHEDULES, MODES
-from fedcore.data import BatchStream
 from fedcore.errors import (
     CompressionError,
     ConfigError,
@@ -42,6 +41,7 @@ from fedcore.errors import (
 )
 from fedcore.messages import EncodedTensor, Message, Payload
 from fedcore.models import Objective
+from fedcore.streams import Batches
 from fedcore.topology import Topology
 from fedcore.transport.base import Transport
 from fedcore.transport.faults import FaultAware
@@ -212,7 +212,7 @@ class Node:
         algorithm: Algorithm,
         graph: Topology,
         objective: Objective,
-        stream: BatchStream,
+        stream: Batches,
         transport: Transport,
         options: NodeOptions,
         params: torch.Tensor | None = None,

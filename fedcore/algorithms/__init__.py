@@ -13,6 +13,7 @@ from typing import Any
 from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext
 from fedcore.algorithms.compressed import CHOCO, CHOCOState, DeepSqueeze, DeepSqueezeState
 from fedcore.algorithms.dpsgd import DPSGD, DPSGDState, gossip_mix
+from fedcore.algorithms.online import DOG, DOL
 from fedcore.algorithms.ops import OPS, OPSState, push_shares, push_sum_mix
 from fedcore.algorithms.reference import Central, Local, ModelState
 from fedcore.algorithms.rps import RPS, RPSState
@@ -21,6 +22,8 @@ from fedcore.errors import ConfigError
 __all__ = [
     "ALGORITHMS",
     "CHOCO",
+    "DOG",
+    "DOL",
     "DPSGD",
     "OPS",
     "RPS",
@@ -46,6 +49,8 @@ __all__ = [
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "ops": OPS,
     "dpsgd": DPSGD,
+    "dog": DOG,
+    "dol": DOL,
     "local": Local,
     "central": Central,
     "deepsqueeze": DeepSqueeze,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedcore import topology
@@ -21,6 +22,7 @@ from fedcore.data import BatchStream, Dataset, load_dataset, partition
 from fedcore.errors import ConfigError, DataError
 from fedcore.models import Objective, build_model
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
+from fedcore.streams import Batches, OnlineSource, load_source
 from fedcore.topology import Topology
 from fedcore.transport import InProcessNetwork, Transport
 from fedcore.transport.faults import FaultPlan, FaultyTransport
@@ -72,6 +74,7 @@ class Network:
         nodes: Node id -> node, in graph order.
         run_id: The run fingerprint.
         evaluator: An objective (own module) for evaluating any parameters.
+        setup: What every peer derived from the config (streams, fault plan).
     """
 
     config: Config
@@ -83,6 +86,7 @@ class Network:
     nodes: dict[str, Node]
     run_id: str
     evaluator: Objective
+    setup: RunSetup
 
     async def run_async(self, rounds: int) -> None:
         """Run every node up to ``rounds`` total rounds, concurrently.
@@ -158,10 +162,24 @@ class RunSetup:
     options: NodeOptions
     evaluator: Objective
     faults: FaultPlan | None = None
+    source: OnlineSource | None = None
 
     def objective(self) -> Objective:
         """A fresh model (same initialization on every call) as a flat-parameter objective."""
         return make_objective(self.config, self.dataset)
+
+    def stream(self, i: int) -> Batches:
+        """A fresh stream of the node at graph index ``i`` (the same batches every time)."""
+        if self.source is not None:
+            return self.source.stream(i)
+        idx = torch.as_tensor(self.parts[i])
+        return BatchStream(
+            self.dataset.x_train[idx],
+            self.dataset.y_train[idx],
+            batch_size=self.config.data.batch_size,
+            seed=self.config.run.seed * 1_000_003 + i,
+            order=self.config.data.order,
+        )
 
     def make_node(
         self,
@@ -178,18 +196,12 @@ class RunSetup:
         if self.faults is not None:
             transport = FaultyTransport(transport, self.faults)
         i = self.graph.index(node_id)
-        idx = torch.as_tensor(self.parts[i])
         return Node(
             node_id,
             algorithm=self.algorithm,
             graph=self.graph,
             objective=self.objective(),
-            stream=BatchStream(
-                self.dataset.x_train[idx],
-                self.dataset.y_train[idx],
-                batch_size=self.config.data.batch_size,
-                seed=self.config.run.seed * 1_000_003 + i,
-            ),
+            stream=self.stream(i),
             transport=transport,
             options=self.options,
             params=self.start,
@@ -236,17 +248,43 @@ def prepare_run(
             f"grow without bound; codec {config.compression.codec!r} has an error relative to "
             "them. Use compression.codec = 'fp32', 'fp16', 'bf16' or 'raw'."
         )
-    if dataset is None:
+    source = None
+    if config.data.stream:
+        data = config.data
+        stream_options = (
+            {
+                "features": data.features,
+                "adversarial": data.adversarial,
+                "noise": data.noise,
+                "drift": data.drift,
+            }
+            if data.stream == "synthetic"
+            else {}
+        )
+        source = load_source(
+            data.stream,
+            nodes=len(graph.nodes),
+            rounds=config.run.rounds,
+            batch_size=data.batch_size,
+            seed=seed,
+            options=stream_options,
+        )
+        dataset = source.dataset
+    elif dataset is None:
         dataset = load_dataset(
             config.data.dataset, seed=seed, test_fraction=config.data.test_fraction
         )
-    parts = partition(
-        dataset.y_train,
-        len(graph.nodes),
-        config.data.partition,
-        seed=seed,
-        alpha=config.data.alpha,
-        shards_per_node=config.data.shards_per_node,
+    parts = (
+        [np.zeros(0, dtype=np.int64) for _ in graph.nodes]  # streams hold their own data
+        if source is not None
+        else partition(
+            dataset.y_train,
+            len(graph.nodes),
+            config.data.partition,
+            seed=seed,
+            alpha=config.data.alpha,
+            shards_per_node=config.data.shards_per_node,
+        )
     )
     edges = [
         (u, v, graph.at(t).weight(u, v))
@@ -283,6 +321,7 @@ def prepare_run(
             if config.faults.active
             else None
         ),
+        source=source,
     )
 
 
@@ -330,4 +369,5 @@ def build_network(
         nodes=built,
         run_id=setup.run_id,
         evaluator=setup.evaluator,
+        setup=setup,
     )

@@ -24,7 +24,9 @@ from fedcore.metrics import JsonlWriter, evaluate_models, params_sha256
 from fedcore.models import Objective
 from fedcore.node import Node, RoundRecord
 from fedcore.progress import Progress
-from fedcore.runners.network import Network, build_network
+from fedcore.runners.network import Network, RunSetup, build_network
+from fedcore.runners.regret import applies as regret_applies
+from fedcore.runners.regret import regret_curve
 from fedcore.topology import Topology, spectral_gap
 
 __all__ = [
@@ -88,6 +90,7 @@ class RunObserver:
         self.loss_sum = 0.0  # over completed rounds only, so it is exact at each evaluation
         self.loss_count = 0
         self.missing: dict[str, set[int]] = {}
+        self.losses: dict[str, list[float]] = {n: [math.nan] * self.rounds for n in self.nodes}
         self.missing_edges: dict[str, int] = {}
         self.dropped_edges: dict[str, int] = {}
         self.down: dict[str, list[int]] = {}
@@ -126,6 +129,7 @@ class RunObserver:
             self.dropped_edges[edge] = self.dropped_edges.get(edge, 0) + 1
         if record.down:
             self.down.setdefault(record.node, []).append(t)
+        self.losses[record.node][t] = record.loss
         self._round_loss.setdefault(t, []).append(record.loss)
         self._round_bytes[t] = self._round_bytes.get(t, 0) + record.bytes_sent
         if model is not None:
@@ -205,6 +209,7 @@ def simulate(
     finally:
         writer.close()
     wall = time.perf_counter() - began
+    regret = add_regret(network.setup, observer, out)
     summary = make_summary(
         name=name,
         config=config,
@@ -216,10 +221,28 @@ def simulate(
         wall_seconds=wall,
         observer=observer,
         final_params={nid: node.model() for nid, node in network.nodes.items()},
+        regret=regret,
     )
     write_results(out, summary)
     summary["out_dir"] = str(out)
     return summary
+
+
+def add_regret(setup: RunSetup, observer: RunObserver, out: Path) -> list[dict[str, Any]] | None:
+    """The regret curve of a finished run (``run.regret``, convex models), appended to
+    ``metrics.jsonl`` as ``"kind": "regret"`` records; None where it is not computed."""
+    if not (setup.config.run.regret and regret_applies(setup)):
+        return None
+    began = time.perf_counter()
+    curve = regret_curve(setup, observer.losses, [e["round"] for e in observer.evals])
+    writer = JsonlWriter(out / "metrics.jsonl", append=True)
+    try:
+        for record in curve:
+            writer.write(record)
+    finally:
+        writer.close()
+    logger.info("regret computed in %.1f s", time.perf_counter() - began)
+    return curve
 
 
 def write_results(out: Path, summary: dict[str, Any]) -> None:
@@ -256,6 +279,7 @@ def make_summary(
     wall_seconds: float,
     observer: RunObserver,
     final_params: Mapping[str, torch.Tensor],
+    regret: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` content of a finished run (the same for every transport)."""
     n = observer.n
@@ -263,6 +287,11 @@ def make_summary(
     final = dict(observer.evals[-1])  # the last round always evaluates
     for key in ("kind", "round", "bytes_sent_per_node"):
         final.pop(key, None)
+    if regret:
+        last = regret[-1]
+        for key in ("static_regret", "dynamic_regret", "average_static_regret"):
+            final[key] = last[key]
+        final["average_dynamic_regret"] = last["average_dynamic_regret"]
     totals = observer.totals
     return {
         "name": name,
@@ -304,4 +333,5 @@ def make_summary(
             "down_rounds": {n: _ranges(r) for n, r in sorted(observer.down.items())},
         },
         "params_sha256": {nid: params_sha256(final_params[nid]) for nid in observer.nodes},
+        "regret": [{k: v for k, v in r.items() if k != "kind"} for r in regret or []],
     }
