@@ -3,7 +3,9 @@
 Four panels from each run's ``metrics.jsonl`` evaluation records: training loss and
 test accuracy, each against rounds and against bytes sent per node. One colour per run,
 labelled with the run's name; in the accuracy panels the solid line is the average model
-and the dashed line the mean of the peers' own models.
+and the dashed line the mean of the peers' own models. Runs with regret records
+(``run.regret``) add two panels against rounds: the average static regret ``R_t / (n t)``
+and the average dynamic regret (where the stream has a comparator).
 """
 
 from __future__ import annotations
@@ -16,11 +18,17 @@ from typing import Any
 
 from fedcore.errors import ConfigError
 
-__all__ = ["load_evals", "plot_runs"]
+__all__ = ["load_evals", "load_records", "plot_runs"]
 
 
 def load_evals(run_dir: Path) -> tuple[str, list[dict[str, Any]]]:
-    """The run's name and its evaluation records.
+    """The run's name and its evaluation records (see :func:`load_records`)."""
+    name, evals, _ = load_records(run_dir)
+    return name, evals
+
+
+def load_records(run_dir: Path) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The run's name, its evaluation records and its regret records (maybe none).
 
     Raises:
         ConfigError: the folder has no readable ``metrics.jsonl`` with evaluations.
@@ -29,6 +37,7 @@ def load_evals(run_dir: Path) -> tuple[str, list[dict[str, Any]]]:
     if not path.is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a run folder: it has no metrics.jsonl.")
     evals: list[dict[str, Any]] = []
+    regret: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             try:
@@ -37,6 +46,8 @@ def load_evals(run_dir: Path) -> tuple[str, list[dict[str, Any]]]:
                 raise ConfigError(f"{path}: line {lineno} is not JSON.") from None
             if record.get("kind") == "eval":
                 evals.append(record)
+            elif record.get("kind") == "regret":
+                regret.append(record)
     if not evals:
         raise ConfigError(f"{path} has no evaluation records to plot.")
     name = run_dir.name
@@ -44,7 +55,7 @@ def load_evals(run_dir: Path) -> tuple[str, list[dict[str, Any]]]:
     if summary.is_file():
         with contextlib.suppress(json.JSONDecodeError):
             name = json.loads(summary.read_text(encoding="utf-8")).get("name", name)
-    return name, evals
+    return name, evals, regret
 
 
 def plot_runs(run_dirs: Sequence[Path], out: Path) -> Path:
@@ -54,8 +65,10 @@ def plot_runs(run_dirs: Sequence[Path], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [load_evals(Path(d)) for d in run_dirs]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    loaded = [load_records(Path(d)) for d in run_dirs]
+    runs = [(name, evals) for name, evals, _ in loaded]
+    with_regret = any(regret for _, _, regret in loaded)
+    fig, axes = plt.subplots(3 if with_regret else 2, 2, figsize=(11, 11 if with_regret else 7.5))
     panels = [
         (axes[0][0], "round", "train_loss", "training loss", "round"),
         (axes[0][1], "round", "avg_model_accuracy", "test accuracy", "round"),
@@ -84,6 +97,19 @@ def plot_runs(run_dirs: Sequence[Path], out: Path) -> Path:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[0][1].legend(loc="lower right", fontsize="small")
+    if with_regret:
+        for ax, key, label in (
+            (axes[2][0], "average_static_regret", "average static regret R_t / (n t)"),
+            (axes[2][1], "average_dynamic_regret", "average dynamic regret"),
+        ):
+            for name, _, regret in loaded:
+                points = [(r["round"] + 1, r[key]) for r in regret if r.get(key) is not None]
+                if points:
+                    ax.plot(*zip(*points, strict=True), marker=".", label=name)
+            ax.set_xlabel("round")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        axes[2][0].legend(fontsize="small")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
