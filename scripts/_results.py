@@ -18,15 +18,16 @@ from fedcore.config import load_config
 from fedcore.errors import FedcoreError
 from fedcore.runners.simulate import simulate
 
-Job = tuple[str, int, list[str], Path]
-"""(label, seed, --set overrides, run folder)."""
+Job = tuple[str, int, list[str], Path] | tuple[str, int, list[str], Path, Path]
+"""(label, seed, --set overrides, run folder[, config file the overrides apply to])."""
 
 
 def run_job(job: Job) -> dict[str, Any]:
     """One simulate run on one thread; a diverged method is a finding, recorded as failed."""
-    label, seed, overrides, out = job
+    label, seed, overrides, out = job[:4]
+    base = job[4] if len(job) > 4 else None
     torch.set_num_threads(1)
-    config = load_config(None, [*overrides, f"run.seed={seed}"])
+    config = load_config(base, [*overrides, f"run.seed={seed}"])
     try:
         summary = simulate(config, out_dir=out, show_progress=False)
     except FedcoreError as exc:
