@@ -16,6 +16,7 @@ LAYERS = {
     "config": 0,
     "topology": 1,
     "data": 1,
+    "streams": 1,
     "models": 1,
     "metrics": 1,
     "progress": 1,
