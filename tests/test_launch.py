@@ -25,8 +25,15 @@ REPO = Path(__file__).resolve().parents[1]
     [
         ["algorithm.name=ops", "topology.kind=social", "topology.nodes=5"],
         ["algorithm.name=dpsgd", "topology.kind=ring", "topology.nodes=4"],
+        [
+            "algorithm.name=dog",
+            "topology.kind=ring",
+            "topology.nodes=4",
+            "data.stream=synthetic",
+            "run.regret=true",
+        ],
     ],
-    ids=["ops-directed", "dpsgd-undirected"],
+    ids=["ops-directed", "dpsgd-undirected", "dog-online-regret"],
 )
 def test_launch_matches_simulate_bit_for_bit(tmp_path: Path, overrides: list[str]) -> None:
     """Transport transparency: identical parameters on every node, strict mode, no faults."""
@@ -37,6 +44,7 @@ def test_launch_matches_simulate_bit_for_bit(tmp_path: Path, overrides: list[str
     assert grpc_run["params_sha256"] == sim["params_sha256"]
     assert grpc_run["final"]["avg_model_accuracy"] == sim["final"]["avg_model_accuracy"]
     assert grpc_run["traffic"]["messages_sent"] == sim["traffic"]["messages_sent"]
+    assert grpc_run["regret"] == sim["regret"]
     merged = (tmp_path / "launch" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     kinds = [json.loads(line)["kind"] for line in merged]
     assert kinds.count("node") == 20 * grpc_run["nodes"] and kinds.count("eval") == 2

@@ -35,7 +35,13 @@ from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runners.network import prepare_run
 from fedcore.runners.peer import model_path
-from fedcore.runners.simulate import RunObserver, default_out_dir, make_summary, write_results
+from fedcore.runners.simulate import (
+    RunObserver,
+    add_regret,
+    default_out_dir,
+    make_summary,
+    write_results,
+)
 
 __all__ = ["free_ports", "launch", "read_params"]
 
@@ -245,6 +251,7 @@ def _merge(
             observer.observe(record, model)
     finally:
         writer.close()
+    regret = add_regret(setup, observer, out)
     summary = make_summary(
         name=name,
         config=config,
@@ -256,6 +263,7 @@ def _merge(
         wall_seconds=wall,
         observer=observer,
         final_params=models,
+        regret=regret,
     )
     summary["peer_exits"] = {
         n: {"status": status, "last_round": last_round[n]} for n, status in sorted(dead.items())
