@@ -4,7 +4,7 @@ A config file has eight tables; every key is optional and defaults to the built-
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
 
     [run]        name, seed, rounds, eval_every, regret
-    [topology]   kind, nodes, seed, file, p, rows, cols     (file wins over kind)
+    [topology]   kind, nodes, seed, file, p, rows, cols, undirected  (file wins over kind)
     [algorithm]  name, lr, lr_schedule, and the algorithm's own options
     [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction,
                  order, stream, features, adversarial, noise, drift
@@ -102,7 +102,11 @@ class RunConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopologyConfig:
-    """``[topology]``: a generator (kind, nodes, seed and its parameters) or a file."""
+    """``[topology]``: a generator (kind, nodes, seed and its parameters) or a file.
+
+    ``undirected = true`` adds the reverse of every one-way edge (an undirected exponential
+    or Erdos-Renyi graph, for algorithms that need a symmetric one).
+    """
 
     kind: str = "social"
     nodes: int = 16
@@ -111,6 +115,7 @@ class TopologyConfig:
     p: float = 0.3
     rows: int = 0
     cols: int = 0
+    undirected: bool = False
 
     def __post_init__(self) -> None:
         """Validate ranges."""

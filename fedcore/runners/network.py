@@ -52,7 +52,15 @@ def build_topology(cfg: TopologyConfig) -> Topology:
         params["p"] = cfg.p
     if cfg.kind == "torus":
         params.update({k: v for k, v in (("rows", cfg.rows), ("cols", cfg.cols)) if v})
-    return topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
+    built = topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
+    if cfg.undirected and isinstance(built, topology.TrustGraph) and not built.is_symmetric():
+        edges = built.edges()
+        return topology.TrustGraph.from_edges(
+            [*edges, *((v, u) for u, v in edges)],
+            name=f"{built.name}-undirected",
+            nodes=built.nodes,
+        )
+    return built
 
 
 def communication_graph(algorithm: Algorithm, trust: Topology) -> Topology:
