@@ -366,3 +366,15 @@ def test_fingerprint_changes_with_the_graph() -> None:
     assert fingerprint(Config(), EDGES[:-1]) != base
     renamed = [(u.replace("n", "m"), v.replace("n", "m"), w) for u, v, w in EDGES]
     assert fingerprint(Config(), renamed) != base
+
+
+def test_undirected_topology_adds_reverse_edges() -> None:
+    from fedcore.runners.network import build_topology
+
+    one_way = build_topology(load_config(None, ["topology.kind=exponential"]).topology)
+    both = build_topology(
+        load_config(None, ["topology.kind=exponential", "topology.undirected=true"]).topology
+    )
+    assert not one_way.at(0).is_symmetric() and both.at(0).is_symmetric()
+    assert set(one_way.at(0).edges()) < set(both.at(0).edges())
+    assert both.name == "exponential-16-undirected"
