@@ -110,8 +110,8 @@ def _print_table(summary: dict[str, Any]) -> None:
         ("bytes / node / round", f"{traffic.get('bytes_per_node_per_round', 0):.0f}"),
         (
             "messages missing",
-            f"{traffic.get('messages_missing', 0)} ({traffic.get('messages_dropped', 0)} lost "
-            "to [faults])",
+            f"{traffic.get('messages_missing', 0)} (the fault plan lost "
+            f"{traffic.get('messages_dropped', 0)} at their senders)",
         ),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
         ("results", summary.get("out_dir", "")),

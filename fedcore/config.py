@@ -3,7 +3,7 @@
 A config file has eight tables; every key is optional and defaults to the built-in run
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
 
-    [run]        name, seed, rounds, eval_every, regret
+    [run]        name, seed, rounds, eval_every, regret, checkpoint_every
     [topology]   kind, nodes, seed, file, p, rows, cols, undirected  (file wins over kind)
     [algorithm]  name, lr, lr_schedule, and the algorithm's own options
     [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction,
@@ -79,6 +79,8 @@ class RunConfig:
 
     ``regret``: after the run, compute the static regret (and the dynamic regret where the
     stream knows its comparator) at every evaluation round, for convex models (``logreg``).
+    ``checkpoint_every``: a peer (``fedcore node``) checkpoints its state every K rounds
+    (0: never); ``fedcore node --resume`` continues from the newest good checkpoint.
     """
 
     name: str = ""
@@ -86,12 +88,19 @@ class RunConfig:
     rounds: int = 300
     eval_every: int = 25
     regret: bool = False
+    checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
         """Validate ranges."""
         _require(0 <= self.seed < 2**32, "run.seed", self.seed, "must be in [0, 2**32)")
         _require(self.rounds >= 1, "run.rounds", self.rounds, "must be >= 1")
         _require(self.eval_every >= 1, "run.eval_every", self.eval_every, "must be >= 1")
+        _require(
+            self.checkpoint_every >= 0,
+            "run.checkpoint_every",
+            self.checkpoint_every,
+            "must be >= 0",
+        )
         _require(
             "/" not in self.name and "\\" not in self.name,
             "run.name",
@@ -362,6 +371,10 @@ class FaultsConfig:
             _edge("faults.edge_drop", edge)
             ok = isinstance(p, int | float) and not isinstance(p, bool) and 0 <= p <= 1
             _require(ok, f"faults.edge_drop.{edge!r}", p, "must be a probability in [0, 1]")
+        for key in ("partitions", "crashes"):
+            value = getattr(self, key)
+            if not isinstance(value, list | tuple):
+                raise ConfigError(f"faults.{key} must be a list of tables, got {value!r}.")
         object.__setattr__(self, "partitions", tuple(map(self._partition, self.partitions)))
         object.__setattr__(self, "crashes", tuple(map(self._crash, self.crashes)))
 

@@ -33,6 +33,7 @@ from fedcore.algorithms.base import Algorithm, Outbox, RoundContext
 from fedcore.compression import Codec, RawCodec, get_codec
 from fedcore.config import LR_SCHEDULES, MODES
 from fedcore.errors import (
+    AlgorithmError,
     CompressionError,
     ConfigError,
     PeerUnavailableError,
@@ -237,6 +238,7 @@ class Node:
         self._shape = tuple(start.shape)
         self._dtype = start.dtype
         self.round = 0
+        self.batches_read = 0  # from the stream (a crashed round reads none); for checkpoints
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
         self._faults = transport if isinstance(transport, FaultAware) else None
         self._unreachable: set[str] = set()  # peers whose last send failed (logged once)
@@ -288,6 +290,7 @@ class Node:
         if faults is not None and faults.down(t):
             return self._skip_round(t, ctx.lr, began)
         x, y = self.stream.next_batch()
+        self.batches_read += 1
         loss, grad = self.objective.loss_and_grad(self.algorithm.model(self.state), x, y)
         self.state, outbox = self.algorithm.step(self.state, grad, ctx)
         missing: list[str] = []
@@ -442,7 +445,10 @@ class Node:
         cache = self.decode_cache
         shape = self._shape
         if self._message_shape is not None:
-            shape = tuple(self._message_shape(message.phase, message.sender, ctx))
+            try:
+                shape = tuple(self._message_shape(message.phase, message.sender, ctx))
+            except AlgorithmError as exc:  # a phase or sender the algorithm does not expect
+                raise ProtocolError(str(exc)) from exc
         for name, enc in message.tensors.items():
             tensor = cache.get(message.round, enc) if cache is not None else None
             if tensor is None:

@@ -208,10 +208,11 @@ class QSGDCodec:
             norms = torch.linalg.vector_norm(x).reshape(1)
             per_value = norms.expand(n)
         else:
-            pad = -n % self.chunk
-            buckets = torch.cat([x, x.new_zeros(pad)]).reshape(-1, self.chunk)
+            chunk = min(self.chunk, max(n, 1))  # the same buckets; no giant padding
+            pad = -n % chunk
+            buckets = torch.cat([x, x.new_zeros(pad)]).reshape(-1, chunk)
             norms = torch.linalg.vector_norm(buckets, dim=1)
-            per_value = norms.repeat_interleave(self.chunk)[:n]
+            per_value = norms.repeat_interleave(chunk)[:n]
         if not bool(torch.isfinite(norms).all()):
             raise CompressionError(
                 "codec 'qsgd': a norm of the tensor is not finite (values not finite, or so "
@@ -257,7 +258,11 @@ class QSGDCodec:
             norms = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4", offset=ncodes).copy())
             if not bool((torch.isfinite(norms) & (norms >= 0)).all()):
                 raise CompressionError("codec 'qsgd': a bucket norm is negative or not finite.")
-            values.mul_(norms.repeat_interleave(chunk)[:n]).div_(s)
+            cut = n - n % chunk  # scale views in place: no per-value copy of the norms
+            values[:cut].view(-1, chunk).mul_(norms[: cut // chunk, None])
+            if cut < n:
+                values[cut:].mul_(norms[-1])
+            values.div_(s)
         return _restore(values, encoded)
 
 
@@ -350,11 +355,13 @@ class SignCodec:
         values = torch.from_numpy(signs).to(torch.float32)
         if chunk == 0:
             scale = _param(encoded, "scale", self.name)
+            if scale < 0:
+                raise CompressionError(f"codec 'sign': negative scale {scale}.")
             values.mul_(2 * scale).sub_(scale)
             return _restore(values, encoded)
         scales = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4", offset=nbits).copy())
-        if not bool(torch.isfinite(scales).all()):
-            raise CompressionError("codec 'sign': a chunk scale is not finite.")
+        if not bool((torch.isfinite(scales) & (scales >= 0)).all()):
+            raise CompressionError("codec 'sign': a chunk scale is negative or not finite.")
         values.mul_(2).sub_(1)
         cut = n - n % chunk
         values[:cut].view(-1, chunk).mul_(scales[: cut // chunk, None])
@@ -439,6 +446,8 @@ class TopKCodec:
         idx = np.frombuffer(encoded.data, dtype="<u4", count=k).astype(np.int64)
         if k and int(idx.max()) >= n:
             raise CompressionError(f"codec 'topk': an index exceeds the {n} elements.")
+        if k > 1 and bool((np.diff(idx) <= 0).any()):
+            raise CompressionError("codec 'topk': indices must be strictly increasing.")
         values = np.frombuffer(encoded.data, dtype="<f4", count=k, offset=4 * k)
         out = torch.zeros(n, dtype=torch.float32)
         out[torch.from_numpy(idx)] = torch.from_numpy(values.copy())

@@ -46,6 +46,8 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 def build_topology(cfg: TopologyConfig) -> Topology:
     """The trust graph of ``[topology]``: the file if one is given, else the generator."""
     if cfg.file:
+        if cfg.undirected:
+            raise ConfigError("topology.undirected applies to generated graphs, not to files.")
         return topology.load(cfg.file)
     params: dict[str, object] = {}
     if cfg.kind == "erdos-renyi":
@@ -53,7 +55,11 @@ def build_topology(cfg: TopologyConfig) -> Topology:
     if cfg.kind == "torus":
         params.update({k: v for k, v in (("rows", cfg.rows), ("cols", cfg.cols)) if v})
     built = topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
-    if cfg.undirected and isinstance(built, topology.TrustGraph) and not built.is_symmetric():
+    if not cfg.undirected:
+        return built
+    if not isinstance(built, topology.TrustGraph):
+        raise ConfigError(f"topology.undirected does not apply to the schedule {cfg.kind!r}.")
+    if not built.is_symmetric():
         edges = built.edges()
         return topology.TrustGraph.from_edges(
             [*edges, *((v, u) for u, v in edges)],
@@ -244,6 +250,11 @@ def prepare_run(
         algorithm = make_algorithm(config.algorithm.name, **config.algorithm.options)
     graph = communication_graph(algorithm, trust)
     f = config.faults
+    if f.active and not f.announce and config.transport.mode == "strict":
+        raise ConfigError(
+            "faults.announce = false makes lost messages vanish: strict mode would wait for "
+            "them until transport.strict_timeout_s. Set transport.mode = 'deadline'."
+        )
     if algorithm.name == "choco" and (f.drop or f.edge_drop or f.partitions or f.crashes):
         raise ConfigError(
             "algorithm 'choco' needs every message: a lost one leaves the receiver's copy of "

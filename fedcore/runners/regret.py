@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -74,12 +73,15 @@ def applies(setup: RunSetup) -> bool:
 
 
 def regret_curve(
-    setup: RunSetup, losses_by_node: Mapping[str, Sequence[float]], eval_rounds: Sequence[int]
+    setup: RunSetup,
+    losses_by_node: Mapping[str, Sequence[float | None]],
+    eval_rounds: Sequence[int],
 ) -> list[dict[str, Any]]:
     """Static and dynamic regret at every round of ``eval_rounds`` (see the module doc).
 
-    ``losses_by_node[node][t]`` is the loss node suffered in round ``t`` (NaN: it was
-    down). Returns one record per evaluation round: ``round``, ``suffered`` (sum of the
+    ``losses_by_node[node][t]`` is the loss node suffered in round ``t`` (None: it was
+    down; a diverged node's NaN makes the regret NaN, as it should). Returns one record per
+    evaluation round: ``round``, ``suffered`` (sum of the
     losses suffered so far), ``average_loss``, ``static_regret`` and ``dynamic_regret``
     (``None`` where not defined) and their averages over node-rounds.
     """
@@ -90,7 +92,7 @@ def regret_curve(
     count = [0] * rounds
     for i, node in enumerate(nodes):
         for t, loss in enumerate(losses_by_node[node][:rounds]):
-            if math.isnan(loss):
+            if loss is None:
                 active[i][t] = False
             else:
                 suffered[t] += loss

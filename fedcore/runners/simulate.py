@@ -90,11 +90,12 @@ class RunObserver:
         self.loss_sum = 0.0  # over completed rounds only, so it is exact at each evaluation
         self.loss_count = 0
         self.missing: dict[str, set[int]] = {}
-        self.losses: dict[str, list[float]] = {n: [math.nan] * self.rounds for n in self.nodes}
+        # None: the node was down that round (a diverged node's NaN losses stay NaN)
+        self.losses: dict[str, list[float | None]] = {n: [None] * self.rounds for n in self.nodes}
         self.missing_edges: dict[str, int] = {}
         self.dropped_edges: dict[str, int] = {}
         self.down: dict[str, list[int]] = {}
-        self._round_loss: dict[int, list[float]] = {}
+        self._round_loss: dict[int, list[float | None]] = {}
         self._round_bytes: dict[int, int] = {}
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self._bytes_done = 0
@@ -129,8 +130,8 @@ class RunObserver:
             self.dropped_edges[edge] = self.dropped_edges.get(edge, 0) + 1
         if record.down:
             self.down.setdefault(record.node, []).append(t)
-        self.losses[record.node][t] = record.loss
-        self._round_loss.setdefault(t, []).append(record.loss)
+        self.losses[record.node][t] = None if record.down else record.loss
+        self._round_loss.setdefault(t, []).append(None if record.down else record.loss)
         self._round_bytes[t] = self._round_bytes.get(t, 0) + record.bytes_sent
         if model is not None:
             self._snapshots.setdefault(t, {})[record.node] = model
@@ -138,7 +139,7 @@ class RunObserver:
             self._round_complete(t)
 
     def _round_complete(self, t: int) -> None:
-        losses = [x for x in self._round_loss.pop(t) if not math.isnan(x)]  # not down nodes
+        losses = [x for x in self._round_loss.pop(t) if x is not None]  # not down nodes
         self._bytes_done += self._round_bytes.pop(t)
         train_loss = sum(losses) / len(losses) if losses else math.nan
         self.loss_sum += sum(losses)

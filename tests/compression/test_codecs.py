@@ -264,3 +264,24 @@ def test_threshold_topk_equals_exact_topk(n: int, ratio: float) -> None:
     heavy = x**3  # heavy tails: a threshold far from the bulk
     exact = torch.topk(heavy.abs(), k, sorted=False).indices.sort().values
     assert torch.equal(topk_indices(heavy, k), exact)
+
+
+def test_review_cases_of_malformed_headers() -> None:
+    """A huge qsgd chunk decodes without allocating per chunk; duplicate top-k indices
+    and negative sign scales are refused."""
+    enc = QSGDCodec(8, chunk=4).encode(torch.randn(10))
+    huge = replace(enc, params={"bits": 8.0, "chunk": float(2**40)}, data=enc.data[:14])
+    assert torch.isfinite(get_codec("qsgd").decode(huge)).all()
+    top = TopKCodec(0.3).encode(torch.randn(10))
+    idx = np.frombuffer(top.data, dtype="<u4", count=3).copy()
+    idx[1] = idx[0]
+    with pytest.raises(CompressionError, match="strictly increasing"):
+        get_codec("topk").decode(replace(top, data=idx.tobytes() + top.data[12:]))
+    sign = SignCodec().encode(torch.randn(10))
+    with pytest.raises(CompressionError, match="negative scale"):
+        get_codec("sign").decode(replace(sign, params={"scale": -1.0}))
+    chunked = SignCodec(chunk=5).encode(torch.randn(10))
+    scales = np.frombuffer(chunked.data, dtype="<f4", offset=2).copy()
+    scales[0] = -1.0
+    with pytest.raises(CompressionError, match="negative"):
+        get_codec("sign").decode(replace(chunked, data=chunked.data[:2] + scales.tobytes()))

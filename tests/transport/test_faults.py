@@ -72,6 +72,8 @@ def test_edge_drop_partition_and_crash_windows() -> None:
         ({"crashes": [{"node": "n0", "at": 5, "back": 5}]}, "after at"),
         ({"crashes": [{"node": "n0"}]}, "node = ID, at = R"),
         ({"delay_s": -1.0}, "delay_s"),
+        ({"partitions": 3}, "list of tables"),
+        ({"crashes": True}, "list of tables"),
     ],
 )
 def test_invalid_fault_plans_name_the_key(faults: dict[str, object], match: str) -> None:
@@ -167,6 +169,8 @@ def test_unannounced_losses_need_deadline_mode(tmp_path: Path) -> None:
         (["algorithm.name=choco", "topology.kind=ring", "faults.drop=0.1"], "needs every message"),
         (["algorithm.robust=true", "compression.codec=sign"], "running totals"),
         (['faults.crashes=[{node="n99", at=1}]'], "n99"),
+        (["faults.drop=0.1", "faults.announce=false"], "deadline"),
+        (["topology.kind=one-peer-exponential", "topology.undirected=true"], "schedule"),
     ],
 )
 def test_fault_plans_that_cannot_work_are_refused(
