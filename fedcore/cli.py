@@ -73,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--roster", required=True, help="node id -> HOST:PORT file")
     node.add_argument("--listen", help="HOST:PORT to serve on (default: the roster's entry)")
     node.add_argument("--out", help="this peer's folder (default: runs/node-<id>)")
+    node.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest good checkpoint in <out>/checkpoints (run.checkpoint_every)",
+    )
     _set_option(node)
     _threads_option(node)
 
@@ -188,7 +193,9 @@ def _node(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     roster = load_roster(args.roster)
     out = Path(args.out) if args.out else Path("runs") / f"node-{args.node_id}"
-    return run_peer_main(config, args.node_id, roster, out=out, listen=args.listen)
+    return run_peer_main(
+        config, args.node_id, roster, out=out, listen=args.listen, resume=args.resume
+    )
 
 
 def _topology_show(args: argparse.Namespace) -> int:

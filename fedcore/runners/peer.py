@@ -36,6 +36,7 @@ from fedcore.config import Config
 from fedcore.errors import ConfigError
 from fedcore.metrics import JsonlWriter, params_sha256
 from fedcore.node import DecodeCache, Node, RoundRecord
+from fedcore.runners import checkpoint
 from fedcore.runners.network import RunSetup, prepare_run
 from fedcore.transport.grpc import GrpcTransport
 
@@ -113,13 +114,26 @@ def write_params(path: Path, params: torch.Tensor) -> None:
 
 
 class _PeerLog:
-    """Per-round record writer and evaluation-round model snapshots of one peer."""
+    """Per-round record writer, evaluation-round model snapshots and checkpoints of a peer.
 
-    def __init__(self, out: Path, config: Config) -> None:
+    Resuming from round ``r`` keeps the records of rounds before ``r`` and drops the rest
+    (those rounds run again).
+    """
+
+    def __init__(self, out: Path, config: Config, *, resume_round: int | None = None) -> None:
         self.out = out
         self.rounds = config.run.rounds
         self.eval_every = config.run.eval_every
-        self.writer = JsonlWriter(out / "metrics.jsonl")
+        self.checkpoint_every = config.run.checkpoint_every
+        path = out / "metrics.jsonl"
+        if resume_round is not None and path.exists():
+            kept = [
+                line
+                for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
+                if line.endswith("\n") and json.loads(line)["round"] < resume_round
+            ]
+            path.write_text("".join(kept), encoding="utf-8")
+        self.writer = JsonlWriter(path, append=resume_round is not None)
 
     def __call__(self, node: Node, record: RoundRecord) -> None:
         self.writer.write(record.to_json())
@@ -127,6 +141,8 @@ class _PeerLog:
         t = record.round
         if (t + 1) % self.eval_every == 0 or t + 1 == self.rounds:
             write_params(model_path(self.out, t), node.model())
+        if self.checkpoint_every and (t + 1) % self.checkpoint_every == 0:
+            checkpoint.save(self.out / "checkpoints", node)
 
 
 def _trust_sets(setup: RunSetup, node_id: str) -> tuple[set[str], set[str]]:
@@ -147,8 +163,13 @@ async def run_peer(
     *,
     out: Path,
     listen: str | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Run one peer to the end of the run (or until cancelled); return its ``node.json``."""
+    """Run one peer to the end of the run (or until cancelled); return its ``node.json``.
+
+    With ``resume``, continue from the newest good checkpoint in ``out/checkpoints``
+    (starting from round 0 when there is none, with a warning).
+    """
     setup = prepare_run(config)
     if node_id not in setup.graph.nodes:
         raise ConfigError(
@@ -170,10 +191,16 @@ async def run_peer(
         max_message_bytes=int(config.transport.max_message_mb * (1 << 20)),
         call_timeout_s=config.transport.call_timeout_s,
     )
-    log = _PeerLog(out, config)
+    saved = checkpoint.latest(out / "checkpoints") if resume else None
+    if resume and saved is None:
+        logger.warning("%s: no good checkpoint in %s; starting from round 0", node_id, out)
+    log = _PeerLog(out, config, resume_round=int(saved["round"]) if saved else None)
     # The servicer validates (decodes) every message on arrival; the cache hands the same
     # tensors to the node's own decode at collect time, so each message is decoded once.
     node = setup.make_node(node_id, transport, observer=log, decode_cache=DecodeCache())
+    if saved is not None:
+        checkpoint.restore(node, saved)
+        logger.warning("%s: resumed from the checkpoint of round %d", node_id, node.round)
     transport.validator = node.validate
     await transport.start()
     logger.info("%s serving on port %s", node_id, transport.port)
@@ -194,7 +221,13 @@ async def run_peer(
 
 
 def run_peer_main(
-    config: Config, node_id: str, roster: Mapping[str, str], *, out: Path, listen: str | None
+    config: Config,
+    node_id: str,
+    roster: Mapping[str, str],
+    *,
+    out: Path,
+    listen: str | None,
+    resume: bool = False,
 ) -> int:
     """Run a peer in a fresh event loop with SIGINT/SIGTERM stopping it cleanly."""
 
@@ -205,7 +238,7 @@ def run_peer_main(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
         try:
-            await run_peer(config, node_id, roster, out=out, listen=listen)
+            await run_peer(config, node_id, roster, out=out, listen=listen, resume=resume)
         except asyncio.CancelledError:
             logger.warning("%s stopped by a signal; metrics flushed", node_id)
             return 130

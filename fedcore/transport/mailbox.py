@@ -4,7 +4,10 @@ A transport puts each arriving message into the :class:`Mailbox` of its node; th
 ``collect`` waits there until every expected sender of a ``(round, phase)`` arrived or a
 timeout passed. Rounds and phases are collected in increasing order, so a message for a
 ``(round, phase)`` at or before the last one collected is late: dropped and counted.
-Messages from senders that were not expected are dropped and counted as rejected.
+Messages from senders that were not expected are dropped and counted as rejected. A
+sender that already delivered a later ``(round, phase)`` is not waited for: senders
+deliver in order, so its message for this one is gone (a peer restarted from a checkpoint
+catches up this way instead of waiting out a deadline per missed round).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Mailbox:
         self.node_id = node_id
         self.stats = stats
         self._boxes: dict[_Key, dict[str, Message]] = {}
+        self._latest: dict[str, _Key] = {}  # newest (round, phase) each sender delivered
         self._last_collected: _Key = (-1, -1)
         self._waiting: tuple[_Key, frozenset[str], asyncio.Future[None]] | None = None
 
@@ -54,15 +58,27 @@ class Mailbox:
             return False
         box = self._boxes.setdefault(key, {})
         box[message.sender] = message
+        if key > self._latest.get(message.sender, (-1, -1)):
+            self._latest[message.sender] = key
         waiting = self._waiting
         if (
             waiting is not None
-            and waiting[0] == key
-            and waiting[1].issubset(box)
+            and key >= waiting[0]
             and not waiting[2].done()
+            and not self._outstanding(waiting[0], waiting[1])
         ):
             waiting[2].set_result(None)
         return True
+
+    def _outstanding(self, key: _Key, expected: frozenset[str]) -> set[str]:
+        """Expected senders whose ``key`` message may still come.
+
+        A sender delivers its messages in order, so one that already delivered a later
+        ``(round, phase)`` will never deliver this one (it was lost, or sent to this node's
+        previous process before a restart): waiting for it would only cost the deadline.
+        """
+        box = self._boxes.get(key, {})
+        return {s for s in expected if s not in box and self._latest.get(s, (-1, -1)) <= key}
 
     async def collect(
         self, round: int, phase: int, senders: Collection[str], timeout: float | None
@@ -70,8 +86,8 @@ class Mailbox:
         """Wait for the ``(round, phase)`` messages of ``senders``, up to ``timeout`` s."""
         key = (round, phase)
         expected = frozenset(senders)
-        box = self._boxes.setdefault(key, {})
-        if not expected.issubset(box):
+        self._boxes.setdefault(key, {})
+        if self._outstanding(key, expected):
             loop = asyncio.get_running_loop()
             future: asyncio.Future[None] = loop.create_future()
             self._waiting = (key, expected, future)
