@@ -237,6 +237,7 @@ class Node:
         # Every tensor a peer sends must look like our parameters.
         self._shape = tuple(start.shape)
         self._dtype = start.dtype
+        self._dtype_name = str(start.dtype).removeprefix("torch.")
         self.round = 0
         self.batches_read = 0  # from the stream (a crashed round reads none); for checkpoints
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
@@ -450,6 +451,12 @@ class Node:
             except AlgorithmError as exc:  # a phase or sender the algorithm does not expect
                 raise ProtocolError(str(exc)) from exc
         for name, enc in message.tensors.items():
+            # The header first: a stranger's absurd shape must not cost a decode.
+            if tuple(enc.shape) != shape or enc.dtype != self._dtype_name:
+                raise ProtocolError(
+                    f"tensor {name!r} has shape {tuple(enc.shape)} and dtype {enc.dtype}; "
+                    f"expected {shape} and {self._dtype_name}."
+                )
             tensor = cache.get(message.round, enc) if cache is not None else None
             if tensor is None:
                 tensor = self.codec_for(enc).decode(enc)
