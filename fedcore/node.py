@@ -399,7 +399,8 @@ class Node:
         """The decoded inbox; ``lost``: senders fault injection lost (not waited for)."""
         strict = self.options.mode == "strict"
         timeout = self.options.strict_timeout_s if strict else self.options.deadline_s
-        messages = await self.transport.collect(t, phase, expected, timeout)
+        awaited = [s for s in expected if s not in lost] if lost else expected
+        messages = await self.transport.collect(t, phase, awaited, timeout)
         inbox: dict[str, Payload] = {}
         for sender in sorted(messages):
             try:

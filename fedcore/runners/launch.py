@@ -33,15 +33,9 @@ from fedcore.errors import TransportError
 from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
 from fedcore.progress import Progress
-from fedcore.runners.network import prepare_run
+from fedcore.runners.network import RunSetup, prepare_run
 from fedcore.runners.peer import model_path
-from fedcore.runners.simulate import (
-    RunObserver,
-    add_regret,
-    default_out_dir,
-    make_summary,
-    write_results,
-)
+from fedcore.runners.simulate import RunObserver, default_out_dir, finish_run
 
 __all__ = ["free_ports", "launch", "read_params"]
 
@@ -195,19 +189,20 @@ def launch(
     finally:
         children.stop()
     wall = time.perf_counter() - began
-    summary = _merge(config, setup, out, name, wall, dead)
+    summary = _merge(setup, out, name, wall, dead)
     summary["out_dir"] = str(out)
     return summary
 
 
 def _merge(
-    config: Config, setup: Any, out: Path, name: str, wall: float, dead: dict[str, int]
+    setup: RunSetup, out: Path, name: str, wall: float, dead: dict[str, int]
 ) -> dict[str, Any]:
     """Replay the peers' records into the same metrics and summary as ``simulate``.
 
     A peer that died (``dead``: id -> exit status) is counted as down from the round after
     its last record, and its last model snapshot (or the initial model) stands for it.
     """
+    config = setup.config
     nodes = setup.graph.nodes
     rounds = config.run.rounds
     records: list[RoundRecord] = []
@@ -251,22 +246,14 @@ def _merge(
             observer.observe(record, model)
     finally:
         writer.close()
-    regret = add_regret(setup, observer, out)
-    summary = make_summary(
+    exits = {n: {"status": s, "last_round": last_round[n]} for n, s in sorted(dead.items())}
+    return finish_run(
+        setup,
+        observer,
+        out,
         name=name,
-        config=config,
-        algorithm=setup.algorithm.name,
-        trust=setup.trust,
-        graph=setup.graph,
-        run_id=setup.run_id,
         transport="grpc",
         wall_seconds=wall,
-        observer=observer,
         final_params=models,
-        regret=regret,
+        extra={"peer_exits": exits},
     )
-    summary["peer_exits"] = {
-        n: {"status": status, "last_round": last_round[n]} for n, status in sorted(dead.items())
-    }
-    write_results(out, summary)
-    return summary

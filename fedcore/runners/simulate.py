@@ -27,12 +27,13 @@ from fedcore.progress import Progress
 from fedcore.runners.network import Network, RunSetup, build_network
 from fedcore.runners.regret import applies as regret_applies
 from fedcore.runners.regret import regret_curve
-from fedcore.topology import Topology, spectral_gap
+from fedcore.topology import spectral_gap
 
 __all__ = [
     "MAX_GAP_NODES",
     "RunObserver",
     "default_out_dir",
+    "finish_run",
     "make_summary",
     "simulate",
     "write_results",
@@ -210,22 +211,44 @@ def simulate(
     finally:
         writer.close()
     wall = time.perf_counter() - began
-    regret = add_regret(network.setup, observer, out)
-    summary = make_summary(
+    summary = finish_run(
+        network.setup,
+        observer,
+        out,
         name=name,
-        config=config,
-        algorithm=network.algorithm.name,
-        trust=network.trust,
-        graph=network.graph,
-        run_id=network.run_id,
         transport="inproc",
         wall_seconds=wall,
-        observer=observer,
         final_params={nid: node.model() for nid, node in network.nodes.items()},
+    )
+    summary["out_dir"] = str(out)
+    return summary
+
+
+def finish_run(
+    setup: RunSetup,
+    observer: RunObserver,
+    out: Path,
+    *,
+    name: str,
+    transport: str,
+    wall_seconds: float,
+    final_params: Mapping[str, torch.Tensor],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The end of every run, whatever its transport: the regret (``run.regret``),
+    ``summary.json`` (with ``extra`` keys) and ``curves.png``; returns the summary."""
+    regret = add_regret(setup, observer, out)
+    summary = make_summary(
+        setup,
+        name=name,
+        transport=transport,
+        wall_seconds=wall_seconds,
+        observer=observer,
+        final_params=final_params,
         regret=regret,
     )
+    summary.update(extra or {})
     write_results(out, summary)
-    summary["out_dir"] = str(out)
     return summary
 
 
@@ -269,13 +292,9 @@ def _ranges(rounds: Sequence[int]) -> list[list[int]]:
 
 
 def make_summary(
+    setup: RunSetup,
     *,
     name: str,
-    config: Config,
-    algorithm: str,
-    trust: Topology,
-    graph: Topology,
-    run_id: str,
     transport: str,
     wall_seconds: float,
     observer: RunObserver,
@@ -283,6 +302,7 @@ def make_summary(
     regret: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` content of a finished run (the same for every transport)."""
+    config, graph = setup.config, setup.graph
     n = observer.n
     rounds = config.run.rounds
     final = dict(observer.evals[-1])  # the last round always evaluates
@@ -290,20 +310,24 @@ def make_summary(
         final.pop(key, None)
     if regret:
         last = regret[-1]
-        for key in ("static_regret", "dynamic_regret", "average_static_regret"):
+        for key in (
+            "static_regret",
+            "dynamic_regret",
+            "average_static_regret",
+            "average_dynamic_regret",
+        ):
             final[key] = last[key]
-        final["average_dynamic_regret"] = last["average_dynamic_regret"]
     totals = observer.totals
     return {
         "name": name,
-        "algorithm": algorithm,
+        "algorithm": setup.algorithm.name,
         "transport": transport,
         "nodes": n,
         "rounds": rounds,
         "wall_seconds": wall_seconds,
-        "run_id": run_id,
+        "run_id": setup.run_id,
         "topology": {
-            "name": trust.name,
+            "name": setup.trust.name,
             "communication_graph": graph.name,
             # O(n^3): skipped (null) on graphs too large for a dense eigensolver.
             "spectral_gap": spectral_gap(graph) if len(graph.nodes) <= MAX_GAP_NODES else None,

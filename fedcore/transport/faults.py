@@ -10,7 +10,8 @@ transport:
 * sending: a lost message is not sent (counted in ``stats.messages_dropped``); a delayed
   one is sent after ``asyncio.sleep``;
 * receiving, with ``announce`` (the default): every peer knows the plan, so the receiver
-  stops waiting for a message the plan lost and proceeds at once: strict mode stays
+  (the node, through :meth:`FaultyTransport.announced_lost`) does not wait for a message
+  the plan lost and proceeds at once: strict mode stays
   strict about every *other* message, runs are fast, and in-process and gRPC runs agree
   bit for bit. Without ``announce`` a lost message simply never arrives and the node
   needs ``transport.mode = "deadline"`` to go on without it;
@@ -156,10 +157,7 @@ class FaultyTransport:
     async def collect(
         self, round: int, phase: int, senders: Collection[str], timeout: float | None
     ) -> dict[str, Message]:
-        """The inbox, without waiting for the messages :meth:`announced_lost` names."""
-        gone = set(self.announced_lost(round, phase, senders))
-        if gone:
-            senders = [s for s in senders if s not in gone]
+        """The inner inbox; the node leaves out the senders :meth:`announced_lost` names."""
         return await self.inner.collect(round, phase, senders, timeout)
 
     async def close(self) -> None:
