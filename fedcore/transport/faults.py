@@ -11,10 +11,10 @@ transport:
   one is sent after ``asyncio.sleep``;
 * receiving, with ``announce`` (the default): every peer knows the plan, so the receiver
   (the node, through :meth:`FaultyTransport.announced_lost`) does not wait for a message
-  the plan lost and proceeds at once: strict mode stays
-  strict about every *other* message, runs are fast, and in-process and gRPC runs agree
-  bit for bit. Without ``announce`` a lost message simply never arrives and the node
-  needs ``transport.mode = "deadline"`` to go on without it;
+  the plan lost and proceeds at once: strict mode stays strict about every *other*
+  message, runs are fast, and in-process and gRPC runs agree bit for bit. Without
+  ``announce`` a lost message simply never arrives and the node needs
+  ``transport.mode = "deadline"`` to go on without it;
 * a crashed node (:meth:`FaultyTransport.down`) skips its rounds entirely.
 
 The node asks these questions of a transport that has them (:class:`FaultAware`); plain
