@@ -88,16 +88,17 @@ def test_torn_checkpoint_is_detected_and_the_previous_used(
 def test_kill_9_then_resume_finishes_the_run(tmp_path: Path) -> None:
     """Three peers in deadline mode; n1 is killed at about round 12 and restarted with
     --resume; every peer finishes, n1's records cover every round once, and the final
-    average model is within 1 point of an uninterrupted run's."""
+    average model is within 1 point of an uninterrupted run's. (A 1 s deadline, so that a
+    loaded machine does not make the healthy rounds miss messages too.)"""
     overrides = [
         "algorithm.name=dpsgd",
         "topology.kind=ring",
         "topology.nodes=3",
-        "run.rounds=40",
+        "run.rounds=60",
         "run.eval_every=10",
         "run.checkpoint_every=5",
         "transport.mode=deadline",
-        "transport.deadline_s=0.3",
+        "transport.deadline_s=1.0",
     ]
     config_path = tmp_path / "run.toml"
     config_path.write_text("\n".join(_toml(overrides)), encoding="utf-8")
@@ -141,9 +142,9 @@ def test_kill_9_then_resume_finishes_the_run(tmp_path: Path) -> None:
         json.loads(line)["round"]
         for line in (tmp_path / "n1" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     ]
-    assert rounds == list(range(40))
+    assert rounds == list(range(60))
     setup = prepare_run(load_config(config_path))
-    models = [read_params(model_path(tmp_path / n, 39)) for n in roster]
+    models = [read_params(model_path(tmp_path / n, 59)) for n in roster]
     x, y = setup.dataset.x_test, setup.dataset.y_test
     _, resumed = setup.evaluator.evaluate(torch.stack(models).mean(0), x, y)
     baseline = simulate(load_config(config_path), out_dir=tmp_path / "sim", show_progress=False)
