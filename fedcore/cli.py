@@ -5,6 +5,11 @@ Subcommands::
     fedcore simulate [CONFIG.toml] [--out DIR] [--set KEY=VALUE ...] [--quiet]
     fedcore launch [CONFIG.toml] [--out DIR] [--set KEY=VALUE ...] [--quiet]
     fedcore node --config FILE --id ID --roster FILE [--listen HOST:PORT] [--out DIR]
+    fedcore compose [CONFIG.toml] --out DIR [--set KEY=VALUE ...] [--image NAME] [--port N]
+                    [--nodes ID,ID --roster FILE]
+    fedcore summarize RUN_DIR [--config FILE] [--quiet]
+    fedcore certs init (--nodes ID... | --config FILE) --out DIR [--days N] [--force]
+    fedcore health HOST:PORT [--config FILE --id ID] [--timeout S]
     fedcore topology show SPEC|FILE
     fedcore plot RUN_DIR... --out FILE.png
 
@@ -80,6 +85,73 @@ def _parser() -> argparse.ArgumentParser:
     )
     _set_option(node)
     _threads_option(node)
+
+    comp = sub.add_parser(
+        "compose",
+        help="write a docker-compose deployment: one container per peer",
+        description="Write DIR/docker-compose.yml (one service per node; service name = "
+        "hostname = node id), DIR/config.toml, DIR/roster.json and DIR/nodes/<id>/ (each "
+        "peer's bind-mounted output folder, which `fedcore summarize DIR` reads afterwards), "
+        "plus DIR/certs/ when [transport.tls] is set. Multi-host: --roster gives every "
+        "peer's HOST:PORT and --nodes the peers of this host, which publish their ports.",
+    )
+    comp.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
+    comp.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    _set_option(comp)
+    comp.add_argument(
+        "--image", default="fedcore:latest", metavar="NAME", help="default fedcore:latest"
+    )
+    comp.add_argument(
+        "--port", type=int, default=7000, metavar="N", help="each peer's port (default 7000)"
+    )
+    comp.add_argument(
+        "--nodes", metavar="ID,ID", help="multi-host: this host's node ids (needs --roster)"
+    )
+    comp.add_argument(
+        "--roster", metavar="FILE", help="multi-host: every peer's HOST:PORT (JSON or TOML)"
+    )
+
+    summ = sub.add_parser(
+        "summarize",
+        help="merge the peer folders of a run that ran elsewhere into its results",
+        description="Read RUN_DIR/nodes/<id>/ (each peer's --out folder: compose volumes, "
+        "or folders copied from several hosts) and write the same metrics.jsonl, "
+        "summary.json and curves.png as `launch`. A peer that did not finish counts as "
+        "down from its last record.",
+    )
+    summ.add_argument("run_dir", metavar="RUN_DIR")
+    summ.add_argument("--config", help="experiment TOML (default: RUN_DIR/config.toml)")
+    summ.add_argument("-q", "--quiet", action="store_true", help="no table")
+
+    certs = sub.add_parser("certs", help="certificates for mutual TLS between peers")
+    certs_sub = certs.add_subparsers(dest="certs_command", required=True, metavar="ACTION")
+    init = certs_sub.add_parser(
+        "init",
+        help="make a CA and one key and certificate per node",
+        description="Write DIR/ca.crt, DIR/ca.key and, per node, DIR/<id>.crt (the node id as "
+        "its subject alternative name) and DIR/<id>.key. A DIR that has a CA keeps it and "
+        "only new nodes get certificates. Point [transport.tls] dir at DIR; give each host "
+        "ca.crt and only its own nodes' files, and keep ca.key elsewhere.",
+    )
+    init.add_argument("--nodes", nargs="+", metavar="ID", help="node ids")
+    init.add_argument("--config", help="take the node ids from this experiment's graph")
+    init.add_argument("--out", required=True, help="certificate folder")
+    init.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    init.add_argument(
+        "--force", action="store_true", help="a new CA and new certificates for every node"
+    )
+
+    hea = sub.add_parser(
+        "health",
+        help="check that a peer is serving (exit 0) through its gRPC health service",
+        description="Ask the peer at HOST:PORT whether it serves. With a config whose "
+        "[transport.tls] is set, it connects with the certificate of --id and expects the "
+        "peer to present that node's certificate (for a container's own health check).",
+    )
+    hea.add_argument("address", metavar="HOST:PORT")
+    hea.add_argument("--config", help="experiment TOML (for [transport.tls])")
+    hea.add_argument("--id", dest="node_id", help="node id (needed with TLS)")
+    hea.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
 
     topo = sub.add_parser("topology", help="inspect trust graphs")
     topo_sub = topo.add_subparsers(dest="topology_command", required=True, metavar="ACTION")
@@ -198,6 +270,88 @@ def _node(args: argparse.Namespace) -> int:
     )
 
 
+def _compose(args: argparse.Namespace) -> int:
+    from fedcore.config import load_config
+    from fedcore.runners.compose import source_root, write_compose
+
+    config = load_config(args.config, args.overrides)
+    nodes = [n.strip() for n in args.nodes.split(",") if n.strip()] if args.nodes else None
+    path = write_compose(
+        config, args.out, image=args.image, port=args.port, nodes=nodes, roster=args.roster
+    )
+    out = path.parent
+    print(f"wrote {path} (with config.toml, roster.json and nodes/<id>/ beside it)")
+    print("next steps:")
+    if source_root() is None:
+        print(f"  docker build -t {args.image} -f nodes/Dockerfile .   # in a fedcore checkout")
+    print(f"  cd {out} && docker-compose up --build   # or: docker compose up --build")
+    if args.roster:
+        print("  (on every host, with the same config and roster and that host's --nodes)")
+        print(f"  copy every host's {out}/nodes/<id>/ into one nodes/ folder, then:")
+    print("  fedcore summarize .                     # in that folder, after the run")
+    if config.run.checkpoint_every == 0:
+        print(
+            "note: run.checkpoint_every = 0, so a restarted container starts again from "
+            "round 0; set it (--set run.checkpoint_every=25) to resume from checkpoints."
+        )
+    return 0
+
+
+def _summarize(args: argparse.Namespace) -> int:
+    from fedcore.config import load_config
+    from fedcore.runners.launch import summarize
+
+    config = load_config(args.config) if args.config else None
+    summary = summarize(args.run_dir, config)
+    if not args.quiet:
+        _print_table(summary)
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from fedcore.certs import init_certs
+
+    nodes: list[str] = list(args.nodes or [])
+    if args.config:
+        from fedcore.config import load_config
+        from fedcore.runners.network import build_topology
+
+        nodes += build_topology(load_config(args.config).topology).nodes
+    if not nodes:
+        raise ConfigError("certs init needs --nodes ID... or --config FILE.")
+    written = init_certs(nodes, args.out, days=args.days, force=args.force)
+    issued = sorted({p.stem for p in written if p.suffix == ".crt" and p.stem != "ca"})
+    print(
+        f"{args.out}: {len(issued)} node certificate(s) issued"
+        + (f" ({', '.join(issued)})" if issued else " (all existed)")
+        + ("; a new CA" if any(p.name == "ca.crt" for p in written) else "")
+        + f". Keep {Path(args.out) / 'ca.key'} off the peers."
+    )
+    return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from fedcore.certs import load_tls
+    from fedcore.transport.grpc.channel import probe_health
+
+    tls = None
+    if args.config:
+        from fedcore.config import load_config
+
+        tls_dir = load_config(args.config).transport.tls_dir
+        if tls_dir is not None:
+            if not args.node_id:
+                raise ConfigError("health over TLS needs --id (whose certificate to use).")
+            tls = load_tls(tls_dir, args.node_id)
+    status = asyncio.run(
+        probe_health(args.address, tls=tls, peer=args.node_id or "", timeout_s=args.timeout)
+    )
+    print(status)
+    return 0 if status == "SERVING" else EXIT_RUNTIME
+
+
 def _topology_show(args: argparse.Namespace) -> int:
     from fedcore import topology
     from fedcore.topology.io import SUFFIXES as FILE_SUFFIXES
@@ -239,6 +393,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "simulate": _simulate,
         "launch": _launch,
         "node": _node,
+        "compose": _compose,
+        "summarize": _summarize,
+        "certs": _certs,
+        "health": _health,
         "topology": _topology_show,
         "plot": _plot,
     }

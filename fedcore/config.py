@@ -11,7 +11,7 @@ A config file has eight tables; every key is optional and defaults to the built-
     [model]      name, hidden, dtype
     [compression] codec, bits, ratio, chunk, scaled
     [transport]  kind, mode, deadline_s, strict_timeout_s, startup_timeout_s,
-                 call_timeout_s, max_message_mb
+                 call_timeout_s, max_message_mb, tls (a table: dir)
     [faults]     seed, drop, edge_drop, delay_s, partitions, crashes, announce
 
 ``--set KEY=VALUE`` overrides any key by dotted path; VALUE is read as a TOML value
@@ -267,9 +267,32 @@ class TransportConfig:
     startup_timeout_s: float = 60.0
     call_timeout_s: float = 60.0
     max_message_mb: float = 1024.0
+    tls: Mapping[str, Any] = field(default_factory=dict)
+    """``[transport.tls]``: ``dir`` holds ``ca.crt`` and each node's ``<id>.crt`` and
+    ``<id>.key`` (as ``fedcore certs init`` writes them). Set: every gRPC channel is
+    mutual TLS and a sender's identity is the node id in its certificate. Empty: plaintext.
+    A local path, so it is not part of the run fingerprint (hosts may keep certificates
+    in different places)."""
+
+    @property
+    def tls_dir(self) -> Path | None:
+        """The certificate folder, or None when TLS is off."""
+        return Path(self.tls["dir"]) if self.tls else None
 
     def __post_init__(self) -> None:
         """Validate ranges."""
+        if not isinstance(self.tls, Mapping):
+            raise ConfigError(f"transport.tls must be a table (dir = ...), got {self.tls!r}.")
+        unknown = sorted(set(self.tls) - {"dir"})
+        if unknown:
+            raise ConfigError(f"unknown key transport.tls.{unknown[0]}; keys of it: dir.")
+        if self.tls:
+            _require(
+                isinstance(self.tls.get("dir"), str) and bool(self.tls["dir"]),
+                "transport.tls.dir",
+                self.tls.get("dir"),
+                "must be the certificate folder (fedcore certs init --out DIR)",
+            )
         _require(
             self.kind in TRANSPORTS,
             "transport.kind",
@@ -525,10 +548,11 @@ def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """Parse ``"a.b=value"`` into ``(["a", "b"], value)``; value as TOML, else a string."""
+    """Parse ``"a.b=value"`` (or ``"a.b.c=value"`` for a sub-table such as
+    ``transport.tls.dir``) into ``(["a", "b"], value)``; value as TOML, else a string."""
     key, sep, text = item.partition("=")
     path = key.strip().split(".")
-    if not sep or len(path) != 2 or not all(path):
+    if not sep or len(path) not in (2, 3) or not all(path):
         raise ConfigError(
             f"--set {item!r} must look like TABLE.KEY=VALUE, e.g. --set algorithm.lr=0.1."
         )
@@ -560,18 +584,28 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
             ) from exc
     raw = copy.deepcopy(raw)
     for item in overrides:
-        (table, key), value = parse_override(item)
-        section = raw.setdefault(table, {})
-        if not isinstance(section, dict):
-            raise ConfigError(f"[{table}] must be a table.")
-        section[key] = value
+        keys, value = parse_override(item)
+        section = raw
+        for depth, name in enumerate(keys[:-1]):
+            section = section.setdefault(name, {})
+            if not isinstance(section, dict):
+                raise ConfigError(f"[{'.'.join(keys[: depth + 1])}] must be a table.")
+        section[keys[-1]] = value
     return config_from_dict(raw)
 
 
 def fingerprint(config: Config, graph_edges: Iterable[tuple[str, str, float]]) -> str:
-    """SHA-256 over the config and the weighted graph: peers of other runs differ."""
+    """SHA-256 over the config and the weighted graph: peers of other runs differ.
+
+    Local paths that peers may keep in different places are left out: the certificate
+    folder (``transport.tls``) and the graph file's name (``topology.file``; its edges
+    and weights are in).
+    """
+    tables = config_to_dict(config)
+    tables["transport"].pop("tls", None)
+    tables["topology"].pop("file", None)
     blob = json.dumps(
-        {"config": config_to_dict(config), "edges": sorted(graph_edges)},
+        {"config": tables, "edges": sorted(graph_edges)},
         sort_keys=True,
         default=str,
     )

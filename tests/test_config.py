@@ -107,11 +107,19 @@ def test_parse_override_reads_toml_and_falls_back_to_string(
 
 
 @pytest.mark.parametrize(
-    "item", ["run.rounds", "rounds=3", "a.b.c=1", ".rounds=1", "run.=1", "=1", ""]
+    "item", ["run.rounds", "rounds=3", "a.b.c.d=1", ".rounds=1", "run.=1", "a..c=1", "=1", ""]
 )
 def test_parse_override_rejects_bad_syntax(item: str) -> None:
     with pytest.raises(ConfigError, match=r"TABLE\.KEY=VALUE"):
         parse_override(item)
+
+
+def test_an_override_reaches_a_sub_table(tmp_path: Path) -> None:
+    path = write(tmp_path / "c.toml", '[run]\nrounds = 3\n[transport.tls]\ndir = "a"\n')
+    assert load_config(path).transport.tls_dir == Path("a")
+    assert load_config(path, ["transport.tls.dir=b"]).transport.tls_dir == Path("b")
+    with pytest.raises(ConfigError, match=r"\[run\.rounds\] must be a table"):
+        load_config(path, ["run.rounds.x=1"])
 
 
 def test_overrides_take_effect_and_win_over_the_file(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ LAYERS = {
     "errors": 0,
     "messages": 0,
     "config": 0,
+    "certs": 1,
     "topology": 1,
     "data": 1,
     "streams": 1,

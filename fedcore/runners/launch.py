@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import IO, Any, TextIO
 
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 import fedcore
-from fedcore.config import Config, config_to_dict, dumps_toml
-from fedcore.errors import TransportError
+from fedcore.config import Config, config_to_dict, dumps_toml, load_config
+from fedcore.errors import ConfigError, TransportError
 from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
 from fedcore.progress import Progress
@@ -37,7 +37,7 @@ from fedcore.runners.network import RunSetup, prepare_run
 from fedcore.runners.peer import model_path
 from fedcore.runners.simulate import RunObserver, default_out_dir, finish_run
 
-__all__ = ["free_ports", "launch", "read_params"]
+__all__ = ["free_ports", "launch", "read_params", "summarize"]
 
 logger = logging.getLogger(__name__)
 
@@ -194,13 +194,54 @@ def launch(
     return summary
 
 
+def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, Any]:
+    """Merge the peer folders ``run_dir/nodes/<id>/`` of a run whose peers ran elsewhere
+    (``fedcore compose``, one ``fedcore node`` per host) into ``metrics.jsonl``,
+    ``summary.json`` and ``curves.png`` in ``run_dir``; return the summary.
+
+    ``config`` defaults to ``run_dir/config.toml``. A peer without ``node.json`` did not
+    finish: it counts as down from the round after its last record (exit status unknown).
+
+    Raises:
+        ConfigError: no config, or a node of the graph with no folder at all.
+    """
+    out = Path(run_dir)
+    if config is None:
+        config = load_config(out / "config.toml")
+    setup = prepare_run(config)
+    nodes = setup.graph.nodes
+    absent = [n for n in nodes if not (out / "nodes" / n).is_dir()]
+    if absent:
+        raise ConfigError(
+            f"{out / 'nodes'} has no folder for {', '.join(absent)}; copy every peer's --out "
+            "folder there (as nodes/<id>) first."
+        )
+    unfinished: dict[str, int | None] = {
+        n: None for n in nodes if not (out / "nodes" / n / "node.json").exists()
+    }
+    wall = max(_wall_seconds(out / "nodes" / n / "metrics.jsonl") for n in nodes)
+    name = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
+    summary = _merge(setup, out, name, wall, unfinished)
+    summary["out_dir"] = str(out)
+    return summary
+
+
+def _wall_seconds(path: Path) -> float:
+    """The time a peer spent in its rounds (the sum of its records' ``wall_s``)."""
+    if not path.exists():
+        return 0.0
+    with open(path, encoding="utf-8") as fh:
+        return sum(float(json.loads(line)["wall_s"]) for line in fh if line.endswith("\n"))
+
+
 def _merge(
-    setup: RunSetup, out: Path, name: str, wall: float, dead: dict[str, int]
+    setup: RunSetup, out: Path, name: str, wall: float, dead: Mapping[str, int | None]
 ) -> dict[str, Any]:
     """Replay the peers' records into the same metrics and summary as ``simulate``.
 
-    A peer that died (``dead``: id -> exit status) is counted as down from the round after
-    its last record, and its last model snapshot (or the initial model) stands for it.
+    A peer that died (``dead``: id -> exit status, None where unknown) is counted as down
+    from the round after its last record, and its last model snapshot (or the initial
+    model) stands for it.
     """
     config = setup.config
     nodes = setup.graph.nodes

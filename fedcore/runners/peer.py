@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from fedcore.certs import load_tls
 from fedcore.config import Config
 from fedcore.errors import ConfigError
 from fedcore.metrics import JsonlWriter, params_sha256
@@ -190,6 +191,7 @@ async def run_peer(
         trusted=ins,
         max_message_bytes=int(config.transport.max_message_mb * (1 << 20)),
         call_timeout_s=config.transport.call_timeout_s,
+        tls=load_tls(config.transport.tls_dir, node_id) if config.transport.tls_dir else None,
     )
     saved = checkpoint.latest(out / "checkpoints") if resume else None
     if resume and saved is None:
@@ -205,7 +207,13 @@ async def run_peer(
     await transport.start()
     logger.info("%s serving on port %s", node_id, transport.port)
     try:
-        await transport.connect(sorted(outs), timeout_s=config.transport.startup_timeout_s)
+        # Deadline mode goes on without a peer that never answers (its messages go missing);
+        # strict mode would only wait for it in vain.
+        await transport.connect(
+            sorted(outs),
+            timeout_s=config.transport.startup_timeout_s,
+            required=config.transport.mode == "strict",
+        )
         await node.run(config.run.rounds)
     finally:
         log.writer.close()

@@ -8,12 +8,22 @@ Messages from senders that were not expected are dropped and counted as rejected
 sender that already delivered a later ``(round, phase)`` is not waited for: senders
 deliver in order, so its message for this one is gone (a peer restarted from a checkpoint
 catches up this way instead of waiting out a deadline per missed round).
+
+The other side of that: a sender whose message came late is alive but behind (it started
+later, was restarted, or its rounds take a little longer than the deadline because it
+waits out a dead neighbour of its own). For ten timeouts after a late message, when the
+timeout passes without that sender's message, the node waits up to one more timeout for
+it (for it alone), so that the two fall into step instead of missing each other's
+messages for the rest of the run. A sender whose messages are lost, not late, is not waited
+for. So a deadline-mode round waits at most twice the deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Collection
 
 from fedcore.messages import Message
@@ -24,6 +34,8 @@ __all__ = ["Mailbox"]
 logger = logging.getLogger(__name__)
 
 _Key = tuple[int, int]
+_LATE_MEMORY = 10
+"""A sender late within this many timeouts is waited for twice as long."""
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -41,6 +53,7 @@ class Mailbox:
         self._boxes: dict[_Key, dict[str, Message]] = {}
         self._latest: dict[str, _Key] = {}  # newest (round, phase) each sender delivered
         self._last_collected: _Key = (-1, -1)
+        self._late_at: dict[str, float] = {}  # when a sender's last message came late
         self._waiting: tuple[_Key, frozenset[str], asyncio.Future[None]] | None = None
 
     def is_late(self, round: int, phase: int) -> bool:
@@ -51,6 +64,7 @@ class Mailbox:
         """File ``message``; return False (and count it) if it came too late."""
         key = (message.round, message.phase)
         if key <= self._last_collected:
+            self._late_at[message.sender] = time.monotonic()
             self.stats.messages_late += 1
             logger.debug(
                 "%s: late message from %s for %s dropped", self.node_id, message.sender, key
@@ -88,17 +102,16 @@ class Mailbox:
         expected = frozenset(senders)
         self._boxes.setdefault(key, {})
         if self._outstanding(key, expected):
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[None] = loop.create_future()
-            self._waiting = (key, expected, future)
-            # A plain timer that resolves the future is much cheaper than wait_for.
-            timer = loop.call_later(timeout, _resolve, future) if timeout is not None else None
-            try:
-                await future
-            finally:
-                self._waiting = None
-                if timer is not None:
-                    timer.cancel()
+            await self._wait(key, expected, timeout)
+            if timeout is not None:
+                now = time.monotonic()
+                behind = frozenset(
+                    s
+                    for s in self._outstanding(key, expected)
+                    if now - self._late_at.get(s, -math.inf) <= _LATE_MEMORY * timeout
+                )
+                if behind:
+                    await self._wait(key, behind, timeout)
         box = self._boxes.pop(key, {})
         self._last_collected = max(self._last_collected, key)
         inbox: dict[str, Message] = {}
@@ -118,6 +131,20 @@ class Mailbox:
                     phase,
                 )
         return inbox
+
+    async def _wait(self, key: _Key, expected: frozenset[str], timeout: float | None) -> None:
+        """Until every sender in ``expected`` delivered ``key`` (or a later key), or timeout."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._waiting = (key, expected, future)
+        # A plain timer that resolves the future is much cheaper than wait_for.
+        timer = loop.call_later(timeout, _resolve, future) if timeout is not None else None
+        try:
+            await future
+        finally:
+            self._waiting = None
+            if timer is not None:
+                timer.cancel()
 
     def clear(self) -> None:
         """Drop everything pending."""

@@ -8,7 +8,15 @@ server keeps serving. Sending: one long-lived channel per out-neighbour, opened 
 handshake (node id, protocol version, run fingerprint) retried with backoff until a
 startup deadline; every call has a timeout.
 
-Status codes: ``PERMISSION_DENIED`` sender not a trusted in-neighbour;
+With ``tls`` (:class:`~fedcore.certs.TlsFiles`) every channel is mutual TLS: the server
+accepts only clients whose certificate the deployment's CA signed, the client checks that
+the server's certificate names the peer it meant to reach (the node id as the TLS target
+name, whatever address the roster gives), and a sender's identity is the node id its
+certificate names; a message or handshake that claims another id is refused. The trust
+graph is enforced on that identity.
+
+Status codes: ``PERMISSION_DENIED`` sender not a trusted in-neighbour, or not the node its
+certificate names; ``UNAUTHENTICATED`` no certificate identity (TLS on);
 ``FAILED_PRECONDITION`` another run or protocol version; ``INVALID_ARGUMENT`` a bad
 tensor (shape, dtype, non-finite values, truncated data) or a malformed stream;
 ``RESOURCE_EXHAUSTED`` a message above the size bound.
@@ -25,6 +33,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from fedcore.certs import TlsFiles
 from fedcore.errors import (
     MessageTooLargeError,
     PeerUnavailableError,
@@ -39,29 +48,27 @@ from fedcore.messages import Message
 from fedcore.proto import peer_pb2 as pb
 from fedcore.proto import peer_pb2_grpc as pb_grpc
 from fedcore.transport.base import TransportStats
+from fedcore.transport.grpc.channel import GRPC_OPTIONS, open_channel
 from fedcore.transport.grpc.serde import PROTOCOL_VERSION, MessageAssembler, message_to_wire
 from fedcore.transport.mailbox import Mailbox
 
-__all__ = ["GRPC_OPTIONS", "GrpcTransport"]
+__all__ = ["GrpcTransport"]
 
 logger = logging.getLogger(__name__)
 
-GRPC_OPTIONS: list[tuple[str, int]] = [
-    # Messages travel as 1 MiB chunks, so no single gRPC message needs more than a few MiB;
-    # the bound on a whole fedcore message is enforced by the assembler instead.
-    ("grpc.max_send_message_length", 8 << 20),
-    ("grpc.max_receive_message_length", 8 << 20),
-    # Keep long-lived peer channels alive through long local steps (idle proxies and NATs
-    # drop silent connections); ping every 20 s, give up after 10 s without an answer.
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    # Servers must accept those pings, or they answer with GOAWAY "too_many_pings".
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-]
+
+class UnauthenticatedPeerError(UntrustedPeerError):
+    """TLS is on and the caller's certificate names no node id."""
+
+
+def _certificate_ids(context: Any) -> list[str]:
+    """The node ids (DNS subject alternative names) of the caller's verified certificate."""
+    values = context.auth_context().get("x509_subject_alternative_name", [])
+    return [v.decode("ascii", "replace") if isinstance(v, bytes) else str(v) for v in values]
+
 
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
+    (UnauthenticatedPeerError, grpc.StatusCode.UNAUTHENTICATED),
     (UntrustedPeerError, grpc.StatusCode.PERMISSION_DENIED),
     (RunMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (MessageTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -90,8 +97,18 @@ class _PeerServicer:
     def __init__(self, transport: GrpcTransport) -> None:
         self.t = transport
 
-    def _check_peer(self, sender: str, run: str, version: int | None = None) -> None:
+    def _check_peer(self, context: Any, sender: str, run: str, version: int | None = None) -> None:
         t = self.t
+        if t.tls is not None:
+            names = _certificate_ids(context)
+            if not names:
+                raise UnauthenticatedPeerError(
+                    f"a client without a certificate identity claimed to be {sender!r}."
+                )
+            if sender not in names:
+                raise UntrustedPeerError(
+                    f"a client whose certificate names {', '.join(names)} claimed to be {sender!r}."
+                )
         if sender not in t.trusted:
             raise UntrustedPeerError(f"{sender!r} is not a trusted in-neighbour of {t.node_id!r}.")
         if run != t.run_id:
@@ -106,7 +123,7 @@ class _PeerServicer:
 
     async def Handshake(self, request: pb.Hello, context: Any) -> pb.Welcome:
         try:
-            self._check_peer(request.node_id, request.run, request.protocol_version)
+            self._check_peer(context, request.node_id, request.run, request.protocol_version)
         except ProtocolError as exc:
             self.t.stats.messages_rejected += 1
             await context.abort(_status_for(exc), str(exc))
@@ -124,7 +141,7 @@ class _PeerServicer:
                 header = assembler.header
                 if header is not None and not checked:
                     checked = True
-                    self._check_peer(header.sender, header.run)
+                    self._check_peer(context, header.sender, header.run)
                     if header.receiver != t.node_id:
                         raise ProtocolError(
                             f"a message for {header.receiver!r} reached {t.node_id!r}."
@@ -152,6 +169,8 @@ class GrpcTransport:
         validator: Called on every assembled message; raises ProtocolError to reject it.
         max_message_bytes: Bound on one message's tensor bytes.
         call_timeout_s: Timeout of each Push call.
+        tls: This node's CA, certificate and key: mutual TLS on every channel. None:
+            plaintext, and a sender is whoever its messages say.
     """
 
     def __init__(
@@ -165,6 +184,7 @@ class GrpcTransport:
         validator: Callable[[Message], None] | None = None,
         max_message_bytes: int = 1 << 30,
         call_timeout_s: float = 60.0,
+        tls: TlsFiles | None = None,
     ) -> None:
         """Configure; nothing opens until :meth:`start`."""
         self.node_id = node_id
@@ -175,6 +195,7 @@ class GrpcTransport:
         self.validator = validator
         self.max_message_bytes = max_message_bytes
         self.call_timeout_s = call_timeout_s
+        self.tls = tls
         self.stats = TransportStats()
         self.mailbox = Mailbox(node_id, self.stats)
         self.port: int | None = None
@@ -202,7 +223,15 @@ class GrpcTransport:
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        port: int = server.add_insecure_port(self.listen)
+        if self.tls is None:
+            port: int = server.add_insecure_port(self.listen)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(self.tls.key, self.tls.cert)],
+                root_certificates=self.tls.ca,
+                require_client_auth=True,
+            )
+            port = server.add_secure_port(self.listen, credentials)
         if port == 0:
             raise PeerUnavailableError(f"node {self.node_id!r} cannot listen on {self.listen}.")
         await server.start()
@@ -211,8 +240,14 @@ class GrpcTransport:
         self.port = port
         return port
 
-    async def connect(self, peers: Collection[str], *, timeout_s: float = 60.0) -> None:
+    async def connect(
+        self, peers: Collection[str], *, timeout_s: float = 60.0, required: bool = True
+    ) -> list[str]:
         """Open a channel to each peer and handshake, retrying until ``timeout_s``.
+
+        With ``required`` false (deadline mode) the peers still unreachable at the deadline
+        (down, or failing the TLS handshake) are logged and returned instead: their channels
+        stay open and reconnect by themselves, and sends to them fail until they answer.
 
         Raises:
             PeerUnavailableError: naming the peers still unreachable at the deadline.
@@ -223,13 +258,14 @@ class GrpcTransport:
         for peer in pending:
             if peer not in self.roster:
                 raise PeerUnavailableError(f"node {peer!r} is not in the roster.")
-            channel = grpc.aio.insecure_channel(self.roster[peer], options=GRPC_OPTIONS)
+            channel = self._channel(peer)
             self._channels[peer] = channel
             self._stubs[peer] = pb_grpc.PeerStub(channel)  # type: ignore[no-untyped-call]
             # Push sends pre-serialized chunks (serde.message_to_wire): no request serializer.
             self._push[peer] = channel.stream_unary(_PUSH, response_deserializer=pb.Ack.FromString)
         delay = 0.05
         hello = pb.Hello(node_id=self.node_id, protocol_version=PROTOCOL_VERSION, run=self.run_id)
+        why: dict[str, str] = {}
         while pending:
             still: list[str] = []
             for peer in pending:
@@ -239,19 +275,33 @@ class GrpcTransport:
                     code = exc.code()
                     if code == grpc.StatusCode.FAILED_PRECONDITION:
                         raise RunMismatchError(f"peer {peer!r} refused: {exc.details()}") from exc
-                    if code == grpc.StatusCode.PERMISSION_DENIED:
+                    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
                         raise UntrustedPeerError(f"peer {peer!r} refused: {exc.details()}") from exc
+                    why[peer] = exc.details() or code.name
                     still.append(peer)
             pending = still
             if pending:
                 if time.monotonic() > deadline:
-                    where = ", ".join(f"{p} at {self.roster[p]}" for p in pending)
+                    where = "; ".join(f"{p} at {self.roster[p]} ({why[p]})" for p in pending)
+                    if not required:
+                        logger.warning(
+                            "%s: no handshake with %s within %g s; going on without them",
+                            self.node_id,
+                            where,
+                            timeout_s,
+                        )
+                        return pending
                     raise PeerUnavailableError(
                         f"node {self.node_id!r} could not reach {where} within {timeout_s:g} s; "
-                        "check that those peers are started and the roster is right."
+                        "check that those peers are started, the roster is right and, with "
+                        "TLS, that every peer's certificate comes from the same CA."
                     )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+        return []
+
+    def _channel(self, peer: str) -> Any:
+        return open_channel(self.roster[peer], self.tls, peer)
 
     async def send(self, message: Message) -> None:
         """Stream ``message`` to its receiver."""

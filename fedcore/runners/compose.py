@@ -1,0 +1,404 @@
+"""``fedcore compose``: a docker-compose deployment of a run, one container per peer.
+
+:func:`write_compose` validates the config (the same checks as ``launch``) and writes a
+folder that ``docker-compose up`` runs as is::
+
+    DIR/docker-compose.yml   one service per node: service name = hostname = node id
+    DIR/config.toml          the effective config, rewritten for the containers
+    DIR/roster.json          node id -> "<service>:<port>" (or the --roster given)
+    DIR/nodes/<id>/          bind-mounted as that peer's --out: metrics, models, checkpoints
+    DIR/topology/<file>      a copy of topology.file, when the graph comes from a file
+    DIR/certs/               ca.crt and each node's <id>.crt / <id>.key, when TLS is on
+
+``DIR/nodes/<id>/`` is the layout ``fedcore summarize DIR`` merges after the run. Inside a
+container everything lives under ``/fedcore`` (its working directory): the config and
+roster read-only, the peer's folder at ``/fedcore/out``, the graph at
+``/fedcore/topology/<file>`` (``topology.file`` is rewritten to the relative
+``topology/<file>``, so the same config.toml also works on the host from ``DIR``), and a
+service mounts only ``ca.crt`` and its own certificate and key (never ``ca.key``) at
+``/fedcore/certs`` (``transport.tls.dir``). A peer runs with ``--resume``, so a restarted
+container continues from its newest checkpoint (``run.checkpoint_every``). Containers run
+as the user who generated the folder, so they can write to the bind-mounted folders.
+
+Multi-host runs: ``roster`` gives every peer's real ``HOST:PORT`` and ``nodes`` the peers
+of this host; each of those publishes its roster port on the host. Every host writes its
+own folder with the same config and roster.
+
+The YAML is written by a small emitter (no YAML library needed): block mappings and
+sequences, every string double-quoted (JSON escapes are valid YAML), so no value is
+re-read as a number, boolean or null by YAML 1.1 parsers such as docker-compose's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import fedcore
+from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.errors import ConfigError
+from fedcore.runners.network import prepare_run
+from fedcore.runners.peer import load_roster
+
+__all__ = [
+    "CONTAINER_ROOT",
+    "DEFAULT_IMAGE",
+    "DEFAULT_PORT",
+    "compose_document",
+    "dumps_yaml",
+    "source_root",
+    "write_compose",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "fedcore:latest"
+DEFAULT_PORT = 7000
+CONTAINER_ROOT = "/fedcore"
+"""The working directory of every container; all mounted files live under it."""
+_CONFIG = f"{CONTAINER_ROOT}/config.toml"
+_ROSTER = f"{CONTAINER_ROOT}/roster.json"
+_OUT = f"{CONTAINER_ROOT}/out"
+_CERTS = f"{CONTAINER_ROOT}/certs"
+_GRAPHS = "topology"  # relative to CONTAINER_ROOT in a container, to DIR on the host
+_DOCKERFILE = "nodes/Dockerfile"
+
+# Health probe of each container (`fedcore health`); start_period covers the imports, the
+# data split and the model build before the peer serves.
+_HEALTH = {"interval": "30s", "timeout": "20s", "retries": 3, "start_period": "60s"}
+
+# A compose service name that is also a hostname other containers can resolve: one DNS
+# label (RFC 1123), lowercase so that names cannot collide case-insensitively.
+_SERVICE_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_LOOPBACK = ("localhost", "127.", "::1", "[::1]", "0.0.0.0")
+
+
+def source_root() -> Path | None:
+    """The source checkout fedcore runs from, if it has ``nodes/Dockerfile`` (else None)."""
+    root = Path(fedcore.__file__).resolve().parents[1]
+    if (root / _DOCKERFILE).is_file() and (root / "pyproject.toml").is_file():
+        return root
+    return None
+
+
+def _check_node_ids(nodes: Sequence[str]) -> None:
+    bad = [n for n in nodes if not _SERVICE_NAME.fullmatch(n)]
+    if bad:
+        raise ConfigError(
+            f"node id {bad[0]!r} cannot be a compose service and hostname: a node id in a "
+            "compose deployment is lowercase letters, digits and '-', starts and ends with a "
+            "letter or digit, and has at most 63 characters. Rename it in the graph."
+        )
+
+
+def _port_of(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+def _plan_roster(
+    nodes: Sequence[str],
+    port: int,
+    selected: Sequence[str] | None,
+    roster: Mapping[str, str] | str | Path | None,
+) -> tuple[dict[str, str], list[str], bool]:
+    """The roster every peer reads, the nodes to run here, and whether ports are published."""
+    if roster is None:
+        if selected is not None:
+            raise ConfigError(
+                "--nodes picks this host's peers of a multi-host run; give every peer's "
+                "HOST:PORT with --roster FILE as well (without --roster, every node runs "
+                "here and the roster comes from the service names)."
+            )
+        return {n: f"{n}:{port}" for n in nodes}, list(nodes), False
+    given = dict(load_roster(roster) if isinstance(roster, str | Path) else roster)
+    missing = [n for n in nodes if n not in given]
+    if missing:
+        raise ConfigError(
+            f"the roster has no address for {', '.join(missing)}; it must name every node of "
+            "the graph (this host's and the other hosts')."
+        )
+    chosen = list(nodes) if selected is None else list(dict.fromkeys(selected))
+    if not chosen:
+        raise ConfigError("--nodes names no node; give this host's node ids, e.g. n0,n1.")
+    unknown = [n for n in chosen if n not in nodes]
+    if unknown:
+        raise ConfigError(
+            f"--nodes: {', '.join(unknown)} is not a node of the graph; its nodes are "
+            f"{', '.join(nodes)}."
+        )
+    ports: dict[int, str] = {}
+    for n in chosen:
+        address = given[n]
+        host, _, text = address.rpartition(":")
+        if host.lower().startswith(_LOOPBACK):
+            raise ConfigError(
+                f"roster: {n} -> {address!r} is a loopback or unspecified address, which "
+                "inside a container is the container itself; give the host's address that "
+                "the other peers reach."
+            )
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise ConfigError(f"roster: {n} -> {address!r} has no valid port (1-65535).")
+        if int(text) in ports:
+            raise ConfigError(
+                f"roster: {ports[int(text)]} and {n} both use port {text}, but they run on "
+                "the same host here (--nodes); give them different ports."
+            )
+        ports[int(text)] = n
+    return given, chosen, True
+
+
+def _tls_files(config: Config, nodes: Sequence[str], chosen: Sequence[str]) -> dict[str, Path]:
+    """Certificate files to copy (name in DIR/certs -> source); empty when TLS is off."""
+    folder = config.transport.tls_dir
+    if folder is None:
+        return {}
+    names = ["ca.crt"] + [f"{n}.{ext}" for n in chosen for ext in ("crt", "key")]
+    missing = [name for name in names if not (folder / name).is_file()]
+    if missing:
+        raise ConfigError(
+            f"transport.tls: {folder} has no {', '.join(missing)}; make the certificates "
+            f"with: fedcore certs init --nodes {' '.join(nodes)} --out {folder}"
+        )
+    return {name: folder / name for name in names}
+
+
+def compose_document(
+    config: Config,
+    nodes: Sequence[str],
+    *,
+    image: str = DEFAULT_IMAGE,
+    listen_ports: Mapping[str, int],
+    publish: bool = False,
+    build_context: str | None = None,
+    user: str | None = None,
+) -> dict[str, Any]:
+    """The docker-compose document: one service per node of ``nodes``.
+
+    ``listen_ports`` is each node's port in its container; ``publish`` maps it to the same
+    port on the host (multi-host runs). ``build_context`` (relative to the compose file, or
+    absolute) adds a ``build:`` section with ``nodes/Dockerfile``; ``user`` is ``UID:GID``.
+    The services read the roster from ``roster.json`` next to the compose file.
+    """
+    services: dict[str, Any] = {}
+    for n in nodes:
+        port = listen_ports[n]
+        volumes = [
+            f"./config.toml:{_CONFIG}:ro",
+            f"./roster.json:{_ROSTER}:ro",
+            f"./nodes/{n}:{_OUT}",
+        ]
+        if config.topology.file:
+            volumes.append(f"./{_GRAPHS}:{CONTAINER_ROOT}/{_GRAPHS}:ro")
+        if config.transport.tls_dir is not None:
+            volumes += [
+                f"./certs/{name}:{_CERTS}/{name}:ro" for name in ("ca.crt", f"{n}.crt", f"{n}.key")
+            ]
+        service: dict[str, Any] = {"image": image}
+        if build_context is not None:
+            service["build"] = {"context": build_context, "dockerfile": _DOCKERFILE}
+        service["hostname"] = n
+        if user is not None:
+            service["user"] = user
+        service["working_dir"] = CONTAINER_ROOT
+        # HOME for a user id the image does not know (caches of matplotlib, torch).
+        service["environment"] = {"HOME": "/tmp", "PYTHONUNBUFFERED": "1"}
+        service["entrypoint"] = ["fedcore"]
+        service["command"] = [
+            "node", "--config", _CONFIG, "--id", n, "--roster", _ROSTER,
+            "--listen", f"0.0.0.0:{port}", "--out", _OUT, "--resume",
+        ]  # fmt: skip
+        service["restart"] = "on-failure"
+        service["volumes"] = volumes
+        if publish:
+            service["ports"] = [f"{port}:{port}"]
+        service["healthcheck"] = {
+            "test": [
+                "CMD",
+                "fedcore",
+                "health",
+                f"127.0.0.1:{port}",
+                "--config",
+                _CONFIG,
+                "--id",
+                n,
+            ],
+            **_HEALTH,
+        }
+        services[n] = service
+    return {"services": services}
+
+
+def _container_config(config: Config) -> dict[str, dict[str, Any]]:
+    tables = config_to_dict(config)
+    if config.topology.file:
+        tables["topology"]["file"] = f"{_GRAPHS}/{Path(config.topology.file).name}"
+    if config.transport.tls_dir is not None:
+        tables["transport"]["tls"] = {"dir": _CERTS}
+    return tables
+
+
+def _copy(src: Path, dst: Path, *, private: bool = False) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists() and dst.samefile(src):
+        return
+    shutil.copyfile(src, dst)
+    os.chmod(dst, 0o600 if private else 0o644)
+
+
+def _build_context(build_context: str | Path | bool, out: Path) -> str | None:
+    if build_context is False:
+        return None
+    if build_context is True:
+        root = source_root()
+        if root is None:
+            return None
+    else:
+        root = Path(build_context).resolve()
+        if not (root / _DOCKERFILE).is_file():
+            raise ConfigError(f"build context {str(root)!r} has no {_DOCKERFILE}.")
+    here = out.resolve()
+    try:
+        # Relative when the two share a folder below the root (e.g. DIR inside the checkout),
+        # so the folder can move with its checkout; else absolute.
+        if Path(os.path.commonpath([root, here])) != Path(here.anchor):
+            return os.path.relpath(root, here)
+    except ValueError:  # another drive (Windows): no relative path
+        pass
+    return str(root)
+
+
+def write_compose(
+    config: Config,
+    out: str | Path,
+    *,
+    image: str = DEFAULT_IMAGE,
+    port: int = DEFAULT_PORT,
+    nodes: Sequence[str] | None = None,
+    roster: Mapping[str, str] | str | Path | None = None,
+    build_context: str | Path | bool = True,
+) -> Path:
+    """Write a docker-compose deployment of ``config`` into ``out``; return the compose file.
+
+    Args:
+        config: The experiment (validated here as ``launch`` would).
+        out: The folder to write (created; existing peer folders are kept).
+        image: The image of every service.
+        port: The port every peer listens on in its container (without ``roster``).
+        nodes: With ``roster``: the nodes to run on this host (default: all).
+        roster: Every peer's ``HOST:PORT`` (a mapping or a roster file) for a multi-host
+            run; without it, every node runs here and the roster is the service names.
+        build_context: True: add a ``build:`` section when fedcore runs from a source
+            checkout with ``nodes/Dockerfile``; a path: that source tree; False: none.
+
+    Raises:
+        ConfigError: an invalid config, a node id that is not a valid service name, a
+            roster that misses a node, missing certificate files, a bad port or image.
+        TopologyError, DataError: as ``launch``.
+    """
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port {port} is not a port number (1-65535).")
+    if not image or any(c.isspace() for c in image):
+        raise ConfigError(f"--image {image!r} is not an image name (e.g. {DEFAULT_IMAGE}).")
+    setup = prepare_run(config)
+    ids = list(setup.graph.nodes)
+    _check_node_ids(ids)
+    full_roster, chosen, publish = _plan_roster(ids, port, nodes, roster)
+    listen = {n: _port_of(full_roster[n]) if publish else port for n in chosen}
+    certs = _tls_files(config, ids, chosen)
+    graph_file = Path(config.topology.file) if config.topology.file else None
+    target = Path(out)
+    document = compose_document(
+        config,
+        chosen,
+        image=image,
+        listen_ports=listen,
+        publish=publish,
+        build_context=_build_context(build_context, target),
+        user=f"{os.getuid()}:{os.getgid()}" if hasattr(os, "getuid") else None,
+    )
+
+    # Every check passed: write.
+    target.mkdir(parents=True, exist_ok=True)
+    if graph_file is not None:
+        _copy(graph_file, target / _GRAPHS / graph_file.name)
+    for name, src in certs.items():
+        _copy(src, target / "certs" / name, private=name.endswith(".key"))
+    for n in chosen:
+        (target / "nodes" / n).mkdir(parents=True, exist_ok=True)
+    (target / "config.toml").write_text(dumps_toml(_container_config(config)), encoding="utf-8")
+    (target / "roster.json").write_text(json.dumps(full_roster, indent=2) + "\n", encoding="utf-8")
+    header = (
+        f"# Generated by `fedcore compose` (fedcore {fedcore.__version__}): one service per "
+        f"peer, {len(chosen)} of {len(ids)}.\n"
+        "# Run: docker-compose up --build   Afterwards: fedcore summarize .  (in this folder)\n"
+    )
+    path = target / "docker-compose.yml"
+    path.write_text(header + dumps_yaml(document), encoding="utf-8")
+    logger.info("wrote %s with %d services", path, len(chosen))
+    return path
+
+
+# --- a small YAML emitter -------------------------------------------------------------------
+
+# Keys written bare: words that YAML 1.1 reads back as the same string (not y, no, on, null...).
+_PLAIN_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_YAML11_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
+_FLOW_WIDTH = 100  # a list of scalars fits on one line up to this width, else one per line
+
+
+def _key(key: object) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"YAML mapping keys must be strings here, got {key!r}.")
+    plain = _PLAIN_KEY.fullmatch(key) and key.lower() not in _YAML11_WORDS
+    return key if plain else json.dumps(key)
+
+
+def _scalar(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise TypeError(f"cannot write {value!r} as YAML here.")
+
+
+def _nested(items: list[Any]) -> bool:
+    return any(isinstance(item, Mapping | list) for item in items)
+
+
+def _emit(value: object, indent: int, lines: list[str]) -> None:
+    pad = " " * indent
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            flow = ""
+            if isinstance(item, list) and item and not _nested(item):
+                flow = f"{pad}{_key(key)}: [{', '.join(_scalar(v) for v in item)}]"
+            if flow and len(flow) <= _FLOW_WIDTH:
+                lines.append(flow)
+            elif isinstance(item, Mapping | list) and item:
+                lines.append(f"{pad}{_key(key)}:")
+                _emit(item, indent + 2, lines)
+            elif isinstance(item, Mapping | list):
+                lines.append(f"{pad}{_key(key)}: {'{}' if isinstance(item, Mapping) else '[]'}")
+            else:
+                lines.append(f"{pad}{_key(key)}: {_scalar(item)}")
+    elif isinstance(value, list):
+        if _nested(value):
+            raise TypeError("nested collections in a YAML sequence are not written here.")
+        lines.extend(f"{pad}- {_scalar(item)}" for item in value)
+    else:
+        raise TypeError(f"cannot write {value!r} as a YAML document.")
+
+
+def dumps_yaml(document: Mapping[str, Any]) -> str:
+    """Block-style YAML of nested mappings, lists of scalars, strings, ints and booleans."""
+    lines: list[str] = []
+    _emit(document, 0, lines)
+    return "\n".join(lines) + "\n"
