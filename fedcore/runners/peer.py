@@ -192,6 +192,7 @@ async def run_peer(
         max_message_bytes=int(config.transport.max_message_mb * (1 << 20)),
         call_timeout_s=config.transport.call_timeout_s,
         tls=load_tls(config.transport.tls_dir, node_id) if config.transport.tls_dir else None,
+        startup_timeout_s=config.transport.startup_timeout_s,
     )
     saved = checkpoint.latest(out / "checkpoints") if resume else None
     if resume and saved is None:

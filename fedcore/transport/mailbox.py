@@ -15,7 +15,11 @@ waits out a dead neighbour of its own). For ten timeouts after a late message, w
 timeout passes without that sender's message, the node waits up to one more timeout for
 it (for it alone), so that the two fall into step instead of missing each other's
 messages for the rest of the run. A sender whose messages are lost, not late, is not waited
-for. So a deadline-mode round waits at most twice the deadline.
+for. So a deadline-mode round waits at most twice the deadline, except at the start: a
+sender that has said hello (:meth:`Mailbox.hello`, the gRPC handshake) but not sent its first
+message yet is still starting (building its data and model, connecting to its own peers),
+and is waited for up to ``startup_timeout_s``. Peers on several hosts never start at the
+same moment; without this their first rounds would miss each other.
 """
 
 from __future__ import annotations
@@ -46,15 +50,36 @@ def _resolve(future: asyncio.Future[None]) -> None:
 class Mailbox:
     """One node's pending messages, keyed by ``(round, phase)`` and sender."""
 
-    def __init__(self, node_id: str, stats: TransportStats) -> None:
+    def __init__(
+        self, node_id: str, stats: TransportStats, *, startup_timeout_s: float = 60.0
+    ) -> None:
         """Count into ``stats`` (the owning transport's counters)."""
         self.node_id = node_id
         self.stats = stats
+        self.startup_timeout_s = startup_timeout_s
+        self._starting: set[str] = set()  # said hello, no message yet
+        self.greeted: set[str] = set()  # said hello or sent something
         self._boxes: dict[_Key, dict[str, Message]] = {}
         self._latest: dict[str, _Key] = {}  # newest (round, phase) each sender delivered
         self._last_collected: _Key = (-1, -1)
         self._late_at: dict[str, float] = {}  # when a sender's last message came late
         self._waiting: tuple[_Key, frozenset[str], asyncio.Future[None]] | None = None
+
+    def hello(self, sender: str) -> None:
+        """``sender`` is up and about to start its rounds (it has not sent anything yet)."""
+        self.greeted.add(sender)
+        if sender not in self._latest:
+            self._starting.add(sender)
+
+    async def await_greetings(self, senders: Collection[str], timeout: float) -> list[str]:
+        """Wait until every one of ``senders`` said hello or sent something, up to
+        ``timeout`` s; return those that did not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            silent = sorted(set(senders) - self.greeted)
+            if not silent or time.monotonic() >= deadline:
+                return silent
+            await asyncio.sleep(0.05)
 
     def is_late(self, round: int, phase: int) -> bool:
         """Whether ``(round, phase)`` was already collected."""
@@ -63,6 +88,8 @@ class Mailbox:
     def put(self, message: Message) -> bool:
         """File ``message``; return False (and count it) if it came too late."""
         key = (message.round, message.phase)
+        self._starting.discard(message.sender)
+        self.greeted.add(message.sender)
         if key <= self._last_collected:
             self._late_at[message.sender] = time.monotonic()
             self.stats.messages_late += 1
@@ -105,13 +132,16 @@ class Mailbox:
             await self._wait(key, expected, timeout)
             if timeout is not None:
                 now = time.monotonic()
-                behind = frozenset(
+                outstanding = self._outstanding(key, expected)
+                starting = outstanding & self._starting
+                behind = {
                     s
-                    for s in self._outstanding(key, expected)
+                    for s in outstanding
                     if now - self._late_at.get(s, -math.inf) <= _LATE_MEMORY * timeout
-                )
-                if behind:
-                    await self._wait(key, behind, timeout)
+                }
+                if starting or behind:
+                    more = max(timeout, self.startup_timeout_s) if starting else timeout
+                    await self._wait(key, frozenset(starting | behind), more)
         box = self._boxes.pop(key, {})
         self._last_collected = max(self._last_collected, key)
         inbox: dict[str, Message] = {}

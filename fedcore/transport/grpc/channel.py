@@ -27,6 +27,12 @@ GRPC_OPTIONS: list[tuple[str, int]] = [
     ("grpc.http2.max_pings_without_data", 0),
     # Servers must accept those pings, or they answer with GOAWAY "too_many_pings".
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    # Retry a peer that is not up yet every 0.1-1 s, not after gRPC's default backoff (1 s
+    # growing to 120 s): peers start at different times, and one that comes up must be
+    # reached (and greeted) at once, before its neighbours' first deadline passes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
@@ -87,6 +88,30 @@ _SERVICE = pb.DESCRIPTOR.services_by_name["Peer"].full_name
 _PUSH = f"/{_SERVICE}/Push"
 
 
+class _RejectionLog:
+    """Logs rejections, at most one line per kind of error every ``every_s`` seconds.
+
+    A stranger flooding a peer with calls must not flood its log (or disk) too: the rest of
+    a burst is counted and reported with the next line of that kind.
+    """
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def log(self, node_id: str, what: str, exc: Exception) -> None:
+        kind = f"{what}/{type(exc).__name__}"
+        now = time.monotonic()
+        if now - self._last.get(kind, -math.inf) < self.every_s:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        held = self._held.pop(kind, 0)
+        more = f" (and {held} more like it in the last {self.every_s:g} s)" if held else ""
+        logger.warning("%s: %s: %s%s", node_id, what, exc, more)
+
+
 class _PeerServicer:
     """Thin: assemble, check, enqueue, map errors to status codes.
 
@@ -126,7 +151,9 @@ class _PeerServicer:
             self._check_peer(context, request.node_id, request.run, request.protocol_version)
         except ProtocolError as exc:
             self.t.stats.messages_rejected += 1
+            self.t.rejections.log(self.t.node_id, "refused a handshake", exc)
             await context.abort(_status_for(exc), str(exc))
+        self.t.mailbox.hello(request.node_id)
         return pb.Welcome(
             node_id=self.t.node_id, protocol_version=PROTOCOL_VERSION, run=self.t.run_id
         )
@@ -151,7 +178,7 @@ class _PeerServicer:
                 t.validator(message)
         except ProtocolError as exc:
             t.stats.messages_rejected += 1
-            logger.warning("%s: rejected a message: %s", t.node_id, exc)
+            t.rejections.log(t.node_id, "rejected a message", exc)
             await context.abort(_status_for(exc), str(exc))
         t.mailbox.put(message)
         return pb.Ack(received_bytes=message.nbytes)
@@ -171,6 +198,8 @@ class GrpcTransport:
         call_timeout_s: Timeout of each Push call.
         tls: This node's CA, certificate and key: mutual TLS on every channel. None:
             plaintext, and a sender is whoever its messages say.
+        startup_timeout_s: How long a peer that said hello may take to send its first
+            message before it counts as missing (peers start at different times).
     """
 
     def __init__(
@@ -185,6 +214,7 @@ class GrpcTransport:
         max_message_bytes: int = 1 << 30,
         call_timeout_s: float = 60.0,
         tls: TlsFiles | None = None,
+        startup_timeout_s: float = 60.0,
     ) -> None:
         """Configure; nothing opens until :meth:`start`."""
         self.node_id = node_id
@@ -197,7 +227,8 @@ class GrpcTransport:
         self.call_timeout_s = call_timeout_s
         self.tls = tls
         self.stats = TransportStats()
-        self.mailbox = Mailbox(node_id, self.stats)
+        self.rejections = _RejectionLog()
+        self.mailbox = Mailbox(node_id, self.stats, startup_timeout_s=startup_timeout_s)
         self.port: int | None = None
         self._server: Any = None
         self._health: Any = None
@@ -248,6 +279,8 @@ class GrpcTransport:
         With ``required`` false (deadline mode) the peers still unreachable at the deadline
         (down, or failing the TLS handshake) are logged and returned instead: their channels
         stay open and reconnect by themselves, and sends to them fail until they answer.
+        Then it also waits, within the same ``timeout_s``, until every trusted in-neighbour
+        has said hello (or sent), so that peers start their rounds together.
 
         Raises:
             PeerUnavailableError: naming the peers still unreachable at the deadline.
@@ -298,6 +331,20 @@ class GrpcTransport:
                     )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+        if not required:
+            # Deadline mode: start the first round only when the in-neighbours are up too
+            # (said hello, or already sent), or the time is up; otherwise a peer that starts
+            # later than this one misses its first deadlines.
+            silent = await self.mailbox.await_greetings(
+                self.trusted, max(0.0, deadline - time.monotonic())
+            )
+            if silent:
+                logger.warning(
+                    "%s: %s did not connect within %g s; going on without waiting for them",
+                    self.node_id,
+                    ", ".join(silent),
+                    timeout_s,
+                )
         return []
 
     def _channel(self, peer: str) -> Any:
