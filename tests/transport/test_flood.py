@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fedcore.certs import init_certs
 from fedcore.config import load_config
 from fedcore.runners.launch import launch
 
@@ -32,6 +33,7 @@ from fedcore.transport.grpc.serde import message_to_wire
 from fedcore.transport.grpc.transport import _PUSH
 
 address, seconds, workers = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+certs = sys.argv[4] if len(sys.argv) > 4 else ""  # mutual TLS as a certified stranger
 
 def message(values: int) -> Message:
     tensor = RawCodec().encode(torch.zeros(values))
@@ -44,7 +46,15 @@ codes: dict[str, int] = {}
 async def worker(k: int, stop: float) -> None:
     # Retry fast until the peer is up (gRPC's default backoff grows to minutes).
     options = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 200)]
-    async with grpc.aio.insecure_channel(address, options=options) as channel:
+    if certs:
+        from fedcore.certs import load_tls
+        tls = load_tls(certs, "mallory")
+        credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
+        options.append(("grpc.ssl_target_name_override", "n0"))
+        channel = grpc.aio.secure_channel(address, credentials, options=options)
+    else:
+        channel = grpc.aio.insecure_channel(address, options=options)
+    async with channel:
         push = channel.stream_unary(_PUSH)
         hello = channel.unary_unary("/fedcore.v1.Peer/Handshake",
                                     request_serializer=pb.Hello.SerializeToString)
@@ -76,15 +86,23 @@ print(json.dumps(codes))
 
 
 @pytest.mark.grpc
-def test_a_flood_from_an_untrusted_client_does_not_stall_trusted_rounds(tmp_path: Path) -> None:
-    config = load_config(
-        None,
-        [
-            "topology.kind=ring", "topology.nodes=4", "algorithm.name=dpsgd",
-            "run.rounds=200", "run.eval_every=100",
-            "transport.mode=deadline", "transport.deadline_s=1.0",
-        ],
-    )  # fmt: skip
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "mutual-tls"])
+def test_a_flood_from_an_untrusted_client_does_not_stall_trusted_rounds(
+    tmp_path: Path, tls: bool
+) -> None:
+    """With TLS the stranger holds a certificate of the deployment's own CA, for a node id
+    that is not in the graph: the worst case, since its calls pass the TLS handshake."""
+    overrides = [
+        "topology.kind=ring", "topology.nodes=4", "algorithm.name=dpsgd",
+        "run.rounds=200", "run.eval_every=100",
+        "transport.mode=deadline", "transport.deadline_s=1.0",
+    ]  # fmt: skip
+    extra: list[str] = []
+    if tls:
+        init_certs(["n0", "n1", "n2", "n3", "mallory"], tmp_path / "certs")
+        overrides.append(f"transport.tls.dir={tmp_path / 'certs'}")
+        extra = [str(tmp_path / "certs")]
+    config = load_config(None, overrides)
     out = tmp_path / "run"
     found: dict[str, object] = {}
 
@@ -95,7 +113,7 @@ def test_a_flood_from_an_untrusted_client_does_not_stall_trusted_rounds(tmp_path
         time.sleep(0.05)  # the launcher writes it whole, then starts the peers
         address = json.loads(roster.read_text())["n0"]
         proc = subprocess.run(
-            [sys.executable, "-c", FLOODER, address, "60", "8"],
+            [sys.executable, "-c", FLOODER, address, "60", "8", *extra],
             capture_output=True,
             text=True,
             timeout=120,
