@@ -21,6 +21,7 @@ a run that fails on its way (a strict-mode peer that never answered).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -265,9 +266,13 @@ def _node(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     roster = load_roster(args.roster)
     out = Path(args.out) if args.out else Path("runs") / f"node-{args.node_id}"
-    return run_peer_main(
+    status = run_peer_main(
         config, args.node_id, roster, out=out, listen=args.listen, resume=args.resume
     )
+    # Everything is written and closed. Spare the exit a final garbage collection of every
+    # torch and gRPC object (measured at seconds per peer): the process ends anyway.
+    gc.freeze()
+    return status
 
 
 def _compose(args: argparse.Namespace) -> int:

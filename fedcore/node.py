@@ -20,6 +20,7 @@ Two waiting modes:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -48,6 +49,13 @@ from fedcore.transport.base import Transport
 from fedcore.transport.faults import FaultAware
 
 __all__ = ["DecodeCache", "Node", "NodeOptions", "RoundRecord", "lr_at"]
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark a send task's outcome as seen (the node reads it when it accounts for it)."""
+    if not task.cancelled():
+        task.exception()
+
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +251,8 @@ class Node:
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
         self._faults = transport if isinstance(transport, FaultAware) else None
         self._unreachable: set[str] = set()  # peers whose last send failed (logged once)
+        # Deadline mode: the send on its way to each receiver (task, message, fp32 size).
+        self._sending: dict[str, tuple[asyncio.Task[None], Message, int]] = {}
         # Algorithms whose messages are not model-sized (RPS blocks) say what to expect.
         self._message_shape = getattr(algorithm, "message_shape", None)
 
@@ -269,9 +279,10 @@ class Node:
         )
 
     async def run(self, rounds: int) -> None:
-        """Run rounds ``self.round .. rounds - 1``."""
+        """Run rounds ``self.round .. rounds - 1``, then let the last messages arrive."""
         while self.round < rounds:
             await self.run_round()
+        await self.finish_sending()
 
     async def run_round(self) -> RoundRecord:
         """Run one round and return its record."""
@@ -343,12 +354,16 @@ class Node:
     async def _send(self, outbox: Outbox, t: int, phase: int, unreachable: list[str]) -> int:
         """Encode and send ``outbox``; return the float32 size of the tensors that went.
 
-        In deadline mode a receiver that cannot be reached (a dead peer) is logged and
-        added to ``unreachable``, and the round goes on; strict mode raises.
+        Strict mode sends one message after another and raises on a receiver it cannot
+        reach. Deadline mode sends each receiver's message in a task of its own and waits
+        for them at most ``deadline_s``: a stalled link (a cut cable holds a call until
+        ``transport.call_timeout_s``) then delays neither the other receivers nor the
+        round. A receiver whose previous message is still on its way gets none this round
+        (messages to one receiver stay in order), and one that cannot be reached is logged
+        and added to ``unreachable``; the round goes on.
         """
         encoded: dict[int, tuple[dict[str, EncodedTensor], int]] = {}
-        send = self.transport.send
-        fp32 = 0
+        messages: list[tuple[Message, int]] = []
         for dst in sorted(outbox):
             payload = outbox[dst]
             entry = encoded.get(id(payload))
@@ -360,7 +375,6 @@ class Node:
                 }
                 size = sum(e.nbytes for e in tensors.values()) + 8 * len(payload.scalars)
                 entry = encoded[id(payload)] = (tensors, size)
-            sent = self.transport.stats.messages_sent
             message = Message(
                 run=self.options.run_id,
                 round=t,
@@ -371,20 +385,63 @@ class Node:
                 scalars=payload.scalars,
                 nbytes=entry[1],
             )
-            try:
-                await send(message)
-            except (PeerUnavailableError, TransportTimeoutError) as exc:
-                if self.options.mode == "strict":
-                    raise
-                if dst not in self._unreachable:
-                    logger.warning("%s: cannot reach %s (round %d): %s", self.id, dst, t, exc)
-                self._unreachable.add(dst)
-                unreachable.append(dst)
+            messages.append((message, sum(4 * math.prod(e.shape) for e in entry[0].values())))
+        if self.options.mode == "strict":
+            fp32 = 0
+            for message, size in messages:
+                await self.transport.send(message)
+                fp32 += self._went(message, size)
+            return fp32
+        started = []
+        for message, size in messages:
+            dst = message.receiver
+            busy = self._sending.get(dst)
+            if busy is not None and not busy[0].done():
+                self._cannot_reach(dst, t, "its previous message is still on its way", unreachable)
                 continue
-            self._unreachable.discard(dst)
-            if self.transport.stats.messages_sent > sent:  # not lost to fault injection
-                fp32 += sum(4 * math.prod(e.shape) for e in entry[0].values())
+            task = asyncio.create_task(self.transport.send(message))
+            task.add_done_callback(_retrieve)
+            self._sending[dst] = (task, message, size)
+            started.append(task)
+        if started:
+            await asyncio.wait(started, timeout=self.options.deadline_s)
+        return self._harvest(t, unreachable)
+
+    def _went(self, message: Message, fp32: int) -> int:
+        """``fp32`` unless the fault plan lost ``message`` (then nothing went)."""
+        lost = self._faults is not None and self._faults.loses(message)
+        return 0 if lost else fp32
+
+    def _cannot_reach(self, dst: str, t: int, why: object, unreachable: list[str]) -> None:
+        if dst not in self._unreachable:
+            logger.warning("%s: cannot reach %s (round %d): %s", self.id, dst, t, why)
+        self._unreachable.add(dst)
+        unreachable.append(dst)
+
+    def _harvest(self, t: int, unreachable: list[str]) -> int:
+        """Account for the deadline-mode sends that ended (in this round or since)."""
+        fp32 = 0
+        for dst, (task, message, size) in list(self._sending.items()):
+            if not task.done():
+                continue
+            del self._sending[dst]
+            exc = task.exception()
+            if exc is None:
+                self._unreachable.discard(dst)
+                fp32 += self._went(message, size)
+            elif isinstance(exc, PeerUnavailableError | TransportTimeoutError):
+                self._cannot_reach(dst, t, exc, unreachable)
+            else:
+                raise exc
         return fp32
+
+    async def finish_sending(self) -> None:
+        """Wait for the deadline-mode sends still on their way (each bounded by the
+        transport's call timeout); a run's last messages must not be cut off."""
+        tasks = [task for task, _, _ in self._sending.values()]
+        if tasks:
+            await asyncio.wait(tasks)
+        self._harvest(self.round, [])
 
     async def _collect(
         self,

@@ -112,6 +112,10 @@ class FaultAware(Protocol):
         """Receivers of this node's messages the plan lost in ``round`` (then forgotten)."""
         ...
 
+    def loses(self, message: Message) -> bool:
+        """Whether the plan loses ``message``."""
+        ...
+
 
 class FaultyTransport:
     """``inner`` with a :class:`FaultPlan` applied to what this node sends and awaits.
@@ -141,6 +145,11 @@ class FaultyTransport:
     def pop_lost_sent(self, round: int) -> list[str]:
         """Receivers of this node's messages the plan lost in ``round``."""
         return self._lost_sent.pop(round, [])
+
+    def loses(self, message: Message) -> bool:
+        """Whether the plan loses ``message``."""
+        coords = (message.sender, message.receiver, message.round, message.phase)
+        return self.plan.lost(*coords) is not None
 
     async def send(self, message: Message) -> None:
         """Send ``message`` after its delay, or lose it."""
