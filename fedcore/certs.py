@@ -72,6 +72,8 @@ def _check_id(node: str) -> None:
         raise ConfigError(
             f"node id {node!r} cannot name a certificate: use letters, digits, '-', '_' or '.'."
         )
+    if node == "ca":
+        raise ConfigError("node id 'ca' cannot name a certificate: ca.crt is the CA's.")
 
 
 def _new_ca(days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
@@ -118,7 +120,7 @@ def _node_cert(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
+        .not_valid_after(min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(node)]), critical=False)
         .add_extension(
@@ -142,7 +144,8 @@ def init_certs(
     """Make (or extend) the certificate folder ``out`` for ``nodes``; return the files written.
 
     A folder that already has ``ca.crt`` and ``ca.key`` keeps its CA, and only nodes without
-    a certificate get one (``force`` issues them all anew, under a new CA).
+    a good certificate get one (none yet, or one this CA did not sign, or expired). ``force``
+    makes a new CA and issues every certificate in the folder anew, ``nodes``' and the rest.
 
     Raises:
         ConfigError: a node id that cannot name a certificate, no nodes, or a folder with
@@ -176,15 +179,28 @@ def init_certs(
         _write(ca_key_path, _pem_key(ca_key), private=True)
         _write(ca_cert_path, ca_cert.public_bytes(serialization.Encoding.PEM))
         written += [ca_cert_path, ca_key_path]
+    if force:  # every certificate the old CA signed is worthless now
+        ids += sorted({p.stem for p in folder.glob("*.crt")} - {"ca", *ids})
     for node in ids:
         cert_path, key_path = folder / f"{node}.crt", folder / f"{node}.key"
-        if cert_path.exists() and key_path.exists() and not new_ca:
-            continue  # already issued by this CA
+        if not new_ca and key_path.exists() and _issued_by(cert_path, ca_cert):
+            continue  # already issued by this CA, and valid
         key, cert = _node_cert(node, ca_key, ca_cert, days)
         _write(key_path, _pem_key(key), private=True)
         _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
         written += [cert_path, key_path]
     return written
+
+
+def _issued_by(path: Path, ca: x509.Certificate) -> bool:
+    """Whether ``path`` holds a certificate that ``ca`` signed and that is valid now."""
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+        cert.verify_directly_issued_by(ca)
+    except (OSError, ValueError, TypeError, InvalidSignature):
+        return False
+    now = datetime.datetime.now(datetime.UTC)
+    return cert.not_valid_before_utc <= now <= cert.not_valid_after_utc
 
 
 def cert_node_ids(cert_pem: bytes) -> list[str]:
@@ -227,9 +243,18 @@ def load_tls(folder: str | Path, node_id: str) -> TlsFiles:
     try:
         ca = x509.load_pem_x509_certificate(data["ca"])
         cert = x509.load_pem_x509_certificate(data["cert"])
-        serialization.load_pem_private_key(data["key"], password=None)
+        key = serialization.load_pem_private_key(data["key"], password=None)
     except ValueError as exc:
         raise ConfigError(f"transport.tls: a file in {base} is not valid PEM: {exc}.") from exc
+    if key.public_key() != cert.public_key():
+        raise ConfigError(f"transport.tls: {paths['key']} is not the key of {paths['cert']}.")
+    now = datetime.datetime.now(datetime.UTC)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise ConfigError(
+            f"transport.tls: {paths['cert']} is valid from {cert.not_valid_before_utc:%Y-%m-%d} "
+            f"to {cert.not_valid_after_utc:%Y-%m-%d}, not now; issue a new one with "
+            f"fedcore certs init --nodes {node_id} --out DIR, in the folder that has ca.key."
+        )
     names = cert_node_ids(data["cert"])
     if node_id not in names:
         raise ConfigError(

@@ -218,3 +218,56 @@ def test_models_with_dropout_replay_exactly() -> None:
         net = make_network("ring:4", model="tests.test_node:dropout_model").run(3)
         digests.append({n: params_sha256(m) for n, m in net.models().items()})
     assert digests[0] == digests[1]
+
+
+class SlowLink(Tamper):
+    """Sends to ``dst`` take ``seconds``, then ``outcome`` happens (None: delivered)."""
+
+    def __init__(
+        self, inner: InProcessTransport, dst: str, seconds: float, outcome: Exception | None
+    ) -> None:
+        super().__init__(inner, lambda m: m)
+        self.dst, self.seconds, self.outcome = dst, seconds, outcome
+
+    async def send(self, message: Message) -> None:
+        if message.receiver == self.dst:
+            await asyncio.sleep(self.seconds)
+            if self.outcome is not None:
+                raise self.outcome
+        await self.inner.send(message)
+
+
+def _slow_link(net: TestNetwork, src: str, seconds: float, outcome: Exception | None) -> str:
+    node = net.nodes[src]
+    assert isinstance(node.transport, InProcessTransport)
+    dst = sorted(net.graph.at(0).out_neighbours(src))[0]
+    node.transport = SlowLink(node.transport, dst, seconds, outcome)
+    return dst
+
+
+def test_deadline_sends_run_past_the_deadline_and_are_accounted_for() -> None:
+    """A send slower than the deadline neither holds up the round nor goes uncounted: the
+    receiver gets no second message while one is on its way, and every send that ended
+    before the last round is in the records (a slow one in a later round's)."""
+    net = _small(**{"transport.mode": "deadline", "transport.deadline_s": 0.05})
+    records = []
+    for node in net.nodes.values():
+        node.observer = lambda _n, r: records.append(r)
+    dst = _slow_link(net, "n1", 0.12, None)
+    net.run(6)
+    mine = [r for r in records if r.node == "n1"]
+    skipped = [r.round for r in mine if dst in r.unreachable]
+    assert skipped, "a receiver with a message on its way must get none"
+    assert all(r.wall_s < 0.05 * 2 + 0.1 for r in mine[1:])  # never the slow send's 0.12 s
+    size = 4 * net.nodes["n1"].model().numel()  # every OPS message carries one model
+    sent = net.nodes["n1"].transport.stats.messages_sent
+    # All but possibly the last, which may end after the last round (in finish_sending).
+    assert size * (sent - 1) <= sum(r.fp32_bytes_sent for r in mine) <= size * sent
+
+
+def test_a_refusal_that_ends_after_the_deadline_still_stops_the_node() -> None:
+    """A send refused (not unreachable) after the deadline is not lost with its task."""
+    net = _small(**{"transport.mode": "deadline", "transport.deadline_s": 0.05})
+    _slow_link(net, "n1", 0.08, ProtocolError("refused by the receiver"))
+    with pytest.raises(ProtocolError, match="refused by the receiver"):
+        net.run(5)

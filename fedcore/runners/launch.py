@@ -13,6 +13,7 @@ writes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -208,6 +209,12 @@ def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, An
     out = Path(run_dir)
     if config is None:
         config = load_config(out / "config.toml")
+    graph_file = Path(config.topology.file) if config.topology.file else None
+    if graph_file and not graph_file.is_absolute() and (out / graph_file).is_file():
+        # A graph file named relative to the run folder (fedcore compose writes it there);
+        # its name is not part of the run fingerprint, so the run stays the same run.
+        topology = dataclasses.replace(config.topology, file=str(out / graph_file))
+        config = dataclasses.replace(config, topology=topology)
     setup = prepare_run(config)
     nodes = setup.graph.nodes
     absent = [n for n in nodes if not (out / "nodes" / n).is_dir()]

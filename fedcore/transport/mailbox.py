@@ -10,16 +10,19 @@ deliver in order, so its message for this one is gone (a peer restarted from a c
 catches up this way instead of waiting out a deadline per missed round).
 
 The other side of that: a sender whose message came late is alive but behind (it started
-later, was restarted, or its rounds take a little longer than the deadline because it
-waits out a dead neighbour of its own). For ten timeouts after a late message, when the
-timeout passes without that sender's message, the node waits up to one more timeout for
-it (for it alone), so that the two fall into step instead of missing each other's
-messages for the rest of the run. A sender whose messages are lost, not late, is not waited
-for. So a deadline-mode round waits at most twice the deadline, except at the start: a
-sender that has said hello (:meth:`Mailbox.hello`, the gRPC handshake) but not sent its first
-message yet is still starting (building its data and model, connecting to its own peers),
-and is waited for up to ``startup_timeout_s``. Peers on several hosts never start at the
-same moment; without this their first rounds would miss each other.
+later, was restarted, or its rounds take a little longer than the deadline because it waits
+out a dead neighbour of its own). For ten timeouts after a late message, when the timeout
+passes without that sender's message, the node waits up to one more timeout for it (for it
+alone), so that the two fall into step instead of missing each other's messages for the
+rest of the run. A message that arrives in that extra time counts as late for this rule, so
+a sender whose rounds are always a little longer than the deadline keeps being waited for.
+A sender whose messages are lost, not late, is not waited for. So a collect waits at most
+twice its timeout, except at the start: a sender that has said hello
+(:meth:`Mailbox.hello`, the gRPC handshake) but not sent its first message yet is still
+starting (building its data and model, connecting to its own peers), and is waited for
+until ``startup_timeout_s`` after its hello (once: a peer that said hello and went silent
+is then treated like any other). Peers on several hosts never start at the same moment;
+without this their first rounds would miss each other.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class Mailbox:
         self.node_id = node_id
         self.stats = stats
         self.startup_timeout_s = startup_timeout_s
-        self._starting: set[str] = set()  # said hello, no message yet
+        self._hello_at: dict[str, float] = {}  # said hello (when), no message yet
         self.greeted: set[str] = set()  # said hello or sent something
         self._boxes: dict[_Key, dict[str, Message]] = {}
         self._latest: dict[str, _Key] = {}  # newest (round, phase) each sender delivered
@@ -69,7 +72,7 @@ class Mailbox:
         """``sender`` is up and about to start its rounds (it has not sent anything yet)."""
         self.greeted.add(sender)
         if sender not in self._latest:
-            self._starting.add(sender)
+            self._hello_at[sender] = time.monotonic()
 
     async def await_greetings(self, senders: Collection[str], timeout: float) -> list[str]:
         """Wait until every one of ``senders`` said hello or sent something, up to
@@ -88,7 +91,7 @@ class Mailbox:
     def put(self, message: Message) -> bool:
         """File ``message``; return False (and count it) if it came too late."""
         key = (message.round, message.phase)
-        self._starting.discard(message.sender)
+        self._hello_at.pop(message.sender, None)
         self.greeted.add(message.sender)
         if key <= self._last_collected:
             self._late_at[message.sender] = time.monotonic()
@@ -133,15 +136,24 @@ class Mailbox:
             if timeout is not None:
                 now = time.monotonic()
                 outstanding = self._outstanding(key, expected)
-                starting = outstanding & self._starting
+                # Still starting: said hello less than startup_timeout_s ago, sent nothing.
+                starting = {
+                    s: self._hello_at[s] + self.startup_timeout_s - now
+                    for s in outstanding
+                    if s in self._hello_at and self._hello_at[s] + self.startup_timeout_s > now
+                }
                 behind = {
                     s
                     for s in outstanding
                     if now - self._late_at.get(s, -math.inf) <= _LATE_MEMORY * timeout
                 }
                 if starting or behind:
-                    more = max(timeout, self.startup_timeout_s) if starting else timeout
-                    await self._wait(key, frozenset(starting | behind), more)
+                    more = max([timeout, *starting.values()])
+                    await self._wait(key, frozenset(starting.keys() | behind), more)
+                    # Those that came now would have been late: keep waiting for them.
+                    arrived = self._boxes.get(key, {})
+                    for s in behind & arrived.keys():
+                        self._late_at[s] = time.monotonic()
         box = self._boxes.pop(key, {})
         self._last_collected = max(self._last_collected, key)
         inbox: dict[str, Message] = {}

@@ -45,6 +45,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_certs_init_writes_a_ca_and_one_certificate_per_node(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    init_certs(["n1"], other)
+    tmp_path = tmp_path / "mine"
     written = init_certs(["n0", "n1"], tmp_path)
     assert sorted(p.name for p in written) == [
         "ca.crt", "ca.key", "n0.crt", "n0.key", "n1.crt", "n1.key",
@@ -59,9 +62,17 @@ def test_certs_init_writes_a_ca_and_one_certificate_per_node(tmp_path: Path) -> 
     assert [p.name for p in again] == ["n2.crt", "n2.key"]
     assert (tmp_path / "ca.crt").read_bytes() == ca
     load_tls(tmp_path, "n2")
-    # --force: a new CA, and every certificate anew.
-    assert len(init_certs(["n0"], tmp_path, force=True)) == 4
+    # --force: a new CA, and every certificate in the folder anew (not only those named).
+    assert len(init_certs(["n0"], tmp_path, force=True)) == 8
     assert (tmp_path / "ca.crt").read_bytes() != ca
+    for node in ("n0", "n1", "n2"):
+        load_tls(tmp_path, node)
+    # A certificate another CA signed is issued anew, without --force.
+    (tmp_path / "n1.crt").write_bytes((other / "n1.crt").read_bytes())
+    assert [p.name for p in init_certs(["n1"], tmp_path)] == ["n1.crt", "n1.key"]
+    load_tls(tmp_path, "n1")
+    with pytest.raises(ConfigError, match="'ca' cannot name a certificate"):
+        init_certs(["ca"], tmp_path)
 
 
 def test_load_tls_refuses_what_does_not_belong(tmp_path: Path, pki: dict[str, Path]) -> None:

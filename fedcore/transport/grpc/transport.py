@@ -63,8 +63,9 @@ class UnauthenticatedPeerError(UntrustedPeerError):
 
 
 def _certificate_ids(context: Any) -> list[str]:
-    """The node ids (DNS subject alternative names) of the caller's verified certificate."""
-    values = context.auth_context().get("x509_subject_alternative_name", [])
+    """The node ids of the caller's verified certificate: its DNS subject alternative names
+    (``peer_dns``; not URI, e-mail or IP names, which ``certs init`` never writes)."""
+    values = context.auth_context().get("peer_dns", [])
     return [v.decode("ascii", "replace") if isinstance(v, bytes) else str(v) for v in values]
 
 
