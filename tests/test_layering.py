@@ -15,6 +15,7 @@ LAYERS = {
     "messages": 0,
     "config": 0,
     "certs": 1,
+    "lazy": 0,
     "topology": 1,
     "data": 1,
     "streams": 1,

@@ -5,8 +5,9 @@ Names load on first use, so that a submodule that needs no torch imports without
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fedcore.lazy import lazy_names
 
 if TYPE_CHECKING:
     from fedcore.transport.base import Transport, TransportStats
@@ -22,8 +23,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_names(__name__, _HOMES)

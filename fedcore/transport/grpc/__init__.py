@@ -6,8 +6,9 @@ imports without torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fedcore.lazy import lazy_names
 
 if TYPE_CHECKING:
     from fedcore.transport.grpc.channel import GRPC_OPTIONS, probe_health
@@ -25,8 +26,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_names(__name__, _HOMES)
