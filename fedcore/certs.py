@@ -192,15 +192,28 @@ def init_certs(
     return written
 
 
+def _unfit(cert: x509.Certificate, ca: x509.Certificate) -> str | None:
+    """Why ``cert`` cannot serve under ``ca`` now (not signed by it, or not valid now)."""
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return "was not signed by the CA"
+    now = datetime.datetime.now(datetime.UTC)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        return (
+            f"is valid from {cert.not_valid_before_utc:%Y-%m-%d} to "
+            f"{cert.not_valid_after_utc:%Y-%m-%d}, not now"
+        )
+    return None
+
+
 def _issued_by(path: Path, ca: x509.Certificate) -> bool:
     """Whether ``path`` holds a certificate that ``ca`` signed and that is valid now."""
     try:
         cert = x509.load_pem_x509_certificate(path.read_bytes())
-        cert.verify_directly_issued_by(ca)
-    except (OSError, ValueError, TypeError, InvalidSignature):
+    except (OSError, ValueError):
         return False
-    now = datetime.datetime.now(datetime.UTC)
-    return cert.not_valid_before_utc <= now <= cert.not_valid_after_utc
+    return _unfit(cert, ca) is None
 
 
 def cert_node_ids(cert_pem: bytes) -> list[str]:
@@ -248,22 +261,15 @@ def load_tls(folder: str | Path, node_id: str) -> TlsFiles:
         raise ConfigError(f"transport.tls: a file in {base} is not valid PEM: {exc}.") from exc
     if key.public_key() != cert.public_key():
         raise ConfigError(f"transport.tls: {paths['key']} is not the key of {paths['cert']}.")
-    now = datetime.datetime.now(datetime.UTC)
-    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
-        raise ConfigError(
-            f"transport.tls: {paths['cert']} is valid from {cert.not_valid_before_utc:%Y-%m-%d} "
-            f"to {cert.not_valid_after_utc:%Y-%m-%d}, not now; issue a new one with "
-            f"fedcore certs init --nodes {node_id} --out DIR, in the folder that has ca.key."
-        )
     names = cert_node_ids(data["cert"])
     if node_id not in names:
         raise ConfigError(
             f"transport.tls: {paths['cert']} names {names or 'no node'}, not {node_id!r}."
         )
-    try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, InvalidSignature) as exc:
+    why = _unfit(cert, ca)
+    if why is not None:
         raise ConfigError(
-            f"transport.tls: {paths['cert']} was not signed by the CA in {paths['ca']}."
-        ) from exc
+            f"transport.tls: {paths['cert']} {why} (CA: {paths['ca']}); issue a new one with "
+            f"fedcore certs init --nodes {node_id} --out DIR, in the folder that has ca.key."
+        )
     return TlsFiles(ca=data["ca"], cert=data["cert"], key=data["key"])

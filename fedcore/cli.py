@@ -130,16 +130,19 @@ def _parser() -> argparse.ArgumentParser:
         "init",
         help="make a CA and one key and certificate per node",
         description="Write DIR/ca.crt, DIR/ca.key and, per node, DIR/<id>.crt (the node id as "
-        "its subject alternative name) and DIR/<id>.key. A DIR that has a CA keeps it and "
-        "only new nodes get certificates. Point [transport.tls] dir at DIR; give each host "
-        "ca.crt and only its own nodes' files, and keep ca.key elsewhere.",
+        "its subject alternative name) and DIR/<id>.key. A DIR that has a CA keeps it, and "
+        "only nodes without a good certificate (none, expired, or not this CA's) get one. "
+        "Point [transport.tls] dir at DIR; give each host ca.crt and only its own nodes' "
+        "files, never ca.key.",
     )
     init.add_argument("--nodes", nargs="+", metavar="ID", help="node ids")
     init.add_argument("--config", help="take the node ids from this experiment's graph")
     init.add_argument("--out", required=True, help="certificate folder")
     init.add_argument("--days", type=int, default=365, help="validity (default 365)")
     init.add_argument(
-        "--force", action="store_true", help="a new CA and new certificates for every node"
+        "--force",
+        action="store_true",
+        help="a new CA, and every certificate in DIR issued anew",
     )
 
     hea = sub.add_parser(

@@ -226,35 +226,28 @@ def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, An
     unfinished: dict[str, int | None] = {
         n: None for n in nodes if not (out / "nodes" / n / "node.json").exists()
     }
-    wall = max(_wall_seconds(out / "nodes" / n / "metrics.jsonl") for n in nodes)
     name = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
-    summary = _merge(setup, out, name, wall, unfinished)
+    summary = _merge(setup, out, name, None, unfinished)
     summary["out_dir"] = str(out)
     return summary
 
 
-def _wall_seconds(path: Path) -> float:
-    """The time a peer spent in its rounds (the sum of its records' ``wall_s``)."""
-    if not path.exists():
-        return 0.0
-    with open(path, encoding="utf-8") as fh:
-        return sum(float(json.loads(line)["wall_s"]) for line in fh if line.endswith("\n"))
-
-
 def _merge(
-    setup: RunSetup, out: Path, name: str, wall: float, dead: Mapping[str, int | None]
+    setup: RunSetup, out: Path, name: str, wall: float | None, dead: Mapping[str, int | None]
 ) -> dict[str, Any]:
     """Replay the peers' records into the same metrics and summary as ``simulate``.
 
     A peer that died (``dead``: id -> exit status, None where unknown) is counted as down
     from the round after its last record, and its last model snapshot (or the initial
-    model) stands for it.
+    model) stands for it. ``wall`` None (peers that ran elsewhere): the longest time a peer
+    spent in its rounds.
     """
     config = setup.config
     nodes = setup.graph.nodes
     rounds = config.run.rounds
     records: list[RoundRecord] = []
     last_round: dict[str, int] = {}
+    spent = 0.0  # the longest time a peer spent in its rounds
     for n in nodes:
         path = out / "nodes" / n / "metrics.jsonl"
         mine = []
@@ -264,6 +257,7 @@ def _merge(
                     if line.endswith("\n"):  # a killed peer may leave half a line
                         mine.append(RoundRecord.from_json(json.loads(line)))
         last_round[n] = mine[-1].round if mine else -1
+        spent = max(spent, sum(r.wall_s for r in mine))
         records.extend(mine)
         if n in dead:
             records.extend(
@@ -301,7 +295,7 @@ def _merge(
         out,
         name=name,
         transport="grpc",
-        wall_seconds=wall,
+        wall_seconds=spent if wall is None else wall,
         final_params=models,
         extra={"peer_exits": exits},
     )

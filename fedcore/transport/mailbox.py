@@ -61,7 +61,6 @@ class Mailbox:
         self.stats = stats
         self.startup_timeout_s = startup_timeout_s
         self._hello_at: dict[str, float] = {}  # said hello (when), no message yet
-        self.greeted: set[str] = set()  # said hello or sent something
         self._boxes: dict[_Key, dict[str, Message]] = {}
         self._latest: dict[str, _Key] = {}  # newest (round, phase) each sender delivered
         self._last_collected: _Key = (-1, -1)
@@ -70,7 +69,6 @@ class Mailbox:
 
     def hello(self, sender: str) -> None:
         """``sender`` is up and about to start its rounds (it has not sent anything yet)."""
-        self.greeted.add(sender)
         if sender not in self._latest:
             self._hello_at[sender] = time.monotonic()
 
@@ -79,7 +77,9 @@ class Mailbox:
         ``timeout`` s; return those that did not."""
         deadline = time.monotonic() + timeout
         while True:
-            silent = sorted(set(senders) - self.greeted)
+            # Said hello and sent nothing yet, sent in time, or sent late.
+            greeted = self._hello_at.keys() | self._latest.keys() | self._late_at.keys()
+            silent = sorted(set(senders) - greeted)
             if not silent or time.monotonic() >= deadline:
                 return silent
             await asyncio.sleep(0.05)
@@ -92,7 +92,6 @@ class Mailbox:
         """File ``message``; return False (and count it) if it came too late."""
         key = (message.round, message.phase)
         self._hello_at.pop(message.sender, None)
-        self.greeted.add(message.sender)
         if key <= self._last_collected:
             self._late_at[message.sender] = time.monotonic()
             self.stats.messages_late += 1
