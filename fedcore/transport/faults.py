@@ -154,7 +154,7 @@ class FaultyTransport:
     async def send(self, message: Message) -> None:
         """Send ``message`` after its delay, or lose it."""
         coords = (message.sender, message.receiver, message.round, message.phase)
-        if self.plan.lost(*coords) is not None:
+        if self.loses(message):
             self.stats.messages_dropped += 1
             self._lost_sent.setdefault(message.round, []).append(message.receiver)
             return
