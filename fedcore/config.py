@@ -267,6 +267,16 @@ class TransportConfig:
     startup_timeout_s: float = 60.0
     call_timeout_s: float = 60.0
     max_message_mb: float = 1024.0
+    round_window: int = 32
+    """Deadline mode: rounds a sender may run ahead of a receiver beyond what lock-step
+    allows; a message further ahead is refused (FAILED_PRECONDITION) and changes nothing."""
+    chunk_timeout_s: float = 10.0
+    """gRPC: longest wait for the next chunk of a message (and for its header)."""
+    min_rate_mb_s: float = 1.0
+    """gRPC: slowest transfer a receiver waits for; a message of S MiB may take
+    ``chunk_timeout_s + S / min_rate_mb_s`` seconds in all."""
+    max_streams_per_sender: int = 4
+    """gRPC: message streams one sender may have open at once at a receiver."""
     tls: Mapping[str, Any] = field(default_factory=dict)
     """``[transport.tls]``: ``dir`` holds ``ca.crt`` and each node's ``<id>.crt`` and
     ``<id>.key`` (as ``fedcore certs init`` writes them). Set: every gRPC channel is
@@ -299,9 +309,28 @@ class TransportConfig:
             self.kind,
             f"must be one of {', '.join(TRANSPORTS)}",
         )
-        for key in ("startup_timeout_s", "call_timeout_s", "max_message_mb"):
+        for key in (
+            "startup_timeout_s",
+            "call_timeout_s",
+            "max_message_mb",
+            "chunk_timeout_s",
+            "min_rate_mb_s",
+        ):
             value = getattr(self, key)
-            _require(math.isfinite(value) and value > 0, f"transport.{key}", value, "must be > 0")
+            _require(
+                isinstance(value, int | float) and math.isfinite(value) and value > 0,
+                f"transport.{key}",
+                value,
+                "must be a number > 0",
+            )
+        for key, low, high in (("round_window", 0, 10**6), ("max_streams_per_sender", 1, 1024)):
+            value = getattr(self, key)
+            _require(
+                isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
+                f"transport.{key}",
+                value,
+                f"must be a whole number from {low} to {high}",
+            )
         _require(
             self.mode in MODES,
             "transport.mode",

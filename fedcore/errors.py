@@ -16,7 +16,11 @@ inherits the builtin exception it refines, so callers that catch ``ValueError`` 
         ├── ProtocolError                            a message broke the wire protocol
         │   ├── UntrustedPeerError                   sender is not a trusted in-neighbour
         │   ├── RunMismatchError                     sender belongs to another run or version
-        │   └── MessageTooLargeError                 message exceeds the receiver's bound
+        │   ├── MessageTooLargeError                 message exceeds the receiver's bound
+        │   │   └── TooManyStreamsError              a sender holds too many streams open
+        │   ├── OutOfWindowError                     a round too far ahead of the receiver's
+        │   └── StalledStreamError                   a stream stalled between chunks or overall
+        ├── MessageRefusedError                      the receiver refused a message we sent
         └── TransportClosedError                     the transport was used after close()
 
 Messages are full sentences that name the bad value and, where there is one, the fix.
@@ -31,10 +35,14 @@ __all__ = [
     "ConfigError",
     "DataError",
     "FedcoreError",
+    "MessageRefusedError",
     "MessageTooLargeError",
+    "OutOfWindowError",
     "PeerUnavailableError",
     "ProtocolError",
     "RunMismatchError",
+    "StalledStreamError",
+    "TooManyStreamsError",
     "TopologyError",
     "TransportClosedError",
     "TransportError",
@@ -93,6 +101,22 @@ class RunMismatchError(ProtocolError):
 
 class MessageTooLargeError(ProtocolError):
     """A message is larger than the receiver accepts."""
+
+
+class TooManyStreamsError(MessageTooLargeError):
+    """A sender already holds as many concurrent streams open as the receiver allows."""
+
+
+class OutOfWindowError(ProtocolError):
+    """A message is for a round further ahead of the receiver's than any honest peer gets."""
+
+
+class StalledStreamError(ProtocolError):
+    """A message stream stalled: too long between chunks, or too slow overall."""
+
+
+class MessageRefusedError(TransportError):
+    """The receiver refused a message this node sent (it answered with a protocol error)."""
 
 
 class TransportClosedError(TransportError):

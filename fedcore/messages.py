@@ -7,18 +7,21 @@ carries. Messages are immutable snapshots: the bytes are copied out of the sende
 tensors when the message is built, so later in-place updates at the sender can never
 leak into what a receiver mixes (the FedML bug named in reference/algorithms.md).
 
-:class:`Payload` is the decoded, algorithm-facing view of the same content.
+:class:`Payload` is the decoded, algorithm-facing view of the same content, and
+:class:`MessageSchema` the exact content an algorithm sends in one phase: what a receiver
+checks every message against before it accepts it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import torch
 
-__all__ = ["EncodedTensor", "Message", "Payload"]
+__all__ = ["EncodedTensor", "Message", "MessageSchema", "Payload", "ScalarSpec"]
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
 
@@ -105,3 +108,45 @@ class Payload:
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"payload tensor {name!r} is still encoded.")
         return value
+
+
+@dataclass(frozen=True, slots=True)
+class ScalarSpec:
+    """The values a scalar may take: ``low < value <= high`` (``low <= value`` if closed).
+
+    Attributes:
+        low: Lower bound.
+        high: Upper bound (inclusive).
+        why: Why the bounds hold, for the receiver's error message.
+        low_closed: Whether ``low`` itself is allowed.
+    """
+
+    low: float
+    high: float
+    why: str = ""
+    low_closed: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """Why ``value`` is impossible, or ``None`` when it is allowed (finite, in range)."""
+        if not math.isfinite(value):
+            return f"is not finite ({value})"
+        above = value >= self.low if self.low_closed else value > self.low
+        if above and value <= self.high:
+            return None
+        bracket = "[" if self.low_closed else "("
+        why = f": {self.why}" if self.why else ""
+        return f"is {value!r}, outside {bracket}{self.low:g}, {self.high:g}]{why}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageSchema:
+    """Exactly what one phase's message from one sender holds.
+
+    Attributes:
+        tensors: Tensor name -> shape; ``None`` means the model's shape. Every tensor has
+            the model's dtype. The message holds exactly these tensors, no more, no fewer.
+        scalars: Scalar name -> allowed values. Exactly these scalars.
+    """
+
+    tensors: Mapping[str, tuple[int, ...] | None]
+    scalars: Mapping[str, ScalarSpec] = field(default_factory=lambda: MappingProxyType({}))

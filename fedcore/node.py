@@ -15,7 +15,20 @@ Two waiting modes:
 * ``deadline``: wait at most ``deadline_s`` per phase, then proceed with what arrived;
   the rest count as missing (and, if they come later, as late). A message that fails
   validation (undecodable bytes, wrong shape or dtype, non-finite values, another run)
-  is logged, counted as rejected and treated as missing; the node keeps going.
+  is logged, counted as rejected and treated as missing; the node keeps going. So is a
+  message this node sent that its receiver refused: it is logged once per receiver and
+  recorded with the round's unreachable receivers.
+
+Validation (:meth:`Node.validate`, which the gRPC servicer calls before it answers, and
+the node itself at collect time): the message belongs to this run; its phase is one of the
+algorithm's and it holds exactly what the algorithm's ``message_schema`` says for that phase
+and sender (tensor names, shapes and the model's dtype; scalar names and their allowed
+values); its bytes decode under their codec to finite values; the algorithm's ``accept``
+finds it possible given the node's state (a running total never goes backwards). And its
+round is within the window :meth:`Node.round_window` states: a message for a round further
+ahead than any honest sender can be is refused (:class:`~fedcore.errors.OutOfWindowError`)
+and changes nothing, so one message cannot make the node skip a sender for the rest of the
+run; one for a round already collected is late (counted, dropped).
 """
 
 from __future__ import annotations
@@ -37,11 +50,14 @@ from fedcore.errors import (
     AlgorithmError,
     CompressionError,
     ConfigError,
+    MessageRefusedError,
+    OutOfWindowError,
     PeerUnavailableError,
     ProtocolError,
     TransportTimeoutError,
 )
-from fedcore.messages import EncodedTensor, Message, Payload
+from fedcore.ids import clip
+from fedcore.messages import EncodedTensor, Message, MessageSchema, Payload
 from fedcore.models import Objective
 from fedcore.streams import Batches
 from fedcore.topology import Topology
@@ -80,6 +96,9 @@ class NodeOptions:
         mode: ``"strict"`` or ``"deadline"``.
         deadline_s: Per-phase wait in deadline mode.
         strict_timeout_s: Upper bound of a strict-mode wait before failing.
+        round_window: Deadline mode: rounds a sender may be ahead of this node beyond what
+            strict lock-step allows (peers drift apart in deadline mode; a restarted peer
+            is behind its neighbours). See :meth:`Node.round_window`.
     """
 
     run_id: str
@@ -88,6 +107,7 @@ class NodeOptions:
     mode: str = "strict"
     deadline_s: float = 5.0
     strict_timeout_s: float = 300.0
+    round_window: int = 32
 
     def __post_init__(self) -> None:
         """Reject unknown modes and schedules early."""
@@ -253,8 +273,11 @@ class Node:
         self._unreachable: set[str] = set()  # peers whose last send failed (logged once)
         # Deadline mode: the send on its way to each receiver (task, message, fp32 size).
         self._sending: dict[str, tuple[asyncio.Task[None], Message, int]] = {}
-        # Algorithms whose messages are not model-sized (RPS blocks) say what to expect.
-        self._message_shape = getattr(algorithm, "message_shape", None)
+        # What each phase's message holds, and (optionally) what the state makes impossible.
+        self._schema = getattr(algorithm, "message_schema", None)
+        self._accept = getattr(algorithm, "accept", None)
+        self._leads: dict[str, int] | None = None
+        self._refused: set[str] = set()  # receivers whose refusal was logged
 
     def model(self) -> torch.Tensor:
         """The parameters this node currently predicts with."""
@@ -433,6 +456,12 @@ class Node:
                 fp32 += self._went(message, size)
             elif isinstance(exc, PeerUnavailableError | TransportTimeoutError):
                 self._cannot_reach(dst, t, exc, unreachable)
+            elif isinstance(exc, MessageRefusedError):
+                # Deadline mode goes on without that message, as if it was lost.
+                if dst not in self._refused:
+                    logger.warning("%s: %s refused a message (round %d): %s", self.id, dst, t, exc)
+                self._refused.add(dst)
+                unreachable.append(dst)
             else:
                 raise exc
         return fp32
@@ -463,7 +492,7 @@ class Node:
         inbox: dict[str, Payload] = {}
         for sender in sorted(messages):
             try:
-                inbox[sender] = self._decode(messages[sender], ctx)
+                inbox[sender] = self._checked(messages[sender], ctx)
             except (CompressionError, ProtocolError) as exc:
                 if strict:
                     raise ProtocolError(
@@ -488,13 +517,89 @@ class Node:
         """Check ``message`` as this node would before mixing it (for a transport's servicer).
 
         Raises:
-            ProtocolError: another run, undecodable bytes, wrong shape or dtype, or
-                non-finite values.
+            OutOfWindowError: a round beyond :meth:`round_window` of this node's.
+            ProtocolError: another run, a phase or content the algorithm does not send
+                (names, shapes, dtypes, scalars out of range), undecodable bytes,
+                non-finite values, or a message the algorithm's state makes impossible.
         """
+        window = self.round_window(message.sender)
+        if message.round > self.round + window:
+            raise OutOfWindowError(
+                f"a message for round {message.round} from {clip(message.sender)} is more "
+                f"than {window} rounds ahead of this peer's round {self.round}; no honest "
+                "peer gets that far ahead (transport.round_window)."
+            )
         try:
-            self._decode(message, self._context(message.round))
+            self._checked(message, self._context(message.round))
         except CompressionError as exc:
             raise ProtocolError(str(exc)) from exc
+
+    def round_window(self, sender: str) -> int:
+        """How many rounds ahead of this node's a message from ``sender`` may be.
+
+        In strict mode a sender is at most ``d`` rounds ahead of this node, ``d`` the length
+        of the shortest path from this node to the sender in the communication graph: the
+        sender could not have finished round ``t - 1`` without messages that depend on this
+        node's round ``t - d``. (On a time-varying schedule, ``d`` is taken as
+        ``n * period``.) Deadline mode adds ``round_window`` rounds of drift. One more round
+        covers a message that arrives while this node is between two rounds.
+        """
+        if self._leads is None:
+            self._leads = self._shortest_leads()
+        lead = self._leads.get(sender, len(self.graph.nodes) * self.graph.period)
+        slack = self.options.round_window if self.options.mode == "deadline" else 0
+        return lead + 1 + slack
+
+    def _shortest_leads(self) -> dict[str, int]:
+        """Shortest path lengths from this node over the union of the schedule's graphs."""
+        graph = self.graph
+        if graph.period > 1:
+            return {}  # the default, n * period, applies to every sender
+        out: dict[str, set[str]] = {}
+        g = graph.at(0)
+        for u, v in g.edges():
+            out.setdefault(u, set()).add(v)
+        dist = {self.id: 0}
+        frontier = [self.id]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for v in out.get(u, ()):
+                    if v not in dist:
+                        dist[v] = dist[u] + 1
+                        nxt.append(v)
+            frontier = nxt
+        return dist
+
+    def _checked(self, message: Message, ctx: RoundContext) -> Payload:
+        """The decoded payload of ``message`` after every check (see :meth:`validate`)."""
+        payload = self._decode(message, ctx)
+        if self._accept is not None:
+            self._accept(self.state, message.phase, message.sender, payload, ctx)
+        return payload
+
+    def _schema_of(self, message: Message, ctx: RoundContext) -> MessageSchema | None:
+        """The algorithm's schema of ``message``'s phase and sender (``None``: none declared)."""
+        if not 0 <= message.phase < self.algorithm.phases:
+            raise ProtocolError(
+                f"phase {message.phase} is not a phase of {self.algorithm.name!r} "
+                f"(it has {self.algorithm.phases})."
+            )
+        if self._schema is None:
+            return None
+        try:
+            schema: MessageSchema = self._schema(message.phase, message.sender, ctx)
+        except AlgorithmError as exc:  # a phase or sender the algorithm does not expect
+            raise ProtocolError(str(exc)) from exc
+        names = (set(message.tensors), set(schema.tensors))
+        scalars = (set(message.scalars), set(schema.scalars))
+        for kind, (got, want) in (("tensors", names), ("scalars", scalars)):
+            if got != want:
+                raise ProtocolError(
+                    f"its {kind} are {_names(got)}; {self.algorithm.name!r} sends exactly "
+                    f"{_names(want)} in phase {message.phase}."
+                )
+        return schema
 
     def _decode(self, message: Message, ctx: RoundContext) -> Payload:
         if message.run != self.options.run_id:
@@ -502,20 +607,18 @@ class Node:
                 f"message of run {message.run[:12]} does not belong to this run "
                 f"({self.options.run_id[:12]})."
             )
+        schema = self._schema_of(message, ctx)
         tensors: dict[str, torch.Tensor] = {}
         cache = self.decode_cache
-        shape = self._shape
-        if self._message_shape is not None:
-            try:
-                shape = tuple(self._message_shape(message.phase, message.sender, ctx))
-            except AlgorithmError as exc:  # a phase or sender the algorithm does not expect
-                raise ProtocolError(str(exc)) from exc
         for name, enc in message.tensors.items():
+            shape = self._shape
+            if schema is not None:
+                shape = schema.tensors[name] or self._shape
             # The header first: a stranger's absurd shape must not cost a decode.
             if tuple(enc.shape) != shape or enc.dtype != self._dtype_name:
                 raise ProtocolError(
-                    f"tensor {name!r} has shape {tuple(enc.shape)} and dtype {enc.dtype}; "
-                    f"expected {shape} and {self._dtype_name}."
+                    f"tensor {clip(name)} has shape {clip(tuple(enc.shape))} and dtype "
+                    f"{clip(enc.dtype)}; expected {shape} and {self._dtype_name}."
                 )
             tensor = cache.get(message.round, enc) if cache is not None else None
             if tensor is None:
@@ -525,19 +628,22 @@ class Node:
                 if not math.isfinite(float(tensor.sum())) and not bool(
                     torch.isfinite(tensor).all()
                 ):
-                    raise ProtocolError(f"tensor {name!r} holds non-finite values.")
+                    raise ProtocolError(f"tensor {clip(name)} holds non-finite values.")
                 if cache is not None:
                     cache.put(message.round, enc, tensor)
             if tuple(tensor.shape) != shape or tensor.dtype != self._dtype:
                 raise ProtocolError(
-                    f"tensor {name!r} has shape {tuple(tensor.shape)} and dtype {enc.dtype}; "
+                    f"tensor {clip(name)} has shape {tuple(tensor.shape)} and dtype {enc.dtype}; "
                     f"expected {shape} and {self._dtype}."
                 )
             tensors[name] = tensor
-        if message.scalars:
-            for name, value in message.scalars.items():
-                if not math.isfinite(value):
-                    raise ProtocolError(f"scalar {name!r} is not finite ({value}).")
+        for name, value in message.scalars.items():
+            spec = schema.scalars[name] if schema is not None else None
+            problem = spec.problem(value) if spec is not None else None
+            if spec is None and not math.isfinite(value):
+                problem = f"is not finite ({value})"
+            if problem is not None:
+                raise ProtocolError(f"scalar {clip(name)} {problem}.")
         return Payload(tensors, message.scalars)
 
     def codec_for(self, encoded: EncodedTensor) -> Codec:
@@ -545,3 +651,12 @@ class Node:
         if encoded.codec == self.codec.name:
             return self.codec
         return get_codec(encoded.codec)
+
+
+def _names(names: set[str]) -> str:
+    """``'a', 'b'`` (sorted, each clipped; at most 8), or ``none``."""
+    if not names:
+        return "none"
+    shown = [clip(n, 40) for n in sorted(names)[:8]]
+    more = f" (+{len(names) - 8} more)" if len(names) > 8 else ""
+    return ", ".join(shown) + more

@@ -14,6 +14,23 @@ algorithm's docstring says what it does then. Inbox tensors are read-only: in on
 the receivers of a payload share one decoded tensor, so never update them in place.
 Inboxes are ordered by sender id, and messages are snapshots, so results do not depend on
 the order nodes are processed.
+
+**What a receiver checks.** Every algorithm declares, per phase and sender, the exact
+:class:`~fedcore.messages.MessageSchema` of what it sends (``message_schema``): tensor
+names and shapes, scalar names and the values they can take. The node refuses anything
+else before the algorithm sees it (strict mode: a :class:`~fedcore.errors.ProtocolError`
+naming the sender; deadline mode: the message is counted as rejected and treated as
+missing), so ``mix`` only ever gets inboxes of exactly that form. An algorithm whose state
+makes some well-formed messages impossible (a running total that went backwards) also
+defines ``accept(state, phase, sender, payload, ctx)``, which raises ``ProtocolError``.
+
+What a peer trusts about its in-neighbours, and what it does not: it trusts nothing about
+the *form* of a message (names, shapes, dtypes, the phase and round it claims, scalars out
+of range, non-finite values: all refused), nor anything the schema can bound (a push-sum
+weight is positive and at most the network's total mass). It does trust the *values* of
+well-formed model tensors: a certified in-neighbour that sends a finite but wrong model
+(a Byzantine peer) is mixed in like any other, as in every algorithm here; robust
+aggregation against such peers is a different family of algorithms.
 """
 
 from __future__ import annotations
@@ -25,9 +42,10 @@ from typing import Any, Protocol
 import torch
 
 from fedcore.compression import Codec
-from fedcore.messages import Payload
+from fedcore.errors import AlgorithmError
+from fedcore.messages import MessageSchema, Payload, ScalarSpec
 
-__all__ = ["Algorithm", "Inbox", "Outbox", "RoundContext"]
+__all__ = ["Algorithm", "Inbox", "Outbox", "RoundContext", "check_phase", "model_schema"]
 
 Outbox = Mapping[str, Payload]
 """Messages to send: destination node id -> payload."""
@@ -74,9 +92,9 @@ class Algorithm(Protocol):
             ordered pair must be a trust edge: RPS) or ``"none"``.
         phases: Communication phases per round.
 
-    An algorithm whose messages are not model-sized (RPS sends blocks) also defines
-    ``message_shape(phase, sender, ctx) -> tuple[int, ...]``; the node checks every
-    received tensor against it (against the model's shape otherwise).
+    ``message_schema`` says exactly what a message of each phase holds; the node checks
+    every received message against it. An algorithm a user registers without one gets
+    only the generic checks (model-shaped tensors of the model's dtype, finite values).
     """
 
     name: str
@@ -102,3 +120,25 @@ class Algorithm(Protocol):
     def mix(self, state: Any, phase: int, inbox: Inbox, ctx: RoundContext) -> tuple[Any, Outbox]:
         """Incorporate ``inbox``; return the new state and the next phase's messages."""
         ...
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """Exactly what ``sender`` sends this node in ``phase`` of round ``ctx.round``.
+
+        Raises:
+            AlgorithmError: ``sender`` sends this node nothing in ``phase`` (or no such phase).
+        """
+        ...
+
+
+def check_phase(name: str, phase: int, phases: int = 1) -> None:
+    """Raise :class:`~fedcore.errors.AlgorithmError` unless ``0 <= phase < phases``."""
+    if not 0 <= phase < phases:
+        raise AlgorithmError(
+            f"{name} has {phases} phase{'s' if phases > 1 else ''} a round "
+            f"({', '.join(map(str, range(phases)))}), not phase {phase}."
+        )
+
+
+def model_schema(*names: str, **scalars: ScalarSpec) -> MessageSchema:
+    """A message of model-shaped tensors ``names`` and the given scalars."""
+    return MessageSchema(tensors=dict.fromkeys(names), scalars=scalars)

@@ -37,10 +37,10 @@ from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext
+from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
 from fedcore.compression import Codec, RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
-from fedcore.messages import EncodedTensor, Payload
+from fedcore.messages import EncodedTensor, MessageSchema, Payload
 
 __all__ = ["CHOCO", "CHOCOState", "DeepSqueeze", "DeepSqueezeState", "compress"]
 
@@ -114,6 +114,11 @@ class DeepSqueeze:
         """Every neighbour."""
         return tuple(ctx.in_weights)
 
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """The neighbour's compressed model ``"c"``, nothing else."""
+        check_phase(self.name, phase)
+        return model_schema("c")
+
     def mix(
         self, state: DeepSqueezeState, phase: int, inbox: Inbox, ctx: RoundContext
     ) -> tuple[DeepSqueezeState, Outbox]:
@@ -168,6 +173,11 @@ class CHOCO:
     def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
         """Every neighbour."""
         return tuple(ctx.in_weights)
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """The neighbour's compressed difference ``"q"``, nothing else."""
+        check_phase(self.name, phase)
+        return model_schema("q")
 
     def mix(
         self, state: CHOCOState, phase: int, inbox: Inbox, ctx: RoundContext

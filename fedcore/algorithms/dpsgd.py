@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext
+from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
 from fedcore.errors import AlgorithmError
-from fedcore.messages import Payload
+from fedcore.messages import MessageSchema, Payload
 
 __all__ = ["DPSGD", "DPSGDState", "gossip_mix"]
 
@@ -75,6 +75,11 @@ class DPSGD:
     def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
         """Every neighbour."""
         return tuple(ctx.in_weights)
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """The neighbour's model ``"x"``, nothing else."""
+        check_phase(self.name, phase)
+        return model_schema("x")
 
     def mix(
         self, state: DPSGDState, phase: int, inbox: Inbox, ctx: RoundContext

@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext
+from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
 from fedcore.algorithms.dpsgd import DPSGD
 from fedcore.algorithms.ops import push_shares, push_sum_mix
 from fedcore.algorithms.reference import ModelState
+from fedcore.messages import MessageSchema, ScalarSpec
 
 __all__ = ["DOG", "DOL"]
+
+_SHARE = ScalarSpec(0.0, 1.0, "a push-sum share of a sender whose weight is 1")
 
 
 class DOG(DPSGD):
@@ -105,7 +108,7 @@ class DOL:
 
     Messages have push-sum's format (tensor ``"x"`` plus scalar ``"omega"``), built and
     mixed with OPS's own helpers. The sender's weight is fixed at 1, so the scalar is just
-    the share ``W_ij``; the receiver ignores it.
+    the share ``W_ij``; the receiver ignores it, but refuses one outside ``(0, 1]``.
     """
 
     name = "dol"
@@ -130,6 +133,11 @@ class DOL:
     def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
         """Every in-neighbour of this round's graph."""
         return tuple(ctx.in_weights)
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """The share ``"x"`` and the scalar ``"omega"`` (the share's weight, in ``(0, 1]``)."""
+        check_phase(self.name, phase)
+        return model_schema("x", omega=_SHARE)
 
     def mix(
         self, state: ModelState, phase: int, inbox: Inbox, ctx: RoundContext

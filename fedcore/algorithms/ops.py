@@ -67,6 +67,29 @@ keeps rounding errors from growing with them:
   older than the one already applied on an edge (a smaller omega-total; omega-totals only
   grow) is ignored, so a replayed or reordered message cannot apply mass twice.
 
+**A node whose in-neighbours all went silent** (deadline mode: they died, or a partition
+cut them off) receives no share, and push-sum would have it give away
+``1 - W_ii`` of its weight every round with nothing coming back: its weight decays
+geometrically, the unscaled step ``lr * g / omega_i`` on ``z_i`` grows without bound and the
+weight finally underflows to 0. So a node that heard from none of its expected in-neighbours
+for ``ISOLATED_AFTER`` rounds in a row *holds*: it pushes nothing (its out-neighbours see
+its message missing, as for any lost message) and keeps all of its mass, mixing with self
+weight 1, and steps on its de-biased model at rate ``lr`` (``x -= lr * omega * g``, local
+SGD on ``z``) whatever ``step_scale`` says. The first share that arrives ends the hold:
+the node pushes again from the next round. Holding never creates mass, so the bounds below
+stay true. Plain and robust OPS alike; with every message delivered it never happens.
+
+**What a receiver accepts** (:meth:`OPS.message_schema`): exactly the tensor ``"x"``
+(robust: and ``"x_lo"`` unless the wire carries float64) and the scalar ``"omega"``. The
+network's total push-sum mass is ``n`` (one per node) and messages only ever lose some, so
+no weight, and no share of one, exceeds ``n``: plain OPS refuses an omega outside
+``(0, n]``. A robust omega-total grows by at most ``n`` a round, so it lies in
+``(0, n (t + 1)]`` at round ``t``; and a total smaller than the last one applied on its edge
+went backwards, which no honest sender's does (:meth:`OPS.accept` refuses it; a sender
+restarted from an older checkpoint sends such totals until its own catch up, and those are
+refused in the same way, which costs nothing: the next total that gets through carries
+the mass). A small relative tolerance covers rounding.
+
 **Step scaling** (``step_scale="omega"``, plain and robust alike). The step becomes
 ``x_half_i = x_i - lr * omega_i * g``, a step of ``lr`` on ``z_i = x_i / omega_i``,
 instead of the paper's ``x_i - lr * g``, which moves ``z_i`` by ``lr * g / omega_i``. This
@@ -84,17 +107,19 @@ test_robust_push_sum.py). On regular digraphs (ring, exponential) the two coinci
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext
+from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
 from fedcore.compression import Codec
-from fedcore.errors import AlgorithmError, ConfigError
-from fedcore.messages import EncodedTensor, Payload
+from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
+from fedcore.messages import EncodedTensor, MessageSchema, Payload, ScalarSpec
 
 __all__ = [
+    "ISOLATED_AFTER",
     "OPS",
     "STEP_SCALES",
     "EdgeTotal",
@@ -115,12 +140,22 @@ STEP_SCALES = ("none", "omega")
 _TOTAL = torch.float64
 """The dtype running totals are kept in."""
 
+ISOLATED_AFTER = 8
+"""Rounds in a row with no share from any expected in-neighbour after which a node holds
+(see the module docstring). At 30% independent loss a node with one in-neighbour hears
+nothing for 8 rounds in a row about once in 15,000 rounds; a dead neighbour, at once."""
+
+_SLACK = 1 + 1e-9
+"""Relative tolerance of the weight bounds (rounding of the weights themselves)."""
+
 
 class OPSState(NamedTuple):
-    """Push-sum numerator ``x`` and weight ``omega``."""
+    """Push-sum numerator ``x``, weight ``omega``, and how many rounds in a row no expected
+    in-neighbour's share arrived (``silent``; the node holds from ``ISOLATED_AFTER``)."""
 
     x: torch.Tensor
     omega: float
+    silent: int = 0
 
 
 class EdgeTotal(NamedTuple):
@@ -138,12 +173,22 @@ class RobustOPSState(NamedTuple):
         omega: Push-sum weight.
         sent: Out-neighbour -> the totals pushed on that edge so far (``sigma``).
         seen: In-neighbour -> the last totals applied from that edge (``rho``).
+        silent: Rounds in a row with no total from any expected in-neighbour.
     """
 
     x: torch.Tensor
     omega: float
     sent: Mapping[str, EdgeTotal]
     seen: Mapping[str, EdgeTotal]
+    silent: int = 0
+
+
+def _silent_after(silent: int, inbox: Inbox, ctx: RoundContext) -> int:
+    """The new count of silent rounds: reset by any share, raised when none came although
+    some in-neighbour was expected, unchanged in a round with no in-neighbours."""
+    if inbox:
+        return 0
+    return silent + 1 if ctx.in_weights else silent
 
 
 def gradient_step(
@@ -342,6 +387,7 @@ class OPS:
             )
         self.robust = robust
         self.step_scale = step_scale
+        self._dtype: torch.dtype | None = None  # the model's, learnt by init()
 
     def __repr__(self) -> str:
         """Show the options."""
@@ -349,6 +395,7 @@ class OPS:
 
     def init(self, params: torch.Tensor) -> OPSState | RobustOPSState:
         """Start from ``x = params`` and ``omega = 1`` (so ``z = params``), no totals."""
+        self._dtype = params.dtype
         if self.robust:
             return RobustOPSState(params.clone(), 1.0, {}, {})
         return OPSState(params.clone(), 1.0)
@@ -372,32 +419,82 @@ class OPS:
 
         Plain OPS returns the stepped numerator and mixes in :meth:`mix`; robust OPS
         returns the state already reduced to its own share (the rest is in the totals).
+        A holding node (silent in-neighbours) steps on ``z`` and sends nothing.
         """
-        x_half = gradient_step(state.x, state.omega, grad, ctx.lr, self.step_scale)
+        holding = state.silent >= ISOLATED_AFTER
+        scale = "omega" if holding else self.step_scale
+        x_half = gradient_step(state.x, state.omega, grad, ctx.lr, scale)
         if not self.robust:
-            outbox = push_shares(x_half, state.omega, dict(ctx.out_weights))
-            return OPSState(x_half, state.omega), outbox
+            outbox = {} if holding else push_shares(x_half, state.omega, dict(ctx.out_weights))
+            return OPSState(x_half, state.omega, state.silent), outbox
         robust = self._robust_state(state)
+        if holding:
+            return robust._replace(x=x_half), {}
         x, omega, sent = push_totals(x_half, robust.omega, robust.sent, ctx.out_weights)
         out = {dst: total_payload(sent[dst], x.dtype, ctx.codec) for dst in ctx.out_weights}
-        return RobustOPSState(x, omega, sent, robust.seen), out
+        return RobustOPSState(x, omega, sent, robust.seen, robust.silent), out
 
     def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
         """Every in-neighbour of this round's graph."""
         return tuple(ctx.in_weights)
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """``"x"`` (robust: and ``"x_lo"`` unless the wire carries float64) and ``"omega"``:
+        a share in ``(0, n]``, or a robust total in ``(0, n (t + 1)]`` at round ``t``."""
+        check_phase(self.name, phase)
+        n = len(ctx.nodes) if ctx.nodes else math.inf
+        if not self.robust:
+            share = ScalarSpec(0.0, n * _SLACK, f"a share of a push-sum weight of {n} nodes")
+            return model_schema("x", omega=share)
+        if self._dtype is None:
+            raise AlgorithmError("OPS does not know the model's dtype yet: call init() first.")
+        total = ScalarSpec(
+            0.0,
+            n * (ctx.round + 1) * _SLACK,
+            f"an omega-total grows by at most the {n} nodes' mass a round",
+        )
+        if _wire_is_float64(self._dtype, ctx.codec):
+            return model_schema("x", omega=total)
+        return model_schema("x", "x_lo", omega=total)
+
+    def accept(
+        self,
+        state: OPSState | RobustOPSState,
+        phase: int,
+        sender: str,
+        payload: Payload,
+        ctx: RoundContext,
+    ) -> None:
+        """Robust: refuse an omega-total smaller than the last one applied on its edge.
+
+        Raises:
+            ProtocolError: the total went backwards.
+        """
+        if not isinstance(state, RobustOPSState):
+            return
+        last = state.seen.get(sender)
+        omega = float(payload.scalars["omega"])
+        if last is not None and omega < last.omega:
+            raise ProtocolError(
+                f"its omega-total {omega!r} is smaller than the {last.omega!r} already applied "
+                "on that edge (running totals never go backwards)."
+            )
 
     def mix(
         self, state: OPSState | RobustOPSState, phase: int, inbox: Inbox, ctx: RoundContext
     ) -> tuple[OPSState | RobustOPSState, Outbox]:
         """Add the received shares (plain: missing ones are lost mass; robust: they wait)."""
         new: OPSState | RobustOPSState
+        silent = _silent_after(state.silent, inbox, ctx)
         if self.robust:
             robust = self._robust_state(state)
             x, omega, seen = absorb_totals(robust.x, robust.omega, robust.seen, inbox)
-            new = RobustOPSState(x, omega, robust.sent, seen)
+            new = RobustOPSState(x, omega, robust.sent, seen, silent)
         else:
-            x, omega = push_sum_mix(state.x, state.omega, ctx.self_weight, inbox)
-            new = OPSState(x, omega)
+            # A holding node pushed nothing this round: all of its mass is still its own.
+            own = 1.0 if state.silent >= ISOLATED_AFTER else ctx.self_weight
+            x, omega = push_sum_mix(state.x, state.omega, own, inbox)
+            new = OPSState(x, omega, silent)
         if not omega > 0.0:  # only reachable with a zero self weight or underflow
             raise AlgorithmError(
                 f"node {ctx.node}: push-sum weight is {omega} after round {ctx.round}; "

@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext
+from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
 from fedcore.errors import AlgorithmError
-from fedcore.messages import Payload
+from fedcore.messages import MessageSchema, Payload
 
 __all__ = ["Central", "Local", "ModelState"]
 
@@ -58,6 +58,10 @@ class Local(_ModelOnly):
         """Nobody."""
         return ()
 
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """None: LOCAL sends nothing, so every message is refused."""
+        raise AlgorithmError(f"'local' sends no messages; {sender!r} sent one.")
+
     def mix(
         self, state: ModelState, phase: int, inbox: Inbox, ctx: RoundContext
     ) -> tuple[ModelState, Outbox]:
@@ -81,6 +85,11 @@ class Central(_ModelOnly):
     def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
         """Every other node."""
         return tuple(ctx.in_weights)
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """The sender's post-step model ``"x"``, nothing else."""
+        check_phase(self.name, phase)
+        return model_schema("x")
 
     def mix(
         self, state: ModelState, phase: int, inbox: Inbox, ctx: RoundContext

@@ -47,10 +47,10 @@ from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext
+from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase
 from fedcore.algorithms.compressed import compress
 from fedcore.errors import AlgorithmError
-from fedcore.messages import EncodedTensor, Payload
+from fedcore.messages import EncodedTensor, MessageSchema, Payload
 
 __all__ = ["RPS", "RPSState", "assemble_blocks", "average_block", "block_bounds", "block_sizes"]
 
@@ -125,8 +125,9 @@ class RPS:
     weights are not used. It takes no options.
 
     The block layout depends on the model size, which :meth:`init` records: one ``RPS``
-    object serves the nodes of one run, which share one model size. :meth:`message_shape`
-    tells a receiver the shape of each incoming tensor, which is a block, not the model.
+    object serves the nodes of one run, which share one model size. :meth:`message_schema`
+    tells a receiver the name and shape of each incoming tensor, which is a block, not the
+    model.
     """
 
     name = "rps"
@@ -174,29 +175,37 @@ class RPS:
             return tuple(sorted(s for j, s in enumerate(ctx.nodes) if j != me and sizes[j] > 0))
         raise AlgorithmError(f"RPS has phases 0 and 1, not {phase}.")
 
-    def message_shape(self, phase: int, sender: str, ctx: RoundContext) -> tuple[int, ...]:
-        """The shape of the tensor ``sender`` sends this node in ``phase``.
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """What ``sender`` sends this node in ``phase``: one 1-D block of the model's dtype.
 
-        Phase 0 (scatter): this node's own block, ``(len(B_me),)``; phase 1 (gather): the
-        sender's block, ``(len(B_sender),)``. Both are 1-D slices of the flattened model,
-        of the model's dtype.
+        Phase 0 (scatter): tensor ``"block"``, this node's own block, ``(len(B_me),)``;
+        phase 1 (gather): tensor ``"avg"``, the sender's block, ``(len(B_sender),)``. No
+        scalars. The block a message fills is fixed by who sends it (no index travels).
 
         Raises:
-            AlgorithmError: For another phase, a sender not in ``ctx.nodes``, or before
+            AlgorithmError: another phase; a sender that is this node or not in
+                ``ctx.nodes``; a block that is empty (nothing is sent for it); or before
                 :meth:`init` recorded the model size.
         """
+        check_phase(self.name, phase, self.phases)
         me = _index(ctx)
+        if sender not in ctx.nodes or sender == ctx.node:
+            raise AlgorithmError(
+                f"RPS node {ctx.node}: {sender!r} is not another node of this run, so it "
+                "sends this node no block."
+            )
         sizes = block_sizes(self._require_numel(), len(ctx.nodes))
         if phase == 0:
-            return (sizes[me],)
-        if phase == 1:
-            if sender not in ctx.nodes:
-                raise AlgorithmError(
-                    f"RPS node {ctx.node}: {sender!r} is not a node of this run, so it owns "
-                    "no block."
-                )
-            return (sizes[ctx.nodes.index(sender)],)
-        raise AlgorithmError(f"RPS has phases 0 and 1, not {phase}.")
+            name, size = "block", sizes[me]
+        else:
+            name, size = "avg", sizes[ctx.nodes.index(sender)]
+        if size == 0:
+            whose = "this node's block" if phase == 0 else f"the block of {sender!r}"
+            raise AlgorithmError(
+                f"RPS node {ctx.node}: {whose} is empty, so nothing is sent for it in phase "
+                f"{phase}."
+            )
+        return MessageSchema(tensors={name: (size,)})
 
     def mix(
         self, state: RPSState, phase: int, inbox: Inbox, ctx: RoundContext

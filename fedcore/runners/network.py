@@ -318,6 +318,7 @@ def prepare_run(
         mode=config.transport.mode,
         deadline_s=config.transport.deadline_s,
         strict_timeout_s=config.transport.strict_timeout_s,
+        round_window=config.transport.round_window,
     )
     evaluator = make_objective(config, dataset)
     _probe(evaluator, dataset, config.model.name)

@@ -193,6 +193,10 @@ async def run_peer(
         call_timeout_s=config.transport.call_timeout_s,
         tls=load_tls(config.transport.tls_dir, node_id) if config.transport.tls_dir else None,
         startup_timeout_s=config.transport.startup_timeout_s,
+        chunk_timeout_s=config.transport.chunk_timeout_s,
+        min_rate_bytes_s=config.transport.min_rate_mb_s * (1 << 20),
+        max_streams_per_sender=config.transport.max_streams_per_sender,
+        skip_ahead=config.transport.mode == "deadline",
     )
     saved = checkpoint.latest(out / "checkpoints") if resume else None
     if resume and saved is None:
@@ -203,6 +207,7 @@ async def run_peer(
     node = setup.make_node(node_id, transport, observer=log, decode_cache=DecodeCache())
     if saved is not None:
         checkpoint.restore(node, saved)
+        transport.mailbox.start_at(node.round)
         logger.warning("%s: resumed from the checkpoint of round %d", node_id, node.round)
     transport.validator = node.validate
     await transport.start()

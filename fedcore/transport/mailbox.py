@@ -23,6 +23,12 @@ starting (building its data and model, connecting to its own peers), and is wait
 until ``startup_timeout_s`` after its hello (once: a peer that said hello and went silent
 is then treated like any other). Peers on several hosts never start at the same moment;
 without this their first rounds would miss each other.
+
+Only deadline mode skips a sender that delivered a later round (``skip_ahead``): in strict
+mode every sender delivers every round, so a later message first can only be hostile,
+and the node waits for the one it needs instead. How far ahead a message may be at all is
+the node's round window (:meth:`fedcore.node.Node.round_window`), checked before a message
+is filed, so one message mutes its sender for at most that many rounds.
 """
 
 from __future__ import annotations
@@ -54,12 +60,18 @@ class Mailbox:
     """One node's pending messages, keyed by ``(round, phase)`` and sender."""
 
     def __init__(
-        self, node_id: str, stats: TransportStats, *, startup_timeout_s: float = 60.0
+        self,
+        node_id: str,
+        stats: TransportStats,
+        *,
+        startup_timeout_s: float = 60.0,
+        skip_ahead: bool = True,
     ) -> None:
         """Count into ``stats`` (the owning transport's counters)."""
         self.node_id = node_id
         self.stats = stats
         self.startup_timeout_s = startup_timeout_s
+        self.skip_ahead = skip_ahead
         self._hello_at: dict[str, float] = {}  # said hello (when), no message yet
         self._boxes: dict[_Key, dict[str, Message]] = {}
         self._latest: dict[str, _Key] = {}  # newest (round, phase) each sender delivered
@@ -83,6 +95,10 @@ class Mailbox:
             if not silent or time.monotonic() >= deadline:
                 return silent
             await asyncio.sleep(0.05)
+
+    def start_at(self, round: int) -> None:
+        """The node starts (resumes) at ``round``: every earlier round counts as collected."""
+        self._last_collected = max(self._last_collected, (round - 1, 1 << 30))
 
     def is_late(self, round: int, phase: int) -> bool:
         """Whether ``(round, phase)`` was already collected."""
@@ -121,6 +137,8 @@ class Mailbox:
         previous process before a restart): waiting for it would only cost the deadline.
         """
         box = self._boxes.get(key, {})
+        if not self.skip_ahead:
+            return {s for s in expected if s not in box}
         return {s for s in expected if s not in box and self._latest.get(s, (-1, -1)) <= key}
 
     async def collect(

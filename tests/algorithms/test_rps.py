@@ -77,7 +77,7 @@ def _round(
 ) -> RoundLog:
     """Run one round of every node in ``states`` (updated in place) and log it.
 
-    Checks on the way that every sent tensor has the shape ``message_shape`` announces,
+    Checks on the way that every message has the form ``message_schema`` announces,
     that messages go exactly to those who expect them, and that no inbox tensor is
     modified by ``mix``.
     """
@@ -101,7 +101,8 @@ def _round(
                 if not isinstance(tensor, torch.Tensor):  # encoded by the sender itself
                     payload = Payload({name: get_codec(tensor.codec).decode(tensor)})
                     tensor = payload.tensor(name)
-                assert tuple(tensor.shape) == algo.message_shape(phase, s, ctxs[n])
+                schema = algo.message_schema(phase, s, ctxs[n])
+                assert schema.tensors == {name: tuple(tensor.shape)} and not payload.scalars
                 sent += 1
                 if keep(s, n, phase):
                     inbox[s] = payload
@@ -339,7 +340,7 @@ def test_lockstep_order_does_not_matter() -> None:
     assert not all(torch.equal(a[v].x, a["n0"].x) for v in graph.nodes)  # some loss happened
 
 
-# --- message_shape, errors, registry, topology --------------------------------------------------
+# --- message_schema, errors, registry, topology --------------------------------------------------
 
 
 def test_block_layout_matches_array_split() -> None:
@@ -352,22 +353,37 @@ def test_block_layout_matches_array_split() -> None:
             assert bounds[-1][1] == numel
 
 
-def test_message_shape() -> None:
+def test_message_schema() -> None:
     algo = RPS()
     nodes = _nodes(3)
     algo.init(torch.zeros(7))  # blocks of 3, 2, 2
     ctx = _ctx("n1", nodes, 0, 0.1)
-    assert algo.message_shape(0, "n0", ctx) == (2,)
-    assert algo.message_shape(0, "n2", ctx) == (2,)
-    assert algo.message_shape(1, "n0", ctx) == (3,)
-    assert algo.message_shape(1, "n2", ctx) == (2,)
-    assert algo.message_shape(0, "n1", _ctx("n0", nodes, 0, 0.1)) == (3,)
-    with pytest.raises(AlgorithmError, match="phases 0 and 1"):
-        algo.message_shape(2, "n0", ctx)
-    with pytest.raises(AlgorithmError, match="'zz' is not a node"):
-        algo.message_shape(1, "zz", ctx)
+
+    def shape(phase: int, sender: str, c: RoundContext = ctx) -> tuple[int, ...] | None:
+        schema = algo.message_schema(phase, sender, c)
+        assert not schema.scalars
+        ((name, size),) = schema.tensors.items()
+        assert name == ("block" if phase == 0 else "avg")
+        return size
+
+    assert shape(0, "n0") == (2,)
+    assert shape(0, "n2") == (2,)
+    assert shape(1, "n0") == (3,)
+    assert shape(1, "n2") == (2,)
+    assert shape(0, "n1", _ctx("n0", nodes, 0, 0.1)) == (3,)
+    with pytest.raises(AlgorithmError, match="2 phases a round"):
+        algo.message_schema(2, "n0", ctx)
+    for stranger in ("zz", "n1"):
+        with pytest.raises(AlgorithmError, match="not another node"):
+            algo.message_schema(1, stranger, ctx)
     with pytest.raises(AlgorithmError, match="call init"):
-        RPS().message_shape(0, "n0", ctx)
+        RPS().message_schema(0, "n0", ctx)
+    tiny = RPS()
+    tiny.init(torch.zeros(2))  # blocks of 1, 1, 0: n2 owns nothing
+    with pytest.raises(AlgorithmError, match="empty"):
+        tiny.message_schema(0, "n0", _ctx("n2", nodes, 0, 0.1))
+    with pytest.raises(AlgorithmError, match="empty"):
+        tiny.message_schema(1, "n2", ctx)
 
 
 def test_bad_input_is_refused() -> None:

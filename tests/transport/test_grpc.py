@@ -53,7 +53,7 @@ def _validator(message: Message) -> None:
 @given(
     st.lists(st.integers(0, 3000), min_size=0, max_size=3),
     st.integers(1, 5000),
-    st.dictionaries(st.text(max_size=5), st.floats(allow_nan=False), max_size=3),
+    st.dictionaries(st.text(min_size=1, max_size=5), st.floats(allow_nan=False), max_size=3),
 )
 @settings(max_examples=40)
 def test_serde_round_trip(sizes: list[int], chunk: int, scalars: dict[str, float]) -> None:

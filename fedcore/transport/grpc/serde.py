@@ -26,6 +26,8 @@ from fedcore.proto import peer_pb2 as pb
 
 __all__ = [
     "CHUNK_BYTES",
+    "MAX_FIELDS",
+    "MAX_NAME",
     "PROTOCOL_VERSION",
     "MessageAssembler",
     "header_to_proto",
@@ -35,6 +37,10 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+MAX_FIELDS = 16
+"""Most tensors (and most scalars) a message header may list."""
+MAX_NAME = 64
+"""Longest tensor or scalar name."""
 CHUNK_BYTES = 1 << 20
 """1 MiB: measured fastest on loopback against 64 KiB, 256 KiB and 4 MiB (lessons.md)."""
 
@@ -174,6 +180,21 @@ class MessageAssembler:
         self._filled = end
 
     def _start(self, header: pb.MessageHeader) -> None:
+        names = [t.name for t in header.tensors]
+        if len(names) > MAX_FIELDS or len(header.scalars) > MAX_FIELDS:
+            raise ProtocolError(
+                f"a message header lists {len(names)} tensors and {len(header.scalars)} "
+                f"scalars; no algorithm sends more than {MAX_FIELDS} of either."
+            )
+        for name in [*names, *header.scalars]:
+            if not 0 < len(name) <= MAX_NAME:
+                raise ProtocolError(
+                    f"a message header has a tensor or scalar name of {len(name)} characters "
+                    f"(names have 1 to {MAX_NAME})."
+                )
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise ProtocolError(f"a message header lists the tensor {twice[0]!r} twice.")
         announced = sum(t.nbytes for t in header.tensors)
         if announced != header.total_bytes:
             raise ProtocolError(

@@ -17,9 +17,16 @@ graph is enforced on that identity.
 
 Status codes: ``PERMISSION_DENIED`` sender not a trusted in-neighbour, or not the node its
 certificate names; ``UNAUTHENTICATED`` no certificate identity (TLS on);
-``FAILED_PRECONDITION`` another run or protocol version; ``INVALID_ARGUMENT`` a bad
-tensor (shape, dtype, non-finite values, truncated data) or a malformed stream;
-``RESOURCE_EXHAUSTED`` a message above the size bound.
+``FAILED_PRECONDITION`` another run or protocol version, or a round further ahead than the
+receiver's round window; ``INVALID_ARGUMENT`` bytes that are no message, a phase or
+content the algorithm does not send, a bad tensor (shape, dtype, non-finite values,
+truncated data), an impossible scalar; ``RESOURCE_EXHAUSTED`` a message above the size
+bound, or a sender with ``max_streams_per_sender`` streams already open;
+``DEADLINE_EXCEEDED`` a stream that waited more than ``chunk_timeout_s`` for its header or
+any next chunk, or took longer in all than its size allows at ``min_rate_bytes_s``. Every
+refusal is counted (``stats.messages_rejected``) and logged at most once per kind every
+10 s, each value in the line cut short. A sender whose message is refused gets
+:class:`~fedcore.errors.MessageRefusedError`.
 """
 
 from __future__ import annotations
@@ -36,15 +43,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fedcore.certs import TlsFiles
 from fedcore.errors import (
+    MessageRefusedError,
     MessageTooLargeError,
+    OutOfWindowError,
     PeerUnavailableError,
     ProtocolError,
     RunMismatchError,
+    StalledStreamError,
+    TooManyStreamsError,
     TransportClosedError,
-    TransportError,
     TransportTimeoutError,
     UntrustedPeerError,
 )
+from fedcore.ids import clip, shorten
 from fedcore.messages import Message
 from fedcore.proto import peer_pb2 as pb
 from fedcore.proto import peer_pb2_grpc as pb_grpc
@@ -73,7 +84,9 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (UnauthenticatedPeerError, grpc.StatusCode.UNAUTHENTICATED),
     (UntrustedPeerError, grpc.StatusCode.PERMISSION_DENIED),
     (RunMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (OutOfWindowError, grpc.StatusCode.FAILED_PRECONDITION),
     (MessageTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (StalledStreamError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (ProtocolError, grpc.StatusCode.INVALID_ARGUMENT),
 ]
 
@@ -84,6 +97,9 @@ def _status_for(exc: Exception) -> grpc.StatusCode:
             return code
     return grpc.StatusCode.INVALID_ARGUMENT
 
+
+_LOG_CHARS = 300
+"""Longest rejection text in a log line."""
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Peer"].full_name
 _PUSH = f"/{_SERVICE}/Push"
@@ -101,7 +117,9 @@ class _RejectionLog:
         self._last: dict[str, float] = {}
         self._held: dict[str, int] = {}
 
-    def log(self, node_id: str, what: str, exc: Exception) -> None:
+    def log(self, node_id: str, what: str, exc: Exception, *, internal: bool = False) -> None:
+        """Log ``exc`` unless one of its kind was logged less than ``every_s`` ago
+        (``internal``: a bug of ours, logged with its traceback)."""
         kind = f"{what}/{type(exc).__name__}"
         now = time.monotonic()
         if now - self._last.get(kind, -math.inf) < self.every_s:
@@ -110,7 +128,9 @@ class _RejectionLog:
         self._last[kind] = now
         held = self._held.pop(kind, 0)
         more = f" (and {held} more like it in the last {self.every_s:g} s)" if held else ""
-        logger.warning("%s: %s: %s%s", node_id, what, exc, more)
+        # A stranger's values must not make the line long.
+        text = shorten(str(exc), _LOG_CHARS)
+        logger.warning("%s: %s: %s%s", node_id, what, text, more, exc_info=internal)
 
 
 class _PeerServicer:
@@ -129,17 +149,20 @@ class _PeerServicer:
             names = _certificate_ids(context)
             if not names:
                 raise UnauthenticatedPeerError(
-                    f"a client without a certificate identity claimed to be {sender!r}."
+                    f"a client without a certificate identity claimed to be {clip(sender)}."
                 )
             if sender not in names:
+                named = shorten(", ".join(names), 80)
                 raise UntrustedPeerError(
-                    f"a client whose certificate names {', '.join(names)} claimed to be {sender!r}."
+                    f"a client whose certificate names {named} claimed to be {clip(sender)}."
                 )
         if sender not in t.trusted:
-            raise UntrustedPeerError(f"{sender!r} is not a trusted in-neighbour of {t.node_id!r}.")
+            raise UntrustedPeerError(
+                f"{clip(sender)} is not a trusted in-neighbour of {t.node_id!r}."
+            )
         if run != t.run_id:
             raise RunMismatchError(
-                f"{sender!r} runs {run[:12]!r}, not this run {t.run_id[:12]!r} (another "
+                f"{sender!r} runs {clip(run[:12])}, not this run {t.run_id[:12]!r} (another "
                 "config or graph)."
             )
         if version is not None and version != PROTOCOL_VERSION:
@@ -147,14 +170,29 @@ class _PeerServicer:
                 f"{sender!r} speaks protocol version {version}, this peer {PROTOCOL_VERSION}."
             )
 
-    async def Handshake(self, request: pb.Hello, context: Any) -> pb.Welcome:
+    def _refuse(self, what: str, exc: Exception) -> grpc.StatusCode:
+        """Count and log a refusal; the status code to answer with."""
+        t = self.t
+        t.stats.messages_rejected += 1
+        internal = not isinstance(exc, ProtocolError)
+        t.rejections.log(t.node_id, what, exc, internal=internal)
+        return grpc.StatusCode.INTERNAL if internal else _status_for(exc)
+
+    async def Handshake(self, request: bytes, context: Any) -> pb.Welcome:
+        # Raw bytes (no request deserializer): bytes that are no Hello get INVALID_ARGUMENT
+        # here, instead of UNKNOWN and a traceback from inside gRPC.
         try:
-            self._check_peer(context, request.node_id, request.run, request.protocol_version)
-        except ProtocolError as exc:
-            self.t.stats.messages_rejected += 1
-            self.t.rejections.log(self.t.node_id, "refused a handshake", exc)
-            await context.abort(_status_for(exc), str(exc))
-        self.t.mailbox.hello(request.node_id)
+            try:
+                hello = pb.Hello.FromString(request)
+            except Exception as exc:  # protobuf raises its own DecodeError
+                raise ProtocolError(
+                    f"a handshake is not a valid Hello: {shorten(str(exc), 80)}."
+                ) from exc
+            self._check_peer(context, hello.node_id, hello.run, hello.protocol_version)
+        except Exception as exc:
+            code = self._refuse("refused a handshake", exc)
+            await context.abort(code, shorten(str(exc), _LOG_CHARS))
+        self.t.mailbox.hello(hello.node_id)
         return pb.Welcome(
             node_id=self.t.node_id, protocol_version=PROTOCOL_VERSION, run=self.t.run_id
         )
@@ -162,25 +200,53 @@ class _PeerServicer:
     async def Push(self, request_iterator: AsyncIterator[bytes], context: Any) -> pb.Ack:
         t = self.t
         assembler = MessageAssembler(t.max_message_bytes)
+        sender: str | None = None  # set once its stream is counted
         try:
-            checked = False
-            async for chunk in request_iterator:
+            chunks = request_iterator.__aiter__()
+            began = time.monotonic()
+            give_up: float | None = None  # once the header told the size
+            while True:
+                wait = t.chunk_timeout_s
+                if give_up is not None:
+                    wait = min(wait, give_up - time.monotonic())
+                try:
+                    if wait <= 0:
+                        raise TimeoutError
+                    chunk = await asyncio.wait_for(chunks.__anext__(), wait)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise StalledStreamError(
+                        f"a message stream from {clip(sender or 'a client not yet known')} "
+                        f"stalled: no chunk for {t.chunk_timeout_s:g} s, or slower in all than "
+                        f"{t.min_rate_bytes_s / (1 << 20):g} MiB/s (transport.chunk_timeout_s, "
+                        "transport.min_rate_mb_s)."
+                    ) from None
                 assembler.add(chunk)
                 header = assembler.header
-                if header is not None and not checked:
-                    checked = True
+                if header is not None and sender is None:
                     self._check_peer(context, header.sender, header.run)
                     if header.receiver != t.node_id:
                         raise ProtocolError(
-                            f"a message for {header.receiver!r} reached {t.node_id!r}."
+                            f"a message for {clip(header.receiver)} reached {t.node_id!r}."
                         )
+                    if t.open_streams.get(header.sender, 0) >= t.max_streams_per_sender:
+                        raise TooManyStreamsError(
+                            f"{header.sender!r} already has {t.max_streams_per_sender} message "
+                            "streams open here (transport.max_streams_per_sender)."
+                        )
+                    sender = header.sender
+                    t.open_streams[sender] = t.open_streams.get(sender, 0) + 1
+                    give_up = began + t.chunk_timeout_s + header.total_bytes / t.min_rate_bytes_s
             message = assembler.finish()
             if t.validator is not None:
                 t.validator(message)
-        except ProtocolError as exc:
-            t.stats.messages_rejected += 1
-            t.rejections.log(t.node_id, "rejected a message", exc)
-            await context.abort(_status_for(exc), str(exc))
+        except Exception as exc:
+            code = self._refuse("rejected a message", exc)
+            await context.abort(code, shorten(str(exc), _LOG_CHARS))
+        finally:
+            if sender is not None:
+                t.open_streams[sender] -= 1
         t.mailbox.put(message)
         return pb.Ack(received_bytes=message.nbytes)
 
@@ -201,6 +267,12 @@ class GrpcTransport:
             plaintext, and a sender is whoever its messages say.
         startup_timeout_s: How long a peer that said hello may take to send its first
             message before it counts as missing (peers start at different times).
+        chunk_timeout_s: Longest wait for a stream's header or its next chunk.
+        min_rate_bytes_s: Slowest transfer waited for: a message of ``S`` bytes may take
+            ``chunk_timeout_s + S / min_rate_bytes_s`` seconds in all.
+        max_streams_per_sender: Message streams one sender may have open at once.
+        skip_ahead: Do not wait for a sender that already delivered a later round
+            (deadline mode; see :class:`~fedcore.transport.mailbox.Mailbox`).
     """
 
     def __init__(
@@ -216,6 +288,10 @@ class GrpcTransport:
         call_timeout_s: float = 60.0,
         tls: TlsFiles | None = None,
         startup_timeout_s: float = 60.0,
+        chunk_timeout_s: float = 10.0,
+        min_rate_bytes_s: float = float(1 << 20),
+        max_streams_per_sender: int = 4,
+        skip_ahead: bool = True,
     ) -> None:
         """Configure; nothing opens until :meth:`start`."""
         self.node_id = node_id
@@ -228,8 +304,14 @@ class GrpcTransport:
         self.call_timeout_s = call_timeout_s
         self.tls = tls
         self.stats = TransportStats()
+        self.chunk_timeout_s = chunk_timeout_s
+        self.min_rate_bytes_s = min_rate_bytes_s
+        self.max_streams_per_sender = max_streams_per_sender
+        self.open_streams: dict[str, int] = {}
         self.rejections = _RejectionLog()
-        self.mailbox = Mailbox(node_id, self.stats, startup_timeout_s=startup_timeout_s)
+        self.mailbox = Mailbox(
+            node_id, self.stats, startup_timeout_s=startup_timeout_s, skip_ahead=skip_ahead
+        )
         self.port: int | None = None
         self._server: Any = None
         self._health: Any = None
@@ -244,9 +326,7 @@ class GrpcTransport:
         servicer = _PeerServicer(self)
         handlers = {
             "Handshake": grpc.unary_unary_rpc_method_handler(
-                servicer.Handshake,
-                request_deserializer=pb.Hello.FromString,
-                response_serializer=pb.Welcome.SerializeToString,
+                servicer.Handshake, response_serializer=pb.Welcome.SerializeToString
             ),
             "Push": grpc.stream_unary_rpc_method_handler(
                 servicer.Push, response_serializer=pb.Ack.SerializeToString
@@ -372,8 +452,9 @@ class GrpcTransport:
                 raise TransportTimeoutError(
                     f"sending to {message.receiver!r} took over {self.call_timeout_s:g} s."
                 ) from exc
-            raise TransportError(
-                f"{message.receiver!r} refused a message ({code.name}): {exc.details()}"
+            raise MessageRefusedError(
+                f"{message.receiver!r} refused the message of round {message.round} phase "
+                f"{message.phase} ({code.name}): {exc.details()}"
             ) from exc
         self.stats.messages_sent += 1
         self.stats.bytes_sent += message.nbytes
