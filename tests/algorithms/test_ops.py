@@ -213,3 +213,31 @@ def test_mix_uses_only_arrived_shares() -> None:
     new, out = ops.mix(state, 0, inbox, ctx)
     assert out == {}
     assert new.x.item() == pytest.approx(2.25) and new.omega == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("robust", [False, True], ids=["plain", "robust"])
+def test_a_node_whose_in_neighbours_went_silent_holds_and_lives(robust: bool) -> None:
+    """Directed ring n0 -> n1 -> n2 -> n0 in deadline mode; n0 dies at round 5. Push-sum
+    would have n1 give away half its weight every round until it underflows (about 1,080
+    rounds); instead n1 holds after ISOLATED_AFTER silent rounds (pushes nothing, keeps its
+    weight, local SGD on z), then so does n2, and the run ends with finite models."""
+    from fedcore.algorithms.ops import ISOLATED_AFTER
+    from fedcore.testing import make_network
+
+    settings = {
+        "data.batch_size": 8,
+        "algorithm.lr": 0.05,
+        "algorithm.robust": robust,
+        "transport.mode": "deadline",
+        "transport.deadline_s": 0.001,
+        "faults.crashes": [{"node": "n0", "at": 5}],
+    }
+    net = make_network("directed-ring:3", algorithm="ops", settings=settings).run(1200)
+    for node in ("n1", "n2"):
+        state = net.nodes[node].state
+        assert state.silent >= ISOLATED_AFTER
+        assert 0.5 ** (ISOLATED_AFTER + 6) < state.omega <= 3.0
+        assert bool(torch.isfinite(net.nodes[node].model()).all())
+    # Holding nodes send nothing: after the hold began, n1 and n2 pushed no message.
+    assert not [m for m in net.messages if m.round > 5 + 3 * ISOLATED_AFTER]
+    assert net.evaluate()["node_accuracy"]["n1"] > 0.3
