@@ -107,7 +107,7 @@ def _mutations(message: Message) -> dict[str, Mutation]:
     for s, value in message.scalars.items():
         others = {k: v for k, v in message.scalars.items() if k != s}
         out[f"scalar {s} removed"] = lambda m, o=others: replace(m, scalars=o)  # type: ignore[misc]
-        out[f"scalar {s} renamed"] = lambda m, o=others, v=value: replace(  # type: ignore[misc]
+        out[f"scalar {s} renamed"] = lambda m, o=others, v=value, s=s: replace(  # type: ignore[misc]
             m, scalars={**o, s.upper(): v}
         )
         for bad in (0.0, -1.0, -0.0, math.nan, math.inf, -math.inf, 1e300):
