@@ -453,6 +453,7 @@ class Node:
             exc = task.exception()
             if exc is None:
                 self._unreachable.discard(dst)
+                self._refused.discard(dst)
                 fp32 += self._went(message, size)
             elif isinstance(exc, PeerUnavailableError | TransportTimeoutError):
                 self._cannot_reach(dst, t, exc, unreachable)

@@ -110,12 +110,20 @@ def test_bytes_that_are_no_hello_get_invalid_argument_and_one_short_line(
             codes.append(await _code(hello(garbage, timeout=5)))
         huge = pb.Hello(node_id="m" * (1 << 20), run=setup.run_id, protocol_version=1)
         codes.append(await _code(hello(huge.SerializeToString(), timeout=5)))
+        health = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        codes.append(await _code(health(b"\xff\xff\xff", timeout=5)))
+        codes.append(await _code(health(b"", timeout=5)))  # a valid, empty request
 
     with caplog.at_level(logging.WARNING):
         server = _serve(setup, client)
     assert codes[:3] == [grpc.StatusCode.INVALID_ARGUMENT] * 3
     assert codes[3] == grpc.StatusCode.PERMISSION_DENIED
-    assert server.stats.messages_rejected == 4
+    assert codes[4:] == [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK]
+    assert server.stats.messages_rejected == 5
     lines = [r.getMessage() for r in caplog.records]
     assert lines and all(len(line) < 1000 for line in lines)
     assert not any(r.exc_info for r in caplog.records)  # no tracebacks
