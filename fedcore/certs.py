@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fedcore.errors import ConfigError
+from fedcore.ids import NODE_ID_RULE, child_path, clip, id_problem
 
 __all__ = ["TlsFiles", "cert_node_ids", "init_certs", "load_tls"]
 
@@ -62,18 +63,26 @@ def _write(path: Path, data: bytes, *, private: bool = False) -> None:
     tmp.replace(path)
 
 
-def _check_id(node: str) -> None:
-    ok = (
-        bool(node)
-        and len(node) <= 63
-        and all(c.isascii() and (c.isalnum() or c in "-_.") for c in node)
-    )
-    if not ok:
+def _check_id(node: object) -> str:
+    """``node`` if it is a safe node id that may name ``<id>.crt`` (not the CA's ``ca``)."""
+    problem = id_problem(node)
+    if problem is not None:
         raise ConfigError(
-            f"node id {node!r} cannot name a certificate: use letters, digits, '-', '_' or '.'."
+            f"node id {clip(node, 40)} cannot name a certificate: {problem}. Node ids are "
+            f"{NODE_ID_RULE} (a certificate carries the id as a DNS name)."
         )
     if node == "ca":
         raise ConfigError("node id 'ca' cannot name a certificate: ca.crt is the CA's.")
+    assert isinstance(node, str)
+    return node
+
+
+def _files(folder: Path, node: str) -> tuple[Path, Path]:
+    """``folder/<node>.crt`` and ``folder/<node>.key``, checked to stay in ``folder``."""
+    return (
+        child_path(folder, f"{node}.crt", ConfigError),
+        child_path(folder, f"{node}.key", ConfigError),
+    )
 
 
 def _new_ca(days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
@@ -180,9 +189,10 @@ def init_certs(
         _write(ca_cert_path, ca_cert.public_bytes(serialization.Encoding.PEM))
         written += [ca_cert_path, ca_key_path]
     if force:  # every certificate the old CA signed is worthless now
-        ids += sorted({p.stem for p in folder.glob("*.crt")} - {"ca", *ids})
+        others = sorted({p.stem for p in folder.glob("*.crt")} - {"ca", *ids})
+        ids += [n for n in others if id_problem(n) is None]  # not a stray file's name
     for node in ids:
-        cert_path, key_path = folder / f"{node}.crt", folder / f"{node}.key"
+        cert_path, key_path = _files(folder, node)
         if not new_ca and key_path.exists() and _issued_by(cert_path, ca_cert):
             continue  # already issued by this CA, and valid
         key, cert = _node_cert(node, ca_key, ca_cert, days)
@@ -240,10 +250,13 @@ def load_tls(folder: str | Path, node_id: str) -> TlsFiles:
     that the certificate names ``node_id`` and that the CA signed it.
 
     Raises:
-        ConfigError: a missing or unreadable file, or a certificate that does not belong.
+        ConfigError: a node id that cannot name a certificate, a missing or unreadable
+            file, or a certificate that does not belong.
     """
     base = Path(folder)
-    paths = {"ca": base / CA_CERT, "cert": base / f"{node_id}.crt", "key": base / f"{node_id}.key"}
+    _check_id(node_id)
+    cert_path, key_path = _files(base, node_id)
+    paths = {"ca": base / CA_CERT, "cert": cert_path, "key": key_path}
     data: dict[str, bytes] = {}
     for role, path in paths.items():
         try:

@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import os
 import signal
 import sys
+import tomllib
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedcore import __version__
 from fedcore.errors import ConfigError, FedcoreError
+from fedcore.ids import check_node_id, child_path
 
 __all__ = ["main"]
 
@@ -45,7 +49,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Decentralized learning over directed trust graphs.",
     )
     parser.add_argument("--version", action="version", version=f"fedcore {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more logging; -v also shows the traceback behind an error",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sim = sub.add_parser(
@@ -170,6 +180,15 @@ def _parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="plot loss and accuracy of runs")
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
     plot.add_argument("--out", required=True, help="PNG file to write")
+    for leaf in (sim, lau, node, comp, summ, init, hea, show, plot):
+        leaf.add_argument(
+            "-v",
+            "--verbose",
+            dest="sub_verbose",
+            action="count",
+            default=0,
+            help="more logging; -v also shows the traceback behind an error",
+        )
     return parser
 
 
@@ -266,9 +285,10 @@ def _node(args: argparse.Namespace) -> int:
 
     _set_threads(args.threads)
     tune_malloc()
+    node_id = check_node_id(args.node_id, "--id", ConfigError)
     config = load_config(args.config, args.overrides)
     roster = load_roster(args.roster)
-    out = Path(args.out) if args.out else Path("runs") / f"node-{args.node_id}"
+    out = Path(args.out) if args.out else child_path(Path("runs"), f"node-{node_id}", ConfigError)
     status = run_peer_main(
         config, args.node_id, roster, out=out, listen=args.listen, resume=args.resume
     )
@@ -284,6 +304,8 @@ def _compose(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     nodes = [n.strip() for n in args.nodes.split(",") if n.strip()] if args.nodes else None
+    for n in nodes or ():
+        check_node_id(n, "--nodes", ConfigError)
     path = write_compose(
         config, args.out, image=args.image, port=args.port, nodes=nodes, roster=args.roster
     )
@@ -320,6 +342,8 @@ def _certs(args: argparse.Namespace) -> int:
     from fedcore.certs import init_certs
 
     nodes: list[str] = list(args.nodes or [])
+    for n in nodes:
+        check_node_id(n, "--nodes", ConfigError)
     if args.config:
         from fedcore.config import load_config
         from fedcore.runners.network import build_topology
@@ -345,6 +369,8 @@ def _health(args: argparse.Namespace) -> int:
     from fedcore.transport.grpc.channel import probe_health
 
     tls = None
+    if args.node_id is not None:
+        check_node_id(args.node_id, "--id", ConfigError)
     if args.config:
         from fedcore.config import load_config
 
@@ -381,17 +407,27 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _error_line(exc: BaseException, verbose: int) -> str:
+    """One line for ``exc``: its message's first line, and a pointer to ``-v`` when a
+    traceback (of code that raised inside a user's factory, torch ...) stands behind it."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    text = lines[0] + (" [...]" if len(lines) > 1 else "")
+    cause = exc.__cause__
+    foreign = cause is not None and not isinstance(
+        cause,
+        FedcoreError | OSError | UnicodeError | tomllib.TOMLDecodeError | json.JSONDecodeError,
+    )
+    if foreign and not verbose:
+        text += " (add -v to see the traceback)"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    level = (
-        logging.WARNING
-        if args.verbose == 0
-        else logging.INFO
-        if args.verbose == 1
-        else logging.DEBUG
-    )
+    verbose = args.verbose + getattr(args, "sub_verbose", 0)
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     # Let "pkg.module:factory" names resolve against the working directory, as
     # `python -m` would; the console script otherwise only sees its own folder.
@@ -411,8 +447,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except FedcoreError as exc:
-        print(f"fedcore: error: {exc}", file=sys.stderr)
+        if verbose:
+            traceback.print_exception(exc, file=sys.stderr)
+        print(f"fedcore: error: {_error_line(exc, verbose)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_RUNTIME
+    except MemoryError as exc:  # a size no bound caught: say so, without a traceback
+        if verbose:
+            traceback.print_exception(exc, file=sys.stderr)
+        print(
+            "fedcore: error: out of memory; use a smaller model, fewer nodes, smaller batches "
+            "or fewer rounds.",
+            file=sys.stderr,
+        )
+        return EXIT_RUNTIME
     except OSError as exc:  # an output path that cannot be written
         where = f" {exc.filename!r}" if exc.filename else ""
         print(f"fedcore: error: cannot write{where}: {exc.strerror or exc}.", file=sys.stderr)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.errors import ConfigError
+from fedcore.ids import check_node_id, clip
 
 __all__ = [
     "CODECS",
@@ -72,6 +73,26 @@ TRANSPORTS = ("inproc", "grpc")
 CODECS = ("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "raw")
 """Codecs (``compression.codec``)."""
 
+# Bounds of the integer keys, so that a typo such as 10**23 is a clear ConfigError here and
+# never an OverflowError or a failed allocation deep in a run.
+MAX_ROUNDS = 10**9
+"""Most rounds a run may have (``run.rounds``, periods and fault rounds). Far beyond any
+experiment (10**9 rounds at 1 ms each are 11 days), far inside every integer a round meets
+(a Python list index, int64 tensors, the wire's uint64)."""
+MAX_NODES = 100_000
+"""Most nodes a generated topology may have: ten times the largest runs DESIGN.md aims at."""
+SEED_LIMIT = 2**64
+"""``topology.seed`` and ``faults.seed`` are in ``[0, SEED_LIMIT)``: they fit in 64 bits."""
+MAX_PARAMETERS = 2**31
+"""Most parameters a built-in model may have (8 GiB a float32 copy; a peer keeps several).
+:func:`fedcore.models.build_model` refuses larger ones before allocating anything."""
+MAX_BATCH = 10**6
+"""Largest ``data.batch_size``."""
+MAX_FEATURES = 100_000
+"""Largest ``data.features`` (the synthetic stream's dimension)."""
+MAX_CHUNK = 2**40
+"""Largest ``compression.chunk``: the bound every codec header accepts."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
@@ -92,15 +113,15 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         """Validate ranges."""
-        _require(0 <= self.seed < 2**32, "run.seed", self.seed, "must be in [0, 2**32)")
-        _require(self.rounds >= 1, "run.rounds", self.rounds, "must be >= 1")
-        _require(self.eval_every >= 1, "run.eval_every", self.eval_every, "must be >= 1")
         _require(
-            self.checkpoint_every >= 0,
-            "run.checkpoint_every",
-            self.checkpoint_every,
-            "must be >= 0",
+            _is_int(self.seed) and 0 <= self.seed < 2**32,
+            "run.seed",
+            self.seed,
+            "must be in [0, 2**32)",
         )
+        _int_range("run.rounds", self.rounds, 1, MAX_ROUNDS)
+        _int_range("run.eval_every", self.eval_every, 1, MAX_ROUNDS)
+        _int_range("run.checkpoint_every", self.checkpoint_every, 0, MAX_ROUNDS)
         _require(
             "/" not in self.name and "\\" not in self.name,
             "run.name",
@@ -128,7 +149,10 @@ class TopologyConfig:
 
     def __post_init__(self) -> None:
         """Validate ranges."""
-        _require(self.nodes >= 1, "topology.nodes", self.nodes, "must be >= 1")
+        _int_range("topology.nodes", self.nodes, 1, MAX_NODES)
+        _int_range("topology.seed", self.seed, 0, SEED_LIMIT - 1)
+        _int_range("topology.rows", self.rows, 0, MAX_NODES)
+        _int_range("topology.cols", self.cols, 0, MAX_NODES)
         _require(0.0 < self.p <= 1.0, "topology.p", self.p, "must be in (0, 1]")
 
 
@@ -190,7 +214,9 @@ class DataConfig:
         _require(
             math.isfinite(self.alpha) and self.alpha > 0, "data.alpha", self.alpha, "must be > 0"
         )
-        _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
+        _int_range("data.batch_size", self.batch_size, 1, MAX_BATCH)
+        _int_range("data.shards_per_node", self.shards_per_node, 1, MAX_BATCH)
+        _int_range("data.features", self.features, 1, MAX_FEATURES)
         _require(
             0 < self.test_fraction < 1,
             "data.test_fraction",
@@ -213,7 +239,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         """Validate ranges."""
-        _require(self.hidden >= 1, "model.hidden", self.hidden, "must be >= 1")
+        _int_range("model.hidden", self.hidden, 1, MAX_PARAMETERS)
         _require(
             self.dtype in ("float32", "float64"),
             "model.dtype",
@@ -249,7 +275,7 @@ class CompressionConfig:
         )
         _require(self.bits in (2, 4, 8), "compression.bits", self.bits, "must be 2, 4 or 8")
         _require(0 < self.ratio <= 1, "compression.ratio", self.ratio, "must be in (0, 1]")
-        _require(self.chunk >= 0, "compression.chunk", self.chunk, "must be >= 0")
+        _int_range("compression.chunk", self.chunk, 0, MAX_CHUNK)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -348,16 +374,27 @@ class TransportConfig:
 
 def _edge(key: str, text: object) -> tuple[str, str]:
     if not isinstance(text, str) or text.count("->") != 1:
-        raise ConfigError(f'{key}: an edge is written "sender->receiver", got {text!r}.')
+        raise ConfigError(f'{key}: an edge is written "sender->receiver", got {clip(text)}.')
     sender, receiver = (part.strip() for part in text.split("->"))
     if not sender or not receiver:
-        raise ConfigError(f'{key}: an edge is written "sender->receiver", got {text!r}.')
+        raise ConfigError(f'{key}: an edge is written "sender->receiver", got {clip(text)}.')
+    check_node_id(sender, f"{key} ({clip(text)})", ConfigError)
+    check_node_id(receiver, f"{key} ({clip(text)})", ConfigError)
+    if sender == receiver:
+        raise ConfigError(
+            f"{key}: {text!r} is a self-loop, but a node sends no message to itself, so there "
+            'is nothing to drop. Name an edge between two different nodes ("u->v"), or use '
+            "faults.crashes to take the node down."
+        )
     return sender, receiver
 
 
 def _round(key: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{key} must be a round number >= 0, got {value!r}.")
+    if not _is_int(value) or not 0 <= value <= MAX_ROUNDS:  # type: ignore[operator]
+        raise ConfigError(
+            f"{key} must be a round number from 0 to {MAX_ROUNDS:,}, got {_shown(value)}."
+        )
+    assert isinstance(value, int)
     return value
 
 
@@ -387,7 +424,7 @@ class FaultsConfig:
     phase)``, so a fault plan gives the same run in-process and over gRPC.
 
     * ``drop``: probability that any message is lost; ``edge_drop`` overrides it per edge:
-      ``{ "n0->n1" = 0.5 }``.
+      ``{ "n0->n1" = 0.5 }`` (two different nodes: a self-loop carries no message).
     * ``delay_s``: each message waits uniformly in ``[0, delay_s]`` before it is sent (a
       node sends one message after another, so its delays add up within a phase).
     * ``partitions``: ``[{ nodes = ["n0", "n1"], start = 10, end = 20 }]``: messages between
@@ -417,10 +454,18 @@ class FaultsConfig:
             self.delay_s,
             "must be >= 0",
         )
+        _int_range("faults.seed", self.seed, 0, SEED_LIMIT - 1)
         if not isinstance(self.edge_drop, Mapping):
-            raise ConfigError(f"faults.edge_drop must be a table, got {self.edge_drop!r}.")
+            raise ConfigError(f"faults.edge_drop must be a table, got {_shown(self.edge_drop)}.")
+        edges: dict[tuple[str, str], str] = {}
         for edge, p in self.edge_drop.items():
-            _edge("faults.edge_drop", edge)
+            pair = _edge("faults.edge_drop", edge)
+            if pair in edges:
+                raise ConfigError(
+                    f"faults.edge_drop names the edge {pair[0]}->{pair[1]} twice ({edges[pair]!r} "
+                    f"and {edge!r}); give it once."
+                )
+            edges[pair] = edge
             ok = isinstance(p, int | float) and not isinstance(p, bool) and 0 <= p <= 1
             _require(ok, f"faults.edge_drop.{edge!r}", p, "must be a probability in [0, 1]")
         for key in ("partitions", "crashes"):
@@ -445,9 +490,11 @@ class FaultsConfig:
         nodes = item["nodes"]
         if not isinstance(nodes, list | tuple) or not nodes:
             raise ConfigError(f"{key}: nodes must be a non-empty list of node ids.")
+        for node in nodes:
+            check_node_id(node, f"{key}.nodes", ConfigError)
         start, end = _round(f"{key}.start", item["start"]), _round(f"{key}.end", item["end"])
         _require(end > start, f"{key}.end", end, f"must be after start ({start})")
-        return Partition(frozenset(str(n) for n in nodes), start, end)
+        return Partition(frozenset(nodes), start, end)
 
     @staticmethod
     def _crash(item: object) -> Crash:
@@ -460,12 +507,13 @@ class FaultsConfig:
             "back",
         }:
             raise ConfigError(f"{key}: each entry is {{ node = ID, at = R, back = R }}.")
+        node = check_node_id(item["node"], f"{key}.node", ConfigError)
         at = _round(f"{key}.at", item["at"])
         back = item.get("back", -1)
         if back != -1:
             back = _round(f"{key}.back", back)
             _require(back > at, f"{key}.back", back, f"must be after at ({at})")
-        return Crash(str(item["node"]), at, back)
+        return Crash(node, at, back)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -496,7 +544,27 @@ _SECTIONS: dict[str, type[Any]] = {
 
 def _require(ok: bool, key: str, value: object, why: str) -> None:
     if not ok:
-        raise ConfigError(f"{key} = {value!r} is invalid: it {why}.")
+        raise ConfigError(f"{key} = {_shown(value)} is invalid: it {why}.")
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut short for a value such as a 10,000-digit integer."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**60 else "(huge)"
+    return text if len(text) <= 80 else f"{text[:80]}... ({len(text) - 80} more characters)"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_range(key: str, value: object, low: int, high: int) -> None:
+    """Refuse a non-integer or one outside ``[low, high]``, naming the bound."""
+    _require(
+        _is_int(value) and low <= value <= high,  # type: ignore[operator]
+        key,
+        value,
+        f"must be a whole number from {low} to {high:_}".replace("_", ","),
+    )
 
 
 def _coerce(key: str, value: object, default: object) -> object:
@@ -508,14 +576,19 @@ def _coerce(key: str, value: object, default: object) -> object:
     elif isinstance(default, float):
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         if ok:
-            value = float(value)  # type: ignore[arg-type]
+            try:
+                value = float(value)  # type: ignore[arg-type]
+            except OverflowError:
+                raise ConfigError(
+                    f"{key} = {_shown(value)} is too large for a number; give a value below 1e308."
+                ) from None
     elif isinstance(default, str):
         ok = isinstance(value, str)
     else:
         ok = True
     if not ok:
         raise ConfigError(
-            f"{key} must be of type {type(default).__name__}, got {value!r} "
+            f"{key} must be of type {type(default).__name__}, got {_shown(value)} "
             f"({type(value).__name__})."
         )
     return value
@@ -589,6 +662,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {text.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = text.strip()
+    except ValueError as exc:  # a number tomllib parses but Python will not convert
+        raise ConfigError(
+            f"--set {key.strip()}=... cannot be read: {str(exc).split(';')[0]}."
+        ) from None
     return path, value
 
 
@@ -610,6 +687,10 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         except UnicodeDecodeError as exc:
             raise ConfigError(
                 f"config file {str(path)!r} is not UTF-8 text: {exc.reason}."
+            ) from exc
+        except ValueError as exc:  # a number tomllib parses but Python will not convert
+            raise ConfigError(
+                f"config file {str(path)!r} cannot be read: {str(exc).split(';')[0]}."
             ) from exc
     raw = copy.deepcopy(raw)
     for item in overrides:

@@ -16,6 +16,7 @@ Everything here is seeded explicitly, so a run's data split replays exactly.
 from __future__ import annotations
 
 import importlib
+import inspect
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ import numpy as np
 import torch
 
 from fedcore.config import ORDERS, PARTITIONS
-from fedcore.errors import DataError
+from fedcore.errors import DataError, FedcoreError
+from fedcore.ids import error_text
 
 __all__ = [
     "DATASETS",
@@ -37,6 +39,7 @@ __all__ = [
     "load_object",
     "mnist1d",
     "partition",
+    "refused_arguments",
     "resolve_factory",
 ]
 
@@ -205,15 +208,43 @@ def resolve_factory(
     return loaded
 
 
+def refused_arguments(factory: Callable[..., Any], **kwargs: Any) -> TypeError | None:
+    """The TypeError that calling ``factory(**kwargs)`` raises for its signature alone, or
+    None (also when the signature cannot be read). Tells a factory called wrongly from
+    one that fails inside."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        return exc
+    return None
+
+
 def load_dataset(name: str, *, seed: int, test_fraction: float = 0.2) -> Dataset:
-    """Return the built-in dataset ``name`` or call a user factory given by import path."""
+    """Return the built-in dataset ``name`` or call a user factory given by import path.
+
+    Whatever a factory raises becomes a :class:`DataError` naming it and its error,
+    chained to the original (whose traceback ``fedcore -v`` shows).
+
+    Raises:
+        DataError: unknown name, a factory with the wrong signature, one that fails or
+            returns no :class:`Dataset`.
+    """
     factory = resolve_factory(name, DATASETS, what="dataset")
+    refused = refused_arguments(factory, seed=seed, test_fraction=test_fraction)
+    if refused is not None:
+        raise DataError(
+            f"dataset {name!r} must accept keyword arguments seed and test_fraction: {refused}."
+        )
     try:
         dataset = factory(seed=seed, test_fraction=test_fraction)
-    except TypeError as exc:
-        raise DataError(
-            f"dataset {name!r} must accept keyword arguments seed and test_fraction: {exc}."
-        ) from exc
+    except FedcoreError:
+        raise
+    except Exception as exc:  # a user's factory can raise anything
+        raise DataError(f"dataset factory {name!r} failed: {error_text(exc)}") from exc
     if not isinstance(dataset, Dataset):
         raise DataError(
             f"dataset factory {name!r} returned {type(dataset).__name__}, not fedcore.data.Dataset."

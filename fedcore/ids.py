@@ -31,6 +31,7 @@ __all__ = [
     "clip",
     "error_text",
     "id_problem",
+    "shorten",
 ]
 
 MAX_ID_LENGTH = 63
@@ -150,6 +151,4 @@ def error_text(exc: BaseException, limit: int = 300) -> str:
     text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     if len(lines) > 1:
         text += " [...]"
-    if len(text) > limit:
-        text = f"{text[:limit]}... ({len(text) - limit} more characters)"
-    return text
+    return shorten(text, limit)

@@ -14,6 +14,8 @@ and returns an ``nn.Module`` mapping a batch of inputs to class logits.
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -21,10 +23,21 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from fedcore.data import resolve_factory
-from fedcore.errors import DataError
+from fedcore.config import MAX_PARAMETERS
+from fedcore.data import refused_arguments, resolve_factory
+from fedcore.errors import DataError, FedcoreError
+from fedcore.ids import error_text
 
-__all__ = ["MODELS", "Objective", "build_model", "cnn1d", "logreg", "mlp"]
+__all__ = [
+    "MODELS",
+    "Objective",
+    "build_model",
+    "cnn1d",
+    "logreg",
+    "mlp",
+    "parameter_count",
+    "physical_memory",
+]
 
 
 def logreg(*, input_dim: int, num_classes: int) -> nn.Module:
@@ -64,23 +77,102 @@ def cnn1d(*, input_dim: int, num_classes: int, hidden: int = 32) -> nn.Module:
 MODELS: dict[str, Callable[..., nn.Module]] = {"logreg": logreg, "mlp": mlp, "cnn1d": cnn1d}
 
 
+_BYTES_PER_PARAMETER = 3 * 4
+"""Memory a parameter of a built-in model needs while it is built: the module's float32
+copy, then the flat parameters and gradients of :class:`Objective` (a lower bound: an
+algorithm's state and a simulation's many nodes need more)."""
+
+
+def parameter_count(name: str, *, input_dim: int, num_classes: int, hidden: int = 0) -> int:
+    """Parameters of the built-in model ``name`` (``hidden`` 0: its default width).
+
+    Raises:
+        DataError: ``name`` is not a built-in model.
+    """
+    if name not in MODELS:
+        raise DataError(f"unknown built-in model {name!r}; they are {', '.join(MODELS)}.")
+    d, c = input_dim, num_classes
+    if name == "logreg":
+        return (d + 1) * c
+    h = hidden or int(inspect.signature(MODELS[name]).parameters["hidden"].default)
+    if name == "mlp":
+        return (d + 1) * h + (h + 1) * c
+    length = ((d + 1) // 2 + 1) // 2  # cnn1d: after two stride-2 convolutions
+    return (5 + 1) * h + (5 * h + 1) * h + (h * length + 1) * c
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory of this machine, or None where the OS does not say."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _check_size(name: str, input_dim: int, num_classes: int, options: dict[str, Any]) -> None:
+    """Refuse a built-in model too large to build, before any allocation tries.
+
+    Two bounds: :data:`~fedcore.config.MAX_PARAMETERS` (2**31: 8 GiB a float32 copy, and
+    a peer keeps several; indices stay within 32 bits), and the machine's physical memory
+    for the 3 float32 copies building the model needs (``_BYTES_PER_PARAMETER``).
+    """
+    hidden = options.get("hidden", 0)
+    if not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for v in (input_dim, num_classes, hidden)
+    ):
+        return  # the factory reports bad values itself
+    count = parameter_count(name, input_dim=input_dim, num_classes=num_classes, hidden=hidden)
+    shape = f"model {name!r}" + (f" with model.hidden = {hidden:,}" if hidden else "")
+    shape += f" on {input_dim:,} input features and {num_classes:,} classes"
+    if count > MAX_PARAMETERS:
+        raise DataError(
+            f"{shape} has {count:,} parameters, more than the {MAX_PARAMETERS:,} (2**31) a "
+            "built-in model may have (8 GiB a float32 copy, and a peer keeps several). "
+            "Use a smaller model.hidden."
+        )
+    memory = physical_memory()
+    need = count * _BYTES_PER_PARAMETER
+    if memory is not None and need > memory:
+        raise DataError(
+            f"{shape} has {count:,} parameters; building it takes about {_size(need)} (3 "
+            "float32 copies: the module, the flat parameters, the gradients), more than this "
+            f"machine's {_size(memory)} of memory. Use a smaller model.hidden."
+        )
+
+
 def build_model(
     name: str, *, input_dim: int, num_classes: int, seed: int, **options: Any
 ) -> nn.Module:
     """Build a model by name or import path, initialized from ``seed``.
 
+    A built-in model's size is checked first (:func:`_check_size`). Whatever a factory
+    raises becomes a :class:`DataError` naming it and its error, chained to the original
+    (whose traceback ``fedcore -v`` shows).
+
     Raises:
-        DataError: unknown name, bad options, or a factory that returns no module.
+        DataError: unknown name, bad options, a model too large, a factory that fails or
+            returns no module.
     """
     factory = resolve_factory(name, MODELS, what="model")
+    if factory is MODELS.get(name):
+        _check_size(name, input_dim, num_classes, options)
+    refused = refused_arguments(factory, input_dim=input_dim, num_classes=num_classes, **options)
+    if refused is not None:
+        raise DataError(f"model {name!r} does not accept these options {options}: {refused}.")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
             module = factory(input_dim=input_dim, num_classes=num_classes, **options)
-        except TypeError as exc:
-            raise DataError(
-                f"model {name!r} does not accept these options {options}: {exc}."
-            ) from exc
+        except FedcoreError:
+            raise
+        except Exception as exc:  # a user's factory can raise anything
+            raise DataError(f"model factory {name!r} failed: {error_text(exc)}") from exc
     if not isinstance(module, nn.Module):
         raise DataError(f"model factory {name!r} returned {type(module).__name__}, not nn.Module.")
     return module

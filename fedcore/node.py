@@ -96,9 +96,9 @@ class NodeOptions:
         mode: ``"strict"`` or ``"deadline"``.
         deadline_s: Per-phase wait in deadline mode.
         strict_timeout_s: Upper bound of a strict-mode wait before failing.
-        round_window: Deadline mode: rounds a sender may be ahead of this node beyond what
-            strict lock-step allows (peers drift apart in deadline mode; a restarted peer
-            is behind its neighbours). See :meth:`Node.round_window`.
+        round_window: Rounds a sender may be ahead of this node beyond what strict
+            lock-step allows (peers drift apart in deadline mode and under a fault plan; a
+            restarted peer is behind its neighbours). See :meth:`Node.round_window`.
     """
 
     run_id: str
@@ -107,7 +107,7 @@ class NodeOptions:
     mode: str = "strict"
     deadline_s: float = 5.0
     strict_timeout_s: float = 300.0
-    round_window: int = 32
+    round_window: int = 0
 
     def __post_init__(self) -> None:
         """Reject unknown modes and schedules early."""
@@ -299,6 +299,7 @@ class Node:
             in_weights=weights[2],
             nodes=self.graph.nodes,
             codec=self.codec,
+            deadline=self.options.mode == "deadline",
         )
 
     async def run(self, rounds: int) -> None:
@@ -542,14 +543,14 @@ class Node:
         of the shortest path from this node to the sender in the communication graph: the
         sender could not have finished round ``t - 1`` without messages that depend on this
         node's round ``t - d``. (On a time-varying schedule, ``d`` is taken as
-        ``n * period``.) Deadline mode adds ``round_window`` rounds of drift. One more round
-        covers a message that arrives while this node is between two rounds.
+        ``n * period``.) ``options.round_window`` adds the drift of deadline mode and of a
+        fault plan (:func:`fedcore.runners.network.round_drift`). One more round covers a
+        message that arrives while this node is between two rounds.
         """
         if self._leads is None:
             self._leads = self._shortest_leads()
         lead = self._leads.get(sender, len(self.graph.nodes) * self.graph.period)
-        slack = self.options.round_window if self.options.mode == "deadline" else 0
-        return lead + 1 + slack
+        return lead + 1 + self.options.round_window
 
     def _shortest_leads(self) -> dict[str, int]:
         """Shortest path lengths from this node over the union of the schedule's graphs."""

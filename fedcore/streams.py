@@ -26,7 +26,8 @@ from typing import Any, Protocol
 import torch
 
 from fedcore.data import Dataset, load_object
-from fedcore.errors import DataError
+from fedcore.errors import DataError, FedcoreError
+from fedcore.ids import error_text
 
 __all__ = ["Batches", "OnlineSource", "SyntheticDrift", "load_source"]
 
@@ -69,6 +70,8 @@ class SyntheticDrift:
     """
 
     RADIUS = 4.0
+    MAX_VALUES = 2**28
+    """Most values (examples x features) of one batch or of the test split."""
 
     def __init__(
         self,
@@ -91,6 +94,15 @@ class SyntheticDrift:
                 raise DataError(f"data.{key} must be a finite value >= 0, got {value}.")
         if adversarial == 0 and noise == 0:
             raise DataError("data.adversarial and data.noise are both 0: every feature is 0.")
+        largest = max(batch_size, test_size, 64)
+        if features * largest > self.MAX_VALUES:
+            raise DataError(
+                f"data.features = {features:,} makes {features * largest:,} values in one draw "
+                f"of the synthetic stream ({largest:,} examples: the larger of data.batch_size "
+                f"and its test split of {test_size:,}), more than the {self.MAX_VALUES:,} "
+                "(1 GiB of float32) it draws at once; use fewer features or a smaller "
+                "data.batch_size."
+            )
         self.nodes, self.rounds, self.batch_size, self.seed = nodes, rounds, batch_size, seed
         self.features, self.adversarial, self.noise, self.drift = (
             features,
@@ -181,8 +193,10 @@ def load_source(
     factory = load_object(name, what="stream")
     try:
         source = factory(nodes=nodes, seed=seed, batch_size=batch_size, rounds=rounds)  # type: ignore[operator]
+    except FedcoreError:
+        raise
     except Exception as exc:
-        raise DataError(f"stream factory {name!r} failed: {exc}") from exc
+        raise DataError(f"stream factory {name!r} failed: {error_text(exc)}") from exc
     if not isinstance(getattr(source, "dataset", None), Dataset) or not callable(
         getattr(source, "stream", None)
     ):

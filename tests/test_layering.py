@@ -14,6 +14,7 @@ LAYERS = {
     "errors": 0,
     "messages": 0,
     "config": 0,
+    "ids": 0,
     "certs": 1,
     "lazy": 0,
     "topology": 1,

@@ -68,6 +68,9 @@ class RoundContext:
         nodes: Every node of the graph, in graph order (for algorithms that address all).
         codec: This node's codec, for algorithms that compress what they send themselves
             (DeepSqueeze, CHOCO); ``None`` means lossless.
+        deadline: Receivers go on without a message that does not come (deadline mode),
+            so an algorithm may leave one out; in strict mode every expected message must
+            be sent.
     """
 
     node: str
@@ -78,6 +81,7 @@ class RoundContext:
     in_weights: Mapping[str, float]
     nodes: tuple[str, ...] = ()
     codec: Codec | None = None
+    deadline: bool = False
 
 
 class Algorithm(Protocol):

@@ -67,9 +67,14 @@ def compress(
     return encoded, c.decode(encoded)
 
 
-def _check_step(name: str, value: float, key: str) -> None:
-    if not 0 < value <= 1:
-        raise ConfigError(f"algorithm {name!r}: {key} = {value} must be in (0, 1].")
+def _check_step(name: str, value: object, key: str) -> None:
+    """Refuse a step that is not a number in (0, 1]: a string, a bool, NaN, 0 or above 1."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not 0 < value <= 1:  # type: ignore[operator]
+        raise ConfigError(
+            f"algorithm {name!r}: {key} = {repr(value)[:60]} is invalid: it must be a number "
+            f"in (0, 1], such as algorithm.{key} = 0.2."
+        )
 
 
 class DeepSqueezeState(NamedTuple):

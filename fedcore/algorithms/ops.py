@@ -77,7 +77,10 @@ its message missing, as for any lost message) and keeps all of its mass, mixing 
 weight 1, and steps on its de-biased model at rate ``lr`` (``x -= lr * omega * g``, local
 SGD on ``z``) whatever ``step_scale`` says. The first share that arrives ends the hold:
 the node pushes again from the next round. Holding never creates mass, so the bounds below
-stay true. Plain and robust OPS alike; with every message delivered it never happens.
+stay true. Plain and robust OPS alike; with every message delivered it never happens. Only
+in deadline mode (``RoundContext.deadline``), where receivers go on without a missing
+message: in strict mode they would wait for the holding node's message for good, and a
+strict node can only go silent through losses a fault plan announced.
 
 **What a receiver accepts** (:meth:`OPS.message_schema`): exactly the tensor ``"x"``
 (robust: and ``"x_lo"`` unless the wire carries float64) and the scalar ``"omega"``. The
@@ -181,6 +184,11 @@ class RobustOPSState(NamedTuple):
     sent: Mapping[str, EdgeTotal]
     seen: Mapping[str, EdgeTotal]
     silent: int = 0
+
+
+def _holds(silent: int, ctx: RoundContext) -> bool:
+    """Whether the node holds this round: deadline mode, and silent long enough."""
+    return ctx.deadline and silent >= ISOLATED_AFTER
 
 
 def _silent_after(silent: int, inbox: Inbox, ctx: RoundContext) -> int:
@@ -421,7 +429,7 @@ class OPS:
         returns the state already reduced to its own share (the rest is in the totals).
         A holding node (silent in-neighbours) steps on ``z`` and sends nothing.
         """
-        holding = state.silent >= ISOLATED_AFTER
+        holding = _holds(state.silent, ctx)
         scale = "omega" if holding else self.step_scale
         x_half = gradient_step(state.x, state.omega, grad, ctx.lr, scale)
         if not self.robust:
@@ -492,7 +500,7 @@ class OPS:
             new = RobustOPSState(x, omega, robust.sent, seen, silent)
         else:
             # A holding node pushed nothing this round: all of its mass is still its own.
-            own = 1.0 if state.silent >= ISOLATED_AFTER else ctx.self_weight
+            own = 1.0 if _holds(state.silent, ctx) else ctx.self_weight
             x, omega = push_sum_mix(state.x, state.omega, own, inbox)
             new = OPSState(x, omega, silent)
         if not omega > 0.0:  # only reachable with a zero self weight or underflow

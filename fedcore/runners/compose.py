@@ -43,6 +43,7 @@ from typing import Any
 import fedcore
 from fedcore.config import Config, config_to_dict, dumps_toml
 from fedcore.errors import ConfigError
+from fedcore.ids import check_node_id, child_path, clip
 from fedcore.runners.network import prepare_run
 from fedcore.runners.peer import load_roster
 
@@ -91,7 +92,7 @@ def _check_node_ids(nodes: Sequence[str]) -> None:
     bad = [n for n in nodes if not _SERVICE_NAME.fullmatch(n)]
     if bad:
         raise ConfigError(
-            f"node id {bad[0]!r} cannot be a compose service and hostname: a node id in a "
+            f"node id {clip(bad[0], 40)} cannot be a compose service and hostname: a node id in a "
             "compose deployment is lowercase letters, digits and '-', starts and ends with a "
             "letter or digit, and has at most 63 characters. Rename it in the graph."
         )
@@ -126,6 +127,8 @@ def _plan_roster(
     chosen = list(nodes) if selected is None else list(dict.fromkeys(selected))
     if not chosen:
         raise ConfigError("--nodes names no node; give this host's node ids, e.g. n0,n1.")
+    for n in chosen:
+        check_node_id(n, "--nodes", ConfigError)
     unknown = [n for n in chosen if n not in nodes]
     if unknown:
         raise ConfigError(
@@ -159,7 +162,7 @@ def _tls_files(config: Config, nodes: Sequence[str], chosen: Sequence[str]) -> d
     if folder is None:
         return {}
     names = ["ca.crt"] + [f"{n}.{ext}" for n in chosen for ext in ("crt", "key")]
-    missing = [name for name in names if not (folder / name).is_file()]
+    missing = [name for name in names if not child_path(folder, name, ConfigError).is_file()]
     if missing:
         raise ConfigError(
             f"transport.tls: {folder} has no {', '.join(missing)}; make the certificates "
@@ -328,9 +331,9 @@ def write_compose(
     if graph_file is not None:
         _copy(graph_file, target / _GRAPHS / graph_file.name)
     for name, src in certs.items():
-        _copy(src, target / "certs" / name, private=name.endswith(".key"))
+        _copy(src, child_path(target / "certs", name, ConfigError), private=name.endswith(".key"))
     for n in chosen:
-        (target / "nodes" / n).mkdir(parents=True, exist_ok=True)
+        child_path(target / "nodes", n, ConfigError).mkdir(parents=True, exist_ok=True)
     (target / "config.toml").write_text(dumps_toml(_container_config(config)), encoding="utf-8")
     (target / "roster.json").write_text(json.dumps(full_roster, indent=2) + "\n", encoding="utf-8")
     header = (

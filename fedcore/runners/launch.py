@@ -31,6 +31,7 @@ import torch
 import fedcore
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
 from fedcore.errors import ConfigError, TransportError
+from fedcore.ids import child_path
 from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
 from fedcore.progress import Progress
@@ -38,7 +39,7 @@ from fedcore.runners.network import RunSetup, prepare_run
 from fedcore.runners.peer import model_path
 from fedcore.runners.simulate import RunObserver, default_out_dir, finish_run
 
-__all__ = ["free_ports", "launch", "read_params", "summarize"]
+__all__ = ["free_ports", "launch", "peer_dir", "read_params", "summarize"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,16 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def peer_dir(out: Path, node: str) -> Path:
+    """``out/nodes/<node>``: a peer's folder, checked to stay inside ``out/nodes``.
+
+    Graph ids are safe names already (:mod:`fedcore.ids`); this makes sure no other path
+    (``..``, ``a/b``) can put a peer's files outside the run folder or over its merged
+    ``metrics.jsonl``.
+    """
+    return child_path(out / "nodes", node, ConfigError)
 
 
 def read_params(path: Path) -> torch.Tensor:
@@ -152,12 +163,13 @@ def launch(
     began = time.perf_counter()
     try:
         for n in nodes:
+            folder = peer_dir(out, n)
             argv = [
                 sys.executable, "-m", "fedcore", "node",
                 "--config", str(config_path), "--id", n, "--roster", str(roster_path),
-                "--out", str(out / "nodes" / n), "--threads", str(threads),
+                "--out", str(folder), "--threads", str(threads),
             ]  # fmt: skip
-            children.start(n, argv, out / "nodes" / n, env)
+            children.start(n, argv, folder, env)
         shown = -1
         while True:
             ended = children.exited()
@@ -217,14 +229,14 @@ def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, An
         config = dataclasses.replace(config, topology=topology)
     setup = prepare_run(config)
     nodes = setup.graph.nodes
-    absent = [n for n in nodes if not (out / "nodes" / n).is_dir()]
+    absent = [n for n in nodes if not peer_dir(out, n).is_dir()]
     if absent:
         raise ConfigError(
             f"{out / 'nodes'} has no folder for {', '.join(absent)}; copy every peer's --out "
             "folder there (as nodes/<id>) first."
         )
     unfinished: dict[str, int | None] = {
-        n: None for n in nodes if not (out / "nodes" / n / "node.json").exists()
+        n: None for n in nodes if not (peer_dir(out, n) / "node.json").exists()
     }
     name = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
     summary = _merge(setup, out, name, None, unfinished)
@@ -249,7 +261,7 @@ def _merge(
     last_round: dict[str, int] = {}
     spent = 0.0  # the longest time a peer spent in its rounds
     for n in nodes:
-        path = out / "nodes" / n / "metrics.jsonl"
+        path = peer_dir(out, n) / "metrics.jsonl"
         mine = []
         if path.exists():
             with open(path, encoding="utf-8") as fh:
@@ -281,7 +293,7 @@ def _merge(
         for record in records:
             model = None
             if observer.is_eval_round(record.round):
-                path = model_path(out / "nodes" / record.node, record.round)
+                path = model_path(peer_dir(out, record.node), record.round)
                 if path.exists():
                     models[record.node] = read_params(path).to(dtype)
                 model = models[record.node]

@@ -38,6 +38,7 @@ __all__ = [
     "communication_graph",
     "make_objective",
     "prepare_run",
+    "round_drift",
 ]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -67,6 +68,23 @@ def build_topology(cfg: TopologyConfig) -> Topology:
             nodes=built.nodes,
         )
     return built
+
+
+def round_drift(config: Config) -> int:
+    """Rounds a sender may run ahead of a receiver beyond strict lock-step.
+
+    None in strict mode without faults. In deadline mode, or with a fault plan (a node does
+    not wait for a message the plan lost), ``transport.round_window``; plus the length of
+    every partition and crash window, in which the nodes cut off run on without waiting.
+    """
+    f = config.faults
+    if config.transport.mode != "deadline" and not f.active:
+        return 0
+    rounds = config.run.rounds
+    drift: int = config.transport.round_window
+    drift += sum(max(0, min(p.end, rounds) - p.start) for p in f.partitions)
+    drift += sum(max(0, (c.back if c.back >= 0 else rounds) - c.at) for c in f.crashes)
+    return drift
 
 
 def communication_graph(algorithm: Algorithm, trust: Topology) -> Topology:
@@ -318,7 +336,7 @@ def prepare_run(
         mode=config.transport.mode,
         deadline_s=config.transport.deadline_s,
         strict_timeout_s=config.transport.strict_timeout_s,
-        round_window=config.transport.round_window,
+        round_window=round_drift(config),
     )
     evaluator = make_objective(config, dataset)
     _probe(evaluator, dataset, config.model.name)

@@ -35,6 +35,7 @@ import torch
 from fedcore.certs import load_tls
 from fedcore.config import Config
 from fedcore.errors import ConfigError
+from fedcore.ids import check_node_id, clip
 from fedcore.metrics import JsonlWriter, params_sha256
 from fedcore.node import DecodeCache, Node, RoundRecord
 from fedcore.runners import checkpoint
@@ -74,7 +75,8 @@ def load_roster(path: str | Path) -> dict[str, str]:
     """Read a roster file (JSON object or TOML ``[peers]`` table) into id -> ``HOST:PORT``.
 
     Raises:
-        ConfigError: unreadable file, bad syntax, or an entry that is not ``HOST:PORT``.
+        ConfigError: unreadable file, bad syntax, a node id that is not a safe name
+            (:mod:`fedcore.ids`), or an entry that is not ``HOST:PORT``.
     """
     p = Path(path)
     try:
@@ -94,10 +96,15 @@ def load_roster(path: str | Path) -> dict[str, str]:
         )
     roster: dict[str, str] = {}
     for node, address in raw.items():
-        host, sep, port = str(address).rpartition(":")
-        if not isinstance(address, str) or not sep or not host or not port.isdigit():
-            raise ConfigError(f"roster {str(p)!r}: {node!r} -> {address!r} is not 'HOST:PORT'.")
-        roster[str(node)] = address
+        check_node_id(node, f"roster {str(p)!r}", ConfigError)
+        host, sep, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+        good_port = port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536
+        if not sep or not host or not good_port:
+            raise ConfigError(
+                f"roster {str(p)!r}: {node!r} -> {clip(address)} is not 'HOST:PORT' "
+                "(a port from 1 to 65535)."
+            )
+        roster[node] = address
     return roster
 
 

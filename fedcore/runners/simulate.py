@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -20,6 +21,7 @@ import torch
 
 from fedcore.config import Config, config_to_dict, dumps_toml
 from fedcore.data import Dataset
+from fedcore.ids import child_path
 from fedcore.metrics import JsonlWriter, evaluate_models, params_sha256
 from fedcore.models import Objective
 from fedcore.node import Node, RoundRecord
@@ -46,8 +48,14 @@ logger = logging.getLogger(__name__)
 
 
 def default_out_dir(name: str) -> Path:
-    """``runs/<name>-<YYYYmmdd-HHMMSS>``."""
-    return Path("runs") / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    """``runs/<name>-<YYYYmmdd-HHMMSS>``, with ``name`` made a safe folder name.
+
+    The name comes from the run or the graph, and a graph file names itself: characters
+    other than ASCII letters, digits, ``.``, ``_`` and ``-`` become ``_`` (so a name such
+    as ``"../../x"`` stays one folder inside ``runs/``), and it is cut to 100 characters.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:100] or "run"
+    return child_path(Path("runs"), f"{safe}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
 
 
 class RunObserver:
@@ -92,7 +100,8 @@ class RunObserver:
         self.loss_count = 0
         self.missing: dict[str, set[int]] = {}
         # None: the node was down that round (a diverged node's NaN losses stay NaN)
-        self.losses: dict[str, list[float | None]] = {n: [None] * self.rounds for n in self.nodes}
+        # (grown as rounds arrive: a run of many rounds allocates nothing up front)
+        self.losses: dict[str, list[float | None]] = {n: [] for n in self.nodes}
         self.missing_edges: dict[str, int] = {}
         self.dropped_edges: dict[str, int] = {}
         self.down: dict[str, list[int]] = {}
@@ -131,7 +140,10 @@ class RunObserver:
             self.dropped_edges[edge] = self.dropped_edges.get(edge, 0) + 1
         if record.down:
             self.down.setdefault(record.node, []).append(t)
-        self.losses[record.node][t] = None if record.down else record.loss
+        losses = self.losses[record.node]
+        if len(losses) <= t:
+            losses.extend([None] * (t + 1 - len(losses)))
+        losses[t] = None if record.down else record.loss
         self._round_loss.setdefault(t, []).append(None if record.down else record.loss)
         self._round_bytes[t] = self._round_bytes.get(t, 0) + record.bytes_sent
         if model is not None:
@@ -258,7 +270,9 @@ def add_regret(setup: RunSetup, observer: RunObserver, out: Path) -> list[dict[s
     if not (setup.config.run.regret and regret_applies(setup)):
         return None
     began = time.perf_counter()
-    curve = regret_curve(setup, observer.losses, [e["round"] for e in observer.evals])
+    rounds = observer.rounds  # a round a node never reported counts as down, as before
+    losses = {n: row + [None] * (rounds - len(row)) for n, row in observer.losses.items()}
+    curve = regret_curve(setup, losses, [e["round"] for e in observer.evals])
     writer = JsonlWriter(out / "metrics.jsonl", append=True)
     try:
         for record in curve:

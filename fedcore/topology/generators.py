@@ -12,6 +12,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Mapping
 
+from fedcore.config import MAX_NODES, SEED_LIMIT
 from fedcore.errors import TopologyError
 from fedcore.topology.graph import TrustGraph
 from fedcore.topology.schedule import Schedule, Topology
@@ -40,6 +41,13 @@ KINDS: tuple[str, ...] = (
     "one-peer-exponential",
 )
 
+MAX_PAIRS = 10**8
+"""Most ordered node pairs ``erdos_renyi`` may draw for (one random number each): 10,000
+nodes, under a minute of drawing; beyond it a typo costs hours."""
+MAX_EDGES = 10**7
+"""Most edges ``complete`` may build (about 3,000 nodes): each edge costs a few hundred
+bytes in the graph, so 10**7 edges are gigabytes already."""
+
 _SPEC_GRAMMAR = (
     "KIND:NODES[:KEY=VALUE[,KEY=VALUE...]] (a torus also takes KIND:ROWSxCOLS), "
     "for example 'ring:8', 'torus:4x4', 'social:32:seed=3' or 'erdos-renyi:20:p=0.2,seed=1'; "
@@ -51,10 +59,22 @@ def _names(n: int) -> list[str]:
     return [f"n{i}" for i in range(n)]
 
 
-def _check_count(value: object, what: str, minimum: int = 2) -> int:
+def _check_count(value: object, what: str, minimum: int = 2, maximum: int = MAX_NODES) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise TopologyError(f"The {what} must be an integer of at least {minimum}, not {value!r}.")
+    if value > maximum:
+        raise TopologyError(f"The {what} must be at most {maximum:,}, not {value:,}.")
     return value
+
+
+def _check_pairs(n: int, what: str, limit: int) -> None:
+    """Refuse a generator that would visit more than ``limit`` ordered pairs of nodes."""
+    if n * (n - 1) > limit:
+        raise TopologyError(
+            f"A {what} of {n:,} nodes has {n * (n - 1):,} ordered pairs of nodes, more than the "
+            f"{limit:,} it may visit; use fewer nodes or a sparse kind (ring, exponential, "
+            "social)."
+        )
 
 
 def _from_index_edges(name: str, n: int, edges: Iterable[tuple[int, int]]) -> TrustGraph:
@@ -98,6 +118,7 @@ def torus(rows: int, cols: int) -> TrustGraph:
     """
     rows = _check_count(rows, "number of torus rows")
     cols = _check_count(cols, "number of torus columns")
+    _check_count(rows * cols, "number of torus nodes (rows * cols)")
     edges: set[tuple[int, int]] = set()
     for r in range(rows):
         for c in range(cols):
@@ -111,6 +132,7 @@ def torus(rows: int, cols: int) -> TrustGraph:
 def complete(n: int) -> TrustGraph:
     """Every node sends to every other node."""
     n = _check_count(n, "number of complete-graph nodes")
+    _check_pairs(n, "complete graph", MAX_EDGES)
     return _from_index_edges(
         f"complete-{n}", n, [(u, v) for u in range(n) for v in range(n) if u != v]
     )
@@ -123,9 +145,10 @@ def erdos_renyi(n: int, p: float, *, seed: int) -> TrustGraph:
     strongly connected, which keeps the model honest for studies of sparse random graphs.
     """
     n = _check_count(n, "number of Erdős–Rényi nodes")
+    _check_pairs(n, "Erdős–Rényi graph", MAX_PAIRS)
     if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
         raise TopologyError(f"The edge probability p must be a number in [0, 1], not {p!r}.")
-    seed = _check_count(seed, "seed", minimum=0)
+    seed = _check_count(seed, "seed", minimum=0, maximum=SEED_LIMIT - 1)
     rng = random.Random(seed)
     edges = [(u, v) for u in range(n) for v in range(n) if u != v and rng.random() < p]
     return _from_index_edges(f"erdos-renyi-{n}-p{p:g}-seed{seed}", n, edges)
@@ -181,7 +204,7 @@ def social(n: int, *, seed: int, follows: int = 2) -> TrustGraph:
     ``random.Random(seed).random()`` is drawn from, so a seed gives the same graph everywhere.
     """
     n = _check_count(n, "number of social-graph nodes")
-    seed = _check_count(seed, "seed", minimum=0)
+    seed = _check_count(seed, "seed", minimum=0, maximum=SEED_LIMIT - 1)
     follows = _check_count(follows, "social-graph follows", minimum=1)
     edges = _social_edges(n, follows, random.Random(seed))
     name = f"social-{n}" if seed == 0 else f"social-{n}-seed{seed}"
@@ -288,7 +311,7 @@ def build(kind: str, *, nodes: int, seed: int = 0, **params: object) -> Topology
             f"{takes}."
         )
     nodes = _check_count(nodes, f"number of nodes of a '{kind}' topology")
-    seed = _check_count(seed, "seed", minimum=0)
+    seed = _check_count(seed, "seed", minimum=0, maximum=SEED_LIMIT - 1)
     return builder(nodes, seed, dict(params))
 
 

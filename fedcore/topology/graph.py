@@ -24,11 +24,12 @@ import numpy as np
 import numpy.typing as npt
 
 from fedcore.errors import TopologyError
+from fedcore.ids import NODE_ID_RULE, clip, id_problem
 
 __all__ = ["NodeId", "TrustGraph", "format_components", "format_nodes"]
 
 NodeId: TypeAlias = str
-"""A node id: a non-empty string without whitespace, such as ``"n0"`` or ``"alice"``."""
+"""A node id: a safe name such as ``"n0"`` or ``"alice"`` (see :mod:`fedcore.ids`)."""
 
 _Edge: TypeAlias = tuple[str, str]
 
@@ -58,13 +59,30 @@ def format_components(components: Sequence[Sequence[str]], limit: int = 10) -> s
 
 
 def _check_node_id(node: object, graph_name: str) -> str:
-    if not isinstance(node, str) or not node or any(ch.isspace() for ch in node):
+    problem = id_problem(node)
+    if problem is not None:
         raise TopologyError(
-            f"Graph '{graph_name}' has the node id {node!r}, but node ids must be non-empty "
-            "strings without whitespace. Relabel the nodes, for example with "
+            f"Graph {clip(graph_name, 60)} has the node id {clip(node, 40)}, which is not a safe "
+            f"name: {problem}. Node ids are {NODE_ID_RULE} (they name folders, certificates "
+            "and hosts). Relabel the nodes, for example with "
             "networkx.relabel_nodes(graph, lambda i: f'n{i}')."
         )
+    assert isinstance(node, str)
     return node
+
+
+def _check_case_collisions(order: Sequence[str], graph_name: str) -> None:
+    """Refuse ids that differ only in case: they name one folder on case-insensitive file
+    systems and one DNS name in certificates (which compare without case)."""
+    seen: dict[str, str] = {}
+    for node in order:
+        other = seen.setdefault(node.lower(), node)
+        if other != node:
+            raise TopologyError(
+                f"Graph {clip(graph_name, 60)} has the node ids {other!r} and {node!r}, which "
+                "differ only in case: they would share a folder on case-insensitive file "
+                "systems and a DNS name in certificates. Rename one of them."
+            )
 
 
 def _check_weight(value: object, u: str, v: str, graph_name: str) -> float:
@@ -117,11 +135,12 @@ class TrustGraph:
         if not graph.is_directed():
             graph = graph.to_directed()
         order = tuple(graph.nodes) if nodes is None else tuple(nodes)
-        for node in order:
+        for node in order if nodes is None else (*order, *graph.nodes):
             _check_node_id(node, name)
         if len(set(order)) != len(order):
             dups = sorted({n for n in order if order.count(n) > 1})
             raise TopologyError(f"Graph '{name}' lists the nodes {format_nodes(dups)} twice.")
+        _check_case_collisions(order, name)
         if set(order) != set(graph.nodes):
             missing = [str(n) for n in graph.nodes if n not in set(order)]
             extra = [n for n in order if not graph.has_node(n)]
@@ -220,7 +239,7 @@ class TrustGraph:
     def _require(self, node: str) -> None:
         if node not in self._index:
             raise TopologyError(
-                f"Node {node!r} is not in graph '{self._name}', whose nodes are "
+                f"Node {clip(node, 40)} is not in graph '{self._name}', whose nodes are "
                 f"{format_nodes(self._nodes)}. Use one of its node ids."
             )
 

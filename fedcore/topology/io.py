@@ -15,7 +15,8 @@ The format follows the file suffix.
   none; each is a finite number >= 0.
 * ``nodes`` (optional) fixes the node order; without it nodes come in order of first use in
   ``edges``. When given, edges may only use listed nodes. Ids are strings (integers are turned
-  into strings) without whitespace.
+  into strings) that are safe names: 1 to 63 ASCII letters, digits, ``.``, ``_`` or ``-``,
+  starting with a letter or digit (:mod:`fedcore.ids`).
 * ``name`` (optional, default the file's stem) and ``description`` (optional, free text).
 
 **Plain edge list** (``.edgelist``, ``.txt``, ``.edges``), always directed: one ``u v`` or
@@ -27,8 +28,9 @@ names the graph.
 taken both ways), with an optional numeric ``weight`` edge attribute and ``name`` graph
 attribute.
 
-Every problem (missing file, bad syntax, wrong types, unknown nodes, bad or partial weights, an
-empty graph) raises :class:`~fedcore.errors.TopologyError` naming the file and the problem.
+Every problem (missing file, bad syntax, wrong types, unsafe or unknown node ids, bad or partial
+weights, an empty or single-node graph) raises :class:`~fedcore.errors.TopologyError` naming the
+file and the problem.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Any
 import networkx as nx
 
 from fedcore.errors import TopologyError
+from fedcore.ids import NODE_ID_RULE, clip, id_problem
 from fedcore.topology.graph import TrustGraph
 from fedcore.topology.schedule import Schedule
 
@@ -70,11 +73,19 @@ def _suffix(path: Path) -> str:
 
 
 def _node_id(value: object, where: str) -> str:
-    if isinstance(value, str):
-        return value
     if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    raise _FileProblem(f"{where} has the node id {value!r}, but node ids must be strings.")
+        value = str(value)
+    if not isinstance(value, str):
+        raise _FileProblem(
+            f"{where} has the node id {clip(value, 40)}, but node ids must be strings"
+        )
+    problem = id_problem(value)
+    if problem is not None:
+        raise _FileProblem(
+            f"{where} has the node id {clip(value, 40)}, which is not a safe name: {problem}; "
+            f"node ids are {NODE_ID_RULE} (they name folders, certificates and hosts)"
+        )
+    return value
 
 
 def _weight(value: object, where: str) -> float:
@@ -95,6 +106,11 @@ def _assemble(name: str, nodes: list[str], edges: list[_Edge], labels: list[str]
     """
     if not nodes:
         raise _FileProblem("the graph is empty: it has no nodes and no edges")
+    if len(nodes) == 1:
+        raise _FileProblem(
+            f"the graph has a single node ({nodes[0]}), but a trust graph needs at least two "
+            "nodes (the generators refuse one as well); add the other peers"
+        )
     weighted = [i for i, e in enumerate(edges) if e[2] is not None]
     if weighted and len(weighted) != len(edges):
         first = edges[weighted[0]]
@@ -218,7 +234,7 @@ def _read_plain(path: Path, text: str) -> TrustGraph:
                 ) from None
             weight = _weight(value, where)
         for node in fields[:2]:
-            nodes.setdefault(node)
+            nodes.setdefault(_node_id(node, where))
         if len(fields) >= 2:
             edges.append((fields[0], fields[1], weight))
             labels.append(where)
@@ -238,16 +254,17 @@ def _read_graphml(path: Path) -> TrustGraph:
     directed = bool(graph.is_directed())
     edges: list[_Edge] = []
     labels: list[str] = []
+    ids = {n: _node_id(n, "the GraphML node list") for n in graph.nodes}
     for u, v, attrs in graph.edges(data=True):
-        where = f"the edge {u} -> {v}"
+        where = f"the edge {ids[u]} -> {ids[v]}"
         value = attrs.get("weight")
         weight = None if value is None else _weight(value, where)
-        edges.append((str(u), str(v), weight))
+        edges.append((ids[u], ids[v], weight))
         labels.append(where)
         if not directed and u != v:
-            edges.append((str(v), str(u), weight))
-            labels.append(f"the edge {v} -> {u}")
-    return _assemble(name, [str(n) for n in graph.nodes], edges, labels)
+            edges.append((ids[v], ids[u], weight))
+            labels.append(f"the edge {ids[v]} -> {ids[u]}")
+    return _assemble(name, list(ids.values()), edges, labels)
 
 
 def load(path: str | os.PathLike[str]) -> TrustGraph:

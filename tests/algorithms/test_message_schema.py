@@ -152,6 +152,19 @@ def test_the_window_is_the_strict_lead_plus_deadline_drift() -> None:
         "ring:4", algorithm="dpsgd", settings={"transport.mode": "deadline", "data.batch_size": 8}
     )
     assert ring.nodes["n0"].round_window("n1") == 1 + 1 + 32  # neighbour, margin, drift
+    # Strict with a fault plan: nodes cut off by a partition or a crash run on unheld.
+    faulty = make_network(
+        "ring:4",
+        algorithm="dpsgd",
+        settings={
+            "data.batch_size": 8,
+            "run.rounds": 50,
+            "faults.drop": 0.1,
+            "faults.partitions": [{"nodes": ["n0"], "start": 3, "end": 13}],
+            "faults.crashes": [{"node": "n2", "at": 40}],
+        },
+    )
+    assert faulty.nodes["n0"].round_window("n1") == 1 + 1 + 32 + 10 + 10
 
 
 @given(
