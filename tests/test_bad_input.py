@@ -55,6 +55,42 @@ def model_out_of_memory(*, input_dim, num_classes):
     raise MemoryError()
 
 
+class _BadBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("the backward pass is broken")
+
+
+class _BackwardModule(torch.nn.Module):
+    def __init__(self, input_dim, num_classes):
+        super().__init__()
+        self.linear = torch.nn.Linear(input_dim, num_classes)
+
+    def forward(self, x):
+        return _BadBackward.apply(self.linear(x))
+
+
+def model_bad_backward(*, input_dim, num_classes):
+    return _BackwardModule(input_dim, num_classes)
+
+
+class _NotATensor(torch.nn.Module):
+    def __init__(self, input_dim, num_classes):
+        super().__init__()
+        self.linear = torch.nn.Linear(input_dim, num_classes)
+
+    def forward(self, x):
+        return {"logits": self.linear(x)}
+
+
+def model_returns_a_dict(*, input_dim, num_classes):
+    return _NotATensor(input_dim, num_classes)
+
+
 def dataset_raises(*, seed, test_fraction):
     raise ValueError("no such dataset file: /data/x.npz")
 
@@ -426,3 +462,26 @@ def test_a_single_node_graph_file_is_refused(
     (in_tmp / name).write_text(text, encoding="utf-8")
     one_line(capsys, simulate(f"topology.file={name}"), "single node (solo)", "at least two")
     one_line(capsys, ["topology", "show", name], "single node (solo)")
+
+
+@pytest.mark.parametrize(
+    "factory,needles",
+    [
+        ("model_bad_backward", ["loss and gradient", "the backward pass is broken"]),
+        ("model_returns_a_dict", ["maps a batch of 2 examples to dict"]),
+    ],
+)
+def test_a_model_that_fails_after_building_is_one_line(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str], factory: str, needles: list[str]
+) -> None:
+    one_line(capsys, simulate(f"model.name=badfactories:{factory}"), *needles)
+
+
+def test_a_simulation_larger_than_memory_is_refused(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One model fits, but one per simulated node (and an evaluator) does not."""
+    from fedcore.runners import network
+
+    monkeypatch.setattr(network, "physical_memory", lambda: 20 * 650 * 4 * 4)
+    one_line(capsys, simulate("topology.nodes=32"), "32 simulated nodes", "33 models x 4")

@@ -361,4 +361,9 @@ def test_fault_plans_name_only_nodes_of_the_graph(
     one_line_error(capsys, argv, "not in the graph", "n9")
     argv = ["simulate", "-q", *TINY, "--set", 'faults.edge_drop={"n0->n0" = 0.5}']
     one_line_error(capsys, argv, "self-loop")
+    argv = [
+        "simulate", "-q", *TINY, "--set", "topology.kind=directed-ring",
+        "--set", 'faults.edge_drop={"n1->n0" = 0.5}',
+    ]  # fmt: skip
+    one_line_error(capsys, argv, "not an edge")
     assert not list(tmp_path.iterdir())

@@ -20,7 +20,8 @@ from fedcore.compression import make_codec
 from fedcore.config import Config, TopologyConfig, fingerprint
 from fedcore.data import BatchStream, Dataset, load_dataset, partition
 from fedcore.errors import ConfigError, DataError
-from fedcore.models import Objective, build_model
+from fedcore.ids import error_text
+from fedcore.models import Objective, build_model, physical_memory
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
 from fedcore.streams import Batches, OnlineSource, load_source
 from fedcore.topology import Topology
@@ -145,14 +146,43 @@ def _probe(objective: Objective, dataset: Dataset, name: str) -> None:
         logits = objective.module(x.to(objective.dtype))
     except Exception as exc:  # a user model can raise anything; report it as a config error
         raise DataError(
-            f"model {name!r} failed on a batch of dataset {dataset.name!r}: {exc}"
+            f"model {name!r} failed on a batch of dataset {dataset.name!r}: {error_text(exc)}"
         ) from exc
-    if tuple(logits.shape) != (2, dataset.num_classes):
+    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+    if shape != (2, dataset.num_classes):
         raise DataError(
-            f"model {name!r} maps a batch of 2 examples to shape {tuple(logits.shape)}; "
-            f"expected (2, {dataset.num_classes}) class logits."
+            f"model {name!r} maps a batch of 2 examples to {shape}; expected a tensor of "
+            f"shape (2, {dataset.num_classes}) class logits."
         )
-    objective.loss_and_grad(objective.initial_params(), x, y)
+    try:
+        objective.loss_and_grad(objective.initial_params(), x, y)
+    except Exception as exc:  # its backward pass, say
+        raise DataError(
+            f"model {name!r} failed to give a loss and gradient on a batch of dataset "
+            f"{dataset.name!r}: {error_text(exc)}"
+        ) from exc
+
+
+_COPIES = 4
+"""Model-sized float buffers a simulated node holds at least: its module's parameters and
+their gradients, its algorithm state and a message."""
+
+
+def _check_network_memory(config: Config, setup: RunSetup) -> None:
+    """Refuse an in-process network whose models alone would not fit in this machine's
+    memory (one model per node and one evaluator, ``_COPIES`` buffers each)."""
+    memory = physical_memory()
+    if memory is None:
+        return
+    models = len(setup.graph.nodes) + 1
+    need = models * _COPIES * setup.start.numel() * setup.start.element_size()
+    if need > memory:
+        raise DataError(
+            f"{len(setup.graph.nodes)} simulated nodes of a {setup.start.numel():,}-parameter "
+            f"model need at least {need / 2**30:.1f} GiB ({models} models x {_COPIES} "
+            f"copies), more than this machine's {memory / 2**30:.1f} GiB. Use a smaller "
+            "model or fewer nodes."
+        )
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -285,6 +315,16 @@ def prepare_run(
             f"grow without bound; codec {config.compression.codec!r} has an error relative to "
             "them. Use compression.codec = 'fp32', 'fp16', 'bf16' or 'raw'."
         )
+    edges_used = {e for t in range(graph.period) for e in graph.at(t).edges()}
+    for text in f.edge_drop:
+        sender, _, receiver = (part.strip() for part in text.partition("->"))
+        known = sender in graph.nodes and receiver in graph.nodes  # else the plan says so
+        if known and (sender, receiver) not in edges_used:
+            raise ConfigError(
+                f"faults.edge_drop names {text!r}, but {sender} sends {receiver} nothing: it is "
+                f"not an edge of the graph {config.algorithm.name!r} communicates over. Name "
+                "an edge of the graph (fedcore topology show prints them)."
+            )
     source = None
     if config.data.stream:
         data = config.data
@@ -389,6 +429,7 @@ def build_network(
         ConfigError, TopologyError, DataError: on anything invalid.
     """
     setup = prepare_run(config, algorithm=algorithm, trust=trust, dataset=dataset)
+    _check_network_memory(config, setup)
     net = InProcessNetwork(record=record)
     cache = DecodeCache() if share_decoded else None
     built = {
