@@ -553,7 +553,7 @@ class Node:
         return lead + 1 + self.options.round_window
 
     def _shortest_leads(self) -> dict[str, int]:
-        """Shortest path lengths from this node over the union of the schedule's graphs."""
+        """Shortest path lengths from this node in a static graph (none for a schedule)."""
         graph = self.graph
         if graph.period > 1:
             return {}  # the default, n * period, applies to every sender
@@ -613,9 +613,8 @@ class Node:
         tensors: dict[str, torch.Tensor] = {}
         cache = self.decode_cache
         for name, enc in message.tensors.items():
-            shape = self._shape
-            if schema is not None:
-                shape = schema.tensors[name] or self._shape
+            declared = schema.tensors[name] if schema is not None else None
+            shape = self._shape if declared is None else declared
             # The header first: a stranger's absurd shape must not cost a decode.
             if tuple(enc.shape) != shape or enc.dtype != self._dtype_name:
                 raise ProtocolError(
