@@ -468,7 +468,7 @@ def test_a_single_node_graph_file_is_refused(
     "factory,needles",
     [
         ("model_bad_backward", ["loss and gradient", "the backward pass is broken"]),
-        ("model_returns_a_dict", ["maps a batch of 2 examples to dict"]),
+        ("model_returns_a_dict", ["maps a batch of 2 examples to a dict"]),
     ],
 )
 def test_a_model_that_fails_after_building_is_one_line(

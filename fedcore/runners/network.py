@@ -148,11 +148,15 @@ def _probe(objective: Objective, dataset: Dataset, name: str) -> None:
         raise DataError(
             f"model {name!r} failed on a batch of dataset {dataset.name!r}: {error_text(exc)}"
         ) from exc
-    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-    if shape != (2, dataset.num_classes):
+    if not isinstance(logits, torch.Tensor):
         raise DataError(
-            f"model {name!r} maps a batch of 2 examples to {shape}; expected a tensor of "
-            f"shape (2, {dataset.num_classes}) class logits."
+            f"model {name!r} maps a batch of 2 examples to a {type(logits).__name__}; "
+            f"expected (2, {dataset.num_classes}) class logits as a tensor."
+        )
+    if tuple(logits.shape) != (2, dataset.num_classes):
+        raise DataError(
+            f"model {name!r} maps a batch of 2 examples to shape {tuple(logits.shape)}; "
+            f"expected (2, {dataset.num_classes}) class logits."
         )
     try:
         objective.loss_and_grad(objective.initial_params(), x, y)
