@@ -16,13 +16,13 @@ import torch
 
 from fedcore import models
 from fedcore.algorithms import CHOCO, DeepSqueeze, make_algorithm
-from fedcore.cli import main
 from fedcore.config import MAX_PARAMETERS, Config, load_config
 from fedcore.errors import ConfigError, DataError, TopologyError
 from fedcore.models import MODELS, build_model, parameter_count
 from fedcore.node import RoundRecord
 from fedcore.runners.simulate import RunObserver
 from fedcore.topology import complete, ring, torus
+from tests.clitools import cli, one_line_error
 
 TINY = [
     "--set",
@@ -109,25 +109,6 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    status = main(list(argv))
-    out, err = capsys.readouterr()
-    return status, out + err
-
-
-def one_line(capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str) -> str:
-    """Run the CLI; assert exit 2 and exactly one error line holding ``needles``."""
-    status, text = run(capsys, *argv)
-    assert "Traceback" not in text, text
-    assert status == 2, (status, text)
-    lines = text.strip("\n").splitlines()
-    assert len(lines) == 1, text
-    assert lines[0].startswith("fedcore: error:"), lines[0]
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
-
 def simulate(*overrides: str) -> list[str]:
     argv = ["simulate", "-q", "--out", "run", *TINY]
     for item in overrides:
@@ -167,7 +148,7 @@ def simulate(*overrides: str) -> list[str]:
 def test_a_factory_that_raises_is_one_line(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], override: str, needles: list[str]
 ) -> None:
-    line = one_line(capsys, simulate(override), *needles)
+    line = one_line_error(capsys, simulate(override), *needles)
     if "wrong_signature" not in override:
         assert line.endswith("(add -v to see the traceback)")
     assert not (in_tmp / "run").exists()
@@ -179,7 +160,8 @@ def test_verbose_shows_the_factory_traceback(
 ) -> None:
     argv = simulate("model.name=badfactories:model_raises")
     argv = ["-v", *argv] if where == "before" else [*argv, "-v"]
-    status, text = run(capsys, *argv)
+    status, out, err = cli(capsys, *argv)
+    text = out + err
     assert status == 2
     assert "Traceback" in text
     assert 'badfactories.py", line' in text  # the user's own frame
@@ -197,7 +179,7 @@ def test_the_library_raises_data_error_chained_to_the_factorys_error(in_tmp: Pat
 def test_an_error_of_fedcore_itself_has_no_pointer_to_verbose(
     in_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    line = one_line(capsys, simulate("model.name=nope"), "unknown model 'nope'")
+    line = one_line_error(capsys, simulate("model.name=nope"), "unknown model 'nope'")
     assert "-v" not in line
 
 
@@ -214,7 +196,8 @@ def test_running_out_of_memory_anyway_is_one_line(
         raise MemoryError
 
     monkeypatch.setattr(runner, "simulate", out_of_memory)
-    status, text = run(capsys, *simulate())
+    status, out, err = cli(capsys, *simulate())
+    text = out + err
     assert status == 1 and "Traceback" not in text
     assert text.strip().splitlines() == [
         "fedcore: error: out of memory; use a smaller model, fewer nodes, smaller batches or "
@@ -243,7 +226,7 @@ def test_a_step_that_is_no_number_in_range_is_one_line(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], algorithm: str, key: str, value: str
 ) -> None:
     argv = simulate(f"algorithm.name={algorithm}", f"algorithm.{key}={value}")
-    one_line(capsys, argv, f"algorithm '{algorithm}': {key} =", "must be a number in (0, 1]")
+    one_line_error(capsys, argv, f"algorithm '{algorithm}': {key} =", "must be a number in (0, 1]")
 
 
 def test_steps_are_checked_in_the_library_too() -> None:
@@ -282,14 +265,14 @@ def test_ops_options_of_the_wrong_type_are_config_errors(options: dict[str, obje
 def test_a_model_too_large_or_too_small_is_refused_before_allocating(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], model: str, hidden: str, needles: list[str]
 ) -> None:
-    one_line(capsys, simulate(f"model.name={model}", f"model.hidden={hidden}"), *needles)
+    one_line_error(capsys, simulate(f"model.name={model}", f"model.hidden={hidden}"), *needles)
 
 
 def test_a_model_larger_than_memory_is_refused(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(models, "physical_memory", lambda: 1 << 20)  # 1 MiB
-    one_line(
+    one_line_error(
         capsys,
         simulate("model.name=mlp", "model.hidden=10000"),
         "750,010 parameters",
@@ -357,7 +340,7 @@ def test_every_int_key_of_the_brief_is_covered() -> None:
 def test_a_huge_integer_for_any_int_key_is_one_line(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], key: str, value: str
 ) -> None:
-    line = one_line(capsys, simulate(f"{key}={value}"), key)
+    line = one_line_error(capsys, simulate(f"{key}={value}"), key)
     assert len(line) < 300
     assert not (in_tmp / "run").exists()
 
@@ -366,15 +349,15 @@ def test_a_huge_integer_for_any_int_key_is_one_line(
 def test_a_number_with_thousands_of_digits_is_one_line(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], key: str
 ) -> None:
-    one_line(capsys, simulate(f"{key}=1{'0' * 5000}"), key)
-    one_line(capsys, simulate(f"{key}=1{'0' * 400}"), key)
+    one_line_error(capsys, simulate(f"{key}=1{'0' * 5000}"), key)
+    one_line_error(capsys, simulate(f"{key}=1{'0' * 400}"), key)
 
 
 def test_a_config_file_with_a_huge_number_is_one_line(
     in_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (in_tmp / "c.toml").write_text(f"[run]\nrounds = 1{'0' * 5000}\n", encoding="utf-8")
-    one_line(capsys, ["simulate", "-q", "c.toml"], "c.toml", "cannot be read")
+    one_line_error(capsys, ["simulate", "-q", "c.toml"], "c.toml", "cannot be read")
 
 
 @pytest.mark.parametrize(
@@ -387,7 +370,7 @@ def test_a_config_file_with_a_huge_number_is_one_line(
 def test_huge_fault_rounds_are_one_line(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], override: str
 ) -> None:
-    one_line(capsys, simulate(override), "round number from 0 to 1,000,000,000")
+    one_line_error(capsys, simulate(override), "round number from 0 to 1,000,000,000")
 
 
 @pytest.mark.parametrize(
@@ -403,7 +386,7 @@ def test_huge_fault_rounds_are_one_line(
 def test_topologies_too_large_are_one_line(
     capsys: pytest.CaptureFixture[str], spec: str, needle: str
 ) -> None:
-    one_line(capsys, ["topology", "show", spec], needle)
+    one_line_error(capsys, ["topology", "show", spec], needle)
 
 
 def test_generators_bound_their_sizes_in_the_library() -> None:
@@ -419,7 +402,7 @@ def test_a_synthetic_stream_too_large_is_one_line(
     in_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = simulate("data.stream=synthetic", "data.features=100000")
-    one_line(capsys, argv, "data.features = 100,000", "synthetic stream")
+    one_line_error(capsys, argv, "data.features = 100,000", "synthetic stream")
 
 
 def test_many_rounds_allocate_nothing_up_front() -> None:
@@ -460,8 +443,8 @@ def test_a_single_node_graph_file_is_refused(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], name: str, text: str
 ) -> None:
     (in_tmp / name).write_text(text, encoding="utf-8")
-    one_line(capsys, simulate(f"topology.file={name}"), "single node (solo)", "at least two")
-    one_line(capsys, ["topology", "show", name], "single node (solo)")
+    one_line_error(capsys, simulate(f"topology.file={name}"), "single node (solo)", "at least two")
+    one_line_error(capsys, ["topology", "show", name], "single node (solo)")
 
 
 @pytest.mark.parametrize(
@@ -474,7 +457,7 @@ def test_a_single_node_graph_file_is_refused(
 def test_a_model_that_fails_after_building_is_one_line(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], factory: str, needles: list[str]
 ) -> None:
-    one_line(capsys, simulate(f"model.name=badfactories:{factory}"), *needles)
+    one_line_error(capsys, simulate(f"model.name=badfactories:{factory}"), *needles)
 
 
 def test_a_simulation_larger_than_memory_is_refused(
@@ -484,4 +467,4 @@ def test_a_simulation_larger_than_memory_is_refused(
     from fedcore.runners import network
 
     monkeypatch.setattr(network, "physical_memory", lambda: 20 * 650 * 4 * 4)
-    one_line(capsys, simulate("topology.nodes=32"), "32 simulated nodes", "33 models x 4")
+    one_line_error(capsys, simulate("topology.nodes=32"), "32 simulated nodes", "33 models x 4")

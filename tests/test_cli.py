@@ -16,6 +16,7 @@ import torch
 
 from fedcore.cli import main
 from fedcore.config import load_config
+from tests.clitools import assert_one_line_error, cli
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -36,24 +37,6 @@ def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     """Relative paths (topologies/, examples/) resolve against the repository root."""
     monkeypatch.chdir(REPO)
     monkeypatch.syspath_prepend(str(REPO))
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    status = main(list(argv))
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def assert_one_line_error(status: int, out: str, err: str, *needles: str) -> str:
-    assert "Traceback" not in out + err
-    assert status == 2, (status, out, err)
-    lines = err.strip("\n").splitlines()
-    assert len(lines) == 1, err
-    line = lines[0]
-    assert line.startswith("fedcore: error:"), line
-    for needle in needles:
-        assert needle.lower() in line.lower(), (needle, line)
-    return line
 
 
 def simulate(capsys: pytest.CaptureFixture[str], out: Path, *extra: str) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fedcore.certs import init_certs, load_tls
-from fedcore.cli import main
 from fedcore.config import FaultsConfig, load_config
 from fedcore.errors import ConfigError, FedcoreError, TopologyError
 from fedcore.ids import MAX_ID_LENGTH, check_node_id, child_path, clip, error_text, id_problem
@@ -25,25 +24,12 @@ from fedcore.runners.launch import peer_dir, summarize
 from fedcore.runners.peer import load_roster
 from fedcore.runners.simulate import default_out_dir
 from fedcore.topology import TrustGraph, load
+from tests.clitools import one_line_error
 
 UNSAFE = ["../../esc", "..", ".", "a/b", "a\\b", "", " n0", "n 0", "-n0", ".n0", "_n0", "n0:1"]
 UNSAFE += ["ünï", "n\x00", "n\n", "x" * (MAX_ID_LENGTH + 1)]
 SAFE = ["n0", "alice", "server", "Bob", "n.1", "n_1", "n-1", "0", "x" * MAX_ID_LENGTH]
 TINY = ["--set", "run.rounds=2", "--set", "topology.kind=ring", "--set", "topology.nodes=4"]
-
-
-def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str) -> str:
-    """Run the CLI; assert exit 2 and one error line (no traceback) holding ``needles``."""
-    status = main(argv)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    assert status == 2, (status, out, err)
-    lines = err.strip("\n").splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("fedcore: error:"), lines[0]
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 # --- the rule -------------------------------------------------------------------------------
