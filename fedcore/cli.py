@@ -35,7 +35,7 @@ from typing import Any
 
 from fedcore import __version__
 from fedcore.errors import ConfigError, FedcoreError
-from fedcore.ids import check_node_id, child_path
+from fedcore.ids import check_node_id, child_path, first_line
 
 __all__ = ["main"]
 
@@ -410,8 +410,7 @@ def _plot(args: argparse.Namespace) -> int:
 def _error_line(exc: BaseException, verbose: int) -> str:
     """One line for ``exc``: its message's first line, and a pointer to ``-v`` when a
     traceback (of code that raised inside a user's factory, torch ...) stands behind it."""
-    lines = str(exc).strip().splitlines() or [type(exc).__name__]
-    text = lines[0] + (" [...]" if len(lines) > 1 else "")
+    text = first_line(str(exc)) or type(exc).__name__
     cause = exc.__cause__
     foreign = cause is not None and not isinstance(
         cause,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.errors import ConfigError
-from fedcore.ids import check_node_id, clip
+from fedcore.ids import check_node_id, clip, shorten
 
 __all__ = [
     "CODECS",
@@ -349,14 +349,8 @@ class TransportConfig:
                 value,
                 "must be a number > 0",
             )
-        for key, low, high in (("round_window", 0, 10**6), ("max_streams_per_sender", 1, 1024)):
-            value = getattr(self, key)
-            _require(
-                isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
-                f"transport.{key}",
-                value,
-                f"must be a whole number from {low} to {high}",
-            )
+        _int_range("transport.round_window", self.round_window, 0, 10**6)
+        _int_range("transport.max_streams_per_sender", self.max_streams_per_sender, 1, 1024)
         _require(
             self.mode in MODES,
             "transport.mode",
@@ -550,7 +544,7 @@ def _require(ok: bool, key: str, value: object, why: str) -> None:
 def _shown(value: object) -> str:
     """``repr(value)``, cut short for a value such as a 10,000-digit integer."""
     text = repr(value) if not isinstance(value, int) or abs(value) < 10**60 else "(huge)"
-    return text if len(text) <= 80 else f"{text[:80]}... ({len(text) - 80} more characters)"
+    return shorten(text, 80)
 
 
 def _is_int(value: object) -> bool:

@@ -30,8 +30,10 @@ __all__ = [
     "child_path",
     "clip",
     "error_text",
+    "first_line",
     "id_problem",
     "shorten",
+    "unsafe_id",
 ]
 
 MAX_ID_LENGTH = 63
@@ -92,6 +94,18 @@ def id_problem(node_id: object) -> str | None:
     return f"it contains {bad!r}"
 
 
+def unsafe_id(node_id: object, where: str) -> str | None:
+    """The sentence (without its full stop) saying why ``node_id``, found in ``where``, is
+    not a safe node id, or ``None`` when it is one."""
+    problem = id_problem(node_id)
+    if problem is None:
+        return None
+    return (
+        f"{where} has the node id {clip(node_id, 40)}, which is not a safe name: {problem}. "
+        f"Node ids are {NODE_ID_RULE} (they name folders, certificates and hosts)"
+    )
+
+
 def check_node_id(node_id: object, where: str, error: type[FedcoreError] = FedcoreError) -> str:
     """Return ``node_id`` if it is a safe node id; raise ``error`` naming ``where`` if not.
 
@@ -100,12 +114,9 @@ def check_node_id(node_id: object, where: str, error: type[FedcoreError] = Fedco
         where: Where it came from, for the message ("graph file 'g.json'", "the roster").
         error: The error class to raise (``TopologyError`` for graphs, ``ConfigError`` ...).
     """
-    problem = id_problem(node_id)
-    if problem is not None:
-        raise error(
-            f"{where} has the node id {clip(node_id, 40)}, which is not a safe name: {problem}. "
-            f"Node ids are {NODE_ID_RULE} (they name folders, certificates and hosts)."
-        )
+    message = unsafe_id(node_id, where)
+    if message is not None:
+        raise error(f"{message}.")
     assert isinstance(node_id, str)
     return node_id
 
@@ -141,14 +152,20 @@ def child_path(parent: Path, name: str, error: type[FedcoreError] = FedcoreError
     return path
 
 
+def first_line(text: str) -> str:
+    """The first line of ``text``, with `` [...]`` when more lines follow (``""`` if empty)."""
+    lines = text.strip().splitlines()
+    if not lines:
+        return ""
+    return lines[0] + (" [...]" if len(lines) > 1 else "")
+
+
 def error_text(exc: BaseException, limit: int = 300) -> str:
     """``"Type: first line of the message"``, cut to about ``limit`` characters.
 
     For a message that quotes another library's error (a user factory that raised, a torch
     allocation failure with a C++ backtrace): one line, whatever the error says.
     """
-    lines = str(exc).strip().splitlines()
-    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    if len(lines) > 1:
-        text += " [...]"
+    line = first_line(str(exc))
+    text = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
     return shorten(text, limit)

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fedcore.errors import TopologyError
-from fedcore.ids import NODE_ID_RULE, clip, id_problem
+from fedcore.ids import clip, unsafe_id
 
 __all__ = ["NodeId", "TrustGraph", "format_components", "format_nodes"]
 
@@ -59,12 +59,10 @@ def format_components(components: Sequence[Sequence[str]], limit: int = 10) -> s
 
 
 def _check_node_id(node: object, graph_name: str) -> str:
-    problem = id_problem(node)
-    if problem is not None:
+    message = unsafe_id(node, f"Graph {clip(graph_name, 60)}")
+    if message is not None:
         raise TopologyError(
-            f"Graph {clip(graph_name, 60)} has the node id {clip(node, 40)}, which is not a safe "
-            f"name: {problem}. Node ids are {NODE_ID_RULE} (they name folders, certificates "
-            "and hosts). Relabel the nodes, for example with "
+            f"{message}. Relabel the nodes, for example with "
             "networkx.relabel_nodes(graph, lambda i: f'n{i}')."
         )
     assert isinstance(node, str)

@@ -45,7 +45,7 @@ from typing import Any
 import networkx as nx
 
 from fedcore.errors import TopologyError
-from fedcore.ids import NODE_ID_RULE, clip, id_problem
+from fedcore.ids import clip, unsafe_id
 from fedcore.topology.graph import TrustGraph
 from fedcore.topology.schedule import Schedule
 
@@ -79,12 +79,9 @@ def _node_id(value: object, where: str) -> str:
         raise _FileProblem(
             f"{where} has the node id {clip(value, 40)}, but node ids must be strings"
         )
-    problem = id_problem(value)
-    if problem is not None:
-        raise _FileProblem(
-            f"{where} has the node id {clip(value, 40)}, which is not a safe name: {problem}; "
-            f"node ids are {NODE_ID_RULE} (they name folders, certificates and hosts)"
-        )
+    message = unsafe_id(value, where)
+    if message is not None:
+        raise _FileProblem(message)
     return value
 
 
