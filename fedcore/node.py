@@ -593,13 +593,14 @@ class Node:
             schema: MessageSchema = self._schema(message.phase, message.sender, ctx)
         except AlgorithmError as exc:  # a phase or sender the algorithm does not expect
             raise ProtocolError(str(exc)) from exc
-        names = (set(message.tensors), set(schema.tensors))
-        scalars = (set(message.scalars), set(schema.scalars))
-        for kind, (got, want) in (("tensors", names), ("scalars", scalars)):
-            if got != want:
+        for kind, got, want in (
+            ("tensors", message.tensors.keys(), schema.tensors.keys()),
+            ("scalars", message.scalars.keys(), schema.scalars.keys()),
+        ):
+            if got != want:  # key views compare as sets
                 raise ProtocolError(
-                    f"its {kind} are {_names(got)}; {self.algorithm.name!r} sends exactly "
-                    f"{_names(want)} in phase {message.phase}."
+                    f"its {kind} are {_names(set(got))}; {self.algorithm.name!r} sends exactly "
+                    f"{_names(set(want))} in phase {message.phase}."
                 )
         return schema
 

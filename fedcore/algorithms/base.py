@@ -35,6 +35,7 @@ aggregation against such peers is a different family of algorithms.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -143,6 +144,8 @@ def check_phase(name: str, phase: int, phases: int = 1) -> None:
         )
 
 
+@functools.lru_cache(maxsize=256)
 def model_schema(*names: str, **scalars: ScalarSpec) -> MessageSchema:
-    """A message of model-shaped tensors ``names`` and the given scalars."""
+    """A message of model-shaped tensors ``names`` and the given scalars (one object per
+    distinct schema: receivers ask for it once per message)."""
     return MessageSchema(tensors=dict.fromkeys(names), scalars=scalars)

@@ -110,6 +110,7 @@ test_robust_push_sum.py). On regular digraphs (ring, exponential) the two coinci
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -184,6 +185,14 @@ class RobustOPSState(NamedTuple):
     sent: Mapping[str, EdgeTotal]
     seen: Mapping[str, EdgeTotal]
     silent: int = 0
+
+
+@functools.lru_cache(maxsize=16)
+def _share_schema(n: float) -> MessageSchema:
+    """Plain push-sum's message: ``"x"`` and a share ``"omega"`` in ``(0, n]``."""
+    return model_schema(
+        "x", omega=ScalarSpec(0.0, n * _SLACK, f"a share of a push-sum weight of {n} nodes")
+    )
 
 
 def _holds(silent: int, ctx: RoundContext) -> bool:
@@ -452,8 +461,7 @@ class OPS:
         check_phase(self.name, phase)
         n = len(ctx.nodes) if ctx.nodes else math.inf
         if not self.robust:
-            share = ScalarSpec(0.0, n * _SLACK, f"a share of a push-sum weight of {n} nodes")
-            return model_schema("x", omega=share)
+            return _share_schema(n)
         if self._dtype is None:
             raise AlgorithmError("OPS does not know the model's dtype yet: call init() first.")
         total = ScalarSpec(
