@@ -548,30 +548,11 @@ class Node:
         message that arrives while this node is between two rounds.
         """
         if self._leads is None:
-            self._leads = self._shortest_leads()
+            # A schedule takes the default, n * period, for every sender.
+            static = self.graph.period == 1
+            self._leads = self.graph.at(0).hops_from(self.id) if static else {}
         lead = self._leads.get(sender, len(self.graph.nodes) * self.graph.period)
         return lead + 1 + self.options.round_window
-
-    def _shortest_leads(self) -> dict[str, int]:
-        """Shortest path lengths from this node in a static graph (none for a schedule)."""
-        graph = self.graph
-        if graph.period > 1:
-            return {}  # the default, n * period, applies to every sender
-        out: dict[str, set[str]] = {}
-        g = graph.at(0)
-        for u, v in g.edges():
-            out.setdefault(u, set()).add(v)
-        dist = {self.id: 0}
-        frontier = [self.id]
-        while frontier:
-            nxt = []
-            for u in frontier:
-                for v in out.get(u, ()):
-                    if v not in dist:
-                        dist[v] = dist[u] + 1
-                        nxt.append(v)
-            frontier = nxt
-        return dist
 
     def _checked(self, message: Message, ctx: RoundContext) -> Payload:
         """The decoded payload of ``message`` after every check (see :meth:`validate`)."""

@@ -263,6 +263,13 @@ class TrustGraph:
         self._require(u)
         return self._out[u]
 
+    def hops_from(self, u: str) -> dict[str, int]:
+        """Node -> the number of edges on a shortest path from ``u`` to it (``u``: 0; nodes
+        ``u`` cannot reach are absent)."""
+        self._require(u)
+        hops: dict[str, int] = nx.single_source_shortest_path_length(self._graph, u)
+        return hops
+
     def edges(self) -> tuple[tuple[str, str], ...]:
         """All edges ``(u, v)`` with u != v, sorted by node order of u, then v."""
         return tuple(e for e in self._data if e[0] != e[1])

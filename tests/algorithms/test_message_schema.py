@@ -147,7 +147,12 @@ def test_the_window_is_the_strict_lead_plus_deadline_drift() -> None:
     node = strict.nodes["n0"]
     graph = strict.graph.at(0)
     for sender in graph.in_neighbours("n0"):
+        assert node.round_window(sender) == graph.hops_from("n0")[sender] + 1
         assert 2 <= node.round_window(sender) <= len(graph.nodes) + 1
+    from fedcore.topology import build
+
+    hops = build("directed-ring", nodes=4).hops_from("n0")
+    assert hops == {"n0": 0, "n1": 1, "n2": 2, "n3": 3}
     ring = make_network(
         "ring:4", algorithm="dpsgd", settings={"transport.mode": "deadline", "data.batch_size": 8}
     )
