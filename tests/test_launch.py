@@ -129,9 +129,11 @@ def test_peers_finish_their_run_under_hostile_pushes(tmp_path: Path) -> None:
     d = int(setup.start.numel())
 
     def push(run: str, sender: str, values: torch.Tensor, receiver: str = "n0") -> Message:
+        # Round 0 is never ahead of n0's round window, whenever the attack lands (a round
+        # further ahead would be refused with FAILED_PRECONDITION before any other check).
         tensor = RawCodec().encode(values)
         return Message(
-            run=run, round=3, phase=0, sender=sender, receiver=receiver, tensors={"x": tensor}
+            run=run, round=0, phase=0, sender=sender, receiver=receiver, tensors={"x": tensor}
         )
 
     hostile = {
