@@ -70,6 +70,16 @@ def _parser() -> argparse.ArgumentParser:
         description="Start one `fedcore node` process per peer of CONFIG on this machine, "
         "supervise them, and write the same results folder as `simulate`.",
     )
+    sim.add_argument(
+        "--engine",
+        choices=("auto", "vectorized", "messages"),
+        help="simulate.engine: 'vectorized' (every node's round at once), 'messages' (one "
+        "node object per peer, exchanging encoded messages) or 'auto' (vectorized where "
+        "it supports the config; the default)",
+    )
+    sim.add_argument(
+        "--device", metavar="DEV", help="simulate.device: cpu (default), cuda or cuda:K"
+    )
     for p in (sim, lau):
         p.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
         p.add_argument("--out", help="results folder (default: runs/<name>-<timestamp>)")
@@ -195,11 +205,13 @@ def _parser() -> argparse.ArgumentParser:
 def _print_table(summary: dict[str, Any]) -> None:
     final = summary.get("final", {})
     traffic = summary.get("traffic", {})
+    gap = summary["topology"]["spectral_gap"]
     rows = [
         ("algorithm", summary["algorithm"]),
         (
             "topology",
-            f"{summary['topology']['name']} (gap {summary['topology']['spectral_gap']:.3f})",
+            f"{summary['topology']['name']} "
+            + (f"(gap {gap:.3f})" if gap is not None else "(gap not computed: too many nodes)"),
         ),
         ("nodes x rounds", f"{summary['nodes']} x {summary['rounds']}"),
         ("avg-model accuracy", f"{final.get('avg_model_accuracy', float('nan')):.4f}"),
@@ -214,6 +226,7 @@ def _print_table(summary: dict[str, Any]) -> None:
             f"{traffic.get('messages_dropped', 0)} at their senders)",
         ),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
+        ("engine", summary.get("engine", "messages")),
         ("results", summary.get("out_dir", "")),
     ]
     width = max(len(k) for k, _ in rows)
@@ -258,7 +271,12 @@ def _simulate(args: argparse.Namespace) -> int:
     from fedcore.runners.simulate import simulate
 
     _set_threads(args.threads)
-    config = load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if args.engine:
+        overrides.append(f"simulate.engine={args.engine}")
+    if args.device:
+        overrides.append(f"simulate.device={args.device}")
+    config = load_config(args.config, overrides)
     summary = simulate(config, out_dir=args.out, show_progress=not args.quiet)
     if not args.quiet:
         _print_table(summary)

@@ -1,10 +1,10 @@
 """Experiment configuration: TOML into frozen, validated dataclasses.
 
-A config file has eight tables; every key is optional and defaults to the built-in run
+A config file has nine tables; every key is optional and defaults to the built-in run
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
 
     [run]        name, seed, rounds, eval_every, regret, checkpoint_every
-    [topology]   kind, nodes, seed, file, p, rows, cols, undirected  (file wins over kind)
+    [topology]   kind, nodes, seed, file, p, rows, cols, degree, undirected  (file wins)
     [algorithm]  name, lr, lr_schedule, and the algorithm's own options
     [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction,
                  order, stream, features, adversarial, noise, drift
@@ -13,6 +13,8 @@ A config file has eight tables; every key is optional and defaults to the built-
     [transport]  kind, mode, deadline_s, strict_timeout_s, startup_timeout_s,
                  call_timeout_s, max_message_mb, tls (a table: dir)
     [faults]     seed, drop, edge_drop, delay_s, partitions, crashes, announce
+    [simulate]   engine, device, node_records  (how ``fedcore simulate`` runs; not part
+                 of the experiment: left out of the run fingerprint)
 
 ``--set KEY=VALUE`` overrides any key by dotted path; VALUE is read as a TOML value
 (``--set run.rounds=50``, ``--set algorithm.name=dpsgd``; a bare word is a string).
@@ -36,9 +38,13 @@ from fedcore.errors import ConfigError
 from fedcore.ids import check_node_id, clip, shorten
 
 __all__ = [
+    "AUTO_RECORDS_NODES",
     "CODECS",
+    "DEVICES",
+    "ENGINES",
     "LR_SCHEDULES",
     "MODES",
+    "NODE_RECORDS",
     "ORDERS",
     "PARTITIONS",
     "TRANSPORTS",
@@ -49,6 +55,7 @@ __all__ = [
     "FaultsConfig",
     "ModelConfig",
     "RunConfig",
+    "SimulateConfig",
     "TopologyConfig",
     "TransportConfig",
     "config_from_dict",
@@ -70,6 +77,15 @@ LR_SCHEDULES = ("constant", "sqrt")
 """Step-size schedules (``algorithm.lr_schedule``)."""
 TRANSPORTS = ("inproc", "grpc")
 """Transports (``transport.kind``)."""
+ENGINES = ("auto", "vectorized", "messages")
+"""Values of ``simulate.engine``."""
+
+NODE_RECORDS = ("auto", "all", "eval", "none")
+"""Values of ``simulate.node_records``."""
+
+DEVICES = ("cpu", "cuda")
+"""Device kinds ``simulate.device`` may name (``"cuda:1"`` picks a GPU)."""
+
 CODECS = ("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "raw")
 """Codecs (``compression.codec``)."""
 
@@ -145,6 +161,7 @@ class TopologyConfig:
     p: float = 0.3
     rows: int = 0
     cols: int = 0
+    degree: int = 4
     undirected: bool = False
 
     def __post_init__(self) -> None:
@@ -153,6 +170,7 @@ class TopologyConfig:
         _int_range("topology.seed", self.seed, 0, SEED_LIMIT - 1)
         _int_range("topology.rows", self.rows, 0, MAX_NODES)
         _int_range("topology.cols", self.cols, 0, MAX_NODES)
+        _int_range("topology.degree", self.degree, 1, MAX_NODES - 1)
         _require(0.0 < self.p <= 1.0, "topology.p", self.p, "must be in (0, 1]")
 
 
@@ -511,6 +529,49 @@ class FaultsConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SimulateConfig:
+    """``[simulate]``: how ``fedcore simulate`` runs a config in one process.
+
+    ``engine``: ``"messages"`` runs one asyncio node per peer exchanging encoded messages
+    (the reference, and what gRPC peers do); ``"vectorized"`` holds every node's state
+    stacked and applies each round to all nodes at once; ``"auto"`` (the default) takes
+    ``vectorized`` whenever it supports the config and says why not otherwise.
+    ``device``: ``"cpu"``, ``"cuda"`` or ``"cuda:K"`` (the vectorized engine only).
+    ``node_records``: the per-node lines of ``metrics.jsonl``: ``"all"`` (one a node a
+    round), ``"eval"`` (on evaluation rounds only), ``"none"``; ``"auto"`` is ``all`` up to
+    ``AUTO_RECORDS_NODES`` nodes and ``eval`` above. Per-round network aggregates
+    (``"kind": "round"``) are written whatever this says.
+    """
+
+    engine: str = "auto"
+    device: str = "cpu"
+    node_records: str = "auto"
+
+    def __post_init__(self) -> None:
+        """Validate names."""
+        _require(
+            self.engine in ENGINES, "simulate.engine", self.engine, f"must be one of {ENGINES}"
+        )
+        _require(
+            self.node_records in NODE_RECORDS,
+            "simulate.node_records",
+            self.node_records,
+            f"must be one of {NODE_RECORDS}",
+        )
+        kind, _, index = self.device.partition(":")
+        _require(
+            kind in DEVICES and (not index or (index.isdigit() and kind == "cuda")),
+            "simulate.device",
+            self.device,
+            "must be 'cpu', 'cuda' or 'cuda:K'",
+        )
+
+
+AUTO_RECORDS_NODES = 256
+"""Up to this many nodes ``simulate.node_records = "auto"`` writes every node record."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     """A whole experiment."""
 
@@ -522,6 +583,7 @@ class Config:
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -533,6 +595,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "compression": CompressionConfig,
     "transport": TransportConfig,
     "faults": FaultsConfig,
+    "simulate": SimulateConfig,
 }
 
 
@@ -706,6 +769,7 @@ def fingerprint(config: Config, graph_edges: Iterable[tuple[str, str, float]]) -
     and weights are in).
     """
     tables = config_to_dict(config)
+    tables.pop("simulate", None)  # how one process runs it, not what runs
     tables["transport"].pop("tls", None)
     tables["topology"].pop("file", None)
     blob = json.dumps(

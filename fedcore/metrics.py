@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +45,7 @@ __all__ = [
     "evaluate_models",
     "minimize",
     "params_sha256",
+    "round_record",
     "static_regret",
 ]
 
@@ -121,6 +123,31 @@ def params_sha256(params: torch.Tensor) -> str:
     """Hex SHA-256 of ``params`` as float32 little-endian bytes."""
     array = params.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
     return hashlib.sha256(array.tobytes()).hexdigest()
+
+
+def round_record(
+    round: int,
+    *,
+    train_loss: float,
+    nodes_up: int,
+    messages_sent: int,
+    bytes_sent: int,
+    messages_missing: int,
+    messages_dropped: int,
+) -> dict[str, Any]:
+    """The network-wide line of one round in ``metrics.jsonl`` (``"kind": "round"``): mean
+    loss over the nodes that ran it (``null`` when none did), nodes up, messages and bytes
+    that went, messages missing at receivers and lost by the fault plan."""
+    return {
+        "kind": "round",
+        "round": round,
+        "train_loss": None if math.isnan(train_loss) else train_loss,
+        "nodes_up": nodes_up,
+        "messages_sent": messages_sent,
+        "bytes_sent": bytes_sent,
+        "messages_missing": messages_missing,
+        "messages_dropped": messages_dropped,
+    }
 
 
 class JsonlWriter:

@@ -15,6 +15,10 @@ Two levels:
           assert net.evaluate()["avg_model_accuracy"] > 0.8
           assert all(m.sender in net.graph.in_neighbours(m.receiver) for m in net.messages)
 
+  ``engine="vectorized"`` builds the same network on the vectorized engine instead
+  (:class:`VectorizedTestNetwork`: every node's state stacked, the same ``run``,
+  ``models`` and ``evaluate``), for tests at thousands of nodes.
+
 * :func:`lockstep` drives an algorithm's pure update rules over a weighted graph with
   hand-made gradients and no transport at all, in any node processing order, optionally
   dropping chosen messages. Property tests of the update rules use it.
@@ -34,10 +38,12 @@ from fedcore.data import Dataset
 from fedcore.messages import Message, Payload
 from fedcore.metrics import evaluate_models
 from fedcore.node import Node
-from fedcore.runners.network import Network, build_network, communication_graph
+from fedcore.runners.network import Network, build_network, communication_graph, prepare_run
+from fedcore.runners.simulate import choose_engine
+from fedcore.runners.vectorized import VectorizedNetwork, evaluate_stacked
 from fedcore.topology import Topology, parse_spec
 
-__all__ = ["TestNetwork", "lockstep", "make_network"]
+__all__ = ["TestNetwork", "VectorizedTestNetwork", "lockstep", "make_network"]
 
 
 class TestNetwork:
@@ -97,6 +103,56 @@ class TestNetwork:
         return evaluate_models(net.evaluator, self.models(), net.dataset.x_test, net.dataset.y_test)
 
 
+class VectorizedTestNetwork:
+    """A built vectorized network (see :func:`make_network` with ``engine="vectorized"``):
+    the same reading methods as :class:`TestNetwork`, every node's state stacked."""
+
+    __test__ = False
+
+    def __init__(self, network: VectorizedNetwork) -> None:
+        """Wrap ``network``."""
+        self.network = network
+
+    @property
+    def graph(self) -> Topology:
+        """The weighted communication graph."""
+        return self.network.setup.graph
+
+    @property
+    def config(self) -> Config:
+        """The effective config."""
+        return self.network.setup.config
+
+    @property
+    def round(self) -> int:
+        """Rounds completed so far."""
+        return self.network.round
+
+    @property
+    def state(self) -> Any:
+        """The stacked algorithm state (a NamedTuple of tensors with a node dimension)."""
+        return self.network.state
+
+    def run(self, rounds: int = 1) -> VectorizedTestNetwork:
+        """Run ``rounds`` more rounds on every node."""
+        for _ in range(rounds):
+            self.network.run_round()
+        return self
+
+    def models(self) -> dict[str, torch.Tensor]:
+        """Node id -> the parameters it predicts with."""
+        stacked = self.network.model()
+        return {nid: stacked[i] for i, nid in enumerate(self.network.nodes)}
+
+    def average_model(self) -> torch.Tensor:
+        """The mean of all nodes' models."""
+        return self.network.model().mean(dim=0)
+
+    def evaluate(self) -> dict[str, Any]:
+        """Average-model and per-node test accuracy, loss, consensus distance."""
+        return evaluate_stacked(self.network, self.network.model())
+
+
 def make_network(
     topology: str | Topology = "ring:8",
     *,
@@ -106,8 +162,10 @@ def make_network(
     seed: int = 0,
     record: bool = True,
     settings: Mapping[str, Any] | None = None,
-) -> TestNetwork:
-    """Build a :class:`TestNetwork`.
+    engine: str = "messages",
+) -> TestNetwork | VectorizedTestNetwork:
+    """Build a :class:`TestNetwork` (or, ``engine = "vectorized"``, a
+    :class:`VectorizedTestNetwork`).
 
     Args:
         topology: A spec such as ``"ring:8"`` or ``"social:16"``, or a built graph.
@@ -118,6 +176,12 @@ def make_network(
         record: Keep every message in ``.messages``.
         settings: Other config keys by dotted path, e.g. ``{"algorithm.lr": 0.1}``.
             ``topology.*`` keys are ignored: ``topology`` gives the graph.
+        engine: ``"messages"`` (the default: node objects exchanging recorded messages),
+            ``"vectorized"`` (every node's state stacked; no messages to inspect) or
+            ``"auto"`` (vectorized where it supports the config), as ``simulate.engine``.
+
+    Raises:
+        ConfigError: ``engine = "vectorized"`` and the vectorized engine cannot run it.
     """
     raw = config_to_dict(Config())
     raw["run"]["seed"] = seed
@@ -135,6 +199,16 @@ def make_network(
         if isinstance(algorithm, str)
         else algorithm
     )
+    if engine != "messages":
+        setup = prepare_run(
+            config,
+            algorithm=algo,
+            trust=trust,
+            dataset=dataset if isinstance(dataset, Dataset) else None,
+        )
+        chosen, _ = choose_engine(setup, engine)
+        if chosen == "vectorized":
+            return VectorizedTestNetwork(VectorizedNetwork(setup, device=torch.device("cpu")))
     network = build_network(
         config,
         record=record,

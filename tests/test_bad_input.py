@@ -463,8 +463,12 @@ def test_a_model_that_fails_after_building_is_one_line(
 def test_a_simulation_larger_than_memory_is_refused(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One model fits, but one per simulated node (and an evaluator) does not."""
-    from fedcore.runners import network
+    """One model fits, but one per simulated node (and an evaluator) does not, on either
+    engine."""
+    from fedcore.runners import network, vectorized
 
     monkeypatch.setattr(network, "physical_memory", lambda: 20 * 650 * 4 * 4)
-    one_line_error(capsys, simulate("topology.nodes=32"), "32 simulated nodes", "33 models x 4")
+    monkeypatch.setattr(vectorized, "physical_memory", lambda: 20 * 650 * 4 * 4)
+    messages = simulate("topology.nodes=32", "simulate.engine=messages")
+    one_line_error(capsys, messages, "32 simulated nodes", "33 models x 4")
+    one_line_error(capsys, simulate("topology.nodes=32"), "32 stacked nodes")

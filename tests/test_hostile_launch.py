@@ -141,7 +141,7 @@ def test_hostile_client_during_a_launch(tmp_path: Path, tls: bool) -> None:
     if tls:
         init_certs(["n0", "n1", "n2", "n3"], tmp_path / "certs")
         overrides.append(f"transport.tls.dir={tmp_path / 'certs'}")
-    config = load_config(None, overrides)
+    config = load_config(None, [*overrides, "simulate.engine=messages"])
     sim = simulate(config, out_dir=tmp_path / "sim", show_progress=False)
     setup = prepare_run(config)
     out = tmp_path / "launch"

@@ -37,7 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 )
 def test_launch_matches_simulate_bit_for_bit(tmp_path: Path, overrides: list[str]) -> None:
     """Transport transparency: identical parameters on every node, strict mode, no faults."""
-    config = load_config(None, [*overrides, "run.rounds=20", "run.eval_every=10"])
+    config = load_config(
+        None, [*overrides, "run.rounds=20", "run.eval_every=10", "simulate.engine=messages"]
+    )
     sim = simulate(config, out_dir=tmp_path / "sim", show_progress=False)
     grpc_run = launch(config, out_dir=tmp_path / "launch", show_progress=False)
     assert sim["transport"] == "inproc" and grpc_run["transport"] == "grpc"

@@ -277,6 +277,7 @@ def test_peers_in_their_own_namespaces_match_simulate(hosts: Hosts, tmp_path: Pa
             "transport.kind=grpc",
             "transport.startup_timeout_s=60",
             "transport.strict_timeout_s=60",
+            "simulate.engine=messages",  # the reference gRPC peers equal bit for bit
         ],
     )
     run = tmp_path / "run"

@@ -54,6 +54,8 @@ def build_topology(cfg: TopologyConfig) -> Topology:
     params: dict[str, object] = {}
     if cfg.kind == "erdos-renyi":
         params["p"] = cfg.p
+    if cfg.kind == "random-regular":
+        params["degree"] = cfg.degree
     if cfg.kind == "torus":
         params.update({k: v for k, v in (("rows", cfg.rows), ("cols", cfg.cols)) if v})
     built = topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
@@ -416,6 +418,7 @@ def build_network(
     trust: Topology | None = None,
     dataset: Dataset | None = None,
     share_decoded: bool = True,
+    setup: RunSetup | None = None,
 ) -> Network:
     """Build every node of ``config`` on an in-process network.
 
@@ -428,11 +431,14 @@ def build_network(
         dataset: Use this dataset instead of ``config.data.dataset``.
         share_decoded: Decode each sent payload once for all its receivers
             (:class:`~fedcore.node.DecodeCache`); results are identical either way.
+        setup: Use this :func:`prepare_run` result of ``config`` (then ``algorithm``,
+            ``trust`` and ``dataset`` are ignored).
 
     Raises:
         ConfigError, TopologyError, DataError: on anything invalid.
     """
-    setup = prepare_run(config, algorithm=algorithm, trust=trust, dataset=dataset)
+    if setup is None:
+        setup = prepare_run(config, algorithm=algorithm, trust=trust, dataset=dataset)
     _check_network_memory(config, setup)
     net = InProcessNetwork(record=record)
     cache = DecodeCache() if share_decoded else None

@@ -43,11 +43,23 @@ class _History:
     weights (1 / batch size: each node-round counts once) and each round's offset."""
 
     def __init__(self, setup: RunSetup, rounds: int, active: list[list[bool]]) -> None:
-        streams = [setup.stream(i) for i in range(len(setup.graph.nodes))]
         xs: list[torch.Tensor] = []
         ys: list[torch.Tensor] = []
         ws: list[torch.Tensor] = []
         self.offsets = [0]
+        batches = getattr(setup.source, "batches", None)
+        if callable(batches) and all(all(row) for row in active):
+            # Every node read the batch of every round: a whole round in one call.
+            for t in range(rounds):
+                x, y = batches(t)
+                size = y.numel()
+                xs.append(x.to(torch.float64).reshape(size, -1))
+                ys.append(y.reshape(-1))
+                ws.append(torch.full((size,), 1.0 / y.shape[1], dtype=torch.float64))
+                self.offsets.append(self.offsets[-1] + size)
+            self._join(xs, ys, ws)
+            return
+        streams = [setup.stream(i) for i in range(len(setup.graph.nodes))]
         for t in range(rounds):
             size = 0
             for i, stream in enumerate(streams):
@@ -58,6 +70,11 @@ class _History:
                     ws.append(torch.full((len(y),), 1.0 / len(y), dtype=torch.float64))
                     size += len(y)
             self.offsets.append(self.offsets[-1] + size)
+        self._join(xs, ys, ws)
+
+    def _join(
+        self, xs: list[torch.Tensor], ys: list[torch.Tensor], ws: list[torch.Tensor]
+    ) -> None:
         self.x = torch.cat(xs) if xs else torch.zeros(0, 1, dtype=torch.float64)
         self.y = torch.cat(ys) if ys else torch.zeros(0, dtype=torch.int64)
         self.w = torch.cat(ws) if ws else torch.zeros(0, dtype=torch.float64)

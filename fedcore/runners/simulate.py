@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import re
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -21,19 +22,28 @@ import torch
 
 from fedcore.config import Config, config_to_dict, dumps_toml
 from fedcore.data import Dataset
+from fedcore.errors import ConfigError
 from fedcore.ids import child_path
-from fedcore.metrics import JsonlWriter, evaluate_models, params_sha256
+from fedcore.metrics import JsonlWriter, evaluate_models, params_sha256, round_record
 from fedcore.models import Objective
 from fedcore.node import Node, RoundRecord
 from fedcore.progress import Progress
-from fedcore.runners.network import Network, RunSetup, build_network
+from fedcore.runners.network import Network, RunSetup, build_network, prepare_run
 from fedcore.runners.regret import applies as regret_applies
 from fedcore.runners.regret import regret_curve
+from fedcore.runners.vectorized import (
+    Flusher,
+    VectorizedNetwork,
+    node_records_mode,
+    resolve_device,
+    unsupported,
+)
 from fedcore.topology import spectral_gap
 
 __all__ = [
     "MAX_GAP_NODES",
     "RunObserver",
+    "choose_engine",
     "default_out_dir",
     "finish_run",
     "make_summary",
@@ -75,9 +85,12 @@ class RunObserver:
         dataset: Dataset,
         writer: JsonlWriter | None,
         progress: Progress | None,
+        records: str = "all",
     ) -> None:
-        """Expect one record per node of ``nodes`` per round of ``config``."""
+        """Expect one record per node of ``nodes`` per round of ``config``; write them to
+        ``writer`` as ``records`` says (``all``, ``eval``: on evaluation rounds, ``none``)."""
         self.nodes = tuple(nodes)
+        self.records = records
         self.n = len(self.nodes)
         self.rounds = config.run.rounds
         self.eval_every = config.run.eval_every
@@ -107,6 +120,8 @@ class RunObserver:
         self.down: dict[str, list[int]] = {}
         self._round_loss: dict[int, list[float | None]] = {}
         self._round_bytes: dict[int, int] = {}
+        # messages sent, missing and dropped in each round not yet complete
+        self._round_counts: dict[int, list[int]] = {}
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self._bytes_done = 0
         self._last_acc: float | None = None
@@ -127,7 +142,9 @@ class RunObserver:
     def observe(self, record: RoundRecord, model: torch.Tensor | None) -> None:
         """Account one node's round; ``model`` is its parameters on evaluation rounds."""
         t = record.round
-        if self.writer is not None:
+        if self.writer is not None and (
+            self.records == "all" or (self.records == "eval" and self.is_eval_round(t))
+        ):
             self.writer.write(record.to_json())
         for key in self.totals:
             self.totals[key] += getattr(record, key)
@@ -146,6 +163,10 @@ class RunObserver:
         losses[t] = None if record.down else record.loss
         self._round_loss.setdefault(t, []).append(None if record.down else record.loss)
         self._round_bytes[t] = self._round_bytes.get(t, 0) + record.bytes_sent
+        counts = self._round_counts.setdefault(t, [0, 0, 0])
+        counts[0] += record.messages_sent
+        counts[1] += record.messages_missing
+        counts[2] += record.messages_dropped
         if model is not None:
             self._snapshots.setdefault(t, {})[record.node] = model
         if len(self._round_loss[t]) == self.n:
@@ -153,8 +174,22 @@ class RunObserver:
 
     def _round_complete(self, t: int) -> None:
         losses = [x for x in self._round_loss.pop(t) if x is not None]  # not down nodes
-        self._bytes_done += self._round_bytes.pop(t)
+        round_bytes = self._round_bytes.pop(t)
+        self._bytes_done += round_bytes
+        sent, missing, dropped = self._round_counts.pop(t)
         train_loss = sum(losses) / len(losses) if losses else math.nan
+        if self.writer is not None:
+            self.writer.write(
+                round_record(
+                    t,
+                    train_loss=train_loss,
+                    nodes_up=len(losses),
+                    messages_sent=sent,
+                    bytes_sent=round_bytes,
+                    messages_missing=missing,
+                    messages_dropped=dropped,
+                )
+            )
         self.loss_sum += sum(losses)
         self.loss_count += len(losses)
         snapshots = self._snapshots.pop(t, None)
@@ -180,6 +215,26 @@ class RunObserver:
             self.progress.update(t + 1, loss=train_loss, accuracy=self._last_acc)
 
 
+def choose_engine(setup: RunSetup, engine: str) -> tuple[str, str | None]:
+    """``(engine, why)``: the engine that runs ``setup`` and, when ``auto`` fell back to
+    the message engine, why (one clause).
+
+    Raises:
+        ConfigError: ``vectorized`` was asked for and cannot run the config.
+    """
+    if engine == "messages":
+        return "messages", None
+    reason = unsupported(setup)
+    if reason is None:
+        return "vectorized", None
+    if engine == "vectorized":
+        raise ConfigError(
+            f"simulate.engine = 'vectorized' cannot run this config: {reason}. Use "
+            "simulate.engine = 'messages' (or 'auto')."
+        )
+    return "messages", reason
+
+
 def simulate(
     config: Config,
     *,
@@ -189,51 +244,107 @@ def simulate(
 ) -> dict[str, Any]:
     """Run ``config`` in one process; write the results folder; return the summary.
 
+    The engine is ``config.simulate.engine`` (see :class:`~fedcore.config.SimulateConfig`);
+    the summary's ``engine`` says which ran.
+
     Args:
         config: The experiment.
         out_dir: Results folder (default ``runs/<name>-<timestamp>``).
         progress_stream: Where progress goes (default stderr).
-        show_progress: Whether to show progress at all.
+        show_progress: Whether to show progress at all (and the engine note).
 
     Raises:
         ConfigError, TopologyError, DataError: invalid experiment (before any work).
         TransportTimeoutError: a strict-mode node waited too long.
     """
     rounds = config.run.rounds
-    progress = Progress(rounds, label="simulate", stream=progress_stream) if show_progress else None
-    network = build_network(config)
-    name = config.run.name or f"{network.algorithm.name}-{network.trust.name}"
+    setup = prepare_run(config)
+    engine, why = choose_engine(setup, config.simulate.engine)
+    stream = progress_stream if progress_stream is not None else sys.stderr
+    if why is not None:
+        logger.info("engine: messages (%s)", why)
+        if show_progress:
+            print(f"simulate: engine 'messages' ({why})", file=stream, flush=True)
+    network: Network | None = None
+    vectorized: VectorizedNetwork | None = None
+    if engine == "vectorized":
+        vectorized = VectorizedNetwork(setup, device=resolve_device(config.simulate.device))
+        nodes: Sequence[str] = vectorized.nodes
+    else:
+        network = build_network(config, setup=setup)
+        nodes = list(network.nodes)
+    progress = Progress(rounds, label="simulate", stream=stream) if show_progress else None
+    name = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
     out = Path(out_dir) if out_dir is not None else default_out_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
     writer = JsonlWriter(out / "metrics.jsonl")
     observer = RunObserver(
-        nodes=list(network.nodes),
+        nodes=nodes,
         config=config,
-        evaluator=network.evaluator,
-        dataset=network.dataset,
+        evaluator=setup.evaluator,
+        dataset=setup.dataset,
         writer=writer,
         progress=progress,
+        records=node_records_mode(config, len(nodes)),
     )
-    observer.attach(network)
-    logger.info("run %s: %d nodes, %d rounds, results in %s", name, observer.n, rounds, out)
+    logger.info(
+        "run %s: %d nodes, %d rounds, engine %s, results in %s",
+        name,
+        observer.n,
+        rounds,
+        engine,
+        out,
+    )
     began = time.perf_counter()
     try:
-        network.run(rounds)
+        if network is not None:
+            observer.attach(network)
+            network.run(rounds)
+            final = {nid: node.model() for nid, node in network.nodes.items()}
+        else:
+            assert vectorized is not None
+            final = run_vectorized(vectorized, observer, writer, progress)
     finally:
         writer.close()
     wall = time.perf_counter() - began
+    extra: dict[str, Any] = {"engine": engine}
+    if vectorized is not None:
+        extra["device"] = str(vectorized.device)
+        extra["gradients"] = vectorized.objective.mode
     summary = finish_run(
-        network.setup,
+        setup,
         observer,
         out,
         name=name,
         transport="inproc",
         wall_seconds=wall,
-        final_params={nid: node.model() for nid, node in network.nodes.items()},
+        final_params=final,
+        extra=extra,
     )
     summary["out_dir"] = str(out)
     return summary
+
+
+def run_vectorized(
+    net: VectorizedNetwork,
+    observer: RunObserver,
+    writer: JsonlWriter | None,
+    progress: Progress | None,
+) -> dict[str, torch.Tensor]:
+    """Run every round of a :class:`~fedcore.runners.vectorized.VectorizedNetwork`,
+    accounting into ``observer``; return every node's final parameters (on the CPU)."""
+    flusher = Flusher(
+        net, observer=observer, writer=writer, records=observer.records, progress=progress
+    )
+    while net.round < observer.rounds:
+        flusher.add(net.run_round())
+    flusher.flush()
+    missing, dropped = net.fault_counts()
+    observer.missing_edges.update(missing)
+    observer.dropped_edges.update(dropped)
+    final = net.model().cpu()
+    return {nid: final[i] for i, nid in enumerate(net.nodes)}
 
 
 def finish_run(

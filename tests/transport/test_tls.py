@@ -307,7 +307,7 @@ def test_launch_over_mutual_tls_is_the_simulated_run(tmp_path: Path) -> None:
         cli(["certs", "init", "--nodes", "n0", "n1", "n2", "n3", "--out", str(tmp_path / "c")]) == 0
     )
     overrides = ["topology.nodes=4", "run.rounds=10", "run.eval_every=5"]
-    plain = load_config(None, overrides)
+    plain = load_config(None, [*overrides, "simulate.engine=messages"])
     secure = load_config(None, [*overrides, f"transport.tls.dir={tmp_path / 'c'}"])
     sim = simulate(plain, out_dir=tmp_path / "sim", show_progress=False)
     run = launch(secure, out_dir=tmp_path / "launch", show_progress=False)

@@ -1,0 +1,763 @@
+"""Batched forms of the registered algorithms: one round applied to every node at once.
+
+The vectorized engine (:mod:`fedcore.runners.vectorized`) holds every node's state
+stacked along a leading node dimension (parameters as one ``[N, d]`` tensor, push-sum
+weights as ``[N]``, error memories as ``[N, d]``, robust push-sum's running totals as
+``[E, d]`` over the edges) and calls :meth:`BatchedAlgorithm.round` once per round. Each
+class here is the batched twin of the per-node state machine of the same name and applies
+exactly its update rule (the module docstrings of :mod:`fedcore.algorithms.ops`,
+``dpsgd``, ``online``, ``compressed``, ``rps`` and ``reference`` state them); the contract
+test ``tests/test_vectorized.py`` runs both engines over the whole registry and holds them
+equal: parameters to float32 summation order, traffic and fault counts exactly.
+
+What a round sees (:class:`BatchRound`): the round's weighted graph as edge lists and a
+padded neighbour table (:class:`StackedGraph`, in-neighbours sorted by sender id as a
+per-node inbox is), the step size, which nodes are up, which messages of each phase arrive
+(the fault plan's announced decisions), and the codec as a :class:`RowCodec`, which
+round-trips many messages at once bit for bit as the per-message codec would. Messages
+lost or from a crashed node are absent inputs, handled as each per-node docstring says; a
+crashed node keeps its state.
+
+Mixing sums run slot by slot of the neighbour table, in sorted-sender order, like the
+per-node inbox loop; only the order of float64 and float32 roundings inside a sum can
+differ from the message engine (the tests allow 1e-5 relative).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+from fedcore.algorithms.compressed import CHOCO, DeepSqueeze
+from fedcore.algorithms.dpsgd import DPSGD
+from fedcore.algorithms.online import DOG, DOL
+from fedcore.algorithms.ops import OPS
+from fedcore.algorithms.reference import Central, Local
+from fedcore.algorithms.rps import RPS, block_sizes
+from fedcore.compression.batched import RowCodec
+from fedcore.errors import AlgorithmError
+from fedcore.topology import TrustGraph
+
+__all__ = [
+    "BatchRound",
+    "BatchedAlgorithm",
+    "Messages",
+    "StackedGraph",
+    "batched_form",
+    "stack_graph",
+    "unsupported",
+]
+
+_TOTAL = torch.float64
+
+Size = Callable[[int], int]
+"""Bytes one encoded tensor of ``n`` values takes on the wire (the codec's, for the
+model's dtype)."""
+
+
+@dataclass(frozen=True, eq=False)
+class StackedGraph:
+    """One weighted communication graph as tensors (node ``i`` is ``nodes[i]``).
+
+    Attributes:
+        n: Number of nodes.
+        src, dst: The non-self edges ``src[e] -> dst[e]``, grouped by receiver, senders of
+            each receiver in sorted-id order (the order a node's inbox is processed in).
+        weight: ``W[src, dst]`` per edge (float64).
+        self_weight: ``W[i, i]`` per node (float64).
+        nbr: ``[N, K]`` padded in-neighbour table (``K`` the largest in-degree): slot ``k``
+            of row ``i`` is the ``k``-th in-neighbour of ``i`` in sorted order; padding
+            points at the node itself.
+        slot_edge: ``[N, K]`` edge index of each slot (padding: ``E``, one past the end,
+            so a per-edge mask extended by one ``False`` reads padding as absent).
+        out_order: For each sender, its out-edges in node order of the receiver (the order
+            a per-node ``out_weights`` mapping iterates), as edge indices grouped by sender.
+        edge_id: Index of each edge in the run's union of edges over all rounds (robust
+            push-sum keeps one running total per edge of the union).
+    """
+
+    n: int
+    src: torch.Tensor
+    dst: torch.Tensor
+    weight: torch.Tensor
+    self_weight: torch.Tensor
+    nbr: torch.Tensor
+    slot_edge: torch.Tensor
+    out_order: torch.Tensor
+    edge_id: torch.Tensor
+    cache: dict[str, Any] = field(default_factory=dict)
+    """What a batched algorithm derives once per graph (units of shared payloads)."""
+
+    @property
+    def edges(self) -> int:
+        """Number of non-self edges."""
+        return int(self.src.numel())
+
+    def slots(self, per_edge: torch.Tensor) -> torch.Tensor:
+        """A per-edge tensor ``[E, ...]`` laid out on the neighbour table, ``[N, K, ...]``;
+        padding reads 0 (or ``False``)."""
+        pad = per_edge.new_zeros((1, *per_edge.shape[1:]))
+        return torch.cat([per_edge, pad])[self.slot_edge]
+
+
+def stack_graph(
+    graph: TrustGraph,
+    *,
+    union: dict[tuple[str, str], int],
+    device: torch.device,
+) -> StackedGraph:
+    """The tensors of ``graph`` on ``device``; ``union`` maps every edge of the run's graphs
+    (all rounds) to its index (see :attr:`StackedGraph.edge_id`)."""
+    nodes = graph.nodes
+    index = {v: i for i, v in enumerate(nodes)}
+    by_name = sorted(range(len(nodes)), key=lambda i: nodes[i])
+    rank = {nodes[i]: r for r, i in enumerate(by_name)}
+    src: list[int] = []
+    dst: list[int] = []
+    weight: list[float] = []
+    rows: list[list[int]] = []
+    for v in nodes:
+        senders = sorted(graph.in_neighbours(v), key=rank.__getitem__)
+        row = []
+        for u in senders:
+            row.append(len(src))
+            src.append(index[u])
+            dst.append(index[v])
+            weight.append(graph.weight(u, v))
+        rows.append(row)
+    n, e = len(nodes), len(src)
+    k = max((len(r) for r in rows), default=0)
+    nbr = torch.arange(n).unsqueeze(1).repeat(1, k)
+    slot_edge = torch.full((n, k), e, dtype=torch.long)
+    src_t = torch.tensor(src, dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            slot_edge[i, : len(row)] = torch.tensor(row)
+            nbr[i, : len(row)] = src_t[row]
+    edge_of = {(src[j], dst[j]): j for j in range(e)}
+    out_order = [edge_of[(index[u], index[v])] for u in nodes for v in graph.out_neighbours(u)]
+    stacked = StackedGraph(
+        n=n,
+        src=src_t.to(device),
+        dst=torch.tensor(dst, dtype=torch.long, device=device),
+        weight=torch.tensor(weight, dtype=_TOTAL, device=device),
+        self_weight=torch.tensor([graph.self_weight(v) for v in nodes], dtype=_TOTAL).to(device),
+        nbr=nbr.to(device),
+        slot_edge=slot_edge.to(device),
+        out_order=torch.tensor(out_order, dtype=torch.long, device=device),
+        edge_id=torch.tensor(
+            [union[(nodes[src[j]], nodes[dst[j]])] for j in range(e)], dtype=torch.long
+        ).to(device),
+    )
+    stacked.cache["rank"] = [rank[v] for v in nodes]
+    return stacked
+
+
+class Messages(NamedTuple):
+    """The messages of one phase: ``src[m] -> dst[m]``, each ``nbytes[m]`` on the wire and
+    ``fp32[m]`` bytes as float32 (for the compression ratio)."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    nbytes: torch.Tensor
+    fp32: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class BatchRound:
+    """What every node knows about one round (the batched :class:`RoundContext`).
+
+    Attributes:
+        round: Round index.
+        lr: Step size of the round (after the schedule).
+        graph: The round's communication graph.
+        up: ``[N]`` bool, the nodes that run this round (the others are crashed).
+        arrived: Per phase, ``[M]`` bool over :meth:`BatchedAlgorithm.messages` of that
+            phase: whether the message arrives (sender and receiver up, not lost).
+        codec: The nodes' codec, batched.
+        nodes: Node ids, graph order.
+    """
+
+    round: int
+    lr: float
+    graph: StackedGraph
+    up: torch.Tensor
+    arrived: Sequence[torch.Tensor]
+    codec: RowCodec
+    nodes: tuple[str, ...]
+
+
+class BatchedAlgorithm(Protocol):
+    """The batched twin of an :class:`~fedcore.algorithms.base.Algorithm`."""
+
+    name: str
+    phases: int
+
+    def init(self, params: torch.Tensor) -> Any:
+        """The stacked initial state for ``[N, d]`` initial parameters."""
+        ...
+
+    def model(self, state: Any) -> torch.Tensor:
+        """``[N, d]``: the parameters every node predicts with and takes its gradient at."""
+        ...
+
+    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
+        """Every message of ``phase`` when every node is up (the fault plan then says which
+        arrive), with its wire size (``nbytes(n)``: one encoded tensor of ``n`` values)."""
+        ...
+
+    def round(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
+        """Apply one whole round (step and every phase's mix) to every up node."""
+        ...
+
+
+def _keep_down(up: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """Rows of ``new`` for up nodes, of ``old`` for crashed ones."""
+    mask = up.reshape(-1, *([1] * (new.dim() - 1)))
+    return torch.where(mask, new, old)
+
+
+def _mix(
+    base: torch.Tensor, values: torch.Tensor, coef: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """``base[i] + sum_k coef[i, k] * values[rows[i, k]]``, slot by slot (sorted senders)."""
+    out = base.clone()
+    for k in range(rows.shape[1]):
+        out.add_(values[rows[:, k]] * coef[:, k : k + 1])
+    return out
+
+
+def _pull(values: torch.Tensor, coef: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``sum_k coef[i, k] * (values[rows[i, k]] - values[i])``, slot by slot, as the
+    per-node ``pull.add_(c_j - c, alpha=W_ji)`` loop."""
+    out = torch.zeros_like(values)
+    for k in range(rows.shape[1]):
+        out.add_((values[rows[:, k]] - values) * coef[:, k : k + 1])
+    return out
+
+
+def _gossip_messages(graph: StackedGraph, nbytes: Size, d: int, tensors: int = 1) -> Messages:
+    size = torch.full_like(graph.src, tensors * nbytes(d))
+    return Messages(graph.src, graph.dst, size, torch.full_like(graph.src, tensors * 4 * d))
+
+
+def _all_rows(x: torch.Tensor) -> torch.Tensor:
+    return torch.arange(x.shape[0], device=x.device)
+
+
+class _ModelState(NamedTuple):
+    x: torch.Tensor
+
+
+class BatchedLocal:
+    """Batched :class:`~fedcore.algorithms.reference.Local`: ``x -= lr * g``, no messages."""
+
+    name = "local"
+    phases = 1
+
+    def init(self, params: torch.Tensor) -> _ModelState:
+        """Start from ``params``."""
+        return _ModelState(params.clone())
+
+    def model(self, state: _ModelState) -> torch.Tensor:
+        """The models."""
+        return state.x
+
+    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
+        """None."""
+        empty = graph.src[:0]
+        return Messages(empty, empty, empty, empty)
+
+    def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
+        """A plain SGD step on every up node."""
+        return _ModelState(_keep_down(ctx.up, state.x - ctx.lr * grad, state.x))
+
+
+class BatchedCentral(BatchedLocal):
+    """Batched :class:`~fedcore.algorithms.reference.Central`: every up node averages its own
+    post-step model with the (decoded) post-step models that reached it."""
+
+    name = "central"
+
+    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
+        """Every node's model to every other node."""
+        return _gossip_messages(graph, nbytes, d)
+
+    def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
+        """Average over the node and what arrived (a dense count matrix; all-to-all)."""
+        x_half = state.x - ctx.lr * grad
+        sent = ctx.codec.roundtrip(x_half, _all_rows(x_half))
+        g = ctx.graph
+        arrived = ctx.arrived[0]
+        if bool(arrived.all()):
+            total = sent.sum(dim=0, keepdim=True)
+            count = torch.full((g.n, 1), float(g.n), dtype=x_half.dtype, device=x_half.device)
+            mixed = (total - sent + x_half) / count
+        else:
+            m = torch.zeros(g.n, g.n, dtype=x_half.dtype, device=x_half.device)
+            m[g.dst[arrived], g.src[arrived]] = 1.0
+            count = m.sum(dim=1, keepdim=True) + 1.0
+            mixed = (m @ sent + x_half) / count
+        return _ModelState(_keep_down(ctx.up, mixed, state.x))
+
+
+class BatchedDPSGD(BatchedLocal):
+    """Batched :class:`~fedcore.algorithms.dpsgd.DPSGD` (and DOG): combine-then-adapt; a
+    missing neighbour's weight goes to the node itself."""
+
+    name = "dpsgd"
+
+    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
+        """Every node's pre-step model to each neighbour."""
+        return _gossip_messages(graph, nbytes, d)
+
+    def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
+        """``x_i = own_i x_i + sum_j W_ji C(x_j) - lr g_i`` over what arrived."""
+        g, x = ctx.graph, state.x
+        sent = ctx.codec.roundtrip(x, _all_rows(x))
+        arrived = g.slots(ctx.arrived[0])
+        w = g.slots(g.weight)
+        own = g.self_weight + (w * ~arrived).sum(dim=1)
+        mixed = _mix(x * own.to(x.dtype).unsqueeze(1), sent, (w * arrived).to(x.dtype), g.nbr)
+        mixed.sub_(ctx.lr * grad)
+        return _ModelState(_keep_down(ctx.up, mixed, x))
+
+
+class _PushState(NamedTuple):
+    x: torch.Tensor
+    omega: torch.Tensor  # [N] float64
+
+
+class BatchedOPS:
+    """Batched :class:`~fedcore.algorithms.ops.OPS`, plain or robust, any step scale.
+
+    Plain: each sender's shares ``(W_ij x_half_i, W_ij omega_i)``; one payload per distinct
+    weight of a sender (as :func:`~fedcore.algorithms.ops.push_shares` builds them), so a
+    stochastic codec draws once per payload, in the order the node encodes them. Robust:
+    one running total per edge of the union of the run's graphs, ``[E, d]`` in float64 at
+    the sender (``sent``) and the receiver (``seen``).
+
+    The hold rule for isolated nodes applies in deadline mode only, which this engine does
+    not run (strict mode: every message arrives unless the plan announced its loss).
+    """
+
+    name = "ops"
+    phases = 1
+
+    def __init__(self, algorithm: OPS, union_edges: int, float64_wire: bool = False) -> None:
+        """Take the options of ``algorithm``; ``union_edges`` sizes robust totals;
+        ``float64_wire``: the wire carries the float64 totals exactly (no ``x_lo``)."""
+        self.robust = algorithm.robust
+        self.step_scale = algorithm.step_scale
+        self.union_edges = union_edges
+        self.float64_wire = float64_wire
+
+    def init(self, params: torch.Tensor) -> Any:
+        """``x = params``, ``omega = 1``; robust: every total 0 (an edge's first total is
+        its first share, exactly as a per-node ``EdgeTotal`` starts)."""
+        omega = torch.ones(params.shape[0], dtype=_TOTAL, device=params.device)
+        if not self.robust:
+            return _PushState(params.clone(), omega)
+        zeros = torch.zeros(self.union_edges, params.shape[1], dtype=_TOTAL, device=params.device)
+        sent_omega = torch.zeros(self.union_edges, dtype=_TOTAL, device=params.device)
+        return _RobustState(
+            params.clone(), omega, zeros, sent_omega, zeros.clone(), sent_omega.clone()
+        )
+
+    def model(self, state: Any) -> torch.Tensor:
+        """``z = x / omega``."""
+        x: torch.Tensor = state.x
+        z: torch.Tensor = x / state.omega.to(x.dtype).unsqueeze(1)
+        return z
+
+    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
+        """One message per out-edge: ``x`` (robust: and ``x_lo`` unless the wire is exact
+        float64) and the scalar ``omega``."""
+        tensors = 2 if self.robust and not self.float64_wire else 1
+        size = torch.full_like(graph.src, tensors * nbytes(d) + 8)
+        return Messages(graph.src, graph.dst, size, torch.full_like(graph.src, tensors * 4 * d))
+
+    def _step(self, x: torch.Tensor, omega: torch.Tensor, grad: torch.Tensor, lr: float) -> Any:
+        if self.step_scale == "omega":
+            return x - (lr * omega).to(x.dtype).unsqueeze(1) * grad
+        return x - lr * grad
+
+    def round(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
+        """The step on the numerator, then plain shares or robust totals."""
+        x_half = self._step(state.x, state.omega, grad, ctx.lr)
+        if self.robust:
+            return self._robust(state, x_half, ctx)
+        g = ctx.graph
+        unit_of_edge, unit_sender, unit_weight = _share_units(g)
+        shares = x_half[unit_sender] * unit_weight.to(x_half.dtype).unsqueeze(1)
+        decoded = ctx.codec.roundtrip(shares, unit_sender)
+        arrived = g.slots(ctx.arrived[0])
+        units = torch.cat([unit_of_edge, unit_of_edge[:1]])[g.slot_edge]  # padding: any unit
+        x_own = x_half * g.self_weight.to(x_half.dtype).unsqueeze(1)
+        x = _mix(x_own, decoded, arrived.to(x_half.dtype), units)
+        omega_share = g.slots(state.omega[g.src] * g.weight)
+        omega = state.omega * g.self_weight
+        for k in range(arrived.shape[1]):
+            omega = omega + torch.where(arrived[:, k], omega_share[:, k], 0.0)
+        if not bool((omega[ctx.up] > 0).all()):
+            bad = int(torch.nonzero((omega <= 0) & ctx.up)[0])
+            raise AlgorithmError(
+                f"node {ctx.nodes[bad]}: push-sum weight is {float(omega[bad])} after round "
+                f"{ctx.round}; it must stay positive. Give every node a positive self weight."
+            )
+        return _PushState(_keep_down(ctx.up, x, state.x), torch.where(ctx.up, omega, state.omega))
+
+    def _robust(self, state: _RobustState, x_half: torch.Tensor, ctx: BatchRound) -> Any:
+        g = ctx.graph
+        up_edge = ctx.up[g.src]
+        gid = g.edge_id
+        x64 = x_half.to(_TOTAL)
+        old_x = state.sent_x[gid]
+        new_x = old_x + g.weight.unsqueeze(1) * x64[g.src]
+        old_w = state.sent_omega[gid]
+        new_w = old_w + g.weight * state.omega[g.src]
+        new_x = torch.where(up_edge.unsqueeze(1), new_x, old_x)
+        new_w = torch.where(up_edge, new_w, old_w)
+        # What the sender keeps: x_half minus exactly what its totals grew by.
+        order = g.out_order
+        pushed = torch.zeros_like(x64).index_add_(0, g.src[order], (new_x - old_x)[order])
+        pushed_w = torch.zeros_like(state.omega).index_add_(0, g.src[order], (new_w - old_w)[order])
+        kept = (x64 - pushed).to(x_half.dtype)
+        kept_omega = state.omega - pushed_w
+        sent_x = state.sent_x.index_copy(0, gid, new_x)
+        sent_omega = state.sent_omega.index_copy(0, gid, new_w)
+        # The wire: hi = total in the model's dtype, lo = what the decoded hi misses.
+        rows = g.src
+        hi = ctx.codec.roundtrip(new_x.to(x_half.dtype), rows)
+        total = hi.to(_TOTAL)
+        if not self.float64_wire:
+            lo = ctx.codec.roundtrip((new_x - total).to(x_half.dtype), rows)
+            total = total + lo.to(_TOTAL)
+        arrived = ctx.arrived[0]
+        seen_x, seen_w = state.seen_x[gid], state.seen_omega[gid]
+        delta = torch.where(arrived.unsqueeze(1), total - seen_x, 0.0)
+        delta_w = torch.where(arrived, new_w - seen_w, 0.0)
+        valid = g.slots(torch.ones_like(arrived, dtype=_TOTAL))  # padding slots: 0
+        gained = _mix(torch.zeros_like(x64), delta, valid, _edge_rows(g))
+        gained_w = g.slots(delta_w).sum(dim=1)
+        x = (kept.to(_TOTAL) + gained).to(x_half.dtype)
+        omega = kept_omega + gained_w
+        seen_x = state.seen_x.index_copy(0, gid, torch.where(arrived.unsqueeze(1), total, seen_x))
+        seen_omega = state.seen_omega.index_copy(0, gid, torch.where(arrived, new_w, seen_w))
+        return _RobustState(
+            _keep_down(ctx.up, x, state.x),
+            torch.where(ctx.up, omega, state.omega),
+            sent_x,
+            sent_omega,
+            seen_x,
+            seen_omega,
+        )
+
+
+class _RobustState(NamedTuple):
+    x: torch.Tensor
+    omega: torch.Tensor
+    sent_x: torch.Tensor  # [U, d] float64, per edge of the union
+    sent_omega: torch.Tensor  # [U]
+    seen_x: torch.Tensor
+    seen_omega: torch.Tensor
+
+
+def _edge_rows(g: StackedGraph) -> torch.Tensor:
+    """The neighbour table as edge indices (padding: edge 0, with a zero coefficient)."""
+    rows = g.cache.get("edge_rows")
+    if rows is None:
+        rows = g.slot_edge.clamp(max=max(g.edges - 1, 0))
+        g.cache["edge_rows"] = rows
+    return rows
+
+
+def _share_units(g: StackedGraph) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Push-sum payloads: one per (sender, distinct out-weight), in the order the sender
+    encodes them (its receivers in sorted-id order, a payload when first met).
+
+    Returns ``(unit of each edge, sender of each unit, weight of each unit)``.
+    """
+    cached = g.cache.get("units")
+    if cached is None:
+        src, w = g.src.tolist(), g.weight.tolist()
+        dst = g.dst.tolist()
+        order = sorted(range(len(src)), key=lambda e: (src[e], g.cache["rank"][dst[e]]))
+        unit_of: dict[tuple[int, float], int] = {}
+        unit_edge = [0] * len(src)
+        senders: list[int] = []
+        weights: list[float] = []
+        for e in order:
+            key = (src[e], w[e])
+            u = unit_of.get(key)
+            if u is None:
+                u = unit_of[key] = len(senders)
+                senders.append(src[e])
+                weights.append(w[e])
+            unit_edge[e] = u
+        device = g.src.device
+        cached = (
+            torch.tensor(unit_edge, dtype=torch.long, device=device),
+            torch.tensor(senders, dtype=torch.long, device=device),
+            torch.tensor(weights, dtype=_TOTAL, device=device),
+        )
+        g.cache["units"] = cached
+    return cached
+
+
+class BatchedDOL(BatchedOPS):
+    """Batched :class:`~fedcore.algorithms.online.DOL`: plain push-sum mixing of ``x`` with
+    the weight fixed at 1 and no de-biasing (a lost share is lost)."""
+
+    name = "dol"
+
+    def __init__(self) -> None:
+        """No options."""
+        super().__init__(OPS(), 0)
+
+    def model(self, state: Any) -> torch.Tensor:
+        """The model ``x`` itself."""
+        x: torch.Tensor = state.x
+        return x
+
+    def round(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
+        """OPS's plain round with ``omega`` held at 1."""
+        new = super().round(state, grad, ctx)
+        return _PushState(new.x, state.omega)
+
+
+class _SqueezeState(NamedTuple):
+    x: torch.Tensor
+    memory: torch.Tensor  # DeepSqueeze: delta; CHOCO: xhat
+
+
+def _compressed(ctx: BatchRound, v: torch.Tensor) -> torch.Tensor:
+    """Every up node's ``C(v_i)``, refusing a diverged (non-finite) row as the per-node
+    :func:`~fedcore.algorithms.compressed.compress` does."""
+    finite = torch.isfinite(v.sum(dim=1)) | ~ctx.up
+    if not bool(finite.all()):
+        bad = int(torch.nonzero(~finite)[0])
+        raise AlgorithmError(
+            f"node {ctx.nodes[bad]} diverged at round {ctx.round}: the vector to compress is "
+            "not finite. Lower algorithm.lr or the consensus step, or use a codec with a "
+            "smaller error."
+        )
+    return ctx.codec.roundtrip(v, _all_rows(v))
+
+
+class BatchedDeepSqueeze:
+    """Batched :class:`~fedcore.algorithms.compressed.DeepSqueeze`."""
+
+    name = "deepsqueeze"
+    phases = 1
+
+    def __init__(self, eta: float) -> None:
+        """The consensus step ``eta``."""
+        self.eta = eta
+
+    def init(self, params: torch.Tensor) -> _SqueezeState:
+        """No compression error yet."""
+        return _SqueezeState(params.clone(), torch.zeros_like(params))
+
+    def model(self, state: _SqueezeState) -> torch.Tensor:
+        """The models."""
+        return state.x
+
+    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
+        """Every node's compressed ``c`` to each neighbour."""
+        return _gossip_messages(graph, nbytes, d)
+
+    def round(self, state: _SqueezeState, grad: torch.Tensor, ctx: BatchRound) -> _SqueezeState:
+        """``v = x_half + delta``, ``c = C(v)``, ``x = x_half + eta sum_j W_ji (c_j - c_i)``."""
+        g = ctx.graph
+        x_half = state.x - ctx.lr * grad
+        v = x_half + state.memory
+        c = _compressed(ctx, v)
+        arrived = g.slots(ctx.arrived[0])
+        coef = (g.slots(g.weight) * arrived).to(c.dtype)
+        pull = _pull(c, coef, g.nbr)
+        x = x_half + self.eta * pull
+        return _SqueezeState(
+            _keep_down(ctx.up, x, state.x), _keep_down(ctx.up, v - c, state.memory)
+        )
+
+
+class BatchedCHOCO(BatchedDeepSqueeze):
+    """Batched :class:`~fedcore.algorithms.compressed.CHOCO` on a static graph with every
+    message delivered (CHOCO refuses fault plans): every neighbour's copy of ``xhat_j`` is
+    ``xhat_j`` itself, so the copies are not stored twice."""
+
+    name = "choco"
+
+    def init(self, params: torch.Tensor) -> _SqueezeState:
+        """Public copies start at zero."""
+        return _SqueezeState(params.clone(), torch.zeros_like(params))
+
+    def round(self, state: _SqueezeState, grad: torch.Tensor, ctx: BatchRound) -> _SqueezeState:
+        """``q = C(x_half - xhat)``, ``xhat += q``, ``x = x_half + gamma sum_j W_ji (xhat_j -
+        xhat_i)``."""
+        g = ctx.graph
+        x_half = state.x - ctx.lr * grad
+        q = _compressed(ctx, x_half - state.memory)
+        xhat = state.memory + q
+        coef = g.slots(g.weight).to(x_half.dtype)
+        pull = _pull(xhat, coef, g.nbr)
+        x = x_half + self.eta * pull
+        return _SqueezeState(_keep_down(ctx.up, x, state.x), _keep_down(ctx.up, xhat, state.memory))
+
+
+class BatchedRPS:
+    """Batched :class:`~fedcore.algorithms.rps.RPS`: block averages as one masked sum over
+    the coordinates (each coordinate's owner), then the gather as a per-coordinate choice.
+
+    Messages of a phase are every (sender, receiver) pair the per-node form addresses:
+    phase 0 every worker to every other owner of a non-empty block, phase 1 every owner of a
+    non-empty block to every other worker, in that order (the rows of the all-pairs table).
+    """
+
+    name = "rps"
+    phases = 2
+
+    def __init__(self) -> None:
+        """Sizes are learnt from :meth:`init`."""
+        self._owner: torch.Tensor | None = None
+        self._pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def init(self, params: torch.Tensor) -> _ModelState:
+        """Record the block layout."""
+        n, d = params.shape
+        sizes = torch.tensor(block_sizes(d, n), dtype=torch.long)
+        self._sizes = sizes.to(params.device)
+        self._owner = torch.repeat_interleave(torch.arange(n), sizes).to(params.device)
+        return _ModelState(params.clone())
+
+    def model(self, state: _ModelState) -> torch.Tensor:
+        """The models."""
+        return state.x
+
+    def _pairs_of(self, phase: int, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        key = f"{phase}"
+        pairs = self._pairs.get(key)
+        if pairs is None:
+            i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+            i, j = i.reshape(-1), j.reshape(-1)
+            if phase == 0:  # worker i -> owner j
+                keep = (i != j) & (self._sizes.cpu()[j] > 0)
+                pairs = (i[keep].to(device), j[keep].to(device))
+            else:  # owner i -> worker j
+                keep = (i != j) & (self._sizes.cpu()[i] > 0)
+                pairs = (i[keep].to(device), j[keep].to(device))
+            self._pairs[key] = pairs
+        return pairs
+
+    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
+        """Scatter: the receiver's block; gather: the sender's block."""
+        src, dst = self._pairs_of(phase, graph.n, graph.src.device)
+        block = self._sizes[dst] if phase == 0 else self._sizes[src]
+        sizes = {int(b): nbytes(int(b)) for b in torch.unique(block).tolist()}
+        wire = block.clone()
+        for b, size in sizes.items():
+            wire[block == b] = size
+        return Messages(src, dst, wire, 4 * block)
+
+    def _blocks(
+        self, codec: RowCodec, x: torch.Tensor, senders: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Round-trip every block of every row of ``x`` as its own message: row ``m``'s
+        blocks are sent by ``senders[m]``, or (``None``) block ``j`` by its owner ``j``.
+        Blocks are ``q + 1`` values for the first ``r`` owners and ``q`` for the rest."""
+        n = int(self._sizes.numel())
+        m, d = x.shape
+        q, r = divmod(d, n)
+        owners = torch.arange(n, device=x.device)
+        out = x.clone()
+        for lo, hi, size, blocks in (
+            (0, r * (q + 1), q + 1, owners[:r]),
+            (r * (q + 1), d, q, owners[r:]),
+        ):
+            if size == 0 or hi == lo:
+                continue
+            who = (
+                senders.repeat_interleave(blocks.numel())
+                if senders is not None
+                else blocks.repeat(m)
+            )
+            part = codec.roundtrip(x[:, lo:hi].reshape(-1, size), who)
+            out[:, lo:hi] = part.reshape(m, hi - lo)
+        return out
+
+    def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
+        """Scatter-average-gather over what arrived."""
+        assert self._owner is not None, "init() first"
+        x_half = state.x - ctx.lr * grad
+        n, d = x_half.shape
+        owner = self._owner
+        coords = torch.arange(d, device=x_half.device)
+        sent = self._blocks(ctx.codec, x_half, _all_rows(x_half))
+        sent[owner, coords] = x_half[owner, coords]  # the owner's own block is not sent
+        src, dst = self._pairs_of(0, n, x_half.device)
+        heard = torch.eye(n, dtype=torch.bool, device=x_half.device)
+        a = ctx.arrived[0]
+        heard[dst[a], src[a]] = True
+        mask = heard[owner].T.to(x_half.dtype)  # [N senders, d]
+        y = (mask * sent).sum(dim=0) / mask.sum(dim=0)
+        y = self._blocks(ctx.codec, y.unsqueeze(0), None)[0]  # what every receiver decodes
+        src1, dst1 = self._pairs_of(1, n, x_half.device)
+        got = torch.eye(n, dtype=torch.bool, device=x_half.device)
+        a1 = ctx.arrived[1]
+        got[dst1[a1], src1[a1]] = True  # got[i, j]: worker i has owner j's average
+        x = torch.where(got[:, owner], y.unsqueeze(0), x_half)
+        return _ModelState(_keep_down(ctx.up, x, state.x))
+
+
+def unsupported(algorithm: Any, *, period: int, codec: RowCodec, faults: bool) -> str | None:
+    """Why ``algorithm`` has no batched form for this run, or None if it has one."""
+    kind = type(algorithm)
+    if kind not in _FORMS:
+        return (
+            f"algorithm {getattr(algorithm, 'name', kind.__name__)!r} has no batched form "
+            "(register one in fedcore.algorithms.batched)"
+        )
+    if isinstance(algorithm, CHOCO) and period > 1:
+        return (
+            "choco on a time-varying schedule keeps per-edge copies, which only the message "
+            "engine models"
+        )
+    if isinstance(algorithm, RPS) and not codec.deterministic:
+        return (
+            f"rps with the stochastic codec {codec.name!r} draws per block in an order only "
+            "the message engine models"
+        )
+    return None
+
+
+def batched_form(
+    algorithm: Any, *, union_edges: int, float64_wire: bool = False
+) -> BatchedAlgorithm:
+    """The batched twin of a registered ``algorithm`` (see :func:`unsupported` first);
+    ``union_edges`` and ``float64_wire`` as for :class:`BatchedOPS`."""
+    if isinstance(algorithm, OPS):
+        return BatchedOPS(algorithm, union_edges, float64_wire)
+    if isinstance(algorithm, DOL):
+        return BatchedDOL()
+    if isinstance(algorithm, CHOCO):
+        return BatchedCHOCO(algorithm.gamma)
+    if isinstance(algorithm, DeepSqueeze):
+        return BatchedDeepSqueeze(algorithm.eta)
+    if isinstance(algorithm, RPS):
+        return BatchedRPS()
+    if isinstance(algorithm, DPSGD):
+        form = BatchedDPSGD()
+        form.name = algorithm.name
+        return form
+    if isinstance(algorithm, Central):
+        return BatchedCentral()
+    if isinstance(algorithm, Local):
+        return BatchedLocal()
+    raise AlgorithmError(f"no batched form of {algorithm!r}.")
+
+
+_FORMS = {OPS, DOL, CHOCO, DeepSqueeze, RPS, DPSGD, DOG, Central, Local}

@@ -1,0 +1,577 @@
+"""The vectorized engine of ``fedcore simulate``: every node's round at once.
+
+The message engine (:mod:`fedcore.runners.network`) runs one asyncio :class:`~fedcore.node.
+Node` per peer, each encoding, routing, decoding and validating message objects: the
+reference, and exactly what gRPC peers do. This engine holds every node's state stacked
+along a leading node dimension and applies each round to all nodes at once:
+
+* parameters as one ``[N, d]`` tensor; each algorithm's extra state stacked the same way
+  (:mod:`fedcore.algorithms.batched`); mixing slot by slot of a padded in-neighbour table
+  built from the same weighted communication graph (one per round of a schedule);
+* gradients of all nodes in one ``vmap`` call (:class:`~fedcore.stacked.StackedObjective`)
+  on batches drawn exactly as each node's stream draws them;
+* codecs round-tripping many messages at once, bit for bit as the per-message codec
+  (:class:`~fedcore.compression.batched.RowCodec`), so bytes and compression ratios are
+  the message engine's;
+* faults as per-round masks from the same keyed hash the message engine and gRPC peers
+  evaluate per message (:meth:`~fedcore.transport.faults.FaultPlan.lost_mask`).
+
+It models strict mode with an announced fault plan: every message arrives unless the plan
+lost it, which every peer knows. Deadline mode (wall-clock waits), unannounced faults and
+algorithms without a batched form run on the message engine; :func:`unsupported` says why.
+Results are the same ``summary.json`` and ``metrics.jsonl`` as the message engine's, with
+``"engine": "vectorized"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedcore.algorithms.batched import (
+    BatchedAlgorithm,
+    BatchRound,
+    Messages,
+    StackedGraph,
+    batched_form,
+    stack_graph,
+)
+from fedcore.algorithms.batched import (
+    unsupported as algorithm_unsupported,
+)
+from fedcore.compression.batched import RowCodec, make_row_codec
+from fedcore.config import AUTO_RECORDS_NODES, Config
+from fedcore.errors import ConfigError, DataError
+from fedcore.metrics import JsonlWriter, round_record
+from fedcore.models import physical_memory
+from fedcore.node import RoundRecord, lr_at
+from fedcore.progress import Progress
+from fedcore.runners.network import RunSetup
+from fedcore.stacked import StackedBatches, StackedObjective
+
+__all__ = ["VectorizedNetwork", "node_records_mode", "resolve_device", "unsupported"]
+
+logger = logging.getLogger(__name__)
+
+_FLUSH_EVERY = 64
+"""Rounds whose per-round figures stay on the device before they are read back at once."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``simulate.device`` as a torch device.
+
+    Raises:
+        ConfigError: CUDA was asked for and torch sees no GPU.
+    """
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"simulate.device = {name!r}, but torch sees no CUDA device here (torch "
+            f"{torch.__version__}); use simulate.device = 'cpu'."
+        )
+    return torch.device(name)
+
+
+def node_records_mode(config: Config, nodes: int) -> str:
+    """``simulate.node_records`` with ``"auto"`` resolved by the number of nodes."""
+    mode = config.simulate.node_records
+    if mode == "auto":
+        return "all" if nodes <= AUTO_RECORDS_NODES else "eval"
+    return mode
+
+
+def unsupported(setup: RunSetup) -> str | None:
+    """Why the vectorized engine cannot run ``setup`` (one short clause), or None."""
+    config = setup.config
+    if config.transport.mode == "deadline":
+        return "deadline mode waits on wall-clock deadlines, which only the message engine models"
+    if config.faults.active and not config.faults.announce:
+        return "faults.announce = false loses messages silently, which needs deadline mode"
+    codec = _row_codec(setup)
+    return algorithm_unsupported(
+        setup.algorithm, period=setup.graph.period, codec=codec, faults=config.faults.active
+    )
+
+
+def _row_codec(setup: RunSetup) -> RowCodec:
+    c = setup.config.compression
+    n = len(setup.graph.nodes)
+    seed = setup.config.run.seed
+    return make_row_codec(
+        c.codec,
+        bits=c.bits,
+        ratio=c.ratio,
+        chunk=c.chunk,
+        scaled=c.scaled,
+        seeds=[seed * 1_000_003 + i + 7919 for i in range(n)],  # as RunSetup.make_node
+    )
+
+
+@dataclass(slots=True)
+class _Phase:
+    """One phase's messages in one graph slot, and their running fault counts."""
+
+    messages: Messages
+    missing: torch.Tensor  # per message: rounds it was missing at an up receiver
+    dropped: torch.Tensor  # per message: rounds the plan lost it at an up sender
+
+
+@dataclass(frozen=True, slots=True)
+class RoundFigures:
+    """What one round did, network-wide, as device tensors (read back in batches)."""
+
+    round: int
+    up: torch.Tensor
+    loss: torch.Tensor  # [N] float64, NaN for crashed nodes
+    sent: torch.Tensor  # [N] messages that went
+    bytes_sent: torch.Tensor
+    received: torch.Tensor
+    bytes_received: torch.Tensor
+    missing: torch.Tensor  # [N] at the receiver
+    dropped: torch.Tensor  # [N] at the sender
+    fp32: torch.Tensor
+    missing_senders: torch.Tensor  # [N] bool: some message of the sender was missing
+    lost: tuple[tuple[Messages, torch.Tensor], ...] = ()  # per phase, with a fault plan
+
+
+class VectorizedNetwork:
+    """Every node of ``setup`` as stacked tensors on ``device`` (see the module docstring).
+
+    Raises:
+        ConfigError: :func:`unsupported` names a reason, or the device is unusable.
+        DataError: the stacked state would not fit in memory.
+    """
+
+    def __init__(self, setup: RunSetup, *, device: torch.device) -> None:
+        """Build the stacked graphs, state, batches and codec."""
+        reason = unsupported(setup)
+        if reason is not None:
+            raise ConfigError(f"the vectorized engine cannot run this config: {reason}.")
+        self.setup = setup
+        self.device = device
+        config = setup.config
+        self.nodes = setup.graph.nodes
+        self.n = len(self.nodes)
+        graphs = [setup.graph.at(t) for t in range(setup.graph.period)]
+        union: dict[tuple[str, str], int] = {}
+        for g in graphs:
+            for edge in g.edges():
+                union.setdefault(edge, len(union))
+        self.start = setup.start.to(device)
+        self.d = int(self.start.numel())
+        self.dtype = self.start.dtype
+        self.codec = _row_codec(setup)
+        float64_wire = self.dtype == torch.float64 and self.codec.name == "raw"
+        self.form: BatchedAlgorithm = batched_form(
+            setup.algorithm, union_edges=len(union), float64_wire=float64_wire
+        )
+        _check_memory(self.n, self.d, self.start.element_size(), len(union), setup)
+        self.graphs = [stack_graph(g, union=union, device=device) for g in graphs]
+        self.state = self.form.init(self.start.unsqueeze(0).repeat(self.n, 1))
+        self.phases: list[list[_Phase]] = [
+            [self._phase(p, g) for p in range(self.form.phases)] for g in self.graphs
+        ]
+        self.objective = StackedObjective(setup.objective, device)
+        if self.objective.mode != "vmap":
+            logger.warning(
+                "vectorized engine: the model's gradients are computed node by node (%s)",
+                self.objective.why,
+            )
+        if setup.source is not None:
+            self.batches: StackedBatches | None = None
+            self.streams = [setup.source.stream(i) for i in range(self.n)]
+            self._batched_source = callable(getattr(setup.source, "batches", None))
+        else:
+            self.batches = StackedBatches(
+                setup.dataset.x_train,
+                setup.dataset.y_train,
+                setup.parts,
+                batch_size=config.data.batch_size,
+                seeds=[config.run.seed * 1_000_003 + i for i in range(self.n)],
+                order=config.data.order,
+                device=device,
+            )
+        self.read = np.zeros(self.n, dtype=np.int64)  # batches each node read (online streams)
+        self.round = 0
+        plan = setup.faults
+        self.plan = plan
+        self._crashes = (
+            [(self.nodes.index(c.node), c.at, c.back) for c in config.faults.crashes]
+            if plan is not None
+            else []
+        )
+
+    def _phase(self, phase: int, graph: StackedGraph) -> _Phase:
+        def size(n: int) -> int:
+            return self.codec.nbytes(n, self.dtype)
+
+        messages = self.form.messages(phase, graph, size, self.d)
+        zeros = torch.zeros_like(messages.src)
+        return _Phase(messages, zeros, zeros.clone())
+
+    def model(self) -> torch.Tensor:
+        """``[N, d]``: every node's current model."""
+        return self.form.model(self.state)
+
+    def up(self, t: int) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Host bool array: the nodes that run round ``t`` (not crashed)."""
+        up = np.ones(self.n, dtype=np.bool_)
+        for i, at, back in self._crashes:
+            if at <= t and (back < 0 or t < back):
+                up[i] = False
+        return up
+
+    def _data(
+        self, t: int, up: np.ndarray[Any, np.dtype[np.bool_]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Each up node's batch of round ``t`` as ``(rows, x, y, mask)`` groups (see
+        :meth:`~fedcore.stacked.StackedBatches.next`)."""
+        if self.batches is not None:
+            return [self.batches.next(up)]
+        source = self.setup.source
+        rows = np.nonzero(up)[0]
+        positions = self.read[rows]
+        groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        if self._batched_source:
+            for pos in np.unique(positions).tolist():
+                nodes = torch.from_numpy(rows[positions == pos]).to(self.device)
+                x, y = source.batches(int(pos), nodes, device=self.device)  # type: ignore[union-attr]
+                groups.append((nodes, x, y, None))
+        else:
+            parts = [self.streams[i].next_batch() for i in rows.tolist()]
+            x = torch.stack([p[0] for p in parts]).to(self.device)
+            y = torch.stack([p[1] for p in parts]).to(self.device)
+            groups.append((torch.from_numpy(rows).to(self.device), x, y, None))
+        self.read[rows] += 1
+        return groups
+
+    def run_round(self) -> RoundFigures:
+        """Run round ``self.round`` for every node; return what it did."""
+        t = self.round
+        config = self.setup.config
+        up_np = self.up(t)
+        up = torch.from_numpy(up_np).to(self.device)
+        slot = t % len(self.graphs)
+        graph = self.graphs[slot]
+        params = self.model()
+        loss = torch.full((self.n,), math.nan, dtype=torch.float64, device=self.device)
+        grad = torch.zeros_like(params)
+        for rows, x, y, mask in self._data(t, up_np):
+            losses, grads = self.objective.loss_and_grad(params[rows], x, y, mask)
+            loss[rows] = losses.to(torch.float64)
+            grad[rows] = grads
+        arrived: list[torch.Tensor] = []
+        phases = self.phases[slot]
+        figures = _Counter(self.n, self.device)
+        for phase in phases:
+            m = phase.messages
+            if self.plan is None:
+                ok = torch.ones_like(m.src, dtype=torch.bool)
+            else:
+                lost = self.plan.lost_mask(m.src, m.dst, t, len(arrived))
+                ok = ~lost
+                phase.dropped += lost & up[m.src]
+                phase.missing += lost & up[m.dst]
+                figures.faults(m, lost & up[m.src], lost & up[m.dst])
+            figures.traffic(m, ok)
+            arrived.append(ok)
+        ctx = BatchRound(
+            round=t,
+            lr=lr_at(config.algorithm.lr, config.algorithm.lr_schedule, t),
+            graph=graph,
+            up=up,
+            arrived=arrived,
+            codec=self.codec,
+            nodes=self.nodes,
+        )
+        self.state = self.form.round(self.state, grad, ctx)
+        self.round = t + 1
+        return figures.done(t, up, loss)
+
+    def fault_counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """``(missing per edge, lost per edge)``, keyed ``"sender->receiver"``, as the
+        summary's ``faults`` tables (only edges with a count)."""
+        missing: dict[str, int] = {}
+        dropped: dict[str, int] = {}
+        for phases in self.phases:
+            for phase in phases:
+                src, dst = phase.messages.src.cpu().tolist(), phase.messages.dst.cpu().tolist()
+                for table, counts in ((missing, phase.missing), (dropped, phase.dropped)):
+                    for e in torch.nonzero(counts).flatten().cpu().tolist():
+                        key = f"{self.nodes[src[e]]}->{self.nodes[dst[e]]}"
+                        table[key] = table.get(key, 0) + int(counts[e])
+        return missing, dropped
+
+
+class _Counter:
+    """Per-node counts of one round, accumulated on the device."""
+
+    def __init__(self, n: int, device: torch.device) -> None:
+        z = torch.zeros(n, dtype=torch.long, device=device)
+        self.n = n
+        self.sent, self.bytes_sent, self.received, self.bytes_received = z, z, z, z
+        self.missing, self.dropped, self.fp32 = z, z, z
+        self.missing_senders = torch.zeros(n, dtype=torch.bool, device=device)
+        self.lost: list[tuple[Messages, torch.Tensor]] = []
+
+    def _count(self, index: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.bincount(index, weights=weight, minlength=self.n).to(torch.long)
+
+    def traffic(self, m: Messages, ok: torch.Tensor) -> None:
+        okl = ok.to(torch.long)
+        self.sent = self.sent + self._count(m.src, okl.to(torch.float64))
+        self.bytes_sent = self.bytes_sent + self._count(m.src, (m.nbytes * okl).to(torch.float64))
+        self.fp32 = self.fp32 + self._count(m.src, (m.fp32 * okl).to(torch.float64))
+        self.received = self.received + self._count(m.dst, okl.to(torch.float64))
+        self.bytes_received = self.bytes_received + self._count(
+            m.dst, (m.nbytes * okl).to(torch.float64)
+        )
+
+    def faults(self, m: Messages, dropped: torch.Tensor, missing: torch.Tensor) -> None:
+        self.lost.append((m, dropped | missing))
+        self.dropped = self.dropped + self._count(m.src, dropped.to(torch.float64))
+        self.missing = self.missing + self._count(m.dst, missing.to(torch.float64))
+        self.missing_senders = self.missing_senders | (
+            self._count(m.src, missing.to(torch.float64)) > 0
+        )
+
+    def done(self, t: int, up: torch.Tensor, loss: torch.Tensor) -> RoundFigures:
+        return RoundFigures(
+            round=t,
+            up=up,
+            loss=loss,
+            sent=self.sent,
+            bytes_sent=self.bytes_sent,
+            received=self.received,
+            bytes_received=self.bytes_received,
+            missing=self.missing,
+            dropped=self.dropped,
+            fp32=self.fp32,
+            missing_senders=self.missing_senders,
+            lost=tuple(self.lost),
+        )
+
+
+def _check_memory(n: int, d: int, itemsize: int, union_edges: int, setup: RunSetup) -> None:
+    """Refuse a network whose stacked state would not fit in this machine's memory."""
+    memory = physical_memory()
+    if memory is None:
+        return
+    copies = 8  # parameters, gradients, the algorithm's state, decoded messages, temporaries
+    need = n * d * itemsize * copies
+    if getattr(setup.algorithm, "robust", False):
+        need += 2 * union_edges * d * 8 * 2  # float64 totals at both ends, and a copy
+    if need > memory:
+        raise DataError(
+            f"{n} stacked nodes of a {d:,}-parameter model need about {need / 2**30:.1f} GiB "
+            f"(robust push-sum adds two float64 totals per edge), more than this machine's "
+            f"{memory / 2**30:.1f} GiB. Use a smaller model or fewer nodes."
+        )
+
+
+def evaluate_stacked(net: VectorizedNetwork, params: torch.Tensor) -> dict[str, Any]:
+    """:func:`~fedcore.metrics.evaluate_models` of every row of ``params`` at once: the
+    average model's loss and accuracy, every node's accuracy, the consensus distance."""
+    setup = net.setup
+    x, y = setup.dataset.x_test, setup.dataset.y_test
+    average = params.mean(dim=0).cpu()
+    avg_loss, avg_acc = setup.evaluator.evaluate(average, x, y)
+    acc = net.objective.accuracy(params, x.to(net.device), y.to(net.device)).cpu().tolist()
+    p64 = params.to(torch.float64)
+    distance = float((p64 - p64.mean(dim=0)).norm(dim=1).mean())
+    return {
+        "avg_model_accuracy": avg_acc,
+        "avg_model_test_loss": avg_loss,
+        "mean_node_accuracy": sum(acc) / len(acc),
+        "min_node_accuracy": min(acc),
+        "consensus_distance": distance,
+        "node_accuracy": dict(zip(net.nodes, acc, strict=True)),
+    }
+
+
+_COLUMNS = (
+    "up",
+    "loss",
+    "sent",
+    "bytes_sent",
+    "received",
+    "bytes_received",
+    "missing",
+    "dropped",
+    "fp32",
+    "missing_senders",
+)
+
+
+class Flusher:
+    """Reads round figures back in batches and accounts them into a run's observer."""
+
+    def __init__(
+        self,
+        net: VectorizedNetwork,
+        *,
+        observer: Any,
+        writer: JsonlWriter | None,
+        records: str,
+        progress: Progress | None,
+    ) -> None:
+        """Account into ``observer`` (a :class:`~fedcore.runners.simulate.RunObserver`:
+        its totals, losses, missing and down tables and evaluations)."""
+        self.net = net
+        self.observer = observer
+        self.writer = writer
+        self.records = records
+        self.progress = progress
+        self.pending: list[RoundFigures] = []
+        self.last_acc: float | None = None
+        self.last_loss: float | None = None
+        self.bytes_done = 0
+        self.began = time.perf_counter()
+
+    def add(self, figures: RoundFigures) -> None:
+        """Keep a round's figures; read them back on evaluation rounds and every
+        ``_FLUSH_EVERY`` rounds (evaluating the models on evaluation rounds)."""
+        self.pending.append(figures)
+        t = figures.round
+        is_eval = self.observer.is_eval_round(t)
+        if is_eval or len(self.pending) >= _FLUSH_EVERY:
+            self.flush()
+            if is_eval:
+                self._evaluate(t)
+            if self.progress is not None:
+                self.progress.update(t + 1, loss=self.last_loss, accuracy=self.last_acc)
+
+    def _evaluate(self, t: int) -> None:
+        obs = self.observer
+        result = evaluate_stacked(self.net, self.net.model())
+        record: dict[str, Any] = {
+            "kind": "eval",
+            "round": t,
+            "train_loss": self.last_loss,
+            "average_loss": obs.loss_sum / obs.loss_count if obs.loss_count else math.nan,
+            "bytes_sent_per_node": self.bytes_done / self.net.n,
+            **result,
+        }
+        obs.evals.append(record)
+        self.last_acc = result["avg_model_accuracy"]
+        if self.writer is not None:
+            self.writer.write(record)
+            self.writer.flush()
+
+    def flush(self) -> None:
+        """Read back every pending round and account it."""
+        if not self.pending:
+            return
+        obs = self.observer
+        nodes = self.net.nodes
+        stacked = {
+            key: torch.stack([getattr(f, key) for f in self.pending]).cpu() for key in _COLUMNS
+        }
+        config = self.net.setup.config
+        now = time.perf_counter()
+        wall = (now - self.began) / len(self.pending)
+        self.began = now
+        for k, f in enumerate(self.pending):
+            t = f.round
+            up = stacked["up"][k]
+            for key, column in (
+                ("messages_sent", "sent"),
+                ("bytes_sent", "bytes_sent"),
+                ("messages_received", "received"),
+                ("messages_missing", "missing"),
+                ("messages_dropped", "dropped"),
+                ("fp32_bytes_sent", "fp32"),
+            ):
+                obs.totals[key] += int(stacked[column][k].sum())
+            for i in torch.nonzero(stacked["missing_senders"][k]).flatten().tolist():
+                obs.missing.setdefault(nodes[i], set()).add(t)
+            for i in torch.nonzero(~up).flatten().tolist():
+                obs.down.setdefault(nodes[i], []).append(t)
+            values = stacked["loss"][k].tolist()
+            alive = up.tolist()
+            live = [v for v, a in zip(values, alive, strict=True) if a]
+            for node, v, a in zip(nodes, values, alive, strict=True):
+                obs.losses[node].append(v if a else None)
+            train_loss = sum(live) / len(live) if live else math.nan
+            obs.loss_sum += sum(live)
+            obs.loss_count += len(live)
+            round_bytes = int(stacked["bytes_sent"][k].sum())
+            self.bytes_done += round_bytes
+            self.last_loss = train_loss
+            if self.writer is None:
+                continue
+            if self.records == "all" or (self.records == "eval" and obs.is_eval_round(t)):
+                lr = lr_at(config.algorithm.lr, config.algorithm.lr_schedule, t)
+                lists = _fault_lists(f, up, nodes)
+                for i, node in enumerate(nodes):
+                    record = _node_record(node, t, i, lr, wall, stacked, k)
+                    if i in lists and not record.down:
+                        missing, dropped_out = lists[i]
+                        record = replace(
+                            record,
+                            missing=tuple(missing),
+                            dropped_in=tuple(missing),
+                            dropped_out=tuple(dropped_out),
+                        )
+                    self.writer.write(record.to_json())
+            self.writer.write(
+                round_record(
+                    t,
+                    train_loss=train_loss,
+                    nodes_up=len(live),
+                    messages_sent=int(stacked["sent"][k].sum()),
+                    bytes_sent=round_bytes,
+                    messages_missing=int(stacked["missing"][k].sum()),
+                    messages_dropped=int(stacked["dropped"][k].sum()),
+                )
+            )
+        self.pending.clear()
+
+
+def _fault_lists(
+    figures: RoundFigures, up: torch.Tensor, nodes: tuple[str, ...]
+) -> dict[int, tuple[list[str], list[str]]]:
+    """Node index -> (senders missing at it, receivers it lost messages to) in one round,
+    phase by phase, each in node order (what a node record lists)."""
+    lists: dict[int, tuple[list[str], list[str]]] = {}
+    for messages, lost in figures.lost:
+        src, dst = messages.src.cpu(), messages.dst.cpu()
+        hit = torch.nonzero(lost.cpu()).flatten()
+        pairs = sorted(zip(src[hit].tolist(), dst[hit].tolist(), strict=True))
+        for u, v in sorted(pairs, key=lambda p: (p[1], p[0])):
+            if up[v]:
+                lists.setdefault(v, ([], []))[0].append(nodes[u])
+        for u, v in pairs:
+            if up[u]:
+                lists.setdefault(u, ([], []))[1].append(nodes[v])
+    return lists
+
+
+def _node_record(
+    node: str, t: int, i: int, lr: float, wall: float, stacked: Mapping[str, Any], k: int
+) -> RoundRecord:
+    if not bool(stacked["up"][k][i]):
+        return RoundRecord.down_round(node, t, lr=lr, wall_s=wall)
+    return RoundRecord(
+        node=node,
+        round=t,
+        loss=float(stacked["loss"][k][i]),
+        lr=lr,
+        messages_sent=int(stacked["sent"][k][i]),
+        bytes_sent=int(stacked["bytes_sent"][k][i]),
+        messages_received=int(stacked["received"][k][i]),
+        bytes_received=int(stacked["bytes_received"][k][i]),
+        messages_missing=int(stacked["missing"][k][i]),
+        messages_late=0,
+        messages_rejected=0,
+        missing=(),
+        wall_s=wall,
+        messages_dropped=int(stacked["dropped"][k][i]),
+        fp32_bytes_sent=int(stacked["fp32"][k][i]),
+    )
