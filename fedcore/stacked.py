@@ -33,6 +33,9 @@ __all__ = ["StackedBatches", "StackedObjective"]
 
 logger = logging.getLogger(__name__)
 
+_CPU = torch.device("cpu")
+"""Where host-side draws happen (the per-node generators live there)."""
+
 _EVAL_CHUNK = 1 << 22
 """Logits (nodes x examples x classes) evaluated at once: bounds evaluation memory."""
 
@@ -49,7 +52,7 @@ class StackedObjective:
         """Take the model's parameter layout from one objective and probe vmap on it."""
         self._make = make
         self.device = device
-        template = make()
+        template = self._build()
         self.dtype = template.dtype
         self.numel = template.numel
         module = template.module.to(device)
@@ -102,12 +105,12 @@ class StackedObjective:
         failure or disagreement."""
         gen = torch.Generator().manual_seed(0)
         rows = template.initial_params().unsqueeze(0).repeat(2, 1)
-        rows[1] += 0.01 * torch.randn(rows.shape[1], generator=gen, dtype=rows.dtype)
+        rows[1] += 0.01 * torch.randn(rows.shape[1], generator=gen, dtype=rows.dtype, device=_CPU)
         try:
             shape = self._input_shape(template)
-            x = torch.randn(2, 3, *shape, generator=gen)
+            x = torch.randn(2, 3, *shape, generator=gen, device=_CPU)
             logits = template.module(x[0].to(self.dtype))
-            y = torch.randint(0, int(logits.shape[-1]), (2, 3), generator=gen)
+            y = torch.randint(0, int(logits.shape[-1]), (2, 3), generator=gen, device=_CPU)
             self.module.train()
             grads, losses = self._grad(rows.to(self.device), x.to(self.device), y.to(self.device))
             for i in range(2):
@@ -130,9 +133,14 @@ class StackedObjective:
             return (first.in_channels, 64)
         raise DataError(f"cannot tell the input shape of {type(first).__name__}")
 
+    def _build(self) -> Objective:
+        """A per-node objective, built on the CPU (as the message engine builds it)."""
+        with torch.device("cpu"):
+            return self._make()
+
     def _objectives(self, n: int) -> list[Objective]:
         while len(self._fallback) < n:
-            self._fallback.append(self._make())
+            self._fallback.append(self._build())
         return self._fallback
 
     def loss_and_grad(
@@ -161,7 +169,7 @@ class StackedObjective:
         self, params: torch.Tensor, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         objectives = self._objectives(params.shape[0])
-        losses_out = torch.empty(params.shape[0], dtype=torch.float64)
+        losses_out = torch.empty(params.shape[0], dtype=torch.float64, device=_CPU)
         grads_out = torch.empty_like(params)
         for i, (x, y) in enumerate(batches):
             loss, grad = objectives[i].loss_and_grad(params[i].cpu(), x.cpu(), y.cpu())
@@ -261,7 +269,7 @@ class StackedBatches:
             return
         sizes = self._sizes_np[rows]
         perms = [
-            torch.randperm(int(m), generator=self._gens[i])
+            torch.randperm(int(m), generator=self._gens[i], device=_CPU)
             for i, m in zip(rows, sizes, strict=True)
         ]
         if self._sorted:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import torch
 
 from fedcore.algorithms.compressed import CHOCO, DeepSqueeze
@@ -130,27 +131,30 @@ def stack_graph(
         rows.append(row)
     n, e = len(nodes), len(src)
     k = max((len(r) for r in rows), default=0)
-    nbr = torch.arange(n).unsqueeze(1).repeat(1, k)
-    slot_edge = torch.full((n, k), e, dtype=torch.long)
-    src_t = torch.tensor(src, dtype=torch.long)
+    # Built on the host with numpy (torch.from_numpy is always a CPU tensor), then moved.
+    nbr = np.repeat(np.arange(n, dtype=np.int64)[:, None], k, axis=1)
+    slot_edge = np.full((n, k), e, dtype=np.int64)
+    src_np = np.asarray(src, dtype=np.int64)
     for i, row in enumerate(rows):
         if row:
-            slot_edge[i, : len(row)] = torch.tensor(row)
-            nbr[i, : len(row)] = src_t[row]
+            slot_edge[i, : len(row)] = row
+            nbr[i, : len(row)] = src_np[row]
     edge_of = {(src[j], dst[j]): j for j in range(e)}
     out_order = [edge_of[(index[u], index[v])] for u in nodes for v in graph.out_neighbours(u)]
+
+    def put(values: Any, dtype: Any = np.int64) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(values, dtype=dtype).reshape(-1)).to(device)
+
     stacked = StackedGraph(
         n=n,
-        src=src_t.to(device),
-        dst=torch.tensor(dst, dtype=torch.long, device=device),
-        weight=torch.tensor(weight, dtype=_TOTAL, device=device),
-        self_weight=torch.tensor([graph.self_weight(v) for v in nodes], dtype=_TOTAL).to(device),
-        nbr=nbr.to(device),
-        slot_edge=slot_edge.to(device),
-        out_order=torch.tensor(out_order, dtype=torch.long, device=device),
-        edge_id=torch.tensor(
-            [union[(nodes[src[j]], nodes[dst[j]])] for j in range(e)], dtype=torch.long
-        ).to(device),
+        src=put(src_np),
+        dst=put(dst),
+        weight=put(weight, np.float64),
+        self_weight=put([graph.self_weight(v) for v in nodes], np.float64),
+        nbr=torch.from_numpy(nbr).to(device),
+        slot_edge=torch.from_numpy(slot_edge).to(device),
+        out_order=put(out_order),
+        edge_id=put([union[(nodes[src[j]], nodes[dst[j]])] for j in range(e)]),
     )
     stacked.cache["rank"] = [rank[v] for v in nodes]
     return stacked
@@ -629,9 +633,9 @@ class BatchedRPS:
     def init(self, params: torch.Tensor) -> _ModelState:
         """Record the block layout."""
         n, d = params.shape
-        sizes = torch.tensor(block_sizes(d, n), dtype=torch.long)
-        self._sizes = sizes.to(params.device)
-        self._owner = torch.repeat_interleave(torch.arange(n), sizes).to(params.device)
+        device = params.device
+        self._sizes = torch.tensor(block_sizes(d, n), dtype=torch.long, device=device)
+        self._owner = torch.repeat_interleave(torch.arange(n, device=device), self._sizes)
         return _ModelState(params.clone())
 
     def model(self, state: _ModelState) -> torch.Tensor:
@@ -642,14 +646,12 @@ class BatchedRPS:
         key = f"{phase}"
         pairs = self._pairs.get(key)
         if pairs is None:
-            i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+            line = torch.arange(n, device=device)
+            i, j = torch.meshgrid(line, line, indexing="ij")
             i, j = i.reshape(-1), j.reshape(-1)
-            if phase == 0:  # worker i -> owner j
-                keep = (i != j) & (self._sizes.cpu()[j] > 0)
-                pairs = (i[keep].to(device), j[keep].to(device))
-            else:  # owner i -> worker j
-                keep = (i != j) & (self._sizes.cpu()[i] > 0)
-                pairs = (i[keep].to(device), j[keep].to(device))
+            owner = j if phase == 0 else i  # scatter: worker i -> owner j; gather: owner i -> j
+            keep = (i != j) & (self._sizes[owner] > 0)
+            pairs = (i[keep], j[keep])
             self._pairs[key] = pairs
         return pairs
 

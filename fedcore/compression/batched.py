@@ -69,6 +69,9 @@ from fedcore.compression.codecs import (
 from fedcore.compression.registry import CODEC_NAMES, make_codec
 from fedcore.errors import CompressionError
 
+_CPU = torch.device("cpu")
+"""Per-message codecs and per-node generators work on the host."""
+
 __all__ = ["LoopRowCodec", "RowCodec", "make_row_codec"]
 
 _FLOATS = (torch.float32, torch.float64)
@@ -178,7 +181,7 @@ class _RawRows(RowCodec):
         return x.clone()
 
     def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
-        return n * torch.empty(0, dtype=dtype).element_size()
+        return n * torch.empty(0, dtype=dtype, device=_CPU).element_size()
 
 
 class _CastRows(RowCodec):
@@ -289,11 +292,11 @@ class _StochasticRows(RowCodec):
         own = owners.cpu()
         perm = torch.argsort(own, stable=True)  # each owner's rows, in row order
         nodes, counts = torch.unique_consecutive(own[perm], return_counts=True)
-        drawn = torch.empty(len(own), n, dtype=torch.float32)  # rows sorted by owner
+        drawn = torch.empty(len(own), n, dtype=torch.float32, device=_CPU)  # rows sorted by owner
         start = 0
         for node, count in zip(nodes.tolist(), counts.tolist(), strict=True):
             block = drawn[start : start + count].view(-1)
-            torch.rand(count * n, generator=self.generators[node], out=block)
+            torch.rand(count * n, generator=self.generators[node], out=block, device=_CPU)
             start += count
         u = torch.empty_like(drawn)
         u[perm] = drawn
@@ -397,10 +400,10 @@ class _RandKRows(_StochasticRows):
         m, n = x.shape
         gens = self._owner_generators(owners)
         k = _keep(self.ratio, n)
-        idx = torch.empty(m, k, dtype=torch.int64)
+        idx = torch.empty(m, k, dtype=torch.int64, device=_CPU)
         for row, gen in zip(idx, gens, strict=True):
             # The codec draws the seed for every message, even an empty one.
-            seed = int(torch.randint(0, 2**53, (1,), generator=gen))
+            seed = int(torch.randint(0, 2**53, (1,), generator=gen, device=_CPU))
             if k:
                 row.copy_(RandKCodec._indices(seed, n, k))
         if k == 0:
@@ -460,7 +463,7 @@ class LoopRowCodec(RowCodec):
         return out
 
     def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
-        return self._probe.encode(torch.zeros(n, dtype=dtype)).nbytes
+        return self._probe.encode(torch.zeros(n, dtype=dtype, device=_CPU)).nbytes
 
 
 def make_row_codec(

@@ -37,6 +37,9 @@ import torch
 from fedcore.errors import CompressionError
 from fedcore.messages import EncodedTensor
 
+_CPU = torch.device("cpu")
+"""Per-message codecs and per-node generators work on the host."""
+
 __all__ = ["CastCodec", "QSGDCodec", "RandKCodec", "SignCodec", "TopKCodec", "topk_indices"]
 
 _FLOAT_DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -218,7 +221,7 @@ class QSGDCodec:
                 "codec 'qsgd': a norm of the tensor is not finite (values not finite, or so "
                 "large that their squares overflow float32)."
             )
-        shifted = torch.rand(n, generator=self.generator)
+        shifted = torch.rand(n, generator=self.generator, device=_CPU)
         shifted.addcdiv_(x, per_value.clamp(min=torch.finfo(torch.float32).tiny), value=s)
         codes = shifted.add_(s).clamp_(0, 2 * s).to(torch.uint8).numpy()  # truncation: floor
         if self.scaled:
@@ -395,7 +398,7 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(n)
         for sigmas in (4.0, 8.0):
             kept = min(_TOPK_SAMPLE, math.ceil(expect + sigmas * math.sqrt(expect)))
-            sample = a[torch.randint(0, n, (_TOPK_SAMPLE,), generator=gen)]
+            sample = a[torch.randint(0, n, (_TOPK_SAMPLE,), generator=gen, device=_CPU)]
             threshold = torch.topk(sample, kept, sorted=False).values.min()
             candidates = torch.nonzero(a >= threshold).squeeze(1)  # sorted
             if candidates.numel() >= k:
@@ -428,7 +431,7 @@ class TopKCodec:
         dtype = _dtype_name(tensor, self.name)
         x = _flat(tensor)
         k = _keep(self.ratio, x.numel())
-        idx = topk_indices(x, k) if k else torch.zeros(0, dtype=torch.int64)
+        idx = topk_indices(x, k) if k else torch.zeros(0, dtype=torch.int64, device=_CPU)
         data = idx.numpy().astype("<u4").tobytes() + x[idx].numpy().astype("<f4").tobytes()
         return EncodedTensor(
             codec=self.name,
@@ -449,7 +452,7 @@ class TopKCodec:
         if k > 1 and bool((np.diff(idx) <= 0).any()):
             raise CompressionError("codec 'topk': indices must be strictly increasing.")
         values = np.frombuffer(encoded.data, dtype="<f4", count=k, offset=4 * k)
-        out = torch.zeros(n, dtype=torch.float32)
+        out = torch.zeros(n, dtype=torch.float32, device=_CPU)
         out[torch.from_numpy(idx)] = torch.from_numpy(values.copy())
         return _restore(out, encoded)
 
@@ -484,13 +487,13 @@ class RandKCodec:
         """
         gen = torch.Generator().manual_seed(seed)
         if 4 * k > n:
-            return torch.randperm(n, generator=gen)[:k]
+            return torch.randperm(n, generator=gen, device=_CPU)[:k]
         while True:
             draws: torch.Tensor = torch.unique(
-                torch.randint(0, n, (k + k // 8 + 16,), generator=gen)
+                torch.randint(0, n, (k + k // 8 + 16,), generator=gen, device=_CPU)
             )
             if draws.numel() >= k:
-                return draws[torch.randperm(draws.numel(), generator=gen)[:k]]
+                return draws[torch.randperm(draws.numel(), generator=gen, device=_CPU)[:k]]
 
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
         """Draw a seed, select its k indices, scale the values by ``n / k``."""
@@ -499,7 +502,7 @@ class RandKCodec:
         n = x.numel()
         k = _keep(self.ratio, n)
         # Below 2**53 a seed survives the float64 parameter exactly.
-        seed = int(torch.randint(0, 2**53, (1,), generator=self.generator))
+        seed = int(torch.randint(0, 2**53, (1,), generator=self.generator, device=_CPU))
         values = x[self._indices(seed, n, k)] * (n / k) if k else x.new_zeros(0)
         return EncodedTensor(
             codec=self.name,
@@ -515,7 +518,7 @@ class RandKCodec:
         k = _int_param(encoded, "k", self.name, 0, n)
         seed = _int_param(encoded, "seed", self.name, 0, 2**53)
         _expect(encoded, 4 * k, self.name)
-        out = torch.zeros(n, dtype=torch.float32)
+        out = torch.zeros(n, dtype=torch.float32, device=_CPU)
         if k:
             values = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4").copy())
             out[self._indices(seed, n, k)] = values

@@ -72,9 +72,7 @@ class _History:
             self.offsets.append(self.offsets[-1] + size)
         self._join(xs, ys, ws)
 
-    def _join(
-        self, xs: list[torch.Tensor], ys: list[torch.Tensor], ws: list[torch.Tensor]
-    ) -> None:
+    def _join(self, xs: list[torch.Tensor], ys: list[torch.Tensor], ws: list[torch.Tensor]) -> None:
         self.x = torch.cat(xs) if xs else torch.zeros(0, 1, dtype=torch.float64)
         self.y = torch.cat(ys) if ys else torch.zeros(0, dtype=torch.int64)
         self.w = torch.cat(ws) if ws else torch.zeros(0, dtype=torch.float64)
