@@ -46,9 +46,20 @@ class StackedObjective:
     Args:
         make: A fresh per-node objective (the run's model, same initialization).
         device: Where the stacked parameters and batches live.
+        sample: A few training examples ``(x, y)`` (at least 6) to check vmap's gradients
+            against the module's own.
+        evaluator: The run's evaluating objective, which the per-node fallback evaluates
+            every node's model with (as the message engine does; a model's buffers, such as
+            BatchNorm statistics, are then the evaluator's).
     """
 
-    def __init__(self, make: Callable[[], Objective], device: torch.device) -> None:
+    def __init__(
+        self,
+        make: Callable[[], Objective],
+        device: torch.device,
+        sample: tuple[torch.Tensor, torch.Tensor],
+        evaluator: Objective | None = None,
+    ) -> None:
         """Take the model's parameter layout from one objective and probe vmap on it."""
         self._make = make
         self.device = device
@@ -64,6 +75,7 @@ class StackedObjective:
         ]
         self._buffers = dict(module.named_buffers())
         self._fallback: list[Objective] = []
+        self._evaluator = evaluator
         self.mode = "vmap"
         self.why = ""
         self._grad = torch.func.vmap(
@@ -73,7 +85,7 @@ class StackedObjective:
             torch.func.grad_and_value(self._masked_loss), in_dims=(0, 0, 0, 0), randomness="error"
         )
         self._logits = torch.func.vmap(self._forward, in_dims=(0, None), randomness="error")
-        self._probe(template)
+        self._probe(self._build(), sample)
 
     def _unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
@@ -100,21 +112,21 @@ class StackedObjective:
         losses = functional.cross_entropy(self._forward(flat, x), y, reduction="none")
         return (losses * mask).sum() / mask.sum()
 
-    def _probe(self, template: Objective) -> None:
-        """Compare vmap with the per-node objective on two random rows; fall back on any
-        failure or disagreement."""
+    def _probe(self, reference: Objective, sample: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Compare vmap with a per-node objective (on the CPU) at two parameter rows on
+        ``sample``; fall back on any failure or disagreement."""
         gen = torch.Generator().manual_seed(0)
-        rows = template.initial_params().unsqueeze(0).repeat(2, 1)
+        rows = reference.initial_params().unsqueeze(0).repeat(2, 1)
         rows[1] += 0.01 * torch.randn(rows.shape[1], generator=gen, dtype=rows.dtype, device=_CPU)
         try:
-            shape = self._input_shape(template)
-            x = torch.randn(2, 3, *shape, generator=gen, device=_CPU)
-            logits = template.module(x[0].to(self.dtype))
-            y = torch.randint(0, int(logits.shape[-1]), (2, 3), generator=gen, device=_CPU)
+            if len(sample[1]) < 6:
+                raise DataError("fewer than 6 examples to compare gradients on")
+            x = sample[0][:6].reshape(2, 3, *sample[0].shape[1:])
+            y = sample[1][:6].reshape(2, 3)
             self.module.train()
             grads, losses = self._grad(rows.to(self.device), x.to(self.device), y.to(self.device))
             for i in range(2):
-                loss, grad = template.loss_and_grad(rows[i], x[i], y[i])
+                loss, grad = reference.loss_and_grad(rows[i], x[i], y[i])
                 if not torch.allclose(grads[i].cpu(), grad, rtol=1e-4, atol=1e-6) or abs(
                     float(losses[i]) - loss
                 ) > 1e-4 * max(1.0, abs(loss)):
@@ -123,15 +135,6 @@ class StackedObjective:
             self.mode = "per-node"
             self.why = error_text(exc)
             logger.info("stacked gradients: one module per node (%s)", self.why)
-
-    @staticmethod
-    def _input_shape(template: Objective) -> tuple[int, ...]:
-        first = next(m for m in template.module.modules() if _has_input(m))
-        if isinstance(first, torch.nn.Linear):
-            return (first.in_features,)
-        if isinstance(first, torch.nn.Conv1d):
-            return (first.in_channels, 64)
-        raise DataError(f"cannot tell the input shape of {type(first).__name__}")
 
     def _build(self) -> Objective:
         """A per-node objective, built on the CPU (as the message engine builds it)."""
@@ -182,7 +185,10 @@ class StackedObjective:
         """Accuracy ``[M]`` (float64) of every row of ``params`` on the test set ``(x, y)``."""
         out = torch.empty(params.shape[0], dtype=torch.float64, device=params.device)
         if self.mode != "vmap":
-            objective = self._objectives(1)[0]
+            # As the message engine evaluates: with the run's evaluator for every node.
+            if self._evaluator is None:
+                self._evaluator = self._build()
+            objective = self._evaluator
             for i in range(params.shape[0]):
                 out[i] = objective.evaluate(params[i].cpu(), x.cpu(), y.cpu())[1]
             return out
@@ -197,10 +203,6 @@ class StackedObjective:
             start += rows.shape[0]
             step = max(1, _EVAL_CHUNK // max(1, len(y) * int(logits.shape[-1])))
         return out
-
-
-def _has_input(module: torch.nn.Module) -> bool:
-    return isinstance(module, torch.nn.Linear | torch.nn.Conv1d)
 
 
 class StackedBatches:

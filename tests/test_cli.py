@@ -458,3 +458,69 @@ def test_plot_two_runs(
     assert str(png) in out
     assert png.read_bytes().startswith(PNG_MAGIC)
     assert png.stat().st_size > 1000
+
+
+# --- engines ----------------------------------------------------------------------------
+
+
+def test_engine_flag_picks_the_engine_and_the_numbers_agree(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    fast = simulate(capsys, tmp_path / "v", "--engine", "vectorized", "--set", "faults.drop=0.2")
+    slow = simulate(capsys, tmp_path / "m", "--engine", "messages", "--set", "faults.drop=0.2")
+    assert (fast["engine"], slow["engine"]) == ("vectorized", "messages")
+    assert fast["device"] == "cpu" and fast["gradients"] == "vmap"
+    assert fast["traffic"] == slow["traffic"] and fast["faults"] == slow["faults"]
+    assert fast["run_id"] == slow["run_id"]  # how a run is simulated is not part of it
+    for out in ("v", "m"):
+        lines = (tmp_path / out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        kinds = [json.loads(line)["kind"] for line in lines]
+        assert kinds.count("round") == 3 and kinds.count("node") == 12
+        assert kinds.count("eval") == 2
+
+
+def test_auto_says_in_one_line_why_it_takes_the_message_engine(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, _, err = cli(
+        capsys,
+        "simulate",
+        "--out",
+        str(tmp_path / "d"),
+        *TINY,
+        "--set",
+        "transport.mode=deadline",
+    )
+    assert status == 0
+    notes = [line for line in err.splitlines() if "engine 'messages'" in line]
+    assert len(notes) == 1 and "deadline" in notes[0]
+
+
+def test_vectorized_refuses_what_it_cannot_run_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, out, err = cli(
+        capsys,
+        "simulate",
+        "-q",
+        "--out",
+        str(tmp_path / "d"),
+        *TINY,
+        "--engine",
+        "vectorized",
+        "--set",
+        "transport.mode=deadline",
+    )
+    assert_one_line_error(status, out, err, "vectorized", "deadline")
+    status, out, err = cli(capsys, "simulate", "-q", *TINY, "--device", "cuda:x")
+    assert_one_line_error(status, out, err, "simulate.device")
+
+
+def test_node_records_setting_thins_the_node_lines(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for mode, expected in (("none", 0), ("eval", 8), ("all", 12)):
+        simulate(capsys, tmp_path / mode, "--set", f"simulate.node_records={mode}")
+        lines = (tmp_path / mode / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        kinds = [json.loads(line)["kind"] for line in lines]
+        assert kinds.count("node") == expected and kinds.count("round") == 3, mode

@@ -209,3 +209,25 @@ def test_user_algorithm_runs_on_the_message_engine() -> None:
     config = load_config(None, ["topology.kind=ring", "algorithm.name=dpsgd"])
     setup = prepare_run(config, algorithm=Mine())
     assert "no batched form" in (unsupported(setup) or "")
+
+
+def batchnorm_model(*, input_dim: int, num_classes: int) -> torch.nn.Module:
+    """A user model vmap cannot map: BatchNorm updates its running statistics in place."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(input_dim, 8),
+        torch.nn.BatchNorm1d(8),
+        torch.nn.ReLU(),
+        torch.nn.Linear(8, num_classes),
+    )
+
+
+def test_a_model_vmap_cannot_map_falls_back_to_one_module_per_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    config = _config("dpsgd", "fp32", True, "model.name=tests.test_vectorized:batchnorm_model")
+    net = VectorizedNetwork(prepare_run(config), device=torch.device("cpu"))
+    assert net.objective.mode == "per-node" and net.objective.why
+    assert_same_run(config)

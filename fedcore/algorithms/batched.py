@@ -48,6 +48,7 @@ __all__ = [
     "Messages",
     "StackedGraph",
     "batched_form",
+    "raise_bad",
     "stack_graph",
     "unsupported",
 ]
@@ -192,6 +193,31 @@ class BatchRound:
     arrived: Sequence[torch.Tensor]
     codec: RowCodec
     nodes: tuple[str, ...]
+    every_message: bool = False
+    """No fault plan: every message of the round arrives (known on the host)."""
+    defer_checks: bool = False
+    """Keep the checks' flags on the device (:meth:`check`) instead of reading them now."""
+    deferred: list[tuple[torch.Tensor, str]] = field(default_factory=list)
+
+    def check(self, bad: torch.Tensor, why: str) -> None:
+        """Fail the run if any node of ``bad`` (``[N]`` bool) is set: at once, or, with
+        ``defer_checks`` (a GPU, where reading a flag back stalls the round loop), when the
+        engine next reads its figures back. ``why`` is formatted with ``node`` and ``round``.
+
+        Raises:
+            AlgorithmError: some node is bad (``defer_checks`` off).
+        """
+        if self.defer_checks:
+            self.deferred.append((bad, why))
+            return
+        raise_bad(bad, why, self.nodes, self.round)
+
+
+def raise_bad(bad: torch.Tensor, why: str, nodes: Sequence[str], round: int) -> None:
+    """Raise :class:`AlgorithmError` with ``why`` about the first node set in ``bad``."""
+    if bool(bad.any()):
+        first = int(torch.nonzero(bad)[0])
+        raise AlgorithmError(why.format(node=nodes[first], round=round))
 
 
 class BatchedAlgorithm(Protocol):
@@ -296,7 +322,7 @@ class BatchedCentral(BatchedLocal):
         sent = ctx.codec.roundtrip(x_half, _all_rows(x_half))
         g = ctx.graph
         arrived = ctx.arrived[0]
-        if bool(arrived.all()):
+        if ctx.every_message:
             total = sent.sum(dim=0, keepdim=True)
             count = torch.full((g.n, 1), float(g.n), dtype=x_half.dtype, device=x_half.device)
             mixed = (total - sent + x_half) / count
@@ -406,12 +432,11 @@ class BatchedOPS:
         omega = state.omega * g.self_weight
         for k in range(arrived.shape[1]):
             omega = omega + torch.where(arrived[:, k], omega_share[:, k], 0.0)
-        if not bool((omega[ctx.up] > 0).all()):
-            bad = int(torch.nonzero((omega <= 0) & ctx.up)[0])
-            raise AlgorithmError(
-                f"node {ctx.nodes[bad]}: push-sum weight is {float(omega[bad])} after round "
-                f"{ctx.round}; it must stay positive. Give every node a positive self weight."
-            )
+        ctx.check(
+            ~(omega > 0) & ctx.up,
+            "node {node}: its push-sum weight is no longer positive after round {round}; it "
+            "must stay positive. Give every node a positive self weight.",
+        )
         return _PushState(_keep_down(ctx.up, x, state.x), torch.where(ctx.up, omega, state.omega))
 
     def _robust(self, state: _RobustState, x_half: torch.Tensor, ctx: BatchRound) -> Any:
@@ -541,14 +566,11 @@ class _SqueezeState(NamedTuple):
 def _compressed(ctx: BatchRound, v: torch.Tensor) -> torch.Tensor:
     """Every up node's ``C(v_i)``, refusing a diverged (non-finite) row as the per-node
     :func:`~fedcore.algorithms.compressed.compress` does."""
-    finite = torch.isfinite(v.sum(dim=1)) | ~ctx.up
-    if not bool(finite.all()):
-        bad = int(torch.nonzero(~finite)[0])
-        raise AlgorithmError(
-            f"node {ctx.nodes[bad]} diverged at round {ctx.round}: the vector to compress is "
-            "not finite. Lower algorithm.lr or the consensus step, or use a codec with a "
-            "smaller error."
-        )
+    ctx.check(
+        ~torch.isfinite(v.sum(dim=1)) & ctx.up,
+        "node {node} diverged at round {round}: the vector to compress is not finite. "
+        "Lower algorithm.lr or the consensus step, or use a codec with a smaller error.",
+    )
     return ctx.codec.roundtrip(v, _all_rows(v))
 
 

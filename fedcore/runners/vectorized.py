@@ -41,6 +41,7 @@ from fedcore.algorithms.batched import (
     Messages,
     StackedGraph,
     batched_form,
+    raise_bad,
     stack_graph,
 )
 from fedcore.algorithms.batched import (
@@ -48,7 +49,7 @@ from fedcore.algorithms.batched import (
 )
 from fedcore.compression.batched import RowCodec, make_row_codec
 from fedcore.config import AUTO_RECORDS_NODES, Config
-from fedcore.errors import ConfigError, DataError
+from fedcore.errors import CompressionError, ConfigError, DataError
 from fedcore.metrics import JsonlWriter, round_record
 from fedcore.models import physical_memory
 from fedcore.node import RoundRecord, lr_at
@@ -177,7 +178,8 @@ class VectorizedNetwork:
         self.phases: list[list[_Phase]] = [
             [self._phase(p, g) for p in range(self.form.phases)] for g in self.graphs
         ]
-        self.objective = StackedObjective(setup.objective, device)
+        sample = (setup.dataset.x_train[:6], setup.dataset.y_train[:6])
+        self.objective = StackedObjective(setup.objective, device, sample, setup.evaluator)
         if self.objective.mode != "vmap":
             logger.warning(
                 "vectorized engine: the model's gradients are computed node by node (%s)",
@@ -197,6 +199,7 @@ class VectorizedNetwork:
                 order=config.data.order,
                 device=device,
             )
+        self._checks: list[tuple[int, torch.Tensor, str]] = []
         self.read = np.zeros(self.n, dtype=np.int64)  # batches each node read (online streams)
         self.round = 0
         plan = setup.faults
@@ -289,10 +292,28 @@ class VectorizedNetwork:
             arrived=arrived,
             codec=self.codec,
             nodes=self.nodes,
+            every_message=self.plan is None,
+            defer_checks=self.device.type != "cpu",
         )
-        self.state = self.form.round(self.state, grad, ctx)
+        try:
+            self.state = self.form.round(self.state, grad, ctx)
+        except CompressionError:
+            self.check()  # a deferred check that failed first says more than the codec
+            raise
+        self._checks.extend((t, bad, why) for bad, why in ctx.deferred)
         self.round = t + 1
         return figures.done(t, up, loss)
+
+    def check(self) -> None:
+        """Read back the deferred checks of the rounds run so far (see
+        :meth:`BatchRound.check`); raise the first that failed.
+
+        Raises:
+            AlgorithmError: a check failed (naming the node and round).
+        """
+        checks, self._checks = self._checks, []
+        for t, bad, why in checks:
+            raise_bad(bad, why, self.nodes, t)
 
     def fault_counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """``(missing per edge, lost per edge)``, keyed ``"sender->receiver"``, as the
@@ -466,6 +487,7 @@ class Flusher:
 
     def flush(self) -> None:
         """Read back every pending round and account it."""
+        self.net.check()
         if not self.pending:
             return
         obs = self.observer
