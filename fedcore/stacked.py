@@ -74,9 +74,15 @@ class StackedObjective:
             if p.requires_grad
         ]
         self._buffers = dict(module.named_buffers())
+        self._offsets: dict[str, int] = {}
+        offset = 0
+        for name, _, n in self._layout:
+            self._offsets[name] = offset
+            offset += n
+        self._layers = _batchable_layers(module)
         self._fallback: list[Objective] = []
         self._evaluator = evaluator
-        self.mode = "vmap"
+        self.mode = "batched" if self._layers is not None else "vmap"
         self.why = ""
         self._grad = torch.func.vmap(
             torch.func.grad_and_value(self._loss), in_dims=(0, 0, 0), randomness="error"
@@ -113,8 +119,18 @@ class StackedObjective:
         return (losses * mask).sum() / mask.sum()
 
     def _probe(self, reference: Objective, sample: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Compare vmap with a per-node objective (on the CPU) at two parameter rows on
-        ``sample``; fall back on any failure or disagreement."""
+        """Compare the stacked gradients with a per-node objective (on the CPU) at two
+        parameter rows on ``sample``: the batched layers if the model is made of them, else
+        vmap; fall back to vmap, then to one module per node, on any failure or
+        disagreement."""
+        if self.mode == "batched":
+            self._compare(reference, sample)
+            if self.mode == "batched":
+                return
+            self.mode = "vmap"
+        self._compare(reference, sample)
+
+    def _compare(self, reference: Objective, sample: tuple[torch.Tensor, torch.Tensor]) -> None:
         gen = torch.Generator().manual_seed(0)
         rows = reference.initial_params().unsqueeze(0).repeat(2, 1)
         rows[1] += 0.01 * torch.randn(rows.shape[1], generator=gen, dtype=rows.dtype, device=_CPU)
@@ -123,8 +139,9 @@ class StackedObjective:
                 raise DataError("fewer than 6 examples to compare gradients on")
             x = sample[0][:6].reshape(2, 3, *sample[0].shape[1:])
             y = sample[1][:6].reshape(2, 3)
-            self.module.train()
-            grads, losses = self._grad(rows.to(self.device), x.to(self.device), y.to(self.device))
+            losses, grads = self.loss_and_grad(
+                rows.to(self.device), x.to(self.device), y.to(self.device)
+            )
             for i in range(2):
                 loss, grad = reference.loss_and_grad(rows[i], x[i], y[i])
                 if not torch.allclose(grads[i].cpu(), grad, rtol=1e-4, atol=1e-6) or abs(
@@ -132,6 +149,9 @@ class StackedObjective:
                 ) > 1e-4 * max(1.0, abs(loss)):
                     raise DataError("vmap's gradient differs from the module's own")
         except Exception as exc:  # any model vmap cannot map: the per-node fallback
+            if self.mode == "batched":
+                self.mode = "vmap-next"  # try vmap before giving up
+                return
             self.mode = "per-node"
             self.why = error_text(exc)
             logger.info("stacked gradients: one module per node (%s)", self.why)
@@ -156,6 +176,8 @@ class StackedObjective:
         """Per-row mean cross-entropy ``[M]`` and gradient ``[M, d]`` of ``params [M, d]``
         on batches ``x [M, B, ...]``, ``y [M, B]``; ``mask [M, B]`` (1 or 0) marks the
         examples of rows whose batches are shorter than ``B``."""
+        if self.mode == "batched":
+            return self._batched_loss_and_grad(params, x, y, mask)
         if self.mode == "vmap":
             self.module.train()
             if mask is None:
@@ -167,6 +189,49 @@ class StackedObjective:
             counts = mask.sum(dim=1).to(torch.long).tolist()
             return self._per_node(params, [(x[i, :c], y[i, :c]) for i, c in enumerate(counts)])
         return self._per_node(params, [(x[i], y[i]) for i in range(x.shape[0])])
+
+    def _batched_forward(
+        self, params: torch.Tensor, x: torch.Tensor, shared_input: bool = False
+    ) -> torch.Tensor:
+        """Logits ``[M, B, C]`` of ``M`` stacked models of Flatten/Linear/ReLU layers on
+        ``x`` (``[M, B, ...]``, or ``[B, ...]`` shared by every row), as batched matmuls."""
+        assert self._layers is not None
+        m = params.shape[0]
+        h = x.to(self.dtype)
+        lead = 2 if shared_input is False else 1  # dims before a per-example feature
+        for prefix, layer in self._layers:
+            if isinstance(layer, torch.nn.Flatten):
+                h = h.flatten(lead, -1) if h.dim() > lead + 1 else h
+            elif isinstance(layer, torch.nn.Linear):
+                lead = 2
+                start = self._offsets[f"{prefix}weight"]
+                size = layer.out_features * layer.in_features
+                weight = params[:, start : start + size].view(m, layer.out_features, -1)
+                h = torch.matmul(h, weight.transpose(1, 2))
+                if layer.bias is not None:
+                    start = self._offsets[f"{prefix}bias"]
+                    h = h + params[:, start : start + layer.out_features].unsqueeze(1)
+            else:
+                h = torch.relu(h)
+        return h
+
+    def _batched_loss_and_grad(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        p = params.detach().requires_grad_(True)
+        with torch.enable_grad():
+            logits = self._batched_forward(p, x)
+            classes = logits.shape[-1]
+            ce = functional.cross_entropy(
+                logits.reshape(-1, classes), y.reshape(-1), reduction="none"
+            ).view(y.shape)
+            if mask is None:
+                losses = ce.mean(dim=1)
+            else:
+                weight = mask.to(ce.dtype)
+                losses = (ce * weight).sum(dim=1) / weight.sum(dim=1)
+            (grad,) = torch.autograd.grad(losses.sum(), p)
+        return losses.detach(), grad
 
     def _per_node(
         self, params: torch.Tensor, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
@@ -193,16 +258,40 @@ class StackedObjective:
                 out[i] = objective.evaluate(params[i].cpu(), x.cpu(), y.cpu())[1]
             return out
         self.module.eval()
+
+        def forward(rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            if self.mode == "batched":
+                return self._batched_forward(rows, x, shared_input=True)
+            logits: torch.Tensor = self._logits(rows, x)
+            return logits
+
         step = 1  # one row first, to learn the number of classes
         start = 0
         while start < params.shape[0]:
             rows = params[start : start + step]
-            logits = self._logits(rows, x)
+            logits = forward(rows, x)
             hits = (logits.argmax(dim=-1) == y).to(torch.float64)
             out[start : start + rows.shape[0]] = hits.mean(dim=1)
             start += rows.shape[0]
             step = max(1, _EVAL_CHUNK // max(1, len(y) * int(logits.shape[-1])))
         return out
+
+
+def _batchable_layers(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]] | None:
+    """``(parameter-name prefix, layer)`` of a ``Sequential`` of only ``Flatten`` (default
+    dims), ``Linear`` and ``ReLU`` layers (the built-in logreg and mlp), else None."""
+    if not isinstance(module, torch.nn.Sequential):
+        return None
+    layers = []
+    for name, layer in module.named_children():
+        flatten = isinstance(layer, torch.nn.Flatten) and (layer.start_dim, layer.end_dim) == (
+            1,
+            -1,
+        )
+        if not (flatten or isinstance(layer, torch.nn.Linear | torch.nn.ReLU)):
+            return None
+        layers.append((f"{name}.", layer))
+    return layers
 
 
 class StackedBatches:

@@ -199,6 +199,14 @@ class BatchRound:
     """Keep the checks' flags on the device (:meth:`check`) instead of reading them now."""
     deferred: list[tuple[torch.Tensor, str]] = field(default_factory=list)
 
+    everyone_up: bool = True
+    """No node is crashed this round (known on the host)."""
+
+    def keep(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """Rows (along the node dimension) of ``new`` for up nodes, of ``old`` for crashed
+        ones: a crashed node keeps its state."""
+        return new if self.everyone_up else _keep_down(self.up, new, old)
+
     def check(self, bad: torch.Tensor, why: str) -> None:
         """Fail the run if any node of ``bad`` (``[N]`` bool) is set: at once, or, with
         ``defer_checks`` (a GPU, where reading a flag back stalls the round loop), when the
@@ -256,7 +264,7 @@ def _mix(
     """``base[i] + sum_k coef[i, k] * values[rows[i, k]]``, slot by slot (sorted senders)."""
     out = base.clone()
     for k in range(rows.shape[1]):
-        out.add_(values[rows[:, k]] * coef[:, k : k + 1])
+        out.addcmul_(values.index_select(0, rows[:, k]), coef[:, k : k + 1])
     return out
 
 
@@ -265,7 +273,7 @@ def _pull(values: torch.Tensor, coef: torch.Tensor, rows: torch.Tensor) -> torch
     per-node ``pull.add_(c_j - c, alpha=W_ji)`` loop."""
     out = torch.zeros_like(values)
     for k in range(rows.shape[1]):
-        out.add_((values[rows[:, k]] - values) * coef[:, k : k + 1])
+        out.addcmul_(values.index_select(0, rows[:, k]) - values, coef[:, k : k + 1])
     return out
 
 
@@ -303,7 +311,7 @@ class BatchedLocal:
 
     def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
         """A plain SGD step on every up node."""
-        return _ModelState(_keep_down(ctx.up, state.x - ctx.lr * grad, state.x))
+        return _ModelState(ctx.keep(state.x - ctx.lr * grad, state.x))
 
 
 class BatchedCentral(BatchedLocal):
@@ -316,22 +324,29 @@ class BatchedCentral(BatchedLocal):
         """Every node's model to every other node."""
         return _gossip_messages(graph, nbytes, d)
 
+    EXACT_UP_TO = 256
+    """Up to this many nodes the sums run node by node in global order, as each per-node
+    average does (bit for bit); above, one reduction (``O(N d)`` instead of ``O(N^2 d)``)."""
+
     def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
-        """Average over the node and what arrived (a dense count matrix; all-to-all)."""
+        """Average over the node and what arrived (all-to-all)."""
         x_half = state.x - ctx.lr * grad
         sent = ctx.codec.roundtrip(x_half, _all_rows(x_half))
         g = ctx.graph
         arrived = ctx.arrived[0]
-        if ctx.every_message:
-            total = sent.sum(dim=0, keepdim=True)
-            count = torch.full((g.n, 1), float(g.n), dtype=x_half.dtype, device=x_half.device)
-            mixed = (total - sent + x_half) / count
+        heard = torch.zeros(g.n, g.n, dtype=torch.bool, device=x_half.device)
+        heard[g.dst[arrived], g.src[arrived]] = True  # heard[i, k]: k's model reached i
+        count = heard.sum(dim=1, keepdim=True).to(x_half.dtype) + 1.0
+        if g.n <= self.EXACT_UP_TO:
+            total = torch.zeros_like(x_half)
+            for k in range(g.n):
+                total.add_(torch.where(heard[:, k : k + 1], sent[k : k + 1], 0.0))
+                total[k].add_(x_half[k])
+        elif ctx.every_message:
+            total = sent.sum(dim=0, keepdim=True) - sent + x_half
         else:
-            m = torch.zeros(g.n, g.n, dtype=x_half.dtype, device=x_half.device)
-            m[g.dst[arrived], g.src[arrived]] = 1.0
-            count = m.sum(dim=1, keepdim=True) + 1.0
-            mixed = (m @ sent + x_half) / count
-        return _ModelState(_keep_down(ctx.up, mixed, state.x))
+            total = heard.to(x_half.dtype) @ sent + x_half
+        return _ModelState(ctx.keep(total / count, state.x))
 
 
 class BatchedDPSGD(BatchedLocal):
@@ -353,7 +368,7 @@ class BatchedDPSGD(BatchedLocal):
         own = g.self_weight + (w * ~arrived).sum(dim=1)
         mixed = _mix(x * own.to(x.dtype).unsqueeze(1), sent, (w * arrived).to(x.dtype), g.nbr)
         mixed.sub_(ctx.lr * grad)
-        return _ModelState(_keep_down(ctx.up, mixed, x))
+        return _ModelState(ctx.keep(mixed, x))
 
 
 class _PushState(NamedTuple):
@@ -437,7 +452,7 @@ class BatchedOPS:
             "node {node}: its push-sum weight is no longer positive after round {round}; it "
             "must stay positive. Give every node a positive self weight.",
         )
-        return _PushState(_keep_down(ctx.up, x, state.x), torch.where(ctx.up, omega, state.omega))
+        return _PushState(ctx.keep(x, state.x), ctx.keep(omega, state.omega))
 
     def _robust(self, state: _RobustState, x_half: torch.Tensor, ctx: BatchRound) -> Any:
         g = ctx.graph
@@ -477,8 +492,8 @@ class BatchedOPS:
         seen_x = state.seen_x.index_copy(0, gid, torch.where(arrived.unsqueeze(1), total, seen_x))
         seen_omega = state.seen_omega.index_copy(0, gid, torch.where(arrived, new_w, seen_w))
         return _RobustState(
-            _keep_down(ctx.up, x, state.x),
-            torch.where(ctx.up, omega, state.omega),
+            ctx.keep(x, state.x),
+            ctx.keep(omega, state.omega),
             sent_x,
             sent_omega,
             seen_x,
@@ -493,6 +508,16 @@ class _RobustState(NamedTuple):
     sent_omega: torch.Tensor  # [U]
     seen_x: torch.Tensor
     seen_omega: torch.Tensor
+
+
+def _by_name(g: StackedGraph) -> list[int]:
+    """Node indices in sorted-id order (the order a per-node inbox is processed in)."""
+    order = g.cache.get("by_name")
+    if order is None:
+        rank = g.cache["rank"]
+        order = sorted(range(g.n), key=rank.__getitem__)
+        g.cache["by_name"] = order
+    return order
 
 
 def _edge_rows(g: StackedGraph) -> torch.Tensor:
@@ -606,9 +631,7 @@ class BatchedDeepSqueeze:
         coef = (g.slots(g.weight) * arrived).to(c.dtype)
         pull = _pull(c, coef, g.nbr)
         x = x_half + self.eta * pull
-        return _SqueezeState(
-            _keep_down(ctx.up, x, state.x), _keep_down(ctx.up, v - c, state.memory)
-        )
+        return _SqueezeState(ctx.keep(x, state.x), ctx.keep(v - c, state.memory))
 
 
 class BatchedCHOCO(BatchedDeepSqueeze):
@@ -632,7 +655,7 @@ class BatchedCHOCO(BatchedDeepSqueeze):
         coef = g.slots(g.weight).to(x_half.dtype)
         pull = _pull(xhat, coef, g.nbr)
         x = x_half + self.eta * pull
-        return _SqueezeState(_keep_down(ctx.up, x, state.x), _keep_down(ctx.up, xhat, state.memory))
+        return _SqueezeState(ctx.keep(x, state.x), ctx.keep(xhat, state.memory))
 
 
 class BatchedRPS:
@@ -726,15 +749,20 @@ class BatchedRPS:
         heard = torch.eye(n, dtype=torch.bool, device=x_half.device)
         a = ctx.arrived[0]
         heard[dst[a], src[a]] = True
-        mask = heard[owner].T.to(x_half.dtype)  # [N senders, d]
-        y = (mask * sent).sum(dim=0) / mask.sum(dim=0)
+        # As each owner's average: its own block, then every block that arrived in
+        # sorted-sender order (adding 0 for one that did not), divided by the count.
+        take = heard[owner].T  # [N senders, d]
+        y = x_half[owner, coords].clone()
+        for s in _by_name(ctx.graph):
+            y.add_(torch.where(take[s] & (owner != s), sent[s], 0.0))
+        y = y / take.sum(dim=0).to(x_half.dtype)
         y = self._blocks(ctx.codec, y.unsqueeze(0), None)[0]  # what every receiver decodes
         src1, dst1 = self._pairs_of(1, n, x_half.device)
         got = torch.eye(n, dtype=torch.bool, device=x_half.device)
         a1 = ctx.arrived[1]
         got[dst1[a1], src1[a1]] = True  # got[i, j]: worker i has owner j's average
         x = torch.where(got[:, owner], y.unsqueeze(0), x_half)
-        return _ModelState(_keep_down(ctx.up, x, state.x))
+        return _ModelState(ctx.keep(x, state.x))
 
 
 def unsupported(algorithm: Any, *, period: int, codec: RowCodec, faults: bool) -> str | None:

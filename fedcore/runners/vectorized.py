@@ -121,6 +121,7 @@ class _Phase:
     messages: Messages
     missing: torch.Tensor  # per message: rounds it was missing at an up receiver
     dropped: torch.Tensor  # per message: rounds the plan lost it at an up sender
+    full: _Counter  # the traffic counts when every message arrives
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +181,7 @@ class VectorizedNetwork:
         ]
         sample = (setup.dataset.x_train[:6], setup.dataset.y_train[:6])
         self.objective = StackedObjective(setup.objective, device, sample, setup.evaluator)
-        if self.objective.mode != "vmap":
+        if self.objective.mode == "per-node":
             logger.warning(
                 "vectorized engine: the model's gradients are computed node by node (%s)",
                 self.objective.why,
@@ -216,7 +217,9 @@ class VectorizedNetwork:
 
         messages = self.form.messages(phase, graph, size, self.d)
         zeros = torch.zeros_like(messages.src)
-        return _Phase(messages, zeros, zeros.clone())
+        full = _Counter(self.n, self.device)
+        full.traffic(messages, None)
+        return _Phase(messages, zeros, zeros.clone(), full)
 
     def model(self) -> torch.Tensor:
         """``[N, d]``: every node's current model."""
@@ -241,7 +244,11 @@ class VectorizedNetwork:
         rows = np.nonzero(up)[0]
         positions = self.read[rows]
         groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
-        if self._batched_source:
+        if self._batched_source and rows.size == self.n and (positions == positions[0]).all():
+            # Every node at the same position: one call for all (the source's fast path).
+            x, y = source.batches(int(positions[0]), device=self.device)  # type: ignore[union-attr]
+            groups.append((torch.arange(self.n, device=self.device), x, y, None))
+        elif self._batched_source:
             for pos in np.unique(positions).tolist():
                 nodes = torch.from_numpy(rows[positions == pos]).to(self.device)
                 x, y = source.batches(int(pos), nodes, device=self.device)  # type: ignore[union-attr]
@@ -282,7 +289,10 @@ class VectorizedNetwork:
                 phase.dropped += lost & up[m.src]
                 phase.missing += lost & up[m.dst]
                 figures.faults(m, lost & up[m.src], lost & up[m.dst])
-            figures.traffic(m, ok)
+            if self.plan is None:
+                figures.add(phase.full)  # the same every round: counted once
+            else:
+                figures.traffic(m, ok)
             arrived.append(ok)
         ctx = BatchRound(
             round=t,
@@ -293,6 +303,7 @@ class VectorizedNetwork:
             codec=self.codec,
             nodes=self.nodes,
             every_message=self.plan is None,
+            everyone_up=bool(up_np.all()),
             defer_checks=self.device.type != "cpu",
         )
         try:
@@ -344,8 +355,9 @@ class _Counter:
     def _count(self, index: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         return torch.bincount(index, weights=weight, minlength=self.n).to(torch.long)
 
-    def traffic(self, m: Messages, ok: torch.Tensor) -> None:
-        okl = ok.to(torch.long)
+    def traffic(self, m: Messages, ok: torch.Tensor | None) -> None:
+        """Count the messages ``ok`` marks as delivered (``None``: all of them)."""
+        okl = torch.ones_like(m.src) if ok is None else ok.to(torch.long)
         self.sent = self.sent + self._count(m.src, okl.to(torch.float64))
         self.bytes_sent = self.bytes_sent + self._count(m.src, (m.nbytes * okl).to(torch.float64))
         self.fp32 = self.fp32 + self._count(m.src, (m.fp32 * okl).to(torch.float64))
@@ -353,6 +365,14 @@ class _Counter:
         self.bytes_received = self.bytes_received + self._count(
             m.dst, (m.nbytes * okl).to(torch.float64)
         )
+
+    def add(self, counts: _Counter) -> None:
+        """Add the traffic counts of another counter."""
+        self.sent = self.sent + counts.sent
+        self.bytes_sent = self.bytes_sent + counts.bytes_sent
+        self.fp32 = self.fp32 + counts.fp32
+        self.received = self.received + counts.received
+        self.bytes_received = self.bytes_received + counts.bytes_received
 
     def faults(self, m: Messages, dropped: torch.Tensor, missing: torch.Tensor) -> None:
         self.lost.append((m, dropped | missing))
