@@ -308,7 +308,8 @@ def simulate(
     finally:
         writer.close()
     wall = time.perf_counter() - began
-    extra: dict[str, Any] = {"engine": engine}
+    # The same keys on both engines: the message engine runs one module per node on the CPU.
+    extra: dict[str, Any] = {"engine": engine, "device": "cpu", "gradients": "per-node"}
     if vectorized is not None:
         extra["device"] = str(vectorized.device)
         extra["gradients"] = vectorized.objective.mode

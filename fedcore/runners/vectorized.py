@@ -404,7 +404,7 @@ def _check_memory(n: int, d: int, itemsize: int, union_edges: int, setup: RunSet
     memory = physical_memory()
     if memory is None:
         return
-    copies = 8  # parameters, gradients, the algorithm's state, decoded messages, temporaries
+    copies = 24  # parameters, gradients, state, decoded messages, temporaries (21 measured)
     need = n * d * itemsize * copies
     if getattr(setup.algorithm, "robust", False):
         need += 2 * union_edges * d * 8 * 2  # float64 totals at both ends, and a copy
