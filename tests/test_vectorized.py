@@ -231,3 +231,20 @@ def test_a_model_vmap_cannot_map_falls_back_to_one_module_per_node(
     net = VectorizedNetwork(prepare_run(config), device=torch.device("cpu"))
     assert net.objective.mode == "per-node" and net.objective.why
     assert_same_run(config)
+
+
+def test_the_test_harness_offers_the_vectorized_engine() -> None:
+    from fedcore.testing import VectorizedTestNetwork, make_network
+
+    fast = make_network("social:8", algorithm="ops", engine="vectorized")
+    slow = make_network("social:8", algorithm="ops")
+    assert isinstance(fast, VectorizedTestNetwork)
+    fast.run(5)
+    slow.run(5)
+    assert fast.round == slow.round == 5
+    for nid, model in slow.models().items():
+        assert torch.equal(fast.models()[nid], model)
+    assert fast.evaluate()["avg_model_accuracy"] == slow.evaluate()["avg_model_accuracy"]
+    assert abs(float(fast.state.omega.sum()) - 8) < 1e-9
+    with pytest.raises(ConfigError, match="vectorized"):
+        make_network("ring:4", settings={"transport.mode": "deadline"}, engine="vectorized")
