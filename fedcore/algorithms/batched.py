@@ -363,10 +363,14 @@ class BatchedDPSGD(BatchedLocal):
         """``x_i = own_i x_i + sum_j W_ji C(x_j) - lr g_i`` over what arrived."""
         g, x = ctx.graph, state.x
         sent = ctx.codec.roundtrip(x, _all_rows(x))
-        arrived = g.slots(ctx.arrived[0])
-        w = g.slots(g.weight)
-        own = g.self_weight + (w * ~arrived).sum(dim=1)
-        mixed = _mix(x * own.to(x.dtype).unsqueeze(1), sent, (w * arrived).to(x.dtype), g.nbr)
+        w = _slot_weights(g)
+        if ctx.every_message:  # what the general case computes, without the masks
+            own, coef = g.self_weight, w.to(x.dtype)
+        else:
+            arrived = g.slots(ctx.arrived[0])
+            own = g.self_weight + (w * ~arrived).sum(dim=1)
+            coef = (w * arrived).to(x.dtype)
+        mixed = _mix(x * own.to(x.dtype).unsqueeze(1), sent, coef, g.nbr)
         mixed.sub_(ctx.lr * grad)
         return _ModelState(ctx.keep(mixed, x))
 
@@ -510,6 +514,14 @@ class _RobustState(NamedTuple):
     seen_omega: torch.Tensor
 
 
+def _slot_weights(g: StackedGraph) -> torch.Tensor:
+    """``W_ji`` on the neighbour table (padding 0), float64; built once per graph."""
+    w = g.cache.get("slot_weights")
+    if w is None:
+        w = g.cache["slot_weights"] = g.slots(g.weight)
+    return w
+
+
 def _by_name(g: StackedGraph) -> list[int]:
     """Node indices in sorted-id order (the order a per-node inbox is processed in)."""
     order = g.cache.get("by_name")
@@ -628,7 +640,7 @@ class BatchedDeepSqueeze:
         v = x_half + state.memory
         c = _compressed(ctx, v)
         arrived = g.slots(ctx.arrived[0])
-        coef = (g.slots(g.weight) * arrived).to(c.dtype)
+        coef = (_slot_weights(g) * arrived).to(c.dtype)
         pull = _pull(c, coef, g.nbr)
         x = x_half + self.eta * pull
         return _SqueezeState(ctx.keep(x, state.x), ctx.keep(v - c, state.memory))
@@ -652,7 +664,7 @@ class BatchedCHOCO(BatchedDeepSqueeze):
         x_half = state.x - ctx.lr * grad
         q = _compressed(ctx, x_half - state.memory)
         xhat = state.memory + q
-        coef = g.slots(g.weight).to(x_half.dtype)
+        coef = _slot_weights(g).to(x_half.dtype)
         pull = _pull(xhat, coef, g.nbr)
         x = x_half + self.eta * pull
         return _SqueezeState(ctx.keep(x, state.x), ctx.keep(xhat, state.memory))
