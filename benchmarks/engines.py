@@ -330,6 +330,7 @@ def check_equivalence(config: Config, dataset: Dataset, rounds: int) -> dict[str
         "same_initial_params": same_start,
         "same_node_order": same_order,
         "max_abs_param": scale,
+        "gradient_mode": net.objective.mode,  # StackedObjective: batched, vmap or per-node
     }
     for kind in ("batched", "floor"):
         state = build(kind, config, dataset)
@@ -354,7 +355,7 @@ def bench_one(
         f"  check N={n} {model} {CHECK_ROUNDS} rounds: max |batched - vectorized| = "
         f"{check['batched_max_abs_diff']:.3g}, max |floor - vectorized| = "
         f"{check['floor_max_abs_diff']:.3g} (max |param| {check['max_abs_param']:.3g}, "
-        f"same start {check['same_initial_params']})",
+        f"same start {check['same_initial_params']}, gradients {check['gradient_mode']})",
         flush=True,
     )
     if not (check["batched_match"] and check["floor_match"] and check["same_initial_params"]):
@@ -638,10 +639,11 @@ def breakdown(dataset: Dataset, n: int, model: str, calls: int = 30) -> list[tup
     def csr_mix() -> None:
         bf.wt @ bf.x
 
+    mode = net.objective.mode  # StackedObjective: batched (stacked matmuls), vmap, per-node
     parts = [
         ("vectorized: run_round()", net.run_round),
         ("  StackedBatches.next", lambda: net.batches.next(up_np)),
-        ("  params[rows] + vmap loss_and_grad", lambda: net.objective.loss_and_grad(
+        (f"  params[rows] + loss_and_grad ({mode})", lambda: net.objective.loss_and_grad(
             params[rows], xb, yb, mask)),
         ("  zeros + grad[rows] = grads", scatter),
         ("  form.round (D-PSGD update)", lambda: net.form.round(net.state, grads, ctx)),
