@@ -155,10 +155,19 @@ def test_ops_variants_agree(extra: list[str], faults: bool) -> None:
     assert_same_run(_config("ops", "fp32", faults, *extra))
 
 
-@pytest.mark.parametrize("algorithm", ["ops", "dpsgd", "deepsqueeze", "dol", "central"])
-def test_stochastic_codec_draws_agree(algorithm: str) -> None:
-    """qsgd draws per node from the node's own generator, in the node's encoding order."""
-    assert_same_run(_config(algorithm, "qsgd", False))
+@pytest.mark.parametrize("faults", [False, True])
+@pytest.mark.parametrize("algorithm", ["ops", "dpsgd", "deepsqueeze", "dol", "central", "choco"])
+def test_stochastic_codec_draws_agree(algorithm: str, faults: bool) -> None:
+    """qsgd draws per node from the node's own generator, in the node's encoding order; a
+    crashed node draws nothing."""
+    if algorithm == "choco" and faults:
+        pytest.skip("choco refuses fault plans")
+    assert_same_run(_config(algorithm, "qsgd", faults))
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "ops"])
+def test_randk_draws_agree(algorithm: str) -> None:
+    assert_same_run(_config(algorithm, "topk", True, "compression.codec=randk"))
 
 
 def test_time_varying_schedule_agrees() -> None:

@@ -207,6 +207,17 @@ class BatchRound:
         ones: a crashed node keeps its state."""
         return new if self.everyone_up else _keep_down(self.up, new, old)
 
+    def roundtrip(self, values: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
+        """What receivers decode of the messages ``values`` (rows, sent by ``owners``): only
+        the rows of up senders go through the codec, as a crashed node encodes nothing (its
+        codec's random generator does not advance); the other rows come back as given."""
+        if self.everyone_up:
+            return self.codec.roundtrip(values, owners)
+        sending = self.up[owners]
+        out = values.clone()
+        out[sending] = self.codec.roundtrip(values[sending], owners[sending])
+        return out
+
     def check(self, bad: torch.Tensor, why: str) -> None:
         """Fail the run if any node of ``bad`` (``[N]`` bool) is set: at once, or, with
         ``defer_checks`` (a GPU, where reading a flag back stalls the round loop), when the
@@ -331,7 +342,7 @@ class BatchedCentral(BatchedLocal):
     def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
         """Average over the node and what arrived (all-to-all)."""
         x_half = state.x - ctx.lr * grad
-        sent = ctx.codec.roundtrip(x_half, _all_rows(x_half))
+        sent = ctx.roundtrip(x_half, _all_rows(x_half))
         g = ctx.graph
         arrived = ctx.arrived[0]
         heard = torch.zeros(g.n, g.n, dtype=torch.bool, device=x_half.device)
@@ -362,7 +373,7 @@ class BatchedDPSGD(BatchedLocal):
     def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
         """``x_i = own_i x_i + sum_j W_ji C(x_j) - lr g_i`` over what arrived."""
         g, x = ctx.graph, state.x
-        sent = ctx.codec.roundtrip(x, _all_rows(x))
+        sent = ctx.roundtrip(x, _all_rows(x))
         w = _slot_weights(g)
         if ctx.every_message:  # what the general case computes, without the masks
             own, coef = g.self_weight, w.to(x.dtype)
@@ -442,7 +453,7 @@ class BatchedOPS:
         g = ctx.graph
         unit_of_edge, unit_sender, unit_weight = _share_units(g)
         shares = x_half[unit_sender] * unit_weight.to(x_half.dtype).unsqueeze(1)
-        decoded = ctx.codec.roundtrip(shares, unit_sender)
+        decoded = ctx.roundtrip(shares, unit_sender)
         arrived = g.slots(ctx.arrived[0])
         units = torch.cat([unit_of_edge, unit_of_edge[:1]])[g.slot_edge]  # padding: any unit
         x_own = x_half * g.self_weight.to(x_half.dtype).unsqueeze(1)
@@ -608,7 +619,7 @@ def _compressed(ctx: BatchRound, v: torch.Tensor) -> torch.Tensor:
         "node {node} diverged at round {round}: the vector to compress is not finite. "
         "Lower algorithm.lr or the consensus step, or use a codec with a smaller error.",
     )
-    return ctx.codec.roundtrip(v, _all_rows(v))
+    return ctx.roundtrip(v, _all_rows(v))
 
 
 class BatchedDeepSqueeze:
