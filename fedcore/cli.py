@@ -24,6 +24,7 @@ import argparse
 import gc
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -203,7 +204,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_table(summary: dict[str, Any]) -> None:
-    final = summary.get("final", {})
+    # Figures that are not numbers (a diverged run) are null in summary.json.
+    final = {k: math.nan if v is None else v for k, v in summary.get("final", {}).items()}
     traffic = summary.get("traffic", {})
     gap = summary["topology"]["spectral_gap"]
     rows = [

@@ -47,6 +47,8 @@ __all__ = [
     "params_sha256",
     "round_record",
     "static_regret",
+    "strict_json",
+    "to_json_text",
 ]
 
 
@@ -150,6 +152,25 @@ def round_record(
     }
 
 
+def strict_json(value: Any) -> Any:
+    """``value`` with every float that is not finite (NaN, +-inf: a diverged run, a round
+    no node ran) replaced by ``None``, in nested dicts, lists and tuples, so that it is
+    strict JSON (``null``), which every parser reads."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def to_json_text(value: Any, *, indent: int | None = None) -> str:
+    """``value`` as strict JSON text (see :func:`strict_json`); never writes ``NaN``."""
+    separators = (",", ":") if indent is None else None
+    return json.dumps(strict_json(value), indent=indent, separators=separators, allow_nan=False)
+
+
 class JsonlWriter:
     """Appends one JSON object per line, flushing often so a crash loses little."""
 
@@ -162,7 +183,7 @@ class JsonlWriter:
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Write one record."""
-        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._fh.write(to_json_text(record) + "\n")
         self._pending += 1
         if self._pending >= 256:
             self.flush()

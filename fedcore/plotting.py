@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,11 @@ def load_records(run_dir: Path) -> tuple[str, list[dict[str, Any]], list[dict[st
     return name, evals, regret
 
 
+def _value(value: Any) -> float:
+    """A figure as written (``null``: not a number, a diverged run) as a float to plot."""
+    return math.nan if value is None else float(value)
+
+
 def plot_runs(run_dirs: Sequence[Path], out: Path) -> Path:
     """Draw the four comparison panels for ``run_dirs`` into ``out`` (PNG)."""
     import matplotlib
@@ -84,11 +90,11 @@ def plot_runs(run_dirs: Sequence[Path], out: Path) -> Path:
     for ax, xkey, ykey, ylabel, xlabel in panels:
         for name, evals in runs:
             xs = [r[xkey] + 1 if xkey == "round" else r[xkey] / 1e6 for r in evals]
-            (line,) = ax.plot(xs, [r[ykey] for r in evals], marker=".", label=name)
+            (line,) = ax.plot(xs, [_value(r[ykey]) for r in evals], marker=".", label=name)
             if ykey == "avg_model_accuracy":
                 ax.plot(
                     xs,
-                    [r["mean_node_accuracy"] for r in evals],
+                    [_value(r["mean_node_accuracy"]) for r in evals],
                     linestyle="--",
                     color=line.get_color(),
                     label=f"{name} (mean node)",

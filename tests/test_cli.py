@@ -525,3 +525,30 @@ def test_node_records_setting_thins_the_node_lines(
         lines = (tmp_path / mode / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
         kinds = [json.loads(line)["kind"] for line in lines]
         assert kinds.count("node") == expected and kinds.count("round") == 3, mode
+
+
+@pytest.mark.parametrize("engine", ["messages", "vectorized"])
+def test_outputs_are_strict_json_when_a_run_diverges(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, engine: str
+) -> None:
+    """A diverged run's figures are not numbers: written as null, never as NaN."""
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"non-strict JSON token {token}")
+
+    out = tmp_path / engine
+    simulate(
+        capsys,
+        out,
+        "--engine",
+        engine,
+        "--set",
+        "algorithm.name=local",
+        "--set",
+        "algorithm.lr=1e39",
+    )
+    lines = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line, parse_constant=refuse) for line in lines]
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"), parse_constant=refuse)
+    assert summary["final"]["average_loss"] is None
+    assert any(r["kind"] == "round" and r["train_loss"] is None for r in records)

@@ -257,3 +257,14 @@ def test_the_test_harness_offers_the_vectorized_engine() -> None:
     assert abs(float(fast.state.omega.sum()) - 8) < 1e-9
     with pytest.raises(ConfigError, match="vectorized"):
         make_network("ring:4", settings={"transport.mode": "deadline"}, engine="vectorized")
+
+
+@pytest.mark.parametrize("engine", ["messages", "vectorized"])
+def test_a_diverged_message_stops_either_engine(engine: str, tmp_path: Any) -> None:
+    """Strict mode: a receiver refuses a message holding non-finite values, on both engines."""
+    from fedcore.errors import ProtocolError
+    from fedcore.runners.simulate import simulate
+
+    config = _config("dpsgd", "fp32", False, "algorithm.lr=1e39", f"simulate.engine={engine}")
+    with pytest.raises(ProtocolError, match="non-finite"):
+        simulate(config, out_dir=tmp_path, show_progress=False)

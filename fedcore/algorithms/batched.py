@@ -39,7 +39,7 @@ from fedcore.algorithms.ops import OPS
 from fedcore.algorithms.reference import Central, Local
 from fedcore.algorithms.rps import RPS, block_sizes
 from fedcore.compression.batched import RowCodec
-from fedcore.errors import AlgorithmError
+from fedcore.errors import AlgorithmError, ProtocolError
 from fedcore.topology import TrustGraph
 
 __all__ = [
@@ -197,7 +197,7 @@ class BatchRound:
     """No fault plan: every message of the round arrives (known on the host)."""
     defer_checks: bool = False
     """Keep the checks' flags on the device (:meth:`check`) instead of reading them now."""
-    deferred: list[tuple[torch.Tensor, str]] = field(default_factory=list)
+    deferred: list[tuple[torch.Tensor, str, type[Exception]]] = field(default_factory=list)
 
     everyone_up: bool = True
     """No node is crashed this round (known on the host)."""
@@ -210,15 +210,40 @@ class BatchRound:
     def roundtrip(self, values: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
         """What receivers decode of the messages ``values`` (rows, sent by ``owners``): only
         the rows of up senders go through the codec, as a crashed node encodes nothing (its
-        codec's random generator does not advance); the other rows come back as given."""
+        codec's random generator does not advance); the other rows come back as given.
+
+        A decoded message that is not finite stops the run with the
+        :class:`~fedcore.errors.ProtocolError` a receiving node raises in strict mode
+        (:meth:`finite`)."""
         if self.everyone_up:
-            return self.codec.roundtrip(values, owners)
-        sending = self.up[owners]
-        out = values.clone()
-        out[sending] = self.codec.roundtrip(values[sending], owners[sending])
+            out = self.codec.roundtrip(values, owners)
+        else:
+            sending = self.up[owners]
+            out = values.clone()
+            out[sending] = self.codec.roundtrip(values[sending], owners[sending])
+        self.finite(out, owners)
         return out
 
-    def check(self, bad: torch.Tensor, why: str) -> None:
+    def finite(self, decoded: torch.Tensor, owners: torch.Tensor) -> None:
+        """Stop the run, as a strict-mode receiver does, if an up sender's decoded message
+        (a row of ``decoded``, sent by ``owners``) holds a value that is not finite.
+
+        Raises:
+            ProtocolError: such a message (at once, or with ``defer_checks`` later).
+        """
+        flat = decoded.reshape(decoded.shape[0], -1)
+        bad_rows = ~torch.isfinite(flat.sum(dim=1)) & ~torch.isfinite(flat).all(dim=1)
+        hits = torch.zeros(len(self.nodes), dtype=torch.long, device=decoded.device)
+        bad = hits.index_add_(0, owners, (bad_rows & self.up[owners]).long()) > 0
+        self.check(
+            bad,
+            "the messages of node {node} in round {round} were rejected: a tensor holds "
+            "non-finite values (the run diverged; strict mode stops here). Lower "
+            "algorithm.lr.",
+            ProtocolError,
+        )
+
+    def check(self, bad: torch.Tensor, why: str, error: type[Exception] = AlgorithmError) -> None:
         """Fail the run if any node of ``bad`` (``[N]`` bool) is set: at once, or, with
         ``defer_checks`` (a GPU, where reading a flag back stalls the round loop), when the
         engine next reads its figures back. ``why`` is formatted with ``node`` and ``round``.
@@ -227,16 +252,22 @@ class BatchRound:
             AlgorithmError: some node is bad (``defer_checks`` off).
         """
         if self.defer_checks:
-            self.deferred.append((bad, why))
+            self.deferred.append((bad, why, error))
             return
-        raise_bad(bad, why, self.nodes, self.round)
+        raise_bad(bad, why, self.nodes, self.round, error)
 
 
-def raise_bad(bad: torch.Tensor, why: str, nodes: Sequence[str], round: int) -> None:
-    """Raise :class:`AlgorithmError` with ``why`` about the first node set in ``bad``."""
+def raise_bad(
+    bad: torch.Tensor,
+    why: str,
+    nodes: Sequence[str],
+    round: int,
+    error: type[Exception] = AlgorithmError,
+) -> None:
+    """Raise ``error`` with ``why`` about the first node set in ``bad``."""
     if bool(bad.any()):
         first = int(torch.nonzero(bad)[0])
-        raise AlgorithmError(why.format(node=nodes[first], round=round))
+        raise error(why.format(node=repr(nodes[first]), round=round))
 
 
 class BatchedAlgorithm(Protocol):
@@ -491,6 +522,7 @@ class BatchedOPS:
         # The wire: hi = total in the model's dtype, lo = what the decoded hi misses.
         rows = g.src
         hi = ctx.codec.roundtrip(new_x.to(x_half.dtype), rows)
+        ctx.finite(hi, rows)
         total = hi.to(_TOTAL)
         if not self.float64_wire:
             lo = ctx.codec.roundtrip((new_x - total).to(x_half.dtype), rows)
@@ -767,6 +799,7 @@ class BatchedRPS:
         owner = self._owner
         coords = torch.arange(d, device=x_half.device)
         sent = self._blocks(ctx.codec, x_half, _all_rows(x_half))
+        ctx.finite(sent, _all_rows(x_half))
         sent[owner, coords] = x_half[owner, coords]  # the owner's own block is not sent
         src, dst = self._pairs_of(0, n, x_half.device)
         heard = torch.eye(n, dtype=torch.bool, device=x_half.device)

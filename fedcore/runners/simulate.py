@@ -7,7 +7,6 @@ evaluation round), ``summary.json`` and ``curves.png``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -24,7 +23,13 @@ from fedcore.config import Config, config_to_dict, dumps_toml
 from fedcore.data import Dataset
 from fedcore.errors import ConfigError
 from fedcore.ids import child_path
-from fedcore.metrics import JsonlWriter, evaluate_models, params_sha256, round_record
+from fedcore.metrics import (
+    JsonlWriter,
+    evaluate_models,
+    params_sha256,
+    round_record,
+    to_json_text,
+)
 from fedcore.models import Objective
 from fedcore.node import Node, RoundRecord
 from fedcore.progress import Progress
@@ -397,7 +402,7 @@ def add_regret(setup: RunSetup, observer: RunObserver, out: Path) -> list[dict[s
 
 def write_results(out: Path, summary: dict[str, Any]) -> None:
     """Write ``summary.json`` and draw ``curves.png`` into a finished run's folder."""
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "summary.json").write_text(to_json_text(summary, indent=2) + "\n", encoding="utf-8")
     try:
         from fedcore.plotting import plot_runs
 

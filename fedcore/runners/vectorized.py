@@ -200,7 +200,7 @@ class VectorizedNetwork:
                 order=config.data.order,
                 device=device,
             )
-        self._checks: list[tuple[int, torch.Tensor, str]] = []
+        self._checks: list[tuple[int, torch.Tensor, str, type[Exception]]] = []
         self.read = np.zeros(self.n, dtype=np.int64)  # batches each node read (online streams)
         self.round = 0
         plan = setup.faults
@@ -311,7 +311,7 @@ class VectorizedNetwork:
         except CompressionError:
             self.check()  # a deferred check that failed first says more than the codec
             raise
-        self._checks.extend((t, bad, why) for bad, why in ctx.deferred)
+        self._checks.extend((t, *check) for check in ctx.deferred)
         self.round = t + 1
         return figures.done(t, up, loss)
 
@@ -320,11 +320,11 @@ class VectorizedNetwork:
         :meth:`BatchRound.check`); raise the first that failed.
 
         Raises:
-            AlgorithmError: a check failed (naming the node and round).
+            AlgorithmError, ProtocolError: a check failed (naming the node and round).
         """
         checks, self._checks = self._checks, []
-        for t, bad, why in checks:
-            raise_bad(bad, why, self.nodes, t)
+        for t, bad, why, error in checks:
+            raise_bad(bad, why, self.nodes, t, error)
 
     def fault_counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """``(missing per edge, lost per edge)``, keyed ``"sender->receiver"``, as the
