@@ -221,6 +221,14 @@ def _print_table(summary: dict[str, Any]) -> None:
         ("min node accuracy", f"{final.get('min_node_accuracy', float('nan')):.4f}"),
         ("consensus distance", f"{final.get('consensus_distance', float('nan')):.4g}"),
         ("average loss", f"{final.get('average_loss', float('nan')):.4f}"),
+        *(
+            (label, f"{final[key]:.4g} (average {final[f'average_{key}']:.4g})")
+            for key, label in (
+                ("static_regret", "static regret"),
+                ("dynamic_regret", "dynamic regret"),
+            )
+            if isinstance(final.get(key), float) and math.isfinite(final[key])
+        ),
         ("bytes / node / round", f"{traffic.get('bytes_per_node_per_round', 0):.0f}"),
         (
             "messages missing",

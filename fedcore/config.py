@@ -40,6 +40,7 @@ from fedcore.ids import check_node_id, clip, shorten
 __all__ = [
     "AUTO_RECORDS_NODES",
     "CODECS",
+    "CONVEX_MODELS",
     "DEVICES",
     "ENGINES",
     "LR_SCHEDULES",
@@ -85,6 +86,9 @@ NODE_RECORDS = ("auto", "all", "eval", "none")
 
 DEVICES = ("cpu", "cuda")
 """Device kinds ``simulate.device`` may name (``"cuda:1"`` picks a GPU)."""
+
+CONVEX_MODELS = ("logreg",)
+"""Built-in models whose loss is convex in the parameters (``run.regret`` needs one)."""
 
 CODECS = ("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "raw")
 """Codecs (``compression.codec``)."""
@@ -584,6 +588,16 @@ class Config:
     transport: TransportConfig = field(default_factory=TransportConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
+
+    def __post_init__(self) -> None:
+        """Refuse what the tables cannot do together."""
+        if self.run.regret and self.model.name not in CONVEX_MODELS:
+            raise ConfigError(
+                f"run.regret = true needs a model whose loss is convex in its parameters "
+                f"({', '.join(CONVEX_MODELS)}): model {clip(self.model.name)} has no "
+                "static regret to compute (and the dynamic regret is defined for logreg "
+                "only). Set model.name = 'logreg', or run.regret = false."
+            )
 
 
 _SECTIONS: dict[str, type[Any]] = {

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcore.config import load_config
-from fedcore.errors import DataError
+from fedcore.errors import ConfigError, DataError
 from fedcore.metrics import dynamic_regret, minimize, static_regret
 from fedcore.runners.network import prepare_run
 from fedcore.runners.simulate import simulate
@@ -125,7 +125,7 @@ def test_run_regret_matches_a_direct_count(tmp_path: Path) -> None:
     assert [r["round"] for r in regret_lines] == [9, 19]
 
 
-def test_regret_is_skipped_for_nonconvex_models(tmp_path: Path) -> None:
+def test_regret_of_a_nonconvex_model_is_refused_not_skipped() -> None:
     overrides = ["model.name=mlp", "run.rounds=4", "topology.nodes=4", "run.regret=true"]
-    summary = simulate(load_config(None, overrides), out_dir=tmp_path, show_progress=False)
-    assert summary["regret"] == [] and "static_regret" not in summary["final"]
+    with pytest.raises(ConfigError, match="needs a model whose loss is convex"):
+        load_config(None, overrides)

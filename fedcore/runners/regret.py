@@ -26,6 +26,7 @@ import torch
 from torch.nn import functional
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from fedcore.config import CONVEX_MODELS
 from fedcore.metrics import dynamic_regret, minimize, static_regret
 from fedcore.runners.network import RunSetup
 
@@ -34,8 +35,6 @@ __all__ = ["CONVEX_MODELS", "applies", "regret_curve"]
 MAX_ITER = 500
 """L-BFGS evaluations per hindsight problem (separable data has no minimum: the loss only
 tends to 0, and the regret then approaches the suffered loss)."""
-CONVEX_MODELS = ("logreg",)
-"""Built-in models whose loss is convex in the parameters (static regret is exact)."""
 
 
 class _History:
