@@ -36,7 +36,7 @@ from typing import Any
 
 from fedcore import __version__
 from fedcore.errors import ConfigError, FedcoreError
-from fedcore.ids import check_node_id, child_path, first_line
+from fedcore.ids import check_node_id, child_path, clip, first_line
 
 __all__ = ["main"]
 
@@ -190,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
 
     plot = sub.add_parser("plot", help="plot loss and accuracy of runs")
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    plot.add_argument("--out", required=True, help="PNG file to write")
+    plot.add_argument("--out", required=True, help="picture to write: .png, .pdf or .svg")
     for leaf in (sim, lau, node, comp, summ, init, hea, show, plot):
         leaf.add_argument(
             "-v",
@@ -427,10 +427,20 @@ def _topology_show(args: argparse.Namespace) -> int:
     return 0
 
 
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+"""File types ``fedcore plot --out`` writes (by the name's suffix)."""
+
+
 def _plot(args: argparse.Namespace) -> int:
     from fedcore.plotting import plot_runs
 
-    out = plot_runs([Path(r) for r in args.runs], Path(args.out))
+    target = Path(args.out)
+    if target.suffix.lower() not in PLOT_FORMATS:
+        raise ConfigError(
+            f"fedcore plot --out {clip(args.out)}: the file name must end in "
+            f"{', '.join(PLOT_FORMATS)} (the picture's format), e.g. --out curves.png."
+        )
+    out = plot_runs([Path(r) for r in args.runs], target)
     print(f"wrote {out}")
     return 0
 

@@ -552,3 +552,13 @@ def test_outputs_are_strict_json_when_a_run_diverges(
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"), parse_constant=refuse)
     assert summary["final"]["average_loss"] is None
     assert any(r["kind"] == "round" and r["train_loss"] is None for r in records)
+
+
+def test_plot_to_a_file_type_it_cannot_write_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    simulate(capsys, tmp_path / "run")
+    status, out, err = cli(capsys, "plot", str(tmp_path / "run"), "--out", str(tmp_path / "p.txt"))
+    assert_one_line_error(status, out, err, "--out", ".png")
+    status, _, _ = cli(capsys, "plot", str(tmp_path / "run"), "--out", str(tmp_path / "p.svg"))
+    assert status == 0 and (tmp_path / "p.svg").stat().st_size > 0

@@ -279,3 +279,24 @@ def test_garbage_bytes_are_a_protocol_error() -> None:
         MessageAssembler(100).add(b"\xff\xff\xff")
     with pytest.raises(ProtocolError, match="empty chunk"):
         MessageAssembler(100).add(b"")
+
+
+def test_a_busy_listen_port_is_one_clear_error() -> None:
+    """Another process holds the port: the peer says so, naming the address and the fix."""
+    import asyncio
+    import socket
+
+    from fedcore.errors import PeerUnavailableError
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    t = GrpcTransport("n0", listen=f"127.0.0.1:{port}", roster={}, run_id="r", trusted=set())
+    try:
+        with pytest.raises(
+            PeerUnavailableError, match=r"cannot listen on 127\.0\.0\.1:\d+: the port is in use"
+        ):
+            asyncio.run(t.start())
+    finally:
+        holder.close()

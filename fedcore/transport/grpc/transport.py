@@ -368,17 +368,24 @@ class GrpcTransport:
                 _health_handlers(self._health, servicer),
             )
         )
-        if self.tls is None:
-            port: int = server.add_insecure_port(self.listen)
-        else:
-            credentials = grpc.ssl_server_credentials(
-                [(self.tls.key, self.tls.cert)],
-                root_certificates=self.tls.ca,
-                require_client_auth=True,
-            )
-            port = server.add_secure_port(self.listen, credentials)
+        try:
+            if self.tls is None:
+                port: int = server.add_insecure_port(self.listen)
+            else:
+                credentials = grpc.ssl_server_credentials(
+                    [(self.tls.key, self.tls.cert)],
+                    root_certificates=self.tls.ca,
+                    require_client_auth=True,
+                )
+                port = server.add_secure_port(self.listen, credentials)
+        except RuntimeError:  # newer grpcio raises "Failed to bind" instead of returning 0
+            port = 0
         if port == 0:
-            raise PeerUnavailableError(f"node {self.node_id!r} cannot listen on {self.listen}.")
+            raise PeerUnavailableError(
+                f"node {self.node_id!r} cannot listen on {self.listen}: the port is in use, or "
+                "the address is not one of this machine's. Stop what holds the port, or give "
+                "another HOST:PORT (--listen, or the roster)."
+            )
         await server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._server = server
