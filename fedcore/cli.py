@@ -85,7 +85,12 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
         p.add_argument("--out", help="results folder (default: runs/<name>-<timestamp>)")
         _set_option(p)
-        p.add_argument("-q", "--quiet", action="store_true", help="no progress or table")
+        p.add_argument(
+            "-q",
+            "--quiet",
+            action="store_true",
+            help="no progress or table; print only where the results are",
+        )
         _threads_option(p)
 
     node = sub.add_parser(
@@ -288,7 +293,9 @@ def _simulate(args: argparse.Namespace) -> int:
         overrides.append(f"simulate.device={args.device}")
     config = load_config(args.config, overrides)
     summary = simulate(config, out_dir=args.out, show_progress=not args.quiet)
-    if not args.quiet:
+    if args.quiet:
+        print(f"results: {summary['out_dir']}")
+    else:
         _print_table(summary)
     return 0
 
@@ -302,7 +309,9 @@ def _launch(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     config = load_config(args.config, args.overrides)
     summary = launch(config, out_dir=args.out, show_progress=not args.quiet, threads=args.threads)
-    if not args.quiet:
+    if args.quiet:
+        print(f"results: {summary['out_dir']}")
+    else:
         _print_table(summary)
     return 0
 

@@ -39,6 +39,9 @@ class Progress:
             return
         self._next_report = fraction + 0.1
         elapsed = time.perf_counter() - self.start
+        # The first rounds carry start-up costs (imports, the first batches, caches): an
+        # estimate from them alone says minutes for a run of seconds, so wait for a few.
+        settled = done >= max(2, self.total // 50) and elapsed >= 1.0
         eta = elapsed / done * (self.total - done) if done else 0.0
         width = 24
         filled = int(width * fraction)
@@ -49,7 +52,8 @@ class Progress:
             parts.append(f"loss {loss:.4f}")
         if accuracy is not None:
             parts.append(f"acc {accuracy:.4f}")
-        parts.append(f"{_fmt_seconds(elapsed)} elapsed, ETA {_fmt_seconds(eta)}")
+        when = _fmt_seconds(eta) if settled or done == self.total else "--"
+        parts.append(f"{_fmt_seconds(elapsed)} elapsed, ETA {when}")
         line = "  ".join(parts)
         if self.tty:
             self.stream.write("\r" + line + "\033[K")

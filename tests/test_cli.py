@@ -562,3 +562,23 @@ def test_plot_to_a_file_type_it_cannot_write_is_one_line(
     assert_one_line_error(status, out, err, "--out", ".png")
     status, _, _ = cli(capsys, "plot", str(tmp_path / "run"), "--out", str(tmp_path / "p.svg"))
     assert status == 0 and (tmp_path / "p.svg").stat().st_size > 0
+
+
+def test_quiet_still_says_where_the_results_are(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, out, _ = cli(capsys, "simulate", "-q", "--out", str(tmp_path / "r"), *TINY)
+    assert status == 0 and out.strip() == f"results: {tmp_path / 'r'}"
+
+
+def test_no_eta_from_the_first_rounds_alone() -> None:
+    import io
+
+    from fedcore.progress import Progress
+
+    stream = io.StringIO()
+    progress = Progress(1000, label="t", stream=stream)
+    progress.update(1)
+    assert "ETA --" in stream.getvalue()
+    progress.update(1000)
+    assert "ETA 0s" in stream.getvalue().splitlines()[-1]
