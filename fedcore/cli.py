@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     for p in (sim, lau):
         p.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
         p.add_argument("--out", help="results folder (default: runs/<name>-<timestamp>)")
+        p.add_argument(
+            "--force", action="store_true", help="replace the run an existing --out folder holds"
+        )
         _set_option(p)
         p.add_argument(
             "-q",
@@ -292,7 +295,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.device:
         overrides.append(f"simulate.device={args.device}")
     config = load_config(args.config, overrides)
-    summary = simulate(config, out_dir=args.out, show_progress=not args.quiet)
+    summary = simulate(config, out_dir=args.out, show_progress=not args.quiet, force=args.force)
     if args.quiet:
         print(f"results: {summary['out_dir']}")
     else:
@@ -308,7 +311,13 @@ def _launch(args: argparse.Namespace) -> int:
     # SIGTERM to the launcher stops its peers too (as Ctrl-C does), rather than orphaning them.
     signal.signal(signal.SIGTERM, _interrupt)
     config = load_config(args.config, args.overrides)
-    summary = launch(config, out_dir=args.out, show_progress=not args.quiet, threads=args.threads)
+    summary = launch(
+        config,
+        out_dir=args.out,
+        show_progress=not args.quiet,
+        threads=args.threads,
+        force=args.force,
+    )
     if args.quiet:
         print(f"results: {summary['out_dir']}")
     else:

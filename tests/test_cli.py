@@ -582,3 +582,37 @@ def test_no_eta_from_the_first_rounds_alone() -> None:
     assert "ETA --" in stream.getvalue()
     progress.update(1000)
     assert "ETA 0s" in stream.getvalue().splitlines()[-1]
+
+
+def test_runs_started_together_never_share_a_folder(tmp_path: Path) -> None:
+    """Two runs of the same config started at once (the same second): two folders, each
+    with its own config (the issue's repro: ``--set run.seed=1 -q & --set run.seed=2 -q``)."""
+    argv = [sys.executable, "-m", "fedcore", "simulate", "-q", *TINY]
+    procs = [
+        subprocess.Popen(
+            [*argv, "--set", f"run.seed={seed}"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    folders = sorted((tmp_path / "runs").iterdir())
+    assert len(folders) == 2
+    seeds = sorted(load_config(f / "config.toml").run.seed for f in folders)
+    assert seeds == [1, 2]
+    for folder in folders:
+        assert (folder / "summary.json").is_file() and (folder / "curves.png").is_file()
+
+
+def test_an_out_folder_holding_a_run_is_refused_unless_forced(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    simulate(capsys, tmp_path / "r")
+    status, out, err = cli(capsys, "simulate", "-q", "--out", str(tmp_path / "r"), *TINY)
+    assert_one_line_error(status, out, err, "holds another run", "--force")
+    simulate(capsys, tmp_path / "r", "--force", "--set", "run.seed=3")
+    assert load_config(tmp_path / "r" / "config.toml").run.seed == 3

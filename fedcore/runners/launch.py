@@ -37,7 +37,7 @@ from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runners.network import RunSetup, prepare_run
 from fedcore.runners.peer import model_path
-from fedcore.runners.simulate import RunObserver, default_out_dir, finish_run
+from fedcore.runners.simulate import RunObserver, finish_run, open_run_dir
 
 __all__ = ["free_ports", "launch", "peer_dir", "read_params", "summarize"]
 
@@ -134,6 +134,7 @@ def launch(
     show_progress: bool = True,
     progress_stream: TextIO | None = None,
     threads: int = 1,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Run every peer of ``config`` as its own process over gRPC; return the summary.
 
@@ -144,8 +145,7 @@ def launch(
     setup = prepare_run(config)
     nodes = setup.graph.nodes
     name = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
-    out = Path(out_dir) if out_dir is not None else default_out_dir(name)
-    out.mkdir(parents=True, exist_ok=True)
+    out = open_run_dir(out_dir, name, force=force)  # see simulate's: never a shared folder
     config_path = out / "config.toml"
     config_path.write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
     roster = {n: f"127.0.0.1:{p}" for n, p in zip(nodes, free_ports(len(nodes)), strict=True)}

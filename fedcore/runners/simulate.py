@@ -52,6 +52,7 @@ __all__ = [
     "default_out_dir",
     "finish_run",
     "make_summary",
+    "open_run_dir",
     "simulate",
     "write_results",
 ]
@@ -71,6 +72,45 @@ def default_out_dir(name: str) -> Path:
     """
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:100] or "run"
     return child_path(Path("runs"), f"{safe}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+
+
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
+"""What a results folder holds; a folder with any of them holds a run."""
+
+
+def open_run_dir(out_dir: str | Path | None, name: str, *, force: bool = False) -> Path:
+    """The folder a run writes into, created.
+
+    Without ``out_dir``: ``default_out_dir(name)``, created atomically; if another run
+    took that name in the same second (two runs started together), ``-2``, ``-3``, ...
+    is appended, so two runs never share a folder. With ``out_dir``: that folder, which
+    must not hold another run's files unless ``force`` (then they are replaced).
+
+    Raises:
+        ConfigError: ``out_dir`` holds another run and ``force`` is false.
+    """
+    if out_dir is None:
+        base = default_out_dir(name)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for k in range(1, 10_000):
+            candidate = base if k == 1 else base.with_name(f"{base.name}-{k}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            return candidate
+        raise ConfigError(f"could not find a free results folder beside {base}; give --out.")
+    out = Path(out_dir)
+    held = [f for f in RUN_FILES if (out / f).exists()]
+    if held and not force:
+        raise ConfigError(
+            f"results folder {str(out)!r} holds another run ({', '.join(held)}); give another "
+            "--out, or --force to replace it."
+        )
+    for f in held:
+        (out / f).unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 class RunObserver:
@@ -246,6 +286,7 @@ def simulate(
     out_dir: str | Path | None = None,
     progress_stream: TextIO | None = None,
     show_progress: bool = True,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Run ``config`` in one process; write the results folder; return the summary.
 
@@ -254,9 +295,11 @@ def simulate(
 
     Args:
         config: The experiment.
-        out_dir: Results folder (default ``runs/<name>-<timestamp>``).
+        out_dir: Results folder (default ``runs/<name>-<timestamp>``, never one another
+            run uses: see :func:`open_run_dir`).
         progress_stream: Where progress goes (default stderr).
         show_progress: Whether to show progress at all (and the engine note).
+        force: Replace the run files an existing ``out_dir`` holds.
 
     Raises:
         ConfigError, TopologyError, DataError: invalid experiment (before any work).
@@ -280,8 +323,7 @@ def simulate(
         nodes = list(network.nodes)
     progress = Progress(rounds, label="simulate", stream=stream) if show_progress else None
     name = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
-    out = Path(out_dir) if out_dir is not None else default_out_dir(name)
-    out.mkdir(parents=True, exist_ok=True)
+    out = open_run_dir(out_dir, name, force=force)
     (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
     writer = JsonlWriter(out / "metrics.jsonl")
     observer = RunObserver(
