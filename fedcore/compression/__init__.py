@@ -10,7 +10,7 @@ and ``randk`` are the packed lossy codecs (see :mod:`fedcore.compression.codecs`
 from __future__ import annotations
 
 from fedcore.compression.base import Codec, RawCodec
-from fedcore.compression.batched import LoopRowCodec, RowCodec, make_row_codec
+from fedcore.compression.batched import RowCodec, make_row_codec
 from fedcore.compression.codecs import (
     CastCodec,
     QSGDCodec,
@@ -26,7 +26,6 @@ __all__ = [
     "CODEC_NAMES",
     "CastCodec",
     "Codec",
-    "LoopRowCodec",
     "QSGDCodec",
     "RandKCodec",
     "RawCodec",

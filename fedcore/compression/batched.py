@@ -42,10 +42,6 @@ Stochastic codecs (``qsgd``, ``randk``) keep one ``torch.Generator`` per node, s
 generator in row order: the caller lists rows in the order the message engine encodes
 them, and each node's draw sequence is the per-node codec's. Those draws happen on the CPU
 (the generators are CPU generators) and move to ``x.device``.
-
-:class:`LoopRowCodec` is the plain per-row loop over real codec objects: the fallback for
-anything not batched, and bit-identical on every device by construction (it moves rows to
-the CPU and back).
 """
 
 from __future__ import annotations
@@ -56,7 +52,6 @@ from typing import ClassVar
 
 import torch
 
-from fedcore.compression.base import Codec
 from fedcore.compression.codecs import (
     CastCodec,
     QSGDCodec,
@@ -66,13 +61,13 @@ from fedcore.compression.codecs import (
     _keep,
     topk_indices,
 )
-from fedcore.compression.registry import CODEC_NAMES, make_codec
+from fedcore.compression.registry import CODEC_NAMES
 from fedcore.errors import CompressionError
 
 _CPU = torch.device("cpu")
 """Per-message codecs and per-node generators work on the host."""
 
-__all__ = ["LoopRowCodec", "RowCodec", "make_row_codec"]
+__all__ = ["RowCodec", "make_row_codec"]
 
 _FLOATS = (torch.float32, torch.float64)
 _TINY = torch.finfo(torch.float32).tiny
@@ -416,54 +411,6 @@ class _RandKRows(_StochasticRows):
 
     def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
         return self._codec.wire_bytes(n) + 16  # parameters: k, seed
-
-
-class LoopRowCodec(RowCodec):
-    """The reference: each row through its owner's real codec object, one at a time.
-
-    Bit-identical to the message engine on every device by construction (rows go to the
-    CPU and back), and as slow as it: the fallback for anything the batched codecs do not
-    cover. ``nbytes`` encodes a zero tensor to measure.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        bits: int = 8,
-        ratio: float = 0.01,
-        chunk: int = 0,
-        scaled: bool = False,
-        seeds: Sequence[int] = (),
-    ) -> None:
-        """One codec per seed, made as ``make_codec(name, ..., seed=seeds[i])``."""
-
-        def build(seed: int) -> Codec:
-            return make_codec(name, bits=bits, ratio=ratio, chunk=chunk, scaled=scaled, seed=seed)
-
-        self.name = name
-        self._probe = build(0)  # validates the options; sizes, and stateless codecs
-        self.codecs = [build(s) for s in seeds]
-        self.deterministic = name not in ("qsgd", "randk")
-
-    def _roundtrip(self, x: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
-        ids: list[int] = owners.tolist()
-        out = torch.empty_like(x)
-        if self.deterministic:  # stateless: any instance will do
-            codecs = [self._probe] * len(ids)
-        elif not 0 <= min(ids) <= max(ids) < len(self.codecs):
-            raise CompressionError(
-                f"codec {self.name!r}: an owner has no seed ({len(self.codecs)} seeds given)."
-            )
-        else:
-            codecs = [self.codecs[i] for i in ids]
-        for r, codec in enumerate(codecs):
-            row = x[r].cpu()
-            out[r] = codec.decode(codec.encode(row)).to(x.device)
-        return out
-
-    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
-        return self._probe.encode(torch.zeros(n, dtype=dtype, device=_CPU)).nbytes
 
 
 def make_row_codec(

@@ -188,8 +188,11 @@ class VectorizedNetwork:
             )
         if setup.source is not None:
             self.batches: StackedBatches | None = None
-            self.streams = [setup.source.stream(i) for i in range(self.n)]
             self._batched_source = callable(getattr(setup.source, "batches", None))
+            # Per-node streams only for a source that cannot give a whole round at once.
+            self.streams = (
+                [] if self._batched_source else [setup.source.stream(i) for i in range(self.n)]
+            )
         else:
             self.batches = StackedBatches(
                 setup.dataset.x_train,

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcore.compression import CODEC_NAMES, Codec, get_codec, make_codec
-from fedcore.compression.batched import LoopRowCodec, RowCodec, make_row_codec
+from fedcore.compression.batched import RowCodec, make_row_codec
 from fedcore.errors import CompressionError
 
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -204,18 +204,6 @@ def test_long_rows(key: str, options: dict[str, Any], n: int) -> None:
             [codecs[o].decode(codecs[o].encode(x[r])) for r, o in enumerate([1, 0, 1])]
         )
         assert_bit_equal(batched.roundtrip(x, owners), want)
-
-
-def test_loop_row_codec_is_the_reference() -> None:
-    seeds = _seeds(11, 3)
-    owners = torch.tensor([0, 2, 2, 1])
-    x = _rows(2, 4, 20, torch.float64, tie_free=True)
-    for key in SETTINGS:
-        loop = LoopRowCodec(_name(key), **SETTINGS[key], seeds=seeds)
-        batched = make_row_codec(_name(key), **SETTINGS[key], seeds=seeds)
-        assert loop.deterministic == batched.deterministic
-        assert_bit_equal(loop.roundtrip(x, owners), batched.roundtrip(x, owners))
-        assert loop.nbytes(20, torch.float64) == batched.nbytes(20, torch.float64)
 
 
 def test_values_the_codec_refuses_raise() -> None:
