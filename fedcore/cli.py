@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         "--verbose",
         action="count",
         default=0,
-        help="more logging; -v also shows the traceback behind an error",
+        help="more logging: -v fedcore's steps and the traceback behind an error, -vv "
+        "fedcore's debug lines, -vvv every library's",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -81,9 +82,32 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--device", metavar="DEV", help="simulate.device: cpu (default), cuda or cuda:K"
     )
+    sim.add_argument(
+        "--seeds",
+        metavar="SEEDS",
+        help="a seed sweep: run the config once per seed (e.g. 0-4 or 0,3,7), one folder "
+        "each, and a table and results.csv of mean +- std of the final figures",
+    )
+    sim.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --seeds: runs in parallel worker processes (default 1)",
+    )
+    sim.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the interrupted run in RUN_DIR from its last checkpoint "
+        "(run.checkpoint_every); it ends as the uninterrupted run would",
+    )
     for p in (sim, lau):
         p.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
         p.add_argument("--out", help="results folder (default: runs/<name>-<timestamp>)")
+        p.add_argument(
+            "--name",
+            help="the run's name (run.name; default: algorithm-topology, plus what --set changed)",
+        )
         p.add_argument(
             "--force", action="store_true", help="replace the run an existing --out folder holds"
         )
@@ -115,6 +139,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _set_option(node)
     _threads_option(node)
+    node.add_argument(
+        "-q", "--quiet", action="store_true", help="no start-up, progress or results lines"
+    )
 
     comp = sub.add_parser(
         "compose",
@@ -139,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     comp.add_argument(
         "--roster", metavar="FILE", help="multi-host: every peer's HOST:PORT (JSON or TOML)"
+    )
+    comp.add_argument(
+        "-q", "--quiet", action="store_true", help="print only the compose file written"
     )
 
     summ = sub.add_parser(
@@ -173,6 +203,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a new CA, and every certificate in DIR issued anew",
     )
+    init.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
     hea = sub.add_parser(
         "health",
@@ -199,6 +230,21 @@ def _parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="plot loss and accuracy of runs")
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
     plot.add_argument("--out", required=True, help="picture to write: .png, .pdf or .svg")
+    plot.add_argument(
+        "--label",
+        metavar="KEY",
+        help="label each curve by this config key of its run (e.g. algorithm.name) "
+        "instead of the run's name",
+    )
+    plot.add_argument("--title", help="the figure's title")
+    plot.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    plot.add_argument("--log-bytes", action="store_true", help="a log scale on the bytes-sent axis")
+    plot.add_argument(
+        "--bands",
+        action="store_true",
+        help="one curve per group of runs that differ only in run.seed: the mean, with a "
+        "band of +- one standard deviation",
+    )
     for leaf in (sim, lau, node, comp, summ, init, hea, show, plot):
         leaf.add_argument(
             "-v",
@@ -206,7 +252,8 @@ def _parser() -> argparse.ArgumentParser:
             dest="sub_verbose",
             action="count",
             default=0,
-            help="more logging; -v also shows the traceback behind an error",
+            help="more logging: -v fedcore's steps and the traceback behind an error, -vv "
+            "fedcore's debug lines, -vvv every library's",
         )
     return parser
 
@@ -224,6 +271,11 @@ def _print_table(summary: dict[str, Any]) -> None:
             + (f"(gap {gap:.3f})" if gap is not None else "(gap not computed: too many nodes)"),
         ),
         ("nodes x rounds", f"{summary['nodes']} x {summary['rounds']}"),
+        *(
+            [("status", f"{status} after round {summary.get('rounds_completed')}")]
+            if (status := summary.get("status", "completed")) != "completed"
+            else []
+        ),
         ("avg-model accuracy", f"{final.get('avg_model_accuracy', float('nan')):.4f}"),
         ("mean node accuracy", f"{final.get('mean_node_accuracy', float('nan')):.4f}"),
         ("min node accuracy", f"{final.get('min_node_accuracy', float('nan')):.4f}"),
@@ -285,22 +337,76 @@ def _set_threads(threads: int) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from fedcore.config import load_config
-    from fedcore.runners.simulate import simulate
+    from fedcore.runners.simulate import resume
 
     _set_threads(args.threads)
-    overrides = list(args.overrides)
-    if args.engine:
-        overrides.append(f"simulate.engine={args.engine}")
-    if args.device:
-        overrides.append(f"simulate.device={args.device}")
-    config = load_config(args.config, overrides)
-    summary = simulate(config, out_dir=args.out, show_progress=not args.quiet, force=args.force)
+    # SIGTERM stops a run as Ctrl-C does: its summary says so, and it can be resumed.
+    signal.signal(signal.SIGTERM, _interrupt)
+    if args.resume is not None:
+        given = [
+            flag
+            for flag, value in (
+                ("CONFIG", args.config),
+                ("--set", args.overrides),
+                ("--out", args.out),
+                ("--name", args.name),
+                ("--seeds", args.seeds),
+                ("--engine", args.engine),
+                ("--device", args.device),
+            )
+            if value
+        ]
+        if given:
+            raise ConfigError(
+                f"--resume continues the run in its folder as it was configured; drop "
+                f"{', '.join(given)}."
+            )
+        summary: dict[str, Any] | None = resume(args.resume, show_progress=not args.quiet)
+    else:
+        summary = _simulate_new(args)
+    if summary is None:  # a sweep, which printed its own table
+        return 0
     if args.quiet:
         print(f"results: {summary['out_dir']}")
     else:
         _print_table(summary)
     return 0
+
+
+def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
+    from fedcore.config import load_config
+    from fedcore.runners.simulate import simulate
+
+    overrides = list(args.overrides)
+    if args.engine:
+        overrides.append(f"simulate.engine={args.engine}")
+    if args.device:
+        overrides.append(f"simulate.device={args.device}")
+    if args.name is not None:
+        overrides.append(f"run.name={json.dumps(args.name)}")
+    if args.seeds is not None:
+        from fedcore.runners.sweep import parse_seeds, run_sweep, sweep_table
+
+        result = run_sweep(
+            args.config,
+            overrides,
+            parse_seeds(args.seeds),
+            jobs=args.jobs,
+            out_dir=args.out,
+            force=args.force,
+            show_progress=not args.quiet,
+            threads=args.threads,
+        )
+        print(f"results: {result['out_dir']}" if args.quiet else sweep_table(result))
+        return None
+    config = load_config(args.config, overrides)
+    return simulate(
+        config,
+        out_dir=args.out,
+        show_progress=not args.quiet,
+        force=args.force,
+        overrides=overrides,
+    )
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -310,13 +416,17 @@ def _launch(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     # SIGTERM to the launcher stops its peers too (as Ctrl-C does), rather than orphaning them.
     signal.signal(signal.SIGTERM, _interrupt)
-    config = load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if args.name is not None:
+        overrides.append(f"run.name={json.dumps(args.name)}")
+    config = load_config(args.config, overrides)
     summary = launch(
         config,
         out_dir=args.out,
         show_progress=not args.quiet,
         threads=args.threads,
         force=args.force,
+        overrides=overrides,
     )
     if args.quiet:
         print(f"results: {summary['out_dir']}")
@@ -336,7 +446,13 @@ def _node(args: argparse.Namespace) -> int:
     roster = load_roster(args.roster)
     out = Path(args.out) if args.out else child_path(Path("runs"), f"node-{node_id}", ConfigError)
     status = run_peer_main(
-        config, args.node_id, roster, out=out, listen=args.listen, resume=args.resume
+        config,
+        args.node_id,
+        roster,
+        out=out,
+        listen=args.listen,
+        resume=args.resume,
+        show_progress=not args.quiet,
     )
     # Everything is written and closed. Spare the exit a final garbage collection of every
     # torch and gRPC object (measured at seconds per peer): the process ends anyway.
@@ -357,6 +473,8 @@ def _compose(args: argparse.Namespace) -> int:
     )
     out = path.parent
     print(f"wrote {path} (with config.toml, roster.json and nodes/<id>/ beside it)")
+    if args.quiet:
+        return 0
     print("next steps:")
     if source_root() is None:
         print(f"  docker build -t {args.image} -f nodes/Dockerfile .   # in a fedcore checkout")
@@ -399,6 +517,8 @@ def _certs(args: argparse.Namespace) -> int:
         raise ConfigError("certs init needs --nodes ID... or --config FILE.")
     written = init_certs(nodes, args.out, days=args.days, force=args.force)
     issued = sorted({p.stem for p in written if p.suffix == ".crt" and p.stem != "ca"})
+    if args.quiet:
+        return 0
     print(
         f"{args.out}: {len(issued)} node certificate(s) issued"
         + (f" ({', '.join(issued)})" if issued else " (all existed)")
@@ -458,8 +578,16 @@ def _plot(args: argparse.Namespace) -> int:
             f"fedcore plot --out {clip(args.out)}: the file name must end in "
             f"{', '.join(PLOT_FORMATS)} (the picture's format), e.g. --out curves.png."
         )
-    out = plot_runs([Path(r) for r in args.runs], target)
-    print(f"wrote {out}")
+    out = plot_runs(
+        [Path(r) for r in args.runs],
+        target,
+        label=args.label,
+        title=args.title,
+        log_bytes=args.log_bytes,
+        bands=args.bands,
+    )
+    if not args.quiet:
+        print(f"wrote {out}")
     return 0
 
 
@@ -483,7 +611,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     verbose = args.verbose + getattr(args, "sub_verbose", 0)
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # -v and -vv are about fedcore; other libraries (matplotlib's font search, grpc)
+    # speak at DEBUG only from -vvv.
+    logging.basicConfig(
+        level=logging.DEBUG if verbose >= 3 else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    ours = logging.getLogger("fedcore")
+    before = ours.level
+    ours.setLevel(level)
+    try:
+        return _dispatch(args, verbose)
+    finally:
+        ours.setLevel(before)  # main() called in-process (tests) leaves logging as it was
+
+
+def _dispatch(args: argparse.Namespace, verbose: int) -> int:
     # Let "pkg.module:factory" names resolve against the working directory, as
     # `python -m` would; the console script otherwise only sees its own folder.
     if os.getcwd() not in sys.path:
@@ -519,8 +662,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" {exc.filename!r}" if exc.filename else ""
         print(f"fedcore: error: cannot write{where}: {exc.strerror or exc}.", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("fedcore: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"fedcore: interrupted {exc}".rstrip(), file=sys.stderr)
         return 130
 
 

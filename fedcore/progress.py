@@ -21,9 +21,13 @@ def _fmt_seconds(seconds: float) -> str:
 class Progress:
     """Shows ``round r/T  loss  acc  elapsed  ETA`` as rounds complete."""
 
-    def __init__(self, total: int, *, label: str = "", stream: TextIO | None = None) -> None:
-        """Start the clock for ``total`` rounds."""
+    def __init__(
+        self, total: int, *, label: str = "", stream: TextIO | None = None, first: int = 0
+    ) -> None:
+        """Start the clock for ``total`` rounds, ``first`` of them done already (a run
+        resumed from a checkpoint): the ETA counts only the rounds run from now."""
         self.total = total
+        self.first = first
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty()
@@ -41,8 +45,9 @@ class Progress:
         elapsed = time.perf_counter() - self.start
         # The first rounds carry start-up costs (imports, the first batches, caches): an
         # estimate from them alone says minutes for a run of seconds, so wait for a few.
-        settled = done >= max(2, self.total // 50) and elapsed >= 1.0
-        eta = elapsed / done * (self.total - done) if done else 0.0
+        ran = done - self.first
+        settled = ran >= max(2, self.total // 50) and elapsed >= 1.0
+        eta = elapsed / ran * (self.total - done) if ran > 0 else 0.0
         width = 24
         filled = int(width * fraction)
         parts = [

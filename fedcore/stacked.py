@@ -353,6 +353,22 @@ class StackedBatches:
         self._widest_batch = int(self._batch_np.max())
         self._ragged = bool((self._batch_np != self._widest_batch).any())
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where every node is in its epoch (for a checkpoint): generators, positions and
+        orders, as CPU tensors."""
+        return {
+            "generators": [g.get_state() for g in self._gens],
+            "positions": torch.from_numpy(self._pos_np.copy()),
+            "orders": self._perm.cpu(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`."""
+        for g, s in zip(self._gens, state["generators"], strict=True):
+            g.set_state(s)
+        self._pos_np[:] = state["positions"].numpy()
+        self._perm.copy_(state["orders"].to(self.device))
+
     def _new_orders(self, rows: np.ndarray[Any, np.dtype[np.int64]]) -> None:
         """Draw the next epoch's permutation of every node in ``rows`` (each from its own
         generator, as its BatchStream would) and write them all at once."""

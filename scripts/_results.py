@@ -1,56 +1,60 @@
-"""What the results scripts share: one simulate run per job, in parallel, and plots.
+"""What the results scripts share: a grid of cases run over seeds, and plots.
 
 Imported by the scripts beside it (``python scripts/<name>.py`` puts this folder first on
-``sys.path``); not part of the fedcore package.
+``sys.path``); not part of the fedcore package. The runs go through
+:func:`fedcore.runners.sweep.run_cases`, the code behind ``fedcore simulate --seeds``: one
+sweep folder per case (``sweep.json``, ``results.csv``, ``seed-<k>/``), every run of the
+grid in one pool of worker processes.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from fedcore.config import load_config
-from fedcore.errors import FedcoreError
-from fedcore.runners.simulate import simulate
-
-Job = tuple[str, int, list[str], Path] | tuple[str, int, list[str], Path, Path]
-"""(label, seed, --set overrides, run folder[, config file the overrides apply to])."""
+from fedcore.plotting import load_evals
+from fedcore.runners.sweep import run_cases
 
 
-def run_job(job: Job) -> dict[str, Any]:
-    """One simulate run on one thread; a diverged method is a finding, recorded as failed."""
-    label, seed, overrides, out = job[:4]
-    base = job[4] if len(job) > 4 else None
-    torch.set_num_threads(1)
-    config = load_config(base, [*overrides, f"run.seed={seed}"])
-    try:
-        summary = simulate(config, out_dir=out, show_progress=False)
-    except FedcoreError as exc:
-        print(f"{label:34s} seed {seed} FAILED: {exc}", flush=True)
-        return {"method": label, "seed": seed, "failed": str(exc)}
-    evals = [
-        json.loads(line)
-        for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-        if '"kind":"eval"' in line
-    ]
-    final = summary["final"]
-    print(
-        f"{label:34s} seed {seed} avg {final['avg_model_accuracy']:.4f} "
-        f"node {final['mean_node_accuracy']:.4f} ({summary['wall_seconds']:.0f} s)",
-        flush=True,
+def _numbers(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` with its ``null`` figures (strict JSON for NaN: a diverged run) as NaN."""
+    return {k: math.nan if v is None else v for k, v in record.items()}
+
+
+def run_grid(
+    cases: Mapping[str, Sequence[str]],
+    seeds: Sequence[int],
+    out: Path,
+    workers: int,
+    config: Path | None = None,
+) -> list[dict[str, Any]]:
+    """Every case (label -> ``--set`` overrides of ``config``) once per seed, ``workers``
+    runs at a time on one thread each, into ``out/<case>/seed-<k>/``.
+
+    Returns one record per run, case by case and seed by seed: ``method``, ``seed`` and
+    either ``summary`` and ``evals`` (its evaluation records) or ``failed`` (why: a
+    diverged method is a finding, not an error).
+    """
+    results = run_cases(
+        config, list(cases.items()), seeds, out_dir=out, jobs=workers, force=True, threads=1
     )
-    return {"method": label, "seed": seed, "summary": summary, "evals": evals}
-
-
-def run_all(jobs: Sequence[Job], workers: int) -> list[dict[str, Any]]:
-    """Every job, ``workers`` at a time, results in job order."""
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(run_job, jobs))
+    records: list[dict[str, Any]] = []
+    for case in results:
+        for run in case["runs"]:
+            record: dict[str, Any] = {"method": case["label"], "seed": run["seed"]}
+            if run["status"] != "completed":
+                records.append({**record, "failed": run.get("reason") or run["status"]})
+                continue
+            folder = Path(case["out_dir"]) / run["out_dir"]
+            summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+            summary["final"] = _numbers(summary["final"])
+            summary["regret"] = [_numbers(r) for r in summary.get("regret", [])]
+            evals = [_numbers(e) for e in load_evals(folder)[1]]
+            records.append({**record, "summary": summary, "evals": evals})
+    return records
 
 
 def mean(values: Sequence[float]) -> float:

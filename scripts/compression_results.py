@@ -1,7 +1,9 @@
 """Learning per byte: fp32 D-PSGD, DeepSqueeze, CHOCO and naive compression, side by side.
 
-Runs every (dataset, topology, method) of the grid with ``fedcore.runners.simulate`` and
-writes ``docs/results/compression-<dataset>-<topology>.{md,json,png}``: final accuracy of the
+Runs every (dataset, topology, method) of the grid as a seed sweep
+(``fedcore.runners.sweep``, as ``fedcore simulate --seeds`` does: one sweep folder per
+method under ``docs/results/runs/<dataset>-<topology>/``) and writes
+``docs/results/compression-<dataset>-<topology>.{md,json,png}``: final accuracy of the
 average model and mean per node, bytes per node to reach 90% of the fp32 run's final
 average-model accuracy, and accuracy against bytes sent.
 
@@ -18,12 +20,13 @@ methods. Means over ``--seeds``; the plot shows the first seed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from _results import finals, first_reaching, mean, plot_curves, run_all
+from _results import finals, first_reaching, mean, plot_curves, run_grid
+
+from fedcore.metrics import to_json_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,17 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for dataset in args.dataset:
         for topology in args.topology:
-            jobs = [
-                (
-                    label,
-                    seed,
-                    config_overrides(dataset, topology, label, args),
-                    args.out / "runs" / f"{dataset}-{topology}-{label.replace(' ', '_')}-s{seed}",
-                )
-                for label in labels
-                for seed in args.seeds
-            ]
-            runs = run_all(jobs, args.jobs)
+            cases = {label: config_overrides(dataset, topology, label, args) for label in labels}
+            runs = run_grid(
+                cases, args.seeds, args.out / "runs" / f"{dataset}-{topology}", args.jobs
+            )
             stem = args.out / f"compression-{dataset}-{topology}"
             table, rows = report(dataset, topology, runs, args)
             stem.with_suffix(".md").write_text(table, encoding="utf-8")
@@ -183,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 title=f"{dataset}, 16-node {topology}",
                 logx=True,
             )
-            stem.with_suffix(".json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+            stem.with_suffix(".json").write_text(to_json_text(rows, indent=1), encoding="utf-8")
             print(table, flush=True)
             print(f"wrote {stem}.md/.png/.json", flush=True)
     return 0

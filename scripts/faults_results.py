@@ -1,7 +1,8 @@
 """Learning over unreliable networks: RPS under message loss, and OPS vs robust OPS.
 
-Two grids, each run with ``fedcore.runners.simulate`` (the same fault plans run over gRPC
-with ``fedcore launch``), written to ``docs/results/``:
+Two grids, each run as seed sweeps (``fedcore.runners.sweep``, as ``fedcore simulate
+--seeds`` does: one sweep folder per case under ``docs/results/runs/{rps,ops}/``; the same
+fault plans run over gRPC with ``fedcore launch``), written to ``docs/results/``:
 
 * ``faults-rps.{md,json,png}``: RPS on digits with the MLP, 16 workers on the complete
   graph, drop rate p in {0, 0.05, 0.1, 0.2, 0.3}: final accuracy and rounds to 90% of the
@@ -20,12 +21,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from _results import Job, finals, first_reaching, mean, plot_curves, run_all
+from _results import finals, first_reaching, mean, plot_curves, run_grid
+
+from fedcore.metrics import to_json_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,10 +43,9 @@ OPS_VARIANTS = {
 }
 
 
-def rps_jobs(args: argparse.Namespace) -> list[Job]:
-    jobs = []
-    for p in RPS_DROPS:
-        overrides = [
+def rps_cases(args: argparse.Namespace) -> dict[str, list[str]]:
+    return {
+        f"RPS p={p}": [
             *COMMON,
             *MLP,
             "algorithm.name=rps",
@@ -54,32 +55,25 @@ def rps_jobs(args: argparse.Namespace) -> list[Job]:
             "run.eval_every=10",
             f"faults.drop={p}",
         ]
-        for seed in args.seeds:
-            jobs.append((f"RPS p={p}", seed, overrides, args.out / "runs" / f"rps-p{p}-s{seed}"))
-    return jobs
+        for p in RPS_DROPS
+    }
 
 
-def ops_jobs(args: argparse.Namespace) -> list[Job]:
-    jobs = []
-    for name, extra in OPS_VARIANTS.items():
-        for p in OPS_DROPS:
-            overrides = [
-                *COMMON,
-                "algorithm.name=ops",
-                f"algorithm.lr={args.ops_lr}",
-                "topology.kind=social",
-                f"run.rounds={args.rounds}",
-                "run.eval_every=10",
-                f"faults.drop={p}",
-                *extra,
-            ]
-            slug = name.replace(" ", "_").replace(",", "")
-            for seed in args.seeds:
-                label = f"{name}, p={p}"
-                jobs.append(
-                    (label, seed, overrides, args.out / "runs" / f"ops-{slug}-p{p}-s{seed}")
-                )
-    return jobs
+def ops_cases(args: argparse.Namespace) -> dict[str, list[str]]:
+    return {
+        f"{name}, p={p}": [
+            *COMMON,
+            "algorithm.name=ops",
+            f"algorithm.lr={args.ops_lr}",
+            "topology.kind=social",
+            f"run.rounds={args.rounds}",
+            "run.eval_every=10",
+            f"faults.drop={p}",
+            *extra,
+        ]
+        for name, extra in OPS_VARIANTS.items()
+        for p in OPS_DROPS
+    }
 
 
 def _fmt(values: list[float]) -> str:
@@ -140,7 +134,7 @@ def report(title: str, runs: list[dict[str, Any]], baseline: dict[str, str]) -> 
 
 def write(stem: Path, table: str, rows: list, runs: list[dict[str, Any]], title: str) -> None:
     stem.with_suffix(".md").write_text(table, encoding="utf-8")
-    stem.with_suffix(".json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    stem.with_suffix(".json").write_text(to_json_text(rows, indent=1), encoding="utf-8")
     plot_curves(
         runs,
         stem.with_suffix(".png"),
@@ -171,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if "rps" in args.grids:
-        runs = run_all(rps_jobs(args), args.jobs)
+        runs = run_grid(rps_cases(args), args.seeds, args.out / "runs" / "rps", args.jobs)
         title = (
             f"RPS, digits MLP, 16 workers (complete graph), Dirichlet 0.3, {args.rounds} "
             f"rounds, lr {args.rps_lr}"
@@ -179,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         table, rows = report(title, runs, {f"RPS p={p}": "RPS p=0.0" for p in RPS_DROPS})
         write(args.out / "faults-rps", table, rows, runs, title)
     if "ops" in args.grids:
-        runs = run_all(ops_jobs(args), args.jobs)
+        runs = run_grid(ops_cases(args), args.seeds, args.out / "runs" / "ops", args.jobs)
         title = (
             f"OPS under drops, digits logreg, directed social-16, Dirichlet 0.3, {args.rounds} "
             f"rounds, lr {args.ops_lr}"

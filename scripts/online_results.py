@@ -9,7 +9,8 @@
   gap (ring, torus, exponential made undirected, complete), with rho = 1 - gap beside the
   regret.
 
-Writes ``docs/results/online-<experiment>.{md,json,png}``; means over ``--seeds``.
+Writes ``docs/results/online-<experiment>.{md,json,png}``; means over ``--seeds``, each
+case a seed sweep (``fedcore.runners.sweep``) in ``docs/results/runs/<part>/<case>/``.
 
 Usage::
 
@@ -19,34 +20,20 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from _results import Job, finals, mean, plot_curves, run_all
+from _results import finals, mean, plot_curves, run_grid
 
 from fedcore.config import TopologyConfig
+from fedcore.metrics import to_json_text
 from fedcore.runners.network import build_topology
 from fedcore.topology import prepare, spectral_gap
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS_CONFIG = ROOT / "examples" / "online-ops.toml"
 DOG_CONFIG = ROOT / "examples" / "online-dog.toml"
-
-
-def _jobs(
-    cases: dict[str, list[str]], config: Path, seeds: list[int], out: Path, tag: str
-) -> list[Job]:
-    return [
-        (label, seed, overrides, out / "runs" / f"{tag}-{_slug(label)}-s{seed}", config)
-        for label, overrides in cases.items()
-        for seed in seeds
-    ]
-
-
-def _slug(label: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in label)
 
 
 def _regret(runs: list[dict[str, Any]], label: str, key: str) -> float | None:
@@ -98,7 +85,7 @@ def ops_experiment(args: argparse.Namespace) -> str:
         "COL (central)": ["algorithm.name=central"],
         "LOCAL": ["algorithm.name=local"],
     }
-    runs = run_all(_jobs(cases, OPS_CONFIG, args.seeds, args.out, "ops"), args.jobs)
+    runs = run_grid(cases, args.seeds, args.out / "runs" / "ops", args.jobs, OPS_CONFIG)
     title = "online logreg, directed social-64, synthetic non-iid streams (G 2, sigma 1, M 0)"
     plot_curves(
         regret_runs(runs),
@@ -127,7 +114,7 @@ def dog_experiment(args: argparse.Namespace) -> str:
         cases = {
             f"{m}, {name}={v}": [*o, f"{knob}={v}"] for v in values for m, o in methods.items()
         }
-        runs = run_all(_jobs(cases, DOG_CONFIG, args.seeds, args.out, f"dog-{name}"), args.jobs)
+        runs = run_grid(cases, args.seeds, args.out / "runs" / f"dog-{name}", args.jobs, DOG_CONFIG)
         parts.append(
             f"### DOG, COL and LOCAL as {name} grows (ring-16, M 4), seeds {args.seeds}\n\n"
         )
@@ -151,7 +138,7 @@ def dog_experiment(args: argparse.Namespace) -> str:
             algorithm="dog",
         )
         rhos[label] = f"{1 - spectral_gap(graph):.3f}"
-    runs = run_all(_jobs(cases, DOG_CONFIG, args.seeds, args.out, "dog-topo"), args.jobs)
+    runs = run_grid(cases, args.seeds, args.out / "runs" / "dog-topo", args.jobs, DOG_CONFIG)
     parts.append(f"### DOG across topologies (sigma 1, G 1, M 4), seeds {args.seeds}\n\n")
     parts.append(table(runs, list(cases), rhos))
     plot_curves(
@@ -178,7 +165,7 @@ def _dump(stem: Path, text: str, runs: list[dict[str, Any]]) -> None:
         else r
         for r in runs
     ]
-    stem.with_suffix(".json").write_text(json.dumps(slim, indent=1), encoding="utf-8")
+    stem.with_suffix(".json").write_text(to_json_text(slim, indent=1), encoding="utf-8")
     print(text, flush=True)
     print(f"wrote {stem}.md/.png/.json", flush=True)
 

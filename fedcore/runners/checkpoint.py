@@ -30,7 +30,7 @@ import torch
 from fedcore.errors import ConfigError
 from fedcore.node import Node
 
-__all__ = ["latest", "restore", "save", "snapshot"]
+__all__ = ["from_tree", "latest", "restore", "save", "snapshot", "to_device", "to_tree", "write"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,35 +38,51 @@ MAGIC = b"FCKP1\n"
 _STATE_PACKAGE = "fedcore.algorithms."
 
 
-def _to_tree(obj: Any) -> Any:
+def to_tree(obj: Any) -> Any:
+    """``obj`` (an algorithm state: tensors, NamedTuples, containers) as plain containers
+    and tensors, copied; :func:`from_tree` rebuilds it."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
+        return obj.detach().to("cpu", copy=True)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         cls = type(obj)
         return {
             "__state__": f"{cls.__module__}:{cls.__qualname__}",
-            "fields": {f: _to_tree(getattr(obj, f)) for f in obj._fields},
+            "fields": {f: to_tree(getattr(obj, f)) for f in obj._fields},
         }
     if isinstance(obj, dict):
-        return {"__dict__": [[_to_tree(k), _to_tree(v)] for k, v in obj.items()]}
+        return {"__dict__": [[to_tree(k), to_tree(v)] for k, v in obj.items()]}
     if isinstance(obj, list | tuple):
-        return {"__seq__": [_to_tree(v) for v in obj], "tuple": isinstance(obj, tuple)}
+        return {"__seq__": [to_tree(v) for v in obj], "tuple": isinstance(obj, tuple)}
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
     raise ConfigError(f"cannot checkpoint a {type(obj).__name__} in the algorithm state.")
 
 
-def _from_tree(tree: Any) -> Any:
+def to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` (what :func:`from_tree` returns) with every tensor moved to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(to_device(v, device) for v in obj))
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
+def from_tree(tree: Any) -> Any:
+    """Rebuild what :func:`to_tree` took apart (state classes of fedcore only)."""
     if isinstance(tree, dict) and "__state__" in tree:
         module, _, name = str(tree["__state__"]).partition(":")
         if not module.startswith(_STATE_PACKAGE):
             raise ConfigError(f"checkpoint names a state class outside fedcore: {module}.")
         cls = getattr(importlib.import_module(module), name)
-        return cls(**{f: _from_tree(v) for f, v in tree["fields"].items()})
+        return cls(**{f: from_tree(v) for f, v in tree["fields"].items()})
     if isinstance(tree, dict) and "__dict__" in tree:
-        return {_from_tree(k): _from_tree(v) for k, v in tree["__dict__"]}
+        return {from_tree(k): from_tree(v) for k, v in tree["__dict__"]}
     if isinstance(tree, dict) and "__seq__" in tree:
-        items = [_from_tree(v) for v in tree["__seq__"]]
+        items = [from_tree(v) for v in tree["__seq__"]]
         return tuple(items) if tree["tuple"] else items
     return tree
 
@@ -78,7 +94,7 @@ def snapshot(node: Node) -> dict[str, Any]:
         "node": node.id,
         "round": node.round,
         "batches_read": node.batches_read,
-        "state": _to_tree(node.state),
+        "state": to_tree(node.state),
         "codec_rng": generator.get_state() if isinstance(generator, torch.Generator) else None,
         "torch_rng": torch.get_rng_state(),
     }
@@ -86,11 +102,17 @@ def snapshot(node: Node) -> dict[str, Any]:
 
 def save(folder: Path, node: Node) -> Path:
     """Write ``node``'s checkpoint as ``folder/round-<t>.ckpt`` atomically; keep the last 3."""
+    return write(folder, node.round, snapshot(node))
+
+
+def write(folder: Path, round: int, content: dict[str, Any]) -> Path:
+    """Write ``content`` (plain containers and tensors) as ``folder/round-<round>.ckpt``
+    atomically; keep the last 3. :func:`latest` reads it back."""
     folder.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
-    torch.save(snapshot(node), buffer)
+    torch.save(content, buffer)
     payload = buffer.getvalue()
-    path = folder / f"round-{node.round:06d}.ckpt"
+    path = folder / f"round-{round:06d}.ckpt"
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as fh:
         fh.write(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
@@ -139,7 +161,7 @@ def restore(node: Node, checkpoint: dict[str, Any]) -> None:
     """
     if checkpoint["node"] != node.id:
         raise ConfigError(f"the checkpoint is node {checkpoint['node']!r}'s, not {node.id!r}'s.")
-    node.state = _from_tree(checkpoint["state"])
+    node.state = from_tree(checkpoint["state"])
     node.round = int(checkpoint["round"])
     for _ in range(int(checkpoint["batches_read"])):  # streams are functions of the seed
         node.stream.next_batch()

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, TextIO
 
@@ -37,7 +37,7 @@ from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runners.network import RunSetup, prepare_run
 from fedcore.runners.peer import model_path
-from fedcore.runners.simulate import RunObserver, finish_run, open_run_dir
+from fedcore.runners.simulate import RunObserver, finish_run, open_run_dir, run_name
 
 __all__ = ["free_ports", "launch", "peer_dir", "read_params", "summarize"]
 
@@ -135,8 +135,12 @@ def launch(
     progress_stream: TextIO | None = None,
     threads: int = 1,
     force: bool = False,
+    overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run every peer of ``config`` as its own process over gRPC; return the summary.
+
+    ``overrides`` (the ``--set`` items ``config`` was loaded with) name the run, as in
+    :func:`~fedcore.runners.simulate.simulate`, and the summary keeps them.
 
     Raises:
         ConfigError, TopologyError, DataError: invalid experiment (before any process starts).
@@ -144,7 +148,7 @@ def launch(
     """
     setup = prepare_run(config)
     nodes = setup.graph.nodes
-    name = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
+    name = run_name(config, setup, overrides)
     out = open_run_dir(out_dir, name, force=force)  # see simulate's: never a shared folder
     config_path = out / "config.toml"
     config_path.write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
@@ -161,6 +165,7 @@ def launch(
     dead: dict[str, int] = {}
     progress = Progress(config.run.rounds, label="launch", stream=progress_stream)
     began = time.perf_counter()
+    outcome, error = "completed", None
     try:
         for n in nodes:
             folder = peer_dir(out, n)
@@ -199,10 +204,38 @@ def launch(
             time.sleep(0.1)
         if show_progress and shown != config.run.rounds:
             progress.update(config.run.rounds)
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
+    except TransportError as exc:
+        outcome, error = "failed", str(exc)
+        raise
     finally:
         children.stop()
+        if outcome != "completed":
+            # What the peers did before the run stopped still makes a summary.
+            unfinished = {n: None for n in nodes if not (peer_dir(out, n) / "node.json").exists()}
+            try:
+                summary = _merge(
+                    setup,
+                    out,
+                    name,
+                    time.perf_counter() - began,
+                    {**unfinished, **dead},
+                    status=outcome,
+                    error=error,
+                    overrides=overrides,
+                )
+            except Exception as exc:  # the run's own error says more
+                logger.warning("could not write the summary of the %s run: %s", outcome, exc)
+            else:
+                if outcome == "interrupted":
+                    raise KeyboardInterrupt(
+                        f"after round {summary['rounds_completed']} of {config.run.rounds}; "
+                        f"the results so far are in {out}"
+                    ) from None
     wall = time.perf_counter() - began
-    summary = _merge(setup, out, name, wall, dead)
+    summary = _merge(setup, out, name, wall, dead, overrides=overrides)
     summary["out_dir"] = str(out)
     return summary
 
@@ -214,6 +247,8 @@ def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, An
 
     ``config`` defaults to ``run_dir/config.toml``. A peer without ``node.json`` did not
     finish: it counts as down from the round after its last record (exit status unknown).
+    When no peer reached the last round (the run was stopped), the summary covers the
+    rounds that ran (``rounds_completed``, ``status = "interrupted"``).
 
     Raises:
         ConfigError: no config, or a node of the graph with no folder at all.
@@ -245,18 +280,26 @@ def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, An
 
 
 def _merge(
-    setup: RunSetup, out: Path, name: str, wall: float | None, dead: Mapping[str, int | None]
+    setup: RunSetup,
+    out: Path,
+    name: str,
+    wall: float | None,
+    dead: Mapping[str, int | None],
+    *,
+    status: str | None = None,
+    error: str | None = None,
+    overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Replay the peers' records into the same metrics and summary as ``simulate``.
 
-    A peer that died (``dead``: id -> exit status, None where unknown) is counted as down
-    from the round after its last record, and its last model snapshot (or the initial
-    model) stands for it. ``wall`` None (peers that ran elsewhere): the longest time a peer
-    spent in its rounds.
+    A peer that died or stopped (``dead``: id -> exit status, None where unknown) is
+    counted as down from the round after its last record up to the last round any peer
+    reached, and its last model snapshot (or the initial model) stands for it. ``wall``
+    None (peers that ran elsewhere): the longest time a peer spent in its rounds.
+    ``status`` None: ``completed`` if a peer reached the last round, else ``interrupted``.
     """
     config = setup.config
     nodes = setup.graph.nodes
-    rounds = config.run.rounds
     records: list[RoundRecord] = []
     last_round: dict[str, int] = {}
     spent = 0.0  # the longest time a peer spent in its rounds
@@ -271,11 +314,14 @@ def _merge(
         last_round[n] = mine[-1].round if mine else -1
         spent = max(spent, sum(r.wall_s for r in mine))
         records.extend(mine)
-        if n in dead:
-            records.extend(
-                RoundRecord.down_round(n, t, lr=0.0, wall_s=0.0)
-                for t in range(last_round[n] + 1, rounds)
-            )
+    # The rounds that really ran: a stopped run covers what its furthest peer did.
+    ran = min(config.run.rounds, max(last_round.values(), default=-1) + 1)
+    for n in dead:
+        records.extend(
+            RoundRecord.down_round(n, t, lr=0.0, wall_s=0.0) for t in range(last_round[n] + 1, ran)
+        )
+    if status is None:
+        status = "completed" if ran == config.run.rounds else "interrupted"
     order = {n: i for i, n in enumerate(nodes)}
     records.sort(key=lambda r: (r.round, order[r.node]))
     writer = JsonlWriter(out / "metrics.jsonl")
@@ -309,5 +355,7 @@ def _merge(
         transport="grpc",
         wall_seconds=spent if wall is None else wall,
         final_params=models,
-        extra={"peer_exits": exits},
+        extra={"peer_exits": exits, "overrides": list(overrides)},
+        status=status,
+        error=error,
     )

@@ -24,11 +24,12 @@ import json
 import logging
 import os
 import signal
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -38,6 +39,7 @@ from fedcore.errors import ConfigError
 from fedcore.ids import check_node_id, clip
 from fedcore.metrics import JsonlWriter, params_sha256
 from fedcore.node import DecodeCache, Node, RoundRecord
+from fedcore.progress import Progress
 from fedcore.runners import checkpoint
 from fedcore.runners.network import RunSetup, prepare_run
 from fedcore.transport.grpc import GrpcTransport
@@ -128,8 +130,16 @@ class _PeerLog:
     (those rounds run again).
     """
 
-    def __init__(self, out: Path, config: Config, *, resume_round: int | None = None) -> None:
+    def __init__(
+        self,
+        out: Path,
+        config: Config,
+        *,
+        resume_round: int | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         self.out = out
+        self.progress = progress
         self.rounds = config.run.rounds
         self.eval_every = config.run.eval_every
         self.checkpoint_every = config.run.checkpoint_every
@@ -151,6 +161,8 @@ class _PeerLog:
             write_params(model_path(self.out, t), node.model())
         if self.checkpoint_every and (t + 1) % self.checkpoint_every == 0:
             checkpoint.save(self.out / "checkpoints", node)
+        if self.progress is not None:
+            self.progress.update(t + 1, loss=None if record.down else record.loss)
 
 
 def _trust_sets(setup: RunSetup, node_id: str) -> tuple[set[str], set[str]]:
@@ -172,12 +184,20 @@ async def run_peer(
     out: Path,
     listen: str | None = None,
     resume: bool = False,
+    progress_stream: TextIO | None = None,
 ) -> dict[str, Any]:
     """Run one peer to the end of the run (or until cancelled); return its ``node.json``.
 
     With ``resume``, continue from the newest good checkpoint in ``out/checkpoints``
-    (starting from round 0 when there is none, with a warning).
+    (starting from round 0 when there is none, with a warning). With ``progress_stream``,
+    say there what it does: where it serves, whom it waits for, its rounds (a progress
+    line) and where its results are.
     """
+
+    def say(text: str) -> None:
+        if progress_stream is not None:
+            print(f"{node_id}: {text}", file=progress_stream, flush=True)
+
     setup = prepare_run(config)
     if node_id not in setup.graph.nodes:
         raise ConfigError(
@@ -208,7 +228,13 @@ async def run_peer(
     saved = checkpoint.latest(out / "checkpoints") if resume else None
     if resume and saved is None:
         logger.warning("%s: no good checkpoint in %s; starting from round 0", node_id, out)
-    log = _PeerLog(out, config, resume_round=int(saved["round"]) if saved else None)
+    first = int(saved["round"]) if saved else 0
+    progress = (
+        Progress(config.run.rounds, label=node_id, stream=progress_stream, first=first)
+        if progress_stream is not None
+        else None
+    )
+    log = _PeerLog(out, config, resume_round=first if saved else None, progress=progress)
     # The servicer validates (decodes) every message on arrival; the cache hands the same
     # tensors to the node's own decode at collect time, so each message is decoded once.
     node = setup.make_node(node_id, transport, observer=log, decode_cache=DecodeCache())
@@ -219,6 +245,10 @@ async def run_peer(
     transport.validator = node.validate
     await transport.start()
     logger.info("%s serving on port %s", node_id, transport.port)
+    say(
+        f"serving on {listen or roster[node_id]} (port {transport.port}), run {setup.run_id[:12]}"
+        f", {config.run.rounds} rounds; connecting to {', '.join(sorted(outs)) or 'nobody'}"
+    )
     try:
         # Deadline mode goes on without a peer that never answers (its messages go missing);
         # strict mode would only wait for it in vain.
@@ -227,6 +257,7 @@ async def run_peer(
             timeout_s=config.transport.startup_timeout_s,
             required=config.transport.mode == "strict",
         )
+        say(f"connected; running from round {node.round}")
         await node.run(config.run.rounds)
     finally:
         log.writer.close()
@@ -238,6 +269,7 @@ async def run_peer(
         "stats": asdict(transport.stats),
     }
     (out / "node.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    say(f"done after {node.round} rounds; results: {out}")
     return info
 
 
@@ -249,8 +281,10 @@ def run_peer_main(
     out: Path,
     listen: str | None,
     resume: bool = False,
+    show_progress: bool = True,
 ) -> int:
-    """Run a peer in a fresh event loop with SIGINT/SIGTERM stopping it cleanly."""
+    """Run a peer in a fresh event loop with SIGINT/SIGTERM stopping it cleanly; with
+    ``show_progress``, its start-up, rounds and results are told on stderr."""
 
     async def main() -> int:
         task = asyncio.current_task()
@@ -259,9 +293,17 @@ def run_peer_main(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
         try:
-            await run_peer(config, node_id, roster, out=out, listen=listen, resume=resume)
+            await run_peer(
+                config,
+                node_id,
+                roster,
+                out=out,
+                listen=listen,
+                resume=resume,
+                progress_stream=sys.stderr if show_progress else None,
+            )
         except asyncio.CancelledError:
-            logger.warning("%s stopped by a signal; metrics flushed", node_id)
+            logger.warning("%s stopped by a signal; metrics flushed in %s", node_id, out)
             return 130
         return 0
 

@@ -7,22 +7,28 @@ evaluation round), ``summary.json`` and ``curves.png``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import copy
+import json
 import logging
 import math
 import re
+import shutil
+import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
-from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.config import Config, config_to_dict, dumps_toml, load_config
 from fedcore.data import Dataset
 from fedcore.errors import ConfigError
-from fedcore.ids import child_path
+from fedcore.ids import child_path, first_line
 from fedcore.metrics import (
     JsonlWriter,
     evaluate_models,
@@ -33,6 +39,7 @@ from fedcore.metrics import (
 from fedcore.models import Objective
 from fedcore.node import Node, RoundRecord
 from fedcore.progress import Progress
+from fedcore.runners import checkpoint
 from fedcore.runners.network import Network, RunSetup, build_network, prepare_run
 from fedcore.runners.regret import applies as regret_applies
 from fedcore.runners.regret import regret_curve
@@ -53,6 +60,8 @@ __all__ = [
     "finish_run",
     "make_summary",
     "open_run_dir",
+    "resume",
+    "run_name",
     "simulate",
     "write_results",
 ]
@@ -63,15 +72,42 @@ MAX_GAP_NODES = 2000
 logger = logging.getLogger(__name__)
 
 
+NAME_SKIPS = ("run.name", "simulate.")
+"""Overrides that do not name a run: the name itself, and how a run is simulated."""
+
+
+def run_name(config: Config, setup: RunSetup, overrides: Sequence[str] = ()) -> str:
+    """The run's name: ``run.name`` when ``--set``/``--name`` gave it; otherwise the
+    file's ``run.name`` (or ``<algorithm>-<topology>``) followed by what ``--set``
+    changed, e.g. ``online-ops-social64-algorithm.name=dol``, so runs that differ by an
+    override can be told apart.
+    """
+    keys = [item.partition("=")[0].strip() for item in overrides]
+    if "run.name" in keys and config.run.name:
+        return config.run.name
+    base = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
+    changed = [
+        "=".join(part.strip() for part in item.partition("=")[::2])
+        for item, key in zip(overrides, keys, strict=True)
+        if not key.startswith(NAME_SKIPS)
+    ]
+    return "-".join([base, *changed])
+
+
 def default_out_dir(name: str) -> Path:
     """``runs/<name>-<YYYYmmdd-HHMMSS>``, with ``name`` made a safe folder name.
 
     The name comes from the run or the graph, and a graph file names itself: characters
-    other than ASCII letters, digits, ``.``, ``_`` and ``-`` become ``_`` (so a name such
-    as ``"../../x"`` stays one folder inside ``runs/``), and it is cut to 100 characters.
+    other than ASCII letters, digits, ``.``, ``_``, ``=`` and ``-`` become ``_`` (so a
+    name such as ``"../../x"`` stays one folder inside ``runs/``), and it is cut to 100
+    characters.
     """
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:100] or "run"
+    safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", name).strip("._=-")[:100] or "run"
     return child_path(Path("runs"), f"{safe}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+
+
+CHECKPOINTS = "checkpoints"
+"""The folder of a run's checkpoints (every ``run.checkpoint_every`` rounds)."""
 
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
@@ -109,6 +145,9 @@ def open_run_dir(out_dir: str | Path | None, name: str, *, force: bool = False) 
         )
     for f in held:
         (out / f).unlink()
+    if force:  # the replaced run's checkpoints and picture go with it
+        shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+        (out / "curves.png").unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -170,6 +209,36 @@ class RunObserver:
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self._bytes_done = 0
         self._last_acc: float | None = None
+        self.rounds_done = 0  # rounds every node has reported (they complete in order)
+
+    _STATE = (
+        "totals",
+        "loss_sum",
+        "loss_count",
+        "losses",
+        "missing_edges",
+        "dropped_edges",
+        "down",
+        "evals",
+        "_bytes_done",
+        "_last_acc",
+        "rounds_done",
+    )
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the observer has accounted (for a checkpoint, between rounds), as plain
+        containers."""
+        if self._round_loss:
+            raise RuntimeError("a checkpoint of the observer must fall between rounds")
+        state = {key: copy.deepcopy(getattr(self, key)) for key in self._STATE}
+        state["missing"] = {sender: sorted(r) for sender, r in self.missing.items()}
+        return state
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`."""
+        for key in self._STATE:
+            setattr(self, key, copy.deepcopy(saved[key]))
+        self.missing = {sender: set(r) for sender, r in saved["missing"].items()}
 
     def is_eval_round(self, t: int) -> bool:
         """Whether round ``t`` (0-based) ends with an evaluation."""
@@ -237,6 +306,7 @@ class RunObserver:
             )
         self.loss_sum += sum(losses)
         self.loss_count += len(losses)
+        self.rounds_done = t + 1
         snapshots = self._snapshots.pop(t, None)
         if snapshots is not None and len(snapshots) == self.n:
             ordered = {nid: snapshots[nid] for nid in self.nodes}
@@ -253,11 +323,19 @@ class RunObserver:
             }
             self.evals.append(record)
             self._last_acc = result["avg_model_accuracy"]
+            logger.debug("round %d evaluated: %s", t, _brief(record))
             if self.writer is not None:
                 self.writer.write(record)
                 self.writer.flush()
         if self.progress is not None:
             self.progress.update(t + 1, loss=train_loss, accuracy=self._last_acc)
+
+
+def _brief(record: Mapping[str, Any]) -> str:
+    """An evaluation record's figures, for a debug line."""
+    return ", ".join(
+        f"{k} {v:.4g}" for k, v in record.items() if isinstance(v, float) and k != "round"
+    )
 
 
 def choose_engine(setup: RunSetup, engine: str) -> tuple[str, str | None]:
@@ -287,6 +365,7 @@ def simulate(
     progress_stream: TextIO | None = None,
     show_progress: bool = True,
     force: bool = False,
+    overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run ``config`` in one process; write the results folder; return the summary.
 
@@ -300,12 +379,13 @@ def simulate(
         progress_stream: Where progress goes (default stderr).
         show_progress: Whether to show progress at all (and the engine note).
         force: Replace the run files an existing ``out_dir`` holds.
+        overrides: The ``--set`` items ``config`` was loaded with: they name the run
+            (:func:`run_name`) and the summary keeps them.
 
     Raises:
         ConfigError, TopologyError, DataError: invalid experiment (before any work).
         TransportTimeoutError: a strict-mode node waited too long.
     """
-    rounds = config.run.rounds
     setup = prepare_run(config)
     engine, why = choose_engine(setup, config.simulate.engine)
     stream = progress_stream if progress_stream is not None else sys.stderr
@@ -313,19 +393,128 @@ def simulate(
         logger.info("engine: messages (%s)", why)
         if show_progress:
             print(f"simulate: engine 'messages' ({why})", file=stream, flush=True)
-    network: Network | None = None
-    vectorized: VectorizedNetwork | None = None
-    if engine == "vectorized":
-        vectorized = VectorizedNetwork(setup, device=resolve_device(config.simulate.device))
-        nodes: Sequence[str] = vectorized.nodes
-    else:
-        network = build_network(config, setup=setup)
-        nodes = list(network.nodes)
-    progress = Progress(rounds, label="simulate", stream=stream) if show_progress else None
-    name = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
+    built = _build(setup, engine)
+    name = run_name(config, setup, overrides)
     out = open_run_dir(out_dir, name, force=force)
     (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
-    writer = JsonlWriter(out / "metrics.jsonl")
+    return _execute(
+        setup,
+        built,
+        out,
+        name=name,
+        overrides=overrides,
+        stream=stream,
+        show_progress=show_progress,
+        saved=None,
+    )
+
+
+def resume(
+    run_dir: str | Path,
+    *,
+    progress_stream: TextIO | None = None,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Continue the interrupted ``fedcore simulate`` run in ``run_dir`` from its newest
+    good checkpoint (``run.checkpoint_every``); return the summary.
+
+    The run goes on in the same folder, on the engine it started on, and ends with the
+    parameters, records and figures the uninterrupted run would have (only wall times
+    differ). A folder without a checkpoint starts again from round 0, with a warning.
+
+    Raises:
+        ConfigError: ``run_dir`` holds no simulate run, a finished one, or a checkpoint
+            of another run.
+    """
+    out = Path(run_dir)
+    if not (out / "config.toml").is_file():
+        raise ConfigError(f"{str(out)!r} holds no run to resume: it has no config.toml.")
+    prior: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        prior = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    if prior.get("status", "completed") == "completed" and prior:
+        raise ConfigError(f"the run in {str(out)!r} completed; there is nothing to resume.")
+    if prior.get("transport", "inproc") != "inproc":
+        raise ConfigError(
+            f"{str(out)!r} is a `fedcore launch` run; its peers resume with `fedcore node "
+            "--resume`, not `fedcore simulate --resume`."
+        )
+    config = load_config(out / "config.toml")
+    setup = prepare_run(config)
+    saved = checkpoint.latest(out / CHECKPOINTS)
+    if saved is not None and saved.get("kind") != "simulate":
+        raise ConfigError(f"{str(out / CHECKPOINTS)!r} holds a peer's checkpoints, not a run's.")
+    if saved is not None and saved["run_id"] != setup.run_id:
+        raise ConfigError(
+            f"the checkpoints in {str(out)!r} belong to another run than its config.toml."
+        )
+    overrides = list(saved["overrides"] if saved else prior.get("overrides", []))
+    name = saved["name"] if saved else prior.get("name") or run_name(config, setup, overrides)
+    engine = saved["engine"] if saved else choose_engine(setup, config.simulate.engine)[0]
+    stream = progress_stream if progress_stream is not None else sys.stderr
+    if saved is None:
+        logger.warning(
+            "%s has no good checkpoint (run.checkpoint_every = %d); starting again from round 0",
+            out,
+            config.run.checkpoint_every,
+        )
+    elif show_progress:
+        print(f"simulate: resuming {out} after round {saved['round']}", file=stream, flush=True)
+    return _execute(
+        setup,
+        _build(setup, engine),
+        out,
+        name=name,
+        overrides=overrides,
+        stream=stream,
+        show_progress=show_progress,
+        saved=saved,
+    )
+
+
+def _build(setup: RunSetup, engine: str) -> Network | VectorizedNetwork:
+    if engine == "vectorized":
+        return VectorizedNetwork(setup, device=resolve_device(setup.config.simulate.device))
+    return build_network(setup.config, setup=setup)
+
+
+def _execute(
+    setup: RunSetup,
+    built: Network | VectorizedNetwork,
+    out: Path,
+    *,
+    name: str,
+    overrides: Sequence[str],
+    stream: TextIO,
+    show_progress: bool,
+    saved: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Run (or continue, from checkpoint ``saved``) a run in its folder ``out``.
+
+    An interrupted run (Ctrl-C, SIGTERM) or a failed one still writes ``summary.json``,
+    with ``status`` ``interrupted`` or ``failed`` and the rounds completed, then the
+    exception goes on (a :class:`KeyboardInterrupt` says where the results are).
+    """
+    config = setup.config
+    rounds = config.run.rounds
+    vectorized = built if isinstance(built, VectorizedNetwork) else None
+    network = built if isinstance(built, Network) else None
+    nodes: Sequence[str] = vectorized.nodes if vectorized is not None else list(built.nodes)
+    metrics = out / "metrics.jsonl"
+    if saved is not None:
+        kept = int(saved["metrics_bytes"])
+        if not metrics.is_file() or metrics.stat().st_size < kept:
+            raise ConfigError(
+                f"{metrics} is shorter than its checkpoint of round {saved['round']} says; "
+                "the folder was changed since, so it cannot be resumed."
+            )
+        with open(metrics, "r+b") as fh:  # what was written after the checkpoint runs again
+            fh.truncate(kept)
+    writer = JsonlWriter(metrics, append=saved is not None)
+    first = int(saved["round"]) if saved is not None else 0
+    progress = (
+        Progress(rounds, label="simulate", stream=stream, first=first) if show_progress else None
+    )
     observer = RunObserver(
         nodes=nodes,
         config=config,
@@ -335,6 +524,34 @@ def simulate(
         progress=progress,
         records=node_records_mode(config, len(nodes)),
     )
+    engine = "vectorized" if vectorized is not None else "messages"
+    wall_before = float(saved["wall_seconds"]) if saved is not None else 0.0
+    began = time.perf_counter()
+
+    def save(round: int, state: dict[str, Any]) -> None:
+        writer.flush()
+        logger.debug("checkpoint of round %d in %s", round, out / CHECKPOINTS)
+        checkpoint.write(
+            out / CHECKPOINTS,
+            round,
+            {
+                "kind": "simulate",
+                "engine": engine,
+                "round": round,
+                "run_id": setup.run_id,
+                "name": name,
+                "overrides": list(overrides),
+                "metrics_bytes": metrics.stat().st_size,
+                "wall_seconds": wall_before + time.perf_counter() - began,
+                "observer": observer.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                **state,
+            },
+        )
+
+    if saved is not None:
+        observer.load_state_dict(saved["observer"])
+        torch.set_rng_state(saved["torch_rng"])
     logger.info(
         "run %s: %d nodes, %d rounds, engine %s, results in %s",
         name,
@@ -343,23 +560,71 @@ def simulate(
         engine,
         out,
     )
-    began = time.perf_counter()
+    args = (setup, built, observer, out, name, overrides)
     try:
         if network is not None:
+            if saved is not None:
+                for nid, node in network.nodes.items():
+                    checkpoint.restore(node, saved["nodes"][nid])
             observer.attach(network)
-            network.run(rounds)
-            final = {nid: node.model() for nid, node in network.nodes.items()}
+            asyncio.run(_run_messages(network, rounds, config.run.checkpoint_every, save))
         else:
             assert vectorized is not None
-            final = run_vectorized(vectorized, observer, writer, progress)
-    finally:
+            run_vectorized(vectorized, observer, writer, progress, save=save, saved=saved)
+    except KeyboardInterrupt as stop:
         writer.close()
-    wall = time.perf_counter() - began
+        try:
+            _finish(*args, wall_before + time.perf_counter() - began, "interrupted", None)
+        except Exception as exc:
+            logger.warning("could not write the summary of the interrupted run: %s", exc)
+            raise stop from None
+        every = config.run.checkpoint_every
+        raise KeyboardInterrupt(
+            f"after round {observer.rounds_done} of {rounds}; the results so far are in {out}"
+            + (
+                f"; continue with: fedcore simulate --resume {out}"
+                if every and observer.rounds_done >= every
+                else " (set run.checkpoint_every to make a run resumable)"
+                if not every
+                else ""
+            )
+        ) from None
+    except BaseException as exc:
+        writer.close()
+        why = first_line(str(exc)) or type(exc).__name__
+        try:
+            _finish(*args, wall_before + time.perf_counter() - began, "failed", why)
+        except Exception as second:  # the run's own error says more than this one
+            logger.warning("could not write the summary of the failed run: %s", second)
+        raise
+    writer.close()
+    return _finish(*args, wall_before + time.perf_counter() - began, "completed", None)
+
+
+def _finish(
+    setup: RunSetup,
+    built: Network | VectorizedNetwork,
+    observer: RunObserver,
+    out: Path,
+    name: str,
+    overrides: Sequence[str],
+    wall: float,
+    status: str,
+    error: str | None,
+) -> dict[str, Any]:
     # The same keys on both engines: the message engine runs one module per node on the CPU.
-    extra: dict[str, Any] = {"engine": engine, "device": "cpu", "gradients": "per-node"}
-    if vectorized is not None:
-        extra["device"] = str(vectorized.device)
-        extra["gradients"] = vectorized.objective.mode
+    extra: dict[str, Any] = {
+        "engine": "messages",
+        "device": "cpu",
+        "gradients": "per-node",
+        "overrides": list(overrides),
+    }
+    if isinstance(built, VectorizedNetwork):
+        extra.update(engine="vectorized", device=str(built.device))
+        extra["gradients"] = built.objective.mode
+        final = _vectorized_final(built, observer)
+    else:
+        final = {nid: node.model() for nid, node in built.nodes.items()}
     summary = finish_run(
         setup,
         observer,
@@ -369,9 +634,51 @@ def simulate(
         wall_seconds=wall,
         final_params=final,
         extra=extra,
+        status=status,
+        error=error,
     )
     summary["out_dir"] = str(out)
     return summary
+
+
+async def _run_messages(
+    network: Network,
+    rounds: int,
+    every: int,
+    save: Callable[[int, dict[str, Any]], None],
+) -> None:
+    """Run the message engine to ``rounds``, stopping every node at each multiple of
+    ``every`` (0: never) to checkpoint them all at once.
+
+    SIGINT and SIGTERM (in the main thread) cancel the run between the nodes' steps and
+    raise :class:`KeyboardInterrupt` here, rather than inside one node's task.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    handled = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        try:
+            loop.add_signal_handler(sig, task.cancel)
+        except (ValueError, RuntimeError):  # not the main thread: signals stay as they are
+            continue
+        handled.append((sig, previous))
+    try:
+        done = min(node.round for node in network.nodes.values())
+        while done < rounds:
+            stop = min(rounds, (done // every + 1) * every) if every else rounds
+            await network.run_async(stop)
+            done = stop
+            if every and done < rounds:
+                nodes = network.nodes.items()
+                save(done, {"nodes": {nid: checkpoint.snapshot(n) for nid, n in nodes}})
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+    finally:
+        for sig, previous in handled:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, previous)
 
 
 def run_vectorized(
@@ -379,15 +686,38 @@ def run_vectorized(
     observer: RunObserver,
     writer: JsonlWriter | None,
     progress: Progress | None,
+    *,
+    save: Callable[[int, dict[str, Any]], None] | None = None,
+    saved: Mapping[str, Any] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run every round of a :class:`~fedcore.runners.vectorized.VectorizedNetwork`,
-    accounting into ``observer``; return every node's final parameters (on the CPU)."""
+    accounting into ``observer``; checkpoint through ``save`` every
+    ``run.checkpoint_every`` rounds, and continue from checkpoint ``saved``. Returns
+    every node's final parameters (on the CPU)."""
     flusher = Flusher(
         net, observer=observer, writer=writer, records=observer.records, progress=progress
     )
-    while net.round < observer.rounds:
-        flusher.add(net.run_round())
+    if saved is not None:
+        net.load_state_dict(saved["network"])
+        flusher.load_state_dict(saved["flusher"])
+    every = net.setup.config.run.checkpoint_every if save is not None else 0
+    try:
+        while net.round < observer.rounds:
+            flusher.add(net.run_round())
+            if every and net.round % every == 0 and net.round < observer.rounds:
+                assert save is not None
+                flusher.flush()
+                save(net.round, {"network": net.state_dict(), "flusher": flusher.state_dict()})
+    except BaseException:
+        with contextlib.suppress(Exception):  # account what ran, for the partial summary
+            flusher.flush()
+        raise
     flusher.flush()
+    return _vectorized_final(net, observer)
+
+
+def _vectorized_final(net: VectorizedNetwork, observer: RunObserver) -> dict[str, torch.Tensor]:
+    """Every node's parameters (on the CPU), with the fault tables put into ``observer``."""
     missing, dropped = net.fault_counts()
     observer.missing_edges.update(missing)
     observer.dropped_edges.update(dropped)
@@ -405,10 +735,18 @@ def finish_run(
     wall_seconds: float,
     final_params: Mapping[str, torch.Tensor],
     extra: Mapping[str, Any] | None = None,
+    status: str = "completed",
+    error: str | None = None,
 ) -> dict[str, Any]:
-    """The end of every run, whatever its transport: the regret (``run.regret``),
-    ``summary.json`` (with ``extra`` keys) and ``curves.png``; returns the summary."""
-    regret = add_regret(setup, observer, out)
+    """The end of every run, whatever its transport: the regret (``run.regret``, of a
+    completed run only), ``summary.json`` (with ``extra`` keys) and ``curves.png``;
+    returns the summary.
+
+    ``status`` is ``completed``, ``interrupted`` (Ctrl-C, SIGTERM, peers stopped) or
+    ``failed`` (``error`` says why); the summary's ``rounds_completed`` says how far the
+    run got and its figures are those of the last evaluation reached.
+    """
+    regret = add_regret(setup, observer, out) if status == "completed" else None
     summary = make_summary(
         setup,
         name=name,
@@ -418,6 +756,10 @@ def finish_run(
         final_params=final_params,
         regret=regret,
     )
+    summary["status"] = status
+    summary["rounds_completed"] = observer.rounds_done
+    if error is not None:
+        summary["error"] = error
     summary.update(extra or {})
     write_results(out, summary)
     return summary
@@ -445,6 +787,8 @@ def add_regret(setup: RunSetup, observer: RunObserver, out: Path) -> list[dict[s
 def write_results(out: Path, summary: dict[str, Any]) -> None:
     """Write ``summary.json`` and draw ``curves.png`` into a finished run's folder."""
     (out / "summary.json").write_text(to_json_text(summary, indent=2) + "\n", encoding="utf-8")
+    if not summary["final"]:
+        return  # no evaluation yet: nothing to draw
     try:
         from fedcore.plotting import plot_runs
 
@@ -478,7 +822,9 @@ def make_summary(
     config, graph = setup.config, setup.graph
     n = observer.n
     rounds = config.run.rounds
-    final = dict(observer.evals[-1])  # the last round always evaluates
+    # The last round always evaluates; a run stopped early has the last evaluation it
+    # reached (or none).
+    final = dict(observer.evals[-1]) if observer.evals else {}
     for key in ("kind", "round", "bytes_sent_per_node"):
         final.pop(key, None)
     if regret:
@@ -514,7 +860,7 @@ def make_summary(
             "messages_dropped": totals["messages_dropped"],
             "messages_late": totals["messages_late"],
             "messages_rejected": totals["messages_rejected"],
-            "bytes_per_node_per_round": totals["bytes_sent"] / (n * rounds),
+            "bytes_per_node_per_round": totals["bytes_sent"] / (n * max(1, observer.rounds_done)),
             "codec": config.compression.codec,
             # What float32 would have taken for the same tensors, over what was sent
             # (payload bytes, headers excluded).

@@ -54,6 +54,7 @@ from fedcore.metrics import JsonlWriter, round_record
 from fedcore.models import physical_memory
 from fedcore.node import RoundRecord, lr_at
 from fedcore.progress import Progress
+from fedcore.runners import checkpoint
 from fedcore.runners.network import RunSetup
 from fedcore.stacked import StackedBatches, StackedObjective
 
@@ -318,6 +319,40 @@ class VectorizedNetwork:
         self.round = t + 1
         return figures.done(t, up, loss)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything :meth:`load_state_dict` needs to continue from this round exactly (for
+        a checkpoint; call :meth:`check` first): the stacked state, where every node is in
+        its data, the codec's generators and the fault counts so far, as CPU tensors."""
+        generators = getattr(self.codec, "generators", None)
+        return {
+            "round": self.round,
+            "state": checkpoint.to_tree(self.state),
+            "read": torch.from_numpy(self.read.copy()),
+            "batches": self.batches.state_dict() if self.batches is not None else None,
+            "codec": [g.get_state() for g in generators] if generators else None,
+            "faults": [
+                [[ph.missing.cpu(), ph.dropped.cpu()] for ph in phases] for phases in self.phases
+            ],
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict` of a network built from the same setup."""
+        self.round = int(saved["round"])
+        self.state = checkpoint.to_device(checkpoint.from_tree(saved["state"]), self.device)
+        self.read[:] = saved["read"].numpy()
+        if self.batches is not None:
+            self.batches.load_state_dict(saved["batches"])
+        for i, stream in enumerate(self.streams if self.batches is None else []):
+            for _ in range(int(self.read[i])):  # a stream is a function of the seed
+                stream.next_batch()
+        generators = getattr(self.codec, "generators", None)
+        for g, state in zip(generators or [], saved["codec"] or [], strict=True):
+            g.set_state(state)
+        for phases, counts in zip(self.phases, saved["faults"], strict=True):
+            for phase, (missing, dropped) in zip(phases, counts, strict=True):
+                phase.missing.copy_(missing)
+                phase.dropped.copy_(dropped)
+
     def check(self) -> None:
         """Read back the deferred checks of the rounds run so far (see
         :meth:`BatchRound.check`); raise the first that failed.
@@ -478,6 +513,15 @@ class Flusher:
         self.bytes_done = 0
         self.began = time.perf_counter()
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the flusher carries from round to round (for a checkpoint; flush first)."""
+        return {"bytes": self.bytes_done, "accuracy": self.last_acc, "loss": self.last_loss}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`."""
+        self.bytes_done = int(saved["bytes"])
+        self.last_acc, self.last_loss = saved["accuracy"], saved["loss"]
+
     def add(self, figures: RoundFigures) -> None:
         """Keep a round's figures; read them back on evaluation rounds and every
         ``_FLUSH_EVERY`` rounds (evaluating the models on evaluation rounds)."""
@@ -504,6 +548,7 @@ class Flusher:
         }
         obs.evals.append(record)
         self.last_acc = result["avg_model_accuracy"]
+        logger.debug("round %d evaluated: avg-model accuracy %.4f", t, self.last_acc)
         if self.writer is not None:
             self.writer.write(record)
             self.writer.flush()
@@ -546,6 +591,7 @@ class Flusher:
             train_loss = sum(live) / len(live) if live else math.nan
             obs.loss_sum += sum(live)
             obs.loss_count += len(live)
+            obs.rounds_done = t + 1
             round_bytes = int(stacked["bytes_sent"][k].sum())
             self.bytes_done += round_bytes
             self.last_loss = train_loss

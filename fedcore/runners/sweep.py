@@ -1,0 +1,693 @@
+"""Seed sweeps: one config run once per seed, and mean ± std of the final figures.
+
+``fedcore simulate CONFIG --seeds 0-4 [--jobs N]`` runs the config (with its ``--set``
+overrides) once per seed, ``N`` runs at a time in worker processes, and writes::
+
+    <sweep>/                  --out, or runs/<name>-seeds<spec>-<timestamp>
+        sweep.json            seeds, overrides, status; per run: folder, status, final
+                              figures (or why it failed); per figure: mean, std, n
+        results.csv           one row per seed, then a mean and a std row
+        seed-0/  seed-1/ ...  one ordinary run folder per seed (config.toml,
+                              metrics.jsonl, summary.json, curves.png)
+
+``sweep.json`` is rewritten as each run ends, so an interrupted sweep (Ctrl-C) still says
+which seeds completed. ``fedcore plot <sweep>`` draws the runs of a sweep folder, and
+``--bands`` their mean ± std. The standard deviation is the sample one (``ddof = 1``);
+it is ``null`` (``-`` in the table) for fewer than two runs.
+
+:func:`run_cases` runs several labelled cases (lists of overrides) over the same seeds
+in one pool of workers, one sweep folder per case (the ``scripts/*_results.py`` grids).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import logging
+import math
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from fedcore.config import Config, load_config, parse_override
+from fedcore.errors import ConfigError, FedcoreError
+from fedcore.ids import child_path, clip, first_line
+from fedcore.metrics import to_json_text
+from fedcore.runners.simulate import RUN_FILES, open_run_dir, simulate
+
+__all__ = [
+    "FIGURES",
+    "MAX_SEEDS",
+    "RESULTS_CSV",
+    "SWEEP_FILE",
+    "final_figures",
+    "format_seeds",
+    "mean_std",
+    "parse_seeds",
+    "run_cases",
+    "run_sweep",
+    "sweep_name",
+    "sweep_table",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_SEEDS = 1000
+"""Most seeds one sweep runs."""
+
+SWEEP_FILE = "sweep.json"
+"""The file that makes a folder a sweep folder (``fedcore plot`` expands it to its runs)."""
+
+RESULTS_CSV = "results.csv"
+"""The sweep's table of final figures, one row per seed."""
+
+FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("avg_model_accuracy", "avg-model accuracy", ".4f"),
+    ("mean_node_accuracy", "mean node accuracy", ".4f"),
+    ("min_node_accuracy", "min node accuracy", ".4f"),
+    ("consensus_distance", "consensus distance", ".4g"),
+    ("average_loss", "average loss", ".4f"),
+    ("static_regret", "static regret", ".4g"),
+    ("average_static_regret", "average static regret", ".4g"),
+    ("dynamic_regret", "dynamic regret", ".4g"),
+    ("average_dynamic_regret", "average dynamic regret", ".4g"),
+    ("bytes_per_node_per_round", "bytes / node / round", ".0f"),
+    ("wall_seconds", "wall time (s)", ".3g"),
+)
+"""The final figures a sweep collects: ``(key, table label, format)``. The regret ones
+appear where the runs computed them (``run.regret``)."""
+
+_ALWAYS = {
+    "avg_model_accuracy",
+    "mean_node_accuracy",
+    "min_node_accuracy",
+    "consensus_distance",
+    "average_loss",
+    "bytes_per_node_per_round",
+    "wall_seconds",
+}
+_SEED_FORMS = "give N, A-B (inclusive) or a comma list of them, e.g. 2, 0-4, 0,3,7 or 0-2,5"
+_SEED_PART = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+_SEED_LIMIT = 2**32
+
+
+# --- seeds ------------------------------------------------------------------------------
+
+
+def parse_seeds(text: str) -> list[int]:
+    """The seeds of ``--seeds TEXT``: ``2``, ``0-4`` (inclusive), ``0,3,7``, ``0-2,5``.
+
+    Raises:
+        ConfigError: text in none of these forms, a range that runs backwards, a seed
+            listed twice, a seed outside ``[0, 2**32)`` or more than :data:`MAX_SEEDS`.
+    """
+    where = f"--seeds {clip(text, 40)}"
+    seeds: list[int] = []
+    seen: set[int] = set()
+    for part in text.split(","):
+        match = _SEED_PART.fullmatch(part)
+        if match is None:
+            what = "an empty item" if not part.strip() else f"{clip(part.strip(), 20)}"
+            raise ConfigError(f"{where}: {what} is not a seed or a range; {_SEED_FORMS}.")
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) is not None else low
+        if high < low:
+            raise ConfigError(f"{where}: the range {low}-{high} runs backwards; {_SEED_FORMS}.")
+        if high >= _SEED_LIMIT:
+            raise ConfigError(f"{where}: seeds must be in [0, 2**32), not {high}.")
+        if len(seeds) + high - low + 1 > MAX_SEEDS:
+            raise ConfigError(f"{where}: more than {MAX_SEEDS} seeds; sweep fewer at a time.")
+        for seed in range(low, high + 1):
+            if seed in seen:
+                raise ConfigError(f"{where}: seed {seed} is listed twice; list each seed once.")
+            seen.add(seed)
+            seeds.append(seed)
+    return seeds
+
+
+def format_seeds(seeds: Iterable[int]) -> str:
+    """Seeds as the shortest ``--seeds`` text, ranges joined by ``_`` so it can name a
+    folder: ``[0, 1, 2, 5]`` -> ``0-2_5``."""
+    parts: list[list[int]] = []
+    for seed in sorted(seeds):
+        if parts and seed == parts[-1][1] + 1:
+            parts[-1][1] = seed
+        else:
+            parts.append([seed, seed])
+    return "_".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
+
+# --- figures ----------------------------------------------------------------------------
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a finite float, or None (not written, null, NaN, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def final_figures(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """The :data:`FIGURES` of one run's summary (None: not a number, a diverged run).
+
+    The regret figures are present only where the run computed them.
+    """
+    final = summary.get("final") or {}
+    out: dict[str, float | None] = {}
+    for key, _, _ in FIGURES:
+        if key == "bytes_per_node_per_round":
+            out[key] = _number((summary.get("traffic") or {}).get(key))
+        elif key == "wall_seconds":
+            out[key] = _number(summary.get(key))
+        elif key in final or key in _ALWAYS:
+            out[key] = _number(final.get(key))
+    return out
+
+
+def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (``ddof = 1``) of ``values``; None where
+    undefined (no values; one value for the deviation)."""
+    n = len(values)
+    if n == 0:
+        return None, None
+    mean = math.fsum(values) / n
+    if n == 1:
+        return mean, None
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+# --- running ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _RunSpec:
+    """One run of a sweep, as a worker process receives it."""
+
+    group: int
+    seed: int
+    config: str | None
+    overrides: tuple[str, ...]
+    out_dir: str
+    force: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """What a run gave: its figures, or why it failed (and the error's class)."""
+
+    group: int
+    seed: int
+    status: str
+    figures: dict[str, float | None]
+    reason: str | None = None
+    error: type[FedcoreError] | None = None
+
+
+def _run_one(spec: _RunSpec) -> _Outcome:
+    """Run one seed (in a worker process or in this one); a FedcoreError is an outcome."""
+    overrides = [*spec.overrides, f"run.seed={spec.seed}"]
+    try:
+        config = load_config(spec.config, overrides)
+        summary = simulate(
+            config,
+            out_dir=spec.out_dir,
+            show_progress=False,
+            force=spec.force,
+            overrides=overrides,
+        )
+    except FedcoreError as exc:
+        reason = first_line(str(exc)) or type(exc).__name__
+        return _Outcome(spec.group, spec.seed, "failed", {}, reason, type(exc))
+    return _Outcome(spec.group, spec.seed, "completed", final_figures(summary))
+
+
+def _init_worker(threads: int) -> None:
+    """A worker leaves Ctrl-C to the sweep (which stops it) and uses ``threads`` threads."""
+    import torch
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+
+
+@dataclass
+class _Group:
+    """One sweep folder: a label, its overrides and its seeds' outcomes."""
+
+    label: str
+    overrides: tuple[str, ...]
+    folder: Path
+    seeds: list[int]
+    config: str | None
+    outcomes: dict[int, _Outcome] = field(default_factory=dict)
+    began: float = field(default_factory=time.perf_counter)
+
+    def run_dir(self, seed: int) -> Path:
+        """The folder of one seed's run."""
+        return self.folder / f"seed-{seed}"
+
+
+def _execute(
+    specs: Sequence[_RunSpec],
+    *,
+    jobs: int,
+    threads: int,
+    on_done: Callable[[_Outcome], None],
+) -> None:
+    """Run ``specs``: in this process for ``jobs == 1``, else in up to ``jobs`` spawned
+    worker processes (fresh interpreters: no torch thread pools inherited by a fork).
+    On any exception here (Ctrl-C included) the workers are stopped at once."""
+    if jobs == 1 or len(specs) <= 1:
+        for spec in specs:
+            on_done(_run_one(spec))
+        return
+    pool = ProcessPoolExecutor(
+        max_workers=min(jobs, len(specs)),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(threads,),
+    )
+    try:
+        pending: dict[Future[_Outcome], _RunSpec] = {}
+        with _sigint_ignored():  # the workers start now, and inherit the ignoring
+            for spec in specs:
+                pending[pool.submit(_run_one, spec)] = spec
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: (pending[f].group, pending[f].seed)):
+                del pending[future]
+                on_done(future.result())
+        pool.shutdown()
+    except BaseException:
+        _stop(pool)
+        raise
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore Ctrl-C while worker processes start: a process inherits an ignored signal,
+    so a Ctrl-C that reaches a worker while it is still importing does not print its
+    traceback (the sweep stops the workers itself). Only the main thread can do this."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and end the workers now (Python 3.11 has no public
+    ``terminate_workers``)."""
+    workers = list((pool._processes or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        if process.is_alive():
+            process.terminate()
+    for process in workers:
+        process.join(timeout=5)
+
+
+def _check_folder(folder: Path, seeds: Sequence[int], *, force: bool) -> None:
+    """Refuse a sweep folder that holds another sweep (or runs where ours go) unless
+    ``force``; with ``force``, the old sweep files go."""
+    taken = [f for f in (SWEEP_FILE, RESULTS_CSV) if (folder / f).exists()]
+    taken += [
+        f"seed-{k}/" for k in seeds if any((folder / f"seed-{k}" / f).exists() for f in RUN_FILES)
+    ]
+    if taken and not force:
+        shown = ", ".join(taken[:4]) + (" ..." if len(taken) > 4 else "")
+        raise ConfigError(
+            f"sweep folder {str(folder)!r} holds another sweep ({shown}); give another "
+            "--out, or --force to replace it."
+        )
+    for f in (SWEEP_FILE, RESULTS_CSV):
+        if (folder / f).exists():
+            (folder / f).unlink()
+
+
+def _validate(
+    config: str | None, overrides: Sequence[str], seeds: Sequence[int], jobs: int, threads: int
+) -> Config:
+    """Check everything that can be checked before any run; return the base config."""
+    for value, option in ((jobs, "--jobs"), (threads, "--threads")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{option} must be a whole number >= 1, got {value!r}.")
+    if not seeds:
+        raise ConfigError(f"a sweep needs at least one seed; {_SEED_FORMS}.")
+    if len(seeds) > MAX_SEEDS:
+        raise ConfigError(f"a sweep runs at most {MAX_SEEDS} seeds, not {len(seeds)}.")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError("a sweep lists each seed once; some seed is listed twice.")
+    for item in overrides:
+        if parse_override(item)[0] == ["run", "seed"]:
+            raise ConfigError(f"--seeds sets run.seed of each run; drop --set {clip(item, 40)}.")
+    base = load_config(config, overrides)
+    for seed in seeds:  # a seed the config cannot take (run.seed's range) fails here
+        load_config(config, [*overrides, f"run.seed={seed}"])
+    return base
+
+
+def sweep_name(config: Config, overrides: Sequence[str], seeds: Sequence[int]) -> str:
+    """``<name>-seeds<spec>``: the run's name (``run.name``, or ``<algorithm>-<topology>``
+    followed by what ``--set`` changed, as ``simulate`` names runs), cut so that the seeds
+    survive in a folder name of 100 characters, and the seeds."""
+    keys = [item.partition("=")[0].strip() for item in overrides]
+    if "run.name" in keys and config.run.name:
+        base = config.run.name
+    else:
+        topo = config.topology
+        graph = Path(topo.file).stem if topo.file else f"{topo.kind}-{topo.nodes}"
+        changed = [
+            "=".join(part.strip() for part in item.partition("=")[::2])
+            for item, key in zip(overrides, keys, strict=True)
+            if key != "run.name" and not key.startswith("simulate.")
+        ]
+        base = "-".join([config.run.name or f"{config.algorithm.name}-{graph}", *changed])
+    suffix = f"-seeds{format_seeds(seeds)}"
+    return base[: max(10, 100 - len(suffix))] + suffix  # folder names keep 100 characters
+
+
+def _record(group: _Group, *, status: str, jobs: int) -> dict[str, Any]:
+    """The sweep.json content of ``group`` as it stands."""
+    runs: list[dict[str, Any]] = []
+    for seed in group.seeds:
+        outcome = group.outcomes.get(seed)
+        run: dict[str, Any] = {"seed": seed, "out_dir": f"seed-{seed}"}
+        if outcome is not None:
+            run.update(status=outcome.status, final=outcome.figures)
+            if outcome.reason is not None:
+                run["reason"] = outcome.reason
+        else:  # not finished: still to come, or stopped with the sweep
+            run["status"] = "interrupted" if status == "interrupted" else "pending"
+        runs.append(run)
+    completed = [o for o in group.outcomes.values() if o.status == "completed"]
+    stats: dict[str, dict[str, Any]] = {}
+    for key, _, _ in FIGURES:
+        if not any(key in o.figures for o in completed):
+            continue
+        values = [v for o in completed if (v := o.figures.get(key)) is not None]
+        mean, std = mean_std(values)
+        stats[key] = {"mean": mean, "std": std, "n": len(values)}
+    return {
+        "kind": "sweep",
+        "name": group.label,
+        "config": group.config,
+        "overrides": list(group.overrides),
+        "seeds": list(group.seeds),
+        "jobs": jobs,
+        "status": status,
+        "completed": sorted(o.seed for o in completed),
+        "failed": sorted(o.seed for o in group.outcomes.values() if o.status == "failed"),
+        "runs": runs,
+        "stats": stats,
+        "wall_seconds": time.perf_counter() - group.began,
+    }
+
+
+def _csv_text(record: Mapping[str, Any]) -> str:
+    """results.csv: a header, one row per seed, then the mean and std rows."""
+    keys = list(record["stats"]) or [k for k, _, _ in FIGURES if k in _ALWAYS]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["seed", "status", *keys, "out_dir"])
+
+    def cell(value: Any) -> str:
+        return "" if value is None else repr(float(value))
+
+    for run in record["runs"]:
+        final = run.get("final") or {}
+        writer.writerow(
+            [run["seed"], run["status"], *(cell(final.get(k)) for k in keys), run["out_dir"]]
+        )
+    for row in ("mean", "std"):
+        stats = record["stats"]
+        writer.writerow([row, "", *(cell(stats.get(k, {}).get(row)) for k in keys), ""])
+    return buffer.getvalue()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write(group: _Group, *, status: str, jobs: int) -> dict[str, Any]:
+    """Write sweep.json and results.csv of ``group``; return the record, with its
+    ``out_dir``."""
+    record = _record(group, status=status, jobs=jobs)
+    _write_atomic(group.folder / SWEEP_FILE, to_json_text(record, indent=2) + "\n")
+    _write_atomic(group.folder / RESULTS_CSV, _csv_text(record))
+    return {**record, "out_dir": str(group.folder)}
+
+
+def _run_groups(
+    groups: Sequence[_Group],
+    *,
+    jobs: int,
+    threads: int,
+    force: bool,
+    show_progress: bool,
+    stream: TextIO,
+    prefix: Callable[[_Group], str],
+) -> list[dict[str, Any]]:
+    """Run every seed of every group, writing each group's files as its runs end."""
+    specs = [
+        _RunSpec(g, seed, group.config, group.overrides, str(group.run_dir(seed)), force)
+        for g, group in enumerate(groups)
+        for seed in group.seeds
+    ]
+    total = len(specs)
+    finished = 0
+    for group in groups:
+        _write(group, status="running", jobs=jobs)
+
+    def on_done(outcome: _Outcome) -> None:
+        nonlocal finished
+        finished += 1
+        group = groups[outcome.group]
+        group.outcomes[outcome.seed] = outcome
+        _write(group, status="running", jobs=jobs)
+        if not show_progress:
+            return
+        head = f"{prefix(group)}seed {outcome.seed} [{finished}/{total}]"
+        if outcome.status == "failed":
+            line = f"{head}: failed: {outcome.reason}"
+        else:
+            acc = outcome.figures.get("avg_model_accuracy")
+            wall = outcome.figures.get("wall_seconds")
+            line = (
+                f"{head}: avg-model accuracy "
+                + ("-" if acc is None else f"{acc:.4f}")
+                + ("" if wall is None else f", {wall:.1f} s")
+            )
+        print(line, file=stream, flush=True)
+
+    try:
+        _execute(specs, jobs=jobs, threads=threads, on_done=on_done)
+    except KeyboardInterrupt:
+        for group in groups:
+            _write(group, status=_final_status(group, "interrupted"), jobs=jobs)
+        where = groups[0].folder if len(groups) == 1 else groups[0].folder.parent
+        raise KeyboardInterrupt(
+            f"after {finished} of {total} runs; the sweep so far is in {where} "
+            f"({SWEEP_FILE} says which seeds completed)"
+        ) from None
+    except BrokenProcessPool:
+        for group in groups:
+            _write(group, status="failed", jobs=jobs)
+        raise FedcoreError(
+            "a worker process of the sweep died (out of memory?); run fewer at a time "
+            "(a smaller --jobs)."
+        ) from None
+    except BaseException:
+        for group in groups:
+            _write(group, status="failed", jobs=jobs)
+        raise
+    return [_write(group, status=_final_status(group, "failed"), jobs=jobs) for group in groups]
+
+
+def _final_status(group: _Group, unfinished: str) -> str:
+    """``unfinished`` while seeds have no outcome, else ``failed`` if every run failed,
+    else ``completed``."""
+    if len(group.outcomes) < len(group.seeds):
+        return unfinished
+    failed = all(o.status == "failed" for o in group.outcomes.values())
+    return "failed" if failed else "completed"
+
+
+def run_sweep(
+    config: str | Path | None,
+    overrides: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    jobs: int = 1,
+    out_dir: str | Path | None = None,
+    force: bool = False,
+    show_progress: bool = True,
+    threads: int = 1,
+    progress_stream: TextIO | None = None,
+) -> dict[str, Any]:
+    """Run ``config`` with ``overrides`` once per seed; write the sweep folder.
+
+    Args:
+        config: The experiment TOML (None: the built-in run).
+        overrides: ``--set`` items, for every run (``run.seed`` is the sweep's).
+        seeds: The seeds (see :func:`parse_seeds`), each once.
+        jobs: Runs at a time; 1 runs them one after another in this process, more in
+            spawned worker processes.
+        out_dir: The sweep folder (default ``runs/<name>-seeds<spec>-<timestamp>``).
+        force: Replace the sweep an existing ``out_dir`` holds.
+        show_progress: One line on ``progress_stream`` (default stderr) per run that ends.
+        threads: torch threads of each worker process (``jobs > 1``; an in-process sweep
+            keeps this process's setting).
+        progress_stream: Where the progress lines go.
+
+    Returns:
+        The ``sweep.json`` content, plus ``out_dir`` (the sweep folder).
+
+    Raises:
+        ConfigError: invalid config, overrides, seeds, ``jobs`` or ``out_dir`` (before
+            any run).
+        FedcoreError: every run failed (the first run's error class, with its reason).
+        KeyboardInterrupt: Ctrl-C; the workers are stopped and ``sweep.json`` says which
+            seeds completed.
+    """
+    path = None if config is None else str(config)
+    seeds = list(seeds)
+    base = _validate(path, overrides, seeds, jobs, threads)
+    name = sweep_name(base, overrides, seeds)
+    folder = open_run_dir(out_dir, name, force=force)
+    _check_folder(folder, seeds, force=force)
+    group = _Group(name, tuple(overrides), folder, seeds, path)
+    (result,) = _run_groups(
+        [group],
+        jobs=jobs,
+        threads=threads,
+        force=force,
+        show_progress=show_progress,
+        stream=progress_stream if progress_stream is not None else sys.stderr,
+        prefix=lambda _: "sweep: ",
+    )
+    if result["status"] == "failed":
+        first = group.outcomes[seeds[0]]
+        message = (
+            f"every run of the sweep failed (see {folder / SWEEP_FILE}); "
+            f"seed {first.seed}: {first.reason}"
+        )
+        error_type = first.error or FedcoreError
+        try:
+            error = error_type(message)
+        except Exception:  # an error class that takes other arguments
+            error = FedcoreError(message)
+        raise error
+    return result
+
+
+def _slug(label: str) -> str:
+    """A label as a folder name: ``"OPS (push-sum)"`` -> ``OPS_push-sum``."""
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", label).strip("._=-")[:100] or "case"
+
+
+def run_cases(
+    config: str | Path | None,
+    cases: Sequence[tuple[str, Sequence[str]]],
+    seeds: Sequence[int],
+    *,
+    out_dir: str | Path,
+    jobs: int = 1,
+    force: bool = False,
+    show_progress: bool = True,
+    threads: int = 1,
+    progress_stream: TextIO | None = None,
+) -> list[dict[str, Any]]:
+    """Run each ``(label, overrides)`` case once per seed, all through one pool of
+    ``jobs`` workers; one sweep folder per case, ``out_dir/<label as a folder name>``.
+
+    Unlike :func:`run_sweep`, a case whose runs all fail is a result (status
+    ``failed``), not an error: a method that diverges is a finding.
+
+    Returns:
+        Per case, in order, its ``sweep.json`` content plus ``label`` and ``out_dir``.
+
+    Raises:
+        ConfigError: an invalid case, seeds, ``jobs``, or a case folder that holds
+            another sweep without ``force`` (before any run).
+    """
+    path = None if config is None else str(config)
+    seeds = list(seeds)
+    parent = Path(out_dir)
+    used: set[str] = set()
+    groups: list[_Group] = []
+    for label, overrides in cases:
+        _validate(path, overrides, seeds, jobs, threads)
+        name = _slug(label)
+        k = 1
+        while (name if k == 1 else f"{name}-{k}") in used:
+            k += 1
+        name = name if k == 1 else f"{name}-{k}"
+        used.add(name)
+        folder = child_path(parent, name, ConfigError)
+        _check_folder(folder, seeds, force=force)
+        groups.append(_Group(label, tuple(overrides), folder, seeds, path))
+    for group in groups:
+        group.folder.mkdir(parents=True, exist_ok=True)
+        group.began = time.perf_counter()
+    results = _run_groups(
+        groups,
+        jobs=jobs,
+        threads=threads,
+        force=force,
+        show_progress=show_progress,
+        stream=progress_stream if progress_stream is not None else sys.stderr,
+        prefix=lambda g: f"{g.label}: ",
+    )
+    return [{**r, "label": g.label} for g, r in zip(groups, results, strict=True)]
+
+
+# --- the console table -----------------------------------------------------------------
+
+
+def sweep_table(result: Mapping[str, Any]) -> str:
+    """The console table of a sweep: per final figure, mean ± std over completed runs."""
+    seeds = list(result["seeds"])
+    completed = list(result.get("completed", []))
+    failed = list(result.get("failed", []))
+    rows: list[tuple[str, str]] = [
+        ("sweep", str(result.get("name", ""))),
+        (
+            "runs",
+            f"{len(seeds)} (seeds {format_seeds(seeds).replace('_', ',')}), "
+            f"{len(completed)} completed" + (f", {len(failed)} failed" if failed else ""),
+        ),
+    ]
+    stats = result.get("stats", {})
+    for key, label, fmt in FIGURES:
+        if key not in stats:
+            continue
+        mean, std, n = stats[key]["mean"], stats[key]["std"], stats[key]["n"]
+        text = "-" if mean is None else format(mean, fmt)
+        text += " ± " + ("-" if std is None else format(std, fmt))
+        if n < len(completed):
+            text += f" ({n} of {len(completed)} runs a number)"
+        rows.append((label, text))
+    for run in result.get("runs", []):
+        if run.get("status") == "failed":
+            rows.append((f"seed {run['seed']} failed", str(run.get("reason", ""))))
+    out = Path(str(result.get("out_dir", "")))
+    rows.append(("results", f"{out} ({SWEEP_FILE}, {RESULTS_CSV}, seed-*/)"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {key:<{width}}  {value}" for key, value in rows)

@@ -1,0 +1,286 @@
+"""``fedcore plot`` options: --label, --title, --log-bytes, --bands, sweep folders, legends.
+
+The run folders here are written by hand (config.toml, metrics.jsonl, summary.json), so
+the tests draw without running anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib.figure
+import pytest
+
+from fedcore.config import config_to_dict, dumps_toml, load_config
+from fedcore.plotting import (
+    LEGEND_OUTSIDE,
+    _mean_curve,
+    expand_runs,
+    plot_runs,
+    seed_groups,
+    strip_seed,
+)
+from tests.clitools import cli, one_line_error
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def fake_run(
+    folder: Path,
+    *,
+    seed: int = 0,
+    overrides: Sequence[str] = (),
+    rounds: Sequence[int] = (1, 3, 5),
+    bytes_per_round: float = 1000.0,
+    regret: bool = False,
+    config: bool = True,
+) -> Path:
+    """A finished run's folder: evaluations at ``rounds`` whose figures depend on
+    ``seed``; the first evaluation at 0 bytes when ``bytes_per_round`` is 0 at round 1."""
+    folder.mkdir(parents=True)
+    items = [*overrides, f"run.seed={seed}"]
+    if config:
+        text = dumps_toml(config_to_dict(load_config(None, items)))
+        (folder / "config.toml").write_text(text, encoding="utf-8")
+    lines = []
+    for t in rounds:
+        lines.append(
+            {
+                "kind": "eval",
+                "round": t,
+                "train_loss": 1.0 / (t + 1) + 0.01 * seed,
+                "average_loss": 1.0,
+                "bytes_sent_per_node": bytes_per_round * t,
+                "avg_model_accuracy": 0.5 + 0.05 * t + 0.01 * seed,
+                "mean_node_accuracy": 0.4 + 0.05 * t,
+                "consensus_distance": None,  # strict JSON: null where not a number
+            }
+        )
+        if regret:
+            lines.append(
+                {
+                    "kind": "regret",
+                    "round": t,
+                    "average_static_regret": 1.0 / (t + 1),
+                    "average_dynamic_regret": None,
+                }
+            )
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    (folder / "metrics.jsonl").write_text(text, encoding="utf-8")
+    name = "-".join(["ops-social-16", *items])
+    (folder / "summary.json").write_text(json.dumps({"name": name}), encoding="utf-8")
+    return folder
+
+
+def fake_sweep(folder: Path, seeds: Sequence[int], **kwargs: Any) -> Path:
+    runs = [fake_run(folder / f"seed-{k}", seed=k, **kwargs) for k in seeds]
+    record = {
+        "kind": "sweep",
+        "seeds": list(seeds),
+        "runs": [
+            {"seed": k, "out_dir": r.name, "status": "completed"}
+            for k, r in zip(seeds, runs, strict=True)
+        ]
+        + [{"seed": 99, "out_dir": "seed-99", "status": "failed", "reason": "diverged"}],
+    }
+    (folder / "sweep.json").write_text(json.dumps(record), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> list[matplotlib.figure.Figure]:
+    """Every figure ``plot_runs`` saves, kept for inspection."""
+    saved: list[matplotlib.figure.Figure] = []
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(self: matplotlib.figure.Figure, *args: Any, **kwargs: Any) -> None:
+        saved.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return saved
+
+
+# --- the CLI options --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--label", "compression.codec"],
+        ["--label", "algorithm.lr"],
+        ["--title", "two codecs"],
+        ["--log-bytes"],
+        ["--bands"],
+        ["--bands", "--label", "compression.codec", "--log-bytes", "--title", "t"],
+    ],
+)
+def test_each_plot_option_writes_the_picture(
+    options: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = fake_sweep(tmp_path / "fp32", [0, 1, 2])
+    b = fake_run(tmp_path / "sign", overrides=["compression.codec=sign", "algorithm.lr=0.1"])
+    png = tmp_path / "p.png"
+    status, out, err = cli(capsys, "plot", str(a), str(b), "--out", str(png), *options)
+    assert status == 0, err
+    assert str(png) in out
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_label_names_each_curve_by_the_config_key(
+    tmp_path: Path, figures: list[matplotlib.figure.Figure]
+) -> None:
+    a = fake_run(tmp_path / "a")
+    b = fake_run(tmp_path / "b", overrides=["compression.codec=sign"])
+    c = fake_run(tmp_path / "c", overrides=["algorithm.lr=0.25"])
+    plot_runs([a, b], tmp_path / "p.png", label="compression.codec", title="codecs")
+    plot_runs([a, c], tmp_path / "q.png", label="algorithm.lr")
+    first, second = figures
+    assert [line.get_label() for line in first.axes[0].get_lines()] == ["fp32", "sign"]
+    assert first.get_suptitle() == "codecs"
+    assert [line.get_label() for line in second.axes[0].get_lines()] == [
+        "algorithm.lr=0.5",
+        "algorithm.lr=0.25",
+    ]
+
+
+def test_label_of_a_missing_key_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = fake_run(tmp_path / "r")
+    argv = ["plot", str(run), "--out", str(tmp_path / "p.png"), "--label", "algorithm.nope"]
+    one_line_error(capsys, argv, "algorithm.nope", str(run))
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_label_of_a_run_without_config_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = fake_run(tmp_path / "r", config=False)
+    argv = ["plot", str(run), "--out", str(tmp_path / "p.png"), "--label", "algorithm.name"]
+    one_line_error(capsys, argv, "no config.toml", str(run), "--label")
+    one_line_error(capsys, [*argv[:4], "--bands"], "no config.toml", "--bands")
+
+
+def test_log_bytes_leaves_out_points_at_zero_bytes(
+    tmp_path: Path, figures: list[matplotlib.figure.Figure]
+) -> None:
+    sends = fake_run(tmp_path / "sends", rounds=(0, 2, 4))  # 0 bytes at round 0
+    silent = fake_run(tmp_path / "silent", seed=1, bytes_per_round=0.0)  # never sends
+    plot_runs([sends, silent], tmp_path / "p.png", log_bytes=True)
+    (fig,) = figures
+    by_bytes = fig.axes[2]
+    assert by_bytes.get_xscale() == "log"
+    sizes = [len(line.get_xdata()) for line in by_bytes.get_lines()]
+    assert sizes == [2, 0]
+    assert fig.axes[0].get_xscale() == "linear"  # the rounds axis keeps its scale
+    plot_runs([silent], tmp_path / "q.png", log_bytes=True)  # nothing to log-scale
+    assert figures[1].axes[2].get_xscale() == "linear"
+
+
+def test_six_curves_put_the_legend_below_the_panels(
+    tmp_path: Path, figures: list[matplotlib.figure.Figure]
+) -> None:
+    runs = [fake_run(tmp_path / f"r{k}", seed=k) for k in range(LEGEND_OUTSIDE)]
+    plot_runs(runs[:2], tmp_path / "few.png")
+    plot_runs(runs, tmp_path / "many.png")
+    few, many = figures
+    assert few.axes[1].get_legend() is not None
+    assert not few.legends
+    assert all(ax.get_legend() is None for ax in many.axes)
+    (legend,) = many.legends
+    assert len(legend.get_texts()) == LEGEND_OUTSIDE + 1  # and the dashed-line key
+
+
+def test_regret_panels_get_bands_too(
+    tmp_path: Path, figures: list[matplotlib.figure.Figure]
+) -> None:
+    sweep = fake_sweep(tmp_path / "sw", [0, 1], regret=True)
+    plot_runs([sweep], tmp_path / "p.png", bands=True)
+    (fig,) = figures
+    assert len(fig.axes) == 6
+    assert [line.get_label() for line in fig.axes[4].get_lines()] == [
+        "ops-social-16 (mean ± std, 2 seeds)"
+    ]
+
+
+# --- sweep folders and groups -----------------------------------------------------------
+
+
+def test_a_sweep_folder_stands_for_its_completed_runs(tmp_path: Path) -> None:
+    sweep = fake_sweep(tmp_path / "sw", [0, 2])
+    other = fake_run(tmp_path / "other")
+    assert expand_runs([sweep, other]) == [sweep / "seed-0", sweep / "seed-2", other]
+
+
+def test_a_sweep_without_completed_runs_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = tmp_path / "sw"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"runs": []}), encoding="utf-8")
+    one_line_error(
+        capsys, ["plot", str(sweep), "--out", str(tmp_path / "p.png")], "no completed run"
+    )
+    (sweep / "sweep.json").write_text("{", encoding="utf-8")
+    one_line_error(capsys, ["plot", str(sweep), "--out", str(tmp_path / "p.png")], "sweep file")
+
+
+def test_seed_groups_ignore_only_the_seed_and_the_name() -> None:
+    def config(seed: int, name: str = "", lr: float = 0.5) -> dict[str, Any]:
+        return {"run": {"seed": seed, "name": name, "rounds": 3}, "algorithm": {"lr": lr}}
+
+    configs = [
+        config(0),
+        config(1, name="x-seed1"),
+        config(0, lr=0.1),
+        config(2),
+        config(1, lr=0.1),
+        {"run": {"seed": 0, "name": "", "rounds": 4}, "algorithm": {"lr": 0.5}},
+    ]
+    assert seed_groups(configs) == [[0, 1, 3], [2, 4], [5]]
+
+
+@pytest.mark.parametrize(
+    ("name", "base"),
+    [
+        ("ops-ring-16-run.seed=3", "ops-ring-16"),
+        ("ops-ring-16-seed3", "ops-ring-16"),
+        ("ops-ring-16-algorithm.lr=0.1-run.seed=12", "ops-ring-16-algorithm.lr=0.1"),
+        ("ops-ring-16-seeds0-4", "ops-ring-16-seeds0-4"),  # a sweep's name keeps its seeds
+    ],
+)
+def test_strip_seed(name: str, base: str) -> None:
+    assert strip_seed(name) == base
+
+
+def test_bands_are_the_mean_and_sample_std_at_the_common_rounds() -> None:
+    def evals(rounds: Sequence[int], acc: float) -> list[dict[str, Any]]:
+        return [
+            {
+                "round": t,
+                "train_loss": 1.0,
+                "avg_model_accuracy": acc + t,
+                "mean_node_accuracy": None,
+                "bytes_sent_per_node": 10.0 * t,
+            }
+            for t in rounds
+        ]
+
+    curve = _mean_curve(
+        "g",
+        [
+            (evals([1, 3, 5], 0.1), []),
+            (evals([1, 3], 0.2), []),  # stopped early: round 5 is not common
+            (evals([1, 3, 5], 0.6), []),
+        ],
+    )
+    assert curve.rounds == [2, 4]
+    assert curve.series["avg_model_accuracy"] == pytest.approx([1.3, 3.3])
+    assert curve.spread is not None
+    assert curve.spread["avg_model_accuracy"] == pytest.approx([0.2645751311, 0.2645751311])
+    assert curve.spread["train_loss"] == [0.0, 0.0]
+    assert curve.series["bytes_sent_per_node"] == pytest.approx([10.0, 30.0])

@@ -1,0 +1,265 @@
+"""Runs that can be told apart, say how they ended, and continue where they stopped.
+
+Issue 14 items 2 (names) and 4 (status, ``fedcore simulate --resume``): an interrupted
+run writes ``status = "interrupted"`` and, resumed from its checkpoint, ends with the
+parameters, records and figures of the run that was never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedcore.runners import checkpoint
+from fedcore.runners.simulate import run_name
+from tests.clitools import assert_one_line_error, cli
+
+SMALL = [
+    "--set",
+    "run.rounds=120",
+    "--set",
+    "run.eval_every=40",
+    "--set",
+    "run.checkpoint_every=20",
+]
+
+
+def _summary(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+
+
+def _records(folder: Path) -> list[dict[str, Any]]:
+    """``metrics.jsonl`` without wall times (the only figures a resumed run may change)."""
+    out = []
+    for line in (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        record.pop("wall_s", None)
+        out.append(record)
+    return out
+
+
+def _interrupt_after_checkpoints(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """Send this process SIGINT, as Ctrl-C does, right after the ``count``-th checkpoint."""
+    real = checkpoint.write
+    written = []
+
+    def write(folder: Path, round: int, content: dict[str, Any]) -> Path:
+        path = real(folder, round, content)
+        written.append(round)
+        if len(written) == count:
+            signal.raise_signal(signal.SIGINT)
+        return path
+
+    monkeypatch.setattr(checkpoint, "write", write)
+
+
+def test_default_name_says_what_set_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["--set", "run.rounds=4", "--set", "algorithm.lr=0.2", "-q"]
+    status, out, _ = cli(capsys, "simulate", *args, "--engine", "messages")
+    assert status == 0
+    folder = Path(out.split("results: ", 1)[1].strip())
+    summary = _summary(folder)
+    # How a run is simulated (--engine) does not name it; what it runs does.
+    assert summary["name"] == "ops-social-16-run.rounds=4-algorithm.lr=0.2"
+    assert folder.name.startswith("ops-social-16-run.rounds=4-algorithm.lr=0.2-")
+    assert summary["overrides"] == ["run.rounds=4", "algorithm.lr=0.2", "simulate.engine=messages"]
+    status, out, _ = cli(capsys, "simulate", *args, "--name", "lr 0.2")
+    folder = Path(out.split("results: ", 1)[1].strip())
+    assert _summary(folder)["name"] == "lr 0.2"
+    assert folder.name.startswith("lr_0.2-")
+
+
+def test_run_name_keeps_the_files_name_and_adds_overrides() -> None:
+    from fedcore.config import load_config
+    from fedcore.runners.network import prepare_run
+
+    config = load_config(None, ["run.name=online-ops", "run.rounds=2"])
+    setup = prepare_run(config)
+    assert run_name(config, setup, ["run.rounds=2"]) == "online-ops-run.rounds=2"
+    assert run_name(config, setup, ["run.name=online-ops", "run.rounds=2"]) == "online-ops"
+    assert run_name(config, setup, ["simulate.device=cpu"]) == "online-ops"
+
+
+@pytest.mark.parametrize("engine", ["vectorized", "messages"])
+def test_interrupted_run_resumes_bit_identical(
+    engine: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args = [*SMALL, "--engine", engine, "-q"]
+    assert cli(capsys, "simulate", *args, "--out", str(tmp_path / "whole"))[0] == 0
+    _interrupt_after_checkpoints(monkeypatch, 2)
+    stopped = tmp_path / "stopped"
+    status, _, err = cli(capsys, "simulate", *args, "--out", str(stopped))
+    assert status == 130
+    assert f"fedcore simulate --resume {stopped}" in err and "Traceback" not in err
+    summary = _summary(stopped)
+    assert summary["status"] == "interrupted"
+    assert 40 <= summary["rounds_completed"] < 120
+    assert summary["final"]["avg_model_accuracy"] > 0  # the evaluation of round 40
+    monkeypatch.undo()
+    status, _, err = cli(capsys, "simulate", "--resume", str(stopped), "-q")
+    assert status == 0, err
+    whole, resumed = _summary(tmp_path / "whole"), _summary(stopped)
+    assert resumed["status"] == "completed" and resumed["rounds_completed"] == 120
+    assert resumed["params_sha256"] == whole["params_sha256"]
+    assert resumed["final"] == whole["final"]
+    assert resumed["traffic"] == whole["traffic"]
+    assert _records(stopped) == _records(tmp_path / "whole")
+    # A completed run is not resumed again.
+    assert_one_line_error(*cli(capsys, "simulate", "--resume", str(stopped)), "completed")
+
+
+def test_a_run_without_checkpoints_says_how_to_make_it_resumable(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from fedcore.runners import vectorized
+
+    real = vectorized.Flusher.add
+
+    def add(self: vectorized.Flusher, figures: Any) -> None:
+        real(self, figures)
+        if figures.round == 50:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(vectorized.Flusher, "add", add)
+    out = tmp_path / "run"
+    args = ["--set", "run.rounds=80", "--set", "run.eval_every=20", "--out", str(out), "-q"]
+    status, _, err = cli(capsys, "simulate", *args)
+    assert status == 130 and "set run.checkpoint_every" in err
+    assert _summary(out)["status"] == "interrupted"
+    assert _summary(out)["rounds_completed"] == 51
+    monkeypatch.undo()
+    # --resume starts it again from round 0, in the same folder.
+    status, _, err = cli(capsys, "simulate", "--resume", str(out), "-q")
+    assert status == 0, err
+    assert "starting again from round 0" in caplog.text
+    assert _summary(out)["status"] == "completed"
+    assert sum(r.get("kind") == "eval" for r in _records(out)) == 4
+
+
+def test_a_failed_run_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedcore.errors import AlgorithmError
+    from fedcore.runners import vectorized
+
+    real = vectorized.VectorizedNetwork.run_round
+
+    def run_round(self: vectorized.VectorizedNetwork) -> Any:
+        if self.round == 30:
+            raise AlgorithmError("node n3 diverged at round 30")
+        return real(self)
+
+    monkeypatch.setattr(vectorized.VectorizedNetwork, "run_round", run_round)
+    out = tmp_path / "run"
+    status, _, err = cli(capsys, "simulate", "--set", "run.rounds=60", "--out", str(out), "-q")
+    assert status == 1 and "diverged" in err and "Traceback" not in err
+    summary = _summary(out)
+    assert summary["status"] == "failed" and summary["rounds_completed"] == 30
+    assert "diverged" in summary["error"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--set", "run.rounds=3"], "drop --set"),
+        (["--engine", "messages"], "drop --engine"),
+    ],
+)
+def test_resume_takes_no_other_run_settings(
+    argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_one_line_error(*cli(capsys, "simulate", "--resume", str(tmp_path), *argv), needle)
+
+
+def test_resume_needs_a_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_one_line_error(
+        *cli(capsys, "simulate", "--resume", str(tmp_path / "nothing")), "no config.toml"
+    )
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def test_ctrl_c_to_the_process(tmp_path: Path) -> None:
+    """A real SIGINT to a ``fedcore simulate`` process, after its first checkpoint."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "fedcore", "simulate", "-q", "--out", str(out)]
+    argv += ["--set", "run.rounds=100000", "--set", "run.checkpoint_every=10"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait_for(lambda: any((out / "checkpoints").glob("round-*.ckpt")), 120)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "--resume" in err
+    summary = _summary(out)
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] >= 10
+
+
+@pytest.mark.grpc
+def test_a_stopped_launch_and_its_summarize_cover_the_rounds_that_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C to ``fedcore launch``: the summary says ``interrupted`` and how far the peers
+    got, and ``fedcore summarize`` of the folder reports those rounds, not the config's."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "fedcore", "launch", "-q", "--out", str(out)]
+    argv += ["--set", "topology.kind=ring", "--set", "topology.nodes=3"]
+    argv += ["--set", "algorithm.name=dpsgd", "--set", "run.rounds=100000"]
+    argv += ["--set", "run.eval_every=20"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
+    peer = out / "nodes" / "n0" / "metrics.jsonl"
+
+    def far_enough() -> bool:
+        return peer.is_file() and peer.read_bytes().count(b"\n") >= 45
+
+    try:
+        _wait_for(far_enough, 120)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "the results so far are in" in err
+    stopped = _summary(out)
+    assert stopped["status"] == "interrupted"
+    assert 45 <= stopped["rounds_completed"] < 100000
+    evals = [r for r in _records(out) if r.get("kind") == "eval"]
+    assert evals and evals[-1]["round"] < stopped["rounds_completed"]
+    status, printed, _ = cli(capsys, "summarize", str(out))
+    assert status == 0
+    again = _summary(out)
+    assert again["status"] == "interrupted"
+    assert again["rounds_completed"] == stopped["rounds_completed"]
+    assert f"interrupted after round {again['rounds_completed']}" in printed
