@@ -263,3 +263,33 @@ def test_a_stopped_launch_and_its_summarize_cover_the_rounds_that_ran(
     assert again["status"] == "interrupted"
     assert again["rounds_completed"] == stopped["rounds_completed"]
     assert f"interrupted after round {again['rounds_completed']}" in printed
+
+
+@pytest.mark.grpc
+def test_a_launch_whose_peer_dies_says_failed(tmp_path: Path) -> None:
+    """Strict mode: a peer killed (SIGKILL) stops the run; the summary says ``failed``."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "fedcore", "launch", "-q", "--out", str(out)]
+    argv += ["--set", "topology.kind=ring", "--set", "topology.nodes=3"]
+    argv += ["--set", "algorithm.name=dpsgd", "--set", "run.rounds=100000"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
+    peer = out / "nodes" / "n1"
+
+    def running() -> bool:
+        metrics = peer / "metrics.jsonl"
+        return metrics.is_file() and metrics.read_bytes().count(b"\n") >= 20
+
+    try:
+        _wait_for(running, 120)
+        os.kill(int((peer / "node.pid").read_text(encoding="utf-8")), signal.SIGKILL)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    assert "peer 'n1' exited" in err and "Traceback" not in err
+    summary = _summary(out)
+    assert summary["status"] == "failed" and "n1" in summary["error"]
+    assert 20 <= summary["rounds_completed"] < 100000

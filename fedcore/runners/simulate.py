@@ -288,10 +288,41 @@ class RunObserver:
 
     def _round_complete(self, t: int) -> None:
         losses = [x for x in self._round_loss.pop(t) if x is not None]  # not down nodes
-        round_bytes = self._round_bytes.pop(t)
-        self._bytes_done += round_bytes
         sent, missing, dropped = self._round_counts.pop(t)
+        train_loss = self.end_round(
+            t,
+            losses,
+            sent=sent,
+            bytes_sent=self._round_bytes.pop(t),
+            missing=missing,
+            dropped=dropped,
+        )
+        snapshots = self._snapshots.pop(t, None)
+        if snapshots is not None and len(snapshots) == self.n:
+            ordered = {nid: snapshots[nid] for nid in self.nodes}
+            result = evaluate_models(
+                self.evaluator, ordered, self.dataset.x_test, self.dataset.y_test
+            )
+            self.add_eval(t, train_loss, result)
+        if self.progress is not None:
+            self.progress.update(t + 1, loss=train_loss, accuracy=self._last_acc)
+
+    def end_round(
+        self,
+        t: int,
+        losses: Sequence[float],
+        *,
+        sent: int,
+        bytes_sent: int,
+        missing: int,
+        dropped: int,
+    ) -> float:
+        """Account round ``t`` as complete, every node's record observed (the vectorized
+        engine's :class:`~fedcore.runners.vectorized.Flusher` calls this itself), and
+        write its ``"kind": "round"`` record; ``losses`` are the up nodes'. Returns the
+        round's training loss (NaN when every node was down)."""
         train_loss = sum(losses) / len(losses) if losses else math.nan
+        self._bytes_done += bytes_sent
         if self.writer is not None:
             self.writer.write(
                 round_record(
@@ -299,7 +330,7 @@ class RunObserver:
                     train_loss=train_loss,
                     nodes_up=len(losses),
                     messages_sent=sent,
-                    bytes_sent=round_bytes,
+                    bytes_sent=bytes_sent,
                     messages_missing=missing,
                     messages_dropped=dropped,
                 )
@@ -307,28 +338,29 @@ class RunObserver:
         self.loss_sum += sum(losses)
         self.loss_count += len(losses)
         self.rounds_done = t + 1
-        snapshots = self._snapshots.pop(t, None)
-        if snapshots is not None and len(snapshots) == self.n:
-            ordered = {nid: snapshots[nid] for nid in self.nodes}
-            result = evaluate_models(
-                self.evaluator, ordered, self.dataset.x_test, self.dataset.y_test
-            )
-            record: dict[str, Any] = {
-                "kind": "eval",
-                "round": t,
-                "train_loss": train_loss,
-                "average_loss": self.loss_sum / self.loss_count,
-                "bytes_sent_per_node": self._bytes_done / self.n,
-                **result,
-            }
-            self.evals.append(record)
-            self._last_acc = result["avg_model_accuracy"]
-            logger.debug("round %d evaluated: %s", t, _brief(record))
-            if self.writer is not None:
-                self.writer.write(record)
-                self.writer.flush()
-        if self.progress is not None:
-            self.progress.update(t + 1, loss=train_loss, accuracy=self._last_acc)
+        return train_loss
+
+    def add_eval(self, t: int, train_loss: float | None, result: Mapping[str, Any]) -> None:
+        """Record the evaluation of round ``t`` (``result``: the models' figures)."""
+        record: dict[str, Any] = {
+            "kind": "eval",
+            "round": t,
+            "train_loss": train_loss,
+            "average_loss": self.loss_sum / self.loss_count if self.loss_count else math.nan,
+            "bytes_sent_per_node": self._bytes_done / self.n,
+            **result,
+        }
+        self.evals.append(record)
+        self._last_acc = result["avg_model_accuracy"]
+        logger.debug("round %d evaluated: %s", t, _brief(record))
+        if self.writer is not None:
+            self.writer.write(record)
+            self.writer.flush()
+
+    @property
+    def last_accuracy(self) -> float | None:
+        """The average model's accuracy at the last evaluation (None before the first)."""
+        return self._last_acc
 
 
 def _brief(record: Mapping[str, Any]) -> str:

@@ -50,7 +50,7 @@ from fedcore.algorithms.batched import (
 from fedcore.compression.batched import RowCodec, make_row_codec
 from fedcore.config import AUTO_RECORDS_NODES, Config
 from fedcore.errors import CompressionError, ConfigError, DataError
-from fedcore.metrics import JsonlWriter, round_record
+from fedcore.metrics import JsonlWriter
 from fedcore.models import physical_memory
 from fedcore.node import RoundRecord, lr_at
 from fedcore.progress import Progress
@@ -501,26 +501,23 @@ class Flusher:
         progress: Progress | None,
     ) -> None:
         """Account into ``observer`` (a :class:`~fedcore.runners.simulate.RunObserver`:
-        its totals, losses, missing and down tables and evaluations)."""
+        its totals, losses, missing and down tables, rounds and evaluations)."""
         self.net = net
         self.observer = observer
         self.writer = writer
         self.records = records
         self.progress = progress
         self.pending: list[RoundFigures] = []
-        self.last_acc: float | None = None
         self.last_loss: float | None = None
-        self.bytes_done = 0
         self.began = time.perf_counter()
 
     def state_dict(self) -> dict[str, Any]:
         """What the flusher carries from round to round (for a checkpoint; flush first)."""
-        return {"bytes": self.bytes_done, "accuracy": self.last_acc, "loss": self.last_loss}
+        return {"loss": self.last_loss}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`."""
-        self.bytes_done = int(saved["bytes"])
-        self.last_acc, self.last_loss = saved["accuracy"], saved["loss"]
+        self.last_loss = saved["loss"]
 
     def add(self, figures: RoundFigures) -> None:
         """Keep a round's figures; read them back on evaluation rounds and every
@@ -531,27 +528,13 @@ class Flusher:
         if is_eval or len(self.pending) >= _FLUSH_EVERY:
             self.flush()
             if is_eval:
-                self._evaluate(t)
+                self.observer.add_eval(
+                    t, self.last_loss, evaluate_stacked(self.net, self.net.model())
+                )
             if self.progress is not None:
-                self.progress.update(t + 1, loss=self.last_loss, accuracy=self.last_acc)
-
-    def _evaluate(self, t: int) -> None:
-        obs = self.observer
-        result = evaluate_stacked(self.net, self.net.model())
-        record: dict[str, Any] = {
-            "kind": "eval",
-            "round": t,
-            "train_loss": self.last_loss,
-            "average_loss": obs.loss_sum / obs.loss_count if obs.loss_count else math.nan,
-            "bytes_sent_per_node": self.bytes_done / self.net.n,
-            **result,
-        }
-        obs.evals.append(record)
-        self.last_acc = result["avg_model_accuracy"]
-        logger.debug("round %d evaluated: avg-model accuracy %.4f", t, self.last_acc)
-        if self.writer is not None:
-            self.writer.write(record)
-            self.writer.flush()
+                self.progress.update(
+                    t + 1, loss=self.last_loss, accuracy=self.observer.last_accuracy
+                )
 
     def flush(self) -> None:
         """Read back every pending round and account it."""
@@ -588,16 +571,9 @@ class Flusher:
             live = [v for v, a in zip(values, alive, strict=True) if a]
             for node, v, a in zip(nodes, values, alive, strict=True):
                 obs.losses[node].append(v if a else None)
-            train_loss = sum(live) / len(live) if live else math.nan
-            obs.loss_sum += sum(live)
-            obs.loss_count += len(live)
-            obs.rounds_done = t + 1
-            round_bytes = int(stacked["bytes_sent"][k].sum())
-            self.bytes_done += round_bytes
-            self.last_loss = train_loss
-            if self.writer is None:
-                continue
-            if self.records == "all" or (self.records == "eval" and obs.is_eval_round(t)):
+            if self.writer is not None and (
+                self.records == "all" or (self.records == "eval" and obs.is_eval_round(t))
+            ):
                 lr = lr_at(config.algorithm.lr, config.algorithm.lr_schedule, t)
                 lists = _fault_lists(f, up, nodes)
                 for i, node in enumerate(nodes):
@@ -611,16 +587,13 @@ class Flusher:
                             dropped_out=tuple(dropped_out),
                         )
                     self.writer.write(record.to_json())
-            self.writer.write(
-                round_record(
-                    t,
-                    train_loss=train_loss,
-                    nodes_up=len(live),
-                    messages_sent=int(stacked["sent"][k].sum()),
-                    bytes_sent=round_bytes,
-                    messages_missing=int(stacked["missing"][k].sum()),
-                    messages_dropped=int(stacked["dropped"][k].sum()),
-                )
+            self.last_loss = obs.end_round(
+                t,
+                live,
+                sent=int(stacked["sent"][k].sum()),
+                bytes_sent=int(stacked["bytes_sent"][k].sum()),
+                missing=int(stacked["missing"][k].sum()),
+                dropped=int(stacked["dropped"][k].sum()),
             )
         self.pending.clear()
 
