@@ -17,15 +17,18 @@ import subprocess
 import tomllib
 from collections.abc import Callable, Iterator
 from fnmatch import fnmatch
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import fedcore
 from fedcore.cli import main
 from fedcore.config import Config, load_config
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.ids import id_problem
+from fedcore.runners import compose
 from fedcore.runners.compose import dumps_yaml, source_root, write_compose
 from fedcore.runners.network import prepare_run
 from fedcore.topology import Topology
@@ -251,10 +254,12 @@ def test_graph_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert copied.read_bytes() == (REPO / "topologies" / "ring-8.json").read_bytes()
     for service in services.values():
         assert mounts(service, out)["/fedcore/topology"] == (str(copied.parent.resolve()), "ro")
-    # The rewritten config names the copy relative to the working directory: /fedcore in a
-    # container, DIR on the host (where `fedcore summarize .` reads it).
+    # The rewritten config names the copy relative to its own folder, which is also the
+    # working directory: /fedcore in a container, DIR on the host (`fedcore summarize .`).
+    written = tomllib.loads((out / "config.toml").read_text(encoding="utf-8"))
+    assert written["topology"]["file"] == "topology/ring-8.json"
     inside = load_config(out / "config.toml")
-    assert inside.topology.file == "topology/ring-8.json"
+    assert (out / inside.topology.file).resolve() == copied.resolve()
     graph = prepare_run(config).graph
     monkeypatch.chdir(out)
     assert prepare_run(inside).graph == graph
@@ -449,6 +454,135 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert err.count("\n") == 1 and err.startswith("fedcore: error:")
     assert "fedcore certs init --nodes n0 n1 n2 n3" in err
     assert "Traceback" not in printed + err
+
+
+# --- the image from a plain `pip install .` ---------------------------------------------------
+
+
+def _site_install(site: Path, direct_url: dict[str, Any] | None) -> metadata.Distribution:
+    """A fedcore 'installed' into ``site`` as pip lays it out: the package and its
+    dist-info, with ``direct_url.json`` (PEP 610) when given."""
+    (site / "fedcore").mkdir(parents=True)
+    (site / "fedcore" / "__init__.py").write_text("", encoding="utf-8")
+    info = site / "fedcore-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: fedcore\nVersion: 0.1.0\n", encoding="utf-8"
+    )
+    if direct_url is not None:
+        (info / "direct_url.json").write_text(json.dumps(direct_url), encoding="utf-8")
+    return metadata.Distribution.at(info)
+
+
+def _pip_installed(
+    monkeypatch: pytest.MonkeyPatch, site: Path, direct_url: dict[str, Any] | None
+) -> None:
+    """Run as if fedcore were imported from ``site`` (not from this checkout)."""
+    dist = _site_install(site, direct_url)
+    real = metadata.distribution
+
+    def distribution(name: str) -> metadata.Distribution:
+        return dist if name == "fedcore" else real(name)
+
+    monkeypatch.setattr(fedcore, "__file__", str(site / "fedcore" / "__init__.py"))
+    monkeypatch.setattr(compose.metadata, "distribution", distribution)
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "expected"),
+    [
+        ({"url": REPO.as_uri(), "dir_info": {}}, REPO),
+        ({"url": "file:///src/my%20fedcore", "dir_info": {}}, Path("/src/my fedcore")),
+        ({"url": "file://localhost/src/fedcore", "dir_info": {}}, Path("/src/fedcore")),
+        ({"url": "file:///w/fedcore-0.1.0-py3-none-any.whl", "archive_info": {}}, None),
+        ({"url": "https://example.org/fedcore.git", "vcs_info": {"vcs": "git"}}, None),
+        ({"url": "file://otherhost/src/fedcore", "dir_info": {}}, None),
+        ({"dir_info": {}}, None),
+        ([], None),
+    ],
+)
+def test_installed_from_reads_pips_direct_url(
+    tmp_path: Path, direct_url: Any, expected: Path | None
+) -> None:
+    dist = _site_install(tmp_path / "site", direct_url)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fedcore, "__file__", str(tmp_path / "site" / "fedcore" / "__init__.py"))
+        assert compose.installed_from(dist) == expected
+    # Another copy of fedcore on sys.path (this checkout) is not the one that dist installed.
+    assert compose.installed_from(dist) is None
+
+
+def test_installed_from_without_a_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _pip_installed(monkeypatch, tmp_path / "site", None)
+    assert compose.installed_from() is None
+    info = tmp_path / "site" / "fedcore-0.1.0.dist-info"
+    (info / "direct_url.json").write_text("{not json", encoding="utf-8")
+    assert compose.installed_from() is None
+
+    def missing(name: str) -> metadata.Distribution:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(compose.metadata, "distribution", missing)
+    assert compose.installed_from() is None
+
+
+def test_plain_pip_install_builds_the_image_from_its_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pip install .` from a checkout, then `fedcore compose`: `up --build` builds it."""
+    _pip_installed(monkeypatch, tmp_path / "site", {"url": REPO.as_uri(), "dir_info": {}})
+    assert source_root() == REPO
+    out = tmp_path / "deploy"
+    status = main(["compose", "--out", str(out), *SMALL])
+    printed, err = capsys.readouterr()
+    assert status == 0, err
+    assert "docker build" not in printed
+    assert "docker-compose up --build" in printed
+    text = (out / "docker-compose.yml").read_text(encoding="utf-8")
+    assert "docker-compose up --build" in text.split("services:", 1)[0]
+    services = own_reading(out / "docker-compose.yml")["services"]
+    for service in services.values():
+        assert (out / service["build"]["context"]).resolve() == REPO
+        assert service["build"]["dockerfile"] == "nodes/Dockerfile"
+    normalized = compose_config(out / "docker-compose.yml")["services"]
+    assert {Path(s["build"]["context"]) for s in normalized.values()} == {REPO}
+
+
+@pytest.mark.parametrize("origin", ["gone", "not-fedcore", "archive"])
+def test_without_a_source_tree_the_image_is_built_first(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    origin: str,
+) -> None:
+    """Installed from a wheel, or the checkout moved: the steps start with `docker build`."""
+    folder = tmp_path / "checkout"
+    if origin == "not-fedcore":
+        (folder / "nodes").mkdir(parents=True)
+        (folder / "nodes" / "Dockerfile").write_text("FROM scratch\n", encoding="utf-8")
+        (folder / "pyproject.toml").write_text('[project]\nname = "other"\n', encoding="utf-8")
+    direct_url = (
+        {"url": (tmp_path / "fedcore.whl").as_uri(), "archive_info": {}}
+        if origin == "archive"
+        else {"url": folder.as_uri(), "dir_info": {}}
+    )
+    _pip_installed(monkeypatch, tmp_path / "site", direct_url)
+    assert source_root() is None
+    out = tmp_path / "deploy"
+    status = main(["compose", "--out", str(out), *SMALL, "--image", "me/fc:1"])
+    printed, err = capsys.readouterr()
+    assert status == 0, err
+    steps = [line.strip() for line in printed.splitlines()]
+    build = next(i for i, line in enumerate(steps) if line.startswith("docker build"))
+    up = next(i for i, line in enumerate(steps) if "docker-compose up" in line)
+    assert build < up
+    assert steps[build].startswith("docker build -t me/fc:1 -f nodes/Dockerfile .")
+    header = (out / "docker-compose.yml").read_text(encoding="utf-8").split("services:", 1)[0]
+    assert "docker build -t me/fc:1 -f nodes/Dockerfile ." in header
+    assert "--build" not in header.replace("docker build", "")
+    services = own_reading(out / "docker-compose.yml")["services"]
+    assert all("build" not in s and s["image"] == "me/fc:1" for s in services.values())
+    compose_config(out / "docker-compose.yml")
 
 
 # --- the YAML emitter ---------------------------------------------------------------------------

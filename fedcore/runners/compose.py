@@ -20,6 +20,12 @@ service mounts only ``ca.crt`` and its own certificate and key (never ``ca.key``
 container continues from its newest checkpoint (``run.checkpoint_every``). Containers run
 as the user who generated the folder, so they can write to the bind-mounted folders.
 
+The image: every service has ``image`` (default ``fedcore:latest``) and, when
+:func:`source_root` finds the fedcore source tree (the checkout fedcore runs from, or the
+folder ``pip install .`` installed it from), a ``build:`` section with ``nodes/Dockerfile``,
+so ``docker-compose up --build`` builds it. Otherwise the image must be built first, in a
+checkout: ``docker build -t fedcore:latest -f nodes/Dockerfile .``.
+
 Multi-host runs: ``roster`` gives every peer's real ``HOST:PORT`` and ``nodes`` the peers
 of this host; each of those publishes its roster port on the host. Every host writes its
 own folder with the same config and roster.
@@ -36,9 +42,13 @@ import logging
 import os
 import re
 import shutil
+import tomllib
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 import fedcore
 from fedcore.config import Config, config_to_dict, dumps_toml
@@ -53,6 +63,7 @@ __all__ = [
     "DEFAULT_PORT",
     "compose_document",
     "dumps_yaml",
+    "installed_from",
     "source_root",
     "write_compose",
 ]
@@ -81,11 +92,67 @@ _LOOPBACK = ("localhost", "127.", "::1", "[::1]", "0.0.0.0")
 
 
 def source_root() -> Path | None:
-    """The source checkout fedcore runs from, if it has ``nodes/Dockerfile`` (else None)."""
-    root = Path(fedcore.__file__).resolve().parents[1]
-    if (root / _DOCKERFILE).is_file() and (root / "pyproject.toml").is_file():
-        return root
+    """The fedcore source tree to build the image from (``nodes/Dockerfile``), or None.
+
+    That is the checkout fedcore runs from (an editable install, or the repository root on
+    ``sys.path``), else the local folder it was installed from: ``pip install .`` records
+    that folder in the distribution's ``direct_url.json`` (PEP 610), so a plain install
+    from a checkout still builds the image from it (as that folder is now). None when
+    neither is a fedcore source tree (installed from a wheel, an sdist or a URL; the folder
+    moved or gone).
+    """
+    here = Path(fedcore.__file__).resolve().parents[1]
+    for root in (here, installed_from()):
+        if root is not None and _is_source_tree(root):
+            return root
     return None
+
+
+def installed_from(dist: metadata.Distribution | None = None) -> Path | None:
+    """The local folder the running fedcore was pip-installed from, if pip recorded one.
+
+    ``dist`` is the distribution to read (default: the installed ``fedcore``); it counts
+    only if its files are the running package (not another copy on ``sys.path``).
+    """
+    try:
+        dist = metadata.distribution("fedcore") if dist is None else dist
+        package = Path(str(dist.locate_file("fedcore/__init__.py"))).resolve()
+        if package != Path(fedcore.__file__).resolve():
+            return None
+        return _local_folder(dist.read_text("direct_url.json"))
+    except (metadata.PackageNotFoundError, OSError):
+        return None
+
+
+def _local_folder(direct_url: str | None) -> Path | None:
+    """The folder of a PEP 610 ``direct_url.json`` for a local directory (else None)."""
+    try:
+        info = json.loads(direct_url or "")
+    except ValueError:
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("dir_info"), dict):
+        return None  # an archive (wheel, sdist) or a VCS URL: no folder to build from
+    url = info.get("url")
+    if not isinstance(url, str):
+        return None
+    parts = urlsplit(url)
+    if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+        return None
+    return Path(url2pathname(parts.path))
+
+
+def _is_source_tree(root: Path) -> bool:
+    """Whether ``root`` holds what ``nodes/Dockerfile`` builds fedcore from."""
+    try:
+        with open(root / "pyproject.toml", "rb") as fh:
+            name = tomllib.load(fh).get("project", {}).get("name")
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return (
+        name == "fedcore"
+        and (root / _DOCKERFILE).is_file()
+        and (root / "fedcore" / "__init__.py").is_file()
+    )
 
 
 def _check_node_ids(nodes: Sequence[str]) -> None:
@@ -296,8 +363,10 @@ def write_compose(
         nodes: With ``roster``: the nodes to run on this host (default: all).
         roster: Every peer's ``HOST:PORT`` (a mapping or a roster file) for a multi-host
             run; without it, every node runs here and the roster is the service names.
-        build_context: True: add a ``build:`` section when fedcore runs from a source
-            checkout with ``nodes/Dockerfile``; a path: that source tree; False: none.
+        build_context: True: add a ``build:`` section when :func:`source_root` finds a
+            source tree (the checkout fedcore runs from or was ``pip install``-ed from);
+            a path: that source tree; False: none. Without one, the file's header says to
+            build the image first (``docker build -t IMAGE -f nodes/Dockerfile .``).
 
     Raises:
         ConfigError: an invalid config, a node id that is not a valid service name, a
@@ -316,13 +385,14 @@ def write_compose(
     certs = _tls_files(config, ids, chosen)
     graph_file = Path(config.topology.file) if config.topology.file else None
     target = Path(out)
+    context = _build_context(build_context, target)
     document = compose_document(
         config,
         chosen,
         image=image,
         listen_ports=listen,
         publish=publish,
-        build_context=_build_context(build_context, target),
+        build_context=context,
         user=f"{os.getuid()}:{os.getgid()}" if hasattr(os, "getuid") else None,
     )
 
@@ -339,8 +409,17 @@ def write_compose(
     header = (
         f"# Generated by `fedcore compose` (fedcore {fedcore.__version__}): one service per "
         f"peer, {len(chosen)} of {len(ids)}.\n"
-        "# Run: docker-compose up --build   Afterwards: fedcore summarize .  (in this folder)\n"
     )
+    if context is None:
+        # No source tree to build from: the image must exist before `up`.
+        header += (
+            f"# First, in a fedcore checkout: docker build -t {image} -f {_DOCKERFILE} .\n"
+            "# Run: docker-compose up   Afterwards: fedcore summarize .  (in this folder)\n"
+        )
+    else:
+        header += (
+            "# Run: docker-compose up --build   Afterwards: fedcore summarize .  (in this folder)\n"
+        )
     path = target / "docker-compose.yml"
     path.write_text(header + dumps_yaml(document), encoding="utf-8")
     logger.info("wrote %s with %d services", path, len(chosen))
