@@ -227,10 +227,10 @@ class RunObserver:
 
     def state_dict(self) -> dict[str, Any]:
         """What the observer has accounted (for a checkpoint, between rounds), as plain
-        containers."""
+        containers: the observer's own, not copies, so serialize them before going on."""
         if self._round_loss:
             raise RuntimeError("a checkpoint of the observer must fall between rounds")
-        state = {key: copy.deepcopy(getattr(self, key)) for key in self._STATE}
+        state = {key: getattr(self, key) for key in self._STATE}
         state["missing"] = {sender: sorted(r) for sender, r in self.missing.items()}
         return state
 
