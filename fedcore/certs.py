@@ -31,7 +31,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fedcore.errors import ConfigError
 from fedcore.ids import NODE_ID_RULE, child_path, clip, id_problem
 
-__all__ = ["TlsFiles", "cert_node_ids", "init_certs", "load_tls"]
+__all__ = ["TlsFiles", "cert_node_ids", "check_tls_dir", "init_certs", "load_tls"]
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
@@ -224,6 +224,53 @@ def _issued_by(path: Path, ca: x509.Certificate) -> bool:
     except (OSError, ValueError):
         return False
     return _unfit(cert, ca) is None
+
+
+_LISTED = 4
+"""Missing files :func:`check_tls_dir` names before it counts the rest."""
+
+
+def check_tls_dir(
+    tls_dir: str | Path, nodes: Iterable[str], *, config: str | Path | None = None
+) -> None:
+    """Check, before any peer starts, that ``tls_dir`` has what every peer will read.
+
+    That is ``ca.crt`` and each node's ``<id>.crt`` and ``<id>.key`` (not ``ca.key``, which
+    stays off the peers). Only presence is checked here, so it is cheap for many nodes;
+    :func:`load_tls` checks each peer's files in full when it starts.
+
+    Args:
+        tls_dir: The certificate folder (``transport.tls.dir``).
+        nodes: The node ids of the run.
+        config: The config file, named in the fix (``CONFIG`` when not given).
+
+    Raises:
+        ConfigError: one line naming the folder, what is missing (the folder itself, or
+            the first few missing files and how many more) and the ``fedcore certs init``
+            command that makes them.
+    """
+    folder = Path(tls_dir)
+    fix = (
+        f"make the certificates with: fedcore certs init --config "
+        f"{config if config is not None else 'CONFIG'} --out {folder}"
+    )
+    if not folder.exists():
+        raise ConfigError(f"transport.tls.dir {folder} does not exist; {fix}.")
+    if not folder.is_dir():
+        raise ConfigError(
+            f"transport.tls.dir {folder} is not a folder; point it at the folder "
+            f"fedcore certs init writes, or {fix}."
+        )
+    names = [CA_CERT]
+    for node in dict.fromkeys(nodes):
+        _check_id(node)
+        names += [path.name for path in _files(folder, node)]
+    missing = [name for name in names if not (folder / name).is_file()]
+    if not missing:
+        return
+    listed = ", ".join(missing[:_LISTED])
+    more = f" and {len(missing) - _LISTED} more" if len(missing) > _LISTED else ""
+    raise ConfigError(f"transport.tls.dir {folder} has no {listed}{more}; {fix}.")
 
 
 def cert_node_ids(cert_pem: bytes) -> list[str]:

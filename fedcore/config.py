@@ -20,6 +20,12 @@ A config file has nine tables; every key is optional and defaults to the built-i
 (``--set run.rounds=50``, ``--set algorithm.name=dpsgd``; a bare word is a string).
 Unknown tables or keys, wrong types and unknown names raise
 :class:`~fedcore.errors.ConfigError` naming the key.
+
+Paths (``topology.file``, ``transport.tls.dir``; see ``PATH_KEYS``) written in a config file
+are relative to the folder of that file, and paths given with ``--set`` or in no file at
+all are relative to the current directory: :func:`load_config` makes both absolute, so a
+config (and the ``config.toml`` a run saves) works from any directory. User code is named
+by import path (``"pkg.module:factory"``), never by file, so no other key holds a path.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -48,6 +55,7 @@ __all__ = [
     "NODE_RECORDS",
     "ORDERS",
     "PARTITIONS",
+    "PATH_KEYS",
     "TRANSPORTS",
     "AlgorithmConfig",
     "CompressionConfig",
@@ -120,8 +128,9 @@ class RunConfig:
 
     ``regret``: after the run, compute the static regret (and the dynamic regret where the
     stream knows its comparator) at every evaluation round, for convex models (``logreg``).
-    ``checkpoint_every``: a peer (``fedcore node``) checkpoints its state every K rounds
-    (0: never); ``fedcore node --resume`` continues from the newest good checkpoint.
+    ``checkpoint_every``: a run (``fedcore simulate``) or a peer (``fedcore node``)
+    checkpoints its state every K rounds (0: never); ``fedcore simulate --resume RUN_DIR``
+    and ``fedcore node --resume`` continue from the newest good checkpoint.
     """
 
     name: str = ""
@@ -154,8 +163,10 @@ class RunConfig:
 class TopologyConfig:
     """``[topology]``: a generator (kind, nodes, seed and its parameters) or a file.
 
-    ``undirected = true`` adds the reverse of every one-way edge (an undirected exponential
-    or Erdos-Renyi graph, for algorithms that need a symmetric one).
+    ``file``: a graph file; :func:`load_config` makes it absolute (a relative path in a
+    config file is relative to that file's folder, one given with ``--set`` to the current
+    directory). ``undirected = true`` adds the reverse of every one-way edge (an undirected
+    exponential or Erdos-Renyi graph, for algorithms that need a symmetric one).
     """
 
     kind: str = "social"
@@ -330,7 +341,7 @@ class TransportConfig:
     ``<id>.key`` (as ``fedcore certs init`` writes them). Set: every gRPC channel is
     mutual TLS and a sender's identity is the node id in its certificate. Empty: plaintext.
     A local path, so it is not part of the run fingerprint (hosts may keep certificates
-    in different places)."""
+    in different places); :func:`load_config` makes it absolute, as ``topology.file``."""
 
     @property
     def tls_dir(self) -> Path | None:
@@ -740,8 +751,35 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return path, value
 
 
+PATH_KEYS: tuple[tuple[str, ...], ...] = (("topology", "file"), ("transport", "tls", "dir"))
+"""The keys that hold a local path (as dotted paths split): :func:`load_config` makes them
+absolute. The data, stream and model keys name user code by import path, not by file."""
+
+
+def _absolute_paths(raw: dict[str, Any], base: str) -> None:
+    """Make every relative path of ``PATH_KEYS`` in ``raw`` absolute against ``base``.
+
+    A leading ``~`` is the user's home folder. A value that is not a non-empty string is
+    left for validation to report; an empty one means "none".
+    """
+    for keys in PATH_KEYS:
+        table: object = raw
+        for name in keys[:-1]:
+            table = table.get(name) if isinstance(table, dict) else None
+        if not isinstance(table, dict):
+            continue
+        value = table.get(keys[-1])
+        if isinstance(value, str) and value:
+            table[keys[-1]] = os.path.abspath(os.path.join(base, os.path.expanduser(value)))
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
     """Read ``path`` (or start from the built-in default), apply overrides, validate.
+
+    Every path of ``PATH_KEYS`` comes back absolute: one written in the file relative to
+    the file's folder, one given in ``overrides`` (or in no file) relative to the current
+    directory. So the result, and the ``config.toml`` a run writes from it, mean the same
+    files wherever they are used from.
 
     Raises:
         ConfigError: unreadable file, TOML syntax error, or any invalid key or value.
@@ -764,6 +802,8 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
                 f"config file {str(path)!r} cannot be read: {str(exc).split(';')[0]}."
             ) from exc
     raw = copy.deepcopy(raw)
+    if path is not None:
+        _absolute_paths(raw, os.path.dirname(os.path.abspath(path)))
     for item in overrides:
         keys, value = parse_override(item)
         section = raw
@@ -772,6 +812,7 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
             if not isinstance(section, dict):
                 raise ConfigError(f"[{'.'.join(keys[: depth + 1])}] must be a table.")
         section[keys[-1]] = value
+    _absolute_paths(raw, os.getcwd())  # what the file left relative came from --set
     return config_from_dict(raw)
 
 

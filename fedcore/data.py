@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,9 +32,12 @@ from fedcore.ids import error_text
 
 __all__ = [
     "DATASETS",
+    "DIGITS_EXAMPLES",
+    "MIN_EXAMPLES",
     "PARTITIONS",
     "BatchStream",
     "Dataset",
+    "check_partition_size",
     "digits",
     "load_dataset",
     "load_object",
@@ -41,6 +45,7 @@ __all__ = [
     "partition",
     "refused_arguments",
     "resolve_factory",
+    "training_examples",
 ]
 
 
@@ -85,6 +90,22 @@ class Dataset:
     def input_dim(self) -> int:
         """Number of input features per example (flattened)."""
         return int(np.prod(self.x_train.shape[1:]))
+
+
+DIGITS_EXAMPLES = 1797
+"""Examples in scikit-learn's digits (both splits)."""
+
+
+def training_examples(name: str, *, test_fraction: float) -> int | None:
+    """How many training examples the built-in dataset ``name`` has, without loading it
+    (or None where that is not known up front: other datasets, users' factories).
+
+    Lets a run of too many nodes be refused before the dataset's imports and the graph.
+    """
+    if name == "digits" and 0.0 < test_fraction < 1.0:
+        # train_test_split's own rounding: the test split takes ceil(fraction * n) examples
+        return DIGITS_EXAMPLES - math.ceil(test_fraction * DIGITS_EXAMPLES)
+    return None
 
 
 def digits(*, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
@@ -252,6 +273,42 @@ def load_dataset(name: str, *, seed: int, test_fraction: float = 0.2) -> Dataset
     return dataset
 
 
+MIN_EXAMPLES = 2
+"""Fewest training examples :func:`partition` gives a node by default."""
+
+
+def check_partition_size(
+    n_examples: int,
+    n_parts: int,
+    scheme: str,
+    *,
+    shards_per_node: int = 2,
+    min_size: int = MIN_EXAMPLES,
+) -> None:
+    """Refuse, from the sizes alone, a split :func:`partition` could never make.
+
+    Cheap (no data, no graph needed), so a run can be refused before its graph is built.
+
+    Raises:
+        DataError: fewer than ``n_parts * min_size`` examples, or (``shards``) fewer than
+            ``n_parts * shards_per_node``.
+    """
+    if n_parts < 1:
+        raise DataError(f"cannot partition data across {n_parts} nodes.")
+    if n_examples < n_parts * min_size:
+        most = n_examples // min_size
+        fix = f"use at most {most} nodes, or more data" if most else "use more data"
+        raise DataError(
+            f"{n_examples} training examples are too few for {n_parts} nodes with at least "
+            f"{min_size} each; {fix}."
+        )
+    if scheme == "shards" and (shards_per_node < 1 or n_examples < n_parts * shards_per_node):
+        raise DataError(
+            f"data.shards_per_node={shards_per_node} does not fit {n_examples} examples on "
+            f"{n_parts} nodes."
+        )
+
+
 def partition(
     labels: np.ndarray | torch.Tensor,
     n_parts: int,
@@ -260,7 +317,7 @@ def partition(
     seed: int,
     alpha: float = 0.5,
     shards_per_node: int = 2,
-    min_size: int = 2,
+    min_size: int = MIN_EXAMPLES,
 ) -> list[np.ndarray]:
     """Split example indices ``0..len(labels)-1`` into ``n_parts`` disjoint parts.
 
@@ -281,13 +338,7 @@ def partition(
     """
     y = np.asarray(labels, dtype=np.int64)
     n = len(y)
-    if n_parts < 1:
-        raise DataError(f"cannot partition data across {n_parts} nodes.")
-    if n < n_parts * min_size:
-        raise DataError(
-            f"{n} training examples are too few for {n_parts} nodes with at least "
-            f"{min_size} each; use fewer nodes or more data."
-        )
+    check_partition_size(n, n_parts, scheme, shards_per_node=shards_per_node, min_size=min_size)
     rng = np.random.default_rng(seed)
     if scheme == "iid":
         parts = np.array_split(rng.permutation(n), n_parts)
@@ -296,11 +347,6 @@ def partition(
             raise DataError(f"data.alpha must be > 0 for a Dirichlet partition, got {alpha}.")
         parts = _dirichlet(y, n_parts, alpha, rng, min_size)
     elif scheme == "shards":
-        if shards_per_node < 1 or n < n_parts * shards_per_node:
-            raise DataError(
-                f"data.shards_per_node={shards_per_node} does not fit {n} examples on "
-                f"{n_parts} nodes."
-            )
         order = np.argsort(y, kind="stable")
         shards = np.array_split(order, n_parts * shards_per_node)
         deal = rng.permutation(len(shards))
@@ -321,21 +367,45 @@ def partition(
     return [np.sort(p) for p in parts]
 
 
+_HOPELESS = 50
+"""Nodes short of examples in a first Dirichlet try that end the search (see _dirichlet)."""
+
+
 def _dirichlet(
     y: np.ndarray, n_parts: int, alpha: float, rng: np.random.Generator, min_size: int
 ) -> list[np.ndarray]:
-    """Label-skewed split: each class is divided across nodes by Dirichlet(alpha) shares."""
+    """Label-skewed split: each class is divided across nodes by Dirichlet(alpha) shares.
+
+    A try that leaves a node below ``min_size`` is found from the cut points alone (array
+    work), and the index lists are assembled only for the try that is kept. A first try
+    that leaves ``_HOPELESS`` or more nodes short ends the search at once: each node falls
+    short about independently, so a try that leaves none is then a chance below ``e**-25``
+    (tens of thousands of nodes would otherwise spend a minute on 1000 tries).
+    """
     classes = np.unique(y)
-    for _ in range(1000):
-        buckets: list[list[int]] = [[] for _ in range(n_parts)]
-        for c in classes:
-            idx = rng.permutation(np.flatnonzero(y == c))
+    members = [np.flatnonzero(y == c) for c in classes]
+    for attempt in range(1000):
+        drawn: list[tuple[np.ndarray, np.ndarray]] = []
+        sizes = np.zeros(n_parts, dtype=np.int64)
+        for indices in members:
+            idx = rng.permutation(indices)
             shares = rng.dirichlet(np.full(n_parts, alpha))
             cuts = (np.cumsum(shares)[:-1] * len(idx)).astype(np.int64)
-            for node, chunk in enumerate(np.split(idx, cuts)):
-                buckets[node].extend(chunk.tolist())
-        if min(len(b) for b in buckets) >= min_size:
+            sizes += np.diff(cuts, prepend=0, append=len(idx))
+            drawn.append((idx, cuts))
+        if sizes.min() >= min_size:
+            buckets: list[list[int]] = [[] for _ in range(n_parts)]
+            for idx, cuts in drawn:
+                for node, chunk in enumerate(np.split(idx, cuts)):
+                    buckets[node].extend(chunk.tolist())
             return [np.asarray(b, dtype=np.int64) for b in buckets]
+        short = int((sizes < min_size).sum())
+        if attempt == 0 and short >= _HOPELESS:
+            raise DataError(
+                f"a Dirichlet(alpha={alpha}) split of {len(y)} examples left {short} of "
+                f"{n_parts} nodes with fewer than {min_size} examples, so no try would leave "
+                "none; raise data.alpha or use fewer nodes."
+            )
     raise DataError(
         f"a Dirichlet(alpha={alpha}) split left some of {n_parts} nodes with fewer than "
         f"{min_size} examples in 1000 tries; raise data.alpha or use fewer nodes."

@@ -463,12 +463,12 @@ def test_a_model_that_fails_after_building_is_one_line(
 def test_a_simulation_larger_than_memory_is_refused(
     in_tmp: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One model fits, but one per simulated node (and an evaluator) does not, on either
-    engine."""
+    """One model fits, but one per simulated node does not, on either engine: refused
+    before the graph is built, by the estimate every engine shares."""
     from fedcore.runners import network, vectorized
 
     monkeypatch.setattr(network, "physical_memory", lambda: 20 * 650 * 4 * 4)
     monkeypatch.setattr(vectorized, "physical_memory", lambda: 20 * 650 * 4 * 4)
-    messages = simulate("topology.nodes=32", "simulate.engine=messages")
-    one_line_error(capsys, messages, "32 simulated nodes", "33 models x 4")
-    one_line_error(capsys, simulate("topology.nodes=32"), "32 stacked nodes")
+    for engine in ("messages", "vectorized"):
+        argv = simulate("topology.nodes=32", f"simulate.engine={engine}")
+        one_line_error(capsys, argv, "32 models of 650 parameters x 4 copies", "203.1 KiB")

@@ -271,7 +271,7 @@ def test_summarize_refuses_a_graph_with_unsafe_ids(tmp_path: Path) -> None:
     (tmp_path / "g.json").write_text(
         json.dumps({"edges": [["n0", ".."], ["..", "n0"]]}), encoding="utf-8"
     )
-    config = load_config(None, ["topology.file=g.json", "run.rounds=2"])
+    config = load_config(None, [f"topology.file={tmp_path / 'g.json'}", "run.rounds=2"])
     with pytest.raises(TopologyError, match="not a safe name"):
         summarize(tmp_path, config)
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 import fedcore
+from fedcore.certs import check_tls_dir
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
 from fedcore.errors import ConfigError, TransportError
 from fedcore.ids import child_path
@@ -146,8 +147,14 @@ def launch(
         ConfigError, TopologyError, DataError: invalid experiment (before any process starts).
         TransportError: a peer process failed (its id, exit status and log are named).
     """
-    setup = prepare_run(config)
+    setup = prepare_run(
+        config,
+        progress=(progress_stream or sys.stderr) if show_progress else None,
+        hosts_all=True,
+    )
     nodes = setup.graph.nodes
+    if config.transport.tls_dir is not None:  # before any peer starts (and fails on it)
+        check_tls_dir(config.transport.tls_dir, nodes)
     name = run_name(config, setup, overrides)
     out = open_run_dir(out_dir, name, force=force)  # see simulate's: never a shared folder
     config_path = out / "config.toml"

@@ -7,9 +7,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -18,25 +22,38 @@ from fedcore import topology
 from fedcore.algorithms import Algorithm, make_algorithm
 from fedcore.compression import make_codec
 from fedcore.config import Config, TopologyConfig, fingerprint
-from fedcore.data import BatchStream, Dataset, load_dataset, partition
-from fedcore.errors import ConfigError, DataError
+from fedcore.data import (
+    BatchStream,
+    Dataset,
+    check_partition_size,
+    load_dataset,
+    partition,
+    training_examples,
+)
+from fedcore.errors import ConfigError, DataError, TopologyError
 from fedcore.ids import error_text
 from fedcore.models import Objective, build_model, physical_memory
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
 from fedcore.streams import Batches, OnlineSource, load_source
 from fedcore.topology import Topology
+from fedcore.topology.weights import check_mixing_size
 from fedcore.transport import InProcessNetwork, Transport
 from fedcore.transport.faults import FaultPlan, FaultyTransport
+
+logger = logging.getLogger(__name__)
 
 LOSSY_SPARSE = ("qsgd", "sign", "topk", "randk")
 """Codecs whose error scales with the values sent (no use on growing running sums)."""
 
 __all__ = [
+    "PROGRESS_AFTER_S",
+    "PROGRESS_NODES",
     "Network",
     "RunSetup",
     "build_network",
     "build_topology",
     "communication_graph",
+    "estimated_edges",
     "make_objective",
     "prepare_run",
     "round_drift",
@@ -71,6 +88,36 @@ def build_topology(cfg: TopologyConfig) -> Topology:
             nodes=built.nodes,
         )
     return built
+
+
+def estimated_edges(cfg: TopologyConfig, nodes: int) -> int:
+    """About how many edges (over one period, self-loops included) the generator of
+    ``[topology]`` makes for ``nodes`` nodes, from the counts alone: what building the graph
+    will cost before it is built. A ``file`` is not estimated (0)."""
+    if cfg.file:
+        return 0
+    n = nodes
+    log2 = max(1, math.ceil(math.log2(n))) if n > 1 else 1
+    if cfg.kind == "one-peer-exponential":  # one edge and one self-loop a node a round
+        return 2 * n * log2
+    p = cfg.p if not cfg.undirected else 1 - (1 - cfg.p) ** 2
+    one_way = 2 if cfg.undirected else 1  # undirected adds the reverse of a one-way edge
+    per_node = {
+        "ring": 2,
+        "directed-ring": one_way,
+        "exponential": one_way * log2,
+        "torus": 4,
+        "complete": n - 1,
+        "erdos-renyi": p * (n - 1),
+        "social": one_way * 3,  # trusts two, trusted back by one
+        "random-regular": cfg.degree,
+    }.get(cfg.kind, 1)
+    return int(n * per_node) + n
+
+
+def _period_graphs(t: Topology) -> tuple[topology.TrustGraph, ...]:
+    """The graphs of one period of ``t`` (a TrustGraph is its own one)."""
+    return tuple(t.at(r) for r in range(t.period))
 
 
 def round_drift(config: Config) -> int:
@@ -172,6 +219,103 @@ def _probe(objective: Objective, dataset: Dataset, name: str) -> None:
 _COPIES = 4
 """Model-sized float buffers a simulated node holds at least: its module's parameters and
 their gradients, its algorithm state and a message."""
+
+_EDGE_BYTES = 1000
+"""Bytes an edge of a weighted graph costs at least while it is built (about 1,100 measured:
+the networkx graphs, the weight table and the neighbour lists)."""
+
+PROGRESS_NODES = 1000
+"""From this many nodes on, :func:`prepare_run` given a ``progress`` stream says that it is
+preparing when that takes more than :data:`PROGRESS_AFTER_S`."""
+PROGRESS_AFTER_S = 2.0
+"""Seconds of preparing after which :func:`prepare_run` prints its progress line."""
+
+
+def _check_run_memory(
+    config: Config,
+    algorithm: Algorithm,
+    evaluator: Objective,
+    *,
+    nodes: int,
+    edges: int,
+    hosts_all: bool,
+) -> None:
+    """Refuse, before the graph is built, a run whose least memory is clearly more than
+    this machine has.
+
+    The estimate is a lower bound: ``edges`` weighted edges (``_EDGE_BYTES`` each), and with
+    ``hosts_all`` every node's model (``_COPIES`` buffers each; robust push-sum also keeps
+    two float64 totals an edge). The engines check their own, larger, needs afterwards.
+    """
+    memory = physical_memory()
+    if memory is None:
+        return
+    d = evaluator.initial_params().numel()
+    itemsize = torch.empty((), dtype=evaluator.dtype).element_size()
+    graph = edges * _EDGE_BYTES
+    models = nodes * d * itemsize * _COPIES if hosts_all else 0
+    if hosts_all and getattr(algorithm, "robust", False):
+        models += 2 * edges * d * 8
+    need = graph + models
+    if need <= memory:
+        return
+    parts = [f"about {edges:,} graph edges ({_size(graph)})"]
+    if hosts_all:
+        parts.append(f"{nodes:,} models of {d:,} parameters x {_COPIES} copies ({_size(models)})")
+    raise ConfigError(
+        f"this run needs at least {_size(need)} of memory ({' and '.join(parts)}), more than "
+        f"this machine's {_size(memory)}. Use fewer nodes (topology.nodes), a sparser graph "
+        "or a smaller model."
+    )
+
+
+def _size(nbytes: int) -> str:
+    """``nbytes`` in the largest binary unit that leaves at least 1 (``1.5 GiB``)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+class _Announcer:
+    """Prints ``text`` on ``stream`` once, if still running ``after_s`` seconds after
+    :meth:`start`; :meth:`stop` cancels it (and waits, so nothing is printed after it)."""
+
+    def __init__(self, stream: TextIO | None, text: str, after_s: float) -> None:
+        self._stream = stream
+        self._text = text
+        self._timer = threading.Timer(after_s, self._say) if stream is not None else None
+        if self._timer is not None:
+            self._timer.daemon = True
+
+    def _say(self) -> None:
+        assert self._stream is not None
+        self._stream.write(self._text + "\n")
+        self._stream.flush()
+
+    def start(self) -> None:
+        """Start the countdown (no-op without a stream)."""
+        if self._timer is not None:
+            self._timer.start()
+
+    def stop(self) -> None:
+        """Cancel the line if it has not been printed yet."""
+        if self._timer is not None:
+            self._timer.cancel()
+            if self._timer.is_alive():
+                self._timer.join()
+
+
+class _Laps:
+    """Logs each step of :func:`prepare_run` with the seconds it took."""
+
+    def __init__(self) -> None:
+        self.began = self._last = time.perf_counter()
+
+    def done(self, what: str, *args: object) -> None:
+        now = time.perf_counter()
+        logger.info(what + " (%.2f s)", *args, now - self._last)
+        self._last = now
 
 
 def _check_network_memory(config: Config, setup: RunSetup) -> None:
@@ -286,23 +430,8 @@ class RunSetup:
         )
 
 
-def prepare_run(
-    config: Config,
-    *,
-    algorithm: Algorithm | None = None,
-    trust: Topology | None = None,
-    dataset: Dataset | None = None,
-) -> RunSetup:
-    """Validate ``config`` and derive what every peer shares (see :class:`RunSetup`).
-
-    Raises:
-        ConfigError, TopologyError, DataError: on anything invalid, before any work.
-    """
-    seed = config.run.seed
-    trust = trust if trust is not None else build_topology(config.topology)
-    if algorithm is None:
-        algorithm = make_algorithm(config.algorithm.name, **config.algorithm.options)
-    graph = communication_graph(algorithm, trust)
+def _check_combinations(config: Config, algorithm: Algorithm) -> None:
+    """Refuse what the config's tables cannot do together (cheap: no graph, no data)."""
     f = config.faults
     if f.active and not f.announce and config.transport.mode == "strict":
         raise ConfigError(
@@ -321,16 +450,48 @@ def prepare_run(
             f"grow without bound; codec {config.compression.codec!r} has an error relative to "
             "them. Use compression.codec = 'fp32', 'fp16', 'bf16' or 'raw'."
         )
-    edges_used = {e for t in range(graph.period) for e in graph.at(t).edges()}
-    for text in f.edge_drop:
-        sender, _, receiver = (part.strip() for part in text.partition("->"))
-        known = sender in graph.nodes and receiver in graph.nodes  # else the plan says so
-        if known and (sender, receiver) not in edges_used:
-            raise ConfigError(
-                f"faults.edge_drop names {text!r}, but {sender} sends {receiver} nothing: it is "
-                f"not an edge of the graph {config.algorithm.name!r} communicates over. Name "
-                "an edge of the graph (fedcore topology show prints them)."
-            )
+
+
+def prepare_run(
+    config: Config,
+    *,
+    algorithm: Algorithm | None = None,
+    trust: Topology | None = None,
+    dataset: Dataset | None = None,
+    progress: TextIO | None = None,
+    hosts_all: bool = False,
+) -> RunSetup:
+    """Validate ``config`` and derive what every peer shares (see :class:`RunSetup`).
+
+    What can be checked from the counts alone is checked before the graph is built (which
+    takes seconds to a minute at tens of thousands of nodes): the config's combinations,
+    the examples each node gets, a mixing over every pair of nodes, and a lower bound of the
+    memory. Each step is logged (INFO) with its time.
+
+    Args:
+        config: The experiment.
+        algorithm: Use this algorithm object instead of ``config.algorithm.name``.
+        trust: Use this trust graph instead of ``config.topology``.
+        dataset: Use this dataset instead of ``config.data.dataset``.
+        progress: Where to print one line (``preparing N nodes ...``) when a run of at least
+            :data:`PROGRESS_NODES` nodes takes more than :data:`PROGRESS_AFTER_S` seconds to
+            prepare; None: print nothing.
+        hosts_all: This machine will hold every node's model (``simulate``, ``launch``):
+            the memory estimate counts them. False (a peer, a summary): the graph only.
+
+    Raises:
+        ConfigError, TopologyError, DataError: on anything invalid, before any work.
+    """
+    seed = config.run.seed
+    laps = _Laps()
+    if algorithm is None:
+        algorithm = make_algorithm(config.algorithm.name, **config.algorithm.options)
+    _check_combinations(config, algorithm)
+    if trust is None and config.topology.file:  # its size is known only once it is read
+        trust = build_topology(config.topology)
+        laps.done("read the graph %s: %d nodes", trust.name, len(trust.nodes))
+    n = len(trust.nodes) if trust is not None else config.topology.nodes
+    check_mixing_size(n, mixing=algorithm.mixing, algorithm=algorithm.name)
     source = None
     if config.data.stream:
         data = config.data
@@ -346,35 +507,84 @@ def prepare_run(
         )
         source = load_source(
             data.stream,
-            nodes=len(graph.nodes),
+            nodes=n,
             rounds=config.run.rounds,
             batch_size=data.batch_size,
             seed=seed,
             options=stream_options,
         )
         dataset = source.dataset
-    elif dataset is None:
-        dataset = load_dataset(
-            config.data.dataset, seed=seed, test_fraction=config.data.test_fraction
-        )
-    parts = (
-        [np.zeros(0, dtype=np.int64) for _ in graph.nodes]  # streams hold their own data
-        if source is not None
-        else partition(
+        laps.done("made the stream %s for %d nodes", data.stream, n)
+    else:
+        if dataset is None:
+            known = training_examples(config.data.dataset, test_fraction=config.data.test_fraction)
+            if known is not None:  # refuse too many nodes before even loading the data
+                check_partition_size(
+                    known, n, config.data.partition, shards_per_node=config.data.shards_per_node
+                )
+            dataset = load_dataset(
+                config.data.dataset, seed=seed, test_fraction=config.data.test_fraction
+            )
+            laps.done("loaded dataset %s: %d training examples", dataset.name, len(dataset.y_train))
+    # The split needs only the node count: made before the graph, it refuses a split that
+    # cannot be made (a Dirichlet one, say) without waiting for the graph.
+    if source is not None:
+        parts = [np.zeros(0, dtype=np.int64) for _ in range(n)]  # streams hold their own data
+    else:
+        parts = partition(
             dataset.y_train,
-            len(graph.nodes),
+            n,
             config.data.partition,
             seed=seed,
             alpha=config.data.alpha,
             shards_per_node=config.data.shards_per_node,
         )
+        laps.done("split the data %s across %d nodes", config.data.partition, n)
+    evaluator = make_objective(config, dataset)
+    _probe(evaluator, dataset, config.model.name)
+    laps.done("built and probed model %s", config.model.name)
+    if trust is None:
+        edges = estimated_edges(config.topology, n)
+    else:  # self-loops included, as the weights will have them
+        edges = sum(len(g.edges()) + len(g.nodes) for g in _period_graphs(trust))
+    if algorithm.mixing in ("complete", "all-pairs"):
+        edges = max(edges, n * n)
+    _check_run_memory(config, algorithm, evaluator, nodes=n, edges=edges, hosts_all=hosts_all)
+    announcer = _Announcer(
+        progress if n >= PROGRESS_NODES else None,
+        f"preparing {n:,} nodes (graph and weights) ...",
+        PROGRESS_AFTER_S,
     )
-    edges = [
-        (u, v, graph.at(t).weight(u, v))
-        for t in range(graph.period)
-        for u, v in graph.at(t).edges()
-    ]
-    run_id = fingerprint(config, edges)
+    announcer.start()
+    try:
+        if trust is None:
+            trust = build_topology(config.topology)
+            laps.done("built the graph %s: %d nodes", trust.name, len(trust.nodes))
+        graph = communication_graph(algorithm, trust)
+        laps.done("weighted the graph for %s (%s mixing)", algorithm.name, algorithm.mixing)
+        edges_used = {e for t in range(graph.period) for e in graph.at(t).edges()}
+        for text in config.faults.edge_drop:
+            sender, _, receiver = (part.strip() for part in text.partition("->"))
+            known = sender in graph.nodes and receiver in graph.nodes  # else the plan says so
+            if known and (sender, receiver) not in edges_used:
+                raise ConfigError(
+                    f"faults.edge_drop names {text!r}, but {sender} sends {receiver} nothing: it "
+                    f"is not an edge of the graph {config.algorithm.name!r} communicates over. "
+                    "Name an edge of the graph (fedcore topology show prints them)."
+                )
+        if len(graph.nodes) != n:  # a generator always makes n nodes; never split wrongly
+            raise TopologyError(
+                f"topology.nodes = {n}, but the graph {trust.name!r} has {len(graph.nodes)} nodes."
+            )
+        weighted = [
+            (u, v, graph.at(t).weight(u, v))
+            for t in range(graph.period)
+            for u, v in graph.at(t).edges()
+        ]
+        run_id = fingerprint(config, weighted)
+        laps.done("fingerprinted the run over %d edges", len(weighted))
+    finally:
+        announcer.stop()
     options = NodeOptions(
         run_id=run_id,
         lr=config.algorithm.lr,
@@ -384,12 +594,10 @@ def prepare_run(
         strict_timeout_s=config.transport.strict_timeout_s,
         round_window=round_drift(config),
     )
-    evaluator = make_objective(config, dataset)
-    _probe(evaluator, dataset, config.model.name)
     # Models with their own randomness (dropout) draw from torch's global generator; seed it
     # so a run replays exactly.
     torch.manual_seed(seed)
-    return RunSetup(
+    setup = RunSetup(
         config=config,
         dataset=dataset,
         trust=trust,
@@ -407,6 +615,8 @@ def prepare_run(
         ),
         source=source,
     )
+    logger.info("prepared %d nodes in %.2f s", len(graph.nodes), time.perf_counter() - laps.began)
+    return setup
 
 
 def build_network(

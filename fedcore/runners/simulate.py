@@ -418,9 +418,9 @@ def simulate(
         ConfigError, TopologyError, DataError: invalid experiment (before any work).
         TransportTimeoutError: a strict-mode node waited too long.
     """
-    setup = prepare_run(config)
-    engine, why = choose_engine(setup, config.simulate.engine)
     stream = progress_stream if progress_stream is not None else sys.stderr
+    setup = prepare_run(config, progress=stream if show_progress else None, hosts_all=True)
+    engine, why = choose_engine(setup, config.simulate.engine)
     if why is not None:
         logger.info("engine: messages (%s)", why)
         if show_progress:
@@ -472,7 +472,7 @@ def resume(
             "--resume`, not `fedcore simulate --resume`."
         )
     config = load_config(out / "config.toml")
-    setup = prepare_run(config)
+    setup = prepare_run(config, hosts_all=True)
     saved = checkpoint.latest(out / CHECKPOINTS)
     if saved is not None and saved.get("kind") != "simulate":
         raise ConfigError(f"{str(out / CHECKPOINTS)!r} holds a peer's checkpoints, not a run's.")

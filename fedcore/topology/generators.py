@@ -180,15 +180,42 @@ def random_regular(n: int, degree: int, *, seed: int) -> TrustGraph:
     return _from_index_edges(f"random-regular-{n}-d{degree}-seed{seed}", n, sorted(edges))
 
 
-def _weighted_pick(rng: random.Random, weights: list[int], total: int) -> int:
-    """An index chosen with probability ``weights[i] / total`` from one ``rng.random()`` draw."""
-    target = rng.random() * total
-    acc = 0
-    for i, w in enumerate(weights):
-        acc += w
-        if target < acc:
-            return i
-    return len(weights) - 1
+class _Popularity:
+    """Integer weights of peers ``0 .. size-1`` in a Fenwick tree: add to one, or pick one.
+
+    :meth:`pick` is the linear scan "first i whose running sum of weights exceeds
+    ``rng.random() * total``" in ``O(log n)``; sums are exact integers compared with the
+    same float target, so it picks exactly what the scan picks (graphs stay the same for a
+    seed) while growing an n-node graph takes ``O(n log n)``, not ``O(n**2)``.
+    """
+
+    __slots__ = ("_step", "_total", "_tree")
+
+    def __init__(self, size: int) -> None:
+        self._tree = [0] * (size + 1)
+        self._total = 0
+        self._step = 1 << size.bit_length()
+
+    def add(self, i: int, delta: int) -> None:
+        """Add ``delta`` to the weight of peer ``i``."""
+        self._total += delta
+        i += 1
+        while i < len(self._tree):
+            self._tree[i] += delta
+            i += i & -i
+
+    def pick(self, rng: random.Random, present: int) -> int:
+        """The first peer whose running weight sum exceeds one ``rng.random()`` draw times
+        the total; ``present - 1`` when rounding puts the draw at the total (as the scan)."""
+        target = rng.random() * self._total
+        pos, acc, step = 0, 0, self._step
+        while step:
+            nxt = pos + step
+            if nxt < len(self._tree) and acc + self._tree[nxt] <= target:
+                pos = nxt
+                acc += self._tree[nxt]
+            step >>= 1
+        return min(pos, present - 1)
 
 
 def _social_edges(n: int, follows: int, rng: random.Random) -> set[tuple[int, int]]:
@@ -200,22 +227,31 @@ def _social_edges(n: int, follows: int, rng: random.Random) -> set[tuple[int, in
     picked uniformly trusts the newcomer back, edge ``v -> w``. Popular peers become hubs
     that many trust (heavy-tailed out-degree), every peer listens to at least one other, and
     every newcomer both reaches and is reached by the strongly connected core, so the whole
-    graph is strongly connected by construction with no repair step.
+    graph is strongly connected by construction with no repair step. A peer already picked
+    weighs 0 until the newcomer has all its picks (:class:`_Popularity` keeps it
+    ``O(n log n)``).
     """
     core = min(n, follows + 1)
     edges = {(i, (i + 1) % core) for i in range(core)} if core > 1 else set()
+    weights = _Popularity(n)  # (out-degree so far) + 1 of each peer
+    for u in range(core):
+        weights.add(u, 2)
     popularity = [1] * core  # out-degree of each peer so far
     for v in range(core, n):
         chosen: set[int] = set()
         while len(chosen) < follows:
-            weights = [0 if u in chosen else popularity[u] + 1 for u in range(v)]
-            chosen.add(_weighted_pick(rng, weights, sum(weights)))
+            u = weights.pick(rng, v)
+            if u not in chosen:
+                chosen.add(u)
+                weights.add(u, -(popularity[u] + 1))
         for u in sorted(chosen):
             edges.add((u, v))
             popularity[u] += 1
+            weights.add(u, popularity[u] + 1)
         w = min(int(rng.random() * v), v - 1)
         edges.add((v, w))
         popularity.append(1)
+        weights.add(v, 2)
     return edges
 
 

@@ -14,6 +14,7 @@ valid weights: the graph's own (from a file, checked) or the family's default.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from fedcore.errors import TopologyError
@@ -21,9 +22,11 @@ from fedcore.topology.graph import TrustGraph, format_components
 from fedcore.topology.schedule import Schedule, Topology
 
 __all__ = [
+    "MAX_MIXING_PAIRS",
     "MIXINGS",
     "TOLERANCE",
     "check_doubly_stochastic",
+    "check_mixing_size",
     "check_push_sum",
     "metropolis_hastings",
     "prepare",
@@ -35,6 +38,33 @@ TOLERANCE = 1e-9
 """How far a weight sum may stray from 1 and still count as 1."""
 
 MIXINGS: tuple[str, ...] = ("push-sum", "doubly-stochastic", "complete", "all-pairs", "none")
+
+MAX_MIXING_PAIRS = 10**7
+"""Most ordered pairs the ``complete`` and ``all-pairs`` mixings may weigh (3,162 nodes):
+each is an edge of the weighted graph, a few hundred bytes, so 10**7 are gigabytes already
+(the bound of :func:`fedcore.topology.complete` too)."""
+
+
+def check_mixing_size(n: int, *, mixing: str, algorithm: str) -> None:
+    """Refuse, from the node count alone, a mixing whose graph would be too large to build.
+
+    The ``complete`` and ``all-pairs`` mixings weigh every ordered pair of nodes, so they
+    grow as ``n**2``; the others keep the trust graph's edges.
+
+    Raises:
+        TopologyError: ``n * (n - 1)`` pairs above :data:`MAX_MIXING_PAIRS`, naming the
+            largest node count that fits.
+    """
+    if mixing not in ("complete", "all-pairs") or n * (n - 1) <= MAX_MIXING_PAIRS:
+        return
+    most = (1 + math.isqrt(1 + 4 * MAX_MIXING_PAIRS)) // 2
+    while most * (most - 1) > MAX_MIXING_PAIRS:
+        most -= 1
+    raise TopologyError(
+        f"The algorithm '{algorithm}' mixes over every pair of nodes: {n:,} nodes make "
+        f"{n * (n - 1):,} ordered pairs, more than the {MAX_MIXING_PAIRS:,} a graph may hold. "
+        f"Use at most {most:,} nodes, or an algorithm that mixes over the trust graph's edges."
+    )
 
 
 def _per_graph(t: Topology, fn: Callable[[TrustGraph], TrustGraph]) -> Topology:
@@ -239,11 +269,13 @@ def prepare(t: Topology, *, mixing: str, algorithm: str) -> Topology:
     Raises:
         TopologyError: On an unknown mixing, a one-way graph for doubly stochastic mixing, a
             missing pair for all-pairs mixing (the first one is named), a topology that is not
-            strongly connected (over one period for a Schedule), or invalid weights.
+            strongly connected (over one period for a Schedule), invalid weights, or too many
+            nodes for a complete or all-pairs mixing (:func:`check_mixing_size`).
     """
     if mixing in ("complete", "all-pairs", "none"):
         nodes = t.nodes
         n = len(nodes)
+        check_mixing_size(n, mixing=mixing, algorithm=algorithm)
         if mixing == "all-pairs":
             _require_all_pairs(t, algorithm)
         if mixing in ("complete", "all-pairs"):
