@@ -6,6 +6,12 @@ import pytest
 
 from fedcore.cli import main
 
+TINY = ["--set", "run.rounds=3", "--set", "run.eval_every=2"]
+TINY += ["--set", "topology.nodes=4", "--set", "data.batch_size=16"]
+"""Overrides for a run of a second or less (CLI tests)."""
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+"""The first bytes of a PNG file."""
+
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """Run ``fedcore *argv``; return its exit status, stdout and stderr."""

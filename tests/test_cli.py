@@ -16,20 +16,9 @@ import torch
 
 from fedcore.cli import main
 from fedcore.config import load_config
-from tests.clitools import assert_one_line_error, cli
+from tests.clitools import PNG_MAGIC, TINY, assert_one_line_error, cli
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = [
-    "--set",
-    "run.rounds=3",
-    "--set",
-    "run.eval_every=2",
-    "--set",
-    "topology.nodes=4",
-    "--set",
-    "data.batch_size=16",
-]
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(autouse=True)

@@ -23,14 +23,10 @@ from fedcore.runners import checkpoint
 from fedcore.runners.simulate import run_name
 from tests.clitools import assert_one_line_error, cli
 
-SMALL = [
-    "--set",
-    "run.rounds=120",
-    "--set",
-    "run.eval_every=40",
-    "--set",
-    "run.checkpoint_every=20",
-]
+SMALL = ["--set", "run.rounds=120", "--set", "run.eval_every=40"]
+SMALL += ["--set", "run.checkpoint_every=20"]
+RING3 = ["--set", "topology.kind=ring", "--set", "topology.nodes=3"]
+RING3 += ["--set", "algorithm.name=dpsgd", "--set", "run.rounds=100000"]
 
 
 def _summary(folder: Path) -> dict[str, Any]:
@@ -203,22 +199,38 @@ def _wait_for(predicate: Callable[[], bool], timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def test_ctrl_c_to_the_process(tmp_path: Path) -> None:
-    """A real SIGINT to a ``fedcore simulate`` process, after its first checkpoint."""
-    out = tmp_path / "run"
-    argv = [sys.executable, "-m", "fedcore", "simulate", "-q", "--out", str(out)]
-    argv += ["--set", "run.rounds=100000", "--set", "run.checkpoint_every=10"]
+def _stop_when(args: list[str], ready: Callable[[], bool], stop: Callable[[int], None]) -> str:
+    """Run ``fedcore *args`` as a process; once ``ready()``, call ``stop(pid)``; return
+    ``"exit <status>"`` and a newline, then its stderr."""
+    argv = [sys.executable, "-m", "fedcore", *args]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        _wait_for(lambda: any((out / "checkpoints").glob("round-*.ckpt")), 120)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        _wait_for(ready, 120)
+        stop(proc.pid)
+        _, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, err
+    return f"exit {proc.returncode}\n{err}"
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.is_file() else 0
+
+
+def test_ctrl_c_to_the_process(tmp_path: Path) -> None:
+    """A real SIGINT to a ``fedcore simulate`` process, after its first checkpoint."""
+    out = tmp_path / "run"
+    args = ["simulate", "-q", "--out", str(out)]
+    args += ["--set", "run.rounds=100000", "--set", "run.checkpoint_every=10"]
+    err = _stop_when(
+        args,
+        lambda: any((out / "checkpoints").glob("round-*.ckpt")),
+        lambda pid: os.kill(pid, signal.SIGINT),
+    )
+    assert err.startswith("exit 130\n"), err
     assert "Traceback" not in err and "--resume" in err
     summary = _summary(out)
     assert summary["status"] == "interrupted" and summary["rounds_completed"] >= 10
@@ -231,26 +243,13 @@ def test_a_stopped_launch_and_its_summarize_cover_the_rounds_that_ran(
     """Ctrl-C to ``fedcore launch``: the summary says ``interrupted`` and how far the peers
     got, and ``fedcore summarize`` of the folder reports those rounds, not the config's."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "fedcore", "launch", "-q", "--out", str(out)]
-    argv += ["--set", "topology.kind=ring", "--set", "topology.nodes=3"]
-    argv += ["--set", "algorithm.name=dpsgd", "--set", "run.rounds=100000"]
-    argv += ["--set", "run.eval_every=20"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
-    peer = out / "nodes" / "n0" / "metrics.jsonl"
-
-    def far_enough() -> bool:
-        return peer.is_file() and peer.read_bytes().count(b"\n") >= 45
-
-    try:
-        _wait_for(far_enough, 120)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
+    args = ["launch", "-q", "--out", str(out), *RING3, "--set", "run.eval_every=20"]
+    err = _stop_when(
+        args,
+        lambda: _lines(out / "nodes" / "n0" / "metrics.jsonl") >= 45,
+        lambda pid: os.kill(pid, signal.SIGINT),
+    )
+    assert err.startswith("exit 130\n"), err
     assert "Traceback" not in err and "the results so far are in" in err
     stopped = _summary(out)
     assert stopped["status"] == "interrupted"
@@ -269,26 +268,13 @@ def test_a_stopped_launch_and_its_summarize_cover_the_rounds_that_ran(
 def test_a_launch_whose_peer_dies_says_failed(tmp_path: Path) -> None:
     """Strict mode: a peer killed (SIGKILL) stops the run; the summary says ``failed``."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "fedcore", "launch", "-q", "--out", str(out)]
-    argv += ["--set", "topology.kind=ring", "--set", "topology.nodes=3"]
-    argv += ["--set", "algorithm.name=dpsgd", "--set", "run.rounds=100000"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     peer = out / "nodes" / "n1"
-
-    def running() -> bool:
-        metrics = peer / "metrics.jsonl"
-        return metrics.is_file() and metrics.read_bytes().count(b"\n") >= 20
-
-    try:
-        _wait_for(running, 120)
-        os.kill(int((peer / "node.pid").read_text(encoding="utf-8")), signal.SIGKILL)
-        _, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 1, err
+    err = _stop_when(
+        ["launch", "-q", "--out", str(out), *RING3],
+        lambda: _lines(peer / "metrics.jsonl") >= 20,
+        lambda _: os.kill(int((peer / "node.pid").read_text(encoding="utf-8")), signal.SIGKILL),
+    )
+    assert err.startswith("exit 1\n"), err
     assert "peer 'n1' exited" in err and "Traceback" not in err
     summary = _summary(out)
     assert summary["status"] == "failed" and "n1" in summary["error"]

@@ -13,20 +13,9 @@ import pytest
 from fedcore.cli import main
 from fedcore.data import Dataset, digits
 from fedcore.runners.sweep import FIGURES, final_figures, mean_std, parse_seeds
-from tests.clitools import cli, one_line_error
+from tests.clitools import PNG_MAGIC, TINY, cli, one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = [
-    "--set",
-    "run.rounds=3",
-    "--set",
-    "run.eval_every=2",
-    "--set",
-    "topology.nodes=4",
-    "--set",
-    "data.batch_size=16",
-]
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def flaky_digits(*, seed: int, test_fraction: float) -> Dataset:
