@@ -51,6 +51,10 @@ def test_launch_matches_simulate_bit_for_bit(tmp_path: Path, overrides: list[str
     kinds = [json.loads(line)["kind"] for line in merged]
     assert kinds.count("node") == 20 * grpc_run["nodes"] and kinds.count("eval") == 2
     assert (tmp_path / "launch" / "curves.png").stat().st_size > 0
+    # Each peer tells its log where it serves, its rounds and where its results are.
+    log = (tmp_path / "launch" / "nodes" / "n0" / "node.log").read_text(encoding="utf-8")
+    assert "n0: serving on 127.0.0.1:" in log and "n0: connected; running from round 0" in log
+    assert "round 20/20" in log and "n0: done after 20 rounds; results: " in log
 
 
 def _node_cmd(tmp_path: Path, roster: dict[str, str], *extra: str) -> list[str]:

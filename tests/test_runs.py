@@ -279,3 +279,15 @@ def test_a_launch_whose_peer_dies_says_failed(tmp_path: Path) -> None:
     summary = _summary(out)
     assert summary["status"] == "failed" and "n1" in summary["error"]
     assert 20 <= summary["rounds_completed"] < 100000
+
+
+def test_debug_lines_are_fedcores_not_every_librarys(tmp_path: Path) -> None:
+    """``-vv`` shows fedcore's debug lines (evaluations, checkpoints), not matplotlib's."""
+    argv = [sys.executable, "-m", "fedcore", "-vv", "simulate", "-q", "--out", str(tmp_path)]
+    argv += ["--set", "run.rounds=4", "--set", "run.eval_every=2"]
+    argv += ["--set", "run.checkpoint_every=2"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "DEBUG fedcore.runners" in done.stderr and "evaluated" in done.stderr
+    assert "matplotlib" not in done.stderr and "font" not in done.stderr.lower()
