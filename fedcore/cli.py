@@ -353,6 +353,8 @@ def _simulate(args: argparse.Namespace) -> int:
                 ("--seeds", args.seeds),
                 ("--engine", args.engine),
                 ("--device", args.device),
+                ("--force", args.force),
+                ("--jobs", args.jobs != 1),
             )
             if value
         ]
@@ -362,6 +364,8 @@ def _simulate(args: argparse.Namespace) -> int:
                 f"{', '.join(given)}."
             )
         summary: dict[str, Any] | None = resume(args.resume, show_progress=not args.quiet)
+    elif args.jobs != 1 and args.seeds is None:
+        raise ConfigError("--jobs runs the seeds of a sweep in parallel; give --seeds too.")
     else:
         summary = _simulate_new(args)
     if summary is None:  # a sweep, which printed its own table

@@ -50,7 +50,7 @@ SWEEP_FILE = "sweep.json"  # as fedcore.runners.sweep writes it (not imported: n
 _SEED_KEYS = ("seed", "name")
 """The ``[run]`` keys in which the runs of one ``bands`` group may differ."""
 
-_SEED_PART = re.compile(r"[-_ ,]*\b(?:run\.)?seed[-=_]?\d+", re.IGNORECASE)
+_SEED_PART = re.compile(r"(?:^|[-_ ,]+)(?:run\.)?seed[-=_]?\d+(?=$|[-_ ,])", re.IGNORECASE)
 
 
 def load_evals(run_dir: Path) -> tuple[str, list[dict[str, Any]]]:

@@ -251,6 +251,9 @@ def test_seed_groups_ignore_only_the_seed_and_the_name() -> None:
         ("ops-ring-16-seed3", "ops-ring-16"),
         ("ops-ring-16-algorithm.lr=0.1-run.seed=12", "ops-ring-16-algorithm.lr=0.1"),
         ("ops-ring-16-seeds0-4", "ops-ring-16-seeds0-4"),  # a sweep's name keeps its seeds
+        # Another table's seed tells groups apart: only run.seed goes.
+        ("ops-social-16-topology.seed=1-run.seed=3", "ops-social-16-topology.seed=1"),
+        ("ops-ring-16-data.seed=2", "ops-ring-16-data.seed=2"),
     ],
 )
 def test_strip_seed(name: str, base: str) -> None:

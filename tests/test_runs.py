@@ -7,6 +7,7 @@ parameters, records and figures of the run that was never stopped.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -177,12 +178,68 @@ def test_a_failed_run_says_so(
     [
         (["--set", "run.rounds=3"], "drop --set"),
         (["--engine", "messages"], "drop --engine"),
+        (["--force"], "drop --force"),
+        (["--jobs", "2"], "drop --jobs"),
     ],
 )
 def test_resume_takes_no_other_run_settings(
     argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert_one_line_error(*cli(capsys, "simulate", "--resume", str(tmp_path), *argv), needle)
+
+
+def test_jobs_without_seeds_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert_one_line_error(*cli(capsys, "simulate", "--jobs", "2"), "give --seeds")
+
+
+def test_ctrl_c_in_a_flush_counts_no_round_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped half-way through reading back a batch of rounds: the partial summary counts
+    each round once (the rest of the batch is left out, not replayed)."""
+    from fedcore.runners.simulate import RunObserver
+
+    real = RunObserver.end_round
+    stops = []
+
+    def end_round(self: RunObserver, t: int, *args: Any, **kwargs: Any) -> float:
+        if t == 30 and not stops:
+            stops.append(t)
+            raise KeyboardInterrupt
+        return real(self, t, *args, **kwargs)
+
+    monkeypatch.setattr(RunObserver, "end_round", end_round)
+    out = tmp_path / "run"
+    args = ["--set", "run.rounds=60", "--set", "run.eval_every=20", "--out", str(out), "-q"]
+    assert cli(capsys, "simulate", *args)[0] == 130
+    rounds = [r["round"] for r in _records(out) if r.get("kind") == "round"]
+    assert rounds == sorted(set(rounds)) and rounds[-1] < 60
+    summary = _summary(out)
+    assert summary["rounds_completed"] == rounds[-1] + 1
+    per_round = summary["traffic"]["messages_sent"] / summary["rounds_completed"]
+    whole = tmp_path / "whole"
+    monkeypatch.undo()
+    assert cli(capsys, "simulate", *args[:4], "--out", str(whole), "-q")[0] == 0
+    assert per_round == _summary(whole)["traffic"]["messages_sent"] / 60
+
+
+def test_ctrl_c_while_writing_the_results_leaves_a_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The module (fedcore.runners exports a function of the same name).
+    simulate = importlib.import_module("fedcore.runners.simulate")
+
+    def regret(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(simulate, "add_regret", regret)
+    out = tmp_path / "run"
+    status, _, err = cli(capsys, "simulate", "--set", "run.rounds=20", "--out", str(out), "-q")
+    assert status == 130 and "while writing the results" in err
+    assert _summary(out)["status"] == "interrupted"
+    monkeypatch.undo()
+    assert cli(capsys, "simulate", "--resume", str(out), "-q")[0] == 0
+    assert _summary(out)["status"] == "completed"
 
 
 def test_resume_needs_a_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -254,6 +311,8 @@ def test_a_stopped_launch_and_its_summarize_cover_the_rounds_that_ran(
     stopped = _summary(out)
     assert stopped["status"] == "interrupted"
     assert 45 <= stopped["rounds_completed"] < 100000
+    # Peers stopped together are not taken for crashed ones.
+    assert stopped["faults"]["down_rounds"] == {} and stopped["peer_exits"] == {}
     evals = [r for r in _records(out) if r.get("kind") == "eval"]
     assert evals and evals[-1]["round"] < stopped["rounds_completed"]
     status, printed, _ = cli(capsys, "summarize", str(out))

@@ -13,6 +13,7 @@ writes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -36,7 +37,7 @@ from fedcore.ids import child_path
 from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
 from fedcore.progress import Progress
-from fedcore.runners.network import RunSetup, prepare_run
+from fedcore.runners.network import RunSetup, prepare_run, round_drift
 from fedcore.runners.peer import model_path
 from fedcore.runners.simulate import RunObserver, finish_run, open_run_dir, run_name
 
@@ -280,8 +281,12 @@ def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, An
     unfinished: dict[str, int | None] = {
         n: None for n in nodes if not (peer_dir(out, n) / "node.json").exists()
     }
-    name = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
-    summary = _merge(setup, out, name, None, unfinished)
+    prior: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):  # launch named it: keep its name
+        prior = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    overrides = list(prior.get("overrides", []))
+    name = str(prior.get("name") or run_name(config, setup, overrides))
+    summary = _merge(setup, out, name, None, unfinished, overrides=overrides)
     summary["out_dir"] = str(out)
     return summary
 
@@ -321,9 +326,17 @@ def _merge(
         last_round[n] = mine[-1].round if mine else -1
         spent = max(spent, sum(r.wall_s for r in mine))
         records.extend(mine)
-    # The rounds that really ran: a stopped run covers what its furthest peer did.
-    ran = min(config.run.rounds, max(last_round.values(), default=-1) + 1)
-    for n in dead:
+    # The rounds that really ran. Peers stopped together (no exit status) end within the
+    # rounds a sender may run ahead of the others: the run covers the rounds all of them
+    # completed, and their records of later rounds are left out. A peer that exited on
+    # its way (or stopped far behind) counts as down from its last record.
+    top = max(last_round.values(), default=-1)
+    slack = round_drift(config) + 2
+    stopped = {n for n, s in dead.items() if s is None and last_round[n] >= top - slack}
+    ran = min(config.run.rounds, min((last_round[n] for n in stopped), default=top) + 1)
+    records = [r for r in records if r.round < ran]
+    gone = {n: s for n, s in dead.items() if n not in stopped}
+    for n in gone:
         records.extend(
             RoundRecord.down_round(n, t, lr=0.0, wall_s=0.0) for t in range(last_round[n] + 1, ran)
         )
@@ -353,7 +366,7 @@ def _merge(
             observer.observe(record, model)
     finally:
         writer.close()
-    exits = {n: {"status": s, "last_round": last_round[n]} for n, s in sorted(dead.items())}
+    exits = {n: {"status": s, "last_round": last_round[n]} for n, s in sorted(gone.items())}
     return finish_run(
         setup,
         observer,

@@ -466,7 +466,7 @@ def resume(
         prior = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     if prior.get("status", "completed") == "completed" and prior:
         raise ConfigError(f"the run in {str(out)!r} completed; there is nothing to resume.")
-    if prior.get("transport", "inproc") != "inproc":
+    if prior.get("transport", "inproc") != "inproc" or (out / "roster.json").exists():
         raise ConfigError(
             f"{str(out)!r} is a `fedcore launch` run; its peers resume with `fedcore node "
             "--resume`, not `fedcore simulate --resume`."
@@ -630,7 +630,15 @@ def _execute(
             logger.warning("could not write the summary of the failed run: %s", second)
         raise
     writer.close()
-    return _finish(*args, wall_before + time.perf_counter() - began, "completed", None)
+    try:  # regret, spectral gap, summary, picture: seconds on a large run
+        return _finish(*args, wall_before + time.perf_counter() - began, "completed", None)
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            _finish(*args, wall_before + time.perf_counter() - began, "interrupted", None)
+        raise KeyboardInterrupt(
+            f"while writing the results of the finished run in {out}; write them with: "
+            f"fedcore simulate --resume {out}"
+        ) from None
 
 
 def _finish(
@@ -818,7 +826,9 @@ def add_regret(setup: RunSetup, observer: RunObserver, out: Path) -> list[dict[s
 
 def write_results(out: Path, summary: dict[str, Any]) -> None:
     """Write ``summary.json`` and draw ``curves.png`` into a finished run's folder."""
-    (out / "summary.json").write_text(to_json_text(summary, indent=2) + "\n", encoding="utf-8")
+    tmp = out / "summary.json.tmp"  # a kill while writing leaves the previous summary whole
+    tmp.write_text(to_json_text(summary, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(out / "summary.json")
     if not summary["final"]:
         return  # no evaluation yet: nothing to draw
     try:

@@ -216,7 +216,7 @@ class _Outcome:
 
 
 def _run_one(spec: _RunSpec) -> _Outcome:
-    """Run one seed (in a worker process or in this one); a FedcoreError is an outcome."""
+    """Run one seed (in a worker process or in this one); an error is its outcome."""
     overrides = [*spec.overrides, f"run.seed={spec.seed}"]
     try:
         config = load_config(spec.config, overrides)
@@ -227,9 +227,10 @@ def _run_one(spec: _RunSpec) -> _Outcome:
             force=spec.force,
             overrides=overrides,
         )
-    except FedcoreError as exc:
+    except Exception as exc:  # torch, CUDA ...: one seed's failure, not the sweep's
         reason = first_line(str(exc)) or type(exc).__name__
-        return _Outcome(spec.group, spec.seed, "failed", {}, reason, type(exc))
+        kind = type(exc) if isinstance(exc, FedcoreError) else None
+        return _Outcome(spec.group, spec.seed, "failed", {}, reason, kind)
     return _Outcome(spec.group, spec.seed, "completed", final_figures(summary))
 
 

@@ -539,38 +539,24 @@ class Flusher:
     def flush(self) -> None:
         """Read back every pending round and account it."""
         self.net.check()
-        if not self.pending:
+        # Taken off the queue first: a flush stopped half-way (Ctrl-C) and retried never
+        # accounts a round twice.
+        pending, self.pending = self.pending, []
+        if not pending:
             return
         obs = self.observer
         nodes = self.net.nodes
-        stacked = {
-            key: torch.stack([getattr(f, key) for f in self.pending]).cpu() for key in _COLUMNS
-        }
+        stacked = {key: torch.stack([getattr(f, key) for f in pending]).cpu() for key in _COLUMNS}
         config = self.net.setup.config
         now = time.perf_counter()
-        wall = (now - self.began) / len(self.pending)
+        wall = (now - self.began) / len(pending)
         self.began = now
-        for k, f in enumerate(self.pending):
+        for k, f in enumerate(pending):
             t = f.round
             up = stacked["up"][k]
-            for key, column in (
-                ("messages_sent", "sent"),
-                ("bytes_sent", "bytes_sent"),
-                ("messages_received", "received"),
-                ("messages_missing", "missing"),
-                ("messages_dropped", "dropped"),
-                ("fp32_bytes_sent", "fp32"),
-            ):
-                obs.totals[key] += int(stacked[column][k].sum())
-            for i in torch.nonzero(stacked["missing_senders"][k]).flatten().tolist():
-                obs.missing.setdefault(nodes[i], set()).add(t)
-            for i in torch.nonzero(~up).flatten().tolist():
-                obs.down.setdefault(nodes[i], []).append(t)
             values = stacked["loss"][k].tolist()
             alive = up.tolist()
             live = [v for v, a in zip(values, alive, strict=True) if a]
-            for node, v, a in zip(nodes, values, alive, strict=True):
-                obs.losses[node].append(v if a else None)
             if self.writer is not None and (
                 self.records == "all" or (self.records == "eval" and obs.is_eval_round(t))
             ):
@@ -595,7 +581,22 @@ class Flusher:
                 missing=int(stacked["missing"][k].sum()),
                 dropped=int(stacked["dropped"][k].sum()),
             )
-        self.pending.clear()
+            # Accounted once the round is complete: a run stopped before counts none of it.
+            for key, column in (
+                ("messages_sent", "sent"),
+                ("bytes_sent", "bytes_sent"),
+                ("messages_received", "received"),
+                ("messages_missing", "missing"),
+                ("messages_dropped", "dropped"),
+                ("fp32_bytes_sent", "fp32"),
+            ):
+                obs.totals[key] += int(stacked[column][k].sum())
+            for i in torch.nonzero(stacked["missing_senders"][k]).flatten().tolist():
+                obs.missing.setdefault(nodes[i], set()).add(t)
+            for i in torch.nonzero(~up).flatten().tolist():
+                obs.down.setdefault(nodes[i], []).append(t)
+            for node, v, a in zip(nodes, values, alive, strict=True):
+                obs.losses[node].append(v if a else None)
 
 
 def _fault_lists(
