@@ -190,12 +190,19 @@ class Objective:
     def __init__(self, module: nn.Module, dtype: torch.dtype = torch.float32) -> None:
         """Move ``module`` onto flat parameter and gradient buffers."""
         module.to(dtype)
-        params = [p for p in module.parameters() if p.requires_grad]
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
         if not params:
             raise DataError("the model has no trainable parameters.")
         self.module = module
         self.dtype = dtype
         self.numel = sum(p.numel() for p in params)
+        # The layers of the flat vector, in order: (name, offset, numel). Per-layer rules
+        # (LARS, LAMB: fedcore.algorithms.optim) use them.
+        self.segments: list[tuple[str, int, int]] = []
+        for name, p in named:
+            start = self.segments[-1][1] + self.segments[-1][2] if self.segments else 0
+            self.segments.append((name, start, p.numel()))
         self._flat = torch.empty(self.numel, dtype=dtype)
         self._grad = torch.zeros(self.numel, dtype=dtype)
         module.train()
