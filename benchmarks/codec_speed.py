@@ -83,6 +83,11 @@ CODECS: list[tuple[str, str, dict[str, Any]]] = [
     ("sign-4096", "sign", {"chunk": 4096}),
     ("topk-1%", "topk", {"ratio": 0.01}),
     ("randk-1%", "randk", {"ratio": 0.01}),
+    ("fp8-e4m3", "fp8", {"format": "e4m3"}),
+    ("fp8-e5m2-4096", "fp8", {"format": "e5m2", "chunk": 4096}),
+    ("float-e4m3", "float", {"exp_bits": 4, "man_bits": 3}),
+    ("float-e3m0", "float", {"exp_bits": 3, "man_bits": 0}),
+    ("s2fp8", "s2fp8", {}),
 ]
 SPEED_TARGET = 0.2  # codec GB/s / copy GB/s, for encode and for decode
 TARGETED = ("fp16", "qsgd-8", "sign", "sign-4096")
@@ -575,6 +580,13 @@ def ideal_bytes(name: str, opts: dict[str, Any], n: int, encoded: EncodedTensor)
     if name == "sign":
         chunk = opts["chunk"]
         return math.ceil(n / 8) + (4 * math.ceil(n / chunk) if chunk else 0)
+    if name == "fp8":
+        chunk = opts.get("chunk", 0)
+        return n + 4 * (math.ceil(n / chunk) if chunk else 1)
+    if name == "float":
+        return math.ceil(n * (1 + int(opts["exp_bits"]) + int(opts["man_bits"])) / 8)
+    if name == "s2fp8":
+        return n + 8
     k = int(encoded.params["k"])
     return 8 * k if name == "topk" else 4 * k
 

@@ -5,7 +5,8 @@ A config file has nine tables; every key is optional and defaults to the built-i
 
     [run]        name, seed, rounds, eval_every, regret, checkpoint_every
     [topology]   kind, nodes, seed, file, p, rows, cols, degree, undirected  (file wins)
-    [algorithm]  name, lr, lr_schedule, and the algorithm's own options
+    [algorithm]  name, lr, lr_schedule, warmup_rounds, lr_power, lr_scaling,
+                 base_batch_size, and the algorithm's own options
     [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction,
                  order, stream, features, adversarial, noise, drift
     [model]      name, hidden, dtype
@@ -50,6 +51,7 @@ __all__ = [
     "CONVEX_MODELS",
     "DEVICES",
     "ENGINES",
+    "LR_SCALINGS",
     "LR_SCHEDULES",
     "MODES",
     "NODE_RECORDS",
@@ -70,6 +72,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "dumps_toml",
+    "effective_lr",
     "fingerprint",
     "load_config",
     "parse_override",
@@ -82,8 +85,10 @@ MODES = ("strict", "deadline")
 """How a node waits for its in-neighbours (``transport.mode``)."""
 ORDERS = ("shuffled", "sorted")
 """Order of a node's examples in a dataset stream (``data.order``)."""
-LR_SCHEDULES = ("constant", "sqrt")
+LR_SCHEDULES = ("constant", "sqrt", "cosine", "poly")
 """Step-size schedules (``algorithm.lr_schedule``)."""
+LR_SCALINGS = ("none", "linear", "sqrt")
+"""How ``algorithm.lr`` scales with the batch size (``algorithm.lr_scaling``)."""
 TRANSPORTS = ("inproc", "grpc")
 """Transports (``transport.kind``)."""
 ENGINES = ("auto", "vectorized", "messages")
@@ -98,7 +103,7 @@ DEVICES = ("cpu", "cuda")
 CONVEX_MODELS = ("logreg",)
 """Built-in models whose loss is convex in the parameters (``run.regret`` needs one)."""
 
-CODECS = ("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "raw")
+CODECS = ("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "fp8", "float", "s2fp8", "raw")
 """Codecs (``compression.codec``)."""
 
 # Bounds of the integer keys, so that a typo such as 10**23 is a clear ConfigError here and
@@ -191,11 +196,24 @@ class TopologyConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AlgorithmConfig:
-    """``[algorithm]``: name, step size and schedule; other keys go to the algorithm."""
+    """``[algorithm]``: name, step size and schedule; other keys go to the algorithm.
+
+    ``lr_schedule``: ``constant``, ``sqrt``, ``cosine`` or ``poly`` (power ``lr_power``),
+    after ``warmup_rounds`` rounds of linear warm-up. ``lr_scaling`` (``none``, ``linear``
+    or ``sqrt``) with ``base_batch_size`` B0 scales the step size for a batch size B of
+    ``k = B / B0`` times the base: ``linear`` multiplies ``lr`` by k and divides the
+    warm-up rounds by k (the same warm-up epochs), ``sqrt`` multiplies ``lr`` by sqrt(k)
+    and keeps the warm-up rounds (warm-up epochs k times longer: LEGW). See
+    :func:`effective_lr`; the summary records the values used.
+    """
 
     name: str = "ops"
     lr: float = 0.5
     lr_schedule: str = "constant"
+    warmup_rounds: int = 0
+    lr_power: float = 1.0
+    lr_scaling: str = "none"
+    base_batch_size: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -207,6 +225,36 @@ class AlgorithmConfig:
             self.lr_schedule,
             f"must be one of {', '.join(LR_SCHEDULES)}",
         )
+        _int_range("algorithm.warmup_rounds", self.warmup_rounds, 0, MAX_ROUNDS)
+        _require(
+            math.isfinite(self.lr_power) and self.lr_power > 0,
+            "algorithm.lr_power",
+            self.lr_power,
+            "must be > 0",
+        )
+        _require(
+            self.lr_scaling in LR_SCALINGS,
+            "algorithm.lr_scaling",
+            self.lr_scaling,
+            f"must be one of {', '.join(LR_SCALINGS)}",
+        )
+        _int_range("algorithm.base_batch_size", self.base_batch_size, 0, MAX_BATCH)
+        _require(
+            self.lr_scaling == "none" or self.base_batch_size > 0,
+            "algorithm.base_batch_size",
+            self.base_batch_size,
+            f"must be set (> 0) with lr_scaling = {self.lr_scaling!r}",
+        )
+
+
+def effective_lr(algorithm: AlgorithmConfig, batch_size: int) -> tuple[float, int]:
+    """``(lr, warmup_rounds)`` after ``algorithm.lr_scaling`` for ``batch_size``."""
+    if algorithm.lr_scaling == "none":
+        return algorithm.lr, algorithm.warmup_rounds
+    k = batch_size / algorithm.base_batch_size
+    if algorithm.lr_scaling == "linear":
+        return algorithm.lr * k, max(0, round(algorithm.warmup_rounds / k))
+    return algorithm.lr * math.sqrt(k), algorithm.warmup_rounds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,8 +335,10 @@ class CompressionConfig:
 
     ``codec`` is one of ``CODECS``; ``bits`` applies to ``qsgd`` (2, 4 or 8), ``ratio`` (the
     fraction of values kept) to ``topk`` and ``randk``, ``chunk`` (values per scale, 0 for
-    one scale per tensor) to ``sign`` and ``qsgd``; ``scaled`` makes ``qsgd`` contractive (shrunk by
-    ``1 + omega``), as error-feedback methods need. ``fp32`` is lossless for float32 models;
+    one scale per tensor) to ``sign``, ``qsgd`` and ``fp8``; ``scaled`` makes ``qsgd``
+    contractive (shrunk by ``1 + omega``), as error-feedback methods need. ``format``
+    (``e4m3`` or ``e5m2``) applies to ``fp8``; ``exp_bits`` (2..8), ``man_bits`` (0..23) and
+    ``scaling`` (only ``none`` so far) to ``float``. ``fp32`` is lossless for float32 models;
     ``raw`` keeps any dtype exactly.
     """
 
@@ -297,6 +347,10 @@ class CompressionConfig:
     ratio: float = 0.01
     chunk: int = 0
     scaled: bool = False
+    format: str = "e4m3"
+    exp_bits: int = 4
+    man_bits: int = 3
+    scaling: str = "none"
 
     def __post_init__(self) -> None:
         """Validate names and ranges."""
@@ -309,6 +363,20 @@ class CompressionConfig:
         _require(self.bits in (2, 4, 8), "compression.bits", self.bits, "must be 2, 4 or 8")
         _require(0 < self.ratio <= 1, "compression.ratio", self.ratio, "must be in (0, 1]")
         _int_range("compression.chunk", self.chunk, 0, MAX_CHUNK)
+        _require(
+            self.format in ("e4m3", "e5m2"),
+            "compression.format",
+            self.format,
+            "must be e4m3 or e5m2",
+        )
+        _int_range("compression.exp_bits", self.exp_bits, 2, 8)
+        _int_range("compression.man_bits", self.man_bits, 0, 23)
+        _require(
+            self.scaling == "none",
+            "compression.scaling",
+            self.scaling,
+            "must be 'none' ('aps' needs per-layer segments, not built yet)",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

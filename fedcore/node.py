@@ -76,12 +76,39 @@ def _retrieve(task: asyncio.Task[None]) -> None:
 logger = logging.getLogger(__name__)
 
 
-def lr_at(lr: float, schedule: str, round: int) -> float:
-    """Step size of ``round``: constant, or ``lr / sqrt(round + 1)`` for ``"sqrt"``."""
+def lr_at(
+    lr: float,
+    schedule: str,
+    round: int,
+    *,
+    rounds: int = 0,
+    warmup: int = 0,
+    power: float = 1.0,
+) -> float:
+    """Step size of ``round`` (0-based) of a run of ``rounds``.
+
+    The first ``warmup`` rounds rise linearly to ``lr`` (``lr (t + 1) / warmup``); then,
+    over the ``rounds - warmup`` rounds after it (``s`` of ``S``): ``constant``, ``sqrt``
+    (``lr / sqrt(s + 1)``), ``cosine`` (``lr (1 + cos(pi s / S)) / 2``) or ``poly``
+    (``lr (1 - s / S) ** power``). ``cosine`` and ``poly`` need ``rounds``.
+    """
+    if round < warmup:
+        return lr * (round + 1) / warmup
+    s = round - warmup
     if schedule == "constant":
         return lr
     if schedule == "sqrt":
-        return lr / math.sqrt(round + 1)
+        return lr / math.sqrt(s + 1)
+    if schedule in ("cosine", "poly"):
+        span = rounds - warmup
+        if span <= 0:
+            raise ConfigError(
+                f"algorithm.lr_schedule {schedule!r} needs the run's rounds beyond the warm-up."
+            )
+        left = max(0.0, 1.0 - s / span)
+        if schedule == "cosine":
+            return lr * (1.0 + math.cos(math.pi * (1.0 - left))) / 2.0
+        return float(lr * left**power)
     raise ConfigError(f"unknown algorithm.lr_schedule {schedule!r}; use one of {LR_SCHEDULES}.")
 
 
@@ -92,7 +119,11 @@ class NodeOptions:
     Attributes:
         run_id: Fingerprint of the run, stamped on every message.
         lr: Base step size.
-        lr_schedule: ``"constant"`` or ``"sqrt"`` (``lr / sqrt(t + 1)``).
+        lr_schedule: ``"constant"``, ``"sqrt"``, ``"cosine"`` or ``"poly"`` (see
+            :func:`lr_at`), after ``warmup_rounds`` of linear warm-up.
+        rounds: The run's rounds (what ``cosine`` and ``poly`` decay over).
+        warmup_rounds: Rounds of linear warm-up.
+        lr_power: ``poly``'s power.
         mode: ``"strict"`` or ``"deadline"``.
         deadline_s: Per-phase wait in deadline mode.
         strict_timeout_s: Upper bound of a strict-mode wait before failing.
@@ -104,6 +135,9 @@ class NodeOptions:
     run_id: str
     lr: float
     lr_schedule: str = "constant"
+    rounds: int = 0
+    warmup_rounds: int = 0
+    lr_power: float = 1.0
     mode: str = "strict"
     deadline_s: float = 5.0
     strict_timeout_s: float = 300.0
@@ -113,7 +147,18 @@ class NodeOptions:
         """Reject unknown modes and schedules early."""
         if self.mode not in MODES:
             raise ConfigError(f"unknown transport.mode {self.mode!r}; use one of {MODES}.")
-        lr_at(self.lr, self.lr_schedule, 0)
+        self.lr_at(0)
+
+    def lr_at(self, t: int) -> float:
+        """The step size of round ``t`` (:func:`lr_at` with these options)."""
+        return lr_at(
+            self.lr,
+            self.lr_schedule,
+            t,
+            rounds=self.rounds,
+            warmup=self.warmup_rounds,
+            power=self.lr_power,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -293,7 +338,7 @@ class Node:
         return RoundContext(
             node=self.id,
             round=t,
-            lr=lr_at(self.options.lr, self.options.lr_schedule, t),
+            lr=self.options.lr_at(t),
             self_weight=weights[0],
             out_weights=weights[1],
             in_weights=weights[2],

@@ -192,7 +192,7 @@ def test_bool_rejected_for_int_through_override() -> None:
         "topology.p=1.5",
         "algorithm.lr=-0.1",
         "algorithm.lr=nan",
-        "algorithm.lr_schedule=cosine",
+        "algorithm.lr_schedule=step",
         "data.partition=nope",
         "data.alpha=0",
         "data.batch_size=0",

@@ -4,7 +4,8 @@ A codec has ``encode(tensor) -> EncodedTensor`` and ``decode(EncodedTensor) -> t
 Decoding bytes that do not match their header raises
 :class:`~fedcore.errors.CompressionError`, never a crash or a wrong tensor. ``raw`` is the
 lossless default of the node; ``fp32``, ``fp16``, ``bf16``, ``qsgd``, ``sign``, ``topk``
-and ``randk`` are the packed lossy codecs (see :mod:`fedcore.compression.codecs`).
+and ``randk`` are the packed lossy codecs (see :mod:`fedcore.compression.codecs`), and
+``fp8``, ``float`` and ``s2fp8`` the low-precision floats (:mod:`fedcore.compression.floats`).
 """
 
 from __future__ import annotations
@@ -19,19 +20,30 @@ from fedcore.compression.codecs import (
     TopKCodec,
     topk_indices,
 )
-from fedcore.compression.registry import CODEC_NAMES, CODECS, get_codec, make_codec
+from fedcore.compression.floats import CustomFloatCodec, FP8Codec, S2FP8Codec
+from fedcore.compression.registry import (
+    CODEC_NAMES,
+    CODECS,
+    configured_codec,
+    get_codec,
+    make_codec,
+)
 
 __all__ = [
     "CODECS",
     "CODEC_NAMES",
     "CastCodec",
     "Codec",
+    "CustomFloatCodec",
+    "FP8Codec",
     "QSGDCodec",
     "RandKCodec",
     "RawCodec",
     "RowCodec",
+    "S2FP8Codec",
     "SignCodec",
     "TopKCodec",
+    "configured_codec",
     "get_codec",
     "make_codec",
     "make_row_codec",

@@ -22,6 +22,9 @@ topk       one ``torch.topk`` along the rows; rows of ``n >= 4 * 65536`` values 
            :func:`~fedcore.compression.topk_indices` row by row, as the codec does
 randk      a loop over rows for the seeds and indices (each row's indices come from a
            seed drawn from its owner's generator); gather and scatter batched
+fp8,       a loop over rows: the codec's own ``decode(encode(row))`` on the CPU (they
+float,     are deterministic, so no owner matters); exact by construction, not fast
+s2fp8
 =========  ==========================================================================
 
 Exactness. Element-wise steps are written as separate float32 operations with tensor
@@ -61,6 +64,7 @@ from fedcore.compression.codecs import (
     _keep,
     topk_indices,
 )
+from fedcore.compression.floats import CustomFloatCodec, FP8Codec, S2FP8Codec
 from fedcore.compression.registry import CODEC_NAMES
 from fedcore.errors import CompressionError
 
@@ -413,6 +417,22 @@ class _RandKRows(_StochasticRows):
         return self._codec.wire_bytes(n) + 16  # parameters: k, seed
 
 
+class _LoopRows(RowCodec):
+    """A deterministic codec row by row: its own round trip on the CPU, bit for bit."""
+
+    def __init__(self, codec: FP8Codec | CustomFloatCodec | S2FP8Codec) -> None:
+        self.name = codec.name
+        self._codec = codec
+
+    def _roundtrip(self, x: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
+        rows = x.to(_CPU)
+        out = torch.stack([self._codec.decode(self._codec.encode(row)) for row in rows])
+        return out.to(x.device)
+
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
+        return self._codec.nbytes(n)
+
+
 def make_row_codec(
     name: str,
     *,
@@ -420,13 +440,18 @@ def make_row_codec(
     ratio: float = 0.01,
     chunk: int = 0,
     scaled: bool = False,
+    format: str = "e4m3",
+    exp_bits: int = 4,
+    man_bits: int = 3,
+    scaling: str = "none",
     seeds: Sequence[int] = (),
 ) -> RowCodec:
     """The batched codec for ``name`` with ``make_codec``'s options.
 
     Args:
         name: One of ``CODEC_NAMES``.
-        bits, ratio, chunk, scaled: As for :func:`~fedcore.compression.make_codec`.
+        bits, ratio, chunk, scaled, format, exp_bits, man_bits, scaling: As for
+            :func:`~fedcore.compression.make_codec`.
         seeds: ``seeds[i]`` is node ``i``'s codec seed (in a run:
             ``run_seed * 1_000_003 + i + 7919``); used by ``qsgd`` and ``randk`` only.
 
@@ -445,6 +470,12 @@ def make_row_codec(
         return _TopKRows(ratio)
     if name == "randk":
         return _RandKRows(ratio, seeds)
+    if name == "fp8":
+        return _LoopRows(FP8Codec(format, chunk=chunk))
+    if name == "float":
+        return _LoopRows(CustomFloatCodec(exp_bits, man_bits, scaling=scaling))
+    if name == "s2fp8":
+        return _LoopRows(S2FP8Codec())
     raise CompressionError(
         f"unknown codec {name!r}; use one of {', '.join(CODEC_NAMES)} (compression.codec)."
     )

@@ -11,10 +11,12 @@ import torch
 
 from fedcore.compression.base import Codec, RawCodec
 from fedcore.compression.codecs import CastCodec, QSGDCodec, RandKCodec, SignCodec, TopKCodec
+from fedcore.compression.floats import CustomFloatCodec, FP8Codec, S2FP8Codec
 from fedcore.config import CODECS as CODECS_IN_CONFIG
+from fedcore.config import CompressionConfig
 from fedcore.errors import CompressionError
 
-__all__ = ["CODECS", "CODEC_NAMES", "get_codec", "make_codec"]
+__all__ = ["CODECS", "CODEC_NAMES", "configured_codec", "get_codec", "make_codec"]
 
 CODEC_NAMES = CODECS_IN_CONFIG
 """The codecs a config may name (``compression.codec``)."""
@@ -28,6 +30,9 @@ CODECS: dict[str, Codec] = {
     "sign": SignCodec(),
     "topk": TopKCodec(),
     "randk": RandKCodec(),
+    "fp8": FP8Codec(),
+    "float": CustomFloatCodec(),
+    "s2fp8": S2FP8Codec(),
 }
 
 
@@ -52,9 +57,16 @@ def make_codec(
     ratio: float = 0.01,
     chunk: int = 0,
     scaled: bool = False,
+    format: str = "e4m3",
+    exp_bits: int = 4,
+    man_bits: int = 3,
+    scaling: str = "none",
     seed: int = 0,
 ) -> Codec:
     """An encoder: ``name`` with its options; ``seed`` seeds the stochastic ones.
+
+    ``format`` (``"e4m3"`` or ``"e5m2"``) and ``chunk`` apply to ``fp8``; ``exp_bits``,
+    ``man_bits`` and ``scaling`` to ``float``; ``s2fp8`` takes none.
 
     Raises:
         CompressionError: an unknown name or an invalid option (naming both).
@@ -70,8 +82,31 @@ def make_codec(
         return TopKCodec(ratio)
     if name == "randk":
         return RandKCodec(ratio, generator=generator)
+    if name == "fp8":
+        return FP8Codec(format, chunk=chunk)
+    if name == "float":
+        return CustomFloatCodec(exp_bits, man_bits, scaling=scaling)
+    if name == "s2fp8":
+        return S2FP8Codec()
     if name == "raw":
         return RawCodec()
     raise CompressionError(
         f"unknown codec {name!r}; use one of {', '.join(CODEC_NAMES)} (compression.codec)."
+    )
+
+
+def configured_codec(compression: CompressionConfig, *, seed: int) -> Codec:
+    """The encoder a ``[compression]`` table names, every option passed (``seed`` as above)."""
+    c = compression
+    return make_codec(
+        c.codec,
+        bits=c.bits,
+        ratio=c.ratio,
+        chunk=c.chunk,
+        scaled=c.scaled,
+        format=c.format,
+        exp_bits=c.exp_bits,
+        man_bits=c.man_bits,
+        scaling=c.scaling,
+        seed=seed,
     )

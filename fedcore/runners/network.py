@@ -20,8 +20,8 @@ import torch
 
 from fedcore import topology
 from fedcore.algorithms import Algorithm, make_algorithm
-from fedcore.compression import make_codec
-from fedcore.config import Config, TopologyConfig, fingerprint
+from fedcore.compression import configured_codec
+from fedcore.config import Config, TopologyConfig, effective_lr, fingerprint
 from fedcore.data import (
     BatchStream,
     Dataset,
@@ -417,13 +417,8 @@ class RunSetup:
             transport=transport,
             options=self.options,
             params=self.start,
-            codec=make_codec(
-                self.config.compression.codec,
-                bits=self.config.compression.bits,
-                ratio=self.config.compression.ratio,
-                chunk=self.config.compression.chunk,
-                scaled=self.config.compression.scaled,
-                seed=self.config.run.seed * 1_000_003 + i + 7919,
+            codec=configured_codec(
+                self.config.compression, seed=self.config.run.seed * 1_000_003 + i + 7919
             ),
             observer=observer,
             decode_cache=decode_cache,
@@ -585,10 +580,14 @@ def prepare_run(
         laps.done("fingerprinted the run over %d edges", len(weighted))
     finally:
         announcer.stop()
+    lr, warmup = effective_lr(config.algorithm, config.data.batch_size)
     options = NodeOptions(
         run_id=run_id,
-        lr=config.algorithm.lr,
+        lr=lr,
         lr_schedule=config.algorithm.lr_schedule,
+        rounds=config.run.rounds,
+        warmup_rounds=warmup,
+        lr_power=config.algorithm.lr_power,
         mode=config.transport.mode,
         deadline_s=config.transport.deadline_s,
         strict_timeout_s=config.transport.strict_timeout_s,

@@ -887,6 +887,14 @@ def make_summary(
         "rounds": rounds,
         "wall_seconds": wall_seconds,
         "run_id": setup.run_id,
+        # The step size as used: after algorithm.lr_scaling for the batch size.
+        "step_size": {
+            "lr": setup.options.lr,
+            "schedule": setup.options.lr_schedule,
+            "warmup_rounds": setup.options.warmup_rounds,
+            "lr_power": setup.options.lr_power,
+            "lr_scaling": config.algorithm.lr_scaling,
+        },
         "topology": {
             "name": setup.trust.name,
             "communication_graph": graph.name,

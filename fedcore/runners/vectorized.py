@@ -52,7 +52,7 @@ from fedcore.config import AUTO_RECORDS_NODES, Config
 from fedcore.errors import CompressionError, ConfigError, DataError
 from fedcore.metrics import JsonlWriter
 from fedcore.models import physical_memory
-from fedcore.node import RoundRecord, lr_at
+from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runners import checkpoint
 from fedcore.runners.network import RunSetup
@@ -111,6 +111,10 @@ def _row_codec(setup: RunSetup) -> RowCodec:
         ratio=c.ratio,
         chunk=c.chunk,
         scaled=c.scaled,
+        format=c.format,
+        exp_bits=c.exp_bits,
+        man_bits=c.man_bits,
+        scaling=c.scaling,
         seeds=[seed * 1_000_003 + i + 7919 for i in range(n)],  # as RunSetup.make_node
     )
 
@@ -268,7 +272,6 @@ class VectorizedNetwork:
     def run_round(self) -> RoundFigures:
         """Run round ``self.round`` for every node; return what it did."""
         t = self.round
-        config = self.setup.config
         up_np = self.up(t)
         up = torch.from_numpy(up_np).to(self.device)
         slot = t % len(self.graphs)
@@ -300,7 +303,7 @@ class VectorizedNetwork:
             arrived.append(ok)
         ctx = BatchRound(
             round=t,
-            lr=lr_at(config.algorithm.lr, config.algorithm.lr_schedule, t),
+            lr=self.setup.options.lr_at(t),
             graph=graph,
             up=up,
             arrived=arrived,
@@ -547,7 +550,6 @@ class Flusher:
         obs = self.observer
         nodes = self.net.nodes
         stacked = {key: torch.stack([getattr(f, key) for f in pending]).cpu() for key in _COLUMNS}
-        config = self.net.setup.config
         now = time.perf_counter()
         wall = (now - self.began) / len(pending)
         self.began = now
@@ -560,7 +562,7 @@ class Flusher:
             if self.writer is not None and (
                 self.records == "all" or (self.records == "eval" and obs.is_eval_round(t))
             ):
-                lr = lr_at(config.algorithm.lr, config.algorithm.lr_schedule, t)
+                lr = self.net.setup.options.lr_at(t)
                 lists = _fault_lists(f, up, nodes)
                 for i, node in enumerate(nodes):
                     record = _node_record(node, t, i, lr, wall, stacked, k)

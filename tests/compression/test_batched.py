@@ -44,6 +44,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "randk-0.1": {"ratio": 0.1},  # 4k <= n: the unique-draws path
     "randk-0.4": {"ratio": 0.4},  # 4k > n: randperm
     "randk-1": {"ratio": 1.0},
+    "fp8": {},
+    "fp8-e5m2-chunked": {"format": "e5m2", "chunk": 5},
+    "float-e4m3": {"exp_bits": 4, "man_bits": 3},
+    "float-e2m0": {"exp_bits": 2, "man_bits": 0},
+    "s2fp8": {},
 }
 
 

@@ -40,6 +40,12 @@ SETTINGS = {
     "sign-chunked": {"chunk": 7},
     "topk": {"ratio": 0.1},
     "randk": {"ratio": 0.1},
+    "fp8": {},
+    "fp8-e5m2-chunked": {"format": "e5m2", "chunk": 6},
+    "float": {"exp_bits": 4, "man_bits": 3},
+    "float-e3m0": {"exp_bits": 3, "man_bits": 0},
+    "float-e8m23": {"exp_bits": 8, "man_bits": 23},
+    "s2fp8": {},
 }
 
 
@@ -248,7 +254,10 @@ def test_registry_errors_name_the_codec() -> None:
         make_codec("qsgd", bits=3)
     with pytest.raises(CompressionError, match="ratio"):
         make_codec("topk", ratio=0.0)
-    assert set(CODEC_NAMES) == {"fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "raw"}
+    assert set(CODEC_NAMES) == {
+        *("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "raw"),
+        *("fp8", "float", "s2fp8"),
+    }
     assert set(CODEC_NAMES) <= set(CODECS)
     assert isinstance(get_codec("fp16"), CastCodec)
 

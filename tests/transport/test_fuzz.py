@@ -43,6 +43,9 @@ CODECS = [
     ("sign", {"chunk": 5}),
     ("topk", {"ratio": 0.1}),
     ("randk", {"ratio": 0.1}),
+    ("fp8", {"chunk": 4}),
+    ("float", {"exp_bits": 3, "man_bits": 2}),
+    ("s2fp8", {}),
 ]
 
 
@@ -163,7 +166,9 @@ def test_ten_thousand_mutated_streams() -> None:
         st.floats(allow_nan=True, allow_infinity=True),
         max_size=4,
     ),
-    codec=st.sampled_from(["raw", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "bogus"]),
+    codec=st.sampled_from(
+        ["raw", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "fp8", "float", "s2fp8", "bogus"]
+    ),
     data=st.binary(max_size=256),
 )
 @settings(max_examples=200, deadline=None)
