@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -49,6 +50,7 @@ __all__ = [
     "static_regret",
     "strict_json",
     "to_json_text",
+    "write_text_atomic",
 ]
 
 
@@ -169,6 +171,14 @@ def to_json_text(value: Any, *, indent: int | None = None) -> str:
     """``value`` as strict JSON text (see :func:`strict_json`); never writes ``NaN``."""
     separators = (",", ":") if indent is None else None
     return json.dumps(strict_json(value), indent=indent, separators=separators, allow_nan=False)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a reader (or a
+    kill mid-write) sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 class JsonlWriter:

@@ -25,6 +25,7 @@ from fedcore.errors import ConfigError, DataError, TopologyError
 from fedcore.runners import network
 from fedcore.runners.network import build_topology, estimated_edges, prepare_run
 from fedcore.topology import analysis, build, prepare, social, spectral_gap
+from fedcore.topology.generators import KINDS
 from fedcore.topology.weights import MAX_MIXING_PAIRS, check_mixing_size
 from tests.clitools import one_line_error
 
@@ -94,17 +95,7 @@ def test_a_run_clearly_over_memory_is_refused_before_the_graph(
 
 
 def test_estimated_edges_are_close_to_the_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
-    for kind in (
-        "ring",
-        "directed-ring",
-        "exponential",
-        "torus",
-        "complete",
-        "erdos-renyi",
-        "social",
-        "random-regular",
-        "one-peer-exponential",
-    ):
+    for kind in KINDS:
         for undirected in (False, True) if kind != "one-peer-exponential" else (False,):
             cfg = TopologyConfig(kind=kind, nodes=64, undirected=undirected)
             t = build_topology(cfg)

@@ -24,6 +24,8 @@ from fedcore.compression.floats import CustomFloatCodec, FP8Codec, S2FP8Codec
 from fedcore.compression.registry import (
     CODEC_NAMES,
     CODECS,
+    codec_options,
+    codec_seed,
     configured_codec,
     get_codec,
     make_codec,
@@ -43,6 +45,8 @@ __all__ = [
     "S2FP8Codec",
     "SignCodec",
     "TopKCodec",
+    "codec_options",
+    "codec_seed",
     "configured_codec",
     "get_codec",
     "make_codec",

@@ -453,7 +453,7 @@ def make_row_codec(
         bits, ratio, chunk, scaled, format, exp_bits, man_bits, scaling: As for
             :func:`~fedcore.compression.make_codec`.
         seeds: ``seeds[i]`` is node ``i``'s codec seed (in a run:
-            ``run_seed * 1_000_003 + i + 7919``); used by ``qsgd`` and ``randk`` only.
+            :func:`~fedcore.compression.codec_seed`); used by ``qsgd`` and ``randk`` only.
 
     Raises:
         CompressionError: an unknown name or an invalid option.

@@ -7,6 +7,8 @@ decodes any codec by name with :func:`get_codec`. Encoding is configured from th
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from fedcore.compression.base import Codec, RawCodec
@@ -16,7 +18,15 @@ from fedcore.config import CODECS as CODECS_IN_CONFIG
 from fedcore.config import CompressionConfig
 from fedcore.errors import CompressionError
 
-__all__ = ["CODECS", "CODEC_NAMES", "configured_codec", "get_codec", "make_codec"]
+__all__ = [
+    "CODECS",
+    "CODEC_NAMES",
+    "codec_options",
+    "codec_seed",
+    "configured_codec",
+    "get_codec",
+    "make_codec",
+]
 
 CODEC_NAMES = CODECS_IN_CONFIG
 """The codecs a config may name (``compression.codec``)."""
@@ -95,18 +105,27 @@ def make_codec(
     )
 
 
+def codec_options(compression: CompressionConfig) -> dict[str, Any]:
+    """The codec options of a ``[compression]`` table, as :func:`make_codec` and
+    :func:`~fedcore.compression.batched.make_row_codec` take them (all but the name)."""
+    c = compression
+    return {
+        "bits": c.bits,
+        "ratio": c.ratio,
+        "chunk": c.chunk,
+        "scaled": c.scaled,
+        "format": c.format,
+        "exp_bits": c.exp_bits,
+        "man_bits": c.man_bits,
+        "scaling": c.scaling,
+    }
+
+
+def codec_seed(run_seed: int, node: int) -> int:
+    """The seed of the codec of the ``node``-th node (graph order) of a run."""
+    return run_seed * 1_000_003 + node + 7919
+
+
 def configured_codec(compression: CompressionConfig, *, seed: int) -> Codec:
     """The encoder a ``[compression]`` table names, every option passed (``seed`` as above)."""
-    c = compression
-    return make_codec(
-        c.codec,
-        bits=c.bits,
-        ratio=c.ratio,
-        chunk=c.chunk,
-        scaled=c.scaled,
-        format=c.format,
-        exp_bits=c.exp_bits,
-        man_bits=c.man_bits,
-        scaling=c.scaling,
-        seed=seed,
-    )
+    return make_codec(compression.codec, seed=seed, **codec_options(compression))

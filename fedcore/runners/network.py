@@ -20,7 +20,7 @@ import torch
 
 from fedcore import topology
 from fedcore.algorithms import Algorithm, make_algorithm
-from fedcore.compression import configured_codec
+from fedcore.compression import codec_seed, configured_codec
 from fedcore.config import Config, TopologyConfig, effective_lr, fingerprint
 from fedcore.data import (
     BatchStream,
@@ -418,7 +418,7 @@ class RunSetup:
             options=self.options,
             params=self.start,
             codec=configured_codec(
-                self.config.compression, seed=self.config.run.seed * 1_000_003 + i + 7919
+                self.config.compression, seed=codec_seed(self.config.run.seed, i)
             ),
             observer=observer,
             decode_cache=decode_cache,

@@ -35,6 +35,7 @@ from fedcore.metrics import (
     params_sha256,
     round_record,
     to_json_text,
+    write_text_atomic,
 )
 from fedcore.models import Objective
 from fedcore.node import Node, RoundRecord
@@ -593,6 +594,7 @@ def _execute(
         out,
     )
     args = (setup, built, observer, out, name, overrides)
+    final: dict[str, torch.Tensor] | None = None  # a finished vectorized run's parameters
     try:
         if network is not None:
             if saved is not None:
@@ -602,7 +604,7 @@ def _execute(
             asyncio.run(_run_messages(network, rounds, config.run.checkpoint_every, save))
         else:
             assert vectorized is not None
-            run_vectorized(vectorized, observer, writer, progress, save=save, saved=saved)
+            final = run_vectorized(vectorized, observer, writer, progress, save=save, saved=saved)
     except KeyboardInterrupt as stop:
         writer.close()
         try:
@@ -631,7 +633,8 @@ def _execute(
         raise
     writer.close()
     try:  # regret, spectral gap, summary, picture: seconds on a large run
-        return _finish(*args, wall_before + time.perf_counter() - began, "completed", None)
+        wall = wall_before + time.perf_counter() - began
+        return _finish(*args, wall, "completed", None, final=final)
     except KeyboardInterrupt:
         with contextlib.suppress(Exception):
             _finish(*args, wall_before + time.perf_counter() - began, "interrupted", None)
@@ -651,7 +654,11 @@ def _finish(
     wall: float,
     status: str,
     error: str | None,
+    *,
+    final: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
+    """Write the summary of a run in any ``status``; ``final`` (every node's parameters)
+    is read from ``built`` where not given."""
     # The same keys on both engines: the message engine runs one module per node on the CPU.
     extra: dict[str, Any] = {
         "engine": "messages",
@@ -662,8 +669,9 @@ def _finish(
     if isinstance(built, VectorizedNetwork):
         extra.update(engine="vectorized", device=str(built.device))
         extra["gradients"] = built.objective.mode
-        final = _vectorized_final(built, observer)
-    else:
+        if final is None:
+            final = _vectorized_final(built, observer)
+    elif final is None:
         final = {nid: node.model() for nid, node in built.nodes.items()}
     summary = finish_run(
         setup,
@@ -826,9 +834,7 @@ def add_regret(setup: RunSetup, observer: RunObserver, out: Path) -> list[dict[s
 
 def write_results(out: Path, summary: dict[str, Any]) -> None:
     """Write ``summary.json`` and draw ``curves.png`` into a finished run's folder."""
-    tmp = out / "summary.json.tmp"  # a kill while writing leaves the previous summary whole
-    tmp.write_text(to_json_text(summary, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(out / "summary.json")
+    write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
     if not summary["final"]:
         return  # no evaluation yet: nothing to draw
     try:

@@ -27,7 +27,6 @@ import io
 import logging
 import math
 import multiprocessing
-import os
 import re
 import signal
 import sys
@@ -43,7 +42,7 @@ from typing import Any, TextIO
 from fedcore.config import Config, load_config, parse_override
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import child_path, clip, first_line
-from fedcore.metrics import to_json_text
+from fedcore.metrics import to_json_text, write_text_atomic
 from fedcore.runners.simulate import RUN_FILES, open_run_dir, simulate
 
 __all__ = [
@@ -440,18 +439,12 @@ def _csv_text(record: Mapping[str, Any]) -> str:
     return buffer.getvalue()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _write(group: _Group, *, status: str, jobs: int) -> dict[str, Any]:
     """Write sweep.json and results.csv of ``group``; return the record, with its
     ``out_dir``."""
     record = _record(group, status=status, jobs=jobs)
-    _write_atomic(group.folder / SWEEP_FILE, to_json_text(record, indent=2) + "\n")
-    _write_atomic(group.folder / RESULTS_CSV, _csv_text(record))
+    write_text_atomic(group.folder / SWEEP_FILE, to_json_text(record, indent=2) + "\n")
+    write_text_atomic(group.folder / RESULTS_CSV, _csv_text(record))
     return {**record, "out_dir": str(group.folder)}
 
 

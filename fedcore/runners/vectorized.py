@@ -47,6 +47,7 @@ from fedcore.algorithms.batched import (
 from fedcore.algorithms.batched import (
     unsupported as algorithm_unsupported,
 )
+from fedcore.compression import codec_options, codec_seed
 from fedcore.compression.batched import RowCodec, make_row_codec
 from fedcore.config import AUTO_RECORDS_NODES, Config
 from fedcore.errors import CompressionError, ConfigError, DataError
@@ -103,19 +104,11 @@ def unsupported(setup: RunSetup) -> str | None:
 
 def _row_codec(setup: RunSetup) -> RowCodec:
     c = setup.config.compression
-    n = len(setup.graph.nodes)
     seed = setup.config.run.seed
     return make_row_codec(
         c.codec,
-        bits=c.bits,
-        ratio=c.ratio,
-        chunk=c.chunk,
-        scaled=c.scaled,
-        format=c.format,
-        exp_bits=c.exp_bits,
-        man_bits=c.man_bits,
-        scaling=c.scaling,
-        seeds=[seed * 1_000_003 + i + 7919 for i in range(n)],  # as RunSetup.make_node
+        seeds=[codec_seed(seed, i) for i in range(len(setup.graph.nodes))],
+        **codec_options(c),
     )
 
 
