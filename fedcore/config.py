@@ -1,12 +1,13 @@
 """Experiment configuration: TOML into frozen, validated dataclasses.
 
-A config file has nine tables; every key is optional and defaults to the built-in run
+A config file has ten tables; every key is optional and defaults to the built-in run
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
 
     [run]        name, seed, rounds, eval_every, regret, checkpoint_every
     [topology]   kind, nodes, seed, file, p, rows, cols, degree, undirected  (file wins)
     [algorithm]  name, lr, lr_schedule, warmup_rounds, lr_power, lr_scaling,
                  base_batch_size, and the algorithm's own options
+    [optimizer]  name, momentum, nesterov, betas, eps, weight_decay, eta, trust_clip
     [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction,
                  order, stream, features, adversarial, noise, drift
     [model]      name, hidden, dtype
@@ -55,6 +56,7 @@ __all__ = [
     "LR_SCHEDULES",
     "MODES",
     "NODE_RECORDS",
+    "OPTIMIZER_NAMES",
     "ORDERS",
     "PARTITIONS",
     "PATH_KEYS",
@@ -65,6 +67,7 @@ __all__ = [
     "DataConfig",
     "FaultsConfig",
     "ModelConfig",
+    "OptimizerConfig",
     "RunConfig",
     "SimulateConfig",
     "TopologyConfig",
@@ -89,6 +92,8 @@ LR_SCHEDULES = ("constant", "sqrt", "cosine", "poly")
 """Step-size schedules (``algorithm.lr_schedule``)."""
 LR_SCALINGS = ("none", "linear", "sqrt")
 """How ``algorithm.lr`` scales with the batch size (``algorithm.lr_scaling``)."""
+OPTIMIZER_NAMES = ("sgd", "momentum", "adam", "adamw", "lars", "lamb")
+"""Node optimizers (``optimizer.name``; :data:`fedcore.algorithms.optim.OPTIMIZERS`)."""
 TRANSPORTS = ("inproc", "grpc")
 """Transports (``transport.kind``)."""
 ENGINES = ("auto", "vectorized", "messages")
@@ -255,6 +260,77 @@ def effective_lr(algorithm: AlgorithmConfig, batch_size: int) -> tuple[float, in
     if algorithm.lr_scaling == "linear":
         return algorithm.lr * k, max(0, round(algorithm.warmup_rounds / k))
     return algorithm.lr * math.sqrt(k), algorithm.warmup_rounds
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimizerConfig:
+    """``[optimizer]``: the rule that turns a node's gradient into its step.
+
+    ``name`` is one of ``OPTIMIZER_NAMES`` (:mod:`fedcore.algorithms.optim` has the update
+    rules); ``sgd`` with no ``weight_decay`` is the plain ``lr * g`` step of every algorithm,
+    bit for bit. Each optimizer takes only its own keys: ``momentum`` (``momentum``,
+    ``lars``), ``nesterov`` (``momentum``), ``betas`` and ``eps`` (``adam``, ``adamw``,
+    ``lamb``), ``eta`` (``lars``'s trust coefficient), ``trust_clip`` (``lamb``'s bound on
+    the weight norm, 0 for none), ``weight_decay`` (all). Setting a key an optimizer does
+    not take to anything but its default is refused.
+    """
+
+    name: str = "sgd"
+    momentum: float = 0.9
+    nesterov: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    eta: float = 0.001
+    trust_clip: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Validate names and ranges."""
+        _require(
+            self.name in OPTIMIZER_NAMES,
+            "optimizer.name",
+            self.name,
+            f"must be one of {', '.join(OPTIMIZER_NAMES)}",
+        )
+        betas = self.betas
+        ok = (
+            isinstance(betas, list | tuple)
+            and len(betas) == 2
+            and all(isinstance(b, int | float) and not isinstance(b, bool) for b in betas)
+            and all(0 <= b < 1 for b in betas)
+        )
+        _require(ok, "optimizer.betas", betas, "must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        for key in ("momentum", "eps", "weight_decay", "eta", "trust_clip"):
+            value = getattr(self, key)
+            _require(math.isfinite(value) and value >= 0, f"optimizer.{key}", value, "must be >= 0")
+        _require(self.momentum < 1, "optimizer.momentum", self.momentum, "must be below 1")
+
+    def options(self) -> dict[str, Any]:
+        """The keyword options of :func:`~fedcore.algorithms.optim.make_optimizer`: every
+        key this optimizer takes, and any other key set away from its default (which
+        ``make_optimizer`` then refuses, naming it)."""
+        takes = _OPTIMIZER_KEYS[self.name]
+        defaults = OptimizerConfig()
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "name":
+                continue
+            value = getattr(self, f.name)
+            if f.name in takes or value != getattr(defaults, f.name):
+                out[f.name] = value
+        return out
+
+
+_OPTIMIZER_KEYS: dict[str, tuple[str, ...]] = {
+    "sgd": ("weight_decay",),
+    "momentum": ("momentum", "nesterov", "weight_decay"),
+    "adam": ("betas", "eps", "weight_decay"),
+    "adamw": ("betas", "eps", "weight_decay"),
+    "lars": ("eta", "momentum", "weight_decay"),
+    "lamb": ("betas", "eps", "weight_decay", "trust_clip"),
+}
+"""The ``[optimizer]`` keys each optimizer takes (its factory's keywords)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -661,6 +737,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
@@ -683,6 +760,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "run": RunConfig,
     "topology": TopologyConfig,
     "algorithm": AlgorithmConfig,
+    "optimizer": OptimizerConfig,
     "data": DataConfig,
     "model": ModelConfig,
     "compression": CompressionConfig,

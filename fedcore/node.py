@@ -34,6 +34,7 @@ run; one for a round already collected is late (counted, dropped).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -44,6 +45,7 @@ from typing import Any
 import torch
 
 from fedcore.algorithms.base import Algorithm, Outbox, RoundContext
+from fedcore.algorithms.optim import Optimizer
 from fedcore.compression import Codec, RawCodec, get_codec
 from fedcore.config import LR_SCHEDULES, MODES
 from fedcore.errors import (
@@ -275,6 +277,9 @@ class Node:
         options: Run id, step size, waiting mode.
         params: Initial flat parameters (default: the objective's initial ones).
         codec: Codec for outgoing tensors (incoming ones name their own).
+        optimizer: The node optimizer (:mod:`fedcore.algorithms.optim`): the algorithm
+            steps by its direction ``u`` where it stepped by ``lr * g`` (its step gets
+            ``u`` as the gradient and a step size of 1). ``None``: plain SGD.
         observer: Called with ``(node, record)`` after every round.
         decode_cache: Shared by the nodes of one process to decode each payload once.
     """
@@ -291,6 +296,7 @@ class Node:
         options: NodeOptions,
         params: torch.Tensor | None = None,
         codec: Codec | None = None,
+        optimizer: Optimizer | None = None,
         observer: Callable[[Node, RoundRecord], None] | None = None,
         decode_cache: DecodeCache | None = None,
     ) -> None:
@@ -307,6 +313,8 @@ class Node:
         self.decode_cache = decode_cache
         start = objective.initial_params() if params is None else params
         self.state: Any = algorithm.init(start)
+        self.optimizer = optimizer
+        self.opt_state: Any = optimizer.init(algorithm.model(self.state)) if optimizer else None
         # Every tensor a peer sends must look like our parameters.
         self._shape = tuple(start.shape)
         self._dtype = start.dtype
@@ -372,8 +380,13 @@ class Node:
             return self._skip_round(t, ctx.lr, began)
         x, y = self.stream.next_batch()
         self.batches_read += 1
-        loss, grad = self.objective.loss_and_grad(self.algorithm.model(self.state), x, y)
-        self.state, outbox = self.algorithm.step(self.state, grad, ctx)
+        params = self.algorithm.model(self.state)
+        loss, grad = self.objective.loss_and_grad(params, x, y)
+        step_ctx = ctx
+        if self.optimizer is not None:
+            grad, self.opt_state = self.optimizer.update(grad, self.opt_state, params, ctx.lr)
+            step_ctx = dataclasses.replace(ctx, lr=1.0)
+        self.state, outbox = self.algorithm.step(self.state, grad, step_ctx)
         missing: list[str] = []
         dropped_in: list[str] = []
         rejected = [0]

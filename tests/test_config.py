@@ -330,6 +330,7 @@ def test_config_to_dict_flattens_options_into_their_table() -> None:
         "run",
         "topology",
         "algorithm",
+        "optimizer",
         "data",
         "model",
         "compression",

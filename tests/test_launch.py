@@ -32,8 +32,17 @@ REPO = Path(__file__).resolve().parents[1]
             "data.stream=synthetic",
             "run.regret=true",
         ],
+        [
+            "algorithm.name=ops",
+            "topology.kind=social",
+            "topology.nodes=4",
+            "model.name=mlp",
+            "optimizer.name=lamb",
+            "optimizer.weight_decay=0.01",
+            "algorithm.lr=0.01",
+        ],
     ],
-    ids=["ops-directed", "dpsgd-undirected", "dog-online-regret"],
+    ids=["ops-directed", "dpsgd-undirected", "dog-online-regret", "ops-lamb"],
 )
 def test_launch_matches_simulate_bit_for_bit(tmp_path: Path, overrides: list[str]) -> None:
     """Transport transparency: identical parameters on every node, strict mode, no faults."""

@@ -89,14 +89,20 @@ def test_run_name_keeps_the_files_name_and_adds_overrides() -> None:
     assert run_name(config, setup, ["simulate.device=cpu"]) == "online-ops"
 
 
-@pytest.mark.parametrize("engine", ["vectorized", "messages"])
+@pytest.mark.parametrize(
+    ("engine", "optimizer"),
+    [("vectorized", "sgd"), ("messages", "sgd"), ("vectorized", "adam"), ("messages", "lars")],
+)
 def test_interrupted_run_resumes_bit_identical(
     engine: str,
+    optimizer: str,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    args = [*SMALL, "--engine", engine, "-q"]
+    """Stopped by SIGINT after its 2nd checkpoint and resumed, a run ends as the run that
+    never stopped did: parameters, figures and every record (the optimizer's state too)."""
+    args = [*SMALL, "--engine", engine, "-q", "--set", f"optimizer.name={optimizer}"]
     assert cli(capsys, "simulate", *args, "--out", str(tmp_path / "whole"))[0] == 0
     _interrupt_after_checkpoints(monkeypatch, 2)
     stopped = tmp_path / "stopped"

@@ -62,7 +62,11 @@ class RoundContext:
     Attributes:
         node: This node's id.
         round: Round index, from 0.
-        lr: Step size of this round (after any schedule).
+        lr: Step size of this round (after any schedule). An algorithm uses it only as the
+            factor of ``grad`` in its local step (``lr * grad``): with a node optimizer
+            (:mod:`fedcore.algorithms.optim`) the node passes the optimizer's direction
+            ``u`` as ``grad`` and 1.0 here, so every algorithm steps by ``u`` where it
+            stepped by ``lr * g``.
         self_weight: Mixing weight of the self-loop.
         out_weights: Out-neighbour -> share of this node's value it receives.
         in_weights: In-neighbour -> share of that neighbour's value this node receives.

@@ -177,7 +177,9 @@ class BatchRound:
 
     Attributes:
         round: Round index.
-        lr: Step size of the round (after the schedule).
+        lr: Step size of the round (after the schedule): only the factor of ``grad`` in
+            the local step; with a node optimizer the engine passes its direction ``u`` as
+            ``grad`` and 1.0 here, as a :class:`~fedcore.node.Node` does.
         graph: The round's communication graph.
         up: ``[N]`` bool, the nodes that run this round (the others are crashed).
         arrived: Per phase, ``[M]`` bool over :meth:`BatchedAlgorithm.messages` of that

@@ -27,6 +27,10 @@ copies ``xhat`` that every neighbour keeps identically::
 
 CHOCO assumes every message arrives: a lost ``q_j`` leaves this node's copy of ``xhat_j``
 behind for good (the replicas diverge), so use it in strict mode.
+
+With a node optimizer (``[optimizer]``), its direction ``u``, from the gradient at ``x``,
+replaces ``lr * g`` in ``x_half``; what is compressed and sent is unchanged (the model,
+or its difference to the public copy), and so are both invariants.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ the node's own pre-mix model, and the mix uses the neighbours' pre-step models::
 Because W is doubly stochastic, the mean moves exactly by the mean gradient step
 (invariant I-DOG-1). A missing neighbour (deadline mode) is replaced by the node's own
 value: its weight moves to the self weight, which keeps the row a convex combination.
+
+With a node optimizer (``[optimizer]``), its direction ``u_i``, computed from the gradient
+at ``x_i``, replaces ``lr * g``: the mean then moves exactly by the mean of the ``u_i``.
 """
 
 from __future__ import annotations

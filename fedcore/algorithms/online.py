@@ -25,6 +25,10 @@ the order of the two halves of a round (reference/algorithms.md section 7, pitfa
 DOG combines, then adapts with the gradient taken at the node's own *pre-mix* model; DOL
 adapts, then combines the post-step models. Their means move identically (by ``-lr``
 times the mean gradient); their iterates do not.
+
+With a node optimizer (``[optimizer]``), its direction ``u_i``, from the gradient at the
+point the node predicts with, replaces ``lr * g`` in both (for DOL on the numerator, as in
+OPS); the means then move by the mean of the ``u_i``.
 """
 
 from __future__ import annotations

@@ -106,6 +106,13 @@ from 1 (a directed, non-regular graph) that is the Perron-weighted objective, no
 average of the ``f_i``: on a quadratic over ``social:8`` the nodes meet at the
 Perron-weighted optimum, 0.2 away from the uniform one (tests/algorithms/
 test_robust_push_sum.py). On regular digraphs (ring, exponential) the two coincide.
+
+**With a node optimizer** (``[optimizer]``, :mod:`fedcore.algorithms.optim`): the
+gradient is taken at ``z_i`` and the optimizer's direction ``u_i`` replaces ``lr * g`` on
+the numerator (``x_half_i = x_i - u_i``, or ``x_i - omega_i * u_i`` with
+``step_scale = "omega"``), as SGP does; the optimizer state stays at the node, so the mass
+invariants hold unchanged and with ``u = 0`` (``lr = 0``) every ``z_i`` still reaches the
+exact initial average.
 """
 
 from __future__ import annotations

@@ -8,7 +8,12 @@ The state (momentum, Adam moments, step count) is the node's own: it is never se
 is a NamedTuple of tensors so checkpoints carry it (:mod:`fedcore.runners.checkpoint`).
 
 The same functions take one node's flat parameters ``[d]`` or every node's stacked
-``[N, d]``: norms and every other reduction run over the last axis only, per layer.
+``[N, d]``: norms and every other reduction run over the last axis only, per layer, and
+every counter in the state is a tensor with one entry per node (shape ``[..., 1]``), so
+nodes that missed rounds (crashed) keep their own step counts. Adam's bias corrections
+use the running products ``beta ** t`` kept in the state (float64, one multiplication a
+step), never a ``pow``, so one node alone and the same node among stacked ones compute
+the same bits.
 
 Per-layer rules (LARS, LAMB) use the model's parameter segments: ``(name, offset, numel)``
 triples covering the flat vector; without them the whole vector is one layer.
@@ -47,6 +52,7 @@ __all__ = [
     "NoState",
     "Optimizer",
     "Segment",
+    "keep_rows",
     "make_optimizer",
 ]
 
@@ -55,24 +61,43 @@ Segment = tuple[str, int, int]
 
 
 class NoState(NamedTuple):
-    """The state of a stateless optimizer (``sgd``): only the steps taken."""
+    """The state of a stateless optimizer (``sgd``): only the steps taken (``[..., 1]``
+    int64)."""
 
-    step: int
+    step: torch.Tensor
 
 
 class MomentumState(NamedTuple):
-    """``momentum`` and ``lars``: the velocity ``b`` (like the parameters)."""
+    """``momentum`` and ``lars``: the steps taken and the velocity ``b`` (like the
+    parameters)."""
 
-    step: int
+    step: torch.Tensor
     velocity: torch.Tensor
 
 
 class AdamState(NamedTuple):
-    """``adam``, ``adamw`` and ``lamb``: first and second moments, and the steps taken."""
+    """``adam``, ``adamw`` and ``lamb``: the steps taken, first and second moments, and
+    ``(beta1 ** t, beta2 ** t)`` (``[..., 2]`` float64) for the bias corrections."""
 
-    step: int
+    step: torch.Tensor
     m: torch.Tensor
     v: torch.Tensor
+    powers: torch.Tensor
+
+
+def _steps(params: torch.Tensor) -> torch.Tensor:
+    """A zero step count per node of ``params`` (``[..., 1]``)."""
+    return torch.zeros((*params.shape[:-1], 1), dtype=torch.int64, device=params.device)
+
+
+def keep_rows(up: torch.Tensor, new: Any, old: Any) -> Any:
+    """The state ``new`` for the nodes set in ``up`` (``[N]`` bool), ``old`` for the others
+    (crashed nodes take no step): field by field of a stacked optimizer state."""
+    fields = []
+    for a, b in zip(new, old, strict=True):
+        mask = up.reshape(-1, *([1] * (a.dim() - 1)))
+        fields.append(torch.where(mask, a, b))
+    return type(new)(*fields)
 
 
 Update = Callable[[torch.Tensor, Any, torch.Tensor, float], tuple[torch.Tensor, Any]]
@@ -133,7 +158,7 @@ def sgd(*, weight_decay: float = 0.0) -> Optimizer:
     """Plain SGD (today's step): ``u = lr (g + wd x)``."""
 
     def init(params: torch.Tensor) -> NoState:
-        return NoState(0)
+        return NoState(_steps(params))
 
     def update(
         grad: torch.Tensor, state: NoState, params: torch.Tensor, lr: float
@@ -150,7 +175,7 @@ def momentum(
     """Heavy-ball or Nesterov momentum with L2 decay folded into the gradient."""
 
     def init(params: torch.Tensor) -> MomentumState:
-        return MomentumState(0, torch.zeros_like(params))
+        return MomentumState(_steps(params), torch.zeros_like(params))
 
     def update(
         grad: torch.Tensor, state: MomentumState, params: torch.Tensor, lr: float
@@ -168,12 +193,20 @@ def _moments(
 ) -> tuple[torch.Tensor, AdamState]:
     """Adam's bias-corrected ``mh / (sqrt(vh) + eps)`` and the next moments."""
     b1, b2 = betas
-    step = state.step + 1
     m = b1 * state.m + (1 - b1) * g
     v = b2 * state.v + (1 - b2) * g * g
-    mh = m / (1 - b1**step)
-    vh = v / (1 - b2**step)
-    return mh / (vh.sqrt() + eps), AdamState(step, m, v)
+    powers = state.powers * torch.tensor(betas, dtype=torch.float64, device=g.device)
+    bias = (1 - powers).to(g.dtype)
+    mh = m / bias[..., :1]
+    vh = v / bias[..., 1:]
+    return mh / (vh.sqrt() + eps), AdamState(state.step + 1, m, v, powers)
+
+
+def _adam_state(params: torch.Tensor) -> AdamState:
+    """Adam's state before the first step: zero moments, ``beta ** 0 = 1``."""
+    steps = _steps(params)
+    powers = torch.ones((*steps.shape[:-1], 2), dtype=torch.float64, device=params.device)
+    return AdamState(steps, torch.zeros_like(params), torch.zeros_like(params), powers)
 
 
 def adam(
@@ -186,7 +219,7 @@ def adam(
     """Adam (L2 decay in the gradient) or, with ``decoupled``, AdamW."""
 
     def init(params: torch.Tensor) -> AdamState:
-        return AdamState(0, torch.zeros_like(params), torch.zeros_like(params))
+        return _adam_state(params)
 
     def update(
         grad: torch.Tensor, state: AdamState, params: torch.Tensor, lr: float
@@ -211,7 +244,7 @@ def lars(
 
     def init(params: torch.Tensor) -> MomentumState:
         _layers(segments, params.shape[-1])  # refuse bad segments before the first step
-        return MomentumState(0, torch.zeros_like(params))
+        return MomentumState(_steps(params), torch.zeros_like(params))
 
     def update(
         grad: torch.Tensor, state: MomentumState, params: torch.Tensor, lr: float
@@ -241,7 +274,7 @@ def lamb(
 
     def init(params: torch.Tensor) -> AdamState:
         _layers(segments, params.shape[-1])
-        return AdamState(0, torch.zeros_like(params), torch.zeros_like(params))
+        return _adam_state(params)
 
     def update(
         grad: torch.Tensor, state: AdamState, params: torch.Tensor, lr: float

@@ -7,6 +7,9 @@
   the data. It ignores the trust graph: it is the upper reference, not a deployable
   algorithm. The average is summed in global node order and divided by ``n``, so every
   node holds bit-identical parameters.
+
+With a node optimizer (``[optimizer]``), its direction ``u`` replaces ``lr * g`` in both;
+CENTRAL's nodes then each keep their own optimizer state over bit-identical models.
 """
 
 from __future__ import annotations

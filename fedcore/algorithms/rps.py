@@ -38,6 +38,10 @@ the codec.
 When the model has fewer entries than there are nodes, the last blocks are empty: their
 owners receive no scatter messages and send no gather messages, and
 :meth:`RPS.expected_senders` leaves them out.
+
+With a node optimizer (``[optimizer]``), its direction ``u_i``, from the gradient at
+``x_i``, replaces ``lr * g`` in ``x_half_i``; the optimizer state (momentum, moments) is
+each worker's own and covers the whole model, not only its block.
 """
 
 from __future__ import annotations

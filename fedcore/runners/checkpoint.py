@@ -95,6 +95,7 @@ def snapshot(node: Node) -> dict[str, Any]:
         "round": node.round,
         "batches_read": node.batches_read,
         "state": to_tree(node.state),
+        "optimizer": to_tree(node.opt_state),
         "codec_rng": generator.get_state() if isinstance(generator, torch.Generator) else None,
         "torch_rng": torch.get_rng_state(),
     }
@@ -162,6 +163,15 @@ def restore(node: Node, checkpoint: dict[str, Any]) -> None:
     if checkpoint["node"] != node.id:
         raise ConfigError(f"the checkpoint is node {checkpoint['node']!r}'s, not {node.id!r}'s.")
     node.state = from_tree(checkpoint["state"])
+    saved_opt = from_tree(checkpoint.get("optimizer"))
+    if (saved_opt is None) != (node.opt_state is None) or (
+        saved_opt is not None and type(saved_opt) is not type(node.opt_state)
+    ):
+        raise ConfigError(
+            f"the checkpoint of node {node.id!r} was written with another [optimizer] than "
+            "this run's: its optimizer state does not fit. Resume with the config it ran with."
+        )
+    node.opt_state = saved_opt
     node.round = int(checkpoint["round"])
     for _ in range(int(checkpoint["batches_read"])):  # streams are functions of the seed
         node.stream.next_batch()

@@ -20,6 +20,7 @@ import torch
 
 from fedcore import topology
 from fedcore.algorithms import Algorithm, make_algorithm
+from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.compression import codec_seed, configured_codec
 from fedcore.config import Config, TopologyConfig, effective_lr, fingerprint
 from fedcore.data import (
@@ -380,6 +381,11 @@ class RunSetup:
         """A fresh model (same initialization on every call) as a flat-parameter objective."""
         return make_objective(self.config, self.dataset)
 
+    def optimizer(self) -> Optimizer | None:
+        """The node optimizer of ``[optimizer]`` over the model's layers, or ``None`` for
+        plain SGD without weight decay (every algorithm's own ``lr * g`` step)."""
+        return node_optimizer(self.config, self.evaluator.segments)
+
     def stream(self, i: int) -> Batches:
         """A fresh stream of the node at graph index ``i`` (the same batches every time)."""
         if self.source is not None:
@@ -420,13 +426,32 @@ class RunSetup:
             codec=configured_codec(
                 self.config.compression, seed=codec_seed(self.config.run.seed, i)
             ),
+            optimizer=self.optimizer(),
             observer=observer,
             decode_cache=decode_cache,
         )
 
 
+def node_optimizer(
+    config: Config, segments: list[tuple[str, int, int]] | None = None
+) -> Optimizer | None:
+    """The optimizer ``config.optimizer`` names, per layer over ``segments``; ``None`` for
+    plain SGD without weight decay, which the algorithms apply themselves (bit for bit the
+    step of a run without an ``[optimizer]`` table).
+
+    Raises:
+        ConfigError: an option the optimizer does not take.
+    """
+    opt = config.optimizer
+    if opt.name == "sgd" and not opt.weight_decay:
+        make_optimizer(opt.name, **opt.options())  # refuse keys plain SGD does not take
+        return None
+    return make_optimizer(opt.name, segments=segments, **opt.options())
+
+
 def _check_combinations(config: Config, algorithm: Algorithm) -> None:
     """Refuse what the config's tables cannot do together (cheap: no graph, no data)."""
+    node_optimizer(config)
     f = config.faults
     if f.active and not f.announce and config.transport.mode == "strict":
         raise ConfigError(

@@ -47,6 +47,7 @@ from fedcore.algorithms.batched import (
 from fedcore.algorithms.batched import (
     unsupported as algorithm_unsupported,
 )
+from fedcore.algorithms.optim import keep_rows
 from fedcore.compression import codec_options, codec_seed
 from fedcore.compression.batched import RowCodec, make_row_codec
 from fedcore.config import AUTO_RECORDS_NODES, Config
@@ -174,6 +175,10 @@ class VectorizedNetwork:
         _check_memory(self.n, self.d, self.start.element_size(), len(union), setup)
         self.graphs = [stack_graph(g, union=union, device=device) for g in graphs]
         self.state = self.form.init(self.start.unsqueeze(0).repeat(self.n, 1))
+        self.optimizer = setup.optimizer()
+        self.opt_state: Any = (
+            self.optimizer.init(self.form.model(self.state)) if self.optimizer else None
+        )
         self.phases: list[list[_Phase]] = [
             [self._phase(p, g) for p in range(self.form.phases)] for g in self.graphs
         ]
@@ -294,9 +299,14 @@ class VectorizedNetwork:
             else:
                 figures.traffic(m, ok)
             arrived.append(ok)
+        lr = self.setup.options.lr_at(t)
+        if self.optimizer is not None:  # as a Node does: the step is the direction u
+            u, opt_state = self.optimizer.update(grad, self.opt_state, params, lr)
+            self.opt_state = opt_state if up_np.all() else keep_rows(up, opt_state, self.opt_state)
+            grad, lr = u, 1.0
         ctx = BatchRound(
             round=t,
-            lr=self.setup.options.lr_at(t),
+            lr=lr,
             graph=graph,
             up=up,
             arrived=arrived,
@@ -323,6 +333,7 @@ class VectorizedNetwork:
         return {
             "round": self.round,
             "state": checkpoint.to_tree(self.state),
+            "optimizer": checkpoint.to_tree(self.opt_state),
             "read": torch.from_numpy(self.read.copy()),
             "batches": self.batches.state_dict() if self.batches is not None else None,
             "codec": [g.get_state() for g in generators] if generators else None,
@@ -335,6 +346,9 @@ class VectorizedNetwork:
         """Continue from a :meth:`state_dict` of a network built from the same setup."""
         self.round = int(saved["round"])
         self.state = checkpoint.to_device(checkpoint.from_tree(saved["state"]), self.device)
+        self.opt_state = checkpoint.to_device(
+            checkpoint.from_tree(saved.get("optimizer")), self.device
+        )
         self.read[:] = saved["read"].numpy()
         if self.batches is not None:
             self.batches.load_state_dict(saved["batches"])
