@@ -409,13 +409,14 @@ class ModelConfig:
 class CompressionConfig:
     """``[compression]``: the codec of every tensor a node sends.
 
-    ``codec`` is one of ``CODECS``; ``bits`` applies to ``qsgd`` (2, 4 or 8), ``ratio`` (the
-    fraction of values kept) to ``topk`` and ``randk``, ``chunk`` (values per scale, 0 for
-    one scale per tensor) to ``sign``, ``qsgd`` and ``fp8``; ``scaled`` makes ``qsgd``
-    contractive (shrunk by ``1 + omega``), as error-feedback methods need. ``format``
-    (``e4m3`` or ``e5m2``) applies to ``fp8``; ``exp_bits`` (2..8), ``man_bits`` (0..23) and
-    ``scaling`` (only ``none`` so far) to ``float``. ``fp32`` is lossless for float32 models;
-    ``raw`` keeps any dtype exactly.
+        ``codec`` is one of ``CODECS``; ``bits`` applies to ``qsgd`` (2, 4 or 8), ``ratio`` (the
+        fraction of values kept) to ``topk`` and ``randk``, ``chunk`` (values per scale, 0 for
+        one scale per tensor) to ``sign``, ``qsgd`` and ``fp8``; ``scaled`` makes ``qsgd``
+        contractive (shrunk by ``1 + omega``), as error-feedback methods need. ``format``
+        (``e4m3`` or ``e5m2``) applies to ``fp8``; ``exp_bits`` (2..8), ``man_bits`` (0..23) and
+        ``scaling`` (``none``, or ``aps``: each layer shifted by a power of two before the cast,
+    the shifts sent) to ``float``. ``fp32`` is lossless for float32 models;
+        ``raw`` keeps any dtype exactly.
     """
 
     codec: str = "fp32"
@@ -448,10 +449,10 @@ class CompressionConfig:
         _int_range("compression.exp_bits", self.exp_bits, 2, 8)
         _int_range("compression.man_bits", self.man_bits, 0, 23)
         _require(
-            self.scaling == "none",
+            self.scaling in ("none", "aps"),
             "compression.scaling",
             self.scaling,
-            "must be 'none' ('aps' needs per-layer segments, not built yet)",
+            "must be 'none' or 'aps'",
         )
 
 

@@ -444,13 +444,14 @@ def make_row_codec(
     exp_bits: int = 4,
     man_bits: int = 3,
     scaling: str = "none",
+    layers: Sequence[int] = (),
     seeds: Sequence[int] = (),
 ) -> RowCodec:
     """The batched codec for ``name`` with ``make_codec``'s options.
 
     Args:
         name: One of ``CODEC_NAMES``.
-        bits, ratio, chunk, scaled, format, exp_bits, man_bits, scaling: As for
+        bits, ratio, chunk, scaled, format, exp_bits, man_bits, scaling, layers: As for
             :func:`~fedcore.compression.make_codec`.
         seeds: ``seeds[i]`` is node ``i``'s codec seed (in a run:
             :func:`~fedcore.compression.codec_seed`); used by ``qsgd`` and ``randk`` only.
@@ -473,7 +474,7 @@ def make_row_codec(
     if name == "fp8":
         return _LoopRows(FP8Codec(format, chunk=chunk))
     if name == "float":
-        return _LoopRows(CustomFloatCodec(exp_bits, man_bits, scaling=scaling))
+        return _LoopRows(CustomFloatCodec(exp_bits, man_bits, scaling=scaling, layers=layers))
     if name == "s2fp8":
         return _LoopRows(S2FP8Codec())
     raise CompressionError(

@@ -33,7 +33,13 @@ all-ones exponent is reserved (never sent, refused on decode), so e=8/m=23 is ex
 float32 and e=5/m=10 exactly float16 on every finite value a float16 can hold, normals and
 subnormals alike. Unlike IEEE there is no inf: a value beyond the largest finite value
 saturates to it (float16 would round ``|x| >= 65520`` to inf; this codec sends 65504).
-Only ``scaling = "none"``: APS needs per-layer segments, which codecs do not see yet.
+With ``scaling = "aps"`` (Auto-Precision Scaling, Han, Demmel and You) each layer of the
+model is first multiplied by ``2**s``, ``s`` from its largest magnitude (:func:`aps_shift`:
+the largest value lands in the format's top binade), so that small layers are not
+flushed to zero; the data then starts with one ``(uint32 numel, int16 s)`` record per
+layer (``layers`` records, a third header scalar; nbytes ``+ 6 layers + 8``), and the
+decoder divides by ``2**s`` exactly. A tensor that is not the whole model (an RPS block)
+is one layer.
 
 ``s2fp8`` (Cambier et al., ICLR 2020) takes over the non-zero values ``L = log2|x|``,
 ``mu = mean L``, ``M = max L``, ``alpha = 15 / (M - mu)`` (1 when ``M = mu``),
@@ -47,6 +53,7 @@ survive.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -62,7 +69,14 @@ from fedcore.compression.codecs import (
 from fedcore.errors import CompressionError
 from fedcore.messages import EncodedTensor
 
-__all__ = ["FP8_FORMATS", "CustomFloatCodec", "FP8Codec", "S2FP8Codec"]
+__all__ = [
+    "APS_MAX_SHIFT",
+    "FP8_FORMATS",
+    "CustomFloatCodec",
+    "FP8Codec",
+    "S2FP8Codec",
+    "aps_shift",
+]
 
 FP8_FORMATS: dict[str, tuple[int, torch.dtype]] = {
     "e4m3": (4, torch.float8_e4m3fn),
@@ -187,38 +201,99 @@ def _unpack_bits(data: bytes, width: int, n: int) -> np.ndarray:
     return codes
 
 
+APS_MAX_SHIFT = 1000
+"""Largest magnitude of an APS shift: float64 holds every float32 value times ``2**1000``
+(and ``2**-1000``) exactly, far beyond what any layer of a finite model needs."""
+
+_APS_LAYER = np.dtype([("numel", "<u4"), ("shift", "<i2")])
+"""One layer of the APS prefix: its value count and its shift (6 bytes)."""
+
+
+def aps_shift(largest: float, top: float, summands: int = 1) -> int:
+    """APS's shift of one layer: the largest ``s`` with ``summands * largest * 2**s <= top``
+    (0 for an all-zero layer), within ``[-APS_MAX_SHIFT, APS_MAX_SHIFT]``.
+
+    ``top`` is the format's largest finite value: the layer's largest magnitude lands in the
+    format's top binade (``summands`` of them summed still fit), which moves every value
+    of the layer as far from the underflow threshold as the format allows."""
+    if largest <= 0:
+        return 0
+    bound = top / summands
+    shift = math.floor(math.log2(bound / largest))
+    while math.ldexp(largest, shift + 1) <= bound:  # log2 rounds: settle the last step
+        shift += 1
+    while math.ldexp(largest, shift) > bound:
+        shift -= 1
+    return max(-APS_MAX_SHIFT, min(APS_MAX_SHIFT, shift))
+
+
 class CustomFloatCodec:
-    """Customized precision: ``1 + exp_bits + man_bits`` bits per value, packed."""
+    """Customized precision: ``1 + exp_bits + man_bits`` bits per value, packed; with
+    ``scaling = "aps"``, each layer first shifted by a power of two (:func:`aps_shift`).
+
+    Args:
+        exp_bits: Exponent bits, 2..8.
+        man_bits: Mantissa bits, 0..23.
+        scaling: ``"none"`` or ``"aps"``.
+        layers: The value counts of the model's layers, in order (APS only): a tensor of
+            exactly that many values is shifted layer by layer, any other tensor (an RPS
+            block) as one layer.
+        summands: How many such values a receiver sums in the format (APS only): the
+            shift leaves room for that many. fedcore's receivers decode to float32 before
+            they sum anything, so runs use 1.
+    """
 
     name = "float"
 
-    def __init__(self, exp_bits: int = 4, man_bits: int = 3, *, scaling: str = "none") -> None:
-        """``exp_bits`` in 2..8, ``man_bits`` in 0..23; ``scaling`` must be ``"none"``."""
+    def __init__(
+        self,
+        exp_bits: int = 4,
+        man_bits: int = 3,
+        *,
+        scaling: str = "none",
+        layers: Sequence[int] = (),
+        summands: int = 1,
+    ) -> None:
+        """Check the options (see the class docstring)."""
         if not 2 <= exp_bits <= 8:
             raise CompressionError(f"float exp_bits must be in 2..8, got {exp_bits}.")
         if not 0 <= man_bits <= 23:
             raise CompressionError(f"float man_bits must be in 0..23, got {man_bits}.")
-        if scaling != "none":
-            raise CompressionError(
-                f"float scaling {scaling!r} is not supported yet; only 'none' (APS needs "
-                "per-layer segments)."
-            )
+        if scaling not in ("none", "aps"):
+            raise CompressionError(f"float scaling must be 'none' or 'aps', got {scaling!r}.")
+        if any(int(k) <= 0 or int(k) >= 2**32 for k in layers):
+            raise CompressionError(f"float layers must be sizes in [1, 2**32), got {layers}.")
+        if summands < 1:
+            raise CompressionError(f"float summands must be at least 1, got {summands}.")
         self.exp_bits = exp_bits
         self.man_bits = man_bits
         self.scaling = scaling
+        self.layers = tuple(int(k) for k in layers)
+        self.summands = int(summands)
 
     @property
     def width(self) -> int:
         """Bits per value."""
         return 1 + self.exp_bits + self.man_bits
 
+    def _sizes(self, n: int) -> tuple[int, ...]:
+        """The layers a tensor of ``n`` values is shifted by (APS): the model's, or one."""
+        if self.layers and sum(self.layers) == n:
+            return self.layers
+        chunks = []
+        while n > 0:  # one layer, in pieces a uint32 count can say
+            chunks.append(min(n, 2**32 - 1))
+            n -= chunks[-1]
+        return tuple(chunks) or (0,)
+
     def wire_bytes(self, n: int) -> int:
-        """Payload size for ``n`` values."""
-        return -(-n * self.width // 8)
+        """Payload size for ``n`` values (with APS, 6 bytes a layer before the values)."""
+        prefix = _APS_LAYER.itemsize * len(self._sizes(n)) if self.scaling == "aps" else 0
+        return prefix + -(-n * self.width // 8)
 
     def nbytes(self, n: int) -> int:
-        """``EncodedTensor.nbytes`` for ``n`` values (two header scalars)."""
-        return self.wire_bytes(n) + 16
+        """``EncodedTensor.nbytes`` for ``n`` values (two header scalars; APS a third)."""
+        return self.wire_bytes(n) + (24 if self.scaling == "aps" else 16)
 
     @staticmethod
     def limits(exp_bits: int, man_bits: int) -> tuple[int, int, float]:
@@ -228,13 +303,29 @@ class CustomFloatCodec:
         return bias, 1 - bias, (2 - 2.0**-man_bits) * 2.0**emax
 
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
-        """Round to nearest even into the format (saturating), then pack the codes."""
+        """(APS: shift each layer,) round to nearest even into the format (saturating),
+        then pack the codes."""
         dtype = _dtype_name(tensor, self.name)
         x = _flat(tensor)
         _finite(x, self.name)
         e, m = self.exp_bits, self.man_bits
         bias, emin, top = self.limits(e, m)
         a = x.abs().to(torch.float64)  # float32 values and every step below: exact
+        params = {"exp_bits": float(e), "man_bits": float(m)}
+        prefix = b""
+        if self.scaling == "aps":
+            sizes = self._sizes(a.numel())
+            table = np.zeros(len(sizes), dtype=_APS_LAYER)
+            table["numel"] = sizes
+            at = 0
+            for i, size in enumerate(sizes):
+                part = a[at : at + size]
+                largest = float(part.max()) if size else 0.0
+                table["shift"][i] = shift = aps_shift(largest, top, self.summands)
+                part.mul_(math.ldexp(1.0, shift))  # a power of two: exact in float64
+                at += size
+            prefix = table.tobytes()
+            params["layers"] = float(len(sizes))
         _, ex = torch.frexp(a)
         exponent = torch.clamp(ex - 1, min=emin)  # floor(log2 a), subnormals at emin
         quantum = _pow2(exponent - m)
@@ -251,21 +342,40 @@ class CustomFloatCodec:
             codec=self.name,
             dtype=dtype,
             shape=tuple(tensor.shape),
-            data=_pack_bits(codes.numpy(), self.width),
-            params={"exp_bits": float(e), "man_bits": float(m)},
+            data=prefix + _pack_bits(codes.numpy(), self.width),
+            params=params,
         )
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
-        """Unpack the codes and rebuild the values, refusing reserved exponents and padding."""
+        """Unpack the codes and rebuild the values (APS: shift each layer back), refusing
+        reserved exponents, padding bits and layer tables that do not fit the tensor."""
         n = _numel(encoded, self.name)
         e = _int_param(encoded, "exp_bits", self.name, 2, 8)
         m = _int_param(encoded, "man_bits", self.name, 0, 23)
         width = 1 + e + m
-        _expect(encoded, -(-n * width // 8), self.name)
+        table = None
+        data = encoded.data
+        if "layers" in encoded.params:
+            count = _int_param(encoded, "layers", self.name, 1, max(1, n))
+            head = count * _APS_LAYER.itemsize
+            _expect(encoded, head + -(-n * width // 8), self.name)
+            table = np.frombuffer(data, dtype=_APS_LAYER, count=count)
+            if int(table["numel"].astype(np.int64).sum()) != n or (
+                n and not bool((table["numel"] > 0).all())
+            ):
+                raise CompressionError(
+                    f"codec 'float': the APS layer sizes {table['numel'].tolist()[:8]} do not "
+                    f"add up to the tensor's {n} values."
+                )
+            if bool((np.abs(table["shift"].astype(np.int64)) > APS_MAX_SHIFT).any()):
+                raise CompressionError(f"codec 'float': an APS shift is beyond +-{APS_MAX_SHIFT}.")
+            data = data[head:]
+        else:
+            _expect(encoded, -(-n * width // 8), self.name)
         spare = -(n * width) % 8
-        if spare and encoded.data[-1] >> (8 - spare):
+        if spare and data[-1] >> (8 - spare):
             raise CompressionError("codec 'float': the padding bits after the last value are set.")
-        codes = torch.from_numpy(_unpack_bits(encoded.data, width, n))
+        codes = torch.from_numpy(_unpack_bits(data, width, n))
         bias, emin, _ = self.limits(e, m)
         field = (codes >> m) & (2**e - 1)
         if bool((field == 2**e - 1).any()):
@@ -275,8 +385,14 @@ class CustomFloatCodec:
         significand = torch.where(normal, mantissa + 2**m, mantissa)
         exponent = torch.where(normal, field - bias, torch.full_like(field, emin)) - m
         values = significand * _pow2(exponent)
-        values = torch.where((codes >> (e + m)) & 1 == 1, -values, values)
-        return _restore(values.to(torch.float32), encoded)
+        if table is not None:  # undo each layer's shift: a power of two, exact in float64
+            sizes = torch.from_numpy(table["numel"].astype(np.int64))
+            shifts = torch.from_numpy(table["shift"].astype(np.int64))
+            values *= _pow2(-torch.repeat_interleave(shifts, sizes))
+        values = torch.where((codes >> (e + m)) & 1 == 1, -values, values).to(torch.float32)
+        if table is not None and not bool(torch.isfinite(values).all()):
+            raise CompressionError("codec 'float': an APS shift decodes beyond float32.")
+        return _restore(values, encoded)
 
 
 _MAX_ALPHA = 2.0**40  # nearly equal magnitudes: a bounded squeeze keeps beta finite

@@ -7,6 +7,7 @@ decodes any codec by name with :func:`get_codec`. Encoding is configured from th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -71,6 +72,7 @@ def make_codec(
     exp_bits: int = 4,
     man_bits: int = 3,
     scaling: str = "none",
+    layers: Sequence[int] = (),
     seed: int = 0,
 ) -> Codec:
     """An encoder: ``name`` with its options; ``seed`` seeds the stochastic ones.
@@ -95,7 +97,7 @@ def make_codec(
     if name == "fp8":
         return FP8Codec(format, chunk=chunk)
     if name == "float":
-        return CustomFloatCodec(exp_bits, man_bits, scaling=scaling)
+        return CustomFloatCodec(exp_bits, man_bits, scaling=scaling, layers=layers)
     if name == "s2fp8":
         return S2FP8Codec()
     if name == "raw":
@@ -126,6 +128,9 @@ def codec_seed(run_seed: int, node: int) -> int:
     return run_seed * 1_000_003 + node + 7919
 
 
-def configured_codec(compression: CompressionConfig, *, seed: int) -> Codec:
-    """The encoder a ``[compression]`` table names, every option passed (``seed`` as above)."""
-    return make_codec(compression.codec, seed=seed, **codec_options(compression))
+def configured_codec(
+    compression: CompressionConfig, *, seed: int, layers: Sequence[int] = ()
+) -> Codec:
+    """The encoder a ``[compression]`` table names, every option passed (``seed`` as above;
+    ``layers``, the model's layer sizes, for APS)."""
+    return make_codec(compression.codec, seed=seed, layers=layers, **codec_options(compression))

@@ -381,6 +381,11 @@ class RunSetup:
         """A fresh model (same initialization on every call) as a flat-parameter objective."""
         return make_objective(self.config, self.dataset)
 
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The model's layer sizes, in the flat parameters' order (for APS's shifts)."""
+        return tuple(numel for _, _, numel in self.evaluator.segments)
+
     def optimizer(self) -> Optimizer | None:
         """The node optimizer of ``[optimizer]`` over the model's layers, or ``None`` for
         plain SGD without weight decay (every algorithm's own ``lr * g`` step)."""
@@ -424,7 +429,9 @@ class RunSetup:
             options=self.options,
             params=self.start,
             codec=configured_codec(
-                self.config.compression, seed=codec_seed(self.config.run.seed, i)
+                self.config.compression,
+                seed=codec_seed(self.config.run.seed, i),
+                layers=self.layers,
             ),
             optimizer=self.optimizer(),
             observer=observer,

@@ -109,6 +109,7 @@ def _row_codec(setup: RunSetup) -> RowCodec:
     return make_row_codec(
         c.codec,
         seeds=[codec_seed(seed, i) for i in range(len(setup.graph.nodes))],
+        layers=setup.layers,
         **codec_options(c),
     )
 

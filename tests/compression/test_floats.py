@@ -7,13 +7,19 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedcore.compression import CustomFloatCodec, FP8Codec, S2FP8Codec, get_codec
 from fedcore.compression.batched import make_row_codec
+from fedcore.compression.floats import aps_shift
 from fedcore.errors import CompressionError
+from fedcore.messages import EncodedTensor
 from tests.clitools import cli
 
 
@@ -187,3 +193,182 @@ def test_the_float_options_reach_every_engine(tmp_path: Path) -> None:
         summary = simulate(config, out_dir=tmp_path / engine, show_progress=False)
         digests.append(summary["params_sha256"])
     assert digests[0] == digests[1]
+
+
+# --- APS: per-layer power-of-two shifts (issue 15) -------------------------------------------
+
+LAYERS = (30, 7, 50, 13)
+
+
+def _layered(seed: int = 0) -> torch.Tensor:
+    """Four layers of very different magnitudes, as a model's gradient has."""
+    scales = (1.0, 1e-3, 1e-6, 300.0)
+    parts = [_rand(k, seed + i) * s for i, (k, s) in enumerate(zip(LAYERS, scales, strict=True))]
+    return torch.cat(parts)
+
+
+def _table(encoded: Any) -> np.ndarray:
+    from fedcore.compression.floats import _APS_LAYER
+
+    return np.frombuffer(encoded.data, dtype=_APS_LAYER, count=int(encoded.params["layers"]))
+
+
+@pytest.mark.parametrize(("e", "m"), [(4, 3), (3, 0), (5, 2), (2, 1)])
+def test_aps_shifts_are_powers_of_two_and_exact(e: int, m: int) -> None:
+    """Each layer's shift puts its largest value in the top binade; the APS encoding is the
+    plain encoding of ``x * 2**s``, divided by ``2**s`` on the way back: bit for bit."""
+    x = _layered()
+    aps = CustomFloatCodec(e, m, scaling="aps", layers=LAYERS)
+    plain = CustomFloatCodec(e, m)
+    encoded = aps.encode(x)
+    assert (
+        len(encoded.data) == aps.wire_bytes(x.numel()) == 6 * 4 + -(-x.numel() * (1 + e + m) // 8)
+    )
+    assert encoded.nbytes == aps.nbytes(x.numel())
+    table = _table(encoded)
+    assert table["numel"].tolist() == list(LAYERS)
+    _, _, top = CustomFloatCodec.limits(e, m)
+    y = get_codec("float").decode(encoded)
+    at = 0
+    for size, shift in zip(LAYERS, table["shift"].tolist(), strict=True):
+        part = x[at : at + size].double()
+        largest = float(part.abs().max())
+        assert largest * 2.0**shift <= top < largest * 2.0 ** (shift + 1)
+        assert shift == aps_shift(largest, top)
+        shifted = (part * 2.0**shift).float()
+        assert torch.equal(shifted.double(), part * 2.0**shift)  # the shift itself is exact
+        expected = (plain.decode(plain.encode(shifted)).double() / 2.0**shift).float()
+        assert torch.equal(y[at : at + size], expected)
+        at += size
+
+
+def test_aps_e8m23_is_still_exactly_fp32() -> None:
+    x = _layered(3)
+    codec = CustomFloatCodec(8, 23, scaling="aps", layers=LAYERS)
+    assert torch.equal(codec.decode(codec.encode(x)), x)
+
+
+def test_aps_summands_leave_room_for_the_sum() -> None:
+    x = _layered(5)
+    _, _, top = CustomFloatCodec.limits(4, 3)
+    for k in (1, 3, 16):
+        table = _table(CustomFloatCodec(4, 3, scaling="aps", layers=LAYERS, summands=k).encode(x))
+        for size, shift, at in zip(
+            LAYERS, table["shift"], np.cumsum((0, *LAYERS[:-1])), strict=True
+        ):
+            largest = float(x[at : at + size].abs().max())
+            assert k * largest * 2.0 ** int(shift) <= top < k * largest * 2.0 ** (int(shift) + 1)
+
+
+def test_a_tensor_that_is_not_the_model_is_one_layer() -> None:
+    codec = CustomFloatCodec(4, 3, scaling="aps", layers=LAYERS)
+    encoded = codec.encode(_rand(17))  # an RPS block, say
+    assert _table(encoded)["numel"].tolist() == [17]
+    assert len(encoded.data) == codec.wire_bytes(17) == 6 + -(-17 * 8 // 8)
+    zeros = codec.decode(codec.encode(torch.zeros(9)))
+    assert torch.equal(zeros, torch.zeros(9))
+
+
+def test_aps_flushes_fewer_of_a_real_gradient_to_zero() -> None:
+    """On the digits MLP's real gradient, a 4-bit (e3m0) and an e4m3 cast flush most small
+    values to zero; APS's shifts keep many more of them."""
+    from fedcore.config import load_config
+    from fedcore.runners.network import prepare_run
+
+    setup = prepare_run(load_config(None, ["model.name=mlp", "topology.nodes=4"]))
+    objective = setup.objective()
+    x, y = setup.dataset.x_train[:32], setup.dataset.y_train[:32]
+    _, grad = objective.loss_and_grad(objective.initial_params(), x, y)
+    layers = setup.layers
+    assert len(layers) == 4 and sum(layers) == grad.numel()
+    nonzero = grad != 0
+    for e, m in ((3, 0), (4, 3)):
+        flushed = {}
+        for scaling in ("none", "aps"):
+            codec = CustomFloatCodec(e, m, scaling=scaling, layers=layers)
+            decoded = codec.decode(codec.encode(grad))
+            flushed[scaling] = int((nonzero & (decoded == 0)).sum())
+        assert flushed["aps"] < flushed["none"], (e, m, flushed)
+
+
+def test_bad_aps_tables_raise() -> None:
+    from fedcore.compression.floats import _APS_LAYER
+
+    codec = CustomFloatCodec(4, 3, scaling="aps", layers=(3, 5))
+    good = codec.encode(_rand(8))
+    table = _table(good).copy()
+    body = good.data[table.nbytes :]
+
+    def with_table(t: np.ndarray, **params: float) -> Any:
+        return replace(
+            good, data=t.astype(_APS_LAYER).tobytes() + body, params={**good.params, **params}
+        )
+
+    wrong_sizes = table.copy()
+    wrong_sizes["numel"] = (3, 4)
+    huge_shift = table.copy()
+    huge_shift["shift"] = (0, 1001)
+    overflow = table.copy()
+    overflow["shift"] = (-1000, 0)
+    empty = table.copy()
+    empty["numel"] = (0, 8)
+    for bad in (
+        with_table(wrong_sizes),
+        with_table(huge_shift),
+        with_table(overflow),
+        with_table(empty),
+        replace(good, params={**good.params, "layers": 3.0}),
+        replace(good, params={**good.params, "layers": 0.0}),
+        replace(good, params={**good.params, "layers": 1.5}),
+        replace(good, data=good.data[:5]),
+    ):
+        with pytest.raises(CompressionError):
+            get_codec("float").decode(bad)
+
+
+@given(data=st.binary(max_size=80), layers=st.integers(-1, 4), e=st.integers(2, 8))
+@settings(max_examples=60)
+def test_fuzzed_aps_bytes_never_crash(data: bytes, layers: int, e: int) -> None:
+    encoded = EncodedTensor(
+        codec="float",
+        dtype="float32",
+        shape=(12,),
+        data=data,
+        params={"exp_bits": float(e), "man_bits": 2.0, "layers": float(layers)},
+    )
+    try:
+        y = get_codec("float").decode(encoded)
+    except CompressionError:
+        return
+    assert y.shape == (12,) and bool(torch.isfinite(y).all())
+
+
+def test_aps_reaches_both_engines_and_learns_where_a_plain_cast_does_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """D-PSGD with 4-bit (e3m0) models: the plain cast flushes the MLP's small weights and
+    does not learn; with APS it does, and both engines agree bit for bit."""
+    args = [
+        "--set", "algorithm.name=dpsgd", "--set", "topology.kind=ring", "--set", "model.name=mlp",
+        "--set", "compression.codec=float", "--set", "compression.exp_bits=3",
+        "--set", "compression.man_bits=0", "--set", "run.rounds=60", "--set", "run.eval_every=60",
+        "--set", "algorithm.lr=0.3", "--set", "topology.nodes=8", "-q",
+    ]  # fmt: skip
+    out = {}
+    for scaling in ("none", "aps"):
+        for engine in ("vectorized", "messages"):
+            folder = tmp_path / f"{scaling}-{engine}"
+            status, _, err = cli(
+                capsys, "simulate", *args, "--set", f"compression.scaling={scaling}",
+                "--engine", engine, "--out", str(folder),
+            )  # fmt: skip
+            assert status == 0, err
+            out[scaling, engine] = json.loads((folder / "summary.json").read_text())
+    for scaling in ("none", "aps"):
+        assert (
+            out[scaling, "vectorized"]["params_sha256"] == out[scaling, "messages"]["params_sha256"]
+        )
+    assert out["aps", "messages"]["final"]["avg_model_accuracy"] > 0.5
+    assert out["none", "messages"]["final"]["avg_model_accuracy"] < 0.35
+    sent = {k: out[k, "messages"]["traffic"]["bytes_sent"] for k in ("none", "aps")}
+    assert sent["aps"] > sent["none"]  # the layer table: 6 bytes a layer and one scalar
