@@ -94,7 +94,7 @@ SWEEP: dict[str, list[float]] = {
 def partition_size(dataset: str, nodes: int) -> int:
     """Examples on each node of an iid split (the smallest share)."""
     total = training_examples(dataset, test_fraction=0.2) or TRAIN_EXAMPLES[dataset]
-    return total // nodes
+    return int(total) // nodes
 
 
 def batch_sizes(args: argparse.Namespace, per_node: int) -> tuple[int, list[int]]:
@@ -104,12 +104,12 @@ def batch_sizes(args: argparse.Namespace, per_node: int) -> tuple[int, list[int]
     while large > per_node:
         large //= 2
     sizes = [b for b in dict.fromkeys([large, per_node]) if b > args.small]
-    return args.small, sizes
+    return int(args.small), sizes
 
 
 def rounds_for(batch: int, args: argparse.Namespace) -> int:
     """Rounds at ``batch`` for as many epochs as ``--rounds`` at the small batch."""
-    return max(1, round(args.rounds * args.small / batch))
+    return max(1, round(int(args.rounds) * int(args.small) / batch))
 
 
 def case(
@@ -239,7 +239,9 @@ def sweep(args: argparse.Namespace, per_node: int) -> int:
             label, overrides = case(key, batch, args, lr)
             cases[label] = overrides
             meta[label] = (METHODS[key][0], batch, effective(lr, scaling, batch, small), scaling)
-    runs = run_grid(cases, args.seeds, args.out / "runs" / f"large-batch-{args.dataset}-sweep", args.jobs)
+    runs = run_grid(
+        cases, args.seeds, args.out / "runs" / f"large-batch-{args.dataset}-sweep", args.jobs
+    )
     lines = [
         f"### lr sweep: {args.dataset}, {args.nodes}-node {args.topology}, {args.rounds} rounds "
         f"at batch {small} (equal epochs), seeds {sorted(args.seeds)}",
@@ -288,13 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr-lamb", type=float, default=0.03)
     parser.add_argument("--sweep", action="store_true", help="the lr sweep instead")
     parser.add_argument(
-        "--tiny", action="store_true", help="CI size: 48 rounds at batch 16 against 128, one seed"
+        "--tiny",
+        action="store_true",
+        help="CI size: 10 epochs (112 rounds at batch 32) against 128 and the partition, seed 0",
     )
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (1 thread each)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     args = parser.parse_args(argv)
     if args.tiny:
-        args.seeds, args.rounds, args.small, args.large, args.evals = [0], 48, 16, 128, 4
+        args.seeds, args.rounds, args.small, args.large, args.evals = [0], 112, 32, 128, 4
     args.out.mkdir(parents=True, exist_ok=True)
     per_node = partition_size(args.dataset, args.nodes)
     if args.rounds <= 0:  # 30 epochs at the small batch (digits, 4 nodes: 336 rounds)
@@ -338,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def setup(args: argparse.Namespace, per_node: int) -> dict[str, Any]:
     """The arguments that shaped the grid, for the JSON."""
-    keys = ("dataset", "seeds", "rounds", "small", "large", "nodes", "topology", "model")
-    keys += ("hidden", "schedule", "warmup", "lr_sgd", "lr_momentum", "lr_adam", "lr_lars")
+    keys = ["dataset", "seeds", "rounds", "small", "large", "nodes", "topology", "model"]
+    keys += ["hidden", "schedule", "warmup", "lr_sgd", "lr_momentum", "lr_adam", "lr_lars"]
     return {**{k: getattr(args, k) for k in (*keys, "lr_lamb")}, "per_node": per_node}
 
 
