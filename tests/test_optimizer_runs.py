@@ -8,6 +8,7 @@ every optimizer, crashed nodes included; the optimizer state travels in checkpoi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from fedcore.metrics import params_sha256
 from fedcore.runners import checkpoint
 from fedcore.runners.network import build_network, node_optimizer, prepare_run
 from fedcore.runners.vectorized import VectorizedNetwork
+from tests.clitools import TINY, assert_one_line_error, cli
 from tests.test_vectorized import GRAPHS, _config, assert_same_run
 
 OPTIONS = {
@@ -193,3 +195,21 @@ def test_bad_optimizer_settings_are_refused_before_the_run(settings: list[str], 
 
 def test_every_graph_case_is_known() -> None:
     assert set(MEAN_MOVES_BY_U) <= set(GRAPHS)
+
+
+def test_the_summary_says_which_optimizer_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*TINY, "--set", "optimizer.name=adamw", "--set", "optimizer.weight_decay=0.1"]
+    status, _, err = cli(capsys, "simulate", *args, "--out", str(tmp_path / "run"), "-q")
+    assert status == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["optimizer"] == {
+        "name": "adamw",
+        "betas": [0.9, 0.999],
+        "eps": 1e-08,
+        "weight_decay": 0.1,
+    }
+    bad = [*TINY, "--set", "optimizer.name=sgd", "--set", "optimizer.nesterov=true"]
+    status, _, err = cli(capsys, "simulate", *bad, "--out", str(tmp_path / "bad"))
+    assert_one_line_error(status, "", err, "optimizer 'sgd' has no option nesterov")

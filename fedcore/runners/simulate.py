@@ -901,6 +901,8 @@ def make_summary(
             "lr_power": setup.options.lr_power,
             "lr_scaling": config.algorithm.lr_scaling,
         },
+        # The node optimizer and the options it took ("sgd" alone: the plain step).
+        "optimizer": {"name": config.optimizer.name, **config.optimizer.options()},
         "topology": {
             "name": setup.trust.name,
             "communication_graph": graph.name,
