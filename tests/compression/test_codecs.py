@@ -45,6 +45,7 @@ SETTINGS = {
     "float": {"exp_bits": 4, "man_bits": 3},
     "float-e3m0": {"exp_bits": 3, "man_bits": 0},
     "float-e8m23": {"exp_bits": 8, "man_bits": 23},
+    "float-aps": {"exp_bits": 3, "man_bits": 1, "scaling": "aps", "layers": (30, 10)},
     "s2fp8": {},
 }
 
