@@ -290,6 +290,11 @@ def _print_table(summary: dict[str, Any]) -> None:
             if isinstance(final.get(key), float) and math.isfinite(final[key])
         ),
         ("bytes / node / round", f"{traffic.get('bytes_per_node_per_round', 0):.0f}"),
+        *(
+            [("bytes / node / local step", f"{traffic['bytes_per_node_per_local_step']:.0f}")]
+            if traffic.get("local_steps", 1) > 1
+            else []
+        ),
         (
             "messages missing",
             f"{traffic.get('messages_missing', 0)} (the fault plan lost "

@@ -3,7 +3,7 @@
 A config file has ten tables; every key is optional and defaults to the built-in run
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
 
-    [run]        name, seed, rounds, eval_every, regret, checkpoint_every
+    [run]        name, seed, rounds, eval_every, regret, checkpoint_every, local_steps
     [topology]   kind, nodes, seed, file, p, rows, cols, degree, undirected  (file wins)
     [algorithm]  name, lr, lr_schedule, warmup_rounds, lr_power, lr_scaling,
                  base_batch_size, and the algorithm's own options
@@ -124,6 +124,8 @@ SEED_LIMIT = 2**64
 MAX_PARAMETERS = 2**31
 """Most parameters a built-in model may have (8 GiB a float32 copy; a peer keeps several).
 :func:`fedcore.models.build_model` refuses larger ones before allocating anything."""
+MAX_LOCAL_STEPS = 10**4
+"""Most ``run.local_steps``: local steps a round (each reads one minibatch)."""
 MAX_BATCH = 10**6
 """Largest ``data.batch_size``."""
 MAX_FEATURES = 100_000
@@ -141,6 +143,9 @@ class RunConfig:
     ``checkpoint_every``: a run (``fedcore simulate``) or a peer (``fedcore node``)
     checkpoints its state every K rounds (0: never); ``fedcore simulate --resume RUN_DIR``
     and ``fedcore node --resume`` continue from the newest good checkpoint.
+    ``local_steps``: K steps of the node's optimizer on K local minibatches a round, the
+    last of them the algorithm's own step before it communicates (local SGD; local D-SGD
+    for the gossip algorithms); 1 is one step a round.
     """
 
     name: str = ""
@@ -149,6 +154,7 @@ class RunConfig:
     eval_every: int = 25
     regret: bool = False
     checkpoint_every: int = 0
+    local_steps: int = 1
 
     def __post_init__(self) -> None:
         """Validate ranges."""
@@ -161,6 +167,13 @@ class RunConfig:
         _int_range("run.rounds", self.rounds, 1, MAX_ROUNDS)
         _int_range("run.eval_every", self.eval_every, 1, MAX_ROUNDS)
         _int_range("run.checkpoint_every", self.checkpoint_every, 0, MAX_ROUNDS)
+        _int_range("run.local_steps", self.local_steps, 1, MAX_LOCAL_STEPS)
+        _require(
+            not (self.regret and self.local_steps > 1),
+            "run.local_steps",
+            self.local_steps,
+            "must be 1 with run.regret = true (regret counts one loss a node a round)",
+        )
         _require(
             "/" not in self.name and "\\" not in self.name,
             "run.name",

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from fedcore.algorithms.base import Algorithm, Outbox, RoundContext
+from fedcore.algorithms.base import Algorithm, Outbox, RoundContext, local_step
 from fedcore.algorithms.optim import Optimizer
 from fedcore.compression import Codec, RawCodec, get_codec
 from fedcore.config import LR_SCHEDULES, MODES
@@ -126,6 +126,8 @@ class NodeOptions:
         rounds: The run's rounds (what ``cosine`` and ``poly`` decay over).
         warmup_rounds: Rounds of linear warm-up.
         lr_power: ``poly``'s power.
+        local_steps: Optimizer steps a round (``run.local_steps``), the last one the
+            algorithm's own step; the record's loss is their mean.
         mode: ``"strict"`` or ``"deadline"``.
         deadline_s: Per-phase wait in deadline mode.
         strict_timeout_s: Upper bound of a strict-mode wait before failing.
@@ -140,6 +142,7 @@ class NodeOptions:
     rounds: int = 0
     warmup_rounds: int = 0
     lr_power: float = 1.0
+    local_steps: int = 1
     mode: str = "strict"
     deadline_s: float = 5.0
     strict_timeout_s: float = 300.0
@@ -378,14 +381,19 @@ class Node:
         faults = self._faults
         if faults is not None and faults.down(t):
             return self._skip_round(t, ctx.lr, began)
-        x, y = self.stream.next_batch()
-        self.batches_read += 1
-        params = self.algorithm.model(self.state)
-        loss, grad = self.objective.loss_and_grad(params, x, y)
-        step_ctx = ctx
-        if self.optimizer is not None:
-            grad, self.opt_state = self.optimizer.update(grad, self.opt_state, params, ctx.lr)
-            step_ctx = dataclasses.replace(ctx, lr=1.0)
+        step_ctx = ctx if self.optimizer is None else dataclasses.replace(ctx, lr=1.0)
+        losses = []
+        for k in range(self.options.local_steps):  # the last one is the algorithm's step
+            x, y = self.stream.next_batch()
+            self.batches_read += 1
+            params = self.algorithm.model(self.state)
+            loss, grad = self.objective.loss_and_grad(params, x, y)
+            losses.append(loss)
+            if self.optimizer is not None:
+                grad, self.opt_state = self.optimizer.update(grad, self.opt_state, params, ctx.lr)
+            if k + 1 < self.options.local_steps:
+                self.state = local_step(self.algorithm, self.state, grad, step_ctx)
+        loss = losses[0] if len(losses) == 1 else math.fsum(losses) / len(losses)
         self.state, outbox = self.algorithm.step(self.state, grad, step_ctx)
         missing: list[str] = []
         dropped_in: list[str] = []

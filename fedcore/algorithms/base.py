@@ -46,7 +46,15 @@ from fedcore.compression import Codec
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema, Payload, ScalarSpec
 
-__all__ = ["Algorithm", "Inbox", "Outbox", "RoundContext", "check_phase", "model_schema"]
+__all__ = [
+    "Algorithm",
+    "Inbox",
+    "Outbox",
+    "RoundContext",
+    "check_phase",
+    "local_step",
+    "model_schema",
+]
 
 Outbox = Mapping[str, Payload]
 """Messages to send: destination node id -> payload."""
@@ -137,6 +145,32 @@ class Algorithm(Protocol):
             AlgorithmError: ``sender`` sends this node nothing in ``phase`` (or no such phase).
         """
         ...
+
+
+def local_step(algorithm: Any, state: Any, grad: torch.Tensor, ctx: Any) -> Any:
+    """One local step between communications (``run.local_steps``): the step an algorithm
+    takes where its round applies ``lr * grad``, with no message.
+
+    An algorithm that steps anywhere but on its state's ``x`` (push-sum with
+    ``step_scale = "omega"``) defines ``local_step(state, grad, ctx)``; for every other the
+    step is ``x <- x - ctx.lr * grad``. ``ctx`` is a :class:`RoundContext` (or the batched
+    engine's round, whose ``keep`` leaves crashed nodes alone).
+
+    Raises:
+        AlgorithmError: the state has no ``x`` and the algorithm no ``local_step``.
+    """
+    own = getattr(algorithm, "local_step", None)
+    if own is not None:
+        return own(state, grad, ctx)
+    x = getattr(state, "x", None)
+    if not isinstance(x, torch.Tensor) or not hasattr(state, "_replace"):
+        raise AlgorithmError(
+            f"algorithm {getattr(algorithm, 'name', algorithm)!r} cannot take local steps "
+            "(run.local_steps > 1): its state has no model x and it defines no local_step."
+        )
+    stepped = x - ctx.lr * grad
+    keep = getattr(ctx, "keep", None)
+    return state._replace(x=keep(stepped, x) if keep is not None else stepped)
 
 
 def check_phase(name: str, phase: int, phases: int = 1) -> None:

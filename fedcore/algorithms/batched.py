@@ -478,6 +478,10 @@ class BatchedOPS:
             return x - (lr * omega).to(x.dtype).unsqueeze(1) * grad
         return x - lr * grad
 
+    def local_step(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
+        """A local step between communications: the step on the numerator, no shares."""
+        return state._replace(x=ctx.keep(self._step(state.x, state.omega, grad, ctx.lr), state.x))
+
     def round(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
         """The step on the numerator, then plain shares or robust totals."""
         x_half = self._step(state.x, state.omega, grad, ctx.lr)

@@ -436,6 +436,14 @@ class OPS:
             )
         return state
 
+    def local_step(
+        self, state: OPSState | RobustOPSState, grad: torch.Tensor, ctx: RoundContext
+    ) -> OPSState | RobustOPSState:
+        """A local step between communications: the round's step on the numerator (with
+        the round's step scale), nothing pushed; the weight and the totals stay."""
+        scale = "omega" if _holds(state.silent, ctx) else self.step_scale
+        return state._replace(x=gradient_step(state.x, state.omega, grad, ctx.lr, scale))
+
     def step(
         self, state: OPSState | RobustOPSState, grad: torch.Tensor, ctx: RoundContext
     ) -> tuple[OPSState | RobustOPSState, Outbox]:

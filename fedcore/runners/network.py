@@ -620,6 +620,7 @@ def prepare_run(
         rounds=config.run.rounds,
         warmup_rounds=warmup,
         lr_power=config.algorithm.lr_power,
+        local_steps=config.run.local_steps,
         mode=config.transport.mode,
         deadline_s=config.transport.deadline_s,
         strict_timeout_s=config.transport.strict_timeout_s,

@@ -919,6 +919,10 @@ def make_summary(
             "messages_late": totals["messages_late"],
             "messages_rejected": totals["messages_rejected"],
             "bytes_per_node_per_round": totals["bytes_sent"] / (n * max(1, observer.rounds_done)),
+            # run.local_steps optimizer steps a round: the bytes each step costs.
+            "local_steps": config.run.local_steps,
+            "bytes_per_node_per_local_step": totals["bytes_sent"]
+            / (n * max(1, observer.rounds_done) * config.run.local_steps),
             "codec": config.compression.codec,
             # What float32 would have taken for the same tensors, over what was sent
             # (payload bytes, headers excluded).

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedcore.algorithms.base import local_step
 from fedcore.algorithms.batched import (
     BatchedAlgorithm,
     BatchRound,
@@ -275,13 +276,40 @@ class VectorizedNetwork:
         up = torch.from_numpy(up_np).to(self.device)
         slot = t % len(self.graphs)
         graph = self.graphs[slot]
-        params = self.model()
-        loss = torch.full((self.n,), math.nan, dtype=torch.float64, device=self.device)
-        grad = torch.zeros_like(params)
-        for rows, x, y, mask in self._data(t, up_np):
-            losses, grads = self.objective.loss_and_grad(params[rows], x, y, mask)
-            loss[rows] = losses.to(torch.float64)
-            grad[rows] = grads
+        lr = self.setup.options.lr_at(t)
+        step_lr = lr if self.optimizer is None else 1.0  # with an optimizer, the step is u
+        steps = self.setup.options.local_steps
+        local = BatchRound(
+            round=t,
+            lr=step_lr,
+            graph=graph,
+            up=up,
+            arrived=(),
+            codec=self.codec,
+            nodes=self.nodes,
+            everyone_up=bool(up_np.all()),
+        )
+        loss_sum: torch.Tensor | None = None
+        for k in range(steps):  # as a Node does: the last step is the algorithm's own
+            params = self.model()
+            loss = torch.full((self.n,), math.nan, dtype=torch.float64, device=self.device)
+            grad = torch.zeros_like(params)
+            for rows, x, y, mask in self._data(t, up_np):
+                losses, grads = self.objective.loss_and_grad(params[rows], x, y, mask)
+                loss[rows] = losses.to(torch.float64)
+                grad[rows] = grads
+            if self.optimizer is not None:
+                u, opt_state = self.optimizer.update(grad, self.opt_state, params, lr)
+                self.opt_state = (
+                    opt_state if up_np.all() else keep_rows(up, opt_state, self.opt_state)
+                )
+                grad = u
+            if steps > 1:
+                loss_sum = loss if loss_sum is None else loss_sum + loss
+            if k + 1 < steps:
+                self.state = local_step(self.form, self.state, grad, local)
+        if loss_sum is not None:
+            loss = loss_sum / steps
         arrived: list[torch.Tensor] = []
         phases = self.phases[slot]
         figures = _Counter(self.n, self.device)
@@ -300,14 +328,9 @@ class VectorizedNetwork:
             else:
                 figures.traffic(m, ok)
             arrived.append(ok)
-        lr = self.setup.options.lr_at(t)
-        if self.optimizer is not None:  # as a Node does: the step is the direction u
-            u, opt_state = self.optimizer.update(grad, self.opt_state, params, lr)
-            self.opt_state = opt_state if up_np.all() else keep_rows(up, opt_state, self.opt_state)
-            grad, lr = u, 1.0
         ctx = BatchRound(
             round=t,
-            lr=lr,
+            lr=step_lr,
             graph=graph,
             up=up,
             arrived=arrived,
