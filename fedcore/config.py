@@ -4,7 +4,8 @@ A config file has ten tables; every key is optional and defaults to the built-in
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
 
     [run]        name, seed, rounds, eval_every, regret, checkpoint_every, local_steps
-    [topology]   kind, nodes, seed, file, p, rows, cols, degree, undirected  (file wins)
+    [topology]   kind, nodes, seed, file, p, rows, cols, degree, undirected, server
+                 (file wins)
     [algorithm]  name, lr, lr_schedule, warmup_rounds, lr_power, lr_scaling,
                  base_batch_size, and the algorithm's own options
     [optimizer]  name, momentum, nesterov, betas, eps, weight_decay, eta, trust_clip
@@ -190,6 +191,8 @@ class TopologyConfig:
     config file is relative to that file's folder, one given with ``--set`` to the current
     directory). ``undirected = true`` adds the reverse of every one-way edge (an undirected
     exponential or Erdos-Renyi graph, for algorithms that need a symmetric one).
+    ``server``: the parameter server's node id, of a ``star`` (``nodes`` workers and the
+    server) or of a graph file, for the server family (``fedavg``, ...); it holds no data.
     """
 
     kind: str = "social"
@@ -201,6 +204,7 @@ class TopologyConfig:
     cols: int = 0
     degree: int = 4
     undirected: bool = False
+    server: str = "server"
 
     def __post_init__(self) -> None:
         """Validate ranges."""
@@ -210,6 +214,7 @@ class TopologyConfig:
         _int_range("topology.cols", self.cols, 0, MAX_NODES)
         _int_range("topology.degree", self.degree, 1, MAX_NODES - 1)
         _require(0.0 < self.p <= 1.0, "topology.p", self.p, "must be in (0, 1]")
+        check_node_id(self.server, "topology.server", ConfigError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -37,6 +37,7 @@ __all__ = [
     "PARTITIONS",
     "BatchStream",
     "Dataset",
+    "NoData",
     "check_partition_size",
     "digits",
     "load_dataset",
@@ -412,6 +413,20 @@ def _dirichlet(
     )
 
 
+class NoData:
+    """The stream of a node that holds no data (the server family's server)."""
+
+    examples = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Never: such a node takes no training step.
+
+        Raises:
+            DataError: always.
+        """
+        raise DataError("this node holds no training data (a server); it takes no step.")
+
+
 class BatchStream:
     """One node's minibatches: shuffled without replacement, reshuffled every epoch.
 
@@ -443,6 +458,8 @@ class BatchStream:
             raise DataError(f"data.order must be one of {ORDERS}, got {order!r}.")
         self.x = x
         self.y = y
+        self.examples = len(x)
+        """How many training examples the node holds (FedAvg's weight)."""
         self.batch_size = min(batch_size, len(x))
         self._gen = torch.Generator().manual_seed(seed)
         self._sorted = order == "sorted"

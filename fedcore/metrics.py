@@ -61,11 +61,23 @@ def consensus_distance(models: Sequence[torch.Tensor]) -> float:
 
 
 def evaluate_models(
-    objective: Objective, models: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+    objective: Objective,
+    models: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    server: str | None = None,
 ) -> dict[str, Any]:
-    """Accuracy and loss of the average model and of every node's model on ``(x, y)``."""
+    """Accuracy and loss of the average model and of every node's model on ``(x, y)``.
+
+    With a ``server`` (the server family), the "average model" is the server's (the global
+    model) and the per-node figures are the workers' alone."""
+    if server is not None:
+        average = models[server]
+        models = {nid: m for nid, m in models.items() if nid != server}
     tensors = list(models.values())
-    average = torch.stack(tensors).mean(dim=0)
+    if server is None:
+        average = torch.stack(tensors).mean(dim=0)
     avg_loss, avg_acc = objective.evaluate(average, x, y)
     node_acc = {nid: objective.evaluate(m, x, y)[1] for nid, m in models.items()}
     return {

@@ -195,10 +195,15 @@ class RoundRecord:
     """This node was crashed (fault injection) and skipped the round; ``loss`` is NaN."""
     unreachable: tuple[str, ...] = ()
     """Receivers a send failed to (deadline mode only: a dead or unreachable peer)."""
+    idle: bool = False
+    """The node took no training step this round (a server, or a worker the round did not
+    sample: its algorithm's ``trains`` said no); ``loss`` is NaN. Written only when set."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as one ``metrics.jsonl`` line (``kind = "node"``; strict JSON)."""
         line = asdict(self)
+        if not self.idle:
+            del line["idle"]
         for key in ("missing", "dropped_out", "dropped_in", "unreachable"):
             line[key] = list(line[key])
         if math.isnan(self.loss):
@@ -332,6 +337,10 @@ class Node:
         # What each phase's message holds, and (optionally) what the state makes impossible.
         self._schema = getattr(algorithm, "message_schema", None)
         self._accept = getattr(algorithm, "accept", None)
+        # Whether this node trains in a round (the server family: the server never does, a
+        # worker only when sampled); None: always. An idle node's step gets a zero gradient.
+        self._trains = getattr(algorithm, "trains", None)
+        self._examples = int(getattr(stream, "examples", 0))
         self._leads: dict[str, int] | None = None
         self._refused: set[str] = set()  # receivers whose refusal was logged
 
@@ -356,6 +365,7 @@ class Node:
             nodes=self.graph.nodes,
             codec=self.codec,
             deadline=self.options.mode == "deadline",
+            samples=self._examples,
         )
 
     async def run(self, rounds: int) -> None:
@@ -382,8 +392,10 @@ class Node:
         if faults is not None and faults.down(t):
             return self._skip_round(t, ctx.lr, began)
         step_ctx = ctx if self.optimizer is None else dataclasses.replace(ctx, lr=1.0)
-        losses = []
-        for k in range(self.options.local_steps):  # the last one is the algorithm's step
+        idle = self._trains is not None and not self._trains(ctx)
+        losses = [math.nan] if idle else []
+        grad = torch.zeros(self._shape, dtype=self._dtype) if idle else None
+        for k in range(0 if idle else self.options.local_steps):  # the last: the algorithm's
             x, y = self.stream.next_batch()
             self.batches_read += 1
             params = self.algorithm.model(self.state)
@@ -394,6 +406,7 @@ class Node:
             if k + 1 < self.options.local_steps:
                 self.state = local_step(self.algorithm, self.state, grad, step_ctx)
         loss = losses[0] if len(losses) == 1 else math.fsum(losses) / len(losses)
+        assert grad is not None
         self.state, outbox = self.algorithm.step(self.state, grad, step_ctx)
         missing: list[str] = []
         dropped_in: list[str] = []
@@ -428,6 +441,7 @@ class Node:
             dropped_in=tuple(dropped_in),
             fp32_bytes_sent=fp32,
             unreachable=tuple(dict.fromkeys(unreachable)),
+            idle=idle,
         )
         if self.observer is not None:
             self.observer(self, record)

@@ -38,7 +38,13 @@ from fedcore.data import Dataset
 from fedcore.messages import Message, Payload
 from fedcore.metrics import evaluate_models
 from fedcore.node import Node
-from fedcore.runners.network import Network, build_network, communication_graph, prepare_run
+from fedcore.runners.network import (
+    Network,
+    algorithm_options,
+    build_network,
+    communication_graph,
+    prepare_run,
+)
 from fedcore.runners.simulate import choose_engine
 from fedcore.runners.vectorized import VectorizedNetwork, evaluate_stacked
 from fedcore.topology import Topology, parse_spec
@@ -195,7 +201,7 @@ def make_network(
     config = config_from_dict(raw)
     trust = parse_spec(topology) if isinstance(topology, str) else topology
     algo = (
-        make_algorithm(config.algorithm.name, **config.algorithm.options)
+        make_algorithm(config.algorithm.name, **algorithm_options(config))
         if isinstance(algorithm, str)
         else algorithm
     )

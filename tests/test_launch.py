@@ -41,8 +41,17 @@ REPO = Path(__file__).resolve().parents[1]
             "optimizer.weight_decay=0.01",
             "algorithm.lr=0.01",
         ],
+        [
+            "algorithm.name=fedavg",
+            "topology.kind=star",
+            "topology.nodes=4",
+            "algorithm.fraction=0.5",
+            "run.local_steps=2",
+            "algorithm.server_optimizer=adam",
+            "algorithm.server_lr=0.1",
+        ],
     ],
-    ids=["ops-directed", "dpsgd-undirected", "dog-online-regret", "ops-lamb"],
+    ids=["ops-directed", "dpsgd-undirected", "dog-online-regret", "ops-lamb", "fedavg-sampled"],
 )
 def test_launch_matches_simulate_bit_for_bit(tmp_path: Path, overrides: list[str]) -> None:
     """Transport transparency: identical parameters on every node, strict mode, no faults."""

@@ -17,6 +17,7 @@ from fedcore.algorithms.online import DOG, DOL
 from fedcore.algorithms.ops import OPS, OPSState, push_shares, push_sum_mix
 from fedcore.algorithms.reference import Central, Local, ModelState
 from fedcore.algorithms.rps import RPS, RPSState
+from fedcore.algorithms.server import FedAvg, FedAvgState
 from fedcore.errors import ConfigError
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "DPSGDState",
     "DeepSqueeze",
     "DeepSqueezeState",
+    "FedAvg",
+    "FedAvgState",
     "Inbox",
     "Local",
     "ModelState",
@@ -56,6 +59,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "deepsqueeze": DeepSqueeze,
     "choco": CHOCO,
     "rps": RPS,
+    "fedavg": FedAvg,
 }
 
 

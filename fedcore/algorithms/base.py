@@ -84,6 +84,8 @@ class RoundContext:
         deadline: Receivers go on without a message that does not come (deadline mode),
             so an algorithm may leave one out; in strict mode every expected message must
             be sent.
+        samples: This node's number of training examples (0 when its stream has no fixed
+            size): FedAvg's averaging weight.
     """
 
     node: str
@@ -95,6 +97,7 @@ class RoundContext:
     nodes: tuple[str, ...] = ()
     codec: Codec | None = None
     deadline: bool = False
+    samples: int = 0
 
 
 class Algorithm(Protocol):

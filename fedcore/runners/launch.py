@@ -352,6 +352,7 @@ def _merge(
         dataset=setup.dataset,
         writer=writer,
         progress=None,
+        server=getattr(setup.algorithm, "server", None),
     )
     dtype = setup.evaluator.dtype
     models: dict[str, torch.Tensor] = dict.fromkeys(nodes, setup.start)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import threading
@@ -19,13 +20,14 @@ import numpy as np
 import torch
 
 from fedcore import topology
-from fedcore.algorithms import Algorithm, make_algorithm
+from fedcore.algorithms import ALGORITHMS, Algorithm, make_algorithm
 from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.compression import codec_seed, configured_codec
 from fedcore.config import Config, TopologyConfig, effective_lr, fingerprint
 from fedcore.data import (
     BatchStream,
     Dataset,
+    NoData,
     check_partition_size,
     load_dataset,
     partition,
@@ -76,6 +78,8 @@ def build_topology(cfg: TopologyConfig) -> Topology:
         params["degree"] = cfg.degree
     if cfg.kind == "torus":
         params.update({k: v for k, v in (("rows", cfg.rows), ("cols", cfg.cols)) if v})
+    if cfg.kind == "star":
+        params["server"] = cfg.server
     built = topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
     if not cfg.undirected:
         return built
@@ -112,6 +116,7 @@ def estimated_edges(cfg: TopologyConfig, nodes: int) -> int:
         "erdos-renyi": p * (n - 1),
         "social": one_way * 3,  # trusts two, trusted back by one
         "random-regular": cfg.degree,
+        "star": 2,  # each worker to the server and back
     }.get(cfg.kind, 1)
     return int(n * per_node) + n
 
@@ -140,7 +145,12 @@ def round_drift(config: Config) -> int:
 
 def communication_graph(algorithm: Algorithm, trust: Topology) -> Topology:
     """The weighted graph ``algorithm`` communicates over, validated for it."""
-    return topology.prepare(trust, mixing=algorithm.mixing, algorithm=algorithm.name)
+    return topology.prepare(
+        trust,
+        mixing=algorithm.mixing,
+        algorithm=algorithm.name,
+        server=getattr(algorithm, "server", None),
+    )
 
 
 @dataclass(slots=True)
@@ -395,6 +405,8 @@ class RunSetup:
         """A fresh stream of the node at graph index ``i`` (the same batches every time)."""
         if self.source is not None:
             return self.source.stream(i)
+        if self.graph.nodes[i] == getattr(self.algorithm, "server", None):
+            return NoData()
         idx = torch.as_tensor(self.parts[i])
         return BatchStream(
             self.dataset.x_train[idx],
@@ -437,6 +449,20 @@ class RunSetup:
             observer=observer,
             decode_cache=decode_cache,
         )
+
+
+def algorithm_options(config: Config) -> dict[str, Any]:
+    """The keyword options of ``config.algorithm.name``: its ``[algorithm]`` keys, and for
+    an algorithm of the server family (one whose factory takes a ``server``) ``server``
+    (``topology.server``) and ``seed`` (``run.seed``)."""
+    options = dict(config.algorithm.options)
+    factory = ALGORITHMS.get(config.algorithm.name)
+    takes = inspect.signature(factory).parameters if factory is not None else {}
+    if "server" in takes:
+        options.setdefault("server", config.topology.server)
+        if "seed" in takes:  # the server family's seeded choices (FedAvg's sample)
+            options.setdefault("seed", config.run.seed)
+    return options
 
 
 def node_optimizer(
@@ -512,12 +538,36 @@ def prepare_run(
     seed = config.run.seed
     laps = _Laps()
     if algorithm is None:
-        algorithm = make_algorithm(config.algorithm.name, **config.algorithm.options)
+        algorithm = make_algorithm(config.algorithm.name, **algorithm_options(config))
     _check_combinations(config, algorithm)
     if trust is None and config.topology.file:  # its size is known only once it is read
         trust = build_topology(config.topology)
         laps.done("read the graph %s: %d nodes", trust.name, len(trust.nodes))
-    n = len(trust.nodes) if trust is not None else config.topology.nodes
+    if trust is not None:
+        n = len(trust.nodes)
+    else:  # a star has its server besides topology.nodes workers
+        n = config.topology.nodes + (config.topology.kind == "star")
+    server = getattr(algorithm, "server", None)
+    # The server family's server holds no data: the split is over the workers only.
+    server_at = None
+    if server is not None:
+        if trust is not None and server not in trust.nodes:
+            raise TopologyError(
+                f"topology.server = {server!r} is not a node of the graph {trust.name!r}."
+            )
+        if trust is None and config.topology.kind != "star":
+            raise ConfigError(
+                f"algorithm {algorithm.name!r} runs on a star: set topology.kind = 'star' "
+                "(or a graph file with its server named by topology.server)."
+            )
+        server_at = trust.nodes.index(server) if trust is not None else n - 1
+        if config.data.stream:
+            raise ConfigError(
+                f"algorithm {algorithm.name!r} has a server that holds no data, but "
+                f"data.stream {config.data.stream!r} gives every node a stream of its own. "
+                "Use a dataset (data.stream = '')."
+            )
+    holders = n - (server_at is not None)
     check_mixing_size(n, mixing=algorithm.mixing, algorithm=algorithm.name)
     source = None
     if config.data.stream:
@@ -547,7 +597,10 @@ def prepare_run(
             known = training_examples(config.data.dataset, test_fraction=config.data.test_fraction)
             if known is not None:  # refuse too many nodes before even loading the data
                 check_partition_size(
-                    known, n, config.data.partition, shards_per_node=config.data.shards_per_node
+                    known,
+                    holders,
+                    config.data.partition,
+                    shards_per_node=config.data.shards_per_node,
                 )
             dataset = load_dataset(
                 config.data.dataset, seed=seed, test_fraction=config.data.test_fraction
@@ -560,13 +613,15 @@ def prepare_run(
     else:
         parts = partition(
             dataset.y_train,
-            n,
+            holders,
             config.data.partition,
             seed=seed,
             alpha=config.data.alpha,
             shards_per_node=config.data.shards_per_node,
         )
-        laps.done("split the data %s across %d nodes", config.data.partition, n)
+        if server_at is not None:
+            parts.insert(server_at, np.zeros(0, dtype=np.int64))
+        laps.done("split the data %s across %d nodes", config.data.partition, holders)
     evaluator = make_objective(config, dataset)
     _probe(evaluator, dataset, config.model.name)
     laps.done("built and probed model %s", config.model.name)

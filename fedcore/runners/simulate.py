@@ -171,10 +171,14 @@ class RunObserver:
         writer: JsonlWriter | None,
         progress: Progress | None,
         records: str = "all",
+        server: str | None = None,
     ) -> None:
         """Expect one record per node of ``nodes`` per round of ``config``; write them to
-        ``writer`` as ``records`` says (``all``, ``eval``: on evaluation rounds, ``none``)."""
+        ``writer`` as ``records`` says (``all``, ``eval``: on evaluation rounds, ``none``).
+        ``server``: the server family's server, whose model is the one evaluated as the
+        average model (:func:`~fedcore.metrics.evaluate_models`)."""
         self.nodes = tuple(nodes)
+        self.server = server
         self.records = records
         self.n = len(self.nodes)
         self.rounds = config.run.rounds
@@ -275,8 +279,9 @@ class RunObserver:
         losses = self.losses[record.node]
         if len(losses) <= t:
             losses.extend([None] * (t + 1 - len(losses)))
-        losses[t] = None if record.down else record.loss
-        self._round_loss.setdefault(t, []).append(None if record.down else record.loss)
+        loss = None if record.down or record.idle else record.loss
+        losses[t] = loss
+        self._round_loss.setdefault(t, []).append(loss)
         self._round_bytes[t] = self._round_bytes.get(t, 0) + record.bytes_sent
         counts = self._round_counts.setdefault(t, [0, 0, 0])
         counts[0] += record.messages_sent
@@ -302,7 +307,11 @@ class RunObserver:
         if snapshots is not None and len(snapshots) == self.n:
             ordered = {nid: snapshots[nid] for nid in self.nodes}
             result = evaluate_models(
-                self.evaluator, ordered, self.dataset.x_test, self.dataset.y_test
+                self.evaluator,
+                ordered,
+                self.dataset.x_test,
+                self.dataset.y_test,
+                server=self.server,
             )
             self.add_eval(t, train_loss, result)
         if self.progress is not None:
@@ -556,6 +565,7 @@ def _execute(
         writer=writer,
         progress=progress,
         records=node_records_mode(config, len(nodes)),
+        server=getattr(setup.algorithm, "server", None),
     )
     engine = "vectorized" if vectorized is not None else "messages"
     wall_before = float(saved["wall_seconds"]) if saved is not None else 0.0

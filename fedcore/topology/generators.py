@@ -16,6 +16,7 @@ import networkx as nx
 
 from fedcore.config import MAX_NODES, SEED_LIMIT
 from fedcore.errors import TopologyError
+from fedcore.ids import check_node_id
 from fedcore.topology.graph import TrustGraph
 from fedcore.topology.schedule import Schedule, Topology
 
@@ -30,6 +31,7 @@ __all__ = [
     "random_regular",
     "ring",
     "social",
+    "star",
     "torus",
 ]
 
@@ -43,6 +45,7 @@ KINDS: tuple[str, ...] = (
     "social",
     "random-regular",
     "one-peer-exponential",
+    "star",
 )
 
 MAX_PAIRS = 10**8
@@ -140,6 +143,27 @@ def complete(n: int) -> TrustGraph:
     return _from_index_edges(
         f"complete-{n}", n, [(u, v) for u in range(n) for v in range(n) if u != v]
     )
+
+
+def star(n: int, *, server: str = "server") -> TrustGraph:
+    """``n`` workers ``n0 .. n{n-1}`` and a parameter server ``server`` (the last node),
+    with edges both ways between the server and every worker and none between workers: the
+    trust graph of the server family (FedAvg, DoubleSqueeze, APMSqueeze).
+
+    Raises:
+        TopologyError: fewer than one worker, or a server id that is not a valid node id or
+            is a worker's name.
+    """
+    n = _check_count(n, "number of star workers", minimum=1)
+    workers = _names(n)
+    check_node_id(server, "the server of a star (topology.server)", TopologyError)
+    if server in workers:
+        raise TopologyError(
+            f"The server id {server!r} of a star is also a worker's name; workers are "
+            f"n0..n{n - 1}. Pick another topology.server."
+        )
+    edges = [pair for w in workers for pair in ((w, server), (server, w))]
+    return TrustGraph.from_edges(edges, name=f"star-{n}", nodes=[*workers, server])
 
 
 def erdos_renyi(n: int, p: float, *, seed: int) -> TrustGraph:
@@ -352,6 +376,7 @@ _BUILDERS = {
     "social": ((), lambda n, s, p: social(n, seed=s)),
     "random-regular": (("degree",), _build_random_regular),
     "one-peer-exponential": ((), lambda n, s, p: one_peer_exponential(n)),
+    "star": (("server",), lambda n, s, p: star(n, server=str(p.get("server", "server")))),
 }
 
 
@@ -365,7 +390,8 @@ def build(kind: str, *, nodes: int, seed: int = 0, **params: object) -> Topology
             others ignore it.
         **params: Kind-specific parameters: ``rows`` and ``cols`` for ``torus`` (default: a
             square of side ``isqrt(nodes)``), ``p`` for ``erdos-renyi`` (default 0.3),
-            ``degree`` for ``random-regular`` (default 4).
+            ``degree`` for ``random-regular`` (default 4), ``server`` for ``star`` (the
+            server's id, default ``"server"``; ``nodes`` counts the workers).
 
     Raises:
         TopologyError: On an unknown kind, an unknown parameter or a bad value.

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 
 from fedcore.errors import TopologyError
-from fedcore.topology.graph import TrustGraph, format_components
+from fedcore.topology.graph import TrustGraph, format_components, format_nodes
 from fedcore.topology.schedule import Schedule, Topology
 
 __all__ = [
@@ -37,7 +37,14 @@ __all__ = [
 TOLERANCE = 1e-9
 """How far a weight sum may stray from 1 and still count as 1."""
 
-MIXINGS: tuple[str, ...] = ("push-sum", "doubly-stochastic", "complete", "all-pairs", "none")
+MIXINGS: tuple[str, ...] = (
+    "push-sum",
+    "doubly-stochastic",
+    "complete",
+    "all-pairs",
+    "none",
+    "star",
+)
 
 MAX_MIXING_PAIRS = 10**7
 """Most ordered pairs the ``complete`` and ``all-pairs`` mixings may weigh (3,162 nodes):
@@ -250,7 +257,41 @@ def _prepare_doubly_stochastic(g: TrustGraph) -> TrustGraph:
     return _mh_graph(g)
 
 
-def prepare(t: Topology, *, mixing: str, algorithm: str) -> Topology:
+def _prepare_star(t: Topology, server: str | None, algorithm: str) -> TrustGraph:
+    """The star around ``server`` in ``t``: every other node a worker with an edge to the
+    server and one back; worker-to-worker edges are dropped (the family never uses them).
+    Weights: ``1 / workers`` on each worker -> server edge (the server's plain average),
+    1 on each server -> worker edge, no self-loops."""
+    if isinstance(t, Schedule):
+        raise TopologyError(
+            f"The algorithm '{algorithm}' runs on a fixed star, not on the schedule '{t.name}'."
+        )
+    if not server or server not in t.nodes:
+        raise TopologyError(
+            f"The algorithm '{algorithm}' needs its server {server!r} (topology.server) in the "
+            f"graph '{t.name}', whose nodes are {format_nodes(t.nodes)}. Use topology.kind = "
+            "'star', or name the graph's server with topology.server."
+        )
+    workers = [v for v in t.nodes if v != server]
+    if not workers:
+        raise TopologyError(f"The star '{t.name}' has a server and no worker.")
+    edges = set(t.edges())
+    for w in workers:
+        for edge in ((w, server), (server, w)):
+            if edge not in edges:
+                raise TopologyError(
+                    f"The algorithm '{algorithm}' needs edges both ways between its server "
+                    f"{server!r} and every worker, but graph '{t.name}' has no edge "
+                    f"{edge[0]} -> {edge[1]}."
+                )
+    star = [pair for w in workers for pair in ((w, server), (server, w))]
+    graph = TrustGraph.from_edges(star, name=t.name, nodes=t.nodes)
+    share = 1.0 / len(workers)
+    weights = {(w, server): share for w in workers} | {(server, w): 1.0 for w in workers}
+    return graph.with_weights(weights)
+
+
+def prepare(t: Topology, *, mixing: str, algorithm: str, server: str | None = None) -> Topology:
     """Check that ``t`` suits an algorithm and return it with valid mixing weights.
 
     Args:
@@ -263,8 +304,11 @@ def prepare(t: Topology, *, mixing: str, algorithm: str) -> Topology:
             ignoring the edges: the CENTRAL reference point), ``"all-pairs"`` (every ordered
             pair of distinct nodes must be an edge in every round, as RPS sends to every
             block owner; the result is the complete graph with uniform ``1/n`` weights, which
-            RPS does not use for mixing) or ``"none"`` (self-loops only: local training).
+            RPS does not use for mixing), ``"none"`` (self-loops only: local training) or
+            ``"star"`` (the server family: edges both ways between ``server`` and every
+            other node, see :func:`_prepare_star`).
         algorithm: The algorithm's registry name, used in messages.
+        server: The server's id (``"star"`` mixing only).
 
     Raises:
         TopologyError: On an unknown mixing, a one-way graph for doubly stochastic mixing, a
@@ -272,6 +316,8 @@ def prepare(t: Topology, *, mixing: str, algorithm: str) -> Topology:
             strongly connected (over one period for a Schedule), invalid weights, or too many
             nodes for a complete or all-pairs mixing (:func:`check_mixing_size`).
     """
+    if mixing == "star":
+        return _prepare_star(t, server, algorithm)
     if mixing in ("complete", "all-pairs", "none"):
         nodes = t.nodes
         n = len(nodes)

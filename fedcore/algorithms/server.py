@@ -1,0 +1,230 @@
+"""The server family on a star trust graph: FedAvg (FedAvgM, FedAdam).
+
+A parameter server is one more peer: the ``star`` graph (``topology.kind = "star"``) has
+workers ``n0 .. n{N-1}`` and a server (``topology.server``) with edges both ways to every
+worker. The server holds no data and never trains (its ``trains`` is false, so its node
+computes no gradient); the model it holds is the global model, which is what a run's
+"average model" figures report. Every round has two phases: workers to the server (phase
+0), the server to workers (phase 1). reference/algorithms.md section 13.
+
+**FedAvg** (McMahan, Moore, Ramage, Hampson, Aguera y Arcas, AISTATS 2017)::
+
+    S_t  = the seeded sample of round t: m = max(1, round(C N)) workers    # every peer alike
+    worker k in S_t:  K local steps from its model (run.local_steps; the node's optimizer),
+                      send (x_k, n_k) to the server                          # phase 0
+    server:           xbar = sum_k n_k x_k / sum_k n_k over what arrived     # float64 sum
+                      x <- xbar                           (server_optimizer "sgd", lr 1)
+                      x <- x - opt(x - xbar)              (FedAvgM / FedAdam otherwise)
+                      send x to every worker of S_{t+1}                       # phase 1
+    worker k in S_{t+1}: x_k <- x
+
+``n_k`` is the worker's number of training examples. The sample is a pure function of
+``(seed, t)`` (the run seed; a SHA-256 key per worker, the m smallest), so every peer on
+every transport computes the same one and nobody waits for a worker that was not sampled.
+
+**Between rounds** a worker that is not sampled does nothing: no gradient, no message,
+its model unchanged. A worker holds the global model from the round before each round it
+is sampled in (the server sends it only to the next round's sample); otherwise its model is
+the one it last trained or last received, which is what its per-node figures measure.
+
+**Lost messages** (a fault plan, deadline mode): the server averages the models that
+arrived (weights renormalised over them); if none arrived, the global model stays. A
+worker whose global model did not arrive trains from the model it holds. Nothing else
+depends on a message, so no state can disagree between peers.
+
+**With a node optimizer** (``[optimizer]``), a worker's local steps (and its last, the
+algorithm's step) use its direction ``u`` where plain SGD uses ``lr * g``; the optimizer
+state stays at the worker across the rounds it is not sampled in. The *server* optimizer
+(``server_optimizer``: ``sgd``, ``momentum`` or ``adam``, with ``server_lr``) is separate:
+it acts on the averaged difference ``x - xbar`` (Reddi et al., ICLR 2021).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, NamedTuple
+
+import torch
+
+from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
+from fedcore.algorithms.optim import Optimizer, make_optimizer
+from fedcore.errors import AlgorithmError, ConfigError
+from fedcore.messages import MessageSchema, Payload, ScalarSpec
+
+__all__ = ["FedAvg", "FedAvgState", "sample_workers"]
+
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
+"""What ``algorithm.server_optimizer`` may name."""
+
+_SAMPLES = ScalarSpec(0.0, 2.0**53, "a worker's count of training examples")
+
+
+def sample_workers(workers: tuple[str, ...], fraction: float, seed: int, t: int) -> set[str]:
+    """The workers of round ``t``: the ``max(1, round(fraction * N))`` whose SHA-256 key
+    of ``(seed, t, id)`` is smallest (a pure function: every peer gets the same)."""
+    m = max(1, min(len(workers), round(fraction * len(workers))))
+    if m >= len(workers):
+        return set(workers)
+
+    def key(worker: str) -> bytes:
+        return hashlib.sha256(f"fedavg:{seed}:{t}:{worker}".encode()).digest()
+
+    return set(sorted(workers, key=key)[:m])
+
+
+class FedAvgState(NamedTuple):
+    """A worker's model, or the server's global model and its server-optimizer state."""
+
+    x: torch.Tensor
+    server_opt: Any = None
+
+
+class FedAvg:
+    """FedAvg with client sampling and local steps (see the module docstring).
+
+    Args:
+        server: The server's node id (``topology.server``).
+        fraction: The fraction C of the workers sampled each round, in (0, 1].
+        seed: The seed of the sample (the run seed).
+        server_optimizer: ``"sgd"`` (plain FedAvg at ``server_lr = 1``), ``"momentum"``
+            (FedAvgM) or ``"adam"`` (FedAdam), on the averaged difference.
+        server_lr: The server optimizer's step size.
+        server_momentum: ``momentum``'s coefficient.
+    """
+
+    name = "fedavg"
+    mixing = "star"
+    phases = 2
+
+    def __init__(
+        self,
+        server: str = "server",
+        fraction: float = 1.0,
+        seed: int = 0,
+        server_optimizer: str = "sgd",
+        server_lr: float = 1.0,
+        server_momentum: float = 0.9,
+    ) -> None:
+        """Check the options."""
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ConfigError(f"algorithm.fraction must be a number, got {fraction!r}.")
+        if not 0 < fraction <= 1:
+            raise ConfigError(f"algorithm.fraction must be in (0, 1], got {fraction}.")
+        if server_optimizer not in SERVER_OPTIMIZERS:
+            raise ConfigError(
+                f"algorithm.server_optimizer must be one of {', '.join(SERVER_OPTIMIZERS)}, "
+                f"got {server_optimizer!r}."
+            )
+        if isinstance(server_lr, bool) or not isinstance(server_lr, int | float):
+            raise ConfigError(f"algorithm.server_lr must be a number, got {server_lr!r}.")
+        if not 0 <= server_lr < float("inf"):
+            raise ConfigError(f"algorithm.server_lr must be finite and >= 0, got {server_lr}.")
+        self.server = server
+        self.fraction = float(fraction)
+        self.seed = int(seed)
+        self.server_optimizer = server_optimizer
+        self.server_lr = float(server_lr)
+        options: dict[str, Any] = {}
+        if server_optimizer == "momentum":
+            options["momentum"] = server_momentum
+        self._opt: Optimizer | None = (
+            None
+            if server_optimizer == "sgd" and self.server_lr == 1.0
+            else make_optimizer(server_optimizer, **options)
+        )
+        self._samples: dict[tuple[tuple[str, ...], int], set[str]] = {}
+
+    # -- who does what ---------------------------------------------------------------------
+
+    def _workers(self, ctx: RoundContext) -> tuple[str, ...]:
+        return tuple(v for v in ctx.nodes if v != self.server)
+
+    def sample(self, ctx: RoundContext, t: int) -> set[str]:
+        """The workers sampled in round ``t`` (cached: the last few rounds)."""
+        workers = self._workers(ctx)
+        key = (workers, t)
+        chosen = self._samples.get(key)
+        if chosen is None:
+            if len(self._samples) > 8:
+                self._samples.clear()
+            chosen = self._samples[key] = sample_workers(workers, self.fraction, self.seed, t)
+        return chosen
+
+    def trains(self, ctx: RoundContext) -> bool:
+        """Whether this node takes local steps this round: a sampled worker."""
+        return ctx.node != self.server and ctx.node in self.sample(ctx, ctx.round)
+
+    # -- the state machine -----------------------------------------------------------------
+
+    def init(self, params: torch.Tensor) -> FedAvgState:
+        """Every node starts from ``params`` (the server's global model too)."""
+        return FedAvgState(params.clone(), None)
+
+    def model(self, state: FedAvgState) -> torch.Tensor:
+        """The worker's model, or the server's global model."""
+        return state.x
+
+    def step(
+        self, state: FedAvgState, grad: torch.Tensor, ctx: RoundContext
+    ) -> tuple[FedAvgState, Outbox]:
+        """A sampled worker's last local step, and its model for the server; nothing for
+        the server or an unsampled worker."""
+        if not self.trains(ctx):
+            return state, {}
+        x = state.x - ctx.lr * grad
+        samples = float(max(1, ctx.samples))
+        return FedAvgState(x, None), {self.server: Payload({"x": x}, {"samples": samples})}
+
+    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
+        """Phase 0: the round's sample, at the server. Phase 1: the server, at a worker of
+        the next round's sample."""
+        check_phase(self.name, phase, self.phases)
+        if phase == 0:
+            return tuple(sorted(self.sample(ctx, ctx.round))) if ctx.node == self.server else ()
+        if ctx.node != self.server and ctx.node in self.sample(ctx, ctx.round + 1):
+            return (self.server,)
+        return ()
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """Phase 0: a worker's model ``"x"`` and its example count ``"samples"``; phase 1:
+        the global model ``"x"``."""
+        if sender not in self.expected_senders(phase, ctx):
+            raise AlgorithmError(
+                f"{sender!r} sends {ctx.node!r} nothing in phase {phase} of round {ctx.round}."
+            )
+        if phase == 0:
+            return model_schema("x", samples=_SAMPLES)
+        return model_schema("x")
+
+    def mix(
+        self, state: FedAvgState, phase: int, inbox: Inbox, ctx: RoundContext
+    ) -> tuple[FedAvgState, Outbox]:
+        """Phase 0 at the server: the weighted average of what arrived, the server step,
+        and the global model for the next round's sample. Phase 1 at a worker: take the
+        global model if it arrived."""
+        check_phase(self.name, phase, self.phases)
+        if phase == 1:
+            if ctx.node != self.server and self.server in inbox:
+                return FedAvgState(inbox[self.server].tensor("x").clone(), None), {}
+            return state, {}
+        if ctx.node != self.server:
+            return state, {}
+        x, opt = state.x, state.server_opt
+        if inbox:
+            x, opt = self._server_step(state, inbox)
+        payload = Payload({"x": x})
+        return FedAvgState(x, opt), dict.fromkeys(sorted(self.sample(ctx, ctx.round + 1)), payload)
+
+    def _server_step(self, state: FedAvgState, inbox: Inbox) -> tuple[torch.Tensor, Any]:
+        total = torch.zeros_like(state.x, dtype=torch.float64)
+        weight = 0.0
+        for payload in inbox.values():
+            n = payload.scalars["samples"]
+            total.add_(payload.tensor("x").to(torch.float64), alpha=n)
+            weight += n
+        average = (total / weight).to(state.x.dtype)
+        if self._opt is None:
+            return average, None
+        opt_state = state.server_opt if state.server_opt is not None else self._opt.init(state.x)
+        u, opt_state = self._opt.update(state.x - average, opt_state, state.x, self.server_lr)
+        return state.x - u, opt_state

@@ -1,0 +1,156 @@
+"""FedAvg on a star: the invariants of reference/algorithms.md section 13 (issue 16)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedcore.algorithms.server import sample_workers
+from fedcore.config import load_config
+from fedcore.errors import ConfigError, TopologyError
+from fedcore.metrics import params_sha256
+from fedcore.runners import checkpoint
+from fedcore.runners.network import build_network, prepare_run
+from tests.clitools import TINY, cli
+
+STAR = ["algorithm.name=fedavg", "topology.kind=star", "model.name=mlp"]
+
+
+def _run(overrides: list[str], rounds: int) -> dict[str, torch.Tensor]:
+    network = build_network(load_config(None, [*overrides, f"run.rounds={rounds}"]))
+    network.run(rounds)
+    return {nid: node.model() for nid, node in network.nodes.items()}
+
+
+def test_full_participation_one_step_equal_counts_is_central() -> None:
+    """C = 1, K = 1, equal sample counts, plain SGD: the global model follows CENTRAL
+    (mini-batch SGD on the union) to float tolerance."""
+    common = ["topology.nodes=3", "data.partition=iid", "model.name=mlp", "algorithm.lr=0.3"]
+    setup = prepare_run(load_config(None, [*STAR, *common]))
+    assert [len(p) for p in setup.parts] == [479, 479, 479, 0]  # the server holds none
+    fed = _run([*STAR, *common], 25)
+    central = _run(["algorithm.name=central", "topology.kind=complete", *common], 25)
+    for worker in ("n0", "n1", "n2"):
+        assert torch.allclose(fed["server"], central[worker], atol=1e-5, rtol=1e-5)
+        assert torch.allclose(fed[worker], fed["server"], atol=0, rtol=0)
+
+
+def test_zero_step_size_never_moves_the_global_model() -> None:
+    settings = [*STAR, "algorithm.lr=0", "algorithm.fraction=0.5", "run.local_steps=3"]
+    settings += ["algorithm.server_optimizer=momentum", "optimizer.name=adam"]
+    network = build_network(load_config(None, settings))
+    start = network.nodes["server"].model().clone()
+    network.run(6)
+    assert torch.equal(network.nodes["server"].model(), start)
+
+
+def test_the_sample_is_a_pure_function_of_seed_and_round() -> None:
+    workers = tuple(f"n{i}" for i in range(16))
+    first = sample_workers(workers, 0.25, seed=3, t=7)
+    assert len(first) == 4 and first == sample_workers(workers, 0.25, seed=3, t=7)
+    assert len({frozenset(sample_workers(workers, 0.25, 3, t)) for t in range(20)}) > 10
+    assert sample_workers(workers, 1.0, 3, 0) == set(workers)
+    assert len(sample_workers(workers, 0.01, 3, 0)) == 1  # at least one worker
+
+
+def test_only_the_sampled_workers_train_and_talk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*TINY, "--set", "algorithm.name=fedavg", "--set", "topology.kind=star"]
+    args += ["--set", "topology.nodes=8", "--set", "algorithm.fraction=0.25"]
+    args += ["--set", "run.rounds=6", "--out", str(tmp_path / "run"), "-q"]
+    status, _, err = cli(capsys, "simulate", *args)
+    assert status == 0, err
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    nodes = [r for r in records if r["kind"] == "node"]
+    workers = tuple(f"n{i}" for i in range(8))
+    for t in range(6):
+        mine = {r["node"]: r for r in nodes if r["round"] == t}
+        sample = sample_workers(workers, 0.25, 0, t)
+        for node, r in mine.items():
+            trained = node in sample
+            assert r.get("idle", False) == (not trained), (t, node)
+            assert (r["loss"] is not None) == trained
+            assert r["messages_sent"] == (1 if trained else 0 if node != "server" else 2)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
+    assert "server" not in summary["final"]["node_accuracy"]
+    assert summary["engine"] == "messages"
+
+
+def test_lost_messages_average_what_arrived() -> None:
+    """Under a fault plan the server averages the models that arrive, workers without the
+    global model train on: the run ends, every model finite, and it learned."""
+    settings = [*STAR, "faults.drop=0.3", "run.rounds=40", "algorithm.lr=0.3"]
+    network = build_network(load_config(None, settings))
+    network.run(40)
+    for node in network.nodes.values():
+        assert bool(torch.isfinite(node.model()).all())
+    setup = prepare_run(load_config(None, settings))
+    _, accuracy = setup.evaluator.evaluate(
+        network.nodes["server"].model(), setup.dataset.x_test, setup.dataset.y_test
+    )
+    assert accuracy > 0.6
+
+
+def test_server_momentum_zero_is_plain_fedavg() -> None:
+    base = [*STAR, "algorithm.fraction=0.5", "run.local_steps=2"]
+    plain = _run(base, 8)
+    heavy = _run([*base, "algorithm.server_optimizer=momentum", "algorithm.server_momentum=0"], 8)
+    assert torch.allclose(plain["server"], heavy["server"], atol=1e-6)
+
+
+@pytest.mark.parametrize("server_optimizer", ["sgd", "adam"])
+def test_fedavg_resumes_exactly(tmp_path: Path, server_optimizer: str) -> None:
+    settings = [*STAR, "topology.nodes=4", "algorithm.fraction=0.5", "run.local_steps=2"]
+    settings += [f"algorithm.server_optimizer={server_optimizer}", "algorithm.server_lr=0.5"]
+    config = load_config(None, settings)
+    whole = build_network(config)
+    whole.run(9)
+    first = build_network(config)
+    first.run(5)
+    for node in first.nodes.values():
+        checkpoint.save(tmp_path / node.id, node)
+    second = build_network(config)
+    for node in second.nodes.values():
+        saved = checkpoint.latest(tmp_path / node.id)
+        assert saved is not None
+        checkpoint.restore(node, saved)
+    second.run(9)
+    for nid, node in whole.nodes.items():
+        assert params_sha256(second.nodes[nid].model()) == params_sha256(node.model()), nid
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "match"),
+    [
+        (["algorithm.name=fedavg", "topology.kind=ring"], ConfigError, "runs on a star"),
+        ([*STAR, "algorithm.fraction=0"], ConfigError, "algorithm.fraction"),
+        ([*STAR, "algorithm.fraction=1.5"], ConfigError, "algorithm.fraction"),
+        ([*STAR, "algorithm.server_optimizer=lamb"], ConfigError, "server_optimizer"),
+        ([*STAR, "data.stream=synthetic", "model.name=logreg"], ConfigError, "holds no data"),
+        ([*STAR, "topology.server=n3"], TopologyError, "worker's name"),
+        ([*STAR, "topology.nodes=0"], ConfigError, "topology.nodes"),
+    ],
+)
+def test_bad_settings_are_clear_errors(
+    settings: list[str], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        prepare_run(load_config(None, settings))
+
+
+def test_a_graph_file_names_its_server(tmp_path: Path) -> None:
+    graph = tmp_path / "star.txt"
+    graph.write_text("ps a\nps b\na ps\nb ps\n", encoding="utf-8")
+    setup = prepare_run(load_config(None, [*STAR, f"topology.file={graph}", "topology.server=ps"]))
+    assert [len(p) for p in setup.parts][setup.graph.index("ps")] == 0
+    with pytest.raises(TopologyError, match="'server'"):
+        prepare_run(load_config(None, [*STAR, f"topology.file={graph}"]))
+    one_way = tmp_path / "oneway.txt"
+    one_way.write_text("ps a\nps b\na ps\n", encoding="utf-8")
+    with pytest.raises(TopologyError, match="no edge b -> ps"):
+        prepare_run(load_config(None, [*STAR, f"topology.file={one_way}", "topology.server=ps"]))
