@@ -164,7 +164,8 @@ def test_one_peer_exponential(n: int) -> None:
 def test_build_every_kind() -> None:
     for kind in KINDS:
         t = build(kind, nodes=16, seed=0)
-        assert t.nodes == tuple(f"n{i}" for i in range(16))
+        server = ("server",) if kind == "star" else ()  # 16 workers and the server
+        assert t.nodes == (*(f"n{i}" for i in range(16)), *server)
     assert build("torus", nodes=12, rows=3, cols=4) == torus(3, 4)
     assert build("torus", nodes=12, rows=3) == torus(3, 4)
     assert build("erdos-renyi", nodes=10, seed=4, p=0.5) == erdos_renyi(10, 0.5, seed=4)
@@ -322,3 +323,16 @@ def test_schedule_checks_node_lists() -> None:
     assert s.period == 1
     assert s.at(7) == ring(4, directed=True)
     assert s.index("n2") == 2
+
+
+def test_star_is_the_server_and_its_workers_both_ways() -> None:
+    g = build("star", nodes=3, server="ps")
+    assert g.nodes == ("n0", "n1", "n2", "ps")
+    assert set(g.edges()) == {(w, "ps") for w in ("n0", "n1", "n2")} | {
+        ("ps", w) for w in ("n0", "n1", "n2")
+    }
+    assert parse_spec("star:2:server=hub").nodes == ("n0", "n1", "hub")
+    with pytest.raises(TopologyError, match="worker's name"):
+        build("star", nodes=3, server="n2")
+    with pytest.raises(TopologyError, match="not a safe name"):
+        build("star", nodes=3, server="a/b")
