@@ -14,12 +14,16 @@ and a 256-value bias (eight segments) at other sizes.
 Repeats interleave the optimizers (the order rotates every repeat); each sample is the mean
 of ``--calls`` back-to-back calls (fewer at large N x d, see ``calls_for``), and the table
 gives the median sample, microseconds per node-round (the call's time / N), and the ratio
-to ``lr * g``. One torch thread by default (``--threads``), as the simulator runs.
+to ``lr * g``. One torch thread by default (``--threads``), as the simulator runs, and
+glibc's default malloc, as ``fedcore simulate`` has it: every update allocates its outputs
+and temporaries, and blocks this large come from fresh ``mmap`` pages (page faults).
+``--malloc tuned`` applies ``fedcore.runners.peer.tune_malloc`` (what a gRPC peer does)
+to keep freed memory warm instead.
 
 Usage::
 
     python benchmarks/optimizer_step.py [--dims 4810 1000000] [--nodes 1 64]
-        [--repeats 7] [--out benchmarks/results/optimizer_step.json]
+        [--repeats 7] [--malloc default|tuned] [--out benchmarks/results/optimizer_step.json]
     python benchmarks/optimizer_step.py --tiny --out /tmp/opt.json   # a smoke test
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -46,6 +51,7 @@ import _common  # benchmarks/_common.py, beside this script
 
 from fedcore.algorithms.optim import Segment, make_optimizer
 from fedcore.models import mlp
+from fedcore.runners.peer import tune_malloc
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "optimizer_step.json"
 LR = 0.01
@@ -170,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--malloc",
+        choices=["default", "tuned"],
+        default="default",
+        help="glibc malloc as `fedcore simulate` runs it (default) or as a gRPC peer tunes it",
+    )
     parser.add_argument("--max-calls", type=int, default=200, help="calls per sample, at most")
     parser.add_argument(
         "--tiny", action="store_true", help="d 4810, N 1 and 4, 3 repeats of 10 calls"
@@ -179,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         args.dims, args.nodes, args.repeats, args.max_calls = [4810], [1, 4], 3, 10
     torch.set_num_threads(args.threads)
+    tuned = tune_malloc() if args.malloc == "tuned" else False
     report: dict[str, Any] = {
-        "machine": _common.machine_info(threads=args.threads),
+        "machine": _common.machine_info(threads=args.threads, malloc_tuned=tuned),
         "lr": LR,
         "optimizers": {label: [name, options] for label, name, options in OPTIMIZERS},
         "results": [],
@@ -191,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = bench(n, d, args.repeats, args.seed, args.max_calls)
                 report["results"].append(result)
                 print(table(result) + "\n", flush=True)
+    report["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     _common.write_report(args.out, report)
     return 0
 

@@ -20,7 +20,8 @@ large batch: SGD and momentum with the linearly scaled rate (``lr_scaling = line
 Adam at a tuned, unscaled rate; LARS and LAMB with ``lr_scaling = sqrt`` (LEGW) and
 ``--warmup`` of the run's rounds of linear warm-up. Every schedule is ``--schedule``
 (constant) after the warm-up. The learning rates are the defaults of ``--lr-*`` (picked by
-``--sweep`` on digits, one seed; see docs/results.md).
+``--sweep`` on digits, one seed; MNIST-1D wants ``--lr-sgd 1 --lr-momentum 0.3
+--lr-lamb 0.01``; see docs/results.md).
 
 Writes ``<out>/large-batch-<dataset>.{md,json,png}`` (run folders under
 ``<out>/runs/large-batch-<dataset>/``); with ``--sweep``, ``large-batch-<dataset>-sweep.md``.
@@ -29,6 +30,8 @@ Usage::
 
     python scripts/large_batch_results.py --dataset digits
     python scripts/large_batch_results.py --dataset digits --sweep --seeds 0
+    python scripts/large_batch_results.py --dataset mnist1d --lr-sgd 1 --lr-momentum 0.3 \
+        --lr-lamb 0.01
     python scripts/large_batch_results.py --tiny --out /tmp/lb    # CI size
 """
 
@@ -204,7 +207,11 @@ def report(
             continue
         avg = finals(runs, c["label"], "avg_model_accuracy")
         node = finals(runs, c["label"], "mean_node_accuracy")
-        std = math.sqrt(sum((a - mean(avg)) ** 2 for a in avg) / max(1, len(avg) - 1))
+        std = (
+            math.sqrt(sum((a - mean(avg)) ** 2 for a in avg) / (len(avg) - 1))
+            if len(avg) > 1
+            else math.nan
+        )
         row.update(
             avg_model_accuracy=mean(avg),
             avg_model_accuracy_std=std,
@@ -215,7 +222,8 @@ def report(
         rows.append(row)
         lines.append(
             f"| {name} | {c['batch']} | {rounds} | {epochs:.1f} | {lr:.4g} | "
-            f"{mean(avg):.4f} | {std:.4f} | {mean(node):.4f} | {row['delta_avg_points']:+.2f} |"
+            f"{mean(avg):.4f} | {'-' if math.isnan(std) else f'{std:.4f}'} | {mean(node):.4f} | "
+            f"{row['delta_avg_points']:+.2f} |"
         )
     return "\n".join(lines) + "\n", rows
 

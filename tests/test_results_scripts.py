@@ -31,6 +31,7 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+@pytest.mark.slow  # 25-50 s on the 2-core box: 12 short D-PSGD runs
 def test_large_batch_results_tiny(tmp_path: Path) -> None:
     _run(
         [

@@ -619,6 +619,17 @@ def prepare_run(
             alpha=config.data.alpha,
             shards_per_node=config.data.shards_per_node,
         )
+        smallest = min(len(p) for p in parts)
+        if config.data.batch_size > smallest:
+            logger.warning(
+                "data.batch_size = %d is larger than the %d training examples of the "
+                "smallest node: its batches hold all of them%s",
+                config.data.batch_size,
+                smallest,
+                " (algorithm.lr_scaling still scales by data.batch_size)"
+                if config.algorithm.lr_scaling != "none"
+                else "",
+            )
         if server_at is not None:
             parts.insert(server_at, np.zeros(0, dtype=np.int64))
         laps.done("split the data %s across %d nodes", config.data.partition, holders)
