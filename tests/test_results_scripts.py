@@ -42,7 +42,7 @@ def test_large_batch_results_tiny(tmp_path: Path) -> None:
             "--out",
             str(tmp_path),
         ],
-        timeout=110,
+        timeout=400,
     )
     stem = tmp_path / "large-batch-digits"
     for suffix in (".md", ".json", ".png"):
@@ -81,3 +81,18 @@ def test_optimizer_step_benchmark_tiny(tmp_path: Path) -> None:
         assert rows["lr * g"]["ratio_to_lr_g"] == pytest.approx(1.0)
         for row in rows.values():
             assert math.isfinite(row["seconds_per_call"]) and row["seconds_per_call"] > 0
+
+
+@pytest.mark.slow  # about 10 s: three short runs
+def test_federated_results_tiny(tmp_path: Path) -> None:
+    """FedAvg with C = 1, K = 1 tracks CENTRAL on the same split (within a few points: the
+    Dirichlet parts differ in size, so the weights are not CENTRAL's equal ones)."""
+    _run(["scripts/federated_results.py", "--tiny", "--jobs", "2", "--out", str(tmp_path)], 400)
+    stem = tmp_path / "federated-digits"
+    assert stem.with_suffix(".png").stat().st_size > 0
+    rows = {r["method"]: r for r in json.loads(stem.with_suffix(".json").read_text("utf-8"))}
+    assert set(rows) == {"CENTRAL", "FedAvg C=1 K=1", "FedAvg C=0.25 K=5"}
+    acc = {k: r["avg_model_accuracy"] for k, r in rows.items()}
+    assert abs(acc["FedAvg C=1 K=1"] - acc["CENTRAL"]) < 0.05
+    assert acc["FedAvg C=0.25 K=5"] > 0.5
+    assert rows["FedAvg C=0.25 K=5"]["mb_per_node"] < rows["FedAvg C=1 K=1"]["mb_per_node"] / 3
