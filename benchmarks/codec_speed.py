@@ -87,6 +87,9 @@ CODECS: list[tuple[str, str, dict[str, Any]]] = [
     ("fp8-e5m2-4096", "fp8", {"format": "e5m2", "chunk": 4096}),
     ("float-e4m3", "float", {"exp_bits": 4, "man_bits": 3}),
     ("float-e3m0", "float", {"exp_bits": 3, "man_bits": 0}),
+    # APS: one layer here (the tensor is not a model with layers): its shift table, then
+    # the shifted values
+    ("float-e4m3-aps", "float", {"exp_bits": 4, "man_bits": 3, "scaling": "aps"}),
     ("s2fp8", "s2fp8", {}),
 ]
 SPEED_TARGET = 0.2  # codec GB/s / copy GB/s, for encode and for decode

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from fedcore.algorithms import ALGORITHMS
 from fedcore.config import load_config
 from fedcore.errors import ConfigError
 from fedcore.metrics import params_sha256
@@ -16,7 +15,7 @@ from fedcore.runners import checkpoint
 from fedcore.runners.network import build_network
 from tests.clitools import TINY, cli
 from tests.test_optimizer_runs import CRASHES
-from tests.test_vectorized import _config, assert_same_run
+from tests.test_vectorized import BATCHED, _config, assert_same_run
 
 
 def _params(overrides: list[str], rounds: int) -> dict[str, str]:
@@ -34,7 +33,7 @@ def test_local_training_with_k_steps_is_k_times_the_rounds(optimizer: str) -> No
     assert _params([*base, "run.local_steps=3"], 10) == _params(base, 30)
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("algorithm", BATCHED)
 def test_engines_agree_with_local_steps(algorithm: str) -> None:
     extra = ["run.local_steps=3"]
     if algorithm not in ("choco",):

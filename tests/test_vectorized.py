@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fedcore.algorithms import ALGORITHMS
+from fedcore.algorithms.batched import has_batched_form
 from fedcore.config import Config, load_config
 from fedcore.errors import ConfigError
 from fedcore.runners.network import build_network, prepare_run
@@ -21,6 +22,10 @@ from fedcore.runners.simulate import RunObserver, choose_engine, run_vectorized
 from fedcore.runners.vectorized import VectorizedNetwork, unsupported
 
 ROUNDS = 20
+
+BATCHED = sorted(name for name, factory in ALGORITHMS.items() if has_batched_form(factory()))
+"""The registered algorithms with a batched form (the server family has none: it runs on the
+message engine, which ``auto`` says; see test_the_server_family_runs_on_the_message_engine)."""
 
 # A small graph each algorithm can run on (symmetric for the gossip family).
 GRAPHS = {
@@ -117,7 +122,7 @@ def assert_same_run(config: Config) -> None:
 
 def _cases() -> list[Any]:
     cases = []
-    for algorithm in sorted(ALGORITHMS):
+    for algorithm in BATCHED:
         for codec in ("fp32", "sign", "topk"):
             for faults in (False, True):
                 marks = []
@@ -128,7 +133,17 @@ def _cases() -> list[Any]:
 
 
 def test_every_algorithm_has_a_case() -> None:
-    assert set(GRAPHS) == set(ALGORITHMS)
+    assert set(GRAPHS) == set(BATCHED)
+    assert {"ops", "dpsgd", "dog", "dol", "choco", "rps"} <= set(BATCHED)
+
+
+def test_the_server_family_runs_on_the_message_engine() -> None:
+    for name in sorted(set(ALGORITHMS) - set(BATCHED)):
+        config = load_config(None, [f"algorithm.name={name}", "topology.kind=star"])
+        setup = prepare_run(config)
+        assert "has no batched form" in (unsupported(setup) or ""), name
+        engine, why = choose_engine(setup, "auto")
+        assert engine == "messages" and "no batched form" in (why or ""), name
 
 
 @pytest.mark.parametrize(("algorithm", "codec", "faults"), _cases())

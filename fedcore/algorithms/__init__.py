@@ -18,6 +18,12 @@ from fedcore.algorithms.ops import OPS, OPSState, push_shares, push_sum_mix
 from fedcore.algorithms.reference import Central, Local, ModelState
 from fedcore.algorithms.rps import RPS, RPSState
 from fedcore.algorithms.server import FedAvg, FedAvgState
+from fedcore.algorithms.squeeze import (
+    APMSqueeze,
+    APMSqueezeState,
+    DoubleSqueeze,
+    DoubleSqueezeState,
+)
 from fedcore.errors import ConfigError
 
 __all__ = [
@@ -28,12 +34,16 @@ __all__ = [
     "DPSGD",
     "OPS",
     "RPS",
+    "APMSqueeze",
+    "APMSqueezeState",
     "Algorithm",
     "CHOCOState",
     "Central",
     "DPSGDState",
     "DeepSqueeze",
     "DeepSqueezeState",
+    "DoubleSqueeze",
+    "DoubleSqueezeState",
     "FedAvg",
     "FedAvgState",
     "Inbox",
@@ -60,6 +70,8 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "choco": CHOCO,
     "rps": RPS,
     "fedavg": FedAvg,
+    "doublesqueeze": DoubleSqueeze,
+    "apmsqueeze": APMSqueeze,
 }
 
 

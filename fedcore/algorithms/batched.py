@@ -48,6 +48,7 @@ __all__ = [
     "Messages",
     "StackedGraph",
     "batched_form",
+    "has_batched_form",
     "raise_bad",
     "stack_graph",
     "unsupported",
@@ -875,3 +876,9 @@ def batched_form(
 
 
 _FORMS = {OPS, DOL, CHOCO, DeepSqueeze, RPS, DPSGD, DOG, Central, Local}
+
+
+def has_batched_form(algorithm: Any) -> bool:
+    """Whether ``algorithm`` (an instance) has a batched twin here; the server family
+    (FedAvg, ...) has none and runs on the message engine."""
+    return type(algorithm) in _FORMS

@@ -23,8 +23,10 @@ topk       one ``torch.topk`` along the rows; rows of ``n >= 4 * 65536`` values 
 randk      a loop over rows for the seeds and indices (each row's indices come from a
            seed drawn from its owner's generator); gather and scatter batched
 fp8,       a loop over rows: the codec's own ``decode(encode(row))`` on the CPU (they
-float,     are deterministic, so no owner matters); exact by construction, not fast
-s2fp8
+s2fp8,     are deterministic, so no owner matters); exact by construction
+float+aps
+float      all rows at once on the CPU, through the codec's own rounding and decoding
+           (every value rounds on its own)
 =========  ==========================================================================
 
 Exactness. Element-wise steps are written as separate float32 operations with tensor
@@ -64,7 +66,14 @@ from fedcore.compression.codecs import (
     _keep,
     topk_indices,
 )
-from fedcore.compression.floats import CustomFloatCodec, FP8Codec, S2FP8Codec
+from fedcore.compression.floats import (
+    CustomFloatCodec,
+    FP8Codec,
+    S2FP8Codec,
+    _codes,
+    _pack_bits,
+    _values,
+)
 from fedcore.compression.registry import CODEC_NAMES
 from fedcore.errors import CompressionError
 
@@ -433,6 +442,26 @@ class _LoopRows(RowCodec):
         return self._codec.nbytes(n)
 
 
+class _FloatRows(_LoopRows):
+    """``float`` without APS: each value rounds on its own, so all rows go at once, through
+    the codec's own rounding, packing and decoding (on the CPU); APS shifts per row, by
+    the codec row by row."""
+
+    def __init__(self, codec: CustomFloatCodec) -> None:
+        super().__init__(codec)
+        self._float = codec
+
+    def _roundtrip(self, x: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
+        codec = self._float
+        if codec.scaling != "none":
+            return super()._roundtrip(x, owners)
+        e, m = codec.exp_bits, codec.man_bits
+        flat = x.to(_CPU).to(torch.float32).contiguous().reshape(-1)
+        codes = _codes(flat, e, m, codec.name)
+        values = _values(_pack_bits(codes, codec.width), e, m, flat.numel())
+        return values.reshape(x.shape).to(x.dtype).to(x.device)
+
+
 def make_row_codec(
     name: str,
     *,
@@ -474,7 +503,7 @@ def make_row_codec(
     if name == "fp8":
         return _LoopRows(FP8Codec(format, chunk=chunk))
     if name == "float":
-        return _LoopRows(CustomFloatCodec(exp_bits, man_bits, scaling=scaling, layers=layers))
+        return _FloatRows(CustomFloatCodec(exp_bits, man_bits, scaling=scaling, layers=layers))
     if name == "s2fp8":
         return _LoopRows(S2FP8Codec())
     raise CompressionError(

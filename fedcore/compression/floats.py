@@ -48,10 +48,23 @@ is one layer.
 Zeros stay zeros; a non-zero value too small for e5m2 (below its least subnormal
 ``2**-16`` in the shifted domain) is sent as that subnormal, so that signs and non-zeros
 survive.
+
+Speed. The codecs work on the float32 bit patterns, not through float64 frexp chains:
+fp8 and ``float`` e4m3 / e5m2 / e5m10 / e8m7 round with torch's own casts (which round to
+nearest even, as the format does; values are clamped to the format's largest finite value
+first, which is its saturation); other ``float`` formats with at most 5 mantissa bits look
+the code up from the top 16 bits of the value with the low 16 folded into the last bit
+(round to odd, which a later rounding to 5 or fewer bits cannot tell from the value
+itself), the rest round with integer arithmetic on the bits. Decoding looks values up in
+a table of every code (or of every byte: two 4-bit codes at once). s2fp8 decodes through
+a 256-entry table when torch's vectorized and scalar ``log2``/``exp2`` agree on its
+entries (otherwise value by value, as before). Everything is bit-identical to the slow
+reference (``tests/compression/test_floats_fast.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -85,21 +98,51 @@ FP8_FORMATS: dict[str, tuple[int, torch.dtype]] = {
 """fp8 format name -> (exponent bits, the torch dtype)."""
 
 _BY_EXP = dict(FP8_FORMATS.values())
+_F32_TINY = 2.0**-126
+_BAD_FP8 = {4: 0x7F, 5: 0x7C}
+"""The bits that, all set, make an fp8 byte a NaN (e4m3fn) or an inf/NaN (e5m2)."""
+
+
+def _not_finite(codec: str) -> CompressionError:
+    return CompressionError(
+        f"codec {codec!r}: the tensor has non-finite values (inf or NaN), which the "
+        "format cannot carry."
+    )
 
 
 def _finite(x: torch.Tensor, codec: str) -> None:
-    if not bool(torch.isfinite(x).all()):
-        raise CompressionError(
-            f"codec {codec!r}: the tensor has non-finite values (inf or NaN), which the "
-            "format cannot carry."
-        )
+    """Refuse inf and NaN: one min/max pass (NaN propagates through both)."""
+    if not _all_finite(x):
+        raise _not_finite(codec)
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Whether every value is finite: one min/max pass (NaN propagates through both)."""
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
 def _bad_fp8(codes: np.ndarray, exp_bits: int) -> bool:
-    """Whether any fp8 byte is a NaN (e4m3fn) or an inf/NaN (e5m2) code."""
-    if exp_bits == 4:
-        return bool(((codes & 0x7F) == 0x7F).any())
-    return bool(((codes & 0x7C) == 0x7C).any())
+    """Whether any fp8 byte is a NaN (e4m3fn) or an inf/NaN (e5m2) code.
+
+    The masked bits are the largest value the mask lets through exactly when they are
+    all set, so one maximum tells."""
+    mask = _BAD_FP8[exp_bits]
+    return bool(codes.size) and int(np.bitwise_and(codes, mask).max()) == mask
+
+
+@functools.cache
+def _fp8_values(exp_bits: int) -> torch.Tensor:
+    """The float32 value of every fp8 byte (NaN and inf codes included, never looked up)."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    return codes.view(_BY_EXP[exp_bits]).to(torch.float32)
+
+
+def _index(codes: np.ndarray) -> torch.Tensor:
+    """Codes as an int32 index tensor (a copy: the bytes may be read-only)."""
+    return torch.from_numpy(codes.astype(np.int32))
 
 
 class FP8Codec:
@@ -133,18 +176,43 @@ class FP8Codec:
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
         """Scale each chunk's largest magnitude to the format's largest finite value, cast."""
         dtype = _dtype_name(tensor, self.name)
-        x = _flat(tensor)
-        _finite(x, self.name)
+        x = _flat(tensor).contiguous()
         n = x.numel()
         top = torch.finfo(self.dtype).max
-        size = max(n if self.chunk == 0 else self.chunk, 1)
-        blocks = torch.cat([x, x.new_zeros(-n % size)]).reshape(-1, size)
-        peak = blocks.abs().amax(dim=1) if n else x.new_zeros(self._scales(n))
-        scales = peak / top  # float32
-        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-        y = (blocks / safe[:, None]).clamp_(-top, top).reshape(-1)[:n]
-        codes = y.to(self.dtype).view(torch.uint8).numpy()
-        data = codes.tobytes() + scales.numpy().astype("<f4").tobytes()
+        if n == 0:
+            scales = x.new_zeros(self._scales(0))
+            codes = b""
+        else:
+            size = n if self.chunk == 0 else self.chunk
+            full, rest = divmod(n, size)
+            cut = full * size
+            blocks = x[:cut].view(full, size)
+            if full == 1:  # one pass for both ends (along a dim, aminmax is slower)
+                low, high = torch.aminmax(blocks)
+                his, los = [high.reshape(1)], [low.reshape(1)]
+            else:
+                his = [blocks.amax(dim=1)] if full else []
+                los = [blocks.amin(dim=1)] if full else []
+            if rest:
+                his.append(x[cut:].amax(dim=0, keepdim=True))
+                los.append(x[cut:].amin(dim=0, keepdim=True))
+            hi, lo = torch.cat(his), torch.cat(los)
+            if not bool((torch.isfinite(hi) & torch.isfinite(lo)).all()):
+                raise _not_finite(self.name)
+            peak = torch.maximum(lo.neg(), hi).abs()  # max |x| per block; abs: +0, not -0
+            scales = peak / top  # float32
+            safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+            y = torch.empty_like(x)
+            if full:
+                torch.div(blocks, safe[:full, None], out=y[:cut].view(full, size))
+            if rest:
+                torch.div(x[cut:], safe[full], out=y[cut:])
+            if not bool(((scales == 0) | (scales >= _F32_TINY)).all()):
+                # A normal scale keeps |y| within two float32 steps of the top, which the
+                # cast rounds to the top; a subnormal one (peak < top * 2**-126) may not.
+                y.clamp_(-top, top)
+            codes = y.to(self.dtype).view(torch.uint8).numpy().tobytes()
+        data = codes + scales.numpy().astype("<f4").tobytes()
         params = {"exp_bits": float(self.exp_bits)}
         if self.chunk:
             params["chunk"] = float(self.chunk)
@@ -166,13 +234,22 @@ class FP8Codec:
         scales = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4", offset=n).copy())
         if not bool((torch.isfinite(scales) & (scales >= 0)).all()):
             raise CompressionError("codec 'fp8': a scale is negative or not finite.")
-        values = torch.from_numpy(codes.copy()).view(_BY_EXP[exp_bits]).to(torch.float32)
-        size = max(n if chunk == 0 else chunk, 1)
-        cut = n - n % size
-        values[:cut].view(-1, size).mul_(scales[: cut // size, None])
-        if cut < n:
-            values[cut:].mul_(scales[-1])
-        if not bool(torch.isfinite(values).all()):
+        table = _fp8_values(exp_bits)
+        if count == 1:  # one scale: scale the 256 values once, then look every byte up
+            values = torch.index_select(table * scales[0], 0, _index(codes))
+        else:
+            if exp_bits == 5:  # torch's e5m2 -> float32 cast is fast; e4m3fn's is not
+                values = torch.from_numpy(codes.copy()).view(_BY_EXP[5]).to(torch.float32)
+            else:
+                values = torch.index_select(table, 0, _index(codes))
+            size = chunk
+            cut = n - n % size
+            values[:cut].view(-1, size).mul_(scales[: cut // size, None])
+            if cut < n:
+                values[cut:].mul_(scales[-1])
+        # |value| <= top, so a value overflows only where top * its scale does.
+        top = torch.finfo(_BY_EXP[exp_bits]).max
+        if not bool(torch.isfinite(scales * top).all()) and not bool(torch.isfinite(values).all()):
             raise CompressionError("codec 'fp8': a scale times its values overflows float32.")
         return _restore(values, encoded)
 
@@ -183,22 +260,62 @@ def _pow2(k: torch.Tensor) -> torch.Tensor:
 
 
 def _pack_bits(codes: np.ndarray, width: int) -> bytes:
-    """``width``-bit unsigned codes into a little-endian bit stream, low bit first."""
+    """``width``-bit unsigned codes into a little-endian bit stream, low bit first.
+
+    Eight codes make ``width`` bytes: they are or-ed into 64-bit little-endian words (a
+    code that straddles two words goes into both), whose first ``width`` bytes are the
+    stream."""
+    n = codes.size
     if width in (8, 16, 32):
-        return codes.astype(f"<u{width // 8}").tobytes()
-    shifts = np.arange(width, dtype=np.uint64)
-    bits = ((codes.astype(np.uint64)[:, None] >> shifts) & 1).astype(np.uint8)
-    return np.packbits(bits.reshape(-1), bitorder="little").tobytes()
+        return codes.astype(f"<u{width // 8}", copy=False).tobytes()
+    if width == 4:  # two codes a byte: the low nibble first
+        c = codes.astype(np.uint8, copy=False)
+        if n % 2:
+            c = np.concatenate([c, np.zeros(1, dtype=np.uint8)])
+        pairs = c.view("<u2")  # low | high << 8, both below 16
+        packed: bytes = (pairs | (pairs >> 4)).astype(np.uint8).tobytes()
+        return packed
+    groups = -(-n // 8)
+    lanes_per = -(-width // 8)  # 64-bit words per group of 8 codes (8 * width bits)
+    c = np.zeros(groups * 8, dtype=np.uint64)
+    c[:n] = codes
+    c = c.reshape(groups, 8)
+    lanes = np.zeros((groups, lanes_per), dtype="<u8")
+    for j in range(8):
+        lane, shift = divmod(j * width, 64)
+        lanes[:, lane] |= c[:, j] << np.uint64(shift)
+        if shift + width > 64:
+            lanes[:, lane + 1] |= c[:, j] >> np.uint64(64 - shift)
+    stream = lanes.view(np.uint8).reshape(groups, 8 * lanes_per)[:, :width]
+    return stream.tobytes()[: -(-n * width // 8)]
 
 
 def _unpack_bits(data: bytes, width: int, n: int) -> np.ndarray:
+    """The ``n`` codes of a stream :func:`_pack_bits` wrote (unsigned integers)."""
     if width in (8, 16, 32):
-        return np.frombuffer(data, dtype=f"<u{width // 8}").astype(np.int64)
+        return np.frombuffer(data, dtype=f"<u{width // 8}", count=n)
     raw = np.frombuffer(data, dtype=np.uint8)
-    bits = np.unpackbits(raw, count=n * width, bitorder="little").reshape(n, width)
-    weights = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
-    codes: np.ndarray = (bits.astype(np.int64) * weights).sum(axis=1)
-    return codes
+    if width == 4:
+        out = np.empty((len(raw), 2), dtype=np.uint8)
+        np.bitwise_and(raw, 0x0F, out=out[:, 0])
+        np.right_shift(raw, 4, out=out[:, 1])
+        return out.reshape(-1)[:n]
+    groups = -(-n // 8)
+    lanes_per = -(-width // 8)
+    buf = np.zeros((groups, 8 * lanes_per), dtype=np.uint8)
+    padded = np.zeros(groups * width, dtype=np.uint8)
+    padded[: len(raw)] = raw
+    buf[:, :width] = padded.reshape(groups, width)
+    lanes = buf.view("<u8")
+    out = np.empty((groups, 8), dtype=np.uint64)
+    mask = np.uint64((1 << width) - 1)
+    for j in range(8):
+        lane, shift = divmod(j * width, 64)
+        v = lanes[:, lane] >> np.uint64(shift)
+        if shift + width > 64:
+            v |= lanes[:, lane + 1] << np.uint64(64 - shift)
+        np.bitwise_and(v, mask, out=out[:, j])
+    return out.reshape(-1)[:n]
 
 
 APS_MAX_SHIFT = 1000
@@ -225,6 +342,181 @@ def aps_shift(largest: float, top: float, summands: int = 1) -> int:
     while math.ldexp(largest, shift) > bound:
         shift -= 1
     return max(-APS_MAX_SHIFT, min(APS_MAX_SHIFT, shift))
+
+
+def _limits(exp_bits: int, man_bits: int) -> tuple[int, int, float]:
+    bias = 2 ** (exp_bits - 1) - 1
+    emax = 2**exp_bits - 2 - bias  # the all-ones exponent is reserved, as in IEEE
+    return bias, 1 - bias, (2 - 2.0**-man_bits) * 2.0**emax
+
+
+def _f32_bits(value: float) -> int:
+    return int(np.array(value, dtype=np.float32).view(np.int32))
+
+
+def _codes_exact(a: torch.Tensor, x: torch.Tensor, e: int, m: int) -> torch.Tensor:
+    """The codes (int64) of magnitudes ``a`` (float64, exact) with the signs of ``x``:
+    round to nearest even in float64, saturate. The definition; slow."""
+    bias, emin, top = _limits(e, m)
+    _, ex = torch.frexp(a)
+    exponent = torch.clamp(ex - 1, min=emin)  # floor(log2 a), subnormals at emin
+    quantum = _pow2(exponent - m)
+    r = torch.round(a / quantum).mul_(quantum).clamp_(max=top)  # round half to even
+    _, ex = torch.frexp(r)
+    exponent = torch.clamp(ex - 1, min=emin)
+    unit = _pow2(exponent - m)
+    normal = r >= 2.0**emin
+    field = torch.where(normal, exponent + bias, torch.zeros_like(exponent)).to(torch.int64)
+    mantissa = (r / unit).to(torch.int64) - torch.where(normal, 2**m, 0)
+    sign = torch.signbit(x).to(torch.int64)
+    return (sign << (e + m)) | (field << m) | mantissa
+
+
+def _values_exact(codes: torch.Tensor, e: int, m: int) -> torch.Tensor:
+    """The float64 values of codes (int64; reserved exponents decode as if normal)."""
+    bias, emin, _ = _limits(e, m)
+    field = (codes >> m) & (2**e - 1)
+    mantissa = (codes & (2**m - 1)).to(torch.float64)
+    normal = field > 0
+    significand = torch.where(normal, mantissa + 2**m, mantissa)
+    exponent = torch.where(normal, field - bias, torch.full_like(field, emin)) - m
+    values = significand * _pow2(exponent)
+    return torch.where((codes >> (e + m)) & 1 == 1, -values, values)
+
+
+_CASTS: dict[tuple[int, int], torch.dtype] = {
+    (4, 3): torch.float8_e4m3fn,  # e4m3fn differs from e4m3 only above 240: clamped
+    (5, 2): torch.float8_e5m2,
+    (5, 10): torch.float16,
+    (8, 7): torch.bfloat16,
+}
+"""Formats whose codes torch's casts give (round to nearest even) once clamped to the top."""
+
+_SENTINEL = 0xFF
+"""Key-table entry for inf/NaN (formats of at most 7 bits, whose codes are below it)."""
+
+
+@functools.cache
+def _key_table(e: int, m: int) -> torch.Tensor:
+    """The code of every 16-bit key: the top half of a float32, its last bit or-ed with
+    whether the low half is non-zero (round to odd). For ``m <= 5`` the nearest-even
+    rounding of the key and of the value agree: every tie of the format is an even key."""
+    keys = torch.arange(1 << 16, dtype=torch.int32)
+    values = (keys << 16).view(torch.float32)
+    finite = torch.isfinite(values)
+    safe = torch.where(finite, values, torch.zeros_like(values))
+    codes = _codes_exact(safe.abs().to(torch.float64), safe, e, m)
+    if 1 + e + m <= 7:
+        codes[~finite] = _SENTINEL
+        return codes.to(torch.uint8)
+    return codes.to(torch.int16)
+
+
+def _codes_by_key(x: torch.Tensor, e: int, m: int) -> tuple[torch.Tensor, bool]:
+    """Codes by :func:`_key_table` (``m <= 5``); and whether inf/NaN was seen (sentinel)."""
+    bits = x.view(torch.int32)
+    key = torch.bitwise_and(bits, 0xFFFF)
+    key.add_(0xFFFF).bitwise_or_(bits)  # bit 16 |= (low half != 0)
+    high = key.view(torch.uint16).view(-1, 2)[:, 1]  # little-endian: the top half
+    codes = torch.index_select(_key_table(e, m), 0, high.to(torch.int32))
+    if codes.dtype == torch.uint8:
+        return codes, bool(codes.numel()) and int(codes.max()) == _SENTINEL
+    return codes, False
+
+
+def _codes_by_bits(x: torch.Tensor, e: int, m: int) -> torch.Tensor:
+    """Codes (int32) by integer rounding on the float32 bits: add half a unit minus one
+    plus the last kept bit, shift (nearest even); values below the format's normal range
+    round by a float32 addition of ``2**(emin - m + 23)``; then saturate and sign."""
+    emin = _limits(e, m)[1]
+    shift = 23 - m
+    bits = x.view(torch.int32)
+    mag = torch.bitwise_and(bits, 0x7FFFFFFF)
+    rebias = (126 + emin) << 23  # float32 exponent field -> the format's
+    if shift:
+        codes = torch.bitwise_right_shift(mag, shift).bitwise_and_(1)
+        codes.add_(mag).add_((1 << (shift - 1)) - 1 - rebias).bitwise_right_shift_(shift)
+    else:
+        codes = mag - rebias
+    if e < 8:  # subnormals of the format (float32 holds them as normals)
+        magic = 2.0 ** (emin - m + 23)
+        low = torch.clamp(mag.view(torch.float32), max=2.0**emin).add_(magic)
+        low_codes = low.view(torch.int32).sub_(_f32_bits(magic))
+        torch.maximum(codes, low_codes, out=codes)
+    codes.clamp_(max=((2**e - 2) << m) | (2**m - 1))
+    sign = torch.bitwise_right_shift(bits, 31).bitwise_and_(1 << (e + m))
+    return codes.bitwise_or_(sign)
+
+
+def _codes(x: torch.Tensor, e: int, m: int, codec: str, *, checked: bool = False) -> np.ndarray:
+    """The codes of float32 values (refusing inf/NaN unless ``checked``: the caller has),
+    as unsigned numpy integers."""
+    cast = _CASTS.get((e, m))
+    if not checked and (cast is not None or (e, m) == (8, 23) or m > 5):
+        _finite(x, codec)
+    if cast is not None:
+        top = _limits(e, m)[2]
+        wire = torch.clamp(x, -top, top).to(cast)
+        view = torch.uint8 if cast.itemsize == 1 else torch.int16
+        return wire.view(view).numpy().view(np.uint8 if cast.itemsize == 1 else np.uint16)
+    if (e, m) == (8, 23):
+        return x.numpy().view(np.uint32)
+    if m > 5:
+        return _codes_by_bits(x, e, m).numpy()
+    codes, bad = _codes_by_key(x, e, m)
+    if bad or (not checked and codes.dtype != torch.uint8 and x.numel()):
+        _finite(x, codec)
+    return codes.numpy().view(np.uint8 if codes.dtype == torch.uint8 else np.uint16)
+
+
+@functools.cache
+def _value_table(e: int, m: int) -> torch.Tensor:
+    """The float32 value of every code (widths up to 16)."""
+    codes = torch.arange(1 << (1 + e + m), dtype=torch.int64)
+    return _values_exact(codes, e, m).to(torch.float32)
+
+
+@functools.cache
+def _pair_table(e: int, m: int) -> torch.Tensor:
+    """The values of the two 4-bit codes in each byte, low nibble first, as the int64
+    holding both float32 bit patterns (one lookup a byte)."""
+    table = _value_table(e, m)
+    byte = torch.arange(256)
+    pairs = torch.stack([table[byte & 15], table[byte >> 4]], dim=1).contiguous()
+    return pairs.view(torch.int64).reshape(-1)
+
+
+def _values(data: bytes, e: int, m: int, n: int) -> torch.Tensor:
+    """Unpack and decode ``n`` codes (float32), refusing the reserved exponent."""
+    width = 1 + e + m
+    field = ((1 << e) - 1) << m
+    reserved = CompressionError("codec 'float': a value has the reserved all-ones exponent.")
+    if width == 4:
+        raw = np.frombuffer(data, dtype=np.uint8)
+        for mask in (field, field << 4):
+            if raw.size and int(np.bitwise_and(raw, mask).max()) == mask:
+                raise reserved
+        pairs = torch.index_select(_pair_table(e, m), 0, _index(raw))
+        return pairs.view(torch.float32)[:n]
+    codes = _unpack_bits(data, width, n)
+    if codes.size and int(np.bitwise_and(codes, codes.dtype.type(field)).max()) == field:
+        raise reserved
+    if width <= 16:
+        return torch.index_select(_value_table(e, m), 0, _index(codes))
+    if width == 32:
+        return torch.from_numpy(codes.view(np.float32).copy())
+    emin = _limits(e, m)[1]
+    c = torch.from_numpy(codes.astype(np.int32))
+    mag = torch.bitwise_and(c, (1 << (e + m)) - 1)
+    # normals: the bits moved into float32's fields; subnormals: mant * 2**(emin - m),
+    # as (magic + mant) - magic - 2**emin, added to the normal part clamped at 2**emin.
+    magic = 2.0 ** (emin - m + 23)
+    low = torch.clamp(mag, max=1 << m).add_(_f32_bits(magic)).view(torch.float32)
+    low.sub_(magic + 2.0**emin)
+    high = torch.clamp(mag, min=1 << m).bitwise_left_shift_(23 - m)
+    values = high.add_((126 + emin) << 23).view(torch.float32).add_(low)
+    sign = torch.bitwise_right_shift(c, e + m).bitwise_left_shift_(31)
+    return values.view(torch.int32).bitwise_or_(sign).view(torch.float32)
 
 
 class CustomFloatCodec:
@@ -298,53 +590,74 @@ class CustomFloatCodec:
     @staticmethod
     def limits(exp_bits: int, man_bits: int) -> tuple[int, int, float]:
         """``(bias, emin, largest finite)`` of the format."""
-        bias = 2 ** (exp_bits - 1) - 1
-        emax = 2**exp_bits - 2 - bias  # the all-ones exponent is reserved, as in IEEE
-        return bias, 1 - bias, (2 - 2.0**-man_bits) * 2.0**emax
+        return _limits(exp_bits, man_bits)
 
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
         """(APS: shift each layer,) round to nearest even into the format (saturating),
         then pack the codes."""
         dtype = _dtype_name(tensor, self.name)
-        x = _flat(tensor)
-        _finite(x, self.name)
+        x = _flat(tensor).contiguous()
         e, m = self.exp_bits, self.man_bits
-        bias, emin, top = self.limits(e, m)
-        a = x.abs().to(torch.float64)  # float32 values and every step below: exact
         params = {"exp_bits": float(e), "man_bits": float(m)}
         prefix = b""
         if self.scaling == "aps":
-            sizes = self._sizes(a.numel())
+            sizes = self._sizes(x.numel())
             table = np.zeros(len(sizes), dtype=_APS_LAYER)
             table["numel"] = sizes
-            at = 0
-            for i, size in enumerate(sizes):
-                part = a[at : at + size]
-                largest = float(part.max()) if size else 0.0
-                table["shift"][i] = shift = aps_shift(largest, top, self.summands)
-                part.mul_(math.ldexp(1.0, shift))  # a power of two: exact in float64
-                at += size
+            table["shift"] = self._shifts(x, sizes)
             prefix = table.tobytes()
             params["layers"] = float(len(sizes))
-        _, ex = torch.frexp(a)
-        exponent = torch.clamp(ex - 1, min=emin)  # floor(log2 a), subnormals at emin
-        quantum = _pow2(exponent - m)
-        r = torch.round(a / quantum).mul_(quantum).clamp_(max=top)  # round half to even
-        _, ex = torch.frexp(r)
-        exponent = torch.clamp(ex - 1, min=emin)
-        unit = _pow2(exponent - m)
-        normal = r >= 2.0**emin
-        field = torch.where(normal, exponent + bias, torch.zeros_like(exponent)).to(torch.int64)
-        mantissa = (r / unit).to(torch.int64) - torch.where(normal, 2**m, 0)
-        sign = torch.signbit(x).to(torch.int64)
-        codes = (sign << (e + m)) | (field << m) | mantissa
+            shifted = self._shifted(x, sizes, table["shift"].tolist())
+            if shifted is None:  # float32 cannot hold the shifted values: the definition
+                a = x.abs().to(torch.float64)
+                at = 0
+                for size, shift in zip(sizes, table["shift"].tolist(), strict=True):
+                    a[at : at + size].mul_(math.ldexp(1.0, shift))
+                    at += size
+                codes = _codes_exact(a, x, e, m).numpy()
+            else:  # the shifts' min/max pass refused inf/NaN; the shifts keep finite
+                codes = _codes(shifted, e, m, self.name, checked=True)
+        else:
+            codes = _codes(x, e, m, self.name)
         return EncodedTensor(
             codec=self.name,
             dtype=dtype,
             shape=tuple(tensor.shape),
-            data=prefix + _pack_bits(codes.numpy(), self.width),
+            data=prefix + _pack_bits(codes, self.width),
             params=params,
         )
+
+    def _shifts(self, x: torch.Tensor, sizes: Sequence[int]) -> list[int]:
+        """Each layer's shift, from its min/max; refuses inf/NaN (first, as the codec's
+        check before anything else)."""
+        top = _limits(self.exp_bits, self.man_bits)[2]
+        ends = []
+        at = 0
+        for size in sizes:
+            lo, hi = torch.aminmax(x[at : at + size]) if size else (x.new_zeros(()),) * 2
+            ends.append((float(lo), float(hi)))
+            at += size
+        if not all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in ends):
+            raise _not_finite(self.name)
+        return [aps_shift(max(-lo, hi), top, self.summands) for lo, hi in ends]
+
+    def _shifted(
+        self, x: torch.Tensor, sizes: Sequence[int], shifts: Sequence[int]
+    ) -> torch.Tensor | None:
+        """``x`` with each layer times ``2**shift`` in float32, or None where that is not
+        code for code the exact product (e = 8 below float32's normal range)."""
+        if self.exp_bits == 8 and min(shifts) < 0:
+            return None
+        out = torch.empty_like(x)
+        at = 0
+        for size, shift in zip(sizes, shifts, strict=True):
+            part, dst = x[at : at + size], out[at : at + size]
+            if -126 <= shift <= 127:  # exact, or (shift < 0) below every code but zero
+                torch.mul(part, torch.tensor(math.ldexp(1.0, shift)), out=dst)
+            else:
+                dst.copy_(part.to(torch.float64).mul_(math.ldexp(1.0, shift)))
+            at += size
+        return out
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
         """Unpack the codes and rebuild the values (APS: shift each layer back), refusing
@@ -375,29 +688,114 @@ class CustomFloatCodec:
         spare = -(n * width) % 8
         if spare and data[-1] >> (8 - spare):
             raise CompressionError("codec 'float': the padding bits after the last value are set.")
-        codes = torch.from_numpy(_unpack_bits(data, width, n))
-        bias, emin, _ = self.limits(e, m)
-        field = (codes >> m) & (2**e - 1)
-        if bool((field == 2**e - 1).any()):
-            raise CompressionError("codec 'float': a value has the reserved all-ones exponent.")
-        mantissa = (codes & (2**m - 1)).to(torch.float64)
-        normal = field > 0
-        significand = torch.where(normal, mantissa + 2**m, mantissa)
-        exponent = torch.where(normal, field - bias, torch.full_like(field, emin)) - m
-        values = significand * _pow2(exponent)
-        if table is not None:  # undo each layer's shift: a power of two, exact in float64
-            sizes = torch.from_numpy(table["numel"].astype(np.int64))
-            shifts = torch.from_numpy(table["shift"].astype(np.int64))
-            values *= _pow2(-torch.repeat_interleave(shifts, sizes))
-        values = torch.where((codes >> (e + m)) & 1 == 1, -values, values).to(torch.float32)
-        if table is not None and not bool(torch.isfinite(values).all()):
-            raise CompressionError("codec 'float': an APS shift decodes beyond float32.")
+        values = _values(data, e, m, n)
+        if table is not None:  # undo each layer's shift: one rounding, as float64 then float32
+            shifts = table["shift"].astype(np.int64).tolist()
+            at = 0
+            for size, shift in zip(table["numel"].tolist(), shifts, strict=True):
+                part = values[at : at + size]
+                if -149 <= -shift <= 127:
+                    part.mul_(torch.tensor(math.ldexp(1.0, -shift)))
+                else:
+                    part.copy_(part.to(torch.float64).mul_(math.ldexp(1.0, -shift)))
+                at += size
+            if min(shifts, default=0) < 0 and not _all_finite(values):
+                raise CompressionError("codec 'float': an APS shift decodes beyond float32.")
         return _restore(values, encoded)
 
 
 _MAX_ALPHA = 2.0**40  # nearly equal magnitudes: a bounded squeeze keeps beta finite
 _E5M2_TINY = 2.0**-16
 """e5m2's least subnormal: s2fp8 sends a non-zero value at least this large."""
+
+
+def _s2fp8_magnitudes(mag: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    """``2**((log2 mag - beta) / alpha)`` of positive float64 magnitudes."""
+    return torch.exp2((torch.log2(mag) - beta) / alpha)
+
+
+def _scalar_loop(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a strided view: torch's CPU kernels run their scalar loop on it."""
+    return torch.stack([t, t], dim=1).reshape(-1)[::2]
+
+
+_GRAIN = 32768  # at::internal::GRAIN_SIZE: shorter CPU loops run on one thread
+
+
+@functools.cache
+def _exp2_block() -> int | None:
+    """How torch's CPU ``exp2`` splits a contiguous float64 tensor of ``k`` values: the
+    first ``k - k % block`` by the vectorized loop, the last ``k % block`` by the scalar
+    one (found by probing an input where the two differ); None if not seen."""
+    probe = torch.linspace(0.1, 15.9, 1 << 14, dtype=torch.float64)
+    differ = torch.nonzero(torch.exp2(probe) != torch.exp2(_scalar_loop(probe)))
+    if len(differ) == 0:
+        return None
+    d = probe[int(differ[0])]
+    scalar = torch.exp2(_scalar_loop(d.repeat(2)))[0]
+    for block in (2, 4, 8, 16, 32, 64):
+        if all(
+            torch.equal(
+                torch.exp2(d.repeat(k)) == scalar,
+                torch.arange(k) >= k - k % block,
+            )
+            for k in range(1, 3 * block + 2)
+        ):
+            return block
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _s2fp8_tables(alpha: float, beta: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The decoded float32 value of every e5m2 byte (inf/NaN bytes: 0) by torch's
+    vectorized and by its scalar ``exp2`` loop; None where the two ``log2`` loops differ."""
+    y = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e5m2)
+    y = y.to(torch.float64)
+    mag = y.abs()
+    usable = torch.isfinite(mag) & (mag > 0)
+    safe = torch.where(usable, mag, torch.ones_like(mag))
+    logs = torch.log2(safe)  # contiguous, 256 values: the vectorized loop
+    if not torch.equal(logs, torch.log2(_scalar_loop(safe))):
+        return None
+    inner = (logs - beta) / alpha
+    tables = []
+    for out in (torch.exp2(inner), torch.exp2(_scalar_loop(inner))):
+        out = torch.where(usable, out, torch.zeros_like(out))
+        tables.append(torch.where(torch.signbit(y), -out, out).to(torch.float32))
+    return tables[0], tables[1]
+
+
+def _s2fp8_lookup(codes: np.ndarray, alpha: float, beta: float) -> torch.Tensor | None:
+    """The value-by-value decode of ``codes`` by table, or None where it cannot be sure.
+
+    The value-by-value decode runs ``exp2`` over the ``k`` non-zero bytes in order, and
+    torch's vectorized and scalar loops may differ in the last bit: the last
+    ``k % block`` of them take the scalar loop's values (on one thread, or below the
+    grain, where the loop is not split among threads)."""
+    tables = _s2fp8_tables(alpha, beta)
+    if tables is None:
+        return None
+    vec, sca = tables
+    values = torch.index_select(vec, 0, _index(codes))
+    if torch.equal(vec, sca):
+        return values
+    block = _exp2_block()
+    nonzero = np.bitwise_and(codes, 0x7F)
+    k = int(np.count_nonzero(nonzero))
+    if block is None or (k >= _GRAIN and torch.get_num_threads() > 1):
+        return None
+    tail = k % block
+    if tail:
+        window = 64
+        while True:
+            at = np.flatnonzero(nonzero[-window:])
+            if len(at) >= tail or window >= len(codes):
+                break
+            window *= 4
+        at = at[-tail:] + (len(codes) - len(nonzero[-window:]))
+        index = torch.from_numpy(at.astype(np.int64))
+        values[index] = sca[torch.from_numpy(codes[at].astype(np.int64))]
+    return values
 
 
 class S2FP8Codec:
@@ -420,17 +818,22 @@ class S2FP8Codec:
         _finite(x, self.name)
         a = x.abs().to(torch.float64)
         nonzero = a > 0
-        logs = torch.log2(a[nonzero])
+        dense = bool(nonzero.all())  # then a[nonzero] is a itself: skip the masks
+        logs = torch.log2(a) if dense else torch.log2(a[nonzero])
         alpha, beta = 1.0, 0.0
         if logs.numel():
             mu, top = float(logs.mean()), float(logs.max())
             alpha = float(np.float32(min(15.0 / (top - mu), _MAX_ALPHA))) if top > mu else 1.0
             beta = float(np.float32(-alpha * mu))
-        shifted = torch.zeros_like(a)
-        shifted[nonzero] = torch.exp2(alpha * logs + beta)
         top8 = torch.finfo(torch.float8_e5m2).max
-        shifted = torch.where(nonzero, shifted.clamp(_E5M2_TINY, top8), shifted)
-        y = torch.where(torch.signbit(x), -shifted, shifted).to(torch.float32)
+        if dense:
+            shifted = torch.exp2(logs.mul_(alpha).add_(beta)).clamp_(_E5M2_TINY, top8)
+            y = torch.copysign(shifted.to(torch.float32), x)
+        else:
+            shifted = torch.zeros_like(a)
+            shifted[nonzero] = torch.exp2(alpha * logs + beta)
+            shifted = torch.where(nonzero, shifted.clamp(_E5M2_TINY, top8), shifted)
+            y = torch.where(torch.signbit(x), -shifted, shifted).to(torch.float32)
         codes = y.to(torch.float8_e5m2).view(torch.uint8).numpy()
         head = np.array([alpha, beta], dtype="<f4").tobytes()
         return EncodedTensor(
@@ -449,12 +852,18 @@ class S2FP8Codec:
         codes = np.frombuffer(encoded.data, dtype=np.uint8, offset=8)
         if _bad_fp8(codes, 5):
             raise CompressionError("codec 's2fp8': a byte is not a finite e5m2 value.")
-        y = torch.from_numpy(codes.copy()).view(torch.float8_e5m2).to(torch.float64)
-        mag = y.abs()
-        nonzero = mag > 0
-        out = torch.zeros_like(mag)
-        out[nonzero] = torch.exp2((torch.log2(mag[nonzero]) - beta) / alpha)
-        values = torch.where(torch.signbit(y), -out, out).to(torch.float32)
-        if not bool(torch.isfinite(values).all()):
+        values = _s2fp8_lookup(codes, alpha, beta)
+        if values is not None:  # finite tables give finite values
+            tables = _s2fp8_tables(alpha, beta) or ()
+            check = not all(bool(torch.isfinite(t).all()) for t in tables)
+        else:
+            y = torch.from_numpy(codes.copy()).view(torch.float8_e5m2).to(torch.float64)
+            mag = y.abs()
+            nonzero = mag > 0
+            out = torch.zeros_like(mag)
+            out[nonzero] = _s2fp8_magnitudes(mag[nonzero], alpha, beta)
+            values = torch.where(torch.signbit(y), -out, out).to(torch.float32)
+            check = True
+        if check and not _all_finite(values):
             raise CompressionError("codec 's2fp8': alpha and beta decode to non-finite values.")
         return _restore(values, encoded)

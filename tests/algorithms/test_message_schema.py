@@ -40,6 +40,14 @@ CASES: dict[str, tuple[str, str, dict[str, object]]] = {
     "deepsqueeze": ("deepsqueeze", "ring:4", {"compression.codec": "sign"}),
     "choco": ("choco", "ring:4", {"compression.codec": "qsgd", "compression.scaled": True}),
     "rps": ("rps", "complete:4", {}),
+    "fedavg": ("fedavg", "star:4", {}),
+    "doublesqueeze": ("doublesqueeze", "star:4", {"compression.codec": "sign"}),
+    "apmsqueeze-warm-up": ("apmsqueeze", "star:4", {"compression.codec": "sign"}),
+    "apmsqueeze": (
+        "apmsqueeze",
+        "star:4",
+        {"compression.codec": "sign", "algorithm.precondition_rounds": 1},
+    ),
 }
 
 

@@ -1,0 +1,394 @@
+"""Two-pass error-compensated compression on a star: DoubleSqueeze and APMSqueeze.
+
+Both belong to the server family (:mod:`fedcore.algorithms.server`): a ``star`` trust
+graph of workers and a server (``topology.server``) that holds no data and never trains
+(its ``trains`` is false, so its node passes a zero gradient). Every round has two phases:
+workers to the server (phase 0), the server to every worker (phase 1). Every node, the
+server included, holds the model; the server's is the global model. Everything that is
+compressed goes through the node's codec (``RoundContext.codec``, ``compression.codec``)
+inside the algorithm, which keeps exactly the value receivers decode, so the error
+memories account for every bit the codec drops. reference/algorithms.md sections 5.1,
+5.2 and 13.
+
+**DoubleSqueeze** (Tang, Lian, Yu, Zhang, Liu, ICML 2019)::
+
+    worker i:  v_i = lr g_i + delta_i;  send C[v_i];  delta_i <- v_i - C[v_i]     # phase 0
+    server:    v = mean over arrived of C[v_i] + delta_s
+               send C[v] to every worker;  delta_s <- v - C[v]                    # phase 1
+    everyone:  x <- x - C[v]                       (the server too: the global model)
+
+The step size sits inside ``v_i`` (the memories are in units of model steps), so with
+the identity codec (``fp32`` for float32 models, ``raw``) the memories stay zero and every
+node takes ``x <- x - lr * mean_i g_i``: parameter-server SGD, step by step. With a node
+optimizer (``[optimizer]``) its direction ``u`` replaces ``lr g_i``. ``error_feedback =
+false`` keeps no memories (plain two-pass compression, ``v_i = lr g_i``, ``v = mean
+C[v_i]``): the baseline the paper compares against.
+
+**APMSqueeze** (Tang, Gan, Rajbhandari, Lian, Liu, He, Zhang, arXiv 2008.11343): Adam
+during ``precondition_rounds`` full-precision rounds, then momentum SGD preconditioned by
+the frozen second moment, with DoubleSqueeze's two-pass compression of the momentum::
+
+    t < T (T = precondition_rounds):  worker i sends g_i at full precision ("raw")
+        server: gbar = mean over arrived of g_i
+                m <- b1 m + (1 - b1) gbar;  v <- b2 v + (1 - b2) gbar^2
+                x <- x - lr (m / (1 - b1^(t+1))) / (sqrt(v / (1 - b2^(t+1))) + eps)
+                send (x, m, v) at full precision;  every worker adopts them
+    t >= T:  v frozen (vhat = v / (1 - b2^T))
+        worker i: m_i = b1 m + (1 - b1) g_i;  mhat_i = C[m_i + delta_i]
+                  delta_i <- m_i + delta_i - mhat_i;  send mhat_i
+        server:   u = mean over arrived of mhat_i + deltabar;  mbar = C[u]
+                  deltabar <- u - mbar;  send mbar
+        everyone: m <- mbar;  x <- x - lr (mbar / (1 - b1^(t+1))) / (sqrt(vhat) + eps)
+
+Adam's bias corrections use the round index, the same on every node. With the identity
+codec the compressed rounds are momentum SGD preconditioned by the frozen ``vhat``. The
+warm-up messages bypass the node's codec: the algorithm encodes them itself with the
+lossless ``raw`` codec (the node sends an already encoded tensor as it is, and receivers
+decode it by the codec it names), so every node holds the same Adam moments. The warm-up
+broadcast carries the server's model and moments (three model-sized tensors, during the
+``T`` warm-up rounds only) rather than ``gbar``, so a worker that misses one rejoins
+exactly at the next: what it needs is the last one, which holds the ``v`` that is
+frozen. APMSqueeze is itself the optimizer: leave ``[optimizer]`` at plain SGD (a node
+optimizer's direction would stand in for the gradient); the step size is the round's
+``algorithm.lr``. A coordinate whose frozen ``vhat`` is 0 (an input never active in the
+warm-up) steps by ``lr * mbar / eps``, and one whose ``vhat`` is tiny amplifies the
+codec's error there: harmless with codecs that keep zeros (``qsgd``, ``topk``) on such
+inputs, large with ``sign``, which sends every coordinate; raise ``algorithm.eps`` then.
+
+**Lost messages** (a fault plan, deadline mode): the server averages what arrived (over
+the arrived count; with nothing arrived the mean is zero, so DoubleSqueeze's server still
+sends ``C[delta_s]`` and APMSqueeze's ``C[deltabar]``).
+A worker whose message was lost has that round's contribution lost with it (it cannot
+know); its memory already holds ``v_i - C[v_i]``. A worker that misses the broadcast
+keeps its model (APMSqueeze: and its own ``m_i`` in place of ``mbar``) and lags the
+global model by that step for good: the broadcasts are steps, not models. (APMSqueeze's
+warm-up broadcasts are the server's state, so there a worker catches up at the next one;
+a worker that misses the *last* warm-up broadcast keeps its own older ``v`` for good, and
+a coordinate that is 0 in it but not in ``mbar`` steps by ``lr * mbar / eps``: such a
+worker can diverge, and the run stops with an AlgorithmError naming it; the warm-up needs
+reliable links, as in the paper.) No state disagrees otherwise, and the error memories
+stay consistent whatever is lost: each side's memory depends only on what that side
+itself compressed, so on each worker and on the server ``sum of sent values + current
+memory == sum of intended values`` holds every round. With nothing arrived at the server
+in warm-up, its Adam step uses a zero gradient.
+
+Both take one step a round (``run.local_steps = 1``): the compressed value is that round's
+step. Neither has a batched form: the vectorized engine's ``auto`` runs them on the
+message engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
+from fedcore.algorithms.compressed import compress
+from fedcore.compression import RawCodec
+from fedcore.errors import AlgorithmError, ConfigError
+from fedcore.messages import MessageSchema, Payload
+
+__all__ = ["APMSqueeze", "APMSqueezeState", "DoubleSqueeze", "DoubleSqueezeState"]
+
+_RAW = RawCodec()
+
+
+class DoubleSqueezeState(NamedTuple):
+    """The model ``x`` and the error memory ``delta`` (a worker's ``delta_i``, the
+    server's ``delta_s``)."""
+
+    x: torch.Tensor
+    delta: torch.Tensor
+
+
+class APMSqueezeState(NamedTuple):
+    """The model ``x``, the shared first moment ``m`` (a worker's own ``m_i`` between its
+    step and the broadcast), the second moment ``v`` (frozen after the warm-up) and the
+    error memory ``delta`` (``delta_i``, or the server's ``deltabar``)."""
+
+    x: torch.Tensor
+    m: torch.Tensor
+    v: torch.Tensor
+    delta: torch.Tensor
+
+
+def _mean(inbox: Inbox, name: str, like: torch.Tensor) -> torch.Tensor:
+    """The mean of tensor ``name`` over what arrived (float64 sum); zero if nothing did."""
+    if not inbox:
+        return torch.zeros_like(like)
+    total = torch.zeros_like(like, dtype=torch.float64)
+    for payload in inbox.values():
+        total.add_(payload.tensor(name).to(torch.float64))
+    return (total / len(inbox)).to(like.dtype)
+
+
+def _one_step(name: str) -> AlgorithmError:
+    return AlgorithmError(
+        f"algorithm {name!r} compresses one step a round: set run.local_steps = 1."
+    )
+
+
+class _Star:
+    """Who sends what to whom on the star (shared by both algorithms)."""
+
+    name: str
+    phases = 2
+    server: str
+
+    def _workers(self, ctx: RoundContext) -> tuple[str, ...]:
+        return tuple(sorted(v for v in ctx.nodes if v != self.server))
+
+    def trains(self, ctx: RoundContext) -> bool:
+        """Every worker trains every round; the server never does."""
+        return ctx.node != self.server
+
+    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
+        """Phase 0: every worker, at the server. Phase 1: the server, at a worker."""
+        check_phase(self.name, phase, self.phases)
+        if phase == 0:
+            return self._workers(ctx) if ctx.node == self.server else ()
+        return () if ctx.node == self.server else (self.server,)
+
+    def _check_sender(self, phase: int, sender: str, ctx: RoundContext) -> None:
+        if sender not in self.expected_senders(phase, ctx):
+            raise AlgorithmError(
+                f"{sender!r} sends {ctx.node!r} nothing in phase {phase} of round {ctx.round}."
+            )
+
+
+def _check_server(name: str, server: object) -> str:
+    if not isinstance(server, str) or not server:
+        raise ConfigError(f"algorithm {name!r}: server must be a node id, got {server!r}.")
+    return server
+
+
+class DoubleSqueeze(_Star):
+    """DoubleSqueeze (see the module docstring).
+
+    Args:
+        server: The server's node id (``topology.server``).
+        error_feedback: Keep the error memories (false: plain two-pass compression).
+    """
+
+    name = "doublesqueeze"
+    mixing = "star"
+    phases = 2
+
+    def __init__(self, server: str = "server", error_feedback: bool = True) -> None:
+        """Check the options."""
+        self.server = _check_server(self.name, server)
+        if not isinstance(error_feedback, bool):
+            raise ConfigError(
+                f"algorithm.error_feedback must be true or false, got {error_feedback!r}."
+            )
+        self.error_feedback = error_feedback
+
+    def init(self, params: torch.Tensor) -> DoubleSqueezeState:
+        """Every node starts from ``params`` with no compression error."""
+        return DoubleSqueezeState(params.clone(), torch.zeros_like(params))
+
+    def model(self, state: DoubleSqueezeState) -> torch.Tensor:
+        """The worker's model, or the server's global model."""
+        return state.x
+
+    def local_step(
+        self, state: DoubleSqueezeState, grad: torch.Tensor, ctx: RoundContext
+    ) -> DoubleSqueezeState:
+        """Refused: the compressed value is the round's one step."""
+        raise _one_step(self.name)
+
+    def _squeeze(
+        self, v: torch.Tensor, ctx: RoundContext
+    ) -> tuple[Payload, torch.Tensor, torch.Tensor]:
+        """``(payload, C[v], new memory)``: ``C[v]`` is exactly what receivers decode."""
+        encoded, c = compress(ctx.codec, v, ctx)
+        delta = v - c if self.error_feedback else torch.zeros_like(v)
+        return Payload({"c": encoded}), c, delta
+
+    def step(
+        self, state: DoubleSqueezeState, grad: torch.Tensor, ctx: RoundContext
+    ) -> tuple[DoubleSqueezeState, Outbox]:
+        """A worker compresses its error-compensated step for the server; the server
+        sends nothing in phase 0."""
+        if ctx.node == self.server:
+            return state, {}
+        v = ctx.lr * grad + state.delta if self.error_feedback else ctx.lr * grad
+        payload, _, delta = self._squeeze(v, ctx)
+        return DoubleSqueezeState(state.x, delta), {self.server: payload}
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """A compressed step ``"c"`` in either phase, nothing else."""
+        self._check_sender(phase, sender, ctx)
+        return model_schema("c")
+
+    def mix(
+        self, state: DoubleSqueezeState, phase: int, inbox: Inbox, ctx: RoundContext
+    ) -> tuple[DoubleSqueezeState, Outbox]:
+        """Phase 0 at the server: average, compensate, compress, step, broadcast. Phase 1
+        at a worker: step by the broadcast if it arrived."""
+        check_phase(self.name, phase, self.phases)
+        if phase == 1:
+            if ctx.node != self.server and self.server in inbox:
+                return DoubleSqueezeState(state.x - inbox[self.server].tensor("c"), state.delta), {}
+            return state, {}
+        if ctx.node != self.server:
+            return state, {}
+        v = _mean(inbox, "c", state.x)
+        if self.error_feedback:
+            v = v + state.delta
+        payload, c, delta = self._squeeze(v, ctx)
+        return DoubleSqueezeState(state.x - c, delta), dict.fromkeys(self._workers(ctx), payload)
+
+
+def _check_betas(betas: object) -> tuple[float, float]:
+    ok = (
+        isinstance(betas, Sequence)
+        and not isinstance(betas, str)
+        and len(betas) == 2
+        and all(isinstance(b, int | float) and not isinstance(b, bool) for b in betas)
+        and all(0 <= b < 1 for b in betas)
+    )
+    if not ok:
+        raise ConfigError(
+            f"algorithm.betas must be two numbers in [0, 1), e.g. [0.9, 0.999], got {betas!r}."
+        )
+    assert isinstance(betas, Sequence)
+    return float(betas[0]), float(betas[1])
+
+
+class APMSqueeze(_Star):
+    """APMSqueeze (see the module docstring).
+
+    Args:
+        server: The server's node id (``topology.server``).
+        precondition_rounds: Full-precision Adam rounds ``T`` before ``v`` is frozen (>= 1).
+        betas: Adam's ``(b1, b2)``.
+        eps: Adam's ``eps`` (> 0).
+    """
+
+    name = "apmsqueeze"
+    mixing = "star"
+    phases = 2
+
+    def __init__(
+        self,
+        server: str = "server",
+        precondition_rounds: int = 10,
+        betas: Sequence[float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        """Check the options."""
+        self.server = _check_server(self.name, server)
+        if (
+            isinstance(precondition_rounds, bool)
+            or not isinstance(precondition_rounds, int)
+            or precondition_rounds < 1
+        ):
+            raise ConfigError(
+                "algorithm.precondition_rounds must be a whole number >= 1 (the full-precision "
+                f"Adam rounds that estimate the frozen second moment), got {precondition_rounds!r}."
+            )
+        self.precondition_rounds = precondition_rounds
+        self.betas = _check_betas(betas)
+        number = isinstance(eps, int | float) and not isinstance(eps, bool)
+        if not number or not 0 < eps < math.inf:
+            raise ConfigError(f"algorithm.eps must be a finite number > 0, got {eps!r}.")
+        self.eps = float(eps)
+
+    def warming_up(self, t: int) -> bool:
+        """Whether round ``t`` is a full-precision Adam round."""
+        return t < self.precondition_rounds
+
+    def init(self, params: torch.Tensor) -> APMSqueezeState:
+        """Every node starts from ``params`` with zero moments and no compression error."""
+        zero = torch.zeros_like(params)
+        return APMSqueezeState(params.clone(), zero, zero.clone(), zero.clone())
+
+    def model(self, state: APMSqueezeState) -> torch.Tensor:
+        """The worker's model, or the server's global model."""
+        return state.x
+
+    def local_step(
+        self, state: APMSqueezeState, grad: torch.Tensor, ctx: RoundContext
+    ) -> APMSqueezeState:
+        """Refused: the compressed momentum is the round's one step."""
+        raise _one_step(self.name)
+
+    def _names(self, phase: int, t: int) -> tuple[str, ...]:
+        """The tensors of a phase-``phase`` message of round ``t``."""
+        if not self.warming_up(t):
+            return ("m",)
+        return ("g",) if phase == 0 else ("m", "v", "x")
+
+    def step(
+        self, state: APMSqueezeState, grad: torch.Tensor, ctx: RoundContext
+    ) -> tuple[APMSqueezeState, Outbox]:
+        """A worker sends its gradient at full precision (warm-up) or its compressed,
+        error-compensated momentum; the server sends nothing in phase 0."""
+        if ctx.node == self.server:
+            return state, {}
+        if self.warming_up(ctx.round):
+            encoded, _ = compress(_RAW, grad, ctx)
+            return state, {self.server: Payload({"g": encoded})}
+        b1 = self.betas[0]
+        m = b1 * state.m + (1 - b1) * grad
+        u = m + state.delta
+        encoded, mhat = compress(ctx.codec, u, ctx)
+        return state._replace(m=m, delta=u - mhat), {self.server: Payload({"m": encoded})}
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """Warm-up: a worker's gradient ``"g"``, the server's ``"x"``, ``"m"`` and ``"v"``.
+        Afterwards a compressed momentum ``"m"`` in either phase."""
+        self._check_sender(phase, sender, ctx)
+        return model_schema(*self._names(phase, ctx.round))
+
+    def _descend(
+        self, state: APMSqueezeState, m: torch.Tensor, v: torch.Tensor, ctx: RoundContext
+    ) -> torch.Tensor:
+        """``x - lr (m / (1 - b1^(t+1))) / (sqrt(vhat) + eps)``."""
+        b1, b2 = self.betas
+        steps = min(ctx.round + 1, self.precondition_rounds)
+        mh = m / (1 - b1 ** (ctx.round + 1))
+        vh = v / (1 - b2**steps)
+        return state.x - ctx.lr * mh / (vh.sqrt() + self.eps)
+
+    def _adam(self, state: APMSqueezeState, g: torch.Tensor, ctx: RoundContext) -> APMSqueezeState:
+        """A warm-up round's Adam step on the mean gradient ``g``."""
+        b1, b2 = self.betas
+        m = b1 * state.m + (1 - b1) * g
+        v = b2 * state.v + (1 - b2) * g * g
+        return state._replace(x=self._descend(state, m, v, ctx), m=m, v=v)
+
+    def mix(
+        self, state: APMSqueezeState, phase: int, inbox: Inbox, ctx: RoundContext
+    ) -> tuple[APMSqueezeState, Outbox]:
+        """Phase 0 at the server: average what arrived; warm-up: Adam, then broadcast the
+        model and moments; afterwards compress, step and broadcast ``mbar``. Phase 1 at a
+        worker: adopt the broadcast state (warm-up) or take the same step, if it arrived."""
+        check_phase(self.name, phase, self.phases)
+        warm = self.warming_up(ctx.round)
+        if phase == 1:
+            if ctx.node == self.server:
+                return state, {}
+            got = inbox.get(self.server)
+            if got is None:
+                return state, {}
+            if warm:
+                x, m, v = (got.tensor(k).clone() for k in ("x", "m", "v"))
+                return state._replace(x=x, m=m, v=v), {}
+            mbar = got.tensor("m").clone()
+            return state._replace(x=self._descend(state, mbar, state.v, ctx), m=mbar), {}
+        if ctx.node != self.server:
+            return state, {}
+        if warm:
+            new = self._adam(state, _mean(inbox, "g", state.x), ctx)
+            tensors = {k: compress(_RAW, getattr(new, k), ctx)[0] for k in ("m", "v", "x")}
+            return new, dict.fromkeys(self._workers(ctx), Payload(tensors))
+        u = _mean(inbox, "m", state.x) + state.delta
+        encoded, mbar = compress(ctx.codec, u, ctx)
+        x = self._descend(state, mbar, state.v, ctx)
+        new = state._replace(x=x, m=mbar, delta=u - mbar)
+        return new, dict.fromkeys(self._workers(ctx), Payload({"m": encoded}))
