@@ -3,7 +3,8 @@
 Two measurements, written to ``docs/results/low-precision-<dataset>.{md,json,png}``:
 
 1. **Training through each format.** D-PSGD (sends models), DeepSqueeze (sends its
-   error-compensated models) and CHOCO (sends differences to the public copies), each
+   error-compensated models), CHOCO (sends differences to the public copies) and
+   DoubleSqueeze (workers and a server send error-compensated steps: gradients), each
    through ``fp32``, ``fp8`` (e4m3 and e5m2, one scale per tensor), ``float`` with e=4/m=3
    and e=3/m=0 (4 bits a value), each with and without APS, and ``s2fp8``: final accuracy
    of the average model and mean per node, bytes per node and round, as seed sweeps
@@ -17,6 +18,7 @@ Usage::
 
     python scripts/low_precision_results.py                   # digits MLP, 16-node torus
     python scripts/low_precision_results.py --methods D-PSGD --seeds 0
+    python scripts/low_precision_results.py --methods DoubleSqueeze --stem low-precision-ds
     python scripts/low_precision_results.py --tiny --out /tmp/lp   # a CI-sized grid
 
 A diverged case is reported as such, never dropped. Means over ``--seeds``.
@@ -67,6 +69,7 @@ METHODS: dict[str, list[str]] = {
     "D-PSGD": ["algorithm.name=dpsgd"],
     "DeepSqueeze": ["algorithm.name=deepsqueeze"],
     "CHOCO": ["algorithm.name=choco"],
+    "DoubleSqueeze": ["algorithm.name=doublesqueeze", "topology.kind=star"],
 }
 """Method label -> ``[algorithm]`` overrides."""
 
@@ -292,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="a CI-sized grid")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (1 thread each)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument("--stem", default="low-precision", help="output name before -<dataset>")
     args = parser.parse_args(argv)
     for given, known, what in ((args.methods, METHODS, "methods"), (args.codecs, CODECS, "codecs")):
         unknown = sorted(set(given) - set(known))
@@ -314,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         flush = flush_table(dataset, [c for c in codecs if c != "fp32"], args)
         layers = prepare_run(load_config(None, base_overrides(dataset, args))).layers
         table, data = report(dataset, runs, flush, labels, layers, args)
-        stem = args.out / f"low-precision-{dataset}"
+        stem = args.out / f"{args.stem}-{dataset}"
         stem.with_suffix(".md").write_text(table, encoding="utf-8")
         stem.with_suffix(".json").write_text(to_json_text(data, indent=1), encoding="utf-8")
         plot(runs, labels, stem.with_suffix(".png"))
