@@ -50,8 +50,33 @@ REPO = Path(__file__).resolve().parents[1]
             "algorithm.server_optimizer=adam",
             "algorithm.server_lr=0.1",
         ],
+        [
+            "algorithm.name=doublesqueeze",
+            "topology.kind=star",
+            "topology.nodes=3",
+            "compression.codec=qsgd",
+            "compression.bits=4",
+            "optimizer.name=momentum",
+        ],
+        [
+            "algorithm.name=apmsqueeze",
+            "topology.kind=star",
+            "topology.nodes=3",
+            "algorithm.precondition_rounds=8",
+            "algorithm.lr=0.01",
+            "compression.codec=topk",
+            "compression.ratio=0.1",
+        ],
     ],
-    ids=["ops-directed", "dpsgd-undirected", "dog-online-regret", "ops-lamb", "fedavg-sampled"],
+    ids=[
+        "ops-directed",
+        "dpsgd-undirected",
+        "dog-online-regret",
+        "ops-lamb",
+        "fedavg-sampled",
+        "doublesqueeze-qsgd",
+        "apmsqueeze-topk",
+    ],
 )
 def test_launch_matches_simulate_bit_for_bit(tmp_path: Path, overrides: list[str]) -> None:
     """Transport transparency: identical parameters on every node, strict mode, no faults."""
