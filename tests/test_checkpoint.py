@@ -16,12 +16,12 @@ import torch
 
 from fedcore.config import load_config
 from fedcore.errors import ConfigError
-from fedcore.metrics import params_sha256
 from fedcore.runners import checkpoint
 from fedcore.runners.launch import free_ports, read_params
 from fedcore.runners.network import build_network, prepare_run
 from fedcore.runners.peer import model_path
 from fedcore.runners.simulate import simulate
+from tests.resume import assert_resumes_exactly
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,21 +46,7 @@ def test_resume_in_process_is_exact(tmp_path: Path, overrides: list[str]) -> Non
     """Checkpoint every node at round 7, restore into a fresh network, finish: the same
     parameters, bit for bit, as a run that never stopped."""
     config = load_config(None, [*overrides, "topology.nodes=5", "model.name=mlp"])
-    whole = build_network(config)
-    whole.run(12)
-    first = build_network(config)
-    first.run(7)
-    for node in first.nodes.values():
-        checkpoint.save(tmp_path / node.id, node)
-    second = build_network(config)
-    for node in second.nodes.values():
-        saved = checkpoint.latest(tmp_path / node.id)
-        assert saved is not None
-        checkpoint.restore(node, saved)
-        assert node.round == 7
-    second.run(12)
-    for nid, node in whole.nodes.items():
-        assert params_sha256(second.nodes[nid].model()) == params_sha256(node.model()), nid
+    assert_resumes_exactly(config, tmp_path, stop=7, end=12)
 
 
 def test_torn_checkpoint_is_detected_and_the_previous_used(

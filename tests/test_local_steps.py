@@ -11,9 +11,10 @@ import pytest
 from fedcore.config import load_config
 from fedcore.errors import ConfigError
 from fedcore.metrics import params_sha256
-from fedcore.runners import checkpoint
+from fedcore.node import Node
 from fedcore.runners.network import build_network
 from tests.clitools import TINY, cli
+from tests.resume import assert_resumes_exactly
 from tests.test_optimizer_runs import CRASHES
 from tests.test_vectorized import BATCHED, _config, assert_same_run
 
@@ -59,21 +60,11 @@ def test_zero_step_size_never_moves_the_models() -> None:
 
 def test_local_steps_resume_exactly(tmp_path: Path) -> None:
     config = load_config(None, ["topology.nodes=5", "run.local_steps=3", "optimizer.name=adam"])
-    whole = build_network(config)
-    whole.run(8)
-    first = build_network(config)
-    first.run(5)
-    for node in first.nodes.values():
+
+    def read_three_a_round(node: Node) -> None:
         assert node.batches_read == 15
-        checkpoint.save(tmp_path / node.id, node)
-    second = build_network(config)
-    for node in second.nodes.values():
-        saved = checkpoint.latest(tmp_path / node.id)
-        assert saved is not None
-        checkpoint.restore(node, saved)
-    second.run(8)
-    for nid, node in whole.nodes.items():
-        assert params_sha256(second.nodes[nid].model()) == params_sha256(node.model()), nid
+
+    assert_resumes_exactly(config, tmp_path, stop=5, end=8, saved=read_three_a_round)
 
 
 def test_the_summary_reports_bytes_per_local_step(

@@ -19,10 +19,12 @@ from fedcore.algorithms.optim import OPTIMIZERS, Optimizer
 from fedcore.config import OPTIMIZER_NAMES, load_config
 from fedcore.errors import ConfigError
 from fedcore.metrics import params_sha256
+from fedcore.node import Node
 from fedcore.runners import checkpoint
 from fedcore.runners.network import build_network, node_optimizer, prepare_run
 from fedcore.runners.vectorized import VectorizedNetwork
 from tests.clitools import TINY, assert_one_line_error, cli
+from tests.resume import assert_resumes_exactly
 from tests.test_vectorized import BATCHED, GRAPHS, _config, assert_same_run
 
 OPTIONS = {
@@ -152,21 +154,11 @@ def test_optimizer_state_resumes_exactly(tmp_path: Path, name: str) -> None:
     """Checkpoint every node at round 7 (its optimizer state with it), restore into a fresh
     network, finish: the same bits as a run that never stopped."""
     config = load_config(None, ["topology.nodes=5", *_with(name)])
-    whole = build_network(config)
-    whole.run(12)
-    first = build_network(config)
-    first.run(7)
-    for node in first.nodes.values():
-        checkpoint.save(tmp_path / node.id, node)
-    second = build_network(config)
-    for node in second.nodes.values():
-        saved = checkpoint.latest(tmp_path / node.id)
-        assert saved is not None
-        checkpoint.restore(node, saved)
+
+    def took_seven_steps(node: Node) -> None:
         assert int(node.opt_state.step.item()) == 7
-    second.run(12)
-    for nid, node in whole.nodes.items():
-        assert params_sha256(second.nodes[nid].model()) == params_sha256(node.model()), nid
+
+    assert_resumes_exactly(config, tmp_path, stop=7, end=12, restored=took_seven_steps)
     other = build_network(load_config(None, ["topology.nodes=5"]))
     saved = checkpoint.latest(tmp_path / "n0")
     with pytest.raises(ConfigError, match="another \\[optimizer\\]"):

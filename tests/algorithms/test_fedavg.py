@@ -11,10 +11,9 @@ import torch
 from fedcore.algorithms.server import sample_workers
 from fedcore.config import load_config
 from fedcore.errors import ConfigError, TopologyError
-from fedcore.metrics import params_sha256
-from fedcore.runners import checkpoint
 from fedcore.runners.network import build_network, prepare_run
 from tests.clitools import TINY, cli
+from tests.resume import assert_resumes_exactly
 
 STAR = ["algorithm.name=fedavg", "topology.kind=star", "model.name=mlp"]
 
@@ -107,21 +106,7 @@ def test_server_momentum_zero_is_plain_fedavg() -> None:
 def test_fedavg_resumes_exactly(tmp_path: Path, server_optimizer: str) -> None:
     settings = [*STAR, "topology.nodes=4", "algorithm.fraction=0.5", "run.local_steps=2"]
     settings += [f"algorithm.server_optimizer={server_optimizer}", "algorithm.server_lr=0.5"]
-    config = load_config(None, settings)
-    whole = build_network(config)
-    whole.run(9)
-    first = build_network(config)
-    first.run(5)
-    for node in first.nodes.values():
-        checkpoint.save(tmp_path / node.id, node)
-    second = build_network(config)
-    for node in second.nodes.values():
-        saved = checkpoint.latest(tmp_path / node.id)
-        assert saved is not None
-        checkpoint.restore(node, saved)
-    second.run(9)
-    for nid, node in whole.nodes.items():
-        assert params_sha256(second.nodes[nid].model()) == params_sha256(node.model()), nid
+    assert_resumes_exactly(load_config(None, settings), tmp_path, stop=5, end=9)
 
 
 @pytest.mark.parametrize(

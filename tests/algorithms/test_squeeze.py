@@ -16,9 +16,8 @@ from fedcore.compression import Codec, RawCodec, get_codec, make_codec
 from fedcore.config import load_config
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import EncodedTensor, Payload
-from fedcore.metrics import params_sha256
-from fedcore.runners import checkpoint
 from fedcore.runners.network import build_network, prepare_run
+from tests.resume import assert_resumes_exactly
 
 DOUBLE = ["algorithm.name=doublesqueeze", "topology.kind=star", "model.name=mlp"]
 APM = ["algorithm.name=apmsqueeze", "topology.kind=star", "model.name=mlp"]
@@ -375,20 +374,9 @@ def test_lost_messages_keep_models_finite(settings: list[str]) -> None:
 )
 def test_squeeze_resumes_exactly(tmp_path: Path, settings: list[str]) -> None:
     config = load_config(None, [*settings, *SMALL])
-    whole = build_network(config)
-    whole.run(7)
-    first = build_network(config)
-    first.run(2)  # APMSqueeze: inside the warm-up
-    for node in first.nodes.values():
-        checkpoint.save(tmp_path / node.id, node)
-    second = build_network(config)
-    for node in second.nodes.values():
-        saved = checkpoint.latest(tmp_path / node.id)
-        assert saved is not None
-        checkpoint.restore(node, saved)
-    second.run(7)
+    # APMSqueeze stops inside its warm-up.
+    whole, second = assert_resumes_exactly(config, tmp_path, stop=2, end=7)
     for nid, node in whole.nodes.items():
-        assert params_sha256(second.nodes[nid].model()) == params_sha256(node.model()), nid
         for a, b in zip(second.nodes[nid].state, node.state, strict=True):
             assert torch.equal(a, b), nid
 
