@@ -10,9 +10,10 @@ peers of ``central``, ``dpsgd`` and ``ops`` get), and writes
 2. **DoubleSqueeze** with sign, QSGD-4 and top-1% against uncompressed parameter-server SGD
    (DoubleSqueeze through ``fp32``) and against the same codecs without error compensation
    (``algorithm.error_feedback = false``), if the algorithm is registered.
-3. **APMSqueeze** with 1-bit sign against full-precision Adam (APMSqueeze through ``fp32``,
-   whose compressed phase is then momentum SGD preconditioned by the frozen second moment,
-   and FedAvg with C = 1, K = 1 and the Adam node optimizer), if registered.
+3. **APMSqueeze** with 1-bit sign against full-precision Adam on the averaged gradient
+   (APMSqueeze whose warm-up lasts the whole run), APMSqueeze through ``fp32`` (its
+   compressed phase is then momentum SGD preconditioned by the frozen second moment) and
+   each worker's own Adam with FedAvg's averaging (C = 1, K = 1), if registered.
 
 Usage::
 
@@ -70,7 +71,11 @@ def methods(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
     if "apmsqueeze" in ALGORITHMS:
         apm = ["algorithm.name=apmsqueeze", *STAR, f"algorithm.lr={args.adam_lr}"]
         apm += [f"algorithm.precondition_rounds={args.precondition}"]
-        out["Adam (FedAvg C=1 K=1)"] = (
+        out["Adam on the averaged gradient"] = (
+            "apmsqueeze",
+            [*apm[:-1], f"algorithm.precondition_rounds={args.rounds}"],  # all rounds warm-up
+        )
+        out["local Adam, FedAvg C=1 K=1"] = (
             "apmsqueeze",
             ["algorithm.name=fedavg", *STAR, "optimizer.name=adam", f"algorithm.lr={args.adam_lr}"],
         )
