@@ -93,3 +93,22 @@ def test_both_engines_take_the_same_steps(tmp_path: Path) -> None:
         assert summary["engine"] == engine
         digests.append(summary["params_sha256"])
     assert digests[0] == digests[1]
+
+
+def test_a_batch_larger_than_a_nodes_data_warns_only_under_lr_scaling(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Batches are clipped to a node's data; only lr_scaling (which scales by the configured
+    batch size) makes that worth a warning."""
+    from fedcore.runners.network import prepare_run
+
+    big = ["data.batch_size=512", "topology.nodes=4"]
+    with caplog.at_level("INFO", logger="fedcore"):
+        prepare_run(load_config(None, big))
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "larger than the" in caplog.text
+    caplog.clear()
+    scaled = [*big, "algorithm.lr_scaling=linear", "algorithm.base_batch_size=32"]
+    prepare_run(load_config(None, scaled))
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned and "lr_scaling still scales by data.batch_size" in warned[0]

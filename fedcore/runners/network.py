@@ -621,14 +621,15 @@ def prepare_run(
         )
         smallest = min(len(p) for p in parts)
         if config.data.batch_size > smallest:
-            logger.warning(
+            # Under lr_scaling the step size assumes batches of data.batch_size: say so.
+            scaled = config.algorithm.lr_scaling != "none"
+            logger.log(
+                logging.WARNING if scaled else logging.INFO,
                 "data.batch_size = %d is larger than the %d training examples of the "
                 "smallest node: its batches hold all of them%s",
                 config.data.batch_size,
                 smallest,
-                " (algorithm.lr_scaling still scales by data.batch_size)"
-                if config.algorithm.lr_scaling != "none"
-                else "",
+                " (algorithm.lr_scaling still scales by data.batch_size)" if scaled else "",
             )
         if server_at is not None:
             parts.insert(server_at, np.zeros(0, dtype=np.int64))
