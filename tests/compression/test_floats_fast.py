@@ -667,7 +667,7 @@ def test_float_matches_the_reference(x: torch.Tensor, e: int, m: int, double: bo
             _same_decode(fast, ref, bad)
 
 
-@settings(max_examples=200)
+@settings(max_examples=80)
 @given(
     data=st.data(),
     e=st.integers(2, 8),
