@@ -188,7 +188,12 @@ class FedAvg:
     def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
         """Phase 0: a worker's model ``"x"`` and its example count ``"samples"``; phase 1:
         the global model ``"x"``."""
-        if sender not in self.expected_senders(phase, ctx):
+        check_phase(self.name, phase, self.phases)
+        if phase == 0:  # membership, not the sorted sender list: one check per message
+            sends = ctx.node == self.server and sender in self.sample(ctx, ctx.round)
+        else:
+            sends = sender == self.server and ctx.node in self.sample(ctx, ctx.round + 1)
+        if not sends:
             raise AlgorithmError(
                 f"{sender!r} sends {ctx.node!r} nothing in phase {phase} of round {ctx.round}."
             )
