@@ -30,9 +30,10 @@ Multi-host runs: ``roster`` gives every peer's real ``HOST:PORT`` and ``nodes`` 
 of this host; each of those publishes its roster port on the host. Every host writes its
 own folder with the same config and roster.
 
-The YAML is written by a small emitter (no YAML library needed): block mappings and
-sequences, every string double-quoted (JSON escapes are valid YAML), so no value is
-re-read as a number, boolean or null by YAML 1.1 parsers such as docker-compose's.
+The YAML is written by the small emitter of :mod:`fedcore.runners.yamlout` (no YAML library
+needed): block mappings and sequences, every string double-quoted (JSON escapes are valid
+YAML), so no value is re-read as a number, boolean or null by YAML 1.1 parsers such as
+docker-compose's.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ import fedcore
 from fedcore.config import Config, config_to_dict, dumps_toml
 from fedcore.errors import ConfigError
 from fedcore.ids import check_node_id, child_path, clip
+from fedcore.runners import yamlout
 from fedcore.runners.network import prepare_run
 from fedcore.runners.peer import load_roster
 
@@ -426,61 +428,15 @@ def write_compose(
     return path
 
 
-# --- a small YAML emitter -------------------------------------------------------------------
-
-# Keys written bare: words that YAML 1.1 reads back as the same string (not y, no, on, null...).
-_PLAIN_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
-_YAML11_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
-_FLOW_WIDTH = 100  # a list of scalars fits on one line up to this width, else one per line
-
-
-def _key(key: object) -> str:
-    if not isinstance(key, str):
-        raise TypeError(f"YAML mapping keys must be strings here, got {key!r}.")
-    plain = _PLAIN_KEY.fullmatch(key) and key.lower() not in _YAML11_WORDS
-    return key if plain else json.dumps(key)
-
-
-def _scalar(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    raise TypeError(f"cannot write {value!r} as YAML here.")
-
-
-def _nested(items: list[Any]) -> bool:
-    return any(isinstance(item, Mapping | list) for item in items)
-
-
-def _emit(value: object, indent: int, lines: list[str]) -> None:
-    pad = " " * indent
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            flow = ""
-            if isinstance(item, list) and item and not _nested(item):
-                flow = f"{pad}{_key(key)}: [{', '.join(_scalar(v) for v in item)}]"
-            if flow and len(flow) <= _FLOW_WIDTH:
-                lines.append(flow)
-            elif isinstance(item, Mapping | list) and item:
-                lines.append(f"{pad}{_key(key)}:")
-                _emit(item, indent + 2, lines)
-            elif isinstance(item, Mapping | list):
-                lines.append(f"{pad}{_key(key)}: {'{}' if isinstance(item, Mapping) else '[]'}")
-            else:
-                lines.append(f"{pad}{_key(key)}: {_scalar(item)}")
-    elif isinstance(value, list):
-        if _nested(value):
-            raise TypeError("nested collections in a YAML sequence are not written here.")
-        lines.extend(f"{pad}- {_scalar(item)}" for item in value)
-    else:
-        raise TypeError(f"cannot write {value!r} as a YAML document.")
+# --- YAML: the emitter lives in fedcore.runners.yamlout ----------------------------------------
 
 
 def dumps_yaml(document: Mapping[str, Any]) -> str:
-    """Block-style YAML of nested mappings, lists of scalars, strings, ints and booleans."""
-    lines: list[str] = []
-    _emit(document, 0, lines)
-    return "\n".join(lines) + "\n"
+    """A compose file's YAML: :func:`fedcore.runners.yamlout.dumps_yaml` as compose used it.
+
+    Block mappings, lists of scalars, strings, ints and booleans; every string
+    double-quoted, nothing nested inside a sequence (a TypeError). Kept so that compose
+    files stay byte-for-byte what they were; new writers call ``yamlout.dumps_yaml``,
+    which also writes sequences of mappings and literal blocks.
+    """
+    return yamlout.dumps_yaml(document, literal_blocks=False, nested_sequences=False)

@@ -43,8 +43,16 @@ async def _grpc(trust: dict[str, set[str]]) -> AsyncIterator[Endpoints]:
     from fedcore.transport.grpc import GrpcTransport
 
     ends = {
+        # A short start-up grace: a collect with a deadline waits that long for a sender that
+        # said hello but has sent nothing yet (60 s by default).
         n: GrpcTransport(
-            n, listen="127.0.0.1:0", roster={}, run_id=RUN, trusted=trust[n], validator=_validator
+            n,
+            listen="127.0.0.1:0",
+            roster={},
+            run_id=RUN,
+            trusted=trust[n],
+            validator=_validator,
+            startup_timeout_s=1.0,
         )
         for n in trust
     }

@@ -33,6 +33,10 @@ GRPC_OPTIONS: list[tuple[str, int]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
+    # The same for a peer's name that does not resolve yet (a container, a swarm service or
+    # a pod whose DNS entry appears only once it runs): look it up again after 1 s, not
+    # gRPC's default 30 s (measured: a swarm stack of 4 peers connected 25 s late).
+    ("grpc.dns_min_time_between_resolutions_ms", 1_000),
 ]
 
 
