@@ -33,20 +33,44 @@ The profile splits the main thread's CPU into compute, encode, send, receive, de
 mix; wall minus on-CPU minus run-queue is time blocked on messages and acks. The other
 peers are plain children; the watcher adds up every peer's on-CPU and run-queue time.
 
+Peers per process (``--peers-per-process K ...``): instead, for every N of ``--peers``
+(default 16 64) and every K, ``launch(config, peers_per_process=K)`` with a small model
+(``model.hidden = 64``: 4,810 parameters) and ``--rounds`` (default 10), and once per N
+``simulate`` with the message engine. Reported per (N, K):
+
+* start-up to round 1: from the ``launch`` call until every peer has recorded round 0;
+* round time, steady state, as above;
+* memory: the peak, sampled every second, of the sum over the peer processes of PSS
+  (``/proc/<pid>/smaps_rollup``: each shared page split among the processes that map it,
+  so the sum is what the peers really take) and of RSS (which counts shared libraries once
+  per process); the launcher itself is not counted. A run whose peers would not fit (the
+  PSS of a process at K = 1 times the processes, against the available memory less 3 GiB)
+  is skipped, and one that brings the available memory under 3 GiB is stopped, both with
+  the reason in the table;
+* whether it equals ``simulate`` bit for bit: every peer's ``params_sha256``, the final
+  figures and every merged record (timings left out).
+
+It also checks that K = 8 of 16 peers equals ``simulate`` and takes at most a third of
+the memory (PSS) of K = 1.
+
 Usage::
 
     python benchmarks/launch_rounds.py [--peers 4 8 16] [--rounds 8] [--hidden 13333]
         [--profile-peer n0 | --profile-peer none] [--out benchmarks/results/launch_rounds.json]
+    python benchmarks/launch_rounds.py --peers-per-process 1 4 8 16 [--peers 16 64]
+        [--rounds 10] [--hidden 64] [--out benchmarks/results/launch_peers_per_process.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
 import pstats
 import shutil
+import signal
 import statistics
 import sys
 import threading
@@ -69,13 +93,17 @@ from fedcore.runners.launch import launch
 from fedcore.runners.simulate import RunObserver, simulate
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "launch_rounds.json"
+DEFAULT_PPP_OUT = Path(__file__).resolve().parent / "results" / "launch_peers_per_process.json"
 HIDDEN_1M = 13_333  # 75 * h + 10 = 999,985 parameters (64 inputs, 10 classes)
 
 
-def make_config(n: int, rounds: int, hidden: int, algorithm: str, topology: str) -> Config:
+def make_config(
+    n: int, rounds: int, hidden: int, algorithm: str, topology: str, *extra: str
+) -> Config:
     return load_config(
         None,
         overrides=[
+            *extra,
             f"topology.kind={topology}",
             f"topology.nodes={n}",
             f"algorithm.name={algorithm}",
@@ -194,8 +222,15 @@ def bench_launch(config: Config, out: Path, profile_peer: str | None) -> dict[st
     original_start = launch_module._Children.start
     original_merge = launch_module._merge
 
-    def start(self: Any, node: str, argv: list[str], folder: Path, env: dict[str, str]) -> None:
-        if node == profile_peer:
+    def start(
+        self: Any,
+        index: int,
+        peers: Any,
+        argv: list[str],
+        log_path: Path,
+        env: dict[str, str],
+    ) -> None:
+        if profile_peer in peers:
             # argv is [python, -m, fedcore, node, ...]: same CLI, with the profiler around it.
             assert argv[1:4] == ["-m", "fedcore", "node"], argv
             argv = [
@@ -206,7 +241,7 @@ def bench_launch(config: Config, out: Path, profile_peer: str | None) -> dict[st
                 str(prof_path),
                 *argv[4:],
             ]
-        original_start(self, node, argv, folder, env)
+        original_start(self, index, peers, argv, log_path, env)
 
     def merge(*args: Any, **kwargs: Any) -> Any:
         merge_began.append(time.perf_counter())
@@ -456,6 +491,307 @@ def format_profile(n: int, peer: str, p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- peers per process
+
+
+def _rollup(pid: int) -> tuple[int, int] | None:
+    """(RSS, PSS) in bytes of process ``pid`` (``/proc/<pid>/smaps_rollup``)."""
+    rss = pss = None
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Rss:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("Pss:"):
+                    pss = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return (rss, pss) if rss is not None and pss is not None else None
+
+
+def _children_pids(parent: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        if int(stat[stat.rfind(")") + 2 :].split()[1]) == parent:
+            pids.append(int(entry))
+    return pids
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class MemorySampler(threading.Thread):
+    """Sums RSS and PSS over the peer processes (this process's children) every
+    ``interval_s`` and keeps the peaks. PSS splits each shared page among the processes
+    that map it, so its sum is the memory the peers really take; RSS counts shared
+    libraries once per process. If the machine's available memory drops under
+    ``floor_bytes``, it stops the peers (SIGKILL) and says so, rather than waiting for the
+    kernel's OOM killer to pick a process of its own."""
+
+    def __init__(self, interval_s: float = 1.0, floor_bytes: int = 3 << 30) -> None:
+        super().__init__(daemon=True)
+        self.interval_s = interval_s
+        self.floor_bytes = floor_bytes
+        self.peak_rss = 0
+        self.peak_pss = 0
+        self.peak_processes = 0
+        self.peak_process_pss = 0
+        self.samples = 0
+        self.aborted: str | None = None
+        self.stop_flag = threading.Event()
+
+    def sample(self) -> None:
+        rss = pss = 0
+        pids = _children_pids(os.getpid())
+        for pid in pids:
+            got = _rollup(pid)
+            if got is not None:
+                rss += got[0]
+                pss += got[1]
+                self.peak_process_pss = max(self.peak_process_pss, got[1])
+        self.samples += 1
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_pss = max(self.peak_pss, pss)
+        self.peak_processes = max(self.peak_processes, len(pids))
+        available = _mem_available()
+        if pids and available < self.floor_bytes and self.aborted is None:
+            self.aborted = (
+                f"available memory fell to {available / 2**30:.1f} GiB with {len(pids)} peer "
+                f"processes holding {pss / 2**30:.1f} GiB (PSS); the peers were stopped"
+            )
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def run(self) -> None:
+        while not self.stop_flag.is_set():
+            self.sample()
+            self.stop_flag.wait(self.interval_s)
+
+
+def comparable_metrics(path: Path) -> list[dict[str, Any]]:
+    """A run's merged records without their timings, in one order."""
+    with open(path, encoding="utf-8") as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    for r in records:
+        r.pop("wall_s", None)
+    return sorted(records, key=lambda r: (r["round"], r["kind"], r.get("node", "")))
+
+
+def bench_ppp(config: Config, k: int, out: Path, reference: dict[str, Any]) -> dict[str, Any]:
+    """``launch(config, peers_per_process=k)`` with the round watcher and the memory
+    sampler; compared with ``reference`` (simulate's summary and records)."""
+    n = config.topology.nodes
+    rounds = config.run.rounds
+    nodes = [f"n{i}" for i in range(n)]
+    if out.exists():
+        shutil.rmtree(out)
+    sampler = MemorySampler()
+    t0 = time.perf_counter()
+    watcher = Watcher(out / "nodes", nodes, rounds, t0)
+    watcher.start()
+    sampler.start()
+    error = None
+    try:
+        summary = launch(config, out_dir=out, show_progress=False, peers_per_process=k)
+    except Exception as exc:  # a run stopped for memory, say: reported, not fatal
+        summary, error = None, f"{type(exc).__name__}: {exc}"
+    finally:
+        total = time.perf_counter() - t0
+        sampler.stop_flag.set()
+        watcher.stop_flag.set()
+    sampler.join()
+    watcher.join()
+    processes = -(-n // k)
+    result: dict[str, Any] = {
+        "nodes": n,
+        "peers_per_process": k,
+        "processes": processes,
+        "rounds": rounds,
+        "total_s": total,
+        "peak_rss_sum_bytes": sampler.peak_rss,
+        "peak_pss_sum_bytes": sampler.peak_pss,
+        "peak_process_pss_bytes": sampler.peak_process_pss,
+        "pss_per_peer_bytes": sampler.peak_pss / n,
+        "memory_samples": sampler.samples,
+        "peer_processes_seen": sampler.peak_processes,
+    }
+    if sampler.aborted or summary is None:
+        result["error"] = sampler.aborted or error
+        return result
+    marks = watcher.marks
+    r0, last = marks["all_round0"]["t"], marks["all_last"]["t"]
+    same_metrics = comparable_metrics(out / "metrics.jsonl") == reference["metrics"]
+    result.update(
+        {
+            "first_record_s": marks["first_record"]["t"],
+            "startup_to_round1_s": r0,
+            "round_s_steady": (last - r0) / max(1, rounds - 1),
+            "peer_cpu_s_startup": marks["all_round0"]["cpu_s"],
+            "params_sha256_equal": summary["params_sha256"] == reference["params_sha256"],
+            "metrics_equal": same_metrics,
+            "final_equal": summary["final"] == reference["final"],
+            "final_accuracy": summary["final"].get("avg_model_accuracy"),
+        }
+    )
+    result["equals_simulate"] = bool(
+        result["params_sha256_equal"] and result["metrics_equal"] and result["final_equal"]
+    )
+    return result
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f}"
+
+
+def format_ppp_table(rows: list[dict[str, Any]]) -> str:
+    base = {r["nodes"]: r for r in rows if r["peers_per_process"] == 1 and "error" not in r}
+    lines = [
+        "|  N |  K | processes | start-up to round 1 s | round s | peak RSS sum GiB "
+        "| peak PSS sum GiB | PSS / peer MiB | PSS vs K=1 | = simulate |",
+        "|---:|---:|----------:|---------------------:|--------:|-----------------:"
+        "|-----------------:|---------------:|-----------:|:----------:|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(
+                f"| {r['nodes']:>2} | {r['peers_per_process']:>2} | {r['processes']:>9} "
+                f"| not run: {r['error']} |"
+            )
+            continue
+        ref = base.get(r["nodes"])
+        ratio = f"{r['peak_pss_sum_bytes'] / ref['peak_pss_sum_bytes']:.2f}" if ref else "-"
+        lines.append(
+            f"| {r['nodes']:>2} | {r['peers_per_process']:>2} | {r['processes']:>9} "
+            f"| {r['startup_to_round1_s']:20.1f} | {r['round_s_steady']:7.3f} "
+            f"| {_gib(r['peak_rss_sum_bytes']):>16} | {_gib(r['peak_pss_sum_bytes']):>16} "
+            f"| {r['pss_per_peer_bytes'] / 2**20:14.0f} | {ratio:>10} "
+            f"| {'yes' if r['equals_simulate'] else 'NO':^10} |"
+        )
+    return "\n".join(lines)
+
+
+def main_ppp(args: argparse.Namespace, raw: list[str]) -> int:
+    """The peers-per-process grid: every N of ``--peers`` at every K."""
+    began = time.perf_counter()
+    info = _common.machine_info()
+    info["mem_available_start_bytes"] = _mem_available()
+    runs = args.out.parent / "launch-ppp-runs"
+    hidden = args.hidden if args.hidden is not None else 64
+    rows: list[dict[str, Any]] = []
+    per_process_pss: float | None = None  # measured at K = 1: what one more process costs
+    for n in args.peers:
+        # simulate's message engine: the reference launch must equal bit for bit.
+        config = make_config(
+            n, args.rounds, hidden, args.algorithm, args.topology, "simulate.engine=messages"
+        )
+        sim_out = runs / f"simulate-{n}"
+        if sim_out.exists():
+            shutil.rmtree(sim_out)
+        sim = simulate(config, out_dir=sim_out, show_progress=False)
+        reference = {
+            "params_sha256": sim["params_sha256"],
+            "final": sim["final"],
+            "metrics": comparable_metrics(sim_out / "metrics.jsonl"),
+        }
+        for k in args.peers_per_process:
+            if k > n:
+                continue
+            processes = -(-n // k)
+            if per_process_pss is not None:
+                need = processes * per_process_pss
+                available = _mem_available() - (3 << 30)
+                if need > available:
+                    rows.append(
+                        {
+                            "nodes": n,
+                            "peers_per_process": k,
+                            "processes": processes,
+                            "error": f"{processes} processes would need about "
+                            f"{need / 2**30:.1f} GiB (PSS {per_process_pss / 2**20:.0f} MiB "
+                            f"each, measured), more than the {available / 2**30:.1f} GiB "
+                            "available (3 GiB kept free)",
+                        }
+                    )
+                    print(f"N={n:>2} K={k:>2}: skipped: {rows[-1]['error']}", flush=True)
+                    continue
+            r = bench_ppp(config, k, runs / f"launch-{n}-k{k}", reference)
+            rows.append(r)
+            if "error" in r:
+                print(f"N={n:>2} K={k:>2}: failed: {r['error']}", flush=True)
+                continue
+            if k == 1 and per_process_pss is None:
+                per_process_pss = r["peak_pss_sum_bytes"] / r["processes"]
+            print(
+                f"N={n:>2} K={k:>2} ({r['processes']} processes): start-up to round 1 "
+                f"{r['startup_to_round1_s']:.1f} s, round {r['round_s_steady']:.3f} s, peak "
+                f"RSS {_gib(r['peak_rss_sum_bytes'])} GiB, PSS {_gib(r['peak_pss_sum_bytes'])} "
+                f"GiB, equals simulate: {r['equals_simulate']}",
+                flush=True,
+            )
+    wall = time.perf_counter() - began
+    info["loadavg_end"] = list(os.getloadavg())
+    print()
+    print(
+        f"{args.algorithm} on a {args.topology}, mlp hidden={hidden}, {args.rounds} rounds, "
+        "1 torch thread a process; memory: peaks of the sums over the peer processes "
+        "(sampled every second; the launcher not counted)"
+    )
+    print(format_ppp_table(rows))
+    checks = []
+    for r in rows:
+        if r["peers_per_process"] == 8 and r["nodes"] == 16 and "error" not in r:
+            ref = next((x for x in rows if x["nodes"] == 16 and x["peers_per_process"] == 1), None)
+            if ref is not None and "error" not in ref:
+                ratio = r["peak_pss_sum_bytes"] / ref["peak_pss_sum_bytes"]
+                check = {
+                    "what": "launch --peers-per-process 8 of 16 peers: equals simulate bit for "
+                    "bit, at most a third of the memory (PSS) of K = 1",
+                    "equals_simulate": r["equals_simulate"],
+                    "pss_ratio": ratio,
+                    "holds": bool(r["equals_simulate"] and ratio <= 1 / 3),
+                }
+                checks.append(check)
+                print(
+                    f"\nN=16, K=8: equals simulate bit for bit: {r['equals_simulate']}; "
+                    f"PSS {ratio:.3f} of K=1's (at most 1/3: {ratio <= 1 / 3}); RSS "
+                    f"{r['peak_rss_sum_bytes'] / ref['peak_rss_sum_bytes']:.3f} of K=1's"
+                )
+    print(f"wall time {wall:.1f} s")
+    report = {
+        "benchmark": "fedcore launch --peers-per-process: start-up, round time, memory",
+        "command": " ".join(["python", "benchmarks/launch_rounds.py", *raw]),
+        "settings": {
+            "peers": args.peers,
+            "peers_per_process": args.peers_per_process,
+            "rounds": args.rounds,
+            "hidden": hidden,
+            "algorithm": args.algorithm,
+            "topology": args.topology,
+            "torch_threads_per_process": 1,
+            "memory_sample_interval_s": 1.0,
+        },
+        "machine": info,
+        "results": rows,
+        "checks": checks,
+        "wall_s": wall,
+    }
+    _common.write_report(args.out, report)
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -482,9 +818,21 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--peers", type=int, nargs="+", default=[4, 8, 16])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=HIDDEN_1M)
+    parser.add_argument(
+        "--peers", type=int, nargs="+", help="N values (default 4 8 16; 16 64 with K)"
+    )
+    parser.add_argument(
+        "--peers-per-process",
+        type=int,
+        nargs="+",
+        metavar="K",
+        help="the peers-per-process grid instead: start-up, round time and memory of every "
+        "N at every K (e.g. 1 4 8 16), each compared with simulate bit for bit",
+    )
+    parser.add_argument("--rounds", type=int, help="rounds (default 8; 10 with K)")
+    parser.add_argument(
+        "--hidden", type=int, help=f"mlp hidden units (default {HIDDEN_1M}; 64 with K)"
+    )
     parser.add_argument("--algorithm", default="dpsgd")
     parser.add_argument("--topology", default="ring")
     parser.add_argument(
@@ -492,8 +840,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="n0",
         help="peer of the largest-N launch to run under cProfile ('none': no profile)",
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    return parser.parse_args(argv)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    grid = args.peers_per_process is not None
+    if args.peers is None:
+        args.peers = [16, 64] if grid else [4, 8, 16]
+    if args.rounds is None:
+        args.rounds = 10 if grid else 8
+    if args.hidden is None and not grid:
+        args.hidden = HIDDEN_1M
+    if args.out is None:
+        args.out = DEFAULT_PPP_OUT if grid else DEFAULT_OUT
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -502,6 +860,8 @@ def main(argv: list[str] | None = None) -> int:
         return peer_main(raw[2:])
     args = parse_args(argv)
     torch.set_num_threads(1)
+    if args.peers_per_process is not None:
+        return main_ppp(args, raw)
     began = time.perf_counter()
     info = _common.machine_info()
     runs = args.out.parent / "launch-runs"

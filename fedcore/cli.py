@@ -3,10 +3,13 @@
 Subcommands::
 
     fedcore simulate [CONFIG.toml] [--out DIR] [--set KEY=VALUE ...] [--quiet]
-    fedcore launch [CONFIG.toml] [--out DIR] [--set KEY=VALUE ...] [--quiet]
-    fedcore node --config FILE --id ID --roster FILE [--listen HOST:PORT] [--out DIR]
+    fedcore launch [CONFIG.toml] [--out DIR] [--set KEY=VALUE ...] [--peers-per-process K]
+                   [--quiet]
+    fedcore node --config FILE --id ID[,ID...] --roster FILE [--listen HOST:PORT] [--out DIR]
     fedcore compose [CONFIG.toml] --out DIR [--set KEY=VALUE ...] [--image NAME] [--port N]
                     [--nodes ID,ID --roster FILE]
+    fedcore k8s [CONFIG.toml] --out DIR [--set KEY=VALUE ...] [--image NAME] [--port N]
+                [--namespace NS] [--name NAME] [--cpu Q] [--memory Q] [--storage Q] ...
     fedcore summarize RUN_DIR [--config FILE] [--quiet]
     fedcore certs init (--nodes ID... | --config FILE) --out DIR [--days N] [--force]
     fedcore health HOST:PORT [--config FILE --id ID] [--timeout S]
@@ -32,11 +35,14 @@ import tomllib
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedcore import __version__
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import check_node_id, child_path, clip, first_line
+
+if TYPE_CHECKING:
+    from fedcore.config import Config
 
 __all__ = ["main"]
 
@@ -69,8 +75,18 @@ def _parser() -> argparse.ArgumentParser:
     lau = sub.add_parser(
         "launch",
         help="run every peer as its own process over gRPC on 127.0.0.1",
-        description="Start one `fedcore node` process per peer of CONFIG on this machine, "
-        "supervise them, and write the same results folder as `simulate`.",
+        description="Start one `fedcore node` process per peer of CONFIG on this machine "
+        "(or one per K peers, --peers-per-process), supervise them, and write the same "
+        "results folder as `simulate`.",
+    )
+    lau.add_argument(
+        "--peers-per-process",
+        type=int,
+        default=1,
+        metavar="K",
+        help="peers each process hosts (default 1): ceil(N/K) processes, each one torch "
+        "(about 350 MB) and one event loop, every peer still its own gRPC server, port and "
+        "nodes/<id>/ folder; the same results. Process logs go to procs/<i>.log",
     )
     sim.add_argument(
         "--engine",
@@ -122,16 +138,33 @@ def _parser() -> argparse.ArgumentParser:
 
     node = sub.add_parser(
         "node",
-        help="run one peer over gRPC",
-        description="Run one peer of a run: serve its in-neighbours, connect to its "
+        help="run one peer (or several in one process) over gRPC",
+        description="Run a peer of a run: serve its in-neighbours, connect to its "
         "out-neighbours as the roster says, and train. The roster maps node ids to "
-        "HOST:PORT (JSON object, or TOML [peers] table).",
+        "HOST:PORT (JSON object, or TOML [peers] table). With --id a,b,c the process hosts "
+        "several peers (one torch, one event loop), each its own server on its roster "
+        "address with its own folder: the same run as one process a peer.",
     )
     node.add_argument("--config", required=True, help="experiment TOML (every peer the same)")
-    node.add_argument("--id", required=True, dest="node_id", help="this peer's node id")
+    node.add_argument(
+        "--id",
+        required=True,
+        dest="node_id",
+        metavar="ID[,ID...]",
+        help="this peer's node id, or several, comma-separated, for one process to host",
+    )
     node.add_argument("--roster", required=True, help="node id -> HOST:PORT file")
-    node.add_argument("--listen", help="HOST:PORT to serve on (default: the roster's entry)")
-    node.add_argument("--out", help="this peer's folder (default: runs/node-<id>)")
+    node.add_argument(
+        "--listen",
+        metavar="HOST:PORT[,...]",
+        help="HOST:PORT to serve on (default: the roster's entry); with several ids, one per "
+        "id in the same order",
+    )
+    node.add_argument(
+        "--out",
+        help="this peer's folder (default: runs/node-<id>); with several ids, the folder "
+        "that holds one <id>/ per peer; '{id}' in it stands for each peer's id",
+    )
     node.add_argument(
         "--resume",
         action="store_true",
@@ -150,7 +183,10 @@ def _parser() -> argparse.ArgumentParser:
         "hostname = node id), DIR/config.toml, DIR/roster.json and DIR/nodes/<id>/ (each "
         "peer's bind-mounted output folder, which `fedcore summarize DIR` reads afterwards), "
         "plus DIR/certs/ when [transport.tls] is set. Multi-host: --roster gives every "
-        "peer's HOST:PORT and --nodes the peers of this host, which publish their ports.",
+        "peer's HOST:PORT and --nodes the peers of this host, which publish their ports. "
+        "With --swarm: DIR/docker-stack.yml for `docker stack deploy` instead (an encrypted "
+        "overlay network, certificates as secrets, config and roster as configs, a volume "
+        "per peer, DIR/gather.sh to collect the results).",
     )
     comp.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
     comp.add_argument("--out", required=True, metavar="DIR", help="folder to write")
@@ -168,8 +204,64 @@ def _parser() -> argparse.ArgumentParser:
         "--roster", metavar="FILE", help="multi-host: every peer's HOST:PORT (JSON or TOML)"
     )
     comp.add_argument(
+        "--swarm", action="store_true", help="write a Docker Swarm stack (docker-stack.yml)"
+    )
+    comp.add_argument(
+        "--place",
+        metavar="ID=HOST[,...]",
+        help="--swarm: pin peers to the swarm hosts labelled fedcore.host=HOST",
+    )
+    comp.add_argument(
         "-q", "--quiet", action="store_true", help="print only the compose file written"
     )
+
+    kube = sub.add_parser(
+        "k8s",
+        help="write Kubernetes manifests: one StatefulSet per peer",
+        description="Write DIR/k8s/ (a headless Service, a ConfigMap with the config and "
+        "roster, one Secret per node with its certificate and key when [transport.tls] is "
+        "set, one StatefulSet per node whose pod <id>-0 has its own volume claim for "
+        "/fedcore/out), DIR/kustomization.yaml, DIR/gather.sh (copies each pod's results to "
+        "DIR/nodes/<id>/ and runs `fedcore summarize DIR`) and DIR/config.toml. Quantities "
+        "are Kubernetes', e.g. 500m, 2, 512Mi, 4Gi.",
+    )
+    kube.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
+    kube.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    _set_option(kube)
+    kube.add_argument(
+        "--image", default="fedcore:latest", metavar="NAME", help="default fedcore:latest"
+    )
+    kube.add_argument(
+        "--port", type=int, default=7000, metavar="N", help="each peer's port (default 7000)"
+    )
+    kube.add_argument(
+        "--namespace", default="default", metavar="NS", help="of every object (default default)"
+    )
+    kube.add_argument(
+        "--name",
+        default="fedcore",
+        metavar="NAME",
+        help="the headless Service; prefix of the ConfigMap and Secrets (default fedcore)",
+    )
+    kube.add_argument(
+        "--cluster-domain",
+        default="cluster.local",
+        metavar="DOMAIN",
+        help="the cluster's DNS domain, in the roster (default cluster.local)",
+    )
+    kube.add_argument("--cpu", default="1", metavar="Q", help="CPU request a peer (default 1)")
+    kube.add_argument("--memory", default="1Gi", metavar="Q", help="memory request (default 1Gi)")
+    kube.add_argument("--cpu-limit", metavar="Q", help="CPU limit (default: none)")
+    kube.add_argument(
+        "--memory-limit", default="2Gi", metavar="Q", help="memory limit (default 2Gi; none: 0)"
+    )
+    kube.add_argument(
+        "--storage", default="1Gi", metavar="Q", help="each peer's volume claim (default 1Gi)"
+    )
+    kube.add_argument(
+        "--storage-class", metavar="NAME", help="the claims' storage class (default: cluster's)"
+    )
+    kube.add_argument("-q", "--quiet", action="store_true", help="print only the folder written")
 
     summ = sub.add_parser(
         "summarize",
@@ -436,6 +528,7 @@ def _launch(args: argparse.Namespace) -> int:
         threads=args.threads,
         force=args.force,
         overrides=overrides,
+        peers_per_process=args.peers_per_process,
     )
     if args.quiet:
         print(f"results: {summary['out_dir']}")
@@ -444,22 +537,73 @@ def _launch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_ids(text: str) -> list[str]:
+    """The ids of ``--id a,b,c``: each a safe name, none twice."""
+    ids = [part.strip() for part in text.split(",")]
+    for n in ids:
+        if not n:
+            raise ConfigError(f"--id {clip(text)} has an empty id; give ids separated by commas.")
+        check_node_id(n, "--id", ConfigError)
+    twice = sorted({n for n in ids if ids.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--id names {', '.join(map(repr, twice))} more than once.")
+    return ids
+
+
+def _node_outs(out: str | None, ids: list[str]) -> dict[str, Path]:
+    """Each peer's folder: ``--out`` with ``{id}`` replaced; else ``--out`` itself (one
+    id) or ``--out/<id>`` (several); default ``runs/node-<id>``."""
+    if out is None:
+        return {n: child_path(Path("runs"), f"node-{n}", ConfigError) for n in ids}
+    if "{id}" in out:
+        return {n: Path(out.replace("{id}", n)) for n in ids}
+    if len(ids) == 1:
+        return {ids[0]: Path(out)}
+    return {n: child_path(Path(out), n, ConfigError) for n in ids}
+
+
+def _node_listen(listen: str | None, ids: list[str]) -> dict[str, str] | None:
+    """``--listen``: one HOST:PORT for one id, one per id (comma-separated) for several."""
+    if listen is None:
+        return None
+    if len(ids) == 1:
+        return {ids[0]: listen}
+    addresses = [a.strip() for a in listen.split(",")]
+    if len(addresses) != len(ids) or not all(addresses):
+        raise ConfigError(
+            f"--listen {clip(listen)} gives {len(addresses)} address(es) for {len(ids)} ids; "
+            "give one HOST:PORT per id, in the order of --id, or leave --listen out (each "
+            "peer serves on its roster address)."
+        )
+    return dict(zip(ids, addresses, strict=True))
+
+
 def _node(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
-    from fedcore.runners.peer import load_roster, run_peer_main, tune_malloc
+    from fedcore.progress import write_stage
 
-    _set_threads(args.threads)
-    tune_malloc()
-    node_id = check_node_id(args.node_id, "--id", ConfigError)
-    config = load_config(args.config, args.overrides)
-    roster = load_roster(args.roster)
-    out = Path(args.out) if args.out else child_path(Path("runs"), f"node-{node_id}", ConfigError)
-    status = run_peer_main(
+    ids = _node_ids(args.node_id)
+    listen = _node_listen(args.listen, ids)
+    outs = _node_outs(args.out, ids)
+    for out in outs.values():  # before torch's import, the longest part of a start-up
+        write_stage(out, "importing")
+    try:
+        _set_threads(args.threads)
+        from fedcore.runners.peer import load_roster, run_peers_main, tune_malloc
+
+        tune_malloc()
+        config = load_config(args.config, args.overrides)
+        roster = load_roster(args.roster)
+    except Exception:
+        for out in outs.values():
+            write_stage(out, "failed")
+        raise
+    status = run_peers_main(
         config,
-        args.node_id,
+        ids,
         roster,
-        out=out,
-        listen=args.listen,
+        outs=outs,
+        listen=listen,
         resume=args.resume,
         show_progress=not args.quiet,
     )
@@ -474,6 +618,10 @@ def _compose(args: argparse.Namespace) -> int:
     from fedcore.runners.compose import source_root, write_compose
 
     config = load_config(args.config, args.overrides)
+    if args.swarm:
+        return _stack(args, config)
+    if args.place:
+        raise ConfigError("--place pins the services of a swarm stack; it needs --swarm.")
     nodes = [n.strip() for n in args.nodes.split(",") if n.strip()] if args.nodes else None
     for n in nodes or ():
         check_node_id(n, "--nodes", ConfigError)
@@ -496,6 +644,88 @@ def _compose(args: argparse.Namespace) -> int:
         print(
             "note: run.checkpoint_every = 0, so a restarted container starts again from "
             "round 0; set it (--set run.checkpoint_every=25) to resume from checkpoints."
+        )
+    return 0
+
+
+def _stack(args: argparse.Namespace, config: Config) -> int:
+    from fedcore.runners.stack import HOST_LABEL, write_stack
+
+    if args.nodes or args.roster:
+        raise ConfigError(
+            "--nodes and --roster split a compose deployment over hosts by hand; a swarm "
+            "stack spans its hosts itself (pin peers with --place ID=HOST instead)."
+        )
+    placement: dict[str, str] = {}
+    for item in (args.place or "").split(","):
+        if not item.strip():
+            continue
+        node, sep, host = (part.strip() for part in item.partition("="))
+        if not sep:
+            raise ConfigError(f"--place {item.strip()!r} is not ID=HOST (e.g. n0=host-a).")
+        if node in placement:
+            raise ConfigError(f"--place names {node} twice.")
+        placement[node] = host
+    path = write_stack(config, args.out, image=args.image, port=args.port, placement=placement)
+    print(f"wrote {path} (with config.toml, roster.json and gather.sh beside it)")
+    if args.quiet:
+        return 0
+    print("next steps:")
+    print(f"  make image {args.image} available on every host (docker build / docker load)")
+    if placement:
+        hosts = sorted(set(placement.values()))
+        print(
+            f"  label the hosts: docker node update --label-add {HOST_LABEL}=HOST NODE"
+            f"   (HOST in {', '.join(hosts)})"
+        )
+    print(f"  cd {path.parent} && docker stack deploy -c docker-stack.yml fedcore   # a manager")
+    print(
+        "  after the run, on every host: sh gather.sh fedcore; then, with every host's "
+        "nodes/<id>/ here: fedcore summarize ."
+    )
+    if config.run.checkpoint_every == 0:
+        print(
+            "note: run.checkpoint_every = 0, so a restarted peer starts again from round 0; "
+            "set it (--set run.checkpoint_every=25) to resume from checkpoints."
+        )
+    return 0
+
+
+def _k8s(args: argparse.Namespace) -> int:
+    from fedcore.config import load_config
+    from fedcore.runners.k8s import Resources, kubectl_steps, write_k8s
+
+    config = load_config(args.config, args.overrides)
+    resources = Resources(
+        cpu=args.cpu,
+        memory=args.memory,
+        cpu_limit=args.cpu_limit,
+        memory_limit=None if args.memory_limit in ("0", "") else args.memory_limit,
+        storage=args.storage,
+        storage_class=args.storage_class,
+    )
+    folder = write_k8s(
+        config,
+        args.out,
+        image=args.image,
+        port=args.port,
+        name=args.name,
+        namespace=args.namespace,
+        cluster_domain=args.cluster_domain,
+        resources=resources,
+    )
+    print(f"wrote {folder}/ (with kustomization.yaml, gather.sh and config.toml beside it)")
+    if args.quiet:
+        return 0
+    print("next steps:")
+    for step in kubectl_steps(
+        folder.parent, name=args.name, namespace=args.namespace, image=args.image
+    ):
+        print(f"  {step}")
+    if config.run.checkpoint_every == 0:
+        print(
+            "note: run.checkpoint_every = 0, so a restarted pod starts again from round 0; "
+            "set it (--set run.checkpoint_every=25) to resume from checkpoints."
         )
     return 0
 
@@ -645,6 +875,7 @@ def _dispatch(args: argparse.Namespace, verbose: int) -> int:
         "launch": _launch,
         "node": _node,
         "compose": _compose,
+        "k8s": _k8s,
         "summarize": _summarize,
         "certs": _certs,
         "health": _health,

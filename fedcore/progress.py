@@ -1,16 +1,36 @@
-"""A dependency-free progress line for long runs: rounds, loss, accuracy, ETA.
+"""Dependency-free progress reporting: the rounds line, a status line, peers' stages.
 
-On a terminal it redraws one line; otherwise (CI logs, pipes) it prints a line at
-every tenth of the run, so logs stay short.
+:class:`Progress` shows rounds, loss, accuracy and an ETA. On a terminal it redraws one
+line; otherwise (CI logs, pipes) it prints a line at every tenth of the run, so logs stay
+short. :class:`StatusLine` is the same for a line of free text (``fedcore launch``'s
+start-up: how many peers are up, which are still importing or connecting).
+
+:func:`write_stage` and :func:`read_stage` are how a peer process tells its launcher how
+far its start-up has got: a small ``status.json`` in the peer's folder, rewritten
+atomically at each stage (see :data:`STAGES`). Nothing here imports torch, so a peer can
+say ``importing`` before it does.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
-__all__ = ["Progress"]
+__all__ = ["STAGES", "STATUS_FILE", "Progress", "StatusLine", "read_stage", "write_stage"]
+
+STATUS_FILE = "status.json"
+"""The file, in a peer's folder, that holds its stage (:func:`write_stage`)."""
+
+STAGES = ("importing", "preparing", "connecting", "running", "done", "failed", "stopped")
+"""A peer's stages, in order: ``importing`` (torch and fedcore's modules), ``preparing``
+(the data split and the model, :func:`~fedcore.runners.network.prepare_run`),
+``connecting`` (serving, and reaching its out-neighbours), ``running`` (its rounds), then
+one of ``done``, ``failed`` (an error) or ``stopped`` (a signal, or another peer of its
+process failed). Before its first stage a peer's process is still starting Python."""
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -67,3 +87,70 @@ class Progress:
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
+
+
+class StatusLine:
+    """One line of changing text (and the seconds since it was made).
+
+    On a terminal it is redrawn in place whenever the text changes (or the elapsed
+    second); elsewhere a changed text is printed at most every ``every_s`` seconds, so a
+    log gets a few lines rather than one per change. :meth:`finish` always prints.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, every_s: float = 5.0) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+        self.every_s = every_s
+        self.start = time.perf_counter()
+        self._shown = ""  # the last text drawn or printed, with its elapsed seconds
+        self._text = ""
+        self._printed_at = -float("inf")
+
+    def elapsed(self) -> float:
+        """Seconds since the line was made."""
+        return time.perf_counter() - self.start
+
+    def show(self, text: str) -> None:
+        """Show ``text`` (redrawn on a terminal; printed now and then elsewhere)."""
+        now = time.perf_counter()
+        line = f"{text}  {_fmt_seconds(now - self.start)}"
+        if self.tty:
+            if line != self._shown:
+                self.stream.write("\r" + line + "\033[K")
+                self.stream.flush()
+                self._shown = line
+            return
+        if text != self._text and now - self._printed_at >= self.every_s:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+            self._text, self._printed_at = text, now
+
+    def finish(self, text: str) -> None:
+        """Show ``text`` as the line's last state and end the line."""
+        line = f"{text}  {_fmt_seconds(self.elapsed())}"
+        self.stream.write(("\r" + line + "\033[K" if self.tty else line) + "\n")
+        self.stream.flush()
+
+
+def write_stage(folder: Path, stage: str) -> None:
+    """Record ``stage`` (one of :data:`STAGES`) in ``folder/status.json``, atomically
+    (written beside it, then renamed), with this process's id and the time."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; the stages are {', '.join(STAGES)}.")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / STATUS_FILE
+    tmp = path.with_name(f"{STATUS_FILE}.{os.getpid()}.tmp")
+    record = {"stage": stage, "pid": os.getpid(), "time": time.time()}
+    tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_stage(folder: Path) -> str | None:
+    """The stage a peer recorded in ``folder/status.json``; None when there is none yet
+    (or it cannot be read)."""
+    try:
+        record = json.loads((folder / STATUS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    stage = record.get("stage") if isinstance(record, dict) else None
+    return stage if isinstance(stage, str) else None

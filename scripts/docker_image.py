@@ -83,36 +83,49 @@ def apt_mirror() -> str:
     return _FALLBACK_MIRROR
 
 
-def make_base(
-    tag: str = DEFAULT_BASE,
-    *,
-    mirror: str | None = None,
-    env: Mapping[str, str] | None = None,
-    log: bool = True,
-) -> bool:
-    """Make ``tag`` from Debian packages unless it exists; return whether it was made."""
-    if image_exists(tag, env):
-        return False
+def bootstrap(rootfs: Path, *, mirror: str | None = None) -> Path:
+    """debootstrap the base's file system into ``rootfs`` (a new folder), trimmed."""
     if shutil.which("debootstrap") is None:
         raise BuildError("debootstrap is not installed (Debian: apt-get install debootstrap).")
     if hasattr(os, "geteuid") and os.geteuid() != 0:
         raise BuildError("debootstrap needs root to make the base image.")
+    _run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3,python3-venv",
+            SUITE,
+            str(rootfs),
+            mirror or apt_mirror(),
+        ],
+        what="debootstrap",
+    )
+    for part in _TRIM:
+        shutil.rmtree(rootfs / part, ignore_errors=True)
+    return rootfs
+
+
+def make_base(
+    tag: str = DEFAULT_BASE,
+    *,
+    mirror: str | None = None,
+    rootfs: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    log: bool = True,
+) -> bool:
+    """Make ``tag`` from Debian packages unless it exists; return whether it was made.
+
+    ``rootfs``: a folder :func:`bootstrap` filled already (``--only rootfs``), imported
+    as it is instead of running debootstrap again.
+    """
+    if image_exists(tag, env):
+        return False
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fedcore-base-") as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        _run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                "--include=python3,python3-venv",
-                SUITE,
-                str(rootfs),
-                mirror or apt_mirror(),
-            ],
-            what="debootstrap",
-        )
-        for part in _TRIM:
-            shutil.rmtree(rootfs / part, ignore_errors=True)
+        if rootfs is None:
+            rootfs = bootstrap(Path(tmp) / "rootfs", mirror=mirror)
+        elif not (rootfs / "usr" / "bin" / "python3").exists():
+            raise BuildError(f"{rootfs} is not a debootstrapped base (no usr/bin/python3).")
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         try:
             imported = subprocess.run(
@@ -197,6 +210,8 @@ def build_image(
             [
                 "docker",
                 "build",
+                "--network",
+                "none",
                 "--quiet",
                 "-t",
                 tag,
@@ -222,10 +237,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mirror", help="Debian mirror for debootstrap (default: apt's)")
     parser.add_argument("--wheels", type=Path, help="wheel folder to fill and use (default: temp)")
     parser.add_argument("--torch-wheel", type=Path, help="a CPU torch wheel file to use")
-    parser.add_argument("--only", choices=("base", "wheels", "image"), help="one step only")
+    parser.add_argument(
+        "--only", choices=("rootfs", "base", "wheels", "image"), help="one step only"
+    )
+    parser.add_argument(
+        "--rootfs", type=Path, help="base file system folder: made by --only rootfs, used by base"
+    )
     args = parser.parse_args(argv)
     try:
-        if args.only in (None, "base") and not make_base(args.base, mirror=args.mirror):
+        if args.only == "rootfs":
+            if args.rootfs is None:
+                parser.error("--only rootfs needs --rootfs DIR (a folder to create)")
+            bootstrap(args.rootfs, mirror=args.mirror)
+            return 0
+        made = args.only in (None, "base") and make_base(
+            args.base, mirror=args.mirror, rootfs=args.rootfs
+        )
+        if args.only in (None, "base") and not made:
             print(f"base image {args.base}: exists", file=sys.stderr)
         if args.only == "base":
             return 0

@@ -142,16 +142,22 @@ def test_node_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
 
 def test_supervisor_reports_a_dead_child(tmp_path: Path) -> None:
     children = _Children()
-    children.start("n0", [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "n0", {})
-    children.start("n1", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "n1", {})
+    dies = "import sys; print('fedcore: error: peer \\'n1\\': it broke.'); sys.exit(3)"
+    peers = {"n0": tmp_path / "n0", "n1": tmp_path / "n1"}
+    children.start(0, peers, [sys.executable, "-c", dies], tmp_path / "p0.log", {})
+    sleeps = [sys.executable, "-c", "import time; time.sleep(60)"]
+    children.start(1, {"n2": tmp_path / "n2"}, sleeps, tmp_path / "p1.log", {})
     try:
         deadline = time.monotonic() + 30
         while not children.exited() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert children.exited() == {"n0": 3}
+        assert children.exited() == {0: 3}
+        assert children.members[0] == ["n0", "n1"]
+        assert children.error_line(0) == "peer 'n1': it broke."
+        assert children.error_line(1) is None
     finally:
         children.stop(grace_s=2)
-    assert children.procs["n1"].returncode is not None
+    assert children.procs[1].returncode is not None
 
 
 def test_peers_finish_their_run_under_hostile_pushes(tmp_path: Path) -> None:

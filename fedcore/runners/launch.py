@@ -1,14 +1,21 @@
-"""``fedcore launch``: one ``fedcore node`` process per peer on this machine, over gRPC.
+"""``fedcore launch``: the peers of a run as ``fedcore node`` processes on this machine,
+over gRPC.
 
 The launcher validates the config (the same checks as ``simulate``), picks free ports on
-127.0.0.1, writes ``roster.json`` and the effective ``config.toml``, starts one child per
-node (its output in ``nodes/<id>/node.log``), shows one progress line for the whole run,
-and supervises: a child that dies stops the run, naming its id, exit status and log (in
-deadline mode the others go on without it, and the summary's ``peer_exits`` and
-``faults.down_rounds`` say who died and when); Ctrl-C stops every child. At the end it
-merges the peers' records and evaluation-round models into the same ``metrics.jsonl``,
-``summary.json`` (with ``"transport": "grpc"``) and ``curves.png`` that ``simulate``
-writes.
+127.0.0.1, writes ``roster.json`` and the effective ``config.toml``, and starts one child
+per peer (its output in ``nodes/<id>/node.log``), or with ``peers_per_process = K`` one
+child per K peers in graph order (``fedcore node --id a,b,c``; the child's output in
+``procs/<i>.log``, and ``procs.json`` says which peers each process hosts). Each peer keeps
+its own server, port and folder ``nodes/<id>/`` either way, and the run is the same.
+
+While the peers start, one line says how many are up and which are still starting,
+importing, preparing or connecting (each peer's ``nodes/<id>/status.json``); then one
+progress line shows the rounds of the whole run. It supervises: a child that dies stops
+the run, naming its peers, exit status and log (in deadline mode the others go on
+without them, and the summary's ``peer_exits`` and ``faults.down_rounds`` name each of
+its peers and when it died); Ctrl-C stops every child. At the end it merges the peers'
+records and evaluation-round models into the same ``metrics.jsonl``, ``summary.json``
+(with ``"transport": "grpc"``) and ``curves.png`` that ``simulate`` writes.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from fedcore.errors import ConfigError, TransportError
 from fedcore.ids import child_path
 from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
-from fedcore.progress import Progress
+from fedcore.progress import STATUS_FILE, Progress, StatusLine, read_stage
 from fedcore.runners.network import RunSetup, prepare_run, round_drift
 from fedcore.runners.peer import model_path
 from fedcore.runners.simulate import RunObserver, finish_run, open_run_dir, run_name
@@ -75,24 +82,47 @@ def read_params(path: Path) -> torch.Tensor:
     return torch.from_numpy(np.fromfile(path, dtype="<f4").copy())
 
 
+_UP = ("running", "done")
+"""Stages of a peer that is up: connected, in its rounds or through them."""
+
+
 class _Children:
-    """The peer processes of one launch, and how far each has got."""
+    """The peer processes of one launch (each hosting one peer or several), and how far
+    each peer has got."""
 
     def __init__(self) -> None:
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.logs: dict[str, IO[bytes]] = {}
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.members: dict[int, list[str]] = {}
+        self.log_paths: dict[int, Path] = {}
+        self._logs: dict[int, IO[bytes]] = {}
         self.dirs: dict[str, Path] = {}
         self._offsets: dict[str, int] = {}
         self.rounds_done: dict[str, int] = {}
+        self.stages: dict[str, str | None] = {}
 
-    def start(self, node: str, argv: list[str], folder: Path, env: dict[str, str]) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        log = open(folder / "node.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.logs[node] = log
-        self.dirs[node] = folder
-        self.rounds_done[node] = 0
-        self._offsets[node] = 0
-        self.procs[node] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    def start(
+        self,
+        index: int,
+        peers: Mapping[str, Path],
+        argv: list[str],
+        log_path: Path,
+        env: dict[str, str],
+    ) -> None:
+        """Start process ``index`` of the peers ``peers`` (id -> folder), its output in
+        ``log_path``."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        for node, folder in peers.items():
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / STATUS_FILE).unlink(missing_ok=True)  # a replaced run's (--force)
+            self.dirs[node] = folder
+            self.rounds_done[node] = 0
+            self._offsets[node] = 0
+            self.stages[node] = None
+        log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._logs[index] = log
+        self.log_paths[index] = log_path
+        self.members[index] = list(peers)
+        self.procs[index] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def poll_progress(self, skip: Collection[str] = ()) -> int:
         """Rounds every peer not in ``skip`` has finished (reading only what is new)."""
@@ -109,9 +139,29 @@ class _Children:
             self.rounds_done[node] += chunk[:complete].count(b"\n")
         return min((r for n, r in self.rounds_done.items() if n not in skip), default=0)
 
-    def exited(self) -> dict[str, int]:
+    def poll_stages(self) -> dict[str, str | None]:
+        """Each peer's start-up stage (None: its process has not said one yet); a peer
+        with a round record is up whatever its file says."""
+        for node, folder in self.dirs.items():
+            if self.stages[node] in _UP:
+                continue
+            self.stages[node] = "running" if self.rounds_done[node] else read_stage(folder)
+        return dict(self.stages)
+
+    def exited(self) -> dict[int, int]:
         """Exit status of every child that has ended."""
-        return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+        return {i: p.returncode for i, p in self.procs.items() if p.poll() is not None}
+
+    def error_line(self, index: int) -> str | None:
+        """The last ``fedcore: error:`` line in child ``index``'s log, if any."""
+        try:
+            with open(self.log_paths[index], "rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - 16384))
+                tail = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+        lines = [ln for ln in tail.splitlines() if ln.startswith("fedcore: error: ")]
+        return lines[-1].removeprefix("fedcore: error: ") if lines else None
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Terminate every child still running (SIGTERM, then SIGKILL after ``grace_s``)."""
@@ -125,8 +175,29 @@ class _Children:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for log in self.logs.values():
+        for log in self._logs.values():
             log.close()
+
+
+def _names(peers: Sequence[str], most: int = 6) -> str:
+    """``n0, n1, n2`` (at most ``most``, then how many more)."""
+    shown = ", ".join(peers[:most])
+    return shown + (f" +{len(peers) - most}" if len(peers) > most else "")
+
+
+def _startup_text(stages: Mapping[str, str | None], dead: Collection[str]) -> str:
+    """``launch: 5/16 peers up; importing 8 (n4, n5, ...), connecting 3 (n1, ...)``."""
+    alive = [n for n in stages if n not in dead]
+    up = [n for n in alive if stages[n] in _UP]
+    waiting: dict[str, list[str]] = {}
+    for n in alive:
+        stage = stages[n]
+        if stage not in _UP:
+            waiting.setdefault(stage or "starting", []).append(n)
+    order = ("starting", "importing", "preparing", "connecting", "failed", "stopped")
+    parts = [f"{k} {len(waiting[k])} ({_names(waiting[k])})" for k in order if k in waiting]
+    head = f"launch: {len(up)}/{len(alive)} peers up"
+    return head + ("; " + ", ".join(parts) if parts else "")
 
 
 def launch(
@@ -138,16 +209,28 @@ def launch(
     threads: int = 1,
     force: bool = False,
     overrides: Sequence[str] = (),
+    peers_per_process: int = 1,
 ) -> dict[str, Any]:
-    """Run every peer of ``config`` as its own process over gRPC; return the summary.
+    """Run the peers of ``config`` as processes over gRPC; return the summary.
 
     ``overrides`` (the ``--set`` items ``config`` was loaded with) name the run, as in
-    :func:`~fedcore.runners.simulate.simulate`, and the summary keeps them.
+    :func:`~fedcore.runners.simulate.simulate`, and the summary keeps them. With
+    ``peers_per_process`` K > 1, each process hosts K peers (the last one fewer), in graph
+    order: ceil(N / K) processes, each one torch and one event loop, every peer still its
+    own server and folder; the results are the same as with one process a peer.
+    ``threads`` is each process's torch threads.
 
     Raises:
         ConfigError, TopologyError, DataError: invalid experiment (before any process starts).
-        TransportError: a peer process failed (its id, exit status and log are named).
+        TransportError: a peer process failed (its peers, exit status and log are named).
     """
+    if isinstance(peers_per_process, bool) or not isinstance(peers_per_process, int):
+        raise ConfigError(f"peers_per_process must be an integer, got {peers_per_process!r}.")
+    if peers_per_process < 1:
+        raise ConfigError(
+            f"--peers-per-process must be at least 1, got {peers_per_process}: each process "
+            "hosts that many peers (1, the default: a process each)."
+        )
     setup = prepare_run(
         config,
         progress=(progress_stream or sys.stderr) if show_progress else None,
@@ -164,6 +247,13 @@ def launch(
     roster_path = out / "roster.json"
     roster_path.write_text(json.dumps(roster, indent=2) + "\n", encoding="utf-8")
 
+    k = peers_per_process
+    groups = [list(nodes[i : i + k]) for i in range(0, len(nodes), k)]
+    if k > 1:
+        (out / "procs").mkdir(exist_ok=True)
+        procs = [{"log": f"procs/{i}.log", "peers": g} for i, g in enumerate(groups)]
+        (out / "procs.json").write_text(json.dumps(procs, indent=2) + "\n", encoding="utf-8")
+
     env = dict(os.environ)
     package_root = str(Path(fedcore.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
@@ -171,46 +261,67 @@ def launch(
     # In deadline mode the peers go on without a dead one; strict mode stops the run.
     tolerate = config.transport.mode == "deadline"
     dead: dict[str, int] = {}
-    progress = Progress(config.run.rounds, label="launch", stream=progress_stream)
+    stream = progress_stream or sys.stderr
+    startup = StatusLine(stream) if show_progress else None
+    progress: Progress | None = None
     began = time.perf_counter()
     outcome, error = "completed", None
     try:
-        for n in nodes:
-            folder = peer_dir(out, n)
+        for i, group in enumerate(groups):
             argv = [
                 sys.executable, "-m", "fedcore", "node",
-                "--config", str(config_path), "--id", n, "--roster", str(roster_path),
-                "--out", str(folder), "--threads", str(threads),
+                "--config", str(config_path), "--id", ",".join(group),
+                "--roster", str(roster_path), "--threads", str(threads),
+                # One peer: its folder; several: the folder of their folders nodes/<id>/.
+                "--out", str(peer_dir(out, group[0]) if k == 1 else out / "nodes"),
             ]  # fmt: skip
-            children.start(n, argv, folder, env)
+            folders = {n: peer_dir(out, n) for n in group}
+            log_path = folders[group[0]] / "node.log" if k == 1 else out / "procs" / f"{i}.log"
+            children.start(i, folders, argv, log_path, env)
         shown = -1
         while True:
             ended = children.exited()
-            for node, status in ended.items():
-                if status == 0 or node in dead:
+            for index, status in ended.items():
+                peers = children.members[index]
+                if status == 0 or peers[0] in dead:
                     continue
-                log_path = children.dirs[node] / "node.log"
-                if not tolerate or len(dead) + 1 == len(nodes):
+                log_path = children.log_paths[index]
+                if not tolerate or len(dead) + len(peers) == len(nodes):
+                    said = children.error_line(index)
+                    who = f"peer {peers[0]!r}" if len(peers) == 1 else _process_of(peers)
                     raise TransportError(
-                        f"peer {node!r} exited with status {status}; see its log {log_path}."
+                        f"{who} exited with status {status}; see its log {log_path}"
+                        + (f" (it said: {said})" if said else "")
+                        + "."
                     )
-                dead[node] = status
+                for node in peers:
+                    dead[node] = status
                 logger.warning(
-                    "peer %s exited with status %s after round %d; the others go on without "
+                    "%s exited with status %s after round %d; the others go on without "
                     "it (deadline mode). Its log: %s",
-                    node,
+                    f"peer {peers[0]}" if len(peers) == 1 else _process_of(peers, quote=False),
                     status,
-                    children.rounds_done[node] - 1,
+                    min(children.rounds_done[n] for n in peers) - 1,
                     log_path,
                 )
             done = children.poll_progress(skip=dead)
-            if show_progress and done != shown:
+            if startup is not None and progress is None:
+                stages = children.poll_stages()
+                text = _startup_text(stages, dead)
+                if all(stages[n] in _UP for n in nodes if n not in dead):
+                    startup.finish(text)
+                    progress = Progress(config.run.rounds, label="launch", stream=stream)
+                else:
+                    startup.show(text)
+            if progress is not None and done != shown:
                 progress.update(done)
                 shown = done
-            if len(ended) == len(nodes):
+            if len(ended) == len(groups):
                 break
             time.sleep(0.1)
         if show_progress and shown != config.run.rounds:
+            if progress is None:
+                progress = Progress(config.run.rounds, label="launch", stream=stream)
             progress.update(config.run.rounds)
     except KeyboardInterrupt:
         outcome = "interrupted"
@@ -220,6 +331,8 @@ def launch(
         raise
     finally:
         children.stop()
+        if startup is not None and progress is None and startup.tty:
+            stream.write("\n")  # end the start-up line before what follows
         if outcome != "completed":
             # What the peers did before the run stopped still makes a summary.
             unfinished = {n: None for n in nodes if not (peer_dir(out, n) / "node.json").exists()}
@@ -246,6 +359,11 @@ def launch(
     summary = _merge(setup, out, name, wall, dead, overrides=overrides)
     summary["out_dir"] = str(out)
     return summary
+
+
+def _process_of(peers: Sequence[str], *, quote: bool = True) -> str:
+    """``the process of peers 'n0', 'n1', 'n2'``."""
+    return "the process of peers " + ", ".join(repr(n) if quote else n for n in peers)
 
 
 def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, Any]:

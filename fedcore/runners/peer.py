@@ -1,16 +1,24 @@
-"""``fedcore node``: one peer of a run as its own process, talking gRPC.
+"""``fedcore node``: peers of a run in one process, each its own gRPC server, talking gRPC.
 
 Every peer builds the same :class:`~fedcore.runners.network.RunSetup` from the same
 config, so it holds exactly its partition of the data and the same initial model as in
 ``fedcore simulate``; then it serves its in-neighbours, connects to its out-neighbours
 (retrying until ``transport.startup_timeout_s``), and runs its rounds.
 
-Its folder (``--out``) receives ``node.pid`` (its process id) at start, then, as it goes,
-``metrics.jsonl`` (one record per round, flushed each round) and ``models/round-<t>.f32``
-(its parameters at every evaluation round, as float32 little-endian bytes, for the
-launcher's evaluation), and at the end ``node.json`` (id, rounds done, parameter digest).
-SIGINT and SIGTERM stop it cleanly: the server stops gracefully, channels close and metrics
-are flushed.
+One process may host several peers (:func:`run_peers`, ``fedcore node --id a,b,c``): they
+share the process's torch, one :func:`prepare_run` (as ``simulate``'s nodes do) and one
+event loop, and each still has its own server and port (its roster entry), identity,
+transport, folder, checkpoints and records, so the run is the same as with one process a
+peer. Their computation takes turns in the loop. If one of them fails, the others are
+stopped and the error names it.
+
+A peer's folder (``--out``) receives ``status.json`` (its start-up stage, see
+:data:`fedcore.progress.STAGES`, rewritten at each one) and ``node.pid`` (its process id)
+at start, then, as it goes, ``metrics.jsonl`` (one record per round, flushed each round)
+and ``models/round-<t>.f32`` (its parameters at every evaluation round, as float32
+little-endian bytes, for the launcher's evaluation), and at the end ``node.json`` (id,
+rounds done, parameter digest). SIGINT and SIGTERM stop every peer of the process cleanly:
+the servers stop gracefully, channels close and metrics are flushed.
 
 The roster maps node ids to ``HOST:PORT``, as JSON (``{"n0": "10.0.0.5:7000", ...}``) or
 TOML (``[peers]`` table with ``n0 = "10.0.0.5:7000"``).
@@ -26,25 +34,34 @@ import os
 import signal
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import torch
 
 from fedcore.certs import load_tls
 from fedcore.config import Config
-from fedcore.errors import ConfigError
+from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import check_node_id, clip
 from fedcore.metrics import JsonlWriter, params_sha256
 from fedcore.node import DecodeCache, Node, RoundRecord
-from fedcore.progress import Progress
+from fedcore.progress import Progress, write_stage
 from fedcore.runners import checkpoint
 from fedcore.runners.network import RunSetup, prepare_run
 from fedcore.transport.grpc import GrpcTransport
 
-__all__ = ["load_roster", "model_path", "run_peer", "tune_malloc", "write_params"]
+__all__ = [
+    "load_roster",
+    "model_path",
+    "run_peer",
+    "run_peer_main",
+    "run_peers",
+    "run_peers_main",
+    "tune_malloc",
+    "write_params",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +140,50 @@ def write_params(path: Path, params: torch.Tensor) -> None:
     tmp.replace(path)
 
 
+class _ShowsRounds(Protocol):
+    """What a peer's record writer tells of its rounds: :class:`Progress`, or its share of
+    the one line of a process's peers (:class:`_GroupProgress`)."""
+
+    def update(self, done: int, *, loss: float | None = None) -> None: ...
+
+
+class _GroupProgress:
+    """One progress line for the peers of a process: the rounds its slowest peer has done
+    (a line each would garble a terminal)."""
+
+    def __init__(self, rounds: int, node_ids: Sequence[str], stream: TextIO) -> None:
+        label = ",".join(node_ids) if len(node_ids) <= 4 else f"{node_ids[0]}..{node_ids[-1]}"
+        self.progress = Progress(rounds, label=f"{label} ({len(node_ids)} peers)", stream=stream)
+        self.done: dict[str, int] = {}
+        self.expected = len(node_ids)
+        self.shown = -1
+
+    def member(self, node_id: str, first: int) -> _GroupMember:
+        """The share of ``node_id``, which starts at round ``first``."""
+        self.done[node_id] = first
+        if len(self.done) == self.expected:  # every peer knows where it starts: the ETA's base
+            self.progress.first = min(self.done.values())
+        return _GroupMember(self, node_id)
+
+    def update(self, node_id: str, done: int) -> None:
+        self.done[node_id] = done
+        slowest = min(self.done.values())
+        if len(self.done) == self.expected and slowest != self.shown:
+            self.shown = slowest
+            self.progress.update(slowest)
+
+
+class _GroupMember:
+    """One peer's share of a :class:`_GroupProgress`."""
+
+    def __init__(self, group: _GroupProgress, node_id: str) -> None:
+        self.group = group
+        self.node_id = node_id
+
+    def update(self, done: int, *, loss: float | None = None) -> None:
+        self.group.update(self.node_id, done)
+
+
 class _PeerLog:
     """Per-round record writer, evaluation-round model snapshots and checkpoints of a peer.
 
@@ -136,7 +197,7 @@ class _PeerLog:
         config: Config,
         *,
         resume_round: int | None = None,
-        progress: Progress | None = None,
+        progress: _ShowsRounds | None = None,
     ) -> None:
         self.out = out
         self.progress = progress
@@ -176,6 +237,30 @@ def _trust_sets(setup: RunSetup, node_id: str) -> tuple[set[str], set[str]]:
     return ins, outs
 
 
+def _check_peers(
+    setup: RunSetup,
+    node_ids: Sequence[str],
+    roster: Mapping[str, str],
+    listen: Mapping[str, str],
+) -> None:
+    """Refuse, before any peer starts, an id twice, an id not in the graph, or a roster
+    without the address of a peer's out-neighbour (or of the peer itself, unless it has
+    its own ``listen`` address)."""
+    twice = sorted({n for n in node_ids if node_ids.count(n) > 1})
+    if twice:
+        raise ConfigError(f"node id {', '.join(map(repr, twice))} is given more than once.")
+    unknown = [n for n in node_ids if n not in setup.graph.nodes]
+    if unknown:
+        what = f"node {unknown[0]!r} is" if len(unknown) == 1 else f"nodes {unknown} are"
+        raise ConfigError(f"{what} not in the graph; its nodes are {', '.join(setup.graph.nodes)}.")
+    missing: set[str] = set()
+    for n in node_ids:
+        outs = _trust_sets(setup, n)[1]
+        missing |= (outs | ({n} if n not in listen else set())) - set(roster)
+    if missing:
+        raise ConfigError(f"the roster has no address for {', '.join(sorted(missing))}.")
+
+
 async def run_peer(
     config: Config,
     node_id: str,
@@ -193,21 +278,157 @@ async def run_peer(
     say there what it does: where it serves, whom it waits for, its rounds (a progress
     line) and where its results are.
     """
+    write_stage(out, "preparing")
+    try:
+        setup = prepare_run(config)
+        _check_peers(setup, [node_id], roster, {node_id: listen} if listen else {})
+    except BaseException:
+        write_stage(out, "failed")
+        raise
+    return await _serve_and_run(
+        setup, node_id, roster, out=out, listen=listen, resume=resume, stream=progress_stream
+    )
+
+
+async def run_peers(
+    config: Config,
+    node_ids: Sequence[str],
+    roster: Mapping[str, str],
+    *,
+    outs: Mapping[str, Path],
+    listen: Mapping[str, str] | None = None,
+    resume: bool = False,
+    progress_stream: TextIO | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Run the peers ``node_ids`` in this event loop to the end of the run; return each
+    one's ``node.json``.
+
+    They share one :func:`prepare_run` of ``config`` (the same data split and initial
+    model as one process a peer would build) and each has its own server on its roster
+    address (or ``listen[id]``), its own folder ``outs[id]``, checkpoints and records. With
+    ``progress_stream``, each peer's start-up and results are told there (each line starts
+    with its id) and one progress line shows the rounds of the slowest. One id alone runs
+    exactly as :func:`run_peer`.
+
+    Raises:
+        ConfigError: an id twice, an id not in the graph, a roster without a needed
+            address (before any peer starts).
+        FedcoreError: a peer failed (the others are stopped first); its message starts
+            with ``peer '<id>':``.
+    """
+    ids = list(node_ids)
+    chosen = dict(listen or {})
+    if len(ids) == 1:
+        only = ids[0]
+        info = await run_peer(
+            config,
+            only,
+            roster,
+            out=outs[only],
+            listen=chosen.get(only),
+            resume=resume,
+            progress_stream=progress_stream,
+        )
+        return {only: info}
+    for n in ids:
+        write_stage(outs[n], "preparing")
+    try:
+        setup = prepare_run(config)
+        _check_peers(setup, ids, roster, chosen)
+    except BaseException:
+        for n in ids:
+            write_stage(outs[n], "failed")
+        raise
+    group = (
+        _GroupProgress(config.run.rounds, ids, progress_stream)
+        if progress_stream is not None
+        else None
+    )
+
+    failed: list[str] = []  # in the order they failed
+
+    async def one(node_id: str) -> dict[str, Any]:
+        try:
+            return await _serve_and_run(
+                setup,
+                node_id,
+                roster,
+                out=outs[node_id],
+                listen=chosen.get(node_id),
+                resume=resume,
+                stream=progress_stream,
+                group=group,
+            )
+        except FedcoreError as exc:
+            # Name the peer: the process's one error line is what a launcher shows.
+            failed.append(node_id)
+            exc.args = (f"peer {node_id!r}: {exc}", *exc.args[1:])
+            raise
+        except Exception:
+            failed.append(node_id)
+            logger.error("peer %s failed; stopping the other peers of this process", node_id)
+            raise
+
+    tasks = {n: asyncio.ensure_future(one(n)) for n in ids}
+    try:
+        # The first failure stops the rest; asyncio.wait keeps the failure itself (a
+        # TaskGroup would wrap it in an exception group).
+        await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    if failed:  # the first to fail; the others were stopped because of it
+        error = tasks[failed[0]].exception()
+        assert error is not None
+        raise error
+    return {n: task.result() for n, task in tasks.items()}
+
+
+async def _serve_and_run(
+    setup: RunSetup,
+    node_id: str,
+    roster: Mapping[str, str],
+    *,
+    out: Path,
+    listen: str | None,
+    resume: bool,
+    stream: TextIO | None,
+    group: _GroupProgress | None = None,
+) -> dict[str, Any]:
+    """Serve, connect and run peer ``node_id`` (checked by :func:`_check_peers`) of
+    ``setup``; its stages go to ``out/status.json``."""
 
     def say(text: str) -> None:
-        if progress_stream is not None:
-            print(f"{node_id}: {text}", file=progress_stream, flush=True)
+        if stream is not None:
+            print(f"{node_id}: {text}", file=stream, flush=True)
 
-    setup = prepare_run(config)
-    if node_id not in setup.graph.nodes:
-        raise ConfigError(
-            f"node {node_id!r} is not in the graph; its nodes are {', '.join(setup.graph.nodes)}."
-        )
+    stage = "failed"
+    try:
+        info = await _peer(setup, node_id, roster, out, listen, resume, say, stream, group)
+        stage = "done"
+    except asyncio.CancelledError:
+        stage = "stopped"
+        raise
+    finally:
+        write_stage(out, stage)
+    say(f"done after {info['rounds']} rounds; results: {out}")
+    return info
+
+
+async def _peer(
+    setup: RunSetup,
+    node_id: str,
+    roster: Mapping[str, str],
+    out: Path,
+    listen: str | None,
+    resume: bool,
+    say: Callable[[str], None],
+    stream: TextIO | None,
+    group: _GroupProgress | None,
+) -> dict[str, Any]:
+    config = setup.config
     ins, outs = _trust_sets(setup, node_id)
-    needed = outs | ({node_id} if listen is None else set())
-    missing = sorted(needed - set(roster))
-    if missing:
-        raise ConfigError(f"the roster has no address for {', '.join(missing)}.")
     out.mkdir(parents=True, exist_ok=True)
     (out / "node.pid").write_text(f"{os.getpid()}\n", encoding="utf-8")  # for operators
     transport = GrpcTransport(
@@ -229,34 +450,37 @@ async def run_peer(
     if resume and saved is None:
         logger.warning("%s: no good checkpoint in %s; starting from round 0", node_id, out)
     first = int(saved["round"]) if saved else 0
-    progress = (
-        Progress(config.run.rounds, label=node_id, stream=progress_stream, first=first)
-        if progress_stream is not None
-        else None
-    )
+    progress: _ShowsRounds | None = None
+    if group is not None:
+        progress = group.member(node_id, first)
+    elif stream is not None:
+        progress = Progress(config.run.rounds, label=node_id, stream=stream, first=first)
     log = _PeerLog(out, config, resume_round=first if saved else None, progress=progress)
-    # The servicer validates (decodes) every message on arrival; the cache hands the same
-    # tensors to the node's own decode at collect time, so each message is decoded once.
-    node = setup.make_node(node_id, transport, observer=log, decode_cache=DecodeCache())
-    if saved is not None:
-        checkpoint.restore(node, saved)
-        transport.mailbox.start_at(node.round)
-        logger.warning("%s: resumed from the checkpoint of round %d", node_id, node.round)
-    transport.validator = node.validate
-    await transport.start()
-    logger.info("%s serving on port %s", node_id, transport.port)
-    say(
-        f"serving on {listen or roster[node_id]} (port {transport.port}), run {setup.run_id[:12]}"
-        f", {config.run.rounds} rounds; connecting to {', '.join(sorted(outs)) or 'nobody'}"
-    )
     try:
-        # Deadline mode goes on without a peer that never answers (its messages go missing);
-        # strict mode would only wait for it in vain.
+        # The servicer validates (decodes) every message on arrival; the cache hands the
+        # same tensors to the node's own decode at collect time: each is decoded once.
+        node = setup.make_node(node_id, transport, observer=log, decode_cache=DecodeCache())
+        if saved is not None:
+            checkpoint.restore(node, saved)
+            transport.mailbox.start_at(node.round)
+            logger.warning("%s: resumed from the checkpoint of round %d", node_id, node.round)
+        transport.validator = node.validate
+        await transport.start()
+        logger.info("%s serving on port %s", node_id, transport.port)
+        write_stage(out, "connecting")
+        say(
+            f"serving on {listen or roster[node_id]} (port {transport.port}), run "
+            f"{setup.run_id[:12]}, {config.run.rounds} rounds; connecting to "
+            f"{', '.join(sorted(outs)) or 'nobody'}"
+        )
+        # Deadline mode goes on without a peer that never answers (its messages go
+        # missing); strict mode would only wait for it in vain.
         await transport.connect(
             sorted(outs),
             timeout_s=config.transport.startup_timeout_s,
             required=config.transport.mode == "strict",
         )
+        write_stage(out, "running")
         say(f"connected; running from round {node.round}")
         await node.run(config.run.rounds)
     finally:
@@ -269,7 +493,6 @@ async def run_peer(
         "stats": asdict(transport.stats),
     }
     (out / "node.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    say(f"done after {node.round} rounds; results: {out}")
     return info
 
 
@@ -285,6 +508,30 @@ def run_peer_main(
 ) -> int:
     """Run a peer in a fresh event loop with SIGINT/SIGTERM stopping it cleanly; with
     ``show_progress``, its start-up, rounds and results are told on stderr."""
+    return run_peers_main(
+        config,
+        [node_id],
+        roster,
+        outs={node_id: out},
+        listen={node_id: listen} if listen else None,
+        resume=resume,
+        show_progress=show_progress,
+    )
+
+
+def run_peers_main(
+    config: Config,
+    node_ids: Sequence[str],
+    roster: Mapping[str, str],
+    *,
+    outs: Mapping[str, Path],
+    listen: Mapping[str, str] | None = None,
+    resume: bool = False,
+    show_progress: bool = True,
+) -> int:
+    """Run the peers ``node_ids`` (:func:`run_peers`) in a fresh event loop, SIGINT and
+    SIGTERM stopping all of them cleanly (exit status 130); with ``show_progress``, their
+    start-up, rounds and results are told on stderr."""
 
     async def main() -> int:
         task = asyncio.current_task()
@@ -293,17 +540,24 @@ def run_peer_main(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
         try:
-            await run_peer(
+            await run_peers(
                 config,
-                node_id,
+                node_ids,
                 roster,
-                out=out,
+                outs=outs,
                 listen=listen,
                 resume=resume,
                 progress_stream=sys.stderr if show_progress else None,
             )
         except asyncio.CancelledError:
-            logger.warning("%s stopped by a signal; metrics flushed in %s", node_id, out)
+            if len(node_ids) == 1:
+                where = str(outs[node_ids[0]])
+            else:
+                parents = {str(outs[n].parent) for n in node_ids}
+                where = parents.pop() if len(parents) == 1 else "their folders"
+            logger.warning(
+                "%s stopped by a signal; metrics flushed in %s", ", ".join(node_ids), where
+            )
             return 130
         return 0
 
