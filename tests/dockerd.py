@@ -10,18 +10,26 @@ what is still there, so a test can check that nothing stays behind.
 
 No daemon and none can be started: the tests skip, unless ``FEDCORE_REQUIRE_DOCKER=1``
 (set by ``.ci/run``), where that is a failure.
+
+Making the images takes minutes (debootstrap, a torch install in the image), so
+:func:`prepare` does it in a background thread from the moment the docker tests are
+collected (``tests/conftest.py``, which also runs them last): by the time they run, the
+rest of the suite has given it the time. :func:`prepared` waits for it and hands over the
+daemon and the image, or raises what stopped it (a skip, a failure).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +53,7 @@ class Daemon:
     pid: int | None = None
     root: Path | None = None
     log: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
     created: list[tuple[str, str]] = field(default_factory=list)  # (kind, name) to remove
 
     def run(
@@ -103,19 +112,19 @@ class Daemon:
     def stop(self) -> list[str]:
         """Stop a daemon started here (by PID) and remove its folder; return what could not be
         cleaned (empty when all went). A reused daemon is left running."""
-        if not self.started or self.pid is None or self.root is None:
+        if not self.started or self.proc is None or self.root is None:
             return []
+        if not self.root.exists():
+            return []  # stopped already
         problems: list[str] = []
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and _alive(self.pid):
-            time.sleep(0.2)
-        if _alive(self.pid):
-            problems.append(f"dockerd {self.pid} did not stop on SIGTERM within 60 s; killed")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-            time.sleep(1)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                problems.append(f"dockerd {self.pid} did not stop on SIGTERM within 60 s; killed")
+                self.proc.kill()
+                self.proc.wait()
         for mount in sorted(_mounts_under(self.root), key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True)
         left = _mounts_under(self.root)
@@ -124,7 +133,7 @@ class Daemon:
         shutil.rmtree(self.root, ignore_errors=True)
         if self.root.exists():
             problems.append(f"{self.root} could not be removed")
-        if _alive(self.pid):
+        if self.pid is not None and _alive(self.pid):
             problems.append(f"dockerd {self.pid} is still running")
         return problems
 
@@ -134,11 +143,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie child of ours counts as gone once reaped.
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
     return True
 
 
@@ -157,15 +161,13 @@ def _reachable(env: dict[str, str]) -> bool:
     return proc.returncode == 0
 
 
-@contextlib.contextmanager
-def docker_daemon() -> Iterator[Daemon]:
-    """A daemon for the tests (see the module's docstring); stopped afterwards if started."""
+def start_daemon() -> Daemon:
+    """A daemon for the tests (see the module's docstring); call :meth:`Daemon.stop` after."""
     if shutil.which("docker") is None:
         _unavailable("the docker command is not installed")
     env = dict(os.environ)
     if _reachable(env):
-        yield Daemon(env=env, started=False)
-        return
+        return Daemon(env=env, started=False)
     if shutil.which("dockerd") is None:
         _unavailable("no Docker daemon is running and dockerd is not installed")
     if os.geteuid() != 0:
@@ -183,17 +185,90 @@ def docker_daemon() -> Iterator[Daemon]:
         "--bridge", "none",
     ]  # fmt: skip
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        # Its own session: a signal to the tests' process group does not reach it.
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     env["DOCKER_HOST"] = f"unix://{socket}"
-    daemon = Daemon(env=env, started=True, pid=proc.pid, root=root, log=log)
-    try:
-        deadline = time.monotonic() + 60
-        while not _reachable(env):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                text = log.read_text(encoding="utf-8", errors="replace")[-3000:]
-                _unavailable(f"dockerd did not start:\n{text}")
-            time.sleep(0.5)
-        yield daemon
-    finally:
-        if root.exists():  # not stopped (and checked) by the caller: stop it now
+    daemon = Daemon(env=env, started=True, pid=proc.pid, root=root, log=log, proc=proc)
+    deadline = time.monotonic() + 60
+    while not _reachable(env):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            text = log.read_text(encoding="utf-8", errors="replace")[-3000:]
             daemon.stop()
+            _unavailable(f"dockerd did not start:\n{text}")
+        time.sleep(0.5)
+    return daemon
+
+
+def _build(daemon: Daemon, scratch: Path) -> str:
+    """The base (unless the daemon has it) and the peer image; return the image's tag."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import docker_image
+
+    rootfs = os.environ.get("FEDCORE_DOCKER_ROOTFS")  # debootstrapped ahead, if at all
+    try:
+        # A reused daemon that has the base already keeps it as it was.
+        if docker_image.make_base(
+            env=daemon.env, rootfs=Path(rootfs) if rootfs else None, log=False
+        ):
+            daemon.created.append(("images", docker_image.DEFAULT_BASE))
+        tag = f"fedcore-test:{uuid.uuid4().hex[:12]}"
+        daemon.created.append(("images", tag))
+        wheels = docker_image.collect_wheels(scratch / "wheels", log=False)
+        docker_image.build_image(tag, wheels=wheels, env=daemon.env, log=False)
+    except docker_image.BuildError as exc:
+        pytest.fail(f"could not build the peer image: {exc}")
+    return tag
+
+
+class _Preparation:
+    def __init__(self) -> None:
+        self.daemon: Daemon | None = None
+        self.image: str | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.scratch = Path(tempfile.mkdtemp(prefix="fedcore-docker-"))
+        self.thread = threading.Thread(target=self._run, name="docker-images", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        began = time.monotonic()
+        try:
+            self.daemon = start_daemon()
+            self.image = _build(self.daemon, self.scratch)
+        except BaseException as exc:  # a skip or a failure too: raised again in the test
+            self.error = exc
+        finally:
+            self.seconds = time.monotonic() - began
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+_PREPARATION: _Preparation | None = None
+
+
+def prepare() -> None:
+    """Start the daemon and the image build in the background (once)."""
+    global _PREPARATION
+    if _PREPARATION is None:
+        _PREPARATION = _Preparation()
+
+
+def prepared(timeout: float = 900) -> tuple[Daemon, str, float]:
+    """The daemon, the peer image's tag and the seconds the preparation took."""
+    prepare()
+    assert _PREPARATION is not None
+    _PREPARATION.thread.join(timeout)
+    if _PREPARATION.thread.is_alive():
+        pytest.fail(f"the Docker daemon and images were not ready within {timeout:.0f} s")
+    if _PREPARATION.error is not None:
+        raise _PREPARATION.error
+    assert _PREPARATION.daemon is not None and _PREPARATION.image is not None
+    return _PREPARATION.daemon, _PREPARATION.image, _PREPARATION.seconds
+
+
+def shutdown() -> None:
+    """At the end of the session: stop a daemon started here that no test stopped."""
+    if _PREPARATION is None:
+        return
+    _PREPARATION.thread.join(900)
+    if _PREPARATION.daemon is not None:
+        _PREPARATION.daemon.stop()

@@ -3,7 +3,8 @@
 The module starts (or reuses) a Docker daemon (:mod:`tests.dockerd`), makes the base image
 from Debian packages and builds the peer image from ``nodes/Dockerfile`` with no network in
 the build (``scripts/docker_image.py``: debootstrap, a folder of wheels, ``docker build
---network none``). Then:
+--network none``), all in the background from the moment these tests are collected; they
+run last. Then:
 
 - a ``fedcore compose`` deployment of 4 peers, strict mode, mutual TLS, runs with
   ``docker-compose up`` and ``fedcore summarize`` gives ``simulate``'s ``params_sha256``;
@@ -30,9 +31,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,11 +44,8 @@ from fedcore.runners.compose import write_compose
 from fedcore.runners.launch import summarize
 from fedcore.runners.simulate import simulate
 from fedcore.runners.stack import HOST_LABEL, write_stack
-from tests.dockerd import Daemon, docker_daemon
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-import docker_image  # noqa: E402
+from tests import dockerd
+from tests.dockerd import Daemon
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -78,42 +74,25 @@ _INTERNAL = "networks:\n  default:\n    internal: true\n"
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    with docker_daemon() as d:
-        yield d
-        left = d.leftovers()
-        problems = d.stop()
+    d, _, _ = dockerd.prepared()
+    yield d
+    for kind, name in d.created:
+        if kind == "images":
+            d.run("image", "rm", "--force", name, check=False)
+    d.run("image", "prune", "--force", check=False)  # dangling build layers
+    left = d.leftovers()
+    problems = d.stop()
     assert not left, f"left on the Docker daemon: {left}"
     assert not problems, problems
 
 
 @pytest.fixture(scope="module")
-def image(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The peer image, built offline on a base made from Debian packages."""
-    try:
-        # (A reused daemon that has the base already keeps it as it was.)
-        if docker_image.make_base(env=daemon.env, rootfs=_prepared_rootfs(), log=False):
-            daemon.created.append(("images", docker_image.DEFAULT_BASE))
-    except docker_image.BuildError as exc:
-        pytest.fail(f"could not make the base image: {exc}")
-    tag = f"fedcore-test:{uuid.uuid4().hex[:12]}"
-    daemon.created.append(("images", tag))
-    wheels = tmp_path_factory.mktemp("wheels")
-    try:
-        docker_image.collect_wheels(wheels, log=False)
-        docker_image.build_image(tag, wheels=wheels, env=daemon.env, log=False)
-    except docker_image.BuildError as exc:
-        pytest.fail(str(exc))
-    yield tag
-    for kind, name in daemon.created:
-        if kind == "images":
-            daemon.run("image", "rm", "--force", name, check=False)
-    daemon.run("image", "prune", "--force", check=False)  # dangling build layers
-
-
-def _prepared_rootfs() -> Path | None:
-    """A debootstrap folder made ahead of the tests (``.ci/run`` makes it while it installs)."""
-    given = os.environ.get("FEDCORE_DOCKER_ROOTFS")
-    return Path(given) if given else None
+def image(daemon: Daemon) -> str:
+    """The peer image, built offline on a base made from Debian packages (in the
+    background while the rest of the suite ran: :func:`tests.dockerd.prepare`)."""
+    _, tag, seconds = dockerd.prepared()
+    print(f"docker: daemon and images ready after {seconds:.0f} s")
+    return tag
 
 
 @pytest.fixture(scope="module")
