@@ -107,7 +107,8 @@ class Daemon:
             "volumes": found["volumes"],
             "containers": self.lines("ps", "-a", "--format", "{{.Names}}"),
         }
-        return {k: [n for n in v if n in present[k]] for k, v in mine.items() if v}
+        still = {k: [n for n in v if n in present[k]] for k, v in mine.items()}
+        return {kind: items for kind, items in still.items() if items}
 
     def stop(self) -> list[str]:
         """Stop a daemon started here (by PID) and remove its folder; return what could not be

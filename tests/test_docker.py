@@ -32,6 +32,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -220,12 +221,22 @@ def test_swarm_stack_equals_simulate(
     config, expected = tls_run
     folder = tmp_path / "stack"
     stack = "fcstack"
+    began = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def mark(phase: str) -> None:
+        phases[phase] = round(time.monotonic() - began - sum(phases.values()), 1)
+
     daemon.run("swarm", "init", "--advertise-addr", "127.0.0.1", "--listen-addr", "127.0.0.1:2377")
     try:
         node = daemon.run("info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
         daemon.run("node", "update", "--label-add", f"{HOST_LABEL}=h1", node)
         write_stack(config, folder, image=image, placement=dict.fromkeys(NODES, "h1"))
-        daemon.run("stack", "deploy", "--compose-file", "docker-stack.yml", stack, cwd=folder)
+        mark("swarm init")
+        # --resolve-image never: the image is local; do not ask a registry for its digest.
+        deploy = ["stack", "deploy", "--resolve-image", "never", "-c", "docker-stack.yml", stack]
+        daemon.run(*deploy, cwd=folder)
+        mark("deploy")
 
         def exited() -> list[str]:
             return _exited(daemon, f"com.docker.stack.namespace={stack}")
@@ -237,6 +248,7 @@ def test_swarm_stack_equals_simulate(
 
         _wait_for("4 TLS peers finishing in the swarm", lambda: len(exited()) >= 4, 300, logs)
         states = exited()
+        mark("run")
         gathered = daemon.command(["sh", "gather.sh", stack], cwd=folder).stdout
         daemon.run("stack", "rm", stack)
         _wait_for(
@@ -245,6 +257,7 @@ def test_swarm_stack_equals_simulate(
             120,
             lambda: "",
         )
+        mark("gather and stack rm")
         for n in NODES:
             daemon.run("volume", "rm", f"{stack}_{n}-out")
     finally:
@@ -252,8 +265,158 @@ def test_swarm_stack_equals_simulate(
         daemon.run("swarm", "leave", "--force", check=False)
         # The bridge that swarm made for its overlay networks' way out stays after leaving.
         daemon.run("network", "rm", "docker_gwbridge", check=False)
+        mark("leave")
+        print(f"swarm test phases (s): {phases}")
     assert all("Exited (0)" in s for s in states), states
     assert "4 peer folder(s) gathered" in gathered
+    summary = summarize(folder)
+    assert summary["status"] == "completed"
+    assert summary["params_sha256"] == expected["params_sha256"]
+
+
+def _pod_container_args(pod: dict[str, Any], files: Path, volume: str) -> list[str]:
+    """``docker run`` options that give a container what the kubelet gives ``pod``'s
+    container: its user, read-only root, environment, working directory, and its volumes
+    (ConfigMap keys and Secret items as read-only files under ``files``, the claim ``out``
+    as the named volume ``volume``, an emptyDir as a tmpfs)."""
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    security = {**spec.get("securityContext", {}), **container.get("securityContext", {})}
+    args = ["--user", f"{security['runAsUser']}:{security['runAsGroup']}"]
+    if security.get("readOnlyRootFilesystem"):
+        args.append("--read-only")
+    if security.get("capabilities", {}).get("drop") == ["ALL"]:
+        args += ["--cap-drop", "ALL"]
+    if security.get("allowPrivilegeEscalation") is False:
+        args += ["--security-opt", "no-new-privileges"]
+    for item in container.get("env", []):
+        args += ["--env", f"{item['name']}={item['value']}"]
+    args += ["--workdir", container["workingDir"]]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for mount in container["volumeMounts"]:
+        source = volumes.get(mount["name"])
+        target = mount["mountPath"]
+        if source is None:  # the StatefulSet's volume claim template
+            args += ["--volume", f"{volume}:{target}"]
+        elif "emptyDir" in source:
+            args += ["--tmpfs", f"{target}:uid={security['runAsUser']}"]
+        else:
+            folder = files / mount["name"]
+            path = folder / mount["subPath"] if "subPath" in mount else folder
+            args += ["--volume", f"{path}:{target}:ro"]
+    return args
+
+
+def _materialize(objects: list[dict[str, Any]], pod: dict[str, Any], files: Path) -> None:
+    """Write the ConfigMap's keys and the pod's Secret's items where the kubelet would
+    project them, owned by the pod's user, with the Secret's mode."""
+    import base64
+
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    spec = pod["spec"]
+    uid, gid = spec["securityContext"]["runAsUser"], spec["securityContext"]["runAsGroup"]
+    for volume in spec["volumes"]:
+        folder = files / volume["name"]
+        if "configMap" in volume:
+            data = by_name["ConfigMap", volume["configMap"]["name"]]["data"]
+            entries = {key: (text.encode(), 0o644) for key, text in data.items()}
+        elif "secret" in volume:
+            secret = volume["secret"]
+            data = by_name["Secret", secret["secretName"]]["data"]
+            entries = {
+                item["path"]: (base64.b64decode(data[item["key"]]), secret["defaultMode"])
+                for item in secret["items"]
+            }
+        else:
+            continue
+        folder.mkdir(parents=True)
+        for name, (content, mode) in entries.items():
+            path = folder / name
+            path.write_bytes(content)
+            os.chmod(path, mode)
+            os.chown(path, uid, gid)
+
+
+def test_k8s_pods_run_in_the_image_as_their_manifests_say(
+    daemon: Daemon, image: str, tls_run: tuple[Config, dict[str, Any]], tmp_path: Path
+) -> None:
+    """No cluster here; the next best thing: each StatefulSet's pod runs in the real image
+    as a container configured from its manifest (its user, read-only root, env, ConfigMap
+    and Secret files, volume claim, wrapper command), reachable under its pod DNS name on
+    an internal network, and the run equals ``simulate``; the readiness probe, run in the
+    container, passes once the peer is done."""
+    import yaml
+
+    from fedcore.runners.k8s import write_k8s
+
+    config, expected = tls_run
+    folder = tmp_path / "k8s"
+    write_k8s(config, folder, image=image)
+    objects = [
+        doc
+        for path in sorted((folder / "k8s").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+    ]
+    service = next(o for o in objects if o["kind"] == "Service")
+    sets = [o for o in objects if o["kind"] == "StatefulSet"]
+    assert sorted(s["metadata"]["name"] for s in sets) == NODES
+    network = f"fck8s-{uuid.uuid4().hex[:8]}"
+    daemon.run("network", "create", "--internal", network)
+    daemon.created.append(("networks", network))
+    containers: dict[str, str] = {}
+    try:
+        for sts in sets:
+            node = sts["metadata"]["name"]
+            pod = sts["spec"]["template"]
+            (container,) = pod["spec"]["containers"]
+            files = tmp_path / "pods" / node
+            _materialize(objects, pod, files)
+            meta = sts["metadata"]
+            dns = f"{node}-0.{service['metadata']['name']}.{meta['namespace']}.svc.cluster.local"
+            assert sts["spec"]["serviceName"] == service["metadata"]["name"]
+            volume = f"{network}-{node}-out"
+            daemon.created.append(("volumes", volume))
+            name = f"{network}-{node}"
+            run = [
+                "run", "--detach", "--name", name, "--hostname", f"{node}-0",
+                "--network", network, "--network-alias", dns,
+                *_pod_container_args(pod, files, volume),
+                "--entrypoint", container["command"][0], image,
+                *container["command"][1:], *container["args"],
+            ]  # fmt: skip
+            daemon.run(*run)
+            containers[node] = name
+
+        def done() -> bool:
+            return all(
+                daemon.run(
+                    "exec", c, "test", "-e", "/fedcore/out/node.json", check=False
+                ).returncode
+                == 0
+                for c in containers.values()
+            )
+
+        def logs() -> str:
+            return "\n".join(daemon.run("logs", c, check=False).stderr for c in containers.values())
+
+        _wait_for("4 pods' peers finishing", done, 240, logs)
+        probe = sets[0]["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+        ready = daemon.run("exec", containers["n0"], *probe["exec"]["command"], check=False)
+        for node, c in containers.items():
+            (folder / "nodes" / node).mkdir(parents=True, exist_ok=True)
+            daemon.run("cp", f"{c}:/fedcore/out/.", str(folder / "nodes" / node))
+        states = [
+            daemon.run("inspect", "-f", "{{.State.Status}}", c).stdout for c in containers.values()
+        ]
+    finally:
+        for c in containers.values():
+            daemon.run("rm", "--force", c, check=False)
+        for kind, name in list(daemon.created):
+            if kind == "volumes" and name.startswith(network):
+                daemon.run("volume", "rm", name, check=False)
+        daemon.run("network", "rm", network, check=False)
+    assert ready.returncode == 0, ready.stderr
+    assert all(s.strip() == "running" for s in states), states  # the wrapper idles when done
     summary = summarize(folder)
     assert summary["status"] == "completed"
     assert summary["params_sha256"] == expected["params_sha256"]

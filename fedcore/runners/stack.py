@@ -78,6 +78,11 @@ HOST_LABEL = "fedcore.host"
 IMAGE_UID = "1000"
 """The image's user ``fedcore`` (nodes/Dockerfile): owner of the mounted secrets."""
 NETWORK = "peers"
+# A swarm routes a service's name to its task only once the task is healthy (with a health
+# check), so peers reach each other only after the first passing check: check every 10 s, not
+# compose's 30 s (measured: 4 peers connected 25 s after serving with 30 s). A check is
+# `fedcore health`, about 0.3 s of CPU.
+_SWARM_HEALTH = {**_HEALTH, "interval": "10s", "start_period": "120s"}
 _SECRET_MODE = 0o400
 _PUBLIC_MODE = 0o444
 
@@ -180,7 +185,7 @@ def stack_document(
                 "--id",
                 n,
             ],
-            **_HEALTH,
+            **_SWARM_HEALTH,
         }
         deploy: dict[str, Any] = {
             "replicas": 1,
