@@ -78,13 +78,22 @@ REPO = Path(__file__).resolve().parents[1]
         "apmsqueeze-topk",
     ],
 )
-def test_launch_matches_simulate_bit_for_bit(tmp_path: Path, overrides: list[str]) -> None:
-    """Transport transparency: identical parameters on every node, strict mode, no faults."""
+def test_launch_matches_simulate_bit_for_bit(
+    tmp_path: Path, overrides: list[str], request: pytest.FixtureRequest
+) -> None:
+    """Transport transparency: identical parameters on every node, strict mode, no faults.
+
+    The first two cases run a process per peer (and two per process); the others host every
+    peer in one process (``peers_per_process``, the same run, tested bit for bit in
+    tests/test_peers_per_process.py), which spares the CI a torch import per peer."""
     config = load_config(
         None, [*overrides, "run.rounds=20", "run.eval_every=10", "simulate.engine=messages"]
     )
+    per_process = {"ops-directed": 1, "dpsgd-undirected": 2}.get(request.node.callspec.id, 64)
     sim = simulate(config, out_dir=tmp_path / "sim", show_progress=False)
-    grpc_run = launch(config, out_dir=tmp_path / "launch", show_progress=False)
+    grpc_run = launch(
+        config, out_dir=tmp_path / "launch", show_progress=False, peers_per_process=per_process
+    )
     assert sim["transport"] == "inproc" and grpc_run["transport"] == "grpc"
     assert grpc_run["params_sha256"] == sim["params_sha256"]
     assert grpc_run["final"]["avg_model_accuracy"] == sim["final"]["avg_model_accuracy"]
@@ -95,7 +104,9 @@ def test_launch_matches_simulate_bit_for_bit(tmp_path: Path, overrides: list[str
     assert kinds.count("node") == 20 * grpc_run["nodes"] and kinds.count("eval") == 2
     assert (tmp_path / "launch" / "curves.png").stat().st_size > 0
     # Each peer tells its log where it serves, its rounds and where its results are.
-    log = (tmp_path / "launch" / "nodes" / "n0" / "node.log").read_text(encoding="utf-8")
+    # (With several peers a process, the log of the process: procs/0.log holds n0's.)
+    logs = tmp_path / "launch" / ("nodes/n0/node.log" if per_process == 1 else "procs/0.log")
+    log = logs.read_text(encoding="utf-8")
     assert "n0: serving on 127.0.0.1:" in log and "n0: connected; running from round 0" in log
     assert "round 20/20" in log and "n0: done after 20 rounds; results: " in log
 
