@@ -59,6 +59,7 @@ def test_launch_with_peers_per_process_matches_simulate(tmp_path: Path) -> None:
     out = tmp_path / "launch"
     grpc_run = launch(config, out_dir=out, progress_stream=said, peers_per_process=4)
     assert grpc_run["params_sha256"] == sim["params_sha256"]
+    assert grpc_run["peers_per_process"] == 4 and "peers_per_process" not in sim
     assert grpc_run["final"] == sim["final"]
     assert _records(out / "metrics.jsonl") == _records(tmp_path / "sim" / "metrics.jsonl")
     procs = json.loads((out / "procs.json").read_text(encoding="utf-8"))

@@ -346,6 +346,7 @@ def launch(
                     status=outcome,
                     error=error,
                     overrides=overrides,
+                    peers_per_process=peers_per_process,
                 )
             except Exception as exc:  # the run's own error says more
                 logger.warning("could not write the summary of the %s run: %s", outcome, exc)
@@ -356,7 +357,9 @@ def launch(
                         f"the results so far are in {out}"
                     ) from None
     wall = time.perf_counter() - began
-    summary = _merge(setup, out, name, wall, dead, overrides=overrides)
+    summary = _merge(
+        setup, out, name, wall, dead, overrides=overrides, peers_per_process=peers_per_process
+    )
     summary["out_dir"] = str(out)
     return summary
 
@@ -419,8 +422,11 @@ def _merge(
     status: str | None = None,
     error: str | None = None,
     overrides: Sequence[str] = (),
+    peers_per_process: int | None = None,
 ) -> dict[str, Any]:
     """Replay the peers' records into the same metrics and summary as ``simulate``.
+
+    ``peers_per_process`` (a ``launch``'s; None for peers that ran elsewhere) is recorded.
 
     A peer that died or stopped (``dead``: id -> exit status, None where unknown) is
     counted as down from the round after its last record up to the last round any peer
@@ -494,7 +500,11 @@ def _merge(
         transport="grpc",
         wall_seconds=spent if wall is None else wall,
         final_params=models,
-        extra={"peer_exits": exits, "overrides": list(overrides)},
+        extra={
+            "peer_exits": exits,
+            "overrides": list(overrides),
+            **({} if peers_per_process is None else {"peers_per_process": peers_per_process}),
+        },
         status=status,
         error=error,
     )
