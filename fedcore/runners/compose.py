@@ -306,12 +306,14 @@ def compose_document(
     return {"services": services}
 
 
-def _container_config(config: Config) -> dict[str, dict[str, Any]]:
+def _container_config(config: Config, certs: str = _CERTS) -> dict[str, dict[str, Any]]:
+    """The config's tables as a container reads them: the graph file at
+    ``topology/<file>`` (relative to the config) and the certificates in ``certs``."""
     tables = config_to_dict(config)
     if config.topology.file:
         tables["topology"]["file"] = f"{_GRAPHS}/{Path(config.topology.file).name}"
     if config.transport.tls_dir is not None:
-        tables["transport"]["tls"] = {"dir": _CERTS}
+        tables["transport"]["tls"] = {"dir": certs}
     return tables
 
 

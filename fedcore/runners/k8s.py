@@ -94,10 +94,10 @@ from typing import Any
 
 import fedcore
 from fedcore.certs import load_tls
-from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.config import Config, dumps_toml
 from fedcore.errors import ConfigError
 from fedcore.ids import child_path, clip
-from fedcore.runners.compose import DEFAULT_IMAGE, DEFAULT_PORT, _tls_files
+from fedcore.runners.compose import DEFAULT_IMAGE, DEFAULT_PORT, _container_config, _tls_files
 from fedcore.runners.network import prepare_run
 from fedcore.runners.yamlout import dumps_yaml
 
@@ -311,12 +311,7 @@ def _meta(name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any
 
 def _pod_config(config: Config) -> dict[str, dict[str, Any]]:
     """The config tables a pod reads: the graph file and certificates relative to it."""
-    tables = config_to_dict(config)
-    if config.topology.file:
-        tables["topology"]["file"] = f"{_GRAPHS}/{Path(config.topology.file).name}"
-    if config.transport.tls_dir is not None:
-        tables["transport"]["tls"] = {"dir": _CERTS}
-    return tables
+    return _container_config(config, certs=_CERTS)
 
 
 def _probe(node: str, port: int, timing: Mapping[str, int]) -> dict[str, Any]:
