@@ -261,6 +261,27 @@ def _check_peers(
         raise ConfigError(f"the roster has no address for {', '.join(sorted(missing))}.")
 
 
+def _prepare(
+    config: Config,
+    node_ids: Sequence[str],
+    outs: Mapping[str, Path],
+    roster: Mapping[str, str],
+    listen: Mapping[str, str],
+) -> RunSetup:
+    """The run's set-up for the peers ``node_ids`` (checked by :func:`_check_peers`); each
+    peer's stage (in ``outs[id]``) is ``preparing`` meanwhile, ``failed`` if it fails."""
+    for n in node_ids:
+        write_stage(outs[n], "preparing")
+    try:
+        setup = prepare_run(config)
+        _check_peers(setup, node_ids, roster, listen)
+    except BaseException:
+        for n in node_ids:
+            write_stage(outs[n], "failed")
+        raise
+    return setup
+
+
 async def run_peer(
     config: Config,
     node_id: str,
@@ -278,13 +299,7 @@ async def run_peer(
     say there what it does: where it serves, whom it waits for, its rounds (a progress
     line) and where its results are.
     """
-    write_stage(out, "preparing")
-    try:
-        setup = prepare_run(config)
-        _check_peers(setup, [node_id], roster, {node_id: listen} if listen else {})
-    except BaseException:
-        write_stage(out, "failed")
-        raise
+    setup = _prepare(config, [node_id], {node_id: out}, roster, {node_id: listen} if listen else {})
     return await _serve_and_run(
         setup, node_id, roster, out=out, listen=listen, resume=resume, stream=progress_stream
     )
@@ -330,15 +345,7 @@ async def run_peers(
             progress_stream=progress_stream,
         )
         return {only: info}
-    for n in ids:
-        write_stage(outs[n], "preparing")
-    try:
-        setup = prepare_run(config)
-        _check_peers(setup, ids, roster, chosen)
-    except BaseException:
-        for n in ids:
-            write_stage(outs[n], "failed")
-        raise
+    setup = _prepare(config, ids, outs, roster, chosen)
     group = (
         _GroupProgress(config.run.rounds, ids, progress_stream)
         if progress_stream is not None
