@@ -65,7 +65,9 @@ __all__ = [
     "DEFAULT_PORT",
     "compose_document",
     "dumps_yaml",
+    "health_args",
     "installed_from",
+    "peer_args",
     "source_root",
     "write_compose",
 ]
@@ -240,6 +242,20 @@ def _tls_files(config: Config, nodes: Sequence[str], chosen: Sequence[str]) -> d
     return {name: folder / name for name in names}
 
 
+def peer_args(node: str, port: int) -> list[str]:
+    """``fedcore node ...`` of ``node`` in a container (without the ``fedcore``): the
+    mounted config and roster, listening on ``port``, ``/fedcore/out``, ``--resume``."""
+    return [
+        "node", "--config", _CONFIG, "--id", node, "--roster", _ROSTER,
+        "--listen", f"0.0.0.0:{port}", "--out", _OUT, "--resume",
+    ]  # fmt: skip
+
+
+def health_args(node: str, port: int) -> list[str]:
+    """The container's health check of ``node``: ``fedcore health`` of its own server."""
+    return ["fedcore", "health", f"127.0.0.1:{port}", "--config", _CONFIG, "--id", node]
+
+
 def compose_document(
     config: Config,
     nodes: Sequence[str],
@@ -281,27 +297,12 @@ def compose_document(
         # HOME for a user id the image does not know (caches of matplotlib, torch).
         service["environment"] = {"HOME": "/tmp", "PYTHONUNBUFFERED": "1"}
         service["entrypoint"] = ["fedcore"]
-        service["command"] = [
-            "node", "--config", _CONFIG, "--id", n, "--roster", _ROSTER,
-            "--listen", f"0.0.0.0:{port}", "--out", _OUT, "--resume",
-        ]  # fmt: skip
+        service["command"] = peer_args(n, port)
         service["restart"] = "on-failure"
         service["volumes"] = volumes
         if publish:
             service["ports"] = [f"{port}:{port}"]
-        service["healthcheck"] = {
-            "test": [
-                "CMD",
-                "fedcore",
-                "health",
-                f"127.0.0.1:{port}",
-                "--config",
-                _CONFIG,
-                "--id",
-                n,
-            ],
-            **_HEALTH,
-        }
+        service["healthcheck"] = {"test": ["CMD", *health_args(n, port)], **_HEALTH}
         services[n] = service
     return {"services": services}
 

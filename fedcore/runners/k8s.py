@@ -97,7 +97,18 @@ from fedcore.certs import load_tls
 from fedcore.config import Config, dumps_toml
 from fedcore.errors import ConfigError
 from fedcore.ids import child_path, clip
-from fedcore.runners.compose import DEFAULT_IMAGE, DEFAULT_PORT, _container_config, _tls_files
+from fedcore.runners.compose import (
+    _CONFIG,
+    _OUT,
+    _ROSTER,
+    CONTAINER_ROOT,
+    DEFAULT_IMAGE,
+    DEFAULT_PORT,
+    _container_config,
+    _tls_files,
+    health_args,
+    peer_args,
+)
 from fedcore.runners.network import prepare_run
 from fedcore.runners.yamlout import dumps_yaml
 
@@ -119,10 +130,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_NAME = "fedcore"
 DEFAULT_NAMESPACE = "default"
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
-CONTAINER_ROOT = "/fedcore"
-_CONFIG = f"{CONTAINER_ROOT}/config.toml"
-_ROSTER = f"{CONTAINER_ROOT}/roster.json"
-_OUT = f"{CONTAINER_ROOT}/out"
 _DONE = f"{_OUT}/node.json"  # written by a peer at the end of its run
 _GRAPHS = "topology"  # relative to the config file: /fedcore/topology in a pod, DIR/topology
 _CERTS = "certs"  # relative to the config file, as _GRAPHS
@@ -315,7 +322,7 @@ def _pod_config(config: Config) -> dict[str, dict[str, Any]]:
 
 
 def _probe(node: str, port: int, timing: Mapping[str, int]) -> dict[str, Any]:
-    health = ["fedcore", "health", f"127.0.0.1:{port}", "--config", _CONFIG, "--id", node]
+    health = health_args(node, port)
     return {"exec": {"command": ["/bin/sh", "-c", PROBE_WRAPPER, "probe", *health]}, **timing}
 
 
@@ -332,11 +339,7 @@ def _statefulset(
     tls: bool,
 ) -> dict[str, Any]:
     labels = _labels(name, node)
-    peer = [
-        "fedcore", "node", "--config", _CONFIG, "--id", node, "--roster", _ROSTER,
-        "--listen", f"0.0.0.0:{port}", "--out", _OUT, "--resume",
-        "--threads", str(resources.threads()),
-    ]  # fmt: skip
+    peer = ["fedcore", *peer_args(node, port), "--threads", str(resources.threads())]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": _CONFIG, "subPath": "config.toml", "readOnly": True},
         {"name": "config", "mountPath": _ROSTER, "subPath": "roster.json", "readOnly": True},

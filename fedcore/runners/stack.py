@@ -66,6 +66,8 @@ from fedcore.runners.compose import (
     _container_config,
     _copy,
     _tls_files,
+    health_args,
+    peer_args,
 )
 from fedcore.runners.network import prepare_run
 
@@ -145,20 +147,7 @@ def stack_document(
             "working_dir": CONTAINER_ROOT,
             "environment": {"HOME": "/tmp", "PYTHONUNBUFFERED": "1"},
             "entrypoint": ["fedcore"],
-            "command": [
-                "node",
-                "--config",
-                _CONFIG,
-                "--id",
-                n,
-                "--roster",
-                _ROSTER,
-                "--listen",
-                f"0.0.0.0:{port}",
-                "--out",
-                _OUT,
-                "--resume",
-            ],
+            "command": peer_args(n, port),
             "networks": [NETWORK],
             "volumes": [f"{n}-out:{_OUT}"],
             "configs": mounted,
@@ -174,19 +163,7 @@ def stack_document(
                 }
                 for file in ("ca.crt", f"{n}.crt", f"{n}.key")
             ]
-        service["healthcheck"] = {
-            "test": [
-                "CMD",
-                "fedcore",
-                "health",
-                f"127.0.0.1:{port}",
-                "--config",
-                _CONFIG,
-                "--id",
-                n,
-            ],
-            **_SWARM_HEALTH,
-        }
+        service["healthcheck"] = {"test": ["CMD", *health_args(n, port)], **_SWARM_HEALTH}
         deploy: dict[str, Any] = {
             "replicas": 1,
             "restart_policy": {"condition": "on-failure", "delay": "2s", "window": "30s"},
