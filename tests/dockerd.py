@@ -94,7 +94,7 @@ class Daemon:
         found = {
             "containers": self.lines("ps", "-aq"),
             "volumes": self.lines("volume", "ls", "-q"),
-            # The networks every daemon has, and swarm's own while a swarm is on.
+            # Less the networks every daemon has.
             "networks": [n for n in networks if n not in ("bridge", "host", "none")],
             "images": self.lines("image", "ls", "-q"),
         }
