@@ -62,8 +62,10 @@ DEADLINE = [
     "algorithm.name=dpsgd",
     "topology.kind=ring",
     "topology.nodes=3",
-    "run.rounds=60",
-    "run.eval_every=10",
+    # Rounds take milliseconds once every peer is up: enough of them that the crash at
+    # round 12 lands well before the end (with 60, a fast machine finished first).
+    "run.rounds=300",
+    "run.eval_every=100",
     "run.checkpoint_every=5",
     "transport.mode=deadline",
     # 1 s: a loaded machine must not make the healthy rounds miss messages too.
@@ -186,6 +188,8 @@ def test_compose_peer_crash_restarts_and_resumes(
             lambda: _compose(daemon, folder, "logs", "--no-color"),
         )
         pid = int(daemon.run("inspect", "--format", "{{.State.Pid}}", container).stdout)
+        assert pid > 0, "n1's container is not running"  # (never os.kill(0): our own group)
+        assert not (folder / "nodes" / "n1" / "node.json").exists(), "n1 finished already"
         os.kill(pid, signal.SIGKILL)  # the peer crashes; its container exits with 137
         _wait_for(
             "the run finishing after n1's restart",
@@ -203,7 +207,7 @@ def test_compose_peer_crash_restarts_and_resumes(
         json.loads(line)["round"]
         for line in (folder / "nodes" / "n1" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert rounds == list(range(60))  # every round once: those after the checkpoint re-ran
+    assert rounds == list(range(300))  # every round once: those after the checkpoint re-ran
     summary = summarize(folder)
     assert summary["status"] == "completed"
     missing = summary["faults"]["missing_per_edge"]
