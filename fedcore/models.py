@@ -26,6 +26,7 @@ from torch.nn import functional
 from fedcore.config import MAX_PARAMETERS
 from fedcore.data import refused_arguments, resolve_factory
 from fedcore.errors import DataError, FedcoreError
+from fedcore.gradients import RowGradient
 from fedcore.ids import error_text
 
 __all__ = [
@@ -185,9 +186,22 @@ class Objective:
         module: The model. It is taken over: its parameters become views into a
             private flat buffer, so give each node its own module.
         dtype: Parameter dtype (``torch.float32`` or ``torch.float64``).
+        gradient_mode: How :attr:`rows` computes (:data:`~fedcore.gradients.GRADIENT_MODES`);
+            ``None``: decide (by probing ``sample`` if given).
+        sample: A few training examples to decide the gradient mode on.
+
+    The loss and gradient go through :attr:`rows` (:class:`~fedcore.gradients.RowGradient`),
+    the code the vectorized engine runs on all its peers at once, here on one row.
     """
 
-    def __init__(self, module: nn.Module, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        dtype: torch.dtype = torch.float32,
+        *,
+        gradient_mode: str | None = None,
+        sample: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         """Move ``module`` onto flat parameter and gradient buffers."""
         module.to(dtype)
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
@@ -215,21 +229,40 @@ class Objective:
                 p.data = self._flat[offset : offset + n].view_as(p)
                 p.grad = self._grad[offset : offset + n].view_as(p)
                 offset += n
+        initial = self._flat.clone()  # the mode probe loads other parameters
+        self.rows = RowGradient(
+            module, dtype, self.module_loss_and_grad, mode=gradient_mode, sample=sample
+        )
+        with torch.no_grad():
+            self._flat.copy_(initial)
 
     def initial_params(self) -> torch.Tensor:
         """A copy of the module's parameters at construction, flattened."""
         return self._flat.clone()
 
-    def _load(self, params: torch.Tensor) -> None:
+    def _check(self, params: torch.Tensor) -> None:
         if params.shape != (self.numel,):
             raise DataError(f"expected {self.numel} parameters, got shape {tuple(params.shape)}.")
+
+    def _load(self, params: torch.Tensor) -> None:
+        self._check(params)
         with torch.no_grad():
             self._flat.copy_(params)
 
     def loss_and_grad(
         self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[float, torch.Tensor]:
-        """Mean cross-entropy on ``(x, y)`` at ``params`` and its gradient (a new tensor)."""
+        """Mean cross-entropy on ``(x, y)`` at ``params`` and its gradient (a new tensor),
+        through :attr:`rows`: the one gradient path every engine shares, on one row."""
+        self._check(params)
+        losses, grads = self.rows.loss_and_grad(params.unsqueeze(0), x.unsqueeze(0), y.unsqueeze(0))
+        return float(losses[0]), grads[0]
+
+    def module_loss_and_grad(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[float, torch.Tensor]:
+        """The same through the module's own forward and backward (the reference the row
+        path is checked against, and the row path of a model vmap cannot map)."""
         self._load(params)
         self._grad.zero_()
         if not self._training:

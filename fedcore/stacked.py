@@ -2,12 +2,10 @@
 
 * :class:`StackedObjective`: the loss and gradient of ``N`` models in one call, from their
   parameters stacked as ``[N, d]`` (each row the flat vector a per-node
-  :class:`~fedcore.models.Objective` holds). It maps ``torch.func.grad`` over the rows with
-  ``vmap`` and ``functional_call``, for every model vmap can handle (the built-in ones and
-  most user models). A model it cannot handle (an in-place buffer update such as
-  BatchNorm's running statistics, data-dependent control flow, its own randomness) falls
-  back to one module per node whose flat parameters are loaded row by row: slower, the
-  same numbers. :attr:`StackedObjective.mode` says which, and :attr:`why` why.
+  :class:`~fedcore.models.Objective` holds), through the same
+  :class:`~fedcore.gradients.RowGradient` code a peer runs on its one row; and every
+  row's accuracy. :attr:`StackedObjective.mode` says how the run computes gradients
+  (batched layers, vmap, or the module row by row), and :attr:`why` why.
 * :class:`StackedBatches`: every node's next minibatch as index tensors, drawing exactly
   the batches :class:`~fedcore.data.BatchStream` draws for the same seed (the same
   per-node generator, called only when a node starts an epoch), so both engines train on
@@ -22,11 +20,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.nn import functional
 
 from fedcore.config import ORDERS
 from fedcore.errors import DataError
-from fedcore.ids import error_text
+from fedcore.gradients import RowGradient
 from fedcore.models import Objective
 
 __all__ = ["StackedBatches", "StackedObjective"]
@@ -44,12 +41,11 @@ class StackedObjective:
     """Loss, gradient and accuracy of ``N`` stacked models (see the module docstring).
 
     Args:
-        make: A fresh per-node objective (the run's model, same initialization).
+        make: A fresh per-node objective (the run's model, same initialization, and the
+            run's gradient mode).
         device: Where the stacked parameters and batches live.
-        sample: A few training examples ``(x, y)`` (at least 6) to check vmap's gradients
-            against the module's own.
-        evaluator: The run's evaluating objective, which the per-node fallback evaluates
-            every node's model with (as the message engine does; a model's buffers, such as
+        evaluator: The run's evaluating objective, which mode ``"module"`` evaluates every
+            node's model with (as the message engine does; a model's buffers, such as
             BatchNorm statistics, are then the evaluator's).
     """
 
@@ -57,114 +53,29 @@ class StackedObjective:
         self,
         make: Callable[[], Objective],
         device: torch.device,
-        sample: tuple[torch.Tensor, torch.Tensor],
         evaluator: Objective | None = None,
     ) -> None:
-        """Take the model's parameter layout from one objective and probe vmap on it."""
+        """Take the model's layout and the run's gradient mode from one objective."""
         self._make = make
         self.device = device
         template = self._build()
         self.dtype = template.dtype
         self.numel = template.numel
-        module = template.module.to(device)
-        self.module = module
-        self._layout = [
-            (name, tuple(p.shape), p.numel())
-            for name, p in module.named_parameters()
-            if p.requires_grad
-        ]
-        self._buffers = dict(module.named_buffers())
-        self._offsets: dict[str, int] = {}
-        offset = 0
-        for name, _, n in self._layout:
-            self._offsets[name] = offset
-            offset += n
-        self._layers = _batchable_layers(module)
-        self._fallback: list[Objective] = []
+        self.mode = template.rows.mode
+        self.why = (evaluator or template).rows.why  # the run decided on the evaluator
         self._evaluator = evaluator
-        self.mode = "batched" if self._layers is not None else "vmap"
-        self.why = ""
-        self._grad = torch.func.vmap(
-            torch.func.grad_and_value(self._loss), in_dims=(0, 0, 0), randomness="error"
-        )
-        self._masked_grad = torch.func.vmap(
-            torch.func.grad_and_value(self._masked_loss), in_dims=(0, 0, 0, 0), randomness="error"
-        )
-        self._logits = torch.func.vmap(self._forward, in_dims=(0, None), randomness="error")
-        self._probe(self._build(), sample)
-
-    def _unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        offset = 0
-        for name, shape, n in self._layout:
-            out[name] = flat[offset : offset + n].view(shape)
-            offset += n
-        return out
-
-    def _forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        params = self._unflatten(flat)
-        result: torch.Tensor = torch.func.functional_call(
-            self.module, (params, self._buffers), (x.to(self.dtype),)
-        )
-        return result
-
-    def _loss(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return functional.cross_entropy(self._forward(flat, x), y)
-
-    def _masked_loss(
-        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """The mean loss over the examples ``mask`` keeps (padding rows count nothing)."""
-        losses = functional.cross_entropy(self._forward(flat, x), y, reduction="none")
-        return (losses * mask).sum() / mask.sum()
-
-    def _probe(self, reference: Objective, sample: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Compare the stacked gradients with a per-node objective (on the CPU) at two
-        parameter rows on ``sample``: the batched layers if the model is made of them, else
-        vmap; fall back to vmap, then to one module per node, on any failure or
-        disagreement."""
-        if self.mode == "batched":
-            self._compare(reference, sample)
-            if self.mode == "batched":
-                return
-            self.mode = "vmap"
-        self._compare(reference, sample)
-
-    def _compare(self, reference: Objective, sample: tuple[torch.Tensor, torch.Tensor]) -> None:
-        gen = torch.Generator().manual_seed(0)
-        rows = reference.initial_params().unsqueeze(0).repeat(2, 1)
-        rows[1] += 0.01 * torch.randn(rows.shape[1], generator=gen, dtype=rows.dtype, device=_CPU)
-        try:
-            if len(sample[1]) < 6:
-                raise DataError("fewer than 6 examples to compare gradients on")
-            x = sample[0][:6].reshape(2, 3, *sample[0].shape[1:])
-            y = sample[1][:6].reshape(2, 3)
-            losses, grads = self.loss_and_grad(
-                rows.to(self.device), x.to(self.device), y.to(self.device)
+        if self.mode == "module":
+            self.rows = template.rows
+        else:
+            module = self._build().module.to(device)
+            self.rows = RowGradient(
+                module, self.dtype, template.module_loss_and_grad, mode=self.mode
             )
-            for i in range(2):
-                loss, grad = reference.loss_and_grad(rows[i], x[i], y[i])
-                if not torch.allclose(grads[i].cpu(), grad, rtol=1e-4, atol=1e-6) or abs(
-                    float(losses[i]) - loss
-                ) > 1e-4 * max(1.0, abs(loss)):
-                    raise DataError("vmap's gradient differs from the module's own")
-        except Exception as exc:  # any model vmap cannot map: the per-node fallback
-            if self.mode == "batched":
-                self.mode = "vmap-next"  # try vmap before giving up
-                return
-            self.mode = "per-node"
-            self.why = error_text(exc)
-            logger.info("stacked gradients: one module per node (%s)", self.why)
 
     def _build(self) -> Objective:
         """A per-node objective, built on the CPU (as the message engine builds it)."""
         with torch.device("cpu"):
             return self._make()
-
-    def _objectives(self, n: int) -> list[Objective]:
-        while len(self._fallback) < n:
-            self._fallback.append(self._build())
-        return self._fallback
 
     def loss_and_grad(
         self,
@@ -173,83 +84,15 @@ class StackedObjective:
         y: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-row mean cross-entropy ``[M]`` and gradient ``[M, d]`` of ``params [M, d]``
-        on batches ``x [M, B, ...]``, ``y [M, B]``; ``mask [M, B]`` (1 or 0) marks the
-        examples of rows whose batches are shorter than ``B``."""
-        if self.mode == "batched":
-            return self._batched_loss_and_grad(params, x, y, mask)
-        if self.mode == "vmap":
-            self.module.train()
-            if mask is None:
-                grads, losses = self._grad(params, x, y)
-            else:
-                grads, losses = self._masked_grad(params, x, y, mask.to(self.dtype))
-            return losses.detach(), grads.detach()
-        if mask is not None:
-            counts = mask.sum(dim=1).to(torch.long).tolist()
-            return self._per_node(params, [(x[i, :c], y[i, :c]) for i, c in enumerate(counts)])
-        return self._per_node(params, [(x[i], y[i]) for i in range(x.shape[0])])
-
-    def _batched_forward(
-        self, params: torch.Tensor, x: torch.Tensor, shared_input: bool = False
-    ) -> torch.Tensor:
-        """Logits ``[M, B, C]`` of ``M`` stacked models of Flatten/Linear/ReLU layers on
-        ``x`` (``[M, B, ...]``, or ``[B, ...]`` shared by every row), as batched matmuls."""
-        assert self._layers is not None
-        m = params.shape[0]
-        h = x.to(self.dtype)
-        lead = 2 if shared_input is False else 1  # dims before a per-example feature
-        for prefix, layer in self._layers:
-            if isinstance(layer, torch.nn.Flatten):
-                h = h.flatten(lead, -1) if h.dim() > lead + 1 else h
-            elif isinstance(layer, torch.nn.Linear):
-                lead = 2
-                start = self._offsets[f"{prefix}weight"]
-                size = layer.out_features * layer.in_features
-                weight = params[:, start : start + size].view(m, layer.out_features, -1)
-                h = torch.matmul(h, weight.transpose(1, 2))
-                if layer.bias is not None:
-                    start = self._offsets[f"{prefix}bias"]
-                    h = h + params[:, start : start + layer.out_features].unsqueeze(1)
-            else:
-                h = torch.relu(h)
-        return h
-
-    def _batched_loss_and_grad(
-        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        p = params.detach().requires_grad_(True)
-        with torch.enable_grad():
-            logits = self._batched_forward(p, x)
-            classes = logits.shape[-1]
-            ce = functional.cross_entropy(
-                logits.reshape(-1, classes), y.reshape(-1), reduction="none"
-            ).view(y.shape)
-            if mask is None:
-                losses = ce.mean(dim=1)
-            else:
-                weight = mask.to(ce.dtype)
-                losses = (ce * weight).sum(dim=1) / weight.sum(dim=1)
-            (grad,) = torch.autograd.grad(losses.sum(), p)
-        return losses.detach(), grad
-
-    def _per_node(
-        self, params: torch.Tensor, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        objectives = self._objectives(params.shape[0])
-        losses_out = torch.empty(params.shape[0], dtype=torch.float64, device=_CPU)
-        grads_out = torch.empty_like(params)
-        for i, (x, y) in enumerate(batches):
-            loss, grad = objectives[i].loss_and_grad(params[i].cpu(), x.cpu(), y.cpu())
-            losses_out[i] = loss
-            grads_out[i] = grad.to(params.device)
-        return losses_out.to(params.device), grads_out
+        """Per-row mean cross-entropy ``[M]`` and gradient ``[M, d]``
+        (:meth:`~fedcore.gradients.RowGradient.loss_and_grad`)."""
+        return self.rows.loss_and_grad(params, x, y, mask)
 
     @torch.no_grad()
     def accuracy(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Accuracy ``[M]`` (float64) of every row of ``params`` on the test set ``(x, y)``."""
         out = torch.empty(params.shape[0], dtype=torch.float64, device=params.device)
-        if self.mode != "vmap":
+        if self.mode == "module":
             # As the message engine evaluates: with the run's evaluator for every node.
             if self._evaluator is None:
                 self._evaluator = self._build()
@@ -257,41 +100,16 @@ class StackedObjective:
             for i in range(params.shape[0]):
                 out[i] = objective.evaluate(params[i].cpu(), x.cpu(), y.cpu())[1]
             return out
-        self.module.eval()
-
-        def forward(rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            if self.mode == "batched":
-                return self._batched_forward(rows, x, shared_input=True)
-            logits: torch.Tensor = self._logits(rows, x)
-            return logits
-
         step = 1  # one row first, to learn the number of classes
         start = 0
         while start < params.shape[0]:
             rows = params[start : start + step]
-            logits = forward(rows, x)
+            logits = self.rows.logits(rows, x)
             hits = (logits.argmax(dim=-1) == y).to(torch.float64)
             out[start : start + rows.shape[0]] = hits.mean(dim=1)
             start += rows.shape[0]
             step = max(1, _EVAL_CHUNK // max(1, len(y) * int(logits.shape[-1])))
         return out
-
-
-def _batchable_layers(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]] | None:
-    """``(parameter-name prefix, layer)`` of a ``Sequential`` of only ``Flatten`` (default
-    dims), ``Linear`` and ``ReLU`` layers (the built-in logreg and mlp), else None."""
-    if not isinstance(module, torch.nn.Sequential):
-        return None
-    layers = []
-    for name, layer in module.named_children():
-        flatten = isinstance(layer, torch.nn.Flatten) and (layer.start_dim, layer.end_dim) == (
-            1,
-            -1,
-        )
-        if not (flatten or isinstance(layer, torch.nn.Linear | torch.nn.ReLU)):
-            return None
-        layers.append((f"{name}.", layer))
-    return layers
 
 
 class StackedBatches:

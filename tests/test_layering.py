@@ -22,6 +22,7 @@ LAYERS = {
     "data": 1,
     "streams": 1,
     "models": 1,
+    "gradients": 1,
     "stacked": 1,
     "metrics": 1,
     "progress": 1,

@@ -1,8 +1,11 @@
 """The vectorized engine against the message engine, over the whole algorithm registry.
 
 For every registered algorithm, a few codecs and fault plans, on small random graphs, the
-two engines must end 20 rounds with the same parameters (float32 summation order aside:
-1e-5 relative), identical traffic and fault counts, and accuracies within one test sample.
+two engines must end 20 rounds with bit-identical parameters, identical traffic and fault
+counts, and accuracies within one test sample. The parameters hold by construction: one
+gradient path (:mod:`fedcore.gradients`, whose batch-invariance ``tests/test_gradients.py``
+checks) and mixing sums in the per-node inbox order; ``.ci/run`` runs these tests under
+a second, forced kernel level too.
 """
 
 from __future__ import annotations
@@ -99,8 +102,7 @@ def run_both(config: Config) -> tuple[tuple[RunObserver, Any], tuple[RunObserver
 def assert_same_run(config: Config) -> None:
     """Both engines agree on parameters, traffic, faults and accuracy."""
     (slow, a), (fast, b) = run_both(config)
-    scale = a.abs().max().clamp(min=1.0)
-    assert float((a - b).abs().max() / scale) < 1e-5
+    assert torch.equal(a, b), float((a - b).abs().max() / a.abs().max().clamp(min=1.0))
     assert slow.totals == fast.totals
     assert slow.missing == fast.missing
     assert slow.missing_edges == fast.missing_edges
@@ -253,7 +255,7 @@ def test_a_model_vmap_cannot_map_falls_back_to_one_module_per_node(
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     config = _config("dpsgd", "fp32", True, "model.name=tests.test_vectorized:batchnorm_model")
     net = VectorizedNetwork(prepare_run(config), device=torch.device("cpu"))
-    assert net.objective.mode == "per-node" and net.objective.why
+    assert net.objective.mode == "module" and net.objective.why
     assert_same_run(config)
 
 

@@ -351,8 +351,12 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-def make_objective(config: Config, dataset: Dataset) -> Objective:
-    """The configured model, initialized from ``run.seed``, as a flat-parameter objective."""
+def make_objective(config: Config, dataset: Dataset, gradient_mode: str | None = None) -> Objective:
+    """The configured model, initialized from ``run.seed``, as a flat-parameter objective.
+
+    ``gradient_mode`` (:data:`~fedcore.gradients.GRADIENT_MODES`): how its gradients are
+    computed; ``None`` decides it on the first training examples (once a run: every peer
+    and engine then reuses the run's decision, :meth:`RunSetup.objective`)."""
     options = dict(config.model.options)
     if config.model.name in ("mlp", "cnn1d"):
         options["hidden"] = config.model.hidden
@@ -363,7 +367,10 @@ def make_objective(config: Config, dataset: Dataset) -> Objective:
         seed=config.run.seed,
         **options,
     )
-    return Objective(module, _DTYPES[config.model.dtype])
+    sample = None if gradient_mode is not None else (dataset.x_train[:6], dataset.y_train[:6])
+    return Objective(
+        module, _DTYPES[config.model.dtype], gradient_mode=gradient_mode, sample=sample
+    )
 
 
 @dataclass(slots=True)
@@ -388,8 +395,9 @@ class RunSetup:
     source: OnlineSource | None = None
 
     def objective(self) -> Objective:
-        """A fresh model (same initialization on every call) as a flat-parameter objective."""
-        return make_objective(self.config, self.dataset)
+        """A fresh model (same initialization on every call) as a flat-parameter objective,
+        computing its gradients as the run decided (:attr:`evaluator`'s mode)."""
+        return make_objective(self.config, self.dataset, self.evaluator.rows.mode)
 
     @property
     def layers(self) -> tuple[int, ...]:

@@ -184,9 +184,8 @@ class VectorizedNetwork:
         self.phases: list[list[_Phase]] = [
             [self._phase(p, g) for p in range(self.form.phases)] for g in self.graphs
         ]
-        sample = (setup.dataset.x_train[:6], setup.dataset.y_train[:6])
-        self.objective = StackedObjective(setup.objective, device, sample, setup.evaluator)
-        if self.objective.mode == "per-node":
+        self.objective = StackedObjective(setup.objective, device, setup.evaluator)
+        if self.objective.mode == "module":
             logger.warning(
                 "vectorized engine: the model's gradients are computed node by node (%s)",
                 self.objective.why,

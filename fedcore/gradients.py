@@ -1,0 +1,302 @@
+"""One gradient path for every engine: the loss and gradient of ``M`` stacked copies of a model.
+
+A gRPC peer and the message engine call :meth:`RowGradient.loss_and_grad` with one row
+(``M = 1``); the vectorized engine calls it with every up peer's row (``M = N``). Both run
+the same code, so they agree exactly when the kernels it uses give each row the same bits
+whatever ``M`` is (*batch-invariance*). Three ways to compute, chosen once per run
+(:attr:`RowGradient.mode`):
+
+* ``"batched"``: a ``Sequential`` of ``Flatten``, ``Linear`` and ``ReLU`` layers (the
+  built-in ``logreg`` and ``mlp``) as batched matrix products over the peer axis, backward
+  by autograd. Bit-identical rows for every ``M`` on any CPU, given what it relies on:
+
+  - ``torch.matmul`` of ``[M, B, k] x [M, k, n]`` computes each row's product as its own
+    GEMM, and with ``M >= 2`` torch splits the work over rows, so no GEMM is split across
+    threads. A single row (``M = 1``) is therefore computed with one intra-op thread
+    (:func:`one_thread`): with two threads MKL splits one GEMM and rounds differently.
+  - A batch of one example would make the products matrix-vector ones, which MKL's
+    SSE4.2 kernels round differently by memory alignment; a batch of one is computed as
+    two examples, the second a copy with weight 0, which adds exact zeros to every sum.
+  - Elementwise ops (ReLU, the bias add), the softmax cross-entropy over the classes of
+    one example, and the sum over a row's examples (the bias gradient) are computed per
+    row in the same order for every ``M``.
+
+  ``tests/test_gradients.py`` checks these under every kernel level CI forces
+  (``ATEN_CPU_CAPABILITY`` and ``MKL_ENABLE_INSTRUCTIONS``), and one and two threads.
+* ``"vmap"``: any other model ``torch.func.vmap`` can map. Not batch-invariant: vmap runs a
+  convolution of ``M`` rows as one grouped convolution, whose rounding depends on ``M``.
+  The engines agree to float32 rounding (about 1e-6 relative after one step), not bits.
+* ``"module"``: a model vmap cannot map (BatchNorm's running statistics, data-dependent
+  control flow, its own randomness): the module's own forward and backward, one row at a
+  time, with one thread. Bit-identical on both engines, and slow at many rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.nn import functional
+
+from fedcore.errors import DataError
+from fedcore.ids import error_text
+
+__all__ = ["GRADIENT_MODES", "RowGradient", "one_thread"]
+
+logger = logging.getLogger(__name__)
+
+GRADIENT_MODES = ("batched", "vmap", "module")
+
+RowFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[float, torch.Tensor]]
+"""One row's ``(loss, gradient)`` at flat parameters ``[d]`` on ``x [B, ...]``, ``y [B]``."""
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block with one intra-op thread (then restore the count)."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class RowGradient:
+    """Loss and gradient of stacked flat-parameter rows of one model (see the module
+    docstring).
+
+    Args:
+        module: The model (its parameter values are not read: rows replace them).
+        dtype: Parameter dtype.
+        module_row: The module's own ``(loss, gradient)`` of one row (mode ``"module"``
+            and the reference the others are checked against).
+        mode: Use this mode (a run decides once, :func:`fedcore.runners.network.prepare_run`,
+            and every peer and engine reuses it); ``None``: decide, by probing ``sample``
+            if given, else ``"batched"`` where the layers allow and ``"module"`` otherwise.
+        sample: A few training examples ``(x, y)`` (at least 6) to check the stacked
+            gradients against ``module_row`` on.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        dtype: torch.dtype,
+        module_row: RowFn,
+        *,
+        mode: str | None = None,
+        sample: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """Take the parameter layout; decide the mode."""
+        self.module = module
+        self.dtype = dtype
+        self._module_row = module_row
+        self._layout = [
+            (name, tuple(p.shape), p.numel())
+            for name, p in module.named_parameters()
+            if p.requires_grad
+        ]
+        self.numel = sum(n for _, _, n in self._layout)
+        self._buffers = dict(module.named_buffers())
+        self._offsets: dict[str, int] = {}
+        offset = 0
+        for name, _, n in self._layout:
+            self._offsets[name] = offset
+            offset += n
+        self._layers = _batchable_layers(module)
+        self._grad = torch.func.vmap(
+            torch.func.grad_and_value(self._loss), in_dims=(0, 0, 0), randomness="error"
+        )
+        self._logits = torch.func.vmap(self._forward, in_dims=(0, None), randomness="error")
+        self.why = ""
+        if mode is not None:
+            if mode not in GRADIENT_MODES or (mode == "batched" and self._layers is None):
+                raise DataError(f"gradient mode {mode!r} does not fit this model.")
+            self.mode = mode
+        elif sample is None:
+            self.mode = "batched" if self._layers is not None else "module"
+        else:
+            self.mode = self._probe(sample)
+
+    # -- the model as a function of one flat row -------------------------------------
+
+    def _unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name, shape, n in self._layout:
+            out[name] = flat[offset : offset + n].view(shape)
+            offset += n
+        return out
+
+    def _forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        params = self._unflatten(flat)
+        result: torch.Tensor = torch.func.functional_call(
+            self.module, (params, self._buffers), (x.to(self.dtype),)
+        )
+        return result
+
+    def _loss(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return functional.cross_entropy(self._forward(flat, x), y)
+
+    # -- choosing the mode ------------------------------------------------------------
+
+    def _probe(self, sample: tuple[torch.Tensor, torch.Tensor]) -> str:
+        """The first of batched (where the layers allow), vmap, module whose gradients
+        match the module's own at two parameter rows on ``sample``."""
+        for mode in ("batched", "vmap"):
+            if mode == "batched" and self._layers is None:
+                continue
+            self.mode = mode
+            try:
+                self._compare(sample)
+                return mode
+            except Exception as exc:  # any model vmap cannot map: try the next mode
+                self.why = error_text(exc)
+        logger.info("stacked gradients: one module per row (%s)", self.why)
+        return "module"
+
+    def _compare(self, sample: tuple[torch.Tensor, torch.Tensor]) -> None:
+        x, y = sample
+        if len(y) < 6:
+            raise DataError("fewer than 6 examples to compare gradients on")
+        gen = torch.Generator().manual_seed(0)
+        rows = torch.cat([p.detach().reshape(-1) for p in self.module.parameters()])
+        rows = rows.to(self.dtype).unsqueeze(0).repeat(2, 1)
+        rows[1] += 0.01 * torch.randn(rows.shape[1], generator=gen, dtype=rows.dtype)
+        xs = x[:6].reshape(2, 3, *x.shape[1:])
+        ys = y[:6].reshape(2, 3)
+        losses, grads = self.loss_and_grad(rows, xs, ys)
+        for i in range(2):
+            loss, grad = self._module_row(rows[i], xs[i], ys[i])
+            if not torch.allclose(grads[i], grad, rtol=1e-4, atol=1e-6) or abs(
+                float(losses[i]) - loss
+            ) > 1e-4 * max(1.0, abs(loss)):
+                raise DataError(f"{self.mode} gradients differ from the module's own")
+
+    # -- loss, gradient, logits ---------------------------------------------------------
+
+    def loss_and_grad(
+        self,
+        params: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-row mean cross-entropy ``[M]`` and gradient ``[M, d]`` of ``params [M, d]``
+        on batches ``x [M, B, ...]``, ``y [M, B]``; ``mask [M, B]`` (bool) marks the
+        examples of rows whose batches are shorter than ``B`` (a row is computed on its own
+        examples only, as the peer holding them computes it)."""
+        if mask is not None:
+            return self._ragged(params, x, y, mask)
+        if self.mode == "module":
+            return self._rows(params, x, y)
+        if params.shape[0] == 1:
+            with one_thread():
+                return self._stacked(params, x, y)
+        return self._stacked(params, x, y)
+
+    def _stacked(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.mode == "vmap":
+            self.module.train()
+            grads, losses = self._grad(params, x, y)
+            return losses.detach(), grads.detach()
+        p = params.detach().requires_grad_(True)
+        single = x.shape[1] == 1
+        if single:  # never a matrix-vector product (see the module docstring)
+            x = torch.cat([x, x], dim=1)
+            y = torch.cat([y, y], dim=1)
+        with torch.enable_grad():
+            logits = self.batched_forward(p, x)
+            ce = functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
+            ).view(y.shape)
+            losses = ce[:, 0] + 0.0 * ce[:, 1] if single else ce.mean(dim=1)
+            (grad,) = torch.autograd.grad(losses.sum(), p)
+        return losses.detach(), grad
+
+    def _ragged(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows grouped by batch size, each group on exactly its rows' examples."""
+        counts = mask.sum(dim=1)
+        losses = torch.empty(params.shape[0], dtype=self.dtype, device=params.device)
+        grads = torch.empty_like(params)
+        for c in torch.unique(counts).tolist():
+            rows = torch.nonzero(counts == c).squeeze(1)
+            c = int(c)
+            loss, grad = self.loss_and_grad(params[rows], x[rows, :c], y[rows, :c])
+            losses[rows] = loss.to(losses.dtype)
+            grads[rows] = grad
+        return losses, grads
+
+    def _rows(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The module's own gradient, row by row, with one thread."""
+        losses = torch.empty(params.shape[0], dtype=torch.float64)
+        grads = torch.empty_like(params)
+        with one_thread():
+            for i in range(params.shape[0]):
+                loss, grad = self._module_row(params[i].cpu(), x[i].cpu(), y[i].cpu())
+                losses[i] = loss
+                grads[i] = grad.to(params.device)
+        return losses.to(params.device), grads
+
+    def batched_forward(
+        self, params: torch.Tensor, x: torch.Tensor, shared_input: bool = False
+    ) -> torch.Tensor:
+        """Logits ``[M, B, C]`` of ``M`` stacked models of Flatten/Linear/ReLU layers on
+        ``x`` (``[M, B, ...]``, or ``[B, ...]`` shared by every row), as batched matmuls."""
+        assert self._layers is not None
+        m = params.shape[0]
+        h = x.to(self.dtype)
+        lead = 2 if shared_input is False else 1  # dims before a per-example feature
+        for prefix, layer in self._layers:
+            if isinstance(layer, torch.nn.Flatten):
+                h = h.flatten(lead, -1) if h.dim() > lead + 1 else h
+            elif isinstance(layer, torch.nn.Linear):
+                lead = 2
+                start = self._offsets[f"{prefix}weight"]
+                size = layer.out_features * layer.in_features
+                weight = params[:, start : start + size].view(m, layer.out_features, -1)
+                h = torch.matmul(h, weight.transpose(1, 2))
+                if layer.bias is not None:
+                    start = self._offsets[f"{prefix}bias"]
+                    h = h + params[:, start : start + layer.out_features].unsqueeze(1)
+            else:
+                h = torch.relu(h)
+        return h
+
+    def logits(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``[M, B, C]`` of every row on the shared examples ``x [B, ...]``
+        (modes batched and vmap)."""
+        if self.mode == "batched":
+            return self.batched_forward(params, x, shared_input=True)
+        self.module.eval()
+        out: torch.Tensor = self._logits(params, x)
+        return out
+
+
+def _batchable_layers(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]] | None:
+    """``(parameter-name prefix, layer)`` of a ``Sequential`` of only ``Flatten`` (default
+    dims), ``Linear`` and ``ReLU`` layers (the built-in logreg and mlp), else None."""
+    if not isinstance(module, torch.nn.Sequential):
+        return None
+    layers: list[tuple[str, Any]] = []
+    for name, layer in module.named_children():
+        flatten = isinstance(layer, torch.nn.Flatten) and (layer.start_dim, layer.end_dim) == (
+            1,
+            -1,
+        )
+        if not (flatten or isinstance(layer, torch.nn.Linear | torch.nn.ReLU)):
+            return None
+        layers.append((f"{name}.", layer))
+    return layers

@@ -1,0 +1,146 @@
+"""The one gradient path: each row's loss and gradient are the same bits whatever the batch.
+
+:mod:`fedcore.gradients` states what the engines' agreement relies on: the kernels of the
+``batched`` mode give a row the same bits whether it is computed alone (a gRPC peer, the
+message engine) or among ``M`` rows (the vectorized engine), with one or two threads, for
+any batch size and any subset of rows. These tests check that on this machine's kernels;
+``.ci/run`` runs them once more under forced lower kernel levels (``ATEN_CPU_CAPABILITY``,
+``MKL_ENABLE_INSTRUCTIONS``), with the engine-agreement and launch-equality tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from fedcore.gradients import RowGradient, one_thread
+from fedcore.models import Objective, cnn1d, logreg, mlp
+
+INPUT = 64
+CLASSES = 10
+
+
+def _objective(name: str) -> Objective:
+    torch.manual_seed(1)
+    if name == "logreg":
+        module = logreg(input_dim=INPUT, num_classes=CLASSES)
+    elif name == "mlp":
+        module = mlp(input_dim=INPUT, num_classes=CLASSES)
+    elif name == "mlp-wide":  # odd sizes: rows of the activations at unaligned offsets
+        module = mlp(input_dim=INPUT, num_classes=CLASSES, hidden=37)
+    else:
+        module = cnn1d(input_dim=INPUT, num_classes=CLASSES, hidden=8)
+    gen = torch.Generator().manual_seed(2)
+    sample = (torch.randn(6, INPUT, generator=gen), torch.randint(0, CLASSES, (6,), generator=gen))
+    return Objective(module, sample=sample)
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield int(request.param)
+    torch.set_num_threads(before)
+
+
+def _rows(objective: Objective, m: int, b: int, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    start = objective.initial_params()
+    params = start + 0.1 * torch.randn(m, start.numel(), generator=gen)
+    x = torch.randn(m, b, INPUT, generator=gen)
+    y = torch.randint(0, CLASSES, (m, b), generator=gen)
+    return params, x, y
+
+
+@pytest.mark.parametrize("name", ["logreg", "mlp", "mlp-wide"])
+@pytest.mark.parametrize("m", [2, 3, 17, 64])
+@pytest.mark.parametrize("b", [1, 2, 5, 32])
+def test_a_row_alone_equals_the_row_among_many(name: str, m: int, b: int, threads: int) -> None:
+    """A peer's gradient of its one row is bit for bit the vectorized engine's row, and so
+    is the row among any subset of the rows (crashed peers leave the batch)."""
+    objective = _objective(name)
+    assert objective.rows.mode == "batched"
+    params, x, y = _rows(objective, m, b, seed=m * 100 + b)
+    losses, grads = objective.rows.loss_and_grad(params, x, y)
+    for i in sorted({0, m // 2, m - 1}):
+        loss, grad = objective.loss_and_grad(params[i].clone(), x[i].clone(), y[i].clone())
+        assert torch.equal(grad, grads[i]), f"row {i} of {m}"
+        assert loss == float(losses[i])
+    odd = torch.arange(1, m, 2)
+    _, some = objective.rows.loss_and_grad(params[odd], x[odd], y[odd])
+    assert torch.equal(some, grads[odd])
+
+
+def test_rows_of_different_batch_sizes_are_computed_on_their_own_examples(threads: int) -> None:
+    """A peer holding fewer examples than the batch size: the engine's padded row equals
+    the peer's own, unpadded batch."""
+    objective = _objective("mlp")
+    params, x, y = _rows(objective, 5, 8, seed=3)
+    counts = torch.tensor([8, 3, 8, 1, 5])
+    mask = torch.arange(8) < counts.unsqueeze(1)
+    _, grads = objective.rows.loss_and_grad(params, x, y, mask)
+    for i, c in enumerate(counts.tolist()):
+        _, grad = objective.loss_and_grad(params[i], x[i, :c], y[i, :c])
+        assert torch.equal(grad, grads[i])
+
+
+@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn1d"])
+def test_every_mode_agrees_with_the_module_own_gradient(name: str) -> None:
+    """The row path is the model's gradient: within float32 rounding of autograd through
+    the module (the reference every mode is checked against when a run starts)."""
+    objective = _objective(name)
+    params, x, y = _rows(objective, 4, 7, seed=5)
+    for i in range(4):
+        loss, grad = objective.loss_and_grad(params[i], x[i], y[i])
+        ref_loss, ref = objective.module_loss_and_grad(params[i], x[i], y[i])
+        torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-6)
+        assert loss == pytest.approx(ref_loss, rel=1e-6)
+
+
+def test_cnn1d_is_mapped_by_vmap_within_rounding() -> None:
+    """vmap runs a convolution of M rows as one grouped convolution: not batch-invariant,
+    the documented exception; rows agree to float32 rounding."""
+    objective = _objective("cnn1d")
+    assert objective.rows.mode == "vmap"
+    params, x, y = _rows(objective, 9, 4, seed=7)
+    _, grads = objective.rows.loss_and_grad(params, x, y)
+    _, grad = objective.loss_and_grad(params[4], x[4], y[4])
+    torch.testing.assert_close(grad, grads[4], rtol=1e-5, atol=1e-7)
+
+
+def test_module_mode_is_the_module_row_by_row() -> None:
+    """A model vmap cannot map: the module's own gradient, row by row, identical bits."""
+    objective = _objective("cnn1d")
+    rows = RowGradient(
+        objective.module, torch.float32, objective.module_loss_and_grad, mode="module"
+    )
+    params, x, y = _rows(objective, 3, 4, seed=9)
+    _, grads = rows.loss_and_grad(params, x, y)
+    for i in range(3):
+        with one_thread():
+            _, grad = objective.module_loss_and_grad(params[i], x[i], y[i])
+        assert torch.equal(grad, grads[i])
+
+
+def test_the_probe_leaves_the_initial_parameters_alone() -> None:
+    """Deciding the mode loads other parameters into the module; the objective's initial
+    parameters are still the model's own."""
+    torch.manual_seed(1)
+    module = mlp(input_dim=INPUT, num_classes=CLASSES)
+    own = torch.cat([p.detach().reshape(-1).clone() for p in module.parameters()])
+    gen = torch.Generator().manual_seed(2)
+    sample = (torch.randn(6, INPUT, generator=gen), torch.randint(0, CLASSES, (6,), generator=gen))
+    assert torch.equal(Objective(module, sample=sample).initial_params(), own)
+
+
+def test_one_thread_restores_the_thread_count() -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with one_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
