@@ -70,6 +70,27 @@ def test_torn_checkpoint_is_detected_and_the_previous_used(
         checkpoint.restore(network.nodes["n1"], saved)
 
 
+@pytest.mark.parametrize("old", ["fields", "shape"])
+def test_a_checkpoint_of_another_state_layout_is_refused_in_one_line(
+    tmp_path: Path, old: str
+) -> None:
+    """A checkpoint written before D-PSGD became a rule over peer rows (its state was
+    ``DPSGDState(x [d], pending_step)``): refused with one clear line, not a traceback."""
+    config = load_config(None, ["algorithm.name=dpsgd", "topology.kind=ring", "topology.nodes=3"])
+    network = build_network(config)
+    network.run(2)
+    node = network.nodes["n0"]
+    saved = checkpoint.snapshot(node)
+    fields = saved["state"]["fields"]
+    if old == "fields":
+        saved["state"]["fields"] = {"x": fields["x"][0], "pending_step": None}
+    else:
+        fields["x"] = fields["x"][0]
+    with pytest.raises(ConfigError, match="another layout") as caught:
+        checkpoint.restore(node, saved)
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.grpc
 def test_kill_9_then_resume_finishes_the_run(tmp_path: Path) -> None:
     """Three peers in deadline mode; n1 is killed at about round 12 and restarted with

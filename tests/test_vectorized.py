@@ -226,15 +226,37 @@ def test_auto_falls_back_with_a_reason() -> None:
     assert choose_engine(prepare_run(load_config(None, [])), "auto") == ("vectorized", None)
 
 
-def test_user_algorithm_runs_on_the_message_engine() -> None:
-    from fedcore.algorithms.dpsgd import DPSGD
+def test_a_per_message_user_algorithm_runs_on_the_message_engine() -> None:
+    """An algorithm written to the node's per-message protocol, not as a rule."""
+    from fedcore.algorithms.reference import Central
 
-    class Mine(DPSGD):
+    class Mine(Central):
+        name = "mine"
+
+    config = load_config(None, ["topology.kind=complete", "algorithm.name=central"])
+    setup = prepare_run(config, algorithm=Mine())
+    assert "no batched form" in (unsupported(setup) or "")
+
+
+def test_a_user_rule_runs_on_the_vectorized_engine() -> None:
+    """A user's rule (here a renamed D-PSGD) gets the fast engine, with the same run."""
+    from fedcore.algorithms import NodeRule
+    from fedcore.algorithms.dpsgd import DPSGDRule
+    from fedcore.testing import make_network
+
+    class Mine(DPSGDRule):
         name = "mine"
 
     config = load_config(None, ["topology.kind=ring", "algorithm.name=dpsgd"])
-    setup = prepare_run(config, algorithm=Mine())
-    assert "no batched form" in (unsupported(setup) or "")
+    assert unsupported(prepare_run(config, algorithm=NodeRule(Mine()))) is None
+    models = []
+    for engine in ("messages", "vectorized"):
+        net = make_network("ring:6", algorithm=NodeRule(Mine()), engine=engine)
+        net.run(5)
+        models.append(net.models())
+    assert models[0].keys() == models[1].keys()
+    for node, x in models[0].items():
+        assert torch.equal(x, models[1][node]), node
 
 
 def batchnorm_model(*, input_dim: int, num_classes: int) -> torch.nn.Module:

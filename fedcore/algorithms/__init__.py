@@ -12,11 +12,12 @@ from typing import Any
 
 from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext
 from fedcore.algorithms.compressed import CHOCO, CHOCOState, DeepSqueeze, DeepSqueezeState
-from fedcore.algorithms.dpsgd import DPSGD, DPSGDState, gossip_mix
+from fedcore.algorithms.dpsgd import DPSGD, DPSGDState
 from fedcore.algorithms.online import DOG, DOL
 from fedcore.algorithms.ops import OPS, OPSState, push_shares, push_sum_mix
 from fedcore.algorithms.reference import Central, Local, ModelState
 from fedcore.algorithms.rps import RPS, RPSState
+from fedcore.algorithms.rule import NodeRule, Rows, Rule, Send, Slot
 from fedcore.algorithms.server import FedAvg, FedAvgState
 from fedcore.algorithms.squeeze import (
     APMSqueeze,
@@ -49,11 +50,15 @@ __all__ = [
     "Inbox",
     "Local",
     "ModelState",
+    "NodeRule",
     "OPSState",
     "Outbox",
     "RPSState",
     "RoundContext",
-    "gossip_mix",
+    "Rows",
+    "Rule",
+    "Send",
+    "Slot",
     "make_algorithm",
     "push_shares",
     "push_sum_mix",

@@ -32,12 +32,12 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from fedcore.algorithms.compressed import CHOCO, DeepSqueeze
-from fedcore.algorithms.dpsgd import DPSGD
-from fedcore.algorithms.online import DOG, DOL
+from fedcore.algorithms.compressed import CHOCO
+from fedcore.algorithms.online import DOL
 from fedcore.algorithms.ops import OPS
-from fedcore.algorithms.reference import Central, Local
+from fedcore.algorithms.reference import Central
 from fedcore.algorithms.rps import RPS, block_sizes
+from fedcore.algorithms.rule import NodeRule, Rows, Slot
 from fedcore.compression.batched import RowCodec
 from fedcore.errors import AlgorithmError, ProtocolError
 from fedcore.topology import TrustGraph
@@ -335,10 +335,11 @@ class _ModelState(NamedTuple):
     x: torch.Tensor
 
 
-class BatchedLocal:
-    """Batched :class:`~fedcore.algorithms.reference.Local`: ``x -= lr * g``, no messages."""
+class BatchedCentral:
+    """Batched :class:`~fedcore.algorithms.reference.Central`: every up node averages its own
+    post-step model with the (decoded) post-step models that reached it."""
 
-    name = "local"
+    name = "central"
     phases = 1
 
     def init(self, params: torch.Tensor) -> _ModelState:
@@ -348,22 +349,6 @@ class BatchedLocal:
     def model(self, state: _ModelState) -> torch.Tensor:
         """The models."""
         return state.x
-
-    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
-        """None."""
-        empty = graph.src[:0]
-        return Messages(empty, empty, empty, empty)
-
-    def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
-        """A plain SGD step on every up node."""
-        return _ModelState(ctx.keep(state.x - ctx.lr * grad, state.x))
-
-
-class BatchedCentral(BatchedLocal):
-    """Batched :class:`~fedcore.algorithms.reference.Central`: every up node averages its own
-    post-step model with the (decoded) post-step models that reached it."""
-
-    name = "central"
 
     def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
         """Every node's model to every other node."""
@@ -392,32 +377,6 @@ class BatchedCentral(BatchedLocal):
         else:
             total = heard.to(x_half.dtype) @ sent + x_half
         return _ModelState(ctx.keep(total / count, state.x))
-
-
-class BatchedDPSGD(BatchedLocal):
-    """Batched :class:`~fedcore.algorithms.dpsgd.DPSGD` (and DOG): combine-then-adapt; a
-    missing neighbour's weight goes to the node itself."""
-
-    name = "dpsgd"
-
-    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
-        """Every node's pre-step model to each neighbour."""
-        return _gossip_messages(graph, nbytes, d)
-
-    def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
-        """``x_i = own_i x_i + sum_j W_ji C(x_j) - lr g_i`` over what arrived."""
-        g, x = ctx.graph, state.x
-        sent = ctx.roundtrip(x, _all_rows(x))
-        w = _slot_weights(g)
-        if ctx.every_message:  # what the general case computes, without the masks
-            own, coef = g.self_weight, w.to(x.dtype)
-        else:
-            arrived = g.slots(ctx.arrived[0])
-            own = g.self_weight + (w * ~arrived).sum(dim=1)
-            coef = (w * arrived).to(x.dtype)
-        mixed = _mix(x * own.to(x.dtype).unsqueeze(1), sent, coef, g.nbr)
-        mixed.sub_(ctx.lr * grad)
-        return _ModelState(ctx.keep(mixed, x))
 
 
 class _PushState(NamedTuple):
@@ -661,47 +620,25 @@ def _compressed(ctx: BatchRound, v: torch.Tensor) -> torch.Tensor:
     return ctx.roundtrip(v, _all_rows(v))
 
 
-class BatchedDeepSqueeze:
-    """Batched :class:`~fedcore.algorithms.compressed.DeepSqueeze`."""
+class BatchedCHOCO:
+    """Batched :class:`~fedcore.algorithms.compressed.CHOCO` on a static graph with every
+    message delivered (CHOCO refuses fault plans): every neighbour's copy of ``xhat_j`` is
+    ``xhat_j`` itself, so the copies are not stored twice."""
 
-    name = "deepsqueeze"
+    name = "choco"
     phases = 1
 
     def __init__(self, eta: float) -> None:
-        """The consensus step ``eta``."""
+        """The consensus step."""
         self.eta = eta
-
-    def init(self, params: torch.Tensor) -> _SqueezeState:
-        """No compression error yet."""
-        return _SqueezeState(params.clone(), torch.zeros_like(params))
 
     def model(self, state: _SqueezeState) -> torch.Tensor:
         """The models."""
         return state.x
 
     def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
-        """Every node's compressed ``c`` to each neighbour."""
+        """Every node's compressed difference to each neighbour."""
         return _gossip_messages(graph, nbytes, d)
-
-    def round(self, state: _SqueezeState, grad: torch.Tensor, ctx: BatchRound) -> _SqueezeState:
-        """``v = x_half + delta``, ``c = C(v)``, ``x = x_half + eta sum_j W_ji (c_j - c_i)``."""
-        g = ctx.graph
-        x_half = state.x - ctx.lr * grad
-        v = x_half + state.memory
-        c = _compressed(ctx, v)
-        arrived = g.slots(ctx.arrived[0])
-        coef = (_slot_weights(g) * arrived).to(c.dtype)
-        pull = _pull(c, coef, g.nbr)
-        x = x_half + self.eta * pull
-        return _SqueezeState(ctx.keep(x, state.x), ctx.keep(v - c, state.memory))
-
-
-class BatchedCHOCO(BatchedDeepSqueeze):
-    """Batched :class:`~fedcore.algorithms.compressed.CHOCO` on a static graph with every
-    message delivered (CHOCO refuses fault plans): every neighbour's copy of ``xhat_j`` is
-    ``xhat_j`` itself, so the copies are not stored twice."""
-
-    name = "choco"
 
     def init(self, params: torch.Tensor) -> _SqueezeState:
         """Public copies start at zero."""
@@ -828,9 +765,121 @@ class BatchedRPS:
         return _ModelState(ctx.keep(x, state.x))
 
 
+class BatchedRule:
+    """A :class:`~fedcore.algorithms.rule.Rule` run on every node at once (``B = N``): the
+    inbox of each phase gathered from the neighbour table, every sent tensor round-tripped
+    through the nodes' codecs (unless the rule compressed it itself), crashed nodes' rows
+    of the state kept as they were."""
+
+    def __init__(self, rule: Any) -> None:
+        """Wrap ``rule``."""
+        self.rule = rule
+        self.name: str = rule.name
+        self.phases: int = int(rule.phases)
+
+    def init(self, params: torch.Tensor) -> Any:
+        """The rule's state of every node."""
+        return self.rule.init(params)
+
+    def model(self, state: Any) -> torch.Tensor:
+        """The models."""
+        x: torch.Tensor = self.rule.model(state)
+        return x
+
+    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
+        """Every edge of the graph, each message as large as the rule's schema says."""
+        if self.rule.pattern == "none":
+            empty = graph.src[:0]
+            return Messages(empty, empty, empty, empty)
+        schema = self.rule.schema(phase)
+        size = 8 * len(schema.scalars)
+        fp32 = 0
+        for shape in schema.tensors.values():
+            n = d if shape is None else int(np.prod(shape, dtype=np.int64))
+            size += nbytes(n)
+            fp32 += 4 * n
+        return Messages(
+            graph.src, graph.dst, torch.full_like(graph.src, size), torch.full_like(graph.src, fp32)
+        )
+
+    def _rows(self, ctx: BatchRound, compressed: set[int]) -> Any:
+        everyone = torch.arange(ctx.graph.n, device=ctx.up.device)
+
+        def compress(v: torch.Tensor) -> torch.Tensor:
+            out = ctx.roundtrip(v, everyone)
+            compressed.add(id(out))
+            return out
+
+        def fail(bad: torch.Tensor, why: str) -> None:
+            ctx.check(bad & ctx.up, why)
+
+        return Rows(
+            round=ctx.round,
+            lr=ctx.lr,
+            self_weight=ctx.graph.self_weight,
+            compress=compress,
+            fail=fail,
+        )
+
+    def _inbox(self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]) -> list[Any]:
+        if self.rule.pattern == "none" or send is None:
+            return []
+        g = ctx.graph
+        everyone = torch.arange(g.n, device=ctx.up.device)
+        decoded = {
+            name: value if id(value) in compressed else ctx.roundtrip(value, everyone)
+            for name, value in send.tensors.items()
+        }
+        arrived = g.slots(ctx.arrived[phase])
+        weights = _slot_weights(g)
+        return [
+            Slot(
+                {name: value.index_select(0, g.nbr[:, k]) for name, value in decoded.items()},
+                {name: value.index_select(0, g.nbr[:, k]) for name, value in send.scalars.items()},
+                weights[:, k],
+                arrived[:, k],
+            )
+            for k in range(g.nbr.shape[1])
+        ]
+
+    def local_step(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
+        """A local step between communications, on the up nodes."""
+        own = getattr(self.rule, "local_step", None)
+        if own is not None:
+            new = own(state, grad, self._rows(ctx, set()))
+        else:
+            new = state._replace(x=state.x - ctx.lr * grad)
+        return _keep_state(ctx, new, state)
+
+    def round(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
+        """The rule's step, then each phase's mix over what arrived."""
+        compressed: set[int] = set()
+        rows = self._rows(ctx, compressed)
+        new, send = self.rule.step(state, grad, rows)
+        for phase in range(self.phases):
+            inbox = self._inbox(send, phase, ctx, compressed)
+            new, send = self.rule.mix(new, phase, inbox, rows)
+        return _keep_state(ctx, new, state)
+
+
+def _keep_state(ctx: BatchRound, new: Any, old: Any) -> Any:
+    """``new`` for the up nodes, ``old`` for the crashed ones, field by field."""
+    if ctx.everyone_up:
+        return new
+    n = ctx.up.shape[0]
+    return type(new)(
+        *(
+            ctx.keep(a, b) if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == n else a
+            for a, b in zip(new, old, strict=True)
+        )
+    )
+
+
 def unsupported(algorithm: Any, *, period: int, codec: RowCodec, faults: bool) -> str | None:
     """Why ``algorithm`` has no batched form for this run, or None if it has one."""
     kind = type(algorithm)
+    if isinstance(algorithm, NodeRule):
+        return None
     if kind not in _FORMS:
         return (
             f"algorithm {getattr(algorithm, 'name', kind.__name__)!r} has no batched form "
@@ -854,31 +903,25 @@ def batched_form(
 ) -> BatchedAlgorithm:
     """The batched twin of a registered ``algorithm`` (see :func:`unsupported` first);
     ``union_edges`` and ``float64_wire`` as for :class:`BatchedOPS`."""
+    if isinstance(algorithm, NodeRule):
+        return BatchedRule(algorithm.rule)
     if isinstance(algorithm, OPS):
         return BatchedOPS(algorithm, union_edges, float64_wire)
     if isinstance(algorithm, DOL):
         return BatchedDOL()
     if isinstance(algorithm, CHOCO):
         return BatchedCHOCO(algorithm.gamma)
-    if isinstance(algorithm, DeepSqueeze):
-        return BatchedDeepSqueeze(algorithm.eta)
     if isinstance(algorithm, RPS):
         return BatchedRPS()
-    if isinstance(algorithm, DPSGD):
-        form = BatchedDPSGD()
-        form.name = algorithm.name
-        return form
     if isinstance(algorithm, Central):
         return BatchedCentral()
-    if isinstance(algorithm, Local):
-        return BatchedLocal()
     raise AlgorithmError(f"no batched form of {algorithm!r}.")
 
 
-_FORMS = {OPS, DOL, CHOCO, DeepSqueeze, RPS, DPSGD, DOG, Central, Local}
+_FORMS = {OPS, DOL, CHOCO, RPS, Central}
 
 
 def has_batched_form(algorithm: Any) -> bool:
     """Whether ``algorithm`` (an instance) has a batched twin here; the server family
     (FedAvg, ...) has none and runs on the message engine."""
-    return type(algorithm) in _FORMS
+    return isinstance(algorithm, NodeRule) or type(algorithm) in _FORMS

@@ -42,11 +42,12 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
+from fedcore.algorithms.rule import Rows, Send, Slot, per_peer, pull
 from fedcore.compression import Codec, RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import EncodedTensor, MessageSchema, Payload
 
-__all__ = ["CHOCO", "CHOCOState", "DeepSqueeze", "DeepSqueezeState", "compress"]
+__all__ = ["CHOCO", "CHOCOState", "DeepSqueeze", "DeepSqueezeRule", "DeepSqueezeState", "compress"]
 
 _LOSSLESS = RawCodec()
 
@@ -82,19 +83,21 @@ def _check_step(name: str, value: object, key: str) -> None:
 
 
 class DeepSqueezeState(NamedTuple):
-    """Model ``x``, compression error ``delta``, and this round's own compressed ``c``."""
+    """Models ``x``, compression errors ``delta`` and this round's own compressed ``c``
+    (``[B, d]`` each; ``c`` is ``[B, 0]`` between rounds)."""
 
     x: torch.Tensor
     delta: torch.Tensor
-    c: torch.Tensor | None
+    c: torch.Tensor
 
 
-class DeepSqueeze:
+class DeepSqueezeRule:
     """DeepSqueeze (see the module docstring); ``eta`` is the consensus step."""
 
     name = "deepsqueeze"
     mixing = "doubly-stochastic"
     phases = 1
+    pattern = "neighbours"
 
     def __init__(self, eta: float = 0.2) -> None:
         """``eta`` in (0, 1]: 0.1-0.2 suits 1-bit codecs (reference/algorithms.md)."""
@@ -103,41 +106,36 @@ class DeepSqueeze:
 
     def init(self, params: torch.Tensor) -> DeepSqueezeState:
         """Start from ``params`` with no compression error."""
-        return DeepSqueezeState(params.clone(), torch.zeros_like(params), None)
+        return DeepSqueezeState(
+            params.clone(), torch.zeros_like(params), params.new_zeros((params.shape[0], 0))
+        )
 
     def model(self, state: DeepSqueezeState) -> torch.Tensor:
-        """The model ``x``."""
+        """The models ``x``."""
         return state.x
 
     def step(
-        self, state: DeepSqueezeState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[DeepSqueezeState, Outbox]:
+        self, state: DeepSqueezeState, grad: torch.Tensor, rows: Rows
+    ) -> tuple[DeepSqueezeState, Send]:
         """Gradient step, error-compensated compression of the model, send ``C(v)``."""
-        x_half = state.x - ctx.lr * grad
+        x_half = state.x - rows.lr * grad
         v = x_half + state.delta
-        encoded, c = compress(ctx.codec, v, ctx)
-        payload = Payload({"c": encoded})
-        return DeepSqueezeState(x_half, v - c, c), dict.fromkeys(ctx.out_weights, payload)
+        c = rows.compress(v)
+        return DeepSqueezeState(x_half, v - c, c), Send({"c": c})
 
-    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Every neighbour."""
-        return tuple(ctx.in_weights)
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+    def schema(self, phase: int) -> MessageSchema:
         """The neighbour's compressed model ``"c"``, nothing else."""
-        check_phase(self.name, phase)
         return model_schema("c")
 
     def mix(
-        self, state: DeepSqueezeState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[DeepSqueezeState, Outbox]:
+        self, state: DeepSqueezeState, phase: int, inbox: list[Slot], rows: Rows
+    ) -> tuple[DeepSqueezeState, None]:
         """``x = x_half + eta * sum_j W_ji (c_j - c)``; a missing ``c_j`` counts as ``c``."""
-        assert state.c is not None, "mix before step"
-        pull = torch.zeros_like(state.x)
-        for sender, payload in inbox.items():
-            pull.add_(payload.tensor("c") - state.c, alpha=ctx.in_weights[sender])
-        x = state.x + self.eta * pull
-        return DeepSqueezeState(x, state.delta, None), {}
+        x = state.x + self.eta * pull(state.c, inbox, "c")
+        return DeepSqueezeState(x, state.delta, state.c[:, :0]), None
+
+
+DeepSqueeze = per_peer(DeepSqueezeRule)
 
 
 class CHOCOState(NamedTuple):

@@ -9,86 +9,68 @@ the node's own pre-mix model, and the mix uses the neighbours' pre-step models::
     x_i = sum_j W_ji x_j - lr * g            (W symmetric, doubly stochastic)
 
 Because W is doubly stochastic, the mean moves exactly by the mean gradient step
-(invariant I-DOG-1). A missing neighbour (deadline mode) is replaced by the node's own
-value: its weight moves to the self weight, which keeps the row a convex combination.
+(invariant I-DOG-1). A missing neighbour (deadline mode, a lost message, a crashed peer)
+is replaced by the node's own value: its weight moves to the self weight, which keeps the
+row a convex combination.
 
 With a node optimizer (``[optimizer]``), its direction ``u_i``, computed from the gradient
 at ``x_i``, replaces ``lr * g``: the mean then moves exactly by the mean of the ``u_i``.
+
+One :class:`~fedcore.algorithms.rule.Rule` over a leading peer axis serves every engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
-from fedcore.errors import AlgorithmError
-from fedcore.messages import MessageSchema, Payload
+from fedcore.algorithms.base import model_schema
+from fedcore.algorithms.rule import Rows, Send, Slot, gossip, per_peer
+from fedcore.messages import MessageSchema
 
-__all__ = ["DPSGD", "DPSGDState", "gossip_mix"]
+__all__ = ["DPSGD", "DPSGDRule", "DPSGDState"]
 
 
 class DPSGDState(NamedTuple):
-    """The model ``x`` and the gradient step waiting for the mix (``None`` between rounds)."""
+    """The models ``x [B, d]`` and the gradient steps waiting for the mix (``[B, d]``
+    between step and mix, ``[B, 0]`` between rounds)."""
 
     x: torch.Tensor
-    pending_step: torch.Tensor | None
+    pending: torch.Tensor
 
 
-def gossip_mix(
-    x: torch.Tensor, self_weight: float, in_weights: Mapping[str, float], inbox: Inbox
-) -> torch.Tensor:
-    """``self_weight * x + sum_j W_ji x_j`` over what arrived; a missing j's weight goes to self."""
-    own = self_weight
-    if len(inbox) != len(in_weights):
-        own += sum(w for j, w in in_weights.items() if j not in inbox)
-    out = x * own
-    for sender, payload in inbox.items():
-        w = in_weights.get(sender)
-        if w is None:
-            raise AlgorithmError(f"gossip message from {sender!r}, which is not an in-neighbour.")
-        out.add_(payload.tensor("x"), alpha=w)
-    return out
-
-
-class DPSGD:
+class DPSGDRule:
     """D-PSGD, combine-then-adapt (see the module docstring)."""
 
     name = "dpsgd"
     mixing = "doubly-stochastic"
     phases = 1
+    pattern = "neighbours"
 
     def init(self, params: torch.Tensor) -> DPSGDState:
         """Start from ``params``."""
-        return DPSGDState(params.clone(), None)
+        return DPSGDState(params.clone(), params.new_zeros((params.shape[0], 0)))
 
     def model(self, state: DPSGDState) -> torch.Tensor:
-        """The model ``x``."""
+        """The models ``x``."""
         return state.x
 
-    def step(
-        self, state: DPSGDState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[DPSGDState, Outbox]:
-        """Send the pre-step model; remember the gradient step for the mix."""
-        payload = Payload({"x": state.x})
-        return DPSGDState(state.x, ctx.lr * grad), dict.fromkeys(ctx.out_weights, payload)
+    def step(self, state: DPSGDState, grad: torch.Tensor, rows: Rows) -> tuple[DPSGDState, Send]:
+        """Send the pre-step model; keep the gradient step for the mix."""
+        return DPSGDState(state.x, rows.lr * grad), Send({"x": state.x})
 
-    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Every neighbour."""
-        return tuple(ctx.in_weights)
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+    def schema(self, phase: int) -> MessageSchema:
         """The neighbour's model ``"x"``, nothing else."""
-        check_phase(self.name, phase)
         return model_schema("x")
 
     def mix(
-        self, state: DPSGDState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[DPSGDState, Outbox]:
+        self, state: DPSGDState, phase: int, inbox: list[Slot], rows: Rows
+    ) -> tuple[DPSGDState, None]:
         """Average with the neighbours' pre-step models, then apply the gradient step."""
-        x = gossip_mix(state.x, ctx.self_weight, ctx.in_weights, inbox)
-        if state.pending_step is not None:
-            x.sub_(state.pending_step)
-        return DPSGDState(x, None), {}
+        x = gossip(state.x, rows.self_weight, inbox)
+        x.sub_(state.pending)
+        return DPSGDState(x, state.pending[:, :0]), None
+
+
+DPSGD = per_peer(DPSGDRule)

@@ -36,17 +36,18 @@ from __future__ import annotations
 import torch
 
 from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
-from fedcore.algorithms.dpsgd import DPSGD
+from fedcore.algorithms.dpsgd import DPSGDRule
 from fedcore.algorithms.ops import push_shares, push_sum_mix
 from fedcore.algorithms.reference import ModelState
+from fedcore.algorithms.rule import per_peer
 from fedcore.messages import MessageSchema, ScalarSpec
 
-__all__ = ["DOG", "DOL"]
+__all__ = ["DOG", "DOL", "DOGRule"]
 
 _SHARE = ScalarSpec(0.0, 1.0, "a push-sum share of a sender whose weight is 1")
 
 
-class DOG(DPSGD):
+class DOGRule(DPSGDRule):
     """DOG: Decentralized Online Gradient, combine-then-adapt.
 
     Zhao, Yu, Zhao, Tang, Qiu, Liu, "Decentralized Online Learning: Take Benefits from
@@ -70,6 +71,9 @@ class DOG(DPSGD):
     """
 
     name = "dog"
+
+
+DOG = per_peer(DOGRule)
 
 
 class DOL:

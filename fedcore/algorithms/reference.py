@@ -19,10 +19,11 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
+from fedcore.algorithms.rule import Rows, Slot, per_peer
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema, Payload
 
-__all__ = ["Central", "Local", "ModelState"]
+__all__ = ["Central", "Local", "LocalRule", "ModelState"]
 
 
 class ModelState(NamedTuple):
@@ -45,31 +46,38 @@ class _ModelOnly:
         return state.x
 
 
-class Local(_ModelOnly):
-    """Local SGD with no communication."""
+class LocalRule:
+    """Local SGD with no communication (an :class:`~fedcore.algorithms.rule.Rule`)."""
 
     name = "local"
     mixing = "none"
+    phases = 1
+    pattern = "none"
 
-    def step(
-        self, state: ModelState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[ModelState, Outbox]:
+    def init(self, params: torch.Tensor) -> ModelState:
+        """Start from ``params``."""
+        return ModelState(params.clone())
+
+    def model(self, state: ModelState) -> torch.Tensor:
+        """The models ``x``."""
+        return state.x
+
+    def step(self, state: ModelState, grad: torch.Tensor, rows: Rows) -> tuple[ModelState, None]:
         """Plain SGD step; nothing to send."""
-        return ModelState(state.x - ctx.lr * grad), {}
+        return ModelState(state.x - rows.lr * grad), None
 
-    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Nobody."""
-        return ()
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+    def schema(self, phase: int) -> MessageSchema:
         """None: LOCAL sends nothing, so every message is refused."""
-        raise AlgorithmError(f"'local' sends no messages; {sender!r} sent one.")
+        raise AlgorithmError("'local' sends no messages.")
 
     def mix(
-        self, state: ModelState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[ModelState, Outbox]:
+        self, state: ModelState, phase: int, inbox: list[Slot], rows: Rows
+    ) -> tuple[ModelState, None]:
         """Nothing to mix."""
-        return state, {}
+        return state, None
+
+
+Local = per_peer(LocalRule)
 
 
 class Central(_ModelOnly):

@@ -30,7 +30,17 @@ import torch
 from fedcore.errors import ConfigError
 from fedcore.node import Node
 
-__all__ = ["from_tree", "latest", "restore", "save", "snapshot", "to_device", "to_tree", "write"]
+__all__ = [
+    "from_tree",
+    "latest",
+    "restore",
+    "restore_state",
+    "save",
+    "snapshot",
+    "to_device",
+    "to_tree",
+    "write",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +95,38 @@ def from_tree(tree: Any) -> Any:
         items = [from_tree(v) for v in tree["__seq__"]]
         return tuple(items) if tree["tuple"] else items
     return tree
+
+
+def _layout(state: Any) -> Any:
+    """The class, field names and tensor shapes of an algorithm state (what must match
+    for a checkpoint to fit a node)."""
+    if isinstance(state, torch.Tensor):
+        return ("tensor", tuple(state.shape), str(state.dtype))
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        fields = tuple((f, _layout(getattr(state, f))) for f in state._fields)
+        return (type(state).__qualname__, fields)
+    return type(state).__name__
+
+
+def restore_state(tree: Any, current: Any, who: str, algorithm: str) -> Any:
+    """The algorithm state saved as ``tree``, if it has ``current``'s layout.
+
+    Raises:
+        ConfigError: it has another (a checkpoint of an older fedcore, or other options),
+            in one line.
+    """
+    try:
+        state = from_tree(tree)
+    except (TypeError, AttributeError):  # a state class whose fields have changed
+        state = None
+    if state is None or _layout(state) != _layout(current):
+        raise ConfigError(
+            f"the checkpoint of {who} holds its {algorithm!r} state in another layout than "
+            "this fedcore keeps (written by an older version, or with other options): start "
+            "the run afresh without --resume, or resume with the fedcore and config that "
+            "wrote it."
+        )
+    return state
 
 
 def snapshot(node: Node) -> dict[str, Any]:
@@ -162,7 +204,9 @@ def restore(node: Node, checkpoint: dict[str, Any]) -> None:
     """
     if checkpoint["node"] != node.id:
         raise ConfigError(f"the checkpoint is node {checkpoint['node']!r}'s, not {node.id!r}'s.")
-    node.state = from_tree(checkpoint["state"])
+    node.state = restore_state(
+        checkpoint["state"], node.state, f"node {node.id!r}", node.algorithm.name
+    )
     saved_opt = from_tree(checkpoint.get("optimizer"))
     if (saved_opt is None) != (node.opt_state is None) or (
         saved_opt is not None and type(saved_opt) is not type(node.opt_state)

@@ -368,7 +368,8 @@ class VectorizedNetwork:
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` of a network built from the same setup."""
         self.round = int(saved["round"])
-        self.state = checkpoint.to_device(checkpoint.from_tree(saved["state"]), self.device)
+        state = checkpoint.restore_state(saved["state"], self.state, "the network", self.form.name)
+        self.state = checkpoint.to_device(state, self.device)
         self.opt_state = checkpoint.to_device(
             checkpoint.from_tree(saved.get("optimizer")), self.device
         )

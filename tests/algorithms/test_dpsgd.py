@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedcore.algorithms import DPSGD, Central, DPSGDState, Local, RoundContext, make_algorithm
+from fedcore.algorithms import DPSGD, Central, Local, RoundContext, Rows, Slot, make_algorithm
+from fedcore.algorithms.dpsgd import DPSGDRule
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.messages import Payload
 from fedcore.runners.network import communication_graph
@@ -26,7 +27,25 @@ def _grad(seed: int) -> GradFn:
 
 
 def test_missing_neighbour_weight_goes_to_self() -> None:
-    """Deadline mode: a missing neighbour's weight is replaced by the node's own value."""
+    """A missing neighbour's weight is replaced by the peer's own value: the rule called
+    with a hand-built inbox of two rows (one heard both neighbours, one only ``b``)."""
+    rule = DPSGDRule()
+    state = rule.init(torch.tensor([[4.0], [2.0]]))
+    w = torch.tensor([0.25, 0.25], dtype=torch.float64)
+    rows = Rows(round=0, lr=0.0, self_weight=torch.tensor([0.5, 0.5], dtype=torch.float64))
+    state, send = rule.step(state, torch.zeros(2, 1), rows)
+    assert send is not None and torch.equal(send.tensors["x"], state.x)
+    inbox = [
+        Slot({"x": torch.tensor([[8.0], [8.0]])}, {}, w, torch.tensor([True, True])),
+        Slot({"x": torch.tensor([[0.0], [99.0]])}, {}, w, torch.tensor([True, False])),
+    ]
+    new, _ = rule.mix(state, 0, inbox, rows)
+    assert new.x[0].item() == pytest.approx(0.5 * 4.0 + 0.25 * 8.0 + 0.25 * 0.0)
+    assert new.x[1].item() == pytest.approx(0.75 * 2.0 + 0.25 * 8.0)
+
+
+def test_the_peer_form_is_the_rule_on_one_row() -> None:
+    """On a peer, a dict inbox missing ``c`` gives what the rule gives a slot not arrived."""
     algo = DPSGD()
     ctx = RoundContext(
         node="a",
@@ -36,9 +55,10 @@ def test_missing_neighbour_weight_goes_to_self() -> None:
         out_weights={"b": 0.25, "c": 0.25},
         in_weights={"b": 0.25, "c": 0.25},
     )
-    state = DPSGDState(torch.tensor([4.0]), None)
+    state, outbox = algo.step(algo.init(torch.tensor([4.0])), torch.zeros(1), ctx)
+    assert set(outbox) == {"b", "c"} and outbox["b"] is outbox["c"]
     new, _ = algo.mix(state, 0, {"b": Payload({"x": torch.tensor([8.0])})}, ctx)
-    assert new.x.item() == pytest.approx(0.75 * 4.0 + 0.25 * 8.0)
+    assert algo.model(new).item() == pytest.approx(0.75 * 4.0 + 0.25 * 8.0)
 
 
 def test_dpsgd_refuses_one_way_graph() -> None:

@@ -1,0 +1,404 @@
+"""One update rule for every engine: an algorithm written once over a leading peer axis.
+
+A :class:`Rule` is the extension point for algorithms. It is sans-I/O math over ``B``
+stacked peers: every tensor of its state, its gradients and its messages has a leading
+axis of ``B`` rows. A gRPC peer and the message engine run it with ``B = 1`` (through
+:class:`NodeRule`, which speaks the node's per-message :class:`~fedcore.algorithms.base.
+Algorithm` protocol); the vectorized engine runs it with ``B = N``, every peer at once
+(through :class:`BatchedRule`). One implementation, so the engines agree by construction.
+
+Per round, with :class:`Rows` saying what the ``B`` peers know:
+
+1. ``step(state, grad, rows)`` takes the local step and returns the new state and what each
+   row sends in phase 0, a :class:`Send`: named ``[B, ...]`` tensors and ``[B]`` scalars,
+   the same content to every receiver of the phase.
+2. For each phase ``p``: ``mix(state, p, inbox, rows)`` gets the inbox, one :class:`Slot`
+   per in-neighbour (in sorted sender order, as every engine orders them): the sender's
+   tensors and scalars as ``[B, ...]`` rows, the mixing weight ``W_ji`` and whether the
+   message arrived. It returns the new state and the next phase's :class:`Send` (``None``
+   after the last phase, or when nothing is sent).
+
+A message that did not arrive (lost, late, from a crashed peer) is a legal input: its slot
+says ``arrived = False`` and its values must not be read (they are zeros on a peer and
+stale on the vectorized engine; multiply by a 0/1 coefficient built from ``arrived``, as
+:func:`gossip` does). A crashed peer runs nothing: the vectorized engine keeps its rows of
+the state as they were, so a rule never needs to know.
+
+Who sends to whom: ``pattern`` names it: ``"neighbours"`` (every edge of the round's
+communication graph, the weights of ``mixing``) or ``"none"``. The message schema (tensor
+names, scalars and the values they may take) comes from ``schema(phase)``; every receiver
+checks each message against it before the rule sees it, and the vectorized engine counts
+traffic from it (``nbytes`` of the model-shaped tensors plus 8 bytes a scalar), so both
+engines report the same bytes.
+
+Compression: the node's codec encodes every tensor of a :class:`Send`. A rule that must know
+exactly what receivers decode (error feedback: DeepSqueeze, CHOCO) calls
+``rows.compress(v)``, which returns the decoded ``C(v)``; sending that same tensor sends the
+already-encoded bytes, not a second encoding.
+
+Writing one: see ``examples/user_algorithm/`` and the README's "Write your own algorithm".
+The registry (:data:`fedcore.algorithms.ALGORITHMS`) holds a :class:`NodeRule` around each
+built-in rule; ``algorithm.name = "pkg.module:factory"`` loads a user's.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from fedcore.algorithms.base import RoundContext, check_phase
+from fedcore.errors import AlgorithmError
+from fedcore.messages import EncodedTensor, MessageSchema, Payload
+
+__all__ = [
+    "NodeRule",
+    "Rows",
+    "Rule",
+    "Send",
+    "Slot",
+    "gossip",
+    "is_rule",
+    "per_peer",
+    "pull",
+]
+
+_TOTAL = torch.float64
+
+
+@dataclass(frozen=True, eq=False)
+class Slot:
+    """One in-neighbour slot of ``B`` peers' inboxes in one phase.
+
+    Attributes:
+        tensors: The sender's tensors, decoded, ``[B, ...]`` (read only).
+        scalars: The sender's scalars, ``[B]`` float64.
+        weight: ``W_ji``, the share of the sender's value this peer receives, ``[B]``
+            float64 (0 in a padding slot of a peer with fewer in-neighbours).
+        arrived: ``[B]`` bool: the message arrived (never in a padding slot).
+    """
+
+    tensors: Mapping[str, torch.Tensor]
+    scalars: Mapping[str, torch.Tensor]
+    weight: torch.Tensor
+    arrived: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Send:
+    """What each of ``B`` peers sends in one phase, the same to every receiver.
+
+    Attributes:
+        tensors: Name -> ``[B, *model shape]`` rows (a row of ``rows.compress`` output is
+            sent as it was encoded).
+        scalars: Name -> ``[B]`` values (float64 on the wire).
+    """
+
+    tensors: Mapping[str, torch.Tensor]
+    scalars: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Rows:
+    """What ``B`` peers know about one round (the rule's context).
+
+    Attributes:
+        round: Round index.
+        lr: The factor of ``grad`` in the local step (1.0 with a node optimizer, whose
+            direction then comes as ``grad``).
+        self_weight: ``[B]`` float64: ``W_ii``.
+        b: Number of rows.
+        deadline: Receivers go on without a missing message (deadline mode).
+    """
+
+    def __init__(
+        self,
+        *,
+        round: int,
+        lr: float,
+        self_weight: torch.Tensor,
+        compress: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        fail: Callable[[torch.Tensor, str], None] | None = None,
+        deadline: bool = False,
+    ) -> None:
+        """An engine builds this; a rule only reads it. ``compress`` (default: lossless)
+        and ``fail`` (default: raise :class:`~fedcore.errors.AlgorithmError` naming the
+        first bad row) are the engine's (a unit test may leave them out)."""
+        self.round = round
+        self.lr = lr
+        self.self_weight = self_weight
+        self.b = int(self_weight.shape[0])
+        self.deadline = deadline
+        self._compress = compress or torch.clone
+        self._fail = fail or _fail_first
+
+    def compress(self, v: torch.Tensor) -> torch.Tensor:
+        """``C(v)`` per row with each peer's codec: exactly what receivers will decode of
+        it. A row that is not finite stops the run (the peer diverged).
+
+        Raises:
+            AlgorithmError: a row of ``v`` is not finite.
+        """
+        self.check(
+            ~torch.isfinite(v.reshape(v.shape[0], -1).sum(dim=1)),
+            "node {node} diverged at round {round}: the vector to compress is not finite. "
+            "Lower algorithm.lr or the consensus step, or use a codec with a smaller error.",
+        )
+        return self._compress(v)
+
+    def check(self, bad: torch.Tensor, why: str) -> None:
+        """Stop the run if a row of ``bad`` (``[B]`` bool) is set; ``why`` is formatted
+        with ``node`` and ``round``.
+
+        Raises:
+            AlgorithmError: some row is bad (the vectorized engine on a GPU raises later).
+        """
+        self._fail(bad, why)
+
+
+def _fail_first(bad: torch.Tensor, why: str) -> None:
+    if bool(bad.any()):
+        first = int(torch.nonzero(bad)[0])
+        raise AlgorithmError(why.format(node=f"row {first}", round="?"))
+
+
+@runtime_checkable
+class Rule(Protocol):
+    """An algorithm written once over ``B`` stacked peers (see the module docstring).
+
+    Attributes:
+        name: Registry name.
+        mixing: The weights it needs on the trust graph (as
+            :class:`~fedcore.algorithms.base.Algorithm`'s ``mixing``).
+        phases: Communication phases a round.
+        pattern: Who sends to whom: ``"neighbours"`` or ``"none"``.
+    """
+
+    name: str
+    mixing: str
+    phases: int
+    pattern: str
+
+    def init(self, params: torch.Tensor) -> Any:
+        """The state of ``B`` peers starting from ``params [B, d]``: a NamedTuple of
+        tensors with a leading ``B`` axis."""
+        ...
+
+    def model(self, state: Any) -> torch.Tensor:
+        """``[B, d]``: the parameters each peer predicts with and takes its gradient at."""
+        ...
+
+    def step(self, state: Any, grad: torch.Tensor, rows: Rows) -> tuple[Any, Send | None]:
+        """The local step with ``grad [B, d]``; the new state and phase 0's messages."""
+        ...
+
+    def mix(self, state: Any, phase: int, inbox: list[Slot], rows: Rows) -> tuple[Any, Send | None]:
+        """Take in ``inbox``; the new state and the next phase's messages."""
+        ...
+
+    def schema(self, phase: int) -> MessageSchema:
+        """Exactly what a message of ``phase`` holds."""
+        ...
+
+
+def is_rule(obj: object) -> bool:
+    """Whether ``obj`` is a :class:`Rule` (not an adapter around one)."""
+    return all(hasattr(obj, a) for a in ("init", "model", "step", "mix", "schema", "pattern"))
+
+
+# -- helpers rules share ---------------------------------------------------------------
+
+
+def gossip(
+    x: torch.Tensor, self_weight: torch.Tensor, inbox: list[Slot], name: str = "x"
+) -> torch.Tensor:
+    """``W_ii x_i + sum_j W_ji x_j`` over what arrived, slot by slot; a missing ``j``'s
+    weight goes to the peer itself (its row stays a convex combination)."""
+    own = self_weight
+    for slot in inbox:
+        own = own + torch.where(slot.arrived, 0.0, slot.weight)
+    out = x * own.to(x.dtype).unsqueeze(1)
+    for slot in inbox:
+        coef = torch.where(slot.arrived, slot.weight, 0.0).to(x.dtype).unsqueeze(1)
+        out.addcmul_(slot.tensors[name], coef)
+    return out
+
+
+def pull(base: torch.Tensor, inbox: list[Slot], name: str) -> torch.Tensor:
+    """``sum_j W_ji (v_j - base)`` over what arrived, slot by slot (a missing ``j`` adds
+    nothing, as if it had sent ``base``)."""
+    out = torch.zeros_like(base)
+    for slot in inbox:
+        coef = torch.where(slot.arrived, slot.weight, 0.0).to(base.dtype).unsqueeze(1)
+        out.addcmul_(slot.tensors[name] - base, coef)
+    return out
+
+
+def model_state_step(x: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
+    """``x - lr * grad`` (the step every rule without its own takes)."""
+    return x - lr * grad
+
+
+# -- a rule on one peer: the node's per-message protocol -------------------------------
+
+
+class NodeRule:
+    """A :class:`Rule` run by one peer (``B = 1``), as the node's per-message
+    :class:`~fedcore.algorithms.base.Algorithm`: dict inboxes become slots in sorted
+    sender order, a :class:`Send` becomes one payload for every out-neighbour.
+
+    Attributes:
+        rule: The rule.
+    """
+
+    def __init__(self, rule: Any) -> None:
+        """Wrap ``rule``."""
+        if not is_rule(rule):
+            raise AlgorithmError(
+                f"{rule!r} is not an update rule: it needs init, model, step, mix, schema and "
+                "pattern (fedcore.algorithms.rule.Rule)."
+            )
+        self.rule = rule
+        self.name: str = rule.name
+        self.mixing: str = rule.mixing
+        self.phases: int = int(rule.phases)
+        self._encoded: dict[int, EncodedTensor] = {}
+        self._zeros: dict[tuple[int, ...], torch.Tensor] = {}
+        accept = getattr(rule, "accept", None)
+        if accept is not None:
+            self.accept = accept
+        trains = getattr(rule, "trains", None)
+        if trains is not None:
+            self.trains = trains
+
+    def __getattr__(self, name: str) -> Any:
+        """The rule's own options (``eta``, ``gamma``, ...) read through the adapter."""
+        if name == "rule":
+            raise AttributeError(name)
+        return getattr(self.rule, name)
+
+    def __repr__(self) -> str:
+        return f"NodeRule({self.rule!r})"
+
+    def _rows(self, ctx: RoundContext) -> Rows:
+        codec = ctx.codec
+
+        def compress(v: torch.Tensor) -> torch.Tensor:
+            row = v[0]
+            if codec is None:
+                return v.clone()
+            encoded = codec.encode(row)
+            decoded = codec.decode(encoded).unsqueeze(0)
+            self._encoded[id(decoded)] = encoded
+            return decoded
+
+        def fail(bad: torch.Tensor, why: str) -> None:
+            if bool(bad[0]):
+                raise AlgorithmError(why.format(node=repr(ctx.node), round=ctx.round))
+
+        return Rows(
+            round=ctx.round,
+            lr=ctx.lr,
+            self_weight=torch.tensor([ctx.self_weight], dtype=_TOTAL),
+            compress=compress,
+            fail=fail,
+            deadline=ctx.deadline,
+        )
+
+    def init(self, params: torch.Tensor) -> Any:
+        """The rule's state of one row."""
+        return self.rule.init(params.unsqueeze(0))
+
+    def model(self, state: Any) -> torch.Tensor:
+        """The row's model."""
+        out: torch.Tensor = self.rule.model(state)[0]
+        return out
+
+    def _outbox(self, send: Send | None, ctx: RoundContext) -> dict[str, Payload]:
+        if send is None or not ctx.out_weights:
+            self._encoded.clear()
+            return {}
+        tensors: dict[str, torch.Tensor | EncodedTensor] = {}
+        for name, value in send.tensors.items():
+            encoded = self._encoded.get(id(value))
+            tensors[name] = encoded if encoded is not None else value[0]
+        scalars = {name: float(value[0]) for name, value in send.scalars.items()}
+        self._encoded.clear()
+        payload = Payload(tensors, scalars)
+        return dict.fromkeys(ctx.out_weights, payload)
+
+    def step(self, state: Any, grad: torch.Tensor, ctx: RoundContext) -> tuple[Any, Any]:
+        """The rule's step on one row; its send as one payload for every out-neighbour."""
+        state, send = self.rule.step(state, grad.unsqueeze(0), self._rows(ctx))
+        return state, self._outbox(send, ctx)
+
+    def local_step(self, state: Any, grad: torch.Tensor, ctx: Any) -> Any:
+        """A local step between communications (``run.local_steps``)."""
+        own = getattr(self.rule, "local_step", None)
+        if own is not None:
+            return own(state, grad.unsqueeze(0), self._rows(ctx))
+        return state._replace(x=model_state_step(state.x, grad.unsqueeze(0), ctx.lr))
+
+    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
+        """Every in-neighbour, for a rule that talks to its neighbours."""
+        return tuple(ctx.in_weights) if self.rule.pattern == "neighbours" else ()
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """The rule's schema of ``phase``."""
+        if self.rule.pattern == "none":
+            raise AlgorithmError(f"{self.name!r} sends no messages; {sender!r} sent one.")
+        check_phase(self.name, phase, self.phases)
+        schema: MessageSchema = self.rule.schema(phase)
+        return schema
+
+    def _zero(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        zero = self._zeros.get(shape)
+        if zero is None or zero.dtype != dtype:
+            zero = self._zeros[shape] = torch.zeros((1, *shape), dtype=dtype)
+        return zero
+
+    def mix(self, state: Any, phase: int, inbox: Mapping[str, Payload], ctx: RoundContext) -> Any:
+        """The rule's mix of one row, over slots in sorted sender order."""
+        schema = self.rule.schema(phase) if self.rule.pattern != "none" else None
+        x = self.rule.model(state)
+        yes = torch.ones(1, dtype=torch.bool)
+        no = torch.zeros(1, dtype=torch.bool)
+        slots: list[Slot] = []
+        for sender in sorted(ctx.in_weights):
+            weight = torch.tensor([ctx.in_weights[sender]], dtype=_TOTAL)
+            payload = inbox.get(sender)
+            if payload is not None:
+                tensors = {n: payload.tensor(n).unsqueeze(0) for n in payload.tensors}
+                scalars = {n: torch.tensor([v], dtype=_TOTAL) for n, v in payload.scalars.items()}
+                slots.append(Slot(tensors, scalars, weight, yes))
+                continue
+            names = schema.tensors if schema is not None else {}
+            tensors = {
+                n: self._zero(tuple(x.shape[1:]) if s is None else s, x.dtype)
+                for n, s in names.items()
+            }
+            scalars = {n: torch.zeros(1, dtype=_TOTAL) for n in (schema.scalars if schema else ())}
+            slots.append(Slot(tensors, scalars, weight, no))
+        state, send = self.rule.mix(state, phase, slots, self._rows(ctx))
+        return state, self._outbox(send, ctx)
+
+
+def per_peer(rule: Callable[..., Any]) -> Callable[..., NodeRule]:
+    """A factory of ``rule``'s form on one peer: ``per_peer(DPSGDRule)(**options)`` is
+    ``NodeRule(DPSGDRule(**options))``, with the rule's signature and docstring (the
+    registry reads a factory's options from its signature)."""
+
+    def make(*args: Any, **kwargs: Any) -> NodeRule:
+        return NodeRule(rule(*args, **kwargs))
+
+    name = getattr(rule, "__name__", "rule").removesuffix("Rule")
+    make.__name__ = make.__qualname__ = name
+    make.__doc__ = rule.__doc__
+    make.__signature__ = inspect.signature(rule)  # type: ignore[attr-defined]
+    make.rule = rule  # type: ignore[attr-defined]
+    for attribute in ("name", "mixing", "phases"):  # read by the registry's users
+        if hasattr(rule, attribute):
+            setattr(make, attribute, getattr(rule, attribute))
+    return make
