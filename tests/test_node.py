@@ -156,10 +156,10 @@ def test_invalid_message_in_strict_mode_fails_naming_sender_and_reason() -> None
 
 
 def test_float64_harness_and_own_algorithm_object() -> None:
-    """Users can pass their own algorithm object and run in float64."""
-    from fedcore.algorithms import OPS
+    """Users can pass their own algorithm object (a rule) and run in float64."""
+    from fedcore.algorithms.ops import PushSumRule
 
-    class HalfStepOPS(OPS):
+    class HalfStepOPS(PushSumRule):
         name = "half-step-ops"
 
     net = make_network("ring:4", algorithm=HalfStepOPS(), settings={"model.dtype": "float64"})

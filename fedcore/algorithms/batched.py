@@ -33,11 +33,10 @@ import numpy as np
 import torch
 
 from fedcore.algorithms.compressed import CHOCO
-from fedcore.algorithms.online import DOL
-from fedcore.algorithms.ops import OPS
+from fedcore.algorithms.ops import RobustOPS
 from fedcore.algorithms.reference import Central
 from fedcore.algorithms.rps import RPS, block_sizes
-from fedcore.algorithms.rule import NodeRule, Rows, Slot
+from fedcore.algorithms.rule import NodeRule, Rows, Slot, schema_of
 from fedcore.compression.batched import RowCodec
 from fedcore.errors import AlgorithmError, ProtocolError
 from fedcore.topology import TrustGraph
@@ -385,13 +384,10 @@ class _PushState(NamedTuple):
 
 
 class BatchedOPS:
-    """Batched :class:`~fedcore.algorithms.ops.OPS`, plain or robust, any step scale.
-
-    Plain: each sender's shares ``(W_ij x_half_i, W_ij omega_i)``; one payload per distinct
-    weight of a sender (as :func:`~fedcore.algorithms.ops.push_shares` builds them), so a
-    stochastic codec draws once per payload, in the order the node encodes them. Robust:
-    one running total per edge of the union of the run's graphs, ``[E, d]`` in float64 at
-    the sender (``sent``) and the receiver (``seen``).
+    """Batched :class:`~fedcore.algorithms.ops.RobustOPS`, any step scale: one running
+    total per edge of the union of the run's graphs, ``[E, d]`` in float64 at the sender
+    (``sent``) and the receiver (``seen``). (Plain OPS is the rule
+    :class:`~fedcore.algorithms.ops.PushSumRule`.)
 
     The hold rule for isolated nodes applies in deadline mode only, which this engine does
     not run (strict mode: every message arrives unless the plan announced its loss).
@@ -400,7 +396,7 @@ class BatchedOPS:
     name = "ops"
     phases = 1
 
-    def __init__(self, algorithm: OPS, union_edges: int, float64_wire: bool = False) -> None:
+    def __init__(self, algorithm: RobustOPS, union_edges: int, float64_wire: bool = False) -> None:
         """Take the options of ``algorithm``; ``union_edges`` sizes robust totals;
         ``float64_wire``: the wire carries the float64 totals exactly (no ``x_lo``)."""
         self.robust = algorithm.robust
@@ -412,8 +408,6 @@ class BatchedOPS:
         """``x = params``, ``omega = 1``; robust: every total 0 (an edge's first total is
         its first share, exactly as a per-node ``EdgeTotal`` starts)."""
         omega = torch.ones(params.shape[0], dtype=_TOTAL, device=params.device)
-        if not self.robust:
-            return _PushState(params.clone(), omega)
         zeros = torch.zeros(self.union_edges, params.shape[1], dtype=_TOTAL, device=params.device)
         sent_omega = torch.zeros(self.union_edges, dtype=_TOTAL, device=params.device)
         return _RobustState(
@@ -429,7 +423,7 @@ class BatchedOPS:
     def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
         """One message per out-edge: ``x`` (robust: and ``x_lo`` unless the wire is exact
         float64) and the scalar ``omega``."""
-        tensors = 2 if self.robust and not self.float64_wire else 1
+        tensors = 1 if self.float64_wire else 2
         size = torch.full_like(graph.src, tensors * nbytes(d) + 8)
         return Messages(graph.src, graph.dst, size, torch.full_like(graph.src, tensors * 4 * d))
 
@@ -445,26 +439,7 @@ class BatchedOPS:
     def round(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
         """The step on the numerator, then plain shares or robust totals."""
         x_half = self._step(state.x, state.omega, grad, ctx.lr)
-        if self.robust:
-            return self._robust(state, x_half, ctx)
-        g = ctx.graph
-        unit_of_edge, unit_sender, unit_weight = _share_units(g)
-        shares = x_half[unit_sender] * unit_weight.to(x_half.dtype).unsqueeze(1)
-        decoded = ctx.roundtrip(shares, unit_sender)
-        arrived = g.slots(ctx.arrived[0])
-        units = torch.cat([unit_of_edge, unit_of_edge[:1]])[g.slot_edge]  # padding: any unit
-        x_own = x_half * g.self_weight.to(x_half.dtype).unsqueeze(1)
-        x = _mix(x_own, decoded, arrived.to(x_half.dtype), units)
-        omega_share = g.slots(state.omega[g.src] * g.weight)
-        omega = state.omega * g.self_weight
-        for k in range(arrived.shape[1]):
-            omega = omega + torch.where(arrived[:, k], omega_share[:, k], 0.0)
-        ctx.check(
-            ~(omega > 0) & ctx.up,
-            "node {node}: its push-sum weight is no longer positive after round {round}; it "
-            "must stay positive. Give every node a positive self weight.",
-        )
-        return _PushState(ctx.keep(x, state.x), ctx.keep(omega, state.omega))
+        return self._robust(state, x_half, ctx)
 
     def _robust(self, state: _RobustState, x_half: torch.Tensor, ctx: BatchRound) -> Any:
         g = ctx.graph
@@ -581,27 +556,6 @@ def _share_units(g: StackedGraph) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         )
         g.cache["units"] = cached
     return cached
-
-
-class BatchedDOL(BatchedOPS):
-    """Batched :class:`~fedcore.algorithms.online.DOL`: plain push-sum mixing of ``x`` with
-    the weight fixed at 1 and no de-biasing (a lost share is lost)."""
-
-    name = "dol"
-
-    def __init__(self) -> None:
-        """No options."""
-        super().__init__(OPS(), 0)
-
-    def model(self, state: Any) -> torch.Tensor:
-        """The model ``x`` itself."""
-        x: torch.Tensor = state.x
-        return x
-
-    def round(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
-        """OPS's plain round with ``omega`` held at 1."""
-        new = super().round(state, grad, ctx)
-        return _PushState(new.x, state.omega)
 
 
 class _SqueezeState(NamedTuple):
@@ -791,7 +745,8 @@ class BatchedRule:
         if self.rule.pattern == "none":
             empty = graph.src[:0]
             return Messages(empty, empty, empty, empty)
-        schema = self.rule.schema(phase)
+        stub = Rows(round=0, lr=0.0, self_weight=graph.self_weight, n=graph.n)
+        schema = schema_of(self.rule, phase, stub)
         size = 8 * len(schema.scalars)
         fp32 = 0
         for shape in schema.tensors.values():
@@ -819,19 +774,47 @@ class BatchedRule:
             self_weight=ctx.graph.self_weight,
             compress=compress,
             fail=fail,
+            in_degree=_in_degree(ctx.graph),
+            n=ctx.graph.n,
         )
 
     def _inbox(self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]) -> list[Any]:
         if self.rule.pattern == "none" or send is None:
             return []
+        if send.to is not None and not bool(send.to.all()):
+            raise AlgorithmError(
+                f"{self.name!r}: a peer that sends nothing (Send.to) is deadline mode's, "
+                "which the vectorized engine does not run."
+            )
         g = ctx.graph
+        arrived = g.slots(ctx.arrived[phase])
+        weights = _slot_weights(g)
+        if send.weighted:  # push-sum shares: one message per (sender, distinct share)
+            unit_of_edge, unit_sender, unit_weight = _share_units(g)
+            units = torch.cat([unit_of_edge, unit_of_edge[:1]])[g.slot_edge]  # padding: any
+            tensors = {
+                name: ctx.roundtrip(
+                    value[unit_sender] * unit_weight.to(value.dtype).unsqueeze(1), unit_sender
+                )
+                for name, value in send.tensors.items()
+            }
+            scalars = {
+                name: g.slots(value[g.src] * g.weight) for name, value in send.scalars.items()
+            }
+            return [
+                Slot(
+                    {name: value.index_select(0, units[:, k]) for name, value in tensors.items()},
+                    {name: value[:, k] for name, value in scalars.items()},
+                    weights[:, k],
+                    arrived[:, k],
+                )
+                for k in range(g.nbr.shape[1])
+            ]
         everyone = torch.arange(g.n, device=ctx.up.device)
         decoded = {
             name: value if id(value) in compressed else ctx.roundtrip(value, everyone)
             for name, value in send.tensors.items()
         }
-        arrived = g.slots(ctx.arrived[phase])
-        weights = _slot_weights(g)
         return [
             Slot(
                 {name: value.index_select(0, g.nbr[:, k]) for name, value in decoded.items()},
@@ -860,6 +843,14 @@ class BatchedRule:
             inbox = self._inbox(send, phase, ctx, compressed)
             new, send = self.rule.mix(new, phase, inbox, rows)
         return _keep_state(ctx, new, state)
+
+
+def _in_degree(g: StackedGraph) -> torch.Tensor:
+    """In-neighbours of every node (``[N]`` long); built once per graph."""
+    degree = g.cache.get("in_degree")
+    if degree is None:
+        degree = g.cache["in_degree"] = torch.bincount(g.dst, minlength=g.n)
+    return degree
 
 
 def _keep_state(ctx: BatchRound, new: Any, old: Any) -> Any:
@@ -905,10 +896,8 @@ def batched_form(
     ``union_edges`` and ``float64_wire`` as for :class:`BatchedOPS`."""
     if isinstance(algorithm, NodeRule):
         return BatchedRule(algorithm.rule)
-    if isinstance(algorithm, OPS):
+    if isinstance(algorithm, RobustOPS):
         return BatchedOPS(algorithm, union_edges, float64_wire)
-    if isinstance(algorithm, DOL):
-        return BatchedDOL()
     if isinstance(algorithm, CHOCO):
         return BatchedCHOCO(algorithm.gamma)
     if isinstance(algorithm, RPS):
@@ -918,7 +907,7 @@ def batched_form(
     raise AlgorithmError(f"no batched form of {algorithm!r}.")
 
 
-_FORMS = {OPS, DOL, CHOCO, RPS, Central}
+_FORMS = {RobustOPS, CHOCO, RPS, Central}
 
 
 def has_batched_form(algorithm: Any) -> bool:

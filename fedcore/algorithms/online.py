@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
+from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.dpsgd import DPSGDRule
-from fedcore.algorithms.ops import push_shares, push_sum_mix
 from fedcore.algorithms.reference import ModelState
-from fedcore.algorithms.rule import per_peer
+from fedcore.algorithms.rule import Rows, Send, Slot, per_peer
 from fedcore.messages import MessageSchema, ScalarSpec
 
-__all__ = ["DOG", "DOL", "DOGRule"]
+__all__ = ["DOG", "DOL", "DOGRule", "DOLRule"]
 
 _SHARE = ScalarSpec(0.0, 1.0, "a push-sum share of a sender whose weight is 1")
 
@@ -76,7 +75,7 @@ class DOGRule(DPSGDRule):
 DOG = per_peer(DOGRule)
 
 
-class DOL:
+class DOLRule:
     """DOL: decentralized online learning on a one-way trust graph, no de-biasing.
 
     The "DOL-asymm" baseline of He, Tan, Tang, Qiu, Liu, "Central Server Free Federated
@@ -114,42 +113,43 @@ class DOL:
     that is the "no de-biasing" of the baseline (unlike DOG, which gives a missing
     neighbour's weight to the node itself).
 
-    Messages have push-sum's format (tensor ``"x"`` plus scalar ``"omega"``), built and
-    mixed with OPS's own helpers. The sender's weight is fixed at 1, so the scalar is just
+    Messages have push-sum's format (tensor ``"x"`` plus scalar ``"omega"``), sent as
+    weighted shares like OPS's. The sender's weight is fixed at 1, so the scalar is just
     the share ``W_ij``; the receiver ignores it, but refuses one outside ``(0, 1]``.
     """
 
     name = "dol"
     mixing = "push-sum"
     phases = 1
+    pattern = "neighbours"
 
     def init(self, params: torch.Tensor) -> ModelState:
         """Start from ``x = params``."""
         return ModelState(params.clone())
 
     def model(self, state: ModelState) -> torch.Tensor:
-        """The model ``x`` (no division by a push-sum weight)."""
+        """The models ``x`` (no division by a push-sum weight)."""
         return state.x
 
-    def step(
-        self, state: ModelState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[ModelState, Outbox]:
+    def step(self, state: ModelState, grad: torch.Tensor, rows: Rows) -> tuple[ModelState, Send]:
         """Gradient step on ``x``, then push each out-neighbour its share of the result."""
-        x_half = state.x - ctx.lr * grad
-        return ModelState(x_half), push_shares(x_half, 1.0, dict(ctx.out_weights))
+        x_half = state.x - rows.lr * grad
+        ones = torch.ones(x_half.shape[0], dtype=torch.float64, device=x_half.device)
+        return ModelState(x_half), Send({"x": x_half}, {"omega": ones}, weighted=True)
 
-    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Every in-neighbour of this round's graph."""
-        return tuple(ctx.in_weights)
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+    def schema(self, phase: int) -> MessageSchema:
         """The share ``"x"`` and the scalar ``"omega"`` (the share's weight, in ``(0, 1]``)."""
-        check_phase(self.name, phase)
         return model_schema("x", omega=_SHARE)
 
     def mix(
-        self, state: ModelState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[ModelState, Outbox]:
+        self, state: ModelState, phase: int, inbox: list[Slot], rows: Rows
+    ) -> tuple[ModelState, None]:
         """Keep the own share and add the shares that arrived (a missing one is lost)."""
-        x, _ = push_sum_mix(state.x, 1.0, ctx.self_weight, inbox)
-        return ModelState(x), {}
+        dtype = state.x.dtype
+        x = state.x * rows.self_weight.to(dtype).unsqueeze(1)
+        for slot in inbox:
+            x.addcmul_(slot.tensors["x"], slot.arrived.to(dtype).unsqueeze(1))
+        return ModelState(x), None
+
+
+DOL = per_peer(DOLRule)

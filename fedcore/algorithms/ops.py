@@ -120,11 +120,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
+from fedcore.algorithms.rule import NodeRule, Rows, Send, Slot
 from fedcore.compression import Codec
 from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
 from fedcore.messages import EncodedTensor, MessageSchema, Payload, ScalarSpec
@@ -135,6 +136,9 @@ __all__ = [
     "STEP_SCALES",
     "EdgeTotal",
     "OPSState",
+    "PushSumRule",
+    "PushSumState",
+    "RobustOPS",
     "RobustOPSState",
     "absorb_totals",
     "gradient_step",
@@ -381,8 +385,13 @@ def absorb_totals(
     return (x.to(_TOTAL) + gained).to(x.dtype), omega + gained_omega, new_seen
 
 
-class OPS:
-    """Online Push-Sum (see the module docstring for the update rules).
+class RobustOPS:
+    """Robust Online Push-Sum, per peer (see the module docstring for the update rules).
+
+    Its running totals per edge are still kept twice: here per peer and in
+    :class:`~fedcore.algorithms.batched.BatchedOPS` for the vectorized engine; plain OPS is
+    the one rule :class:`PushSumRule`. (Plain OPS through this class is kept for its own
+    unit tests of the shared helpers.)
 
     Args:
         robust: Use robust push-sum (running totals per edge), which survives lost
@@ -415,7 +424,7 @@ class OPS:
 
     def __repr__(self) -> str:
         """Show the options."""
-        return f"OPS(robust={self.robust}, step_scale={self.step_scale!r})"
+        return f"RobustOPS(robust={self.robust}, step_scale={self.step_scale!r})"
 
     def init(self, params: torch.Tensor) -> OPSState | RobustOPSState:
         """Start from ``x = params`` and ``omega = 1`` (so ``z = params``), no totals."""
@@ -533,3 +542,147 @@ class OPS:
                 "received). Give every node a positive self weight."
             )
         return new, {}
+
+
+def _check_options(robust: object, step_scale: object) -> None:
+    if not isinstance(robust, bool):
+        raise ConfigError(f"algorithm.robust for 'ops' must be true or false, not {robust!r}.")
+    if step_scale not in STEP_SCALES:
+        raise ConfigError(
+            f"algorithm.step_scale for 'ops' is {step_scale!r}; use one of "
+            f"{', '.join(repr(s) for s in STEP_SCALES)} ('omega' scales the step by the "
+            "push-sum weight, a step of lr on the de-biased model)."
+        )
+
+
+class PushSumState(NamedTuple):
+    """``B`` peers' push-sum numerators ``x [B, d]``, weights ``omega [B]`` (float64) and
+    rounds in a row with no share from any expected in-neighbour (``silent [B]``)."""
+
+    x: torch.Tensor
+    omega: torch.Tensor
+    silent: torch.Tensor
+
+
+class PushSumRule:
+    """Plain Online Push-Sum, one rule for every engine (the module docstring states the
+    update, the hold rule of a silent peer and the step scale).
+
+    Args:
+        step_scale: ``"none"`` (the paper's ``x -= lr * g``) or ``"omega"``
+            (``x -= lr * omega * g``, a step of ``lr`` on ``z``).
+    """
+
+    name = "ops"
+    mixing = "push-sum"
+    phases = 1
+    pattern = "neighbours"
+    robust = False
+
+    def __init__(self, step_scale: str = "none") -> None:
+        """Check and keep the option."""
+        _check_options(False, step_scale)
+        self.step_scale = step_scale
+
+    def __repr__(self) -> str:
+        """Show the option."""
+        return f"PushSumRule(step_scale={self.step_scale!r})"
+
+    def init(self, params: torch.Tensor) -> PushSumState:
+        """``x = params``, ``omega = 1`` (so ``z = params``)."""
+        b = params.shape[0]
+        return PushSumState(
+            params.clone(),
+            torch.ones(b, dtype=_TOTAL, device=params.device),
+            torch.zeros(b, dtype=torch.long, device=params.device),
+        )
+
+    def model(self, state: PushSumState) -> torch.Tensor:
+        """The de-biased models ``z = x / omega``."""
+        x: torch.Tensor = state.x / state.omega.to(state.x.dtype).unsqueeze(1)
+        return x
+
+    def _holding(self, state: PushSumState, rows: Rows) -> torch.Tensor | None:
+        """Rows that hold this round (deadline mode, silent long enough), or None."""
+        if not rows.deadline:
+            return None
+        holding = state.silent >= ISOLATED_AFTER
+        return holding if bool(holding.any()) else None
+
+    def _step(
+        self, state: PushSumState, grad: torch.Tensor, rows: Rows, holding: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = state.x
+        if self.step_scale == "none" and holding is None:
+            return x - rows.lr * grad
+        scaled = rows.lr * state.omega
+        if self.step_scale == "none":  # only the holding rows step on z
+            scaled = torch.where(holding, scaled, torch.full_like(scaled, rows.lr))  # type: ignore[arg-type]
+        return x - scaled.to(x.dtype).unsqueeze(1) * grad
+
+    def local_step(self, state: PushSumState, grad: torch.Tensor, rows: Rows) -> PushSumState:
+        """A local step between communications: the round's step on the numerator, nothing
+        pushed; the weights stay."""
+        return state._replace(x=self._step(state, grad, rows, self._holding(state, rows)))
+
+    def step(
+        self, state: PushSumState, grad: torch.Tensor, rows: Rows
+    ) -> tuple[PushSumState, Send]:
+        """Gradient step on the numerator, then push each out-neighbour its share; a
+        holding peer pushes nothing."""
+        holding = self._holding(state, rows)
+        x_half = self._step(state, grad, rows, holding)
+        send = Send(
+            {"x": x_half},
+            {"omega": state.omega},
+            weighted=True,
+            to=None if holding is None else ~holding,
+        )
+        return state._replace(x=x_half), send
+
+    def schema(self, phase: int, rows: Rows) -> MessageSchema:
+        """``"x"`` and the share ``"omega"`` in ``(0, n]``."""
+        return _share_schema(rows.n or math.inf)
+
+    def mix(
+        self, state: PushSumState, phase: int, inbox: list[Slot], rows: Rows
+    ) -> tuple[PushSumState, None]:
+        """Keep the own share, add the shares that arrived (a missing one is lost mass)."""
+        holding = self._holding(state, rows)
+        own = rows.self_weight
+        if holding is not None:  # it pushed nothing: all of its mass is still its own
+            own = torch.where(holding, torch.ones_like(own), own)
+        dtype = state.x.dtype
+        x = state.x * own.to(dtype).unsqueeze(1)
+        omega = state.omega * own
+        heard = torch.zeros_like(state.silent, dtype=torch.bool)
+        for slot in inbox:
+            x.addcmul_(slot.tensors["x"], slot.arrived.to(dtype).unsqueeze(1))
+            omega = omega + torch.where(slot.arrived, slot.scalars["omega"], 0.0)
+            heard = heard | slot.arrived
+        expected = rows.in_degree > 0
+        silent = torch.where(heard, 0, torch.where(expected, state.silent + 1, state.silent))
+        rows.check(
+            ~(omega > 0),
+            "node {node}: its push-sum weight is no longer positive after round {round}; it "
+            "must stay positive. Give every node a positive self weight.",
+        )
+        return PushSumState(x, omega, silent), None
+
+
+def OPS(robust: bool = False, step_scale: str = "none") -> Any:
+    """Online Push-Sum: ``robust = false`` is the rule :class:`PushSumRule`, ``robust = true``
+    the running-totals form :class:`RobustOPS` (two separate rules behind one name).
+
+    Raises:
+        ConfigError: ``robust`` is not a bool or ``step_scale`` is unknown.
+    """
+    _check_options(robust, step_scale)
+    if robust:
+        return RobustOPS(robust=True, step_scale=step_scale)
+    return NodeRule(PushSumRule(step_scale))
+
+
+OPS.name = "ops"  # type: ignore[attr-defined]
+OPS.mixing = "push-sum"  # type: ignore[attr-defined]
+OPS.phases = 1  # type: ignore[attr-defined]

@@ -64,6 +64,7 @@ __all__ = [
     "is_rule",
     "per_peer",
     "pull",
+    "schema_of",
 ]
 
 _TOTAL = torch.float64
@@ -95,10 +96,18 @@ class Send:
         tensors: Name -> ``[B, *model shape]`` rows (a row of ``rows.compress`` output is
             sent as it was encoded).
         scalars: Name -> ``[B]`` values (float64 on the wire).
+        weighted: Each receiver ``j`` gets every tensor and scalar times the share
+            ``W_ij`` the sender pushes to it (push-sum); one message per distinct share,
+            so a sender encodes each once.
+        to: ``[B]`` bool: the rows that send at all (``None``: every row). A row that
+            sends nothing is a missing message at its receivers; only deadline mode
+            allows it (a peer of a strict run must send every expected message).
     """
 
     tensors: Mapping[str, torch.Tensor]
     scalars: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    weighted: bool = False
+    to: torch.Tensor | None = None
 
 
 class Rows:
@@ -109,7 +118,9 @@ class Rows:
         lr: The factor of ``grad`` in the local step (1.0 with a node optimizer, whose
             direction then comes as ``grad``).
         self_weight: ``[B]`` float64: ``W_ii``.
+        in_degree: ``[B]`` long: in-neighbours of this round's graph.
         b: Number of rows.
+        n: Peers in the network (0: unknown; bounds in message schemas).
         deadline: Receivers go on without a missing message (deadline mode).
     """
 
@@ -121,6 +132,8 @@ class Rows:
         self_weight: torch.Tensor,
         compress: Callable[[torch.Tensor], torch.Tensor] | None = None,
         fail: Callable[[torch.Tensor, str], None] | None = None,
+        in_degree: torch.Tensor | None = None,
+        n: int = 0,
         deadline: bool = False,
     ) -> None:
         """An engine builds this; a rule only reads it. ``compress`` (default: lossless)
@@ -130,6 +143,10 @@ class Rows:
         self.lr = lr
         self.self_weight = self_weight
         self.b = int(self_weight.shape[0])
+        self.in_degree = (
+            in_degree if in_degree is not None else torch.zeros(self.b, dtype=torch.long)
+        )
+        self.n = n
         self.deadline = deadline
         self._compress = compress or torch.clone
         self._fail = fail or _fail_first
@@ -199,12 +216,25 @@ class Rule(Protocol):
         ...
 
     def schema(self, phase: int) -> MessageSchema:
-        """Exactly what a message of ``phase`` holds."""
+        """Exactly what a message of ``phase`` holds (a rule may take ``rows`` as a second
+        argument, for bounds that depend on the network size or the round)."""
         ...
+
+
+def schema_of(rule: Any, phase: int, rows: Rows) -> MessageSchema:
+    """``rule.schema(phase, rows)``, or ``rule.schema(phase)`` for a rule that takes no rows."""
+    try:
+        takes_rows = len(inspect.signature(rule.schema).parameters) >= 2
+    except (TypeError, ValueError):
+        takes_rows = False
+    schema: MessageSchema = rule.schema(phase, rows) if takes_rows else rule.schema(phase)
+    return schema
 
 
 def is_rule(obj: object) -> bool:
     """Whether ``obj`` is a :class:`Rule` (not an adapter around one)."""
+    if isinstance(obj, NodeRule):
+        return False
     return all(hasattr(obj, a) for a in ("init", "model", "step", "mix", "schema", "pattern"))
 
 
@@ -304,6 +334,8 @@ class NodeRule:
             self_weight=torch.tensor([ctx.self_weight], dtype=_TOTAL),
             compress=compress,
             fail=fail,
+            in_degree=torch.tensor([len(ctx.in_weights)]),
+            n=len(ctx.nodes),
             deadline=ctx.deadline,
         )
 
@@ -317,9 +349,22 @@ class NodeRule:
         return out
 
     def _outbox(self, send: Send | None, ctx: RoundContext) -> dict[str, Payload]:
-        if send is None or not ctx.out_weights:
+        if send is None or not ctx.out_weights or (send.to is not None and not bool(send.to[0])):
             self._encoded.clear()
             return {}
+        if send.weighted:  # one payload per distinct share, in receiver order
+            by_weight: dict[float, Payload] = {}
+            outbox: dict[str, Payload] = {}
+            for dst, w in ctx.out_weights.items():
+                payload = by_weight.get(w)
+                if payload is None:
+                    payload = by_weight[w] = Payload(
+                        {name: value[0] * w for name, value in send.tensors.items()},
+                        {name: float(value[0]) * w for name, value in send.scalars.items()},
+                    )
+                outbox[dst] = payload
+            self._encoded.clear()
+            return outbox
         tensors: dict[str, torch.Tensor | EncodedTensor] = {}
         for name, value in send.tensors.items():
             encoded = self._encoded.get(id(value))
@@ -350,8 +395,7 @@ class NodeRule:
         if self.rule.pattern == "none":
             raise AlgorithmError(f"{self.name!r} sends no messages; {sender!r} sent one.")
         check_phase(self.name, phase, self.phases)
-        schema: MessageSchema = self.rule.schema(phase)
-        return schema
+        return schema_of(self.rule, phase, self._rows(ctx))
 
     def _zero(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         zero = self._zeros.get(shape)
@@ -361,7 +405,8 @@ class NodeRule:
 
     def mix(self, state: Any, phase: int, inbox: Mapping[str, Payload], ctx: RoundContext) -> Any:
         """The rule's mix of one row, over slots in sorted sender order."""
-        schema = self.rule.schema(phase) if self.rule.pattern != "none" else None
+        rows = self._rows(ctx)
+        schema = schema_of(self.rule, phase, rows) if self.rule.pattern != "none" else None
         x = self.rule.model(state)
         yes = torch.ones(1, dtype=torch.bool)
         no = torch.zeros(1, dtype=torch.bool)
@@ -381,7 +426,7 @@ class NodeRule:
             }
             scalars = {n: torch.zeros(1, dtype=_TOTAL) for n in (schema.scalars if schema else ())}
             slots.append(Slot(tensors, scalars, weight, no))
-        state, send = self.rule.mix(state, phase, slots, self._rows(ctx))
+        state, send = self.rule.mix(state, phase, slots, rows)
         return state, self._outbox(send, ctx)
 
 

@@ -97,15 +97,19 @@ def from_tree(tree: Any) -> Any:
     return tree
 
 
-def _layout(state: Any) -> Any:
-    """The class, field names and tensor shapes of an algorithm state (what must match
-    for a checkpoint to fit a node)."""
-    if isinstance(state, torch.Tensor):
-        return ("tensor", tuple(state.shape), str(state.dtype))
-    if isinstance(state, tuple) and hasattr(state, "_fields"):
-        fields = tuple((f, _layout(getattr(state, f))) for f in state._fields)
-        return (type(state).__qualname__, fields)
-    return type(state).__name__
+def _fits(saved: Any, current: Any) -> bool:
+    """Whether a saved algorithm state has the layout of ``current``: the same state class
+    and fields, and the same shapes and dtypes where both hold a tensor (a field that is
+    ``None`` at some rounds, or a container, is not compared)."""
+    if isinstance(saved, torch.Tensor) and isinstance(current, torch.Tensor):
+        return saved.shape == current.shape and saved.dtype == current.dtype
+    if isinstance(current, tuple) and hasattr(current, "_fields"):
+        return (
+            type(saved) is type(current)
+            and saved._fields == current._fields
+            and all(_fits(a, b) for a, b in zip(saved, current, strict=True))
+        )
+    return True
 
 
 def restore_state(tree: Any, current: Any, who: str, algorithm: str) -> Any:
@@ -119,7 +123,7 @@ def restore_state(tree: Any, current: Any, who: str, algorithm: str) -> Any:
         state = from_tree(tree)
     except (TypeError, AttributeError):  # a state class whose fields have changed
         state = None
-    if state is None or _layout(state) != _layout(current):
+    if state is None or not _fits(state, current):
         raise ConfigError(
             f"the checkpoint of {who} holds its {algorithm!r} state in another layout than "
             "this fedcore keeps (written by an older version, or with other options): start "
@@ -204,9 +208,6 @@ def restore(node: Node, checkpoint: dict[str, Any]) -> None:
     """
     if checkpoint["node"] != node.id:
         raise ConfigError(f"the checkpoint is node {checkpoint['node']!r}'s, not {node.id!r}'s.")
-    node.state = restore_state(
-        checkpoint["state"], node.state, f"node {node.id!r}", node.algorithm.name
-    )
     saved_opt = from_tree(checkpoint.get("optimizer"))
     if (saved_opt is None) != (node.opt_state is None) or (
         saved_opt is not None and type(saved_opt) is not type(node.opt_state)
@@ -215,6 +216,9 @@ def restore(node: Node, checkpoint: dict[str, Any]) -> None:
             f"the checkpoint of node {node.id!r} was written with another [optimizer] than "
             "this run's: its optimizer state does not fit. Resume with the config it ran with."
         )
+    node.state = restore_state(
+        checkpoint["state"], node.state, f"node {node.id!r}", node.algorithm.name
+    )
     node.opt_state = saved_opt
     node.round = int(checkpoint["round"])
     for _ in range(int(checkpoint["batches_read"])):  # streams are functions of the seed

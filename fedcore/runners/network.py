@@ -21,6 +21,7 @@ import torch
 
 from fedcore import topology
 from fedcore.algorithms import ALGORITHMS, Algorithm, make_algorithm
+from fedcore.algorithms.rule import NodeRule, is_rule
 from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.compression import codec_seed, configured_codec
 from fedcore.config import Config, TopologyConfig, effective_lr, fingerprint
@@ -547,6 +548,8 @@ def prepare_run(
     laps = _Laps()
     if algorithm is None:
         algorithm = make_algorithm(config.algorithm.name, **algorithm_options(config))
+    elif is_rule(algorithm):  # a bare rule: run it on one peer per node
+        algorithm = NodeRule(algorithm)
     _check_combinations(config, algorithm)
     if trust is None and config.topology.file:  # its size is known only once it is read
         trust = build_topology(config.topology)

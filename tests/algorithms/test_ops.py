@@ -8,8 +8,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fedcore.algorithms import OPS, OPSState, RoundContext
-from fedcore.messages import Payload
+from fedcore.algorithms import OPS, RoundContext, Rows, Slot
+from fedcore.algorithms.ops import PushSumRule, PushSumState
 from fedcore.testing import lockstep
 from fedcore.topology import TrustGraph, complete, parse_spec, prepare, ring, uniform_push_sum
 from tests.strategies import GradFn, random_grad, random_params, strongly_connected_digraphs
@@ -116,7 +116,7 @@ def test_omega_stays_one_on_doubly_stochastic(graph: TrustGraph) -> None:
     assert np.allclose(weighted.mixing_matrix().sum(axis=0), 1.0)
     seen: list[float] = []
 
-    def check(_t: int, states: dict[str, OPSState]) -> None:
+    def check(_t: int, states: dict[str, PushSumState]) -> None:
         for s in states.values():
             seen.append(s.omega)
             assert s.omega == pytest.approx(1.0, abs=1e-14)
@@ -160,14 +160,18 @@ def test_identity_weights_give_local_sgd() -> None:
 def test_gradient_at_debiased_point_and_step_on_numerator() -> None:
     """I-OPS-6: the gradient is taken at z = x/omega and subtracted from x."""
     ops = OPS()
-    state = OPSState(torch.tensor([2.0, 4.0], dtype=torch.float64), 0.5)
+    state = PushSumState(
+        torch.tensor([[2.0, 4.0]], dtype=torch.float64),
+        torch.tensor([0.5], dtype=torch.float64),
+        torch.zeros(1, dtype=torch.long),
+    )
     assert torch.equal(ops.model(state), torch.tensor([4.0, 8.0], dtype=torch.float64))
     ctx = RoundContext(
         node="a", round=0, lr=0.1, self_weight=0.5, out_weights={"b": 0.5}, in_weights={}
     )
     new, outbox = ops.step(state, torch.tensor([1.0, 1.0], dtype=torch.float64), ctx)
-    assert torch.allclose(new.x, torch.tensor([1.9, 3.9], dtype=torch.float64))
-    assert torch.allclose(outbox["b"].tensors["x"], 0.5 * new.x)
+    assert torch.allclose(new.x, torch.tensor([[1.9, 3.9]], dtype=torch.float64))
+    assert torch.allclose(outbox["b"].tensors["x"], 0.5 * new.x[0])
     assert outbox["b"].scalars["omega"] == pytest.approx(0.25)
 
 
@@ -203,16 +207,31 @@ def test_lost_message_loses_mass() -> None:
 
 
 def test_mix_uses_only_arrived_shares() -> None:
-    """A hand-built inbox: own share plus received shares, nothing else."""
-    ops = OPS()
-    state = OPSState(torch.tensor([1.0], dtype=torch.float64), 1.0)
-    ctx = RoundContext(
-        node="a", round=0, lr=0.0, self_weight=0.25, out_weights={}, in_weights={"b": 0.5, "c": 0.5}
-    )
-    inbox = {"b": Payload({"x": torch.tensor([2.0], dtype=torch.float64)}, {"omega": 0.5})}
-    new, out = ops.mix(state, 0, inbox, ctx)
-    assert out == {}
-    assert new.x.item() == pytest.approx(2.25) and new.omega == pytest.approx(0.75)
+    """The rule with a hand-built inbox of two rows: own share plus the shares that
+    arrived, nothing else (row 0 heard ``b`` only, row 1 both)."""
+    rule = PushSumRule()
+    f64 = torch.float64
+    state = rule.init(torch.tensor([[1.0], [1.0]], dtype=f64))
+    rows = Rows(round=0, lr=0.0, self_weight=torch.tensor([0.25, 0.25], dtype=f64))
+    half = torch.tensor([0.5, 0.5], dtype=f64)
+    inbox = [
+        Slot(
+            {"x": torch.tensor([[2.0], [2.0]], dtype=f64)},
+            {"omega": half},
+            half,
+            torch.tensor([True, True]),
+        ),
+        Slot(
+            {"x": torch.tensor([[7.0], [4.0]], dtype=f64)},
+            {"omega": half},
+            half,
+            torch.tensor([False, True]),
+        ),
+    ]
+    new, out = rule.mix(state, 0, inbox, rows)
+    assert out is None
+    assert new.x[:, 0].tolist() == pytest.approx([2.25, 6.25])
+    assert new.omega.tolist() == pytest.approx([0.75, 1.25])
 
 
 @pytest.mark.parametrize("robust", [False, True], ids=["plain", "robust"])
@@ -235,8 +254,8 @@ def test_a_node_whose_in_neighbours_went_silent_holds_and_lives(robust: bool) ->
     net = make_network("directed-ring:3", algorithm="ops", settings=settings).run(1200)
     for node in ("n1", "n2"):
         state = net.nodes[node].state
-        assert state.silent >= ISOLATED_AFTER
-        assert 0.5 ** (ISOLATED_AFTER + 6) < state.omega <= 3.0
+        assert int(state.silent) >= ISOLATED_AFTER
+        assert 0.5 ** (ISOLATED_AFTER + 6) < float(state.omega) <= 3.0
         assert bool(torch.isfinite(net.nodes[node].model()).all())
     # Holding nodes send nothing: after the hold began, n1 and n2 pushed no message.
     assert not [m for m in net.messages if m.round > 5 + 3 * ISOLATED_AFTER]

@@ -20,6 +20,9 @@ from fedcore.algorithms.ops import (
     OPS,
     EdgeTotal,
     OPSState,
+    PushSumRule,
+    PushSumState,
+    RobustOPS,
     RobustOPSState,
     push_totals,
     read_total,
@@ -52,7 +55,7 @@ def _decoded(payload: Payload) -> Payload:
 
 
 def _rounds(
-    algo: OPS,
+    algo: Any,
     topo: Topology,
     params: Mapping[str, torch.Tensor],
     *,
@@ -156,11 +159,12 @@ def _mean(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
 def test_options_through_the_registry() -> None:
     """The config's ``algorithm.robust`` / ``algorithm.step_scale`` reach OPS and are checked."""
     algo = make_algorithm("ops", robust=True, step_scale="omega")
-    assert isinstance(algo, OPS) and algo.robust and algo.step_scale == "omega"
+    assert isinstance(algo, RobustOPS) and algo.robust and algo.step_scale == "omega"
     assert isinstance(algo.init(torch.zeros(2)), RobustOPSState)
-    default = make_algorithm("ops")
-    assert isinstance(default, OPS) and not default.robust and default.step_scale == "none"
-    assert type(default.init(torch.zeros(2))) is OPSState
+    default = make_algorithm("ops")  # plain push-sum: a separate rule behind the same name
+    assert isinstance(default.rule, PushSumRule) and not default.robust
+    assert default.step_scale == "none"
+    assert type(default.init(torch.zeros(2))) is PushSumState
     with pytest.raises(ConfigError, match=r"step_scale.*'sigma'.*'none', 'omega'"):
         make_algorithm("ops", step_scale="sigma")
     with pytest.raises(ConfigError, match="robust"):
@@ -326,8 +330,9 @@ def test_no_drops_matches_plain_ops(step_scale: str) -> None:
     plain = _rounds(OPS(step_scale=step_scale), topo, params, **kw)
     for (_, a, _), (_, b, _) in zip(robust, plain, strict=True):
         for n in topo.nodes:
-            assert torch.allclose(OPS().model(a[n]), OPS().model(b[n]), rtol=0, atol=1e-11)
-            assert a[n].omega == pytest.approx(b[n].omega, rel=1e-12)
+            z_robust, z_plain = RobustOPS().model(a[n]), OPS().model(b[n])
+            assert torch.allclose(z_robust, z_plain, rtol=0, atol=1e-11)
+            assert float(a[n].omega) == pytest.approx(float(b[n].omega), rel=1e-12)
 
 
 @pytest.mark.parametrize("robust", [False, True])
@@ -341,11 +346,13 @@ def test_step_scale_omega_is_a_step_of_lr_on_z(robust: bool) -> None:
     moved = {}
     for step_scale in ("none", "omega"):
         algo = OPS(robust=robust, step_scale=step_scale)
-        state = algo.init(x)._replace(omega=0.5)
+        half = 0.5 if robust else torch.tensor([0.5], dtype=torch.float64)  # the rule's [B]
+        state = algo.init(x)._replace(omega=half)
         new, out = algo.step(state, g, ctx)
         sent = out["b"].tensor("x")
-        moved[step_scale] = (new.x + sent if robust else new.x) - x  # what the step took off
-        z_half = (new.x + sent) / 0.5 if robust else new.x / 0.5
+        new_x = new.x if robust else new.x[0]
+        moved[step_scale] = (new_x + sent if robust else new_x) - x  # what the step took off
+        z_half = (new_x + sent) / 0.5 if robust else new_x / 0.5
         if step_scale == "omega":
             assert torch.allclose(z_half, x / 0.5 - 0.1 * g, atol=1e-15)
     assert torch.allclose(moved["none"], -0.1 * g, atol=1e-15)
