@@ -21,8 +21,8 @@ import torch
 
 from fedcore import topology
 from fedcore.algorithms import ALGORITHMS, Algorithm, make_algorithm
-from fedcore.algorithms.rule import NodeRule, is_rule
 from fedcore.algorithms.optim import Optimizer, make_optimizer
+from fedcore.algorithms.rule import NodeRule, is_rule
 from fedcore.compression import codec_seed, configured_codec
 from fedcore.config import Config, TopologyConfig, effective_lr, fingerprint
 from fedcore.data import (
