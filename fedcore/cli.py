@@ -613,6 +613,26 @@ def _node(args: argparse.Namespace) -> int:
     return status
 
 
+def _user_code_note(config: Config, image: str) -> None:
+    """Say that the peers' image must import the users' code the config names by import
+    path (``algorithm.name``, ``model.name``, ``data.dataset``, ``data.stream``)."""
+    named = [
+        f"{key} = {value!r}"
+        for key, value in (
+            ("algorithm.name", config.algorithm.name),
+            ("model.name", config.model.name),
+            ("data.dataset", config.data.dataset),
+            ("data.stream", config.data.stream),
+        )
+        if ":" in value
+    ]
+    if named:
+        print(
+            f"note: the peers in image {image} must import your code too ({'; '.join(named)}): "
+            "install it in the image, or copy it to a folder on the image's PYTHONPATH."
+        )
+
+
 def _compose(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
     from fedcore.runners.compose import source_root, write_compose
@@ -645,6 +665,7 @@ def _compose(args: argparse.Namespace) -> int:
             "note: run.checkpoint_every = 0, so a restarted container starts again from "
             "round 0; set it (--set run.checkpoint_every=25) to resume from checkpoints."
         )
+    _user_code_note(config, args.image)
     return 0
 
 
@@ -688,6 +709,7 @@ def _stack(args: argparse.Namespace, config: Config) -> int:
             "note: run.checkpoint_every = 0, so a restarted peer starts again from round 0; "
             "set it (--set run.checkpoint_every=25) to resume from checkpoints."
         )
+    _user_code_note(config, args.image)
     return 0
 
 
@@ -727,6 +749,7 @@ def _k8s(args: argparse.Namespace) -> int:
             "note: run.checkpoint_every = 0, so a restarted pod starts again from round 0; "
             "set it (--set run.checkpoint_every=25) to resume from checkpoints."
         )
+    _user_code_note(config, args.image)
     return 0
 
 

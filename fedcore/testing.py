@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from fedcore.algorithms import Algorithm, Outbox, RoundContext, make_algorithm
+from fedcore.algorithms import Algorithm, NodeRule, Outbox, RoundContext
+from fedcore.algorithms.rule import is_rule
 from fedcore.compression import Codec, get_codec
 from fedcore.config import Config, config_from_dict, config_to_dict
 from fedcore.data import Dataset
@@ -40,9 +41,9 @@ from fedcore.metrics import evaluate_models
 from fedcore.node import Node
 from fedcore.runners.network import (
     Network,
-    algorithm_options,
     build_network,
     communication_graph,
+    configured_algorithm,
     prepare_run,
 )
 from fedcore.runners.simulate import choose_engine
@@ -162,7 +163,7 @@ class VectorizedTestNetwork:
 def make_network(
     topology: str | Topology = "ring:8",
     *,
-    algorithm: str | Algorithm = "dpsgd",
+    algorithm: str | Any = "dpsgd",
     dataset: str | Dataset = "digits",
     model: str = "logreg",
     seed: int = 0,
@@ -175,7 +176,11 @@ def make_network(
 
     Args:
         topology: A spec such as ``"ring:8"`` or ``"social:16"``, or a built graph.
-        algorithm: A registered name or your own object following the Algorithm protocol.
+        algorithm: A registered name, your own as ``"pkg.module:factory"`` (as
+            ``algorithm.name`` takes it), or your own object: a
+            :class:`~fedcore.algorithms.rule.Rule` (run through
+            :class:`~fedcore.algorithms.rule.NodeRule`, on either engine) or an object of
+            the per-message Algorithm protocol (the message engine only).
         dataset: A built-in name, ``"pkg.module:factory"``, or a :class:`Dataset`.
         model: A built-in name or ``"pkg.module:factory"``.
         seed: The run seed.
@@ -194,17 +199,15 @@ def make_network(
     raw["model"]["name"] = model
     if isinstance(dataset, str):
         raw["data"]["dataset"] = dataset
+    if not isinstance(algorithm, str | NodeRule) and is_rule(algorithm):
+        algorithm = NodeRule(algorithm)
     raw["algorithm"]["name"] = algorithm if isinstance(algorithm, str) else algorithm.name
     for key, value in (settings or {}).items():
         table, _, name = key.partition(".")
         raw.setdefault(table, {})[name] = value
     config = config_from_dict(raw)
     trust = parse_spec(topology) if isinstance(topology, str) else topology
-    algo = (
-        make_algorithm(config.algorithm.name, **algorithm_options(config))
-        if isinstance(algorithm, str)
-        else algorithm
-    )
+    algo: Algorithm = configured_algorithm(config) if isinstance(algorithm, str) else algorithm
     if engine != "messages":
         setup = prepare_run(
             config,

@@ -1,6 +1,7 @@
 """Decentralized learning algorithms as sans-I/O state machines, and their registry.
 
-``make_algorithm(name, **options)`` builds one from the registry; the options are the
+``make_algorithm(name, **options)`` builds one from the registry, or a user's from an
+import path ``"pkg.module:factory"`` (:mod:`fedcore.algorithms.user`); the options are the
 extra keys of the config's ``[algorithm]`` table.
 """
 
@@ -25,6 +26,7 @@ from fedcore.algorithms.squeeze import (
     DoubleSqueeze,
     DoubleSqueezeState,
 )
+from fedcore.algorithms.user import is_import_path, load_factory, make_user_algorithm
 from fedcore.errors import ConfigError
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "Rule",
     "Send",
     "Slot",
+    "algorithm_factory",
     "make_algorithm",
     "push_shares",
     "push_sum_mix",
@@ -80,17 +83,42 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
 }
 
 
-def make_algorithm(name: str, **options: Any) -> Algorithm:
-    """Build the algorithm registered as ``name`` with keyword ``options``.
+def _unknown(name: str) -> ConfigError:
+    return ConfigError(
+        f"unknown algorithm {name!r}; known algorithms: {', '.join(sorted(ALGORITHMS))}, "
+        "or your own as 'pkg.module:factory'."
+    )
+
+
+def algorithm_factory(name: str) -> Callable[..., Any]:
+    """The factory of algorithm ``name``: the registered one, or the class or function at
+    import path ``"pkg.module:factory"``.
 
     Raises:
-        ConfigError: unknown name, or an option the algorithm does not take.
+        ConfigError: unknown name, or an import path that does not load.
+    """
+    factory = ALGORITHMS.get(name)
+    if factory is not None:
+        return factory
+    if is_import_path(name):
+        return load_factory(name)
+    raise _unknown(name)
+
+
+def make_algorithm(name: str, **options: Any) -> Algorithm:
+    """Build the algorithm registered as ``name``, or a user's at import path
+    ``"pkg.module:factory"`` (a rule it returns runs through :class:`NodeRule`), with
+    keyword ``options``.
+
+    Raises:
+        ConfigError: unknown name, an import path that does not load or builds no
+            algorithm, or an option the algorithm does not take.
     """
     factory = ALGORITHMS.get(name)
     if factory is None:
-        raise ConfigError(
-            f"unknown algorithm {name!r}; known algorithms: {', '.join(sorted(ALGORITHMS))}."
-        )
+        if is_import_path(name):
+            return make_user_algorithm(name, **options)
+        raise _unknown(name)
     accepted = set(inspect.signature(factory).parameters)
     unknown = sorted(set(options) - accepted)
     if unknown:

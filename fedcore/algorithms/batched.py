@@ -872,9 +872,15 @@ def unsupported(algorithm: Any, *, period: int, codec: RowCodec, faults: bool) -
     if isinstance(algorithm, NodeRule):
         return None
     if kind not in _FORMS:
+        name = getattr(algorithm, "name", kind.__name__)
+        if not kind.__module__.startswith("fedcore."):  # a user's per-message algorithm
+            return (
+                f"algorithm {name!r} has no batched form: it follows the per-message "
+                "protocol; write it as an update rule (fedcore.algorithms.rule.Rule) to run "
+                "it on every peer at once"
+            )
         return (
-            f"algorithm {getattr(algorithm, 'name', kind.__name__)!r} has no batched form "
-            "(register one in fedcore.algorithms.batched)"
+            f"algorithm {name!r} has no batched form (register one in fedcore.algorithms.batched)"
         )
     if isinstance(algorithm, CHOCO) and period > 1:
         return (

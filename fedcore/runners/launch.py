@@ -48,7 +48,7 @@ from fedcore.runners.network import RunSetup, prepare_run, round_drift
 from fedcore.runners.peer import model_path
 from fedcore.runners.simulate import RunObserver, finish_run, open_run_dir, run_name
 
-__all__ = ["free_ports", "launch", "peer_dir", "read_params", "summarize"]
+__all__ = ["free_ports", "launch", "peer_dir", "read_params", "summarize", "user_code_roots"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,26 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def user_code_roots(config: Config) -> list[str]:
+    """The folders on ``sys.path`` from which this process imported the users' code that
+    ``config`` names by import path (``algorithm.name``, ``model.name``, ``data.dataset``,
+    ``data.stream``: ``"pkg.module:factory"``), so that a child process given them on its
+    ``PYTHONPATH`` imports the same files (a folder added to ``sys.path`` in this process
+    only, say). Modules not imported, or without a file, give none."""
+    roots: list[str] = []
+    for name in (config.algorithm.name, config.model.name, config.data.dataset, config.data.stream):
+        module_name, colon, _ = name.partition(":")
+        module = sys.modules.get(module_name) if colon else None
+        file = getattr(module, "__file__", None)
+        if not file:
+            continue
+        where = Path(file).resolve()
+        depth = module_name.count(".") + (where.name == "__init__.py")
+        if depth < len(where.parents):
+            roots.append(str(where.parents[depth]))
+    return roots
 
 
 def peer_dir(out: Path, node: str) -> Path:
@@ -256,7 +276,11 @@ def launch(
 
     env = dict(os.environ)
     package_root = str(Path(fedcore.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    # The peers import this fedcore, and users' code (algorithm, model, data) from the
+    # folders this process imported it from; they also start in this working directory,
+    # which `python -m fedcore` puts first on their path.
+    path = (package_root, *user_code_roots(config), env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in path if p))
     children = _Children()
     # In deadline mode the peers go on without a dead one; strict mode stops the run.
     tolerate = config.transport.mode == "deadline"

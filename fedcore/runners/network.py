@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedcore import topology
-from fedcore.algorithms import ALGORITHMS, Algorithm, make_algorithm
+from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
 from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.algorithms.rule import NodeRule, is_rule
 from fedcore.compression import codec_seed, configured_codec
@@ -54,9 +54,11 @@ __all__ = [
     "PROGRESS_NODES",
     "Network",
     "RunSetup",
+    "algorithm_options",
     "build_network",
     "build_topology",
     "communication_graph",
+    "configured_algorithm",
     "estimated_edges",
     "make_objective",
     "prepare_run",
@@ -461,17 +463,36 @@ class RunSetup:
 
 
 def algorithm_options(config: Config) -> dict[str, Any]:
-    """The keyword options of ``config.algorithm.name``: its ``[algorithm]`` keys, and for
-    an algorithm of the server family (one whose factory takes a ``server``) ``server``
-    (``topology.server``) and ``seed`` (``run.seed``)."""
+    """The keyword options of ``config.algorithm.name`` (a registered name or a user's
+    ``"pkg.module:factory"``): its ``[algorithm]`` keys, and for an algorithm of the server
+    family (one whose factory takes a ``server``) ``server`` (``topology.server``) and
+    ``seed`` (``run.seed``).
+
+    Raises:
+        ConfigError: an unknown name or an import path that does not load.
+    """
     options = dict(config.algorithm.options)
-    factory = ALGORITHMS.get(config.algorithm.name)
-    takes = inspect.signature(factory).parameters if factory is not None else {}
+    factory = algorithm_factory(config.algorithm.name)
+    try:
+        takes: Collection[str] = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to read: no server options
+        takes = ()
     if "server" in takes:
         options.setdefault("server", config.topology.server)
         if "seed" in takes:  # the server family's seeded choices (FedAvg's sample)
             options.setdefault("seed", config.run.seed)
     return options
+
+
+def configured_algorithm(config: Config) -> Algorithm:
+    """The algorithm of ``[algorithm]``: ``name`` (registered, or ``"pkg.module:factory"``)
+    built with :func:`algorithm_options`.
+
+    Raises:
+        ConfigError: an unknown name, an import path that does not load or builds no
+            algorithm, or an option it does not take.
+    """
+    return make_algorithm(config.algorithm.name, **algorithm_options(config))
 
 
 def node_optimizer(
@@ -547,7 +568,7 @@ def prepare_run(
     seed = config.run.seed
     laps = _Laps()
     if algorithm is None:
-        algorithm = make_algorithm(config.algorithm.name, **algorithm_options(config))
+        algorithm = configured_algorithm(config)
     elif is_rule(algorithm):  # a bare rule: run it on one peer per node
         algorithm = NodeRule(algorithm)
     _check_combinations(config, algorithm)

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 import torch
 
+from fedcore.algorithms.user import is_import_path
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
 from fedcore.data import Dataset
 from fedcore.errors import ConfigError
@@ -60,6 +61,7 @@ __all__ = [
     "default_out_dir",
     "finish_run",
     "make_summary",
+    "name_part",
     "open_run_dir",
     "resume",
     "run_name",
@@ -88,11 +90,21 @@ def run_name(config: Config, setup: RunSetup, overrides: Sequence[str] = ()) -> 
         return config.run.name
     base = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
     changed = [
-        "=".join(part.strip() for part in item.partition("=")[::2])
+        name_part(item, setup.algorithm.name)
         for item, key in zip(overrides, keys, strict=True)
         if not key.startswith(NAME_SKIPS)
     ]
     return "-".join([base, *changed])
+
+
+def name_part(item: str, algorithm: str) -> str:
+    """``--set`` ``item`` as part of a run's name: ``key=value``; a user's algorithm by its
+    own name, not its import path (``algorithm.name=momentum-gossip``, not
+    ``algorithm.name=momentum_gossip:MomentumGossip``)."""
+    key, value = (part.strip() for part in item.partition("=")[::2])
+    if key == "algorithm.name" and is_import_path(value):
+        value = algorithm
+    return f"{key}={value}"
 
 
 def default_out_dir(name: str) -> Path:

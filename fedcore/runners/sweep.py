@@ -39,11 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedcore.algorithms.user import is_import_path
 from fedcore.config import Config, load_config, parse_override
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import child_path, clip, first_line
 from fedcore.metrics import to_json_text, write_text_atomic
-from fedcore.runners.simulate import RUN_FILES, open_run_dir, simulate
+from fedcore.runners.network import configured_algorithm
+from fedcore.runners.simulate import RUN_FILES, name_part, open_run_dir, simulate
 
 __all__ = [
     "FIGURES",
@@ -371,12 +373,16 @@ def sweep_name(config: Config, overrides: Sequence[str], seeds: Sequence[int]) -
     else:
         topo = config.topology
         graph = Path(topo.file).stem if topo.file else f"{topo.kind}-{topo.nodes}"
+        # A user's algorithm ("pkg.module:factory") is named by its own name.
+        algorithm = config.algorithm.name
+        if is_import_path(algorithm):
+            algorithm = configured_algorithm(config).name
         changed = [
-            "=".join(part.strip() for part in item.partition("=")[::2])
+            name_part(item, algorithm)
             for item, key in zip(overrides, keys, strict=True)
             if key != "run.name" and not key.startswith("simulate.")
         ]
-        base = "-".join([config.run.name or f"{config.algorithm.name}-{graph}", *changed])
+        base = "-".join([config.run.name or f"{algorithm}-{graph}", *changed])
     suffix = f"-seeds{format_seeds(seeds)}"
     return base[: max(10, 100 - len(suffix))] + suffix  # folder names keep 100 characters
 
