@@ -27,8 +27,8 @@ from fedcore.runners.vectorized import VectorizedNetwork, unsupported
 ROUNDS = 20
 
 BATCHED = sorted(name for name, factory in ALGORITHMS.items() if has_batched_form(factory()))
-"""The registered algorithms with a batched form (the server family has none: it runs on the
-message engine, which ``auto`` says; see test_the_server_family_runs_on_the_message_engine)."""
+"""The registered algorithms the vectorized engine runs (APMSqueeze has no batched form yet:
+it runs on the message engine, which ``auto`` says)."""
 
 # A small graph each algorithm can run on (symmetric for the gossip family).
 GRAPHS = {
@@ -41,6 +41,8 @@ GRAPHS = {
     "deepsqueeze": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "choco": ["topology.kind=ring", "algorithm.gamma=0.3"],
     "rps": ["topology.kind=complete"],
+    "fedavg": ["topology.kind=star", "algorithm.fraction=0.5", "run.local_steps=2"],
+    "doublesqueeze": ["topology.kind=star"],
 }
 
 FAULTS = [
@@ -81,6 +83,7 @@ def _observer(config: Config, setup: Any, nodes: Any) -> RunObserver:
         dataset=setup.dataset,
         writer=None,
         progress=None,
+        server=getattr(setup.algorithm, "server", None),  # as simulate's
     )
 
 
@@ -139,7 +142,9 @@ def test_every_algorithm_has_a_case() -> None:
     assert {"ops", "dpsgd", "dog", "dol", "choco", "rps"} <= set(BATCHED)
 
 
-def test_the_server_family_runs_on_the_message_engine() -> None:
+def test_the_rest_of_the_server_family_runs_on_the_message_engine() -> None:
+    """APMSqueeze is not a rule yet (FedAvg and DoubleSqueeze are: they are in BATCHED)."""
+    assert {"fedavg", "doublesqueeze"} <= set(BATCHED)
     for name in sorted(set(ALGORITHMS) - set(BATCHED)):
         config = load_config(None, [f"algorithm.name={name}", "topology.kind=star"])
         setup = prepare_run(config)

@@ -36,7 +36,7 @@ from fedcore.algorithms.compressed import CHOCO
 from fedcore.algorithms.ops import RobustOPS
 from fedcore.algorithms.reference import Central
 from fedcore.algorithms.rps import RPS, block_sizes
-from fedcore.algorithms.rule import NodeRule, Rows, Slot, schema_of
+from fedcore.algorithms.rule import Gathered, NodeRule, Rows, Slot, schema_of
 from fedcore.compression.batched import RowCodec
 from fedcore.errors import AlgorithmError, ProtocolError
 from fedcore.topology import TrustGraph
@@ -199,6 +199,9 @@ class BatchRound:
     """No fault plan: every message of the round arrives (known on the host)."""
     defer_checks: bool = False
     """Keep the checks' flags on the device (:meth:`check`) instead of reading them now."""
+    active: Sequence[torch.Tensor | None] = ()
+    """Per phase, the messages of this round (a rule that chooses who talks), or ``None``:
+    every message of :meth:`BatchedAlgorithm.messages`."""
     deferred: list[tuple[torch.Tensor, str, type[Exception]]] = field(default_factory=list)
 
     everyone_up: bool = True
@@ -730,10 +733,45 @@ class BatchedRule:
         self.rule = rule
         self.name: str = rule.name
         self.phases: int = int(rule.phases)
+        self.samples: torch.Tensor | None = None
+        """``[N]`` float64: every node's training examples (the engine sets it)."""
 
     def init(self, params: torch.Tensor) -> Any:
         """The rule's state of every node."""
         return self.rule.init(params)
+
+    def _stub(self, t: int, nodes: tuple[str, ...], device: torch.device) -> Any:
+        """What a rule's ``trains`` and ``talks`` read of a round (ids, nodes, samples)."""
+        samples = self.samples
+        if samples is None:
+            samples = torch.zeros(len(nodes), dtype=_TOTAL, device=device)
+        return Rows(
+            round=t,
+            lr=0.0,
+            self_weight=samples,
+            n=len(nodes),
+            ids=nodes,
+            nodes=nodes,
+            samples=samples,
+        )
+
+    def trains(self, t: int, nodes: tuple[str, ...], device: torch.device) -> torch.Tensor | None:
+        """``[N]`` bool: the nodes that compute a gradient in round ``t`` (``None``: all)."""
+        if getattr(self.rule, "trains", None) is None:
+            return None
+        mask: torch.Tensor = self.rule.trains(self._stub(t, nodes, device))
+        return mask
+
+    def active(self, phase: int, t: int, graph: StackedGraph, nodes: tuple[str, ...]) -> Any:
+        """``[M]`` bool over :meth:`messages` of ``phase``: the messages of round ``t`` (a
+        rule that chooses who talks, ``"chosen"``), or ``None`` (every one)."""
+        if self.rule.pattern != "chosen":
+            return None
+        senders, receivers = self.rule.talks(phase, self._stub(t, nodes, graph.src.device))
+        device = graph.src.device
+        sends = torch.tensor([v in senders for v in nodes], dtype=torch.bool).to(device)
+        hears = torch.tensor([v in receivers for v in nodes], dtype=torch.bool).to(device)
+        return sends[graph.src] & hears[graph.dst]
 
     def model(self, state: Any) -> torch.Tensor:
         """The models."""
@@ -760,14 +798,23 @@ class BatchedRule:
     def _rows(self, ctx: BatchRound, compressed: set[int]) -> Any:
         everyone = torch.arange(ctx.graph.n, device=ctx.up.device)
 
-        def compress(v: torch.Tensor) -> torch.Tensor:
-            out = ctx.roundtrip(v, everyone)
+        def compress(v: torch.Tensor, where: torch.Tensor | None) -> torch.Tensor:
+            if where is None:
+                out = ctx.roundtrip(v, everyone)
+            else:  # only the rows that send it draw from their codecs
+                out = v.clone()
+                rows = torch.nonzero(where).squeeze(1)
+                if rows.numel():
+                    out[rows] = ctx.roundtrip(v[rows], rows)
             compressed.add(id(out))
             return out
 
         def fail(bad: torch.Tensor, why: str) -> None:
             ctx.check(bad & ctx.up, why)
 
+        samples = self.samples
+        if samples is None:
+            samples = torch.zeros(ctx.graph.n, dtype=_TOTAL, device=ctx.up.device)
         return Rows(
             round=ctx.round,
             lr=ctx.lr,
@@ -776,9 +823,44 @@ class BatchedRule:
             fail=fail,
             in_degree=_in_degree(ctx.graph),
             n=ctx.graph.n,
+            ids=ctx.nodes,
+            nodes=ctx.nodes,
+            samples=samples,
         )
 
-    def _inbox(self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]) -> list[Any]:
+    def _gathered(self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]) -> Gathered:
+        """The messages of ``phase`` that arrived, as one list grouped by receiver in sorted
+        sender order (the graph's edge order); only senders that send go through the
+        codec, once each (as a peer encodes its one payload once)."""
+        g = ctx.graph
+        edges = torch.nonzero(ctx.arrived[phase]).squeeze(1)
+        src, dst = g.src[edges], g.dst[edges]
+        tensors: dict[str, torch.Tensor] = {}
+        if send is not None:
+            active = ctx.active[phase] if ctx.active else None
+            talking = g.src if active is None else g.src[active]
+            owners = torch.unique(talking)
+            owners = owners[ctx.up[owners]]
+            where = torch.full((g.n,), -1, dtype=torch.long, device=g.src.device)
+            where[owners] = torch.arange(owners.numel(), device=g.src.device)
+            for name, value in send.tensors.items():
+                if id(value) in compressed:  # the rule compressed it: decoded already
+                    tensors[name] = value[src]
+                    continue
+                if owners.numel() == 0:  # nobody up sends: nothing can have arrived
+                    tensors[name] = value[:0]
+                    continue
+                decoded = ctx.codec.roundtrip(value[owners], owners)
+                ctx.finite(decoded, owners)
+                tensors[name] = decoded[where[src]]
+            scalars = {name: value[src].to(_TOTAL) for name, value in send.scalars.items()}
+        else:
+            scalars = {}
+        return Gathered(tensors, scalars, dst, g.n)
+
+    def _inbox(self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]) -> Any:
+        if self.rule.pattern == "chosen":
+            return self._gathered(send, phase, ctx, compressed)
         if self.rule.pattern == "none" or send is None:
             return []
         if send.to is not None and not bool(send.to.all()):

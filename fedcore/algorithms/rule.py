@@ -55,6 +55,7 @@ from fedcore.errors import AlgorithmError
 from fedcore.messages import EncodedTensor, MessageSchema, Payload
 
 __all__ = [
+    "Gathered",
     "NodeRule",
     "Rows",
     "Rule",
@@ -86,6 +87,54 @@ class Slot:
     scalars: Mapping[str, torch.Tensor]
     weight: torch.Tensor
     arrived: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Gathered:
+    """The messages that arrived at ``B`` peers in one phase, as one list (the inbox of a
+    rule whose ``pattern`` is ``"chosen"``: a peer may hear from many senders, as a server
+    from its workers, where a table of padded slots would not scale).
+
+    Messages are grouped by receiver, each receiver's in sorted sender order; only the
+    ones that arrived are listed. Reduce them with :meth:`total`, :meth:`scalar_total`
+    and :meth:`heard`: each adds a receiver's messages one after another in that order, on
+    a peer and on the vectorized engine alike.
+
+    Attributes:
+        tensors: Name -> ``[M, ...]``, message ``m``'s decoded tensor.
+        scalars: Name -> ``[M]`` float64.
+        dst: ``[M]`` long: the row (``0 .. B-1``) that received message ``m``.
+        b: Number of rows.
+    """
+
+    tensors: Mapping[str, torch.Tensor]
+    scalars: Mapping[str, torch.Tensor]
+    dst: torch.Tensor
+    b: int
+
+    def total(
+        self, name: str, weight: str | None = None, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        """``[B, ...]``: per row, the sum of the tensors ``name`` that arrived, each times
+        its scalar ``weight`` if given, summed in ``dtype`` (default: the tensors')."""
+        values = self.tensors[name]
+        kind = dtype or values.dtype
+        values = values.to(kind)
+        if weight is not None:
+            values = values * self.scalars[weight].to(kind).reshape(-1, *[1] * (values.dim() - 1))
+        out = values.new_zeros((self.b, *values.shape[1:]))
+        return out.index_add_(0, self.dst, values)
+
+    def scalar_total(self, name: str) -> torch.Tensor:
+        """``[B]`` float64: per row, the sum of the scalars ``name`` that arrived."""
+        out = torch.zeros(self.b, dtype=_TOTAL, device=self.dst.device)
+        return out.index_add_(0, self.dst, self.scalars[name].to(_TOTAL))
+
+    def heard(self) -> torch.Tensor:
+        """``[B]`` bool: the rows some message arrived at."""
+        out = torch.zeros(self.b, dtype=torch.bool, device=self.dst.device)
+        out[self.dst] = True
+        return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,6 +171,10 @@ class Rows:
         b: Number of rows.
         n: Peers in the network (0: unknown; bounds in message schemas).
         deadline: Receivers go on without a missing message (deadline mode).
+        ids: The node ids of the rows (``b`` of them; empty where unknown).
+        nodes: Every node of the network, in graph order.
+        samples: ``[B]`` float64: each peer's number of training examples (0 for a stream
+            with no fixed size, or a peer that holds no data).
     """
 
     def __init__(
@@ -130,11 +183,14 @@ class Rows:
         round: int,
         lr: float,
         self_weight: torch.Tensor,
-        compress: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        compress: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None,
         fail: Callable[[torch.Tensor, str], None] | None = None,
         in_degree: torch.Tensor | None = None,
         n: int = 0,
         deadline: bool = False,
+        ids: tuple[str, ...] = (),
+        nodes: tuple[str, ...] = (),
+        samples: torch.Tensor | None = None,
     ) -> None:
         """An engine builds this; a rule only reads it. ``compress`` (default: lossless)
         and ``fail`` (default: raise :class:`~fedcore.errors.AlgorithmError` naming the
@@ -148,22 +204,28 @@ class Rows:
         )
         self.n = n
         self.deadline = deadline
-        self._compress = compress or torch.clone
+        self.ids = ids
+        self.nodes = nodes
+        self.samples = samples if samples is not None else torch.zeros(self.b, dtype=_TOTAL)
+        self._compress = compress or _lossless
         self._fail = fail or _fail_first
 
-    def compress(self, v: torch.Tensor) -> torch.Tensor:
+    def compress(self, v: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
         """``C(v)`` per row with each peer's codec: exactly what receivers will decode of
-        it. A row that is not finite stops the run (the peer diverged).
+        it. ``where`` (``[B]`` bool) limits it to the peers that send it (the others' rows
+        come back as they are, and their codecs draw nothing). A compressed row that is not
+        finite stops the run (the peer diverged).
 
         Raises:
             AlgorithmError: a row of ``v`` is not finite.
         """
+        bad = ~torch.isfinite(v.reshape(v.shape[0], -1).sum(dim=1))
         self.check(
-            ~torch.isfinite(v.reshape(v.shape[0], -1).sum(dim=1)),
+            bad if where is None else bad & where,
             "node {node} diverged at round {round}: the vector to compress is not finite. "
             "Lower algorithm.lr or the consensus step, or use a codec with a smaller error.",
         )
-        return self._compress(v)
+        return self._compress(v, where)
 
     def check(self, bad: torch.Tensor, why: str) -> None:
         """Stop the run if a row of ``bad`` (``[B]`` bool) is set; ``why`` is formatted
@@ -173,6 +235,10 @@ class Rows:
             AlgorithmError: some row is bad (the vectorized engine on a GPU raises later).
         """
         self._fail(bad, why)
+
+
+def _lossless(v: torch.Tensor, where: torch.Tensor | None) -> torch.Tensor:
+    return v.clone()
 
 
 def _fail_first(bad: torch.Tensor, why: str) -> None:
@@ -190,7 +256,9 @@ class Rule(Protocol):
         mixing: The weights it needs on the trust graph (as
             :class:`~fedcore.algorithms.base.Algorithm`'s ``mixing``).
         phases: Communication phases a round.
-        pattern: Who sends to whom: ``"neighbours"`` or ``"none"``.
+        pattern: Who sends to whom: ``"neighbours"`` (every edge, an inbox of slots),
+            ``"chosen"`` (``talks(phase, rows)`` names the senders and receivers of each
+            phase among the graph's edges; a :class:`Gathered` inbox) or ``"none"``.
     """
 
     name: str
@@ -299,9 +367,8 @@ class NodeRule:
         accept = getattr(rule, "accept", None)
         if accept is not None:
             self.accept = accept
-        trains = getattr(rule, "trains", None)
-        if trains is not None:
-            self.trains = trains
+        if getattr(rule, "trains", None) is not None:
+            self.trains = self._trains
 
     def __getattr__(self, name: str) -> Any:
         """The rule's own options (``eta``, ``gamma``, ...) read through the adapter."""
@@ -312,12 +379,21 @@ class NodeRule:
     def __repr__(self) -> str:
         return f"NodeRule({self.rule!r})"
 
+    def _trains(self, ctx: RoundContext) -> bool:
+        """Whether this peer computes a gradient this round (the rule's ``trains``)."""
+        return bool(self.rule.trains(self._rows(ctx))[0])
+
+    def _talks(self, phase: int, ctx: RoundContext) -> tuple[Any, Any]:
+        """``(senders, receivers)`` of ``phase`` (pattern ``"chosen"``)."""
+        senders, receivers = self.rule.talks(phase, self._rows(ctx))
+        return senders, receivers
+
     def _rows(self, ctx: RoundContext) -> Rows:
         codec = ctx.codec
 
-        def compress(v: torch.Tensor) -> torch.Tensor:
+        def compress(v: torch.Tensor, where: torch.Tensor | None) -> torch.Tensor:
             row = v[0]
-            if codec is None:
+            if codec is None or (where is not None and not bool(where[0])):
                 return v.clone()
             encoded = codec.encode(row)
             decoded = codec.decode(encoded).unsqueeze(0)
@@ -337,6 +413,9 @@ class NodeRule:
             in_degree=torch.tensor([len(ctx.in_weights)]),
             n=len(ctx.nodes),
             deadline=ctx.deadline,
+            ids=(ctx.node,),
+            nodes=tuple(ctx.nodes),
+            samples=torch.tensor([float(ctx.samples)], dtype=_TOTAL),
         )
 
     def init(self, params: torch.Tensor) -> Any:
@@ -348,10 +427,17 @@ class NodeRule:
         out: torch.Tensor = self.rule.model(state)[0]
         return out
 
-    def _outbox(self, send: Send | None, ctx: RoundContext) -> dict[str, Payload]:
+    def _outbox(self, send: Send | None, ctx: RoundContext, phase: int) -> dict[str, Payload]:
         if send is None or not ctx.out_weights or (send.to is not None and not bool(send.to[0])):
             self._encoded.clear()
             return {}
+        receivers: Any = ctx.out_weights
+        if self.rule.pattern == "chosen":
+            senders, chosen = self._talks(phase, ctx)
+            if ctx.node not in senders:
+                self._encoded.clear()
+                return {}
+            receivers = [j for j in ctx.out_weights if j in chosen]
         if send.weighted:  # one payload per distinct share, in receiver order
             by_weight: dict[float, Payload] = {}
             outbox: dict[str, Payload] = {}
@@ -372,12 +458,12 @@ class NodeRule:
         scalars = {name: float(value[0]) for name, value in send.scalars.items()}
         self._encoded.clear()
         payload = Payload(tensors, scalars)
-        return dict.fromkeys(ctx.out_weights, payload)
+        return dict.fromkeys(receivers, payload)
 
     def step(self, state: Any, grad: torch.Tensor, ctx: RoundContext) -> tuple[Any, Any]:
         """The rule's step on one row; its send as one payload for every out-neighbour."""
         state, send = self.rule.step(state, grad.unsqueeze(0), self._rows(ctx))
-        return state, self._outbox(send, ctx)
+        return state, self._outbox(send, ctx, 0)
 
     def local_step(self, state: Any, grad: torch.Tensor, ctx: Any) -> Any:
         """A local step between communications (``run.local_steps``)."""
@@ -387,14 +473,27 @@ class NodeRule:
         return state._replace(x=model_state_step(state.x, grad.unsqueeze(0), ctx.lr))
 
     def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Every in-neighbour, for a rule that talks to its neighbours."""
-        return tuple(ctx.in_weights) if self.rule.pattern == "neighbours" else ()
+        """Every in-neighbour (pattern ``"neighbours"``), or those the rule's ``talks``
+        names as senders of ``phase`` if it names this peer a receiver (``"chosen"``)."""
+        if self.rule.pattern == "neighbours":
+            return tuple(ctx.in_weights)
+        if self.rule.pattern == "chosen":
+            senders, receivers = self._talks(phase, ctx)
+            if ctx.node in receivers:
+                return tuple(sorted(j for j in ctx.in_weights if j in senders))
+        return ()
 
     def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
-        """The rule's schema of ``phase``."""
+        """The rule's schema of ``phase`` (for a sender that sends this peer something)."""
         if self.rule.pattern == "none":
             raise AlgorithmError(f"{self.name!r} sends no messages; {sender!r} sent one.")
         check_phase(self.name, phase, self.phases)
+        if self.rule.pattern == "chosen":  # membership: one check a message
+            senders, receivers = self._talks(phase, ctx)
+            if sender not in senders or ctx.node not in receivers:
+                raise AlgorithmError(
+                    f"{sender!r} sends {ctx.node!r} nothing in phase {phase} of round {ctx.round}."
+                )
         return schema_of(self.rule, phase, self._rows(ctx))
 
     def _zero(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -406,6 +505,11 @@ class NodeRule:
     def mix(self, state: Any, phase: int, inbox: Mapping[str, Payload], ctx: RoundContext) -> Any:
         """The rule's mix of one row, over slots in sorted sender order."""
         rows = self._rows(ctx)
+        if self.rule.pattern == "chosen":
+            model = self.rule.model(state)
+            chosen = _gathered(inbox, schema_of(self.rule, phase, rows), model)
+            state, send = self.rule.mix(state, phase, chosen, rows)
+            return state, self._outbox(send, ctx, phase + 1)
         schema = schema_of(self.rule, phase, rows) if self.rule.pattern != "none" else None
         x = self.rule.model(state)
         yes = torch.ones(1, dtype=torch.bool)
@@ -427,7 +531,25 @@ class NodeRule:
             scalars = {n: torch.zeros(1, dtype=_TOTAL) for n in (schema.scalars if schema else ())}
             slots.append(Slot(tensors, scalars, weight, no))
         state, send = self.rule.mix(state, phase, slots, rows)
-        return state, self._outbox(send, ctx)
+        return state, self._outbox(send, ctx, phase + 1)
+
+
+def _gathered(inbox: Mapping[str, Payload], schema: MessageSchema, model: torch.Tensor) -> Gathered:
+    """A peer's dict inbox as one list, in sorted sender order, every message to row 0
+    (an empty inbox holds empty tensors of the schema's shapes)."""
+    senders = sorted(inbox)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in schema.tensors.items():
+        if senders:
+            tensors[name] = torch.stack([inbox[j].tensor(name) for j in senders])
+        else:
+            size = tuple(model.shape[1:]) if shape is None else shape
+            tensors[name] = model.new_zeros((0, *size))
+    scalars = {
+        name: torch.tensor([float(inbox[j].scalars[name]) for j in senders], dtype=_TOTAL)
+        for name in schema.scalars
+    }
+    return Gathered(tensors, scalars, torch.zeros(len(senders), dtype=torch.long), 1)
 
 
 def per_peer(rule: Callable[..., Any]) -> Callable[..., NodeRule]:

@@ -46,12 +46,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
-from fedcore.algorithms.optim import Optimizer, make_optimizer
-from fedcore.errors import AlgorithmError, ConfigError
-from fedcore.messages import MessageSchema, Payload, ScalarSpec
+from fedcore.algorithms.base import model_schema
+from fedcore.algorithms.optim import Optimizer, keep_rows, make_optimizer
+from fedcore.algorithms.rule import Gathered, Rows, Send, per_peer
+from fedcore.errors import ConfigError
+from fedcore.messages import MessageSchema, ScalarSpec
 
-__all__ = ["FedAvg", "FedAvgState", "sample_workers"]
+__all__ = ["FedAvg", "FedAvgRule", "FedAvgState", "sample_workers"]
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
 """What ``algorithm.server_optimizer`` may name."""
@@ -73,14 +74,16 @@ def sample_workers(workers: tuple[str, ...], fraction: float, seed: int, t: int)
 
 
 class FedAvgState(NamedTuple):
-    """A worker's model, or the server's global model and its server-optimizer state."""
+    """Each row's model (a worker's own, or the server's global model) and the server
+    optimizer's state over the rows (``None`` until the first server step)."""
 
     x: torch.Tensor
     server_opt: Any = None
 
 
-class FedAvg:
-    """FedAvg with client sampling and local steps (see the module docstring).
+class FedAvgRule:
+    """FedAvg with client sampling and local steps (see the module docstring), one rule
+    for every engine: the server is one more row, which holds no data.
 
     Args:
         server: The server's node id (``topology.server``).
@@ -95,6 +98,7 @@ class FedAvg:
     name = "fedavg"
     mixing = "star"
     phases = 2
+    pattern = "chosen"
 
     def __init__(
         self,
@@ -132,104 +136,102 @@ class FedAvg:
             if server_optimizer == "sgd" and self.server_lr == 1.0
             else make_optimizer(server_optimizer, **options)
         )
-        self._samples: dict[tuple[tuple[str, ...], int], set[str]] = {}
+        self._samples: dict[tuple[int, int], set[str]] = {}
+        self._masks: dict[tuple[tuple[str, ...], int], torch.Tensor] = {}
 
     # -- who does what ---------------------------------------------------------------------
 
-    def _workers(self, ctx: RoundContext) -> tuple[str, ...]:
-        return tuple(v for v in ctx.nodes if v != self.server)
-
-    def sample(self, ctx: RoundContext, t: int) -> set[str]:
+    def sample(self, nodes: tuple[str, ...], t: int) -> set[str]:
         """The workers sampled in round ``t`` (cached: the last few rounds)."""
-        workers = self._workers(ctx)
-        key = (workers, t)
+        key = (id(nodes), t)
         chosen = self._samples.get(key)
         if chosen is None:
             if len(self._samples) > 8:
                 self._samples.clear()
+            workers = tuple(v for v in nodes if v != self.server)
             chosen = self._samples[key] = sample_workers(workers, self.fraction, self.seed, t)
         return chosen
 
-    def trains(self, ctx: RoundContext) -> bool:
-        """Whether this node takes local steps this round: a sampled worker."""
-        return ctx.node != self.server and ctx.node in self.sample(ctx, ctx.round)
+    def _sampled(self, rows: Rows, t: int) -> torch.Tensor:
+        """``[B]`` bool: the rows that are workers sampled in round ``t``."""
+        key = (rows.ids, t)
+        mask = self._masks.get(key)
+        if mask is None:
+            if len(self._masks) > 8:
+                self._masks.clear()
+            chosen = self.sample(rows.nodes, t)
+            mask = self._masks[key] = torch.tensor(
+                [v in chosen for v in rows.ids], dtype=torch.bool, device=rows.samples.device
+            )
+        return mask
 
-    # -- the state machine -----------------------------------------------------------------
+    def _server_row(self, rows: Rows) -> torch.Tensor:
+        key = (rows.ids, -1)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._masks[key] = torch.tensor(
+                [v == self.server for v in rows.ids], dtype=torch.bool, device=rows.samples.device
+            )
+        return mask
+
+    def trains(self, rows: Rows) -> torch.Tensor:
+        """``[B]`` bool: the rows that take local steps this round (sampled workers)."""
+        return self._sampled(rows, rows.round)
+
+    def talks(self, phase: int, rows: Rows) -> tuple[set[str], set[str]]:
+        """Phase 0: the round's sample to the server; phase 1: the server to the next
+        round's sample."""
+        if phase == 0:
+            return self.sample(rows.nodes, rows.round), {self.server}
+        return {self.server}, self.sample(rows.nodes, rows.round + 1)
+
+    # -- the rule --------------------------------------------------------------------------
 
     def init(self, params: torch.Tensor) -> FedAvgState:
-        """Every node starts from ``params`` (the server's global model too)."""
+        """Every row starts from ``params`` (the server's global model too)."""
         return FedAvgState(params.clone(), None)
 
     def model(self, state: FedAvgState) -> torch.Tensor:
-        """The worker's model, or the server's global model."""
+        """The workers' models and the server's global model."""
         return state.x
 
-    def step(
-        self, state: FedAvgState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[FedAvgState, Outbox]:
-        """A sampled worker's last local step, and its model for the server; nothing for
-        the server or an unsampled worker."""
-        if not self.trains(ctx):
-            return state, {}
-        x = state.x - ctx.lr * grad
-        samples = float(max(1, ctx.samples))
-        return FedAvgState(x, None), {self.server: Payload({"x": x}, {"samples": samples})}
+    def step(self, state: FedAvgState, grad: torch.Tensor, rows: Rows) -> tuple[FedAvgState, Send]:
+        """A sampled worker's last local step, and its model and example count for the
+        server (only sampled workers send: :meth:`talks`)."""
+        training = self.trains(rows)
+        x = torch.where(training.unsqueeze(1), state.x - rows.lr * grad, state.x)
+        samples = rows.samples.clamp(min=1.0)
+        return FedAvgState(x, state.server_opt), Send({"x": x}, {"samples": samples})
 
-    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Phase 0: the round's sample, at the server. Phase 1: the server, at a worker of
-        the next round's sample."""
-        check_phase(self.name, phase, self.phases)
-        if phase == 0:
-            return tuple(sorted(self.sample(ctx, ctx.round))) if ctx.node == self.server else ()
-        if ctx.node != self.server and ctx.node in self.sample(ctx, ctx.round + 1):
-            return (self.server,)
-        return ()
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+    def schema(self, phase: int) -> MessageSchema:
         """Phase 0: a worker's model ``"x"`` and its example count ``"samples"``; phase 1:
         the global model ``"x"``."""
-        check_phase(self.name, phase, self.phases)
-        if phase == 0:  # membership, not the sorted sender list: one check per message
-            sends = ctx.node == self.server and sender in self.sample(ctx, ctx.round)
-        else:
-            sends = sender == self.server and ctx.node in self.sample(ctx, ctx.round + 1)
-        if not sends:
-            raise AlgorithmError(
-                f"{sender!r} sends {ctx.node!r} nothing in phase {phase} of round {ctx.round}."
-            )
         if phase == 0:
             return model_schema("x", samples=_SAMPLES)
         return model_schema("x")
 
     def mix(
-        self, state: FedAvgState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[FedAvgState, Outbox]:
-        """Phase 0 at the server: the weighted average of what arrived, the server step,
-        and the global model for the next round's sample. Phase 1 at a worker: take the
-        global model if it arrived."""
-        check_phase(self.name, phase, self.phases)
+        self, state: FedAvgState, phase: int, inbox: Gathered, rows: Rows
+    ) -> tuple[FedAvgState, Send | None]:
+        """Phase 0 at the server: the weighted average of what arrived (float64, in sorted
+        worker order), the server step, and the global model for the next round's sample.
+        Phase 1 at a worker: take the global model if it arrived."""
+        heard = inbox.heard().unsqueeze(1)
         if phase == 1:
-            if ctx.node != self.server and self.server in inbox:
-                return FedAvgState(inbox[self.server].tensor("x").clone(), None), {}
-            return state, {}
-        if ctx.node != self.server:
-            return state, {}
+            x = torch.where(heard, inbox.total("x"), state.x)
+            return FedAvgState(x, state.server_opt), None
         x, opt = state.x, state.server_opt
-        if inbox:
-            x, opt = self._server_step(state, inbox)
-        payload = Payload({"x": x})
-        return FedAvgState(x, opt), dict.fromkeys(sorted(self.sample(ctx, ctx.round + 1)), payload)
-
-    def _server_step(self, state: FedAvgState, inbox: Inbox) -> tuple[torch.Tensor, Any]:
-        total = torch.zeros_like(state.x, dtype=torch.float64)
-        weight = 0.0
-        for payload in inbox.values():
-            n = payload.scalars["samples"]
-            total.add_(payload.tensor("x").to(torch.float64), alpha=n)
-            weight += n
-        average = (total / weight).to(state.x.dtype)
+        weight = inbox.scalar_total("samples").clamp(min=1.0).unsqueeze(1)
+        average = (inbox.total("x", weight="samples", dtype=torch.float64) / weight).to(x.dtype)
+        average = torch.where(heard, average, x)
         if self._opt is None:
-            return average, None
-        opt_state = state.server_opt if state.server_opt is not None else self._opt.init(state.x)
-        u, opt_state = self._opt.update(state.x - average, opt_state, state.x, self.server_lr)
-        return state.x - u, opt_state
+            x = average
+        elif bool(heard.any()):
+            before = opt if opt is not None else self._opt.init(x)
+            u, after = self._opt.update(x - average, before, x, self.server_lr)
+            x = torch.where(heard, x - u, x)
+            opt = keep_rows(heard.squeeze(1), after, before)
+        return FedAvgState(x, opt), Send({"x": x})
+
+
+FedAvg = per_peer(FedAvgRule)

@@ -81,17 +81,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
 from fedcore.algorithms.compressed import compress
+from fedcore.algorithms.rule import Gathered, Rows, Send, per_peer
 from fedcore.compression import RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import MessageSchema, Payload
 
-__all__ = ["APMSqueeze", "APMSqueezeState", "DoubleSqueeze", "DoubleSqueezeState"]
+__all__ = [
+    "APMSqueeze",
+    "APMSqueezeState",
+    "DoubleSqueeze",
+    "DoubleSqueezeRule",
+    "DoubleSqueezeState",
+]
 
 _RAW = RawCodec()
 
@@ -173,8 +180,9 @@ def _check_server(name: str, server: object) -> str:
     return server
 
 
-class DoubleSqueeze(_Star):
-    """DoubleSqueeze (see the module docstring).
+class DoubleSqueezeRule:
+    """DoubleSqueeze (see the module docstring), one rule for every engine: the server is
+    one more row, which holds no data.
 
     Args:
         server: The server's node id (``topology.server``).
@@ -184,6 +192,7 @@ class DoubleSqueeze(_Star):
     name = "doublesqueeze"
     mixing = "star"
     phases = 2
+    pattern = "chosen"
 
     def __init__(self, server: str = "server", error_feedback: bool = True) -> None:
         """Check the options."""
@@ -193,62 +202,97 @@ class DoubleSqueeze(_Star):
                 f"algorithm.error_feedback must be true or false, got {error_feedback!r}."
             )
         self.error_feedback = error_feedback
+        self._rows: dict[tuple[str, ...], torch.Tensor] = {}
+
+    def _server_row(self, rows: Rows) -> torch.Tensor:
+        """``[B]`` bool: the server's row."""
+        mask = self._rows.get(rows.ids)
+        if mask is None:
+            if len(self._rows) > 4:
+                self._rows.clear()
+            mask = self._rows[rows.ids] = torch.tensor(
+                [v == self.server for v in rows.ids], dtype=torch.bool, device=rows.samples.device
+            )
+        return mask
+
+    def trains(self, rows: Rows) -> torch.Tensor:
+        """Every worker trains every round; the server never does."""
+        return ~self._server_row(rows)
+
+    def talks(self, phase: int, rows: Rows) -> tuple[Any, Any]:
+        """Phase 0: every worker to the server; phase 1: the server to every worker."""
+        workers = _Others(self.server)
+        if phase == 0:
+            return workers, {self.server}
+        return {self.server}, workers
 
     def init(self, params: torch.Tensor) -> DoubleSqueezeState:
-        """Every node starts from ``params`` with no compression error."""
+        """Every row starts from ``params`` with no compression error."""
         return DoubleSqueezeState(params.clone(), torch.zeros_like(params))
 
     def model(self, state: DoubleSqueezeState) -> torch.Tensor:
-        """The worker's model, or the server's global model."""
+        """The workers' models and the server's global model."""
         return state.x
 
-    def local_step(
-        self, state: DoubleSqueezeState, grad: torch.Tensor, ctx: RoundContext
-    ) -> DoubleSqueezeState:
+    def local_step(self, state: DoubleSqueezeState, grad: torch.Tensor, rows: Rows) -> Any:
         """Refused: the compressed value is the round's one step."""
         raise _one_step(self.name)
 
-    def _squeeze(
-        self, v: torch.Tensor, ctx: RoundContext
-    ) -> tuple[Payload, torch.Tensor, torch.Tensor]:
-        """``(payload, C[v], new memory)``: ``C[v]`` is exactly what receivers decode."""
-        encoded, c = compress(ctx.codec, v, ctx)
-        delta = v - c if self.error_feedback else torch.zeros_like(v)
-        return Payload({"c": encoded}), c, delta
-
-    def step(
-        self, state: DoubleSqueezeState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[DoubleSqueezeState, Outbox]:
-        """A worker compresses its error-compensated step for the server; the server
-        sends nothing in phase 0."""
-        if ctx.node == self.server:
-            return state, {}
-        v = ctx.lr * grad + state.delta if self.error_feedback else ctx.lr * grad
-        payload, _, delta = self._squeeze(v, ctx)
-        return DoubleSqueezeState(state.x, delta), {self.server: payload}
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+    def schema(self, phase: int) -> MessageSchema:
         """A compressed step ``"c"`` in either phase, nothing else."""
-        self._check_sender(phase, sender, ctx)
         return model_schema("c")
 
+    def _squeeze(
+        self, v: torch.Tensor, where: torch.Tensor, rows: Rows
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(C[v], new memory)`` on the rows ``where`` says: ``C[v]`` is exactly what
+        receivers decode."""
+        c = rows.compress(v, where)
+        delta = v - c if self.error_feedback else torch.zeros_like(v)
+        return c, delta
+
+    def step(
+        self, state: DoubleSqueezeState, grad: torch.Tensor, rows: Rows
+    ) -> tuple[DoubleSqueezeState, Send]:
+        """Each worker compresses its error-compensated step for the server (the server's
+        row sends nothing in phase 0: :meth:`talks`)."""
+        workers = ~self._server_row(rows)
+        v = rows.lr * grad + state.delta if self.error_feedback else rows.lr * grad
+        c, delta = self._squeeze(v, workers, rows)
+        delta = torch.where(workers.unsqueeze(1), delta, state.delta)
+        return DoubleSqueezeState(state.x, delta), Send({"c": c})
+
     def mix(
-        self, state: DoubleSqueezeState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[DoubleSqueezeState, Outbox]:
-        """Phase 0 at the server: average, compensate, compress, step, broadcast. Phase 1
-        at a worker: step by the broadcast if it arrived."""
-        check_phase(self.name, phase, self.phases)
+        self, state: DoubleSqueezeState, phase: int, inbox: Gathered, rows: Rows
+    ) -> tuple[DoubleSqueezeState, Send | None]:
+        """Phase 0 at the server: average what arrived (float64), compensate, compress,
+        step, broadcast. Phase 1 at a worker: step by the broadcast if it arrived."""
+        heard = inbox.heard().unsqueeze(1)
         if phase == 1:
-            if ctx.node != self.server and self.server in inbox:
-                return DoubleSqueezeState(state.x - inbox[self.server].tensor("c"), state.delta), {}
-            return state, {}
-        if ctx.node != self.server:
-            return state, {}
-        v = _mean(inbox, "c", state.x)
-        if self.error_feedback:
-            v = v + state.delta
-        payload, c, delta = self._squeeze(v, ctx)
-        return DoubleSqueezeState(state.x - c, delta), dict.fromkeys(self._workers(ctx), payload)
+            x = torch.where(heard, state.x - inbox.total("c"), state.x)
+            return DoubleSqueezeState(x, state.delta), None
+        server = self._server_row(rows)
+        count = torch.bincount(inbox.dst, minlength=rows.b).to(torch.float64).clamp(min=1.0)
+        mean = (inbox.total("c", dtype=torch.float64) / count.unsqueeze(1)).to(state.x.dtype)
+        v = mean + state.delta if self.error_feedback else mean
+        c, delta = self._squeeze(v, server, rows)
+        on = server.unsqueeze(1)
+        x = torch.where(on, state.x - c, state.x)
+        delta = torch.where(on, delta, state.delta)
+        return DoubleSqueezeState(x, delta), Send({"c": c})
+
+
+class _Others:
+    """Every node id but one (a set-like view: ``v in others``)."""
+
+    def __init__(self, but: str) -> None:
+        self.but = but
+
+    def __contains__(self, node: object) -> bool:
+        return node != self.but
+
+
+DoubleSqueeze = per_peer(DoubleSqueezeRule)
 
 
 def _check_betas(betas: object) -> tuple[float, float]:

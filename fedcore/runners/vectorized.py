@@ -38,6 +38,7 @@ import torch
 from fedcore.algorithms.base import local_step
 from fedcore.algorithms.batched import (
     BatchedAlgorithm,
+    BatchedRule,
     BatchRound,
     Messages,
     StackedGraph,
@@ -140,6 +141,7 @@ class RoundFigures:
     dropped: torch.Tensor  # [N] at the sender
     fp32: torch.Tensor
     missing_senders: torch.Tensor  # [N] bool: some message of the sender was missing
+    idle: torch.Tensor  # [N] bool: up, but the algorithm had it compute no gradient
     lost: tuple[tuple[Messages, torch.Tensor], ...] = ()  # per phase, with a fault plan
 
 
@@ -174,6 +176,9 @@ class VectorizedNetwork:
         self.form: BatchedAlgorithm = batched_form(
             setup.algorithm, union_edges=len(union), float64_wire=float64_wire
         )
+        if isinstance(self.form, BatchedRule):  # what a rule's Rows.samples say
+            held = [0 if setup.source is not None else len(p) for p in setup.parts]
+            self.form.samples = torch.tensor(held, dtype=torch.float64, device=device)
         _check_memory(self.n, self.d, self.start.element_size(), len(union), setup)
         self.graphs = [stack_graph(g, union=union, device=device) for g in graphs]
         self.state = self.form.init(self.start.unsqueeze(0).repeat(self.n, 1))
@@ -198,10 +203,13 @@ class VectorizedNetwork:
                 [] if self._batched_source else [setup.source.stream(i) for i in range(self.n)]
             )
         else:
+            # A node that holds no data (the server family's server) never trains, so it
+            # never reads: a stand-in part of one example keeps the stacked batches simple.
+            parts = [p if len(p) else np.zeros(1, dtype=np.int64) for p in setup.parts]
             self.batches = StackedBatches(
                 setup.dataset.x_train,
                 setup.dataset.y_train,
-                setup.parts,
+                parts,
                 batch_size=config.data.batch_size,
                 seeds=[config.run.seed * 1_000_003 + i for i in range(self.n)],
                 order=config.data.order,
@@ -288,21 +296,28 @@ class VectorizedNetwork:
             nodes=self.nodes,
             everyone_up=bool(up_np.all()),
         )
+        # The nodes that compute a gradient: the up ones, less those the algorithm idles
+        # (the server family's server and unsampled workers, as a Node's ``trains`` says).
+        trains = self._trains(t)
+        training_np = up_np if trains is None else up_np & trains.cpu().numpy()
+        training = up if trains is None else up & trains
+        idle = up & ~training
+        every = bool(training_np.all())
         loss_sum: torch.Tensor | None = None
         for k in range(steps):  # as a Node does: the last step is the algorithm's own
             params = self.model()
             loss = torch.full((self.n,), math.nan, dtype=torch.float64, device=self.device)
             grad = torch.zeros_like(params)
-            for rows, x, y, mask in self._data(t, up_np):
+            for rows, x, y, mask in self._data(t, training_np):
                 losses, grads = self.objective.loss_and_grad(params[rows], x, y, mask)
                 loss[rows] = losses.to(torch.float64)
                 grad[rows] = grads
             if self.optimizer is not None:
                 u, opt_state = self.optimizer.update(grad, self.opt_state, params, lr)
                 self.opt_state = (
-                    opt_state if up_np.all() else keep_rows(up, opt_state, self.opt_state)
+                    opt_state if every else keep_rows(training, opt_state, self.opt_state)
                 )
-                grad = u
+                grad = u if every else torch.where(training.unsqueeze(1), u, 0.0)
             if steps > 1:
                 loss_sum = loss if loss_sum is None else loss_sum + loss
             if k + 1 < steps:
@@ -312,17 +327,22 @@ class VectorizedNetwork:
         arrived: list[torch.Tensor] = []
         phases = self.phases[slot]
         figures = _Counter(self.n, self.device)
-        for phase in phases:
+        actives: list[torch.Tensor | None] = []
+        for p, phase in enumerate(phases):
             m = phase.messages
+            active = self._active(p, t, graph)
+            actives.append(active)
             if self.plan is None:
-                ok = torch.ones_like(m.src, dtype=torch.bool)
+                ok = torch.ones_like(m.src, dtype=torch.bool) if active is None else active
             else:
                 lost = self.plan.lost_mask(m.src, m.dst, t, len(arrived))
-                ok = ~lost
+                if active is not None:
+                    lost = lost & active
+                ok = ~lost if active is None else active & ~lost
                 phase.dropped += lost & up[m.src]
                 phase.missing += lost & up[m.dst]
                 figures.faults(m, lost & up[m.src], lost & up[m.dst])
-            if self.plan is None:
+            if self.plan is None and active is None:
                 figures.add(phase.full)  # the same every round: counted once
             else:
                 figures.traffic(m, ok)
@@ -335,9 +355,10 @@ class VectorizedNetwork:
             arrived=arrived,
             codec=self.codec,
             nodes=self.nodes,
-            every_message=self.plan is None,
+            every_message=self.plan is None and not any(a is not None for a in actives),
             everyone_up=bool(up_np.all()),
             defer_checks=self.device.type != "cpu",
+            active=actives,
         )
         try:
             self.state = self.form.round(self.state, grad, ctx)
@@ -346,7 +367,23 @@ class VectorizedNetwork:
             raise
         self._checks.extend((t, *check) for check in ctx.deferred)
         self.round = t + 1
-        return figures.done(t, up, loss)
+        return figures.done(t, up, loss, idle)
+
+    def _trains(self, t: int) -> torch.Tensor | None:
+        """``[N]`` bool: the nodes the algorithm has compute a gradient in round ``t``."""
+        trains = getattr(self.form, "trains", None)
+        if trains is None:
+            return None
+        mask: torch.Tensor | None = trains(t, self.nodes, self.device)
+        return mask
+
+    def _active(self, phase: int, t: int, graph: StackedGraph) -> torch.Tensor | None:
+        """``[M]`` bool: the messages of ``phase`` sent in round ``t`` (``None``: all)."""
+        active = getattr(self.form, "active", None)
+        if active is None:
+            return None
+        mask: torch.Tensor | None = active(phase, t, graph, self.nodes)
+        return mask
 
     def state_dict(self) -> dict[str, Any]:
         """Everything :meth:`load_state_dict` needs to continue from this round exactly (for
@@ -454,7 +491,9 @@ class _Counter:
             self._count(m.src, missing.to(torch.float64)) > 0
         )
 
-    def done(self, t: int, up: torch.Tensor, loss: torch.Tensor) -> RoundFigures:
+    def done(
+        self, t: int, up: torch.Tensor, loss: torch.Tensor, idle: torch.Tensor
+    ) -> RoundFigures:
         return RoundFigures(
             round=t,
             up=up,
@@ -467,6 +506,7 @@ class _Counter:
             dropped=self.dropped,
             fp32=self.fp32,
             missing_senders=self.missing_senders,
+            idle=idle,
             lost=tuple(self.lost),
         )
 
@@ -493,7 +533,18 @@ def evaluate_stacked(net: VectorizedNetwork, params: torch.Tensor) -> dict[str, 
     average model's loss and accuracy, every node's accuracy, the consensus distance."""
     setup = net.setup
     x, y = setup.dataset.x_test, setup.dataset.y_test
-    average = params.mean(dim=0).cpu()
+    nodes = net.nodes
+    server = getattr(setup.algorithm, "server", None)
+    if server is not None and server in nodes:
+        # As evaluate_models: the server's model is the "average model"; the per-node
+        # figures are the workers' alone.
+        at = nodes.index(server)
+        average = params[at].cpu()
+        keep = [i for i in range(len(nodes)) if i != at]
+        params = params[torch.tensor(keep, device=params.device)]
+        nodes = tuple(nodes[i] for i in keep)
+    else:
+        average = params.mean(dim=0).cpu()
     avg_loss, avg_acc = setup.evaluator.evaluate(average, x, y)
     acc = net.objective.accuracy(params, x.to(net.device), y.to(net.device)).cpu().tolist()
     p64 = params.to(torch.float64)
@@ -504,7 +555,7 @@ def evaluate_stacked(net: VectorizedNetwork, params: torch.Tensor) -> dict[str, 
         "mean_node_accuracy": sum(acc) / len(acc),
         "min_node_accuracy": min(acc),
         "consensus_distance": distance,
-        "node_accuracy": dict(zip(net.nodes, acc, strict=True)),
+        "node_accuracy": dict(zip(nodes, acc, strict=True)),
     }
 
 
@@ -519,6 +570,7 @@ _COLUMNS = (
     "dropped",
     "fp32",
     "missing_senders",
+    "idle",
 )
 
 
@@ -588,8 +640,8 @@ class Flusher:
             t = f.round
             up = stacked["up"][k]
             values = stacked["loss"][k].tolist()
-            alive = up.tolist()
-            live = [v for v, a in zip(values, alive, strict=True) if a]
+            trained = (up & ~stacked["idle"][k]).tolist()  # an idle node's loss is no loss
+            live = [v for v, a in zip(values, trained, strict=True) if a]
             if self.writer is not None and (
                 self.records == "all" or (self.records == "eval" and obs.is_eval_round(t))
             ):
@@ -628,7 +680,7 @@ class Flusher:
                 obs.missing.setdefault(nodes[i], set()).add(t)
             for i in torch.nonzero(~up).flatten().tolist():
                 obs.down.setdefault(nodes[i], []).append(t)
-            for node, v, a in zip(nodes, values, alive, strict=True):
+            for node, v, a in zip(nodes, values, trained, strict=True):
                 obs.losses[node].append(v if a else None)
 
 
@@ -672,4 +724,5 @@ def _node_record(
         wall_s=wall,
         messages_dropped=int(stacked["dropped"][k][i]),
         fp32_bytes_sent=int(stacked["fp32"][k][i]),
+        idle=bool(stacked["idle"][k][i]),
     )

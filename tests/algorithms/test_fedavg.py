@@ -55,11 +55,13 @@ def test_the_sample_is_a_pure_function_of_seed_and_round() -> None:
     assert len(sample_workers(workers, 0.01, 3, 0)) == 1  # at least one worker
 
 
+@pytest.mark.parametrize("engine", ["messages", "vectorized"])
 def test_only_the_sampled_workers_train_and_talk(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: str
 ) -> None:
     args = [*TINY, "--set", "algorithm.name=fedavg", "--set", "topology.kind=star"]
     args += ["--set", "topology.nodes=8", "--set", "algorithm.fraction=0.25"]
+    args += ["--set", f"simulate.engine={engine}"]
     args += ["--set", "run.rounds=6", "--out", str(tmp_path / "run"), "-q"]
     status, _, err = cli(capsys, "simulate", *args)
     assert status == 0, err
@@ -77,7 +79,7 @@ def test_only_the_sampled_workers_train_and_talk(
             assert r["messages_sent"] == (1 if trained else 0 if node != "server" else 2)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
     assert "server" not in summary["final"]["node_accuracy"]
-    assert summary["engine"] == "messages"
+    assert summary["engine"] == engine
 
 
 def test_lost_messages_average_what_arrived() -> None:

@@ -36,13 +36,15 @@ def _run(overrides: list[str], rounds: int) -> Any:
 
 
 def _ctx(node: str, t: int, codec: Codec | None, lr: float = 0.1) -> RoundContext:
+    # The star's edges both ways: a worker talks to the server, the server to every worker.
+    peers = dict.fromkeys(WORKERS, 1.0) if node == "server" else {"server": 1.0}
     return RoundContext(
         node=node,
         round=t,
         lr=lr,
         self_weight=0.0,
-        out_weights={},
-        in_weights={},
+        out_weights=peers,
+        in_weights=peers,
         nodes=NODES,
         codec=codec,
     )
@@ -86,7 +88,7 @@ class _Star:
         alg, codec = self.algorithm, self.codec
         outboxes = {}
         for node in NODES:
-            grad = grads.get(node, torch.zeros_like(self.states[node].x))
+            grad = grads.get(node, torch.zeros_like(self.states[node].x.reshape(-1)))
             self.states[node], outboxes[node] = alg.step(
                 self.states[node], grad, _ctx(node, t, codec, lr)
             )
@@ -99,7 +101,7 @@ class _Star:
         self.server_in.append(
             torch.stack([p.tensor(next(iter(p.tensors))) for p in inbox.values()]).mean(0)
             if inbox
-            else torch.zeros_like(self.states["server"].x)
+            else torch.zeros_like(self.states["server"].x.reshape(-1))
         )
         for w in WORKERS:  # workers mix phase 0 with nothing
             self.states[w], out = alg.mix(self.states[w], 0, {}, _ctx(w, t, codec, lr))
@@ -139,7 +141,7 @@ def test_doublesqueeze_error_memories_telescope(codec: str, drop: float) -> None
     star = _Star(DoubleSqueeze(), _codec(codec))
     intended = {w: torch.zeros(50, dtype=torch.float64) for w in WORKERS}
     server_intended = torch.zeros(50, dtype=torch.float64)
-    start = star.states["server"].x.clone()
+    start = star.states["server"].x.reshape(-1).clone()
     lossy = 0.0
     for t in range(12):
         grads = _grads(star.gen)
@@ -147,22 +149,28 @@ def test_doublesqueeze_error_memories_telescope(codec: str, drop: float) -> None
         for w in WORKERS:
             intended[w] += lr * grads[w].double()
             sent = torch.stack(star.sent[w]).double().sum(0)
-            assert torch.allclose(sent + star.states[w].delta.double(), intended[w], atol=1e-5)
-            lossy = max(lossy, float(star.states[w].delta.abs().max()))
+            assert torch.allclose(
+                sent + star.states[w].delta.reshape(-1).double(), intended[w], atol=1e-5
+            )
+            lossy = max(lossy, float(star.states[w].delta.reshape(-1).abs().max()))
         server_intended += star.server_in[-1].double()
         broadcast = torch.stack(star.sent["server"]).double().sum(0)
-        delta_s = star.states["server"].delta.double()
+        delta_s = star.states["server"].delta.reshape(-1).double()
         assert torch.allclose(broadcast + delta_s, server_intended, atol=1e-5)
         # The global model moved by exactly the broadcasts; a worker by those it received.
-        assert torch.allclose(star.states["server"].x.double(), start.double() - broadcast)
+        assert torch.allclose(
+            star.states["server"].x.reshape(-1).double(), start.double() - broadcast
+        )
         for w in WORKERS:
             got = [s for s, a in zip(star.sent["server"], star.arrived[w], strict=True) if a]
             moved = torch.stack(got).double().sum(0) if got else torch.zeros(50).double()
-            assert torch.allclose(star.states[w].x.double(), start.double() - moved, atol=1e-5)
+            assert torch.allclose(
+                star.states[w].x.reshape(-1).double(), start.double() - moved, atol=1e-5
+            )
     assert lossy > 1e-3  # the codec really lost something: the memories are not trivial
     if drop == 0:
         for w in WORKERS:
-            assert torch.equal(star.states[w].x, star.states["server"].x)
+            assert torch.equal(star.states[w].x.reshape(-1), star.states["server"].x.reshape(-1))
 
 
 def test_doublesqueeze_without_error_feedback_keeps_no_memory_and_differs() -> None:
@@ -174,22 +182,24 @@ def test_doublesqueeze_without_error_feedback_keeps_no_memory_and_differs() -> N
             star.round(t, _grads(star.gen))
         runs[feedback] = star
     for node in NODES:
-        assert torch.count_nonzero(runs[False].states[node].delta) == 0
-    assert float(runs[True].states["n0"].delta.abs().max()) > 0
-    assert not torch.allclose(runs[True].states["server"].x, runs[False].states["server"].x)
+        assert torch.count_nonzero(runs[False].states[node].delta.reshape(-1)) == 0
+    assert float(runs[True].states["n0"].delta.reshape(-1).abs().max()) > 0
+    assert not torch.allclose(
+        runs[True].states["server"].x.reshape(-1), runs[False].states["server"].x.reshape(-1)
+    )
 
 
 def test_doublesqueeze_identity_codec_is_parameter_server_sgd_step_by_step() -> None:
     star = _Star(DoubleSqueeze(), RawCodec())
-    x = star.states["server"].x.clone()
+    x = star.states["server"].x.reshape(-1).clone()
     for t in range(6):
         lr = 0.1 * (t + 1)  # a schedule: lr belongs in the step
         grads = _grads(star.gen)
         star.round(t, grads, lr=lr)
         x = x - lr * torch.stack(list(grads.values())).mean(0)
         for node in NODES:
-            assert torch.allclose(star.states[node].x, x, atol=1e-6)
-            assert torch.count_nonzero(star.states[node].delta) == 0
+            assert torch.allclose(star.states[node].x.reshape(-1), x, atol=1e-6)
+            assert torch.count_nonzero(star.states[node].delta.reshape(-1)) == 0
 
 
 def test_doublesqueeze_identity_codec_is_central() -> None:
@@ -243,7 +253,7 @@ def test_apmsqueeze_warm_up_is_adam_on_the_averaged_gradient() -> None:
     star = _Star(
         APMSqueeze(precondition_rounds=rounds, betas=(0.8, 0.99), eps=1e-6), _codec("sign")
     )
-    p = torch.nn.Parameter(star.states["server"].x.clone())
+    p = torch.nn.Parameter(star.states["server"].x.reshape(-1).clone())
     adam = torch.optim.Adam([p], lr=0.05, betas=(0.8, 0.99), eps=1e-6)
     for t in range(rounds):
         grads = _grads(star.gen)
@@ -280,7 +290,7 @@ def test_apmsqueeze_warm_up_messages_are_raw_then_compressed() -> None:
 def test_apmsqueeze_worker_missing_a_warm_up_broadcast_rejoins_at_the_next() -> None:
     star = _Star(APMSqueeze(precondition_rounds=3), _codec("qsgd"))
     star.round(0, _grads(star.gen), lr=0.01, miss=("n0",))
-    assert not torch.equal(star.states["n0"].x, star.states["server"].x)
+    assert not torch.equal(star.states["n0"].x.reshape(-1), star.states["server"].x.reshape(-1))
     star.round(1, _grads(star.gen), lr=0.01)
     for field in ("x", "m", "v"):
         assert torch.equal(getattr(star.states["n0"], field), getattr(star.states["server"], field))
@@ -296,13 +306,15 @@ def test_apmsqueeze_freezes_v_and_its_memories_telescope(codec: str) -> None:
     for t in range(warm):
         star.round(t, _grads(star.gen), lr=lr)
     frozen = {n: star.states[n].v.clone() for n in NODES}
-    x, m = star.states["server"].x.clone(), star.states["server"].m.clone()
+    x, m = star.states["server"].x.reshape(-1).clone(), star.states["server"].m.clone()
     vhat = frozen["server"] / (1 - b2**warm)
     intended = {w: torch.zeros(50, dtype=torch.float64) for w in WORKERS}
     sent0 = {w: len(star.sent[w]) for w in WORKERS}
     server_intended = torch.zeros(50, dtype=torch.float64)
     for t in range(warm, warm + 8):
-        before = {w: (star.states[w].m.clone(), star.states[w].delta.clone()) for w in WORKERS}
+        before = {
+            w: (star.states[w].m.clone(), star.states[w].delta.reshape(-1).clone()) for w in WORKERS
+        }
         grads = _grads(star.gen)
         star.round(t, grads, lr=lr)
         m = b1 * m + (1 - b1) * torch.stack(list(grads.values())).mean(0)
@@ -313,19 +325,21 @@ def test_apmsqueeze_freezes_v_and_its_memories_telescope(codec: str) -> None:
             m_w, _ = before[w]
             intended[w] += (b1 * m_w + (1 - b1) * grads[w]).double()
             sent = torch.stack(star.sent[w][sent0[w] :]).double().sum(0)
-            assert torch.allclose(sent + star.states[w].delta.double(), intended[w], atol=1e-5)
+            assert torch.allclose(
+                sent + star.states[w].delta.reshape(-1).double(), intended[w], atol=1e-5
+            )
         server_intended += star.server_in[-1].double()
         broadcast = torch.stack(star.sent["server"][warm:]).double().sum(0)
-        delta = star.states["server"].delta.double()
+        delta = star.states["server"].delta.reshape(-1).double()
         assert torch.allclose(broadcast + delta, server_intended, atol=1e-5)
         for w in WORKERS:  # everyone holds the model and the shared momentum mbar
-            assert torch.equal(star.states[w].x, star.states["server"].x)
+            assert torch.equal(star.states[w].x.reshape(-1), star.states["server"].x.reshape(-1))
             assert torch.equal(star.states[w].m, star.states["server"].m)
         if codec == "raw":
-            assert torch.allclose(star.states["server"].x, x, atol=1e-5), t
+            assert torch.allclose(star.states["server"].x.reshape(-1), x, atol=1e-5), t
     if codec != "raw":
-        assert float(star.states["n0"].delta.abs().max()) > 1e-4
-        assert not torch.allclose(star.states["server"].x, x, atol=1e-5)
+        assert float(star.states["n0"].delta.reshape(-1).abs().max()) > 1e-4
+        assert not torch.allclose(star.states["server"].x.reshape(-1), x, atol=1e-5)
 
 
 def test_apmsqueeze_network_run_freezes_v_after_warm_up() -> None:
