@@ -10,9 +10,9 @@ Each case is a star of N workers and a server, logreg on MNIST-1D split iid (gen
 rounds) take every worker every round, one step, with the 1-bit ``sign`` codec. Both engines
 run the same config through the code ``fedcore simulate`` uses (no observer: nothing
 evaluated or written); the builds are not timed. The message engine is the reference
-measured in the same run: the table's ratio is vectorized over messages (node-rounds/s). An algorithm that is not a rule
-yet (the vectorized engine cannot run it) shows "-". A case runs each engine once for
-``--rounds`` rounds after one untimed round.
+measured in the same run: the table's ratio is vectorized over messages (node-rounds/s).
+An algorithm that is not a rule yet (the vectorized engine cannot run it) shows "-". A case
+runs each engine once for ``--rounds`` rounds after one untimed round.
 """
 
 from __future__ import annotations
