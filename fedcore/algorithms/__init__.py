@@ -15,7 +15,7 @@ from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext
 from fedcore.algorithms.compressed import CHOCO, CHOCOState, DeepSqueeze, DeepSqueezeState
 from fedcore.algorithms.dpsgd import DPSGD, DPSGDState
 from fedcore.algorithms.online import DOG, DOL
-from fedcore.algorithms.ops import OPS, OPSState, push_shares, push_sum_mix
+from fedcore.algorithms.ops import OPS, PushSumState
 from fedcore.algorithms.reference import Central, Local, ModelState
 from fedcore.algorithms.rps import RPS, RPSState
 from fedcore.algorithms.rule import NodeRule, Rows, Rule, Send, Slot
@@ -53,8 +53,8 @@ __all__ = [
     "Local",
     "ModelState",
     "NodeRule",
-    "OPSState",
     "Outbox",
+    "PushSumState",
     "RPSState",
     "RoundContext",
     "Rows",
@@ -63,8 +63,6 @@ __all__ = [
     "Slot",
     "algorithm_factory",
     "make_algorithm",
-    "push_shares",
-    "push_sum_mix",
 ]
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {

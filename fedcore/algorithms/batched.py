@@ -381,11 +381,6 @@ class BatchedCentral:
         return _ModelState(ctx.keep(total / count, state.x))
 
 
-class _PushState(NamedTuple):
-    x: torch.Tensor
-    omega: torch.Tensor  # [N] float64
-
-
 class BatchedOPS:
     """Batched :class:`~fedcore.algorithms.ops.RobustOPS`, any step scale: one running
     total per edge of the union of the run's graphs, ``[E, d]`` in float64 at the sender

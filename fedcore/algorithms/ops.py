@@ -135,15 +135,12 @@ __all__ = [
     "OPS",
     "STEP_SCALES",
     "EdgeTotal",
-    "OPSState",
     "PushSumRule",
     "PushSumState",
     "RobustOPS",
     "RobustOPSState",
     "absorb_totals",
     "gradient_step",
-    "push_shares",
-    "push_sum_mix",
     "push_totals",
     "read_total",
     "total_payload",
@@ -162,15 +159,6 @@ nothing for 8 rounds in a row about once in 15,000 rounds; a dead neighbour, at 
 
 _SLACK = 1 + 1e-9
 """Relative tolerance of the weight bounds (rounding of the weights themselves)."""
-
-
-class OPSState(NamedTuple):
-    """Push-sum numerator ``x``, weight ``omega``, and how many rounds in a row no expected
-    in-neighbour's share arrived (``silent``; the node holds from ``ISOLATED_AFTER``)."""
-
-    x: torch.Tensor
-    omega: float
-    silent: int = 0
 
 
 class EdgeTotal(NamedTuple):
@@ -234,37 +222,6 @@ def gradient_step(
     if step_scale == "omega":
         return x - (lr * omega) * grad
     return x - lr * grad
-
-
-def push_shares(x: torch.Tensor, omega: float, out_weights: dict[str, float]) -> Outbox:
-    """One payload per out-neighbour with its share of ``(x, omega)``.
-
-    Neighbours with the same weight share one payload object, so the node encodes it once.
-    """
-    by_weight: dict[float, Payload] = {}
-    outbox: dict[str, Payload] = {}
-    for dst, w in out_weights.items():
-        payload = by_weight.get(w)
-        if payload is None:
-            payload = Payload({"x": x * w}, {"omega": omega * w})
-            by_weight[w] = payload
-        outbox[dst] = payload
-    return outbox
-
-
-def push_sum_mix(
-    x: torch.Tensor, omega: float, self_weight: float, inbox: Inbox
-) -> tuple[torch.Tensor, float]:
-    """Keep the own share and add every received share, in inbox (sorted-sender) order."""
-    new_x = x * self_weight
-    new_omega = omega * self_weight
-    for sender, payload in inbox.items():
-        try:
-            new_x.add_(payload.tensor("x"))
-            new_omega += float(payload.scalars["omega"])
-        except KeyError as exc:
-            raise AlgorithmError(f"push-sum message from {sender!r} lacks {exc}.") from None
-    return new_x, new_omega
 
 
 def push_totals(
@@ -389,13 +346,12 @@ class RobustOPS:
     """Robust Online Push-Sum, per peer (see the module docstring for the update rules).
 
     Its running totals per edge are still kept twice: here per peer and in
-    :class:`~fedcore.algorithms.batched.BatchedOPS` for the vectorized engine; plain OPS is
-    the one rule :class:`PushSumRule`. (Plain OPS through this class is kept for its own
-    unit tests of the shared helpers.)
+    :class:`~fedcore.algorithms.batched.BatchedOPS` for the vectorized engine (a rule's
+    :class:`~fedcore.algorithms.rule.Send` cannot yet say one message per out-edge); plain
+    OPS is the one rule :class:`PushSumRule`.
 
     Args:
-        robust: Use robust push-sum (running totals per edge), which survives lost
-            messages.
+        robust: Must be true (plain push-sum is :class:`PushSumRule`).
         step_scale: ``"none"`` for the paper's step ``x -= lr * g``, ``"omega"`` for
             ``x -= lr * omega * g`` (a step of ``lr`` on ``z``; fedcore's stabilization
             under message loss, for plain and robust OPS alike).
@@ -408,17 +364,12 @@ class RobustOPS:
     mixing = "push-sum"
     phases = 1
 
-    def __init__(self, robust: bool = False, step_scale: str = "none") -> None:
+    def __init__(self, robust: bool = True, step_scale: str = "none") -> None:
         """Check and keep the options."""
-        if not isinstance(robust, bool):
-            raise ConfigError(f"algorithm.robust for 'ops' must be true or false, not {robust!r}.")
-        if step_scale not in STEP_SCALES:
-            raise ConfigError(
-                f"algorithm.step_scale for 'ops' is {step_scale!r}; use one of "
-                f"{', '.join(repr(s) for s in STEP_SCALES)} ('omega' scales the step by the "
-                "push-sum weight, a step of lr on the de-biased model)."
-            )
-        self.robust = robust
+        _check_options(robust, step_scale)
+        if not robust:
+            raise ConfigError("RobustOPS is robust push-sum; plain push-sum is PushSumRule.")
+        self.robust = True
         self.step_scale = step_scale
         self._dtype: torch.dtype | None = None  # the model's, learnt by init()
 
@@ -426,18 +377,16 @@ class RobustOPS:
         """Show the options."""
         return f"RobustOPS(robust={self.robust}, step_scale={self.step_scale!r})"
 
-    def init(self, params: torch.Tensor) -> OPSState | RobustOPSState:
+    def init(self, params: torch.Tensor) -> RobustOPSState:
         """Start from ``x = params`` and ``omega = 1`` (so ``z = params``), no totals."""
         self._dtype = params.dtype
-        if self.robust:
-            return RobustOPSState(params.clone(), 1.0, {}, {})
-        return OPSState(params.clone(), 1.0)
+        return RobustOPSState(params.clone(), 1.0, {}, {})
 
-    def model(self, state: OPSState | RobustOPSState) -> torch.Tensor:
+    def model(self, state: RobustOPSState) -> torch.Tensor:
         """The de-biased model ``z = x / omega``."""
         return state.x / state.omega
 
-    def _robust_state(self, state: OPSState | RobustOPSState) -> RobustOPSState:
+    def _robust_state(self, state: Any) -> RobustOPSState:
         if not isinstance(state, RobustOPSState):
             raise AlgorithmError(
                 f"robust OPS was handed a {type(state).__name__}; build the state with "
@@ -446,29 +395,24 @@ class RobustOPS:
         return state
 
     def local_step(
-        self, state: OPSState | RobustOPSState, grad: torch.Tensor, ctx: RoundContext
-    ) -> OPSState | RobustOPSState:
+        self, state: RobustOPSState, grad: torch.Tensor, ctx: RoundContext
+    ) -> RobustOPSState:
         """A local step between communications: the round's step on the numerator (with
         the round's step scale), nothing pushed; the weight and the totals stay."""
         scale = "omega" if _holds(state.silent, ctx) else self.step_scale
         return state._replace(x=gradient_step(state.x, state.omega, grad, ctx.lr, scale))
 
     def step(
-        self, state: OPSState | RobustOPSState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[OPSState | RobustOPSState, Outbox]:
-        """Gradient step on the numerator, then push shares (or running totals).
-
-        Plain OPS returns the stepped numerator and mixes in :meth:`mix`; robust OPS
-        returns the state already reduced to its own share (the rest is in the totals).
-        A holding node (silent in-neighbours) steps on ``z`` and sends nothing.
+        self, state: RobustOPSState, grad: torch.Tensor, ctx: RoundContext
+    ) -> tuple[RobustOPSState, Outbox]:
+        """Gradient step on the numerator, then push the running totals: the state comes
+        back reduced to the node's own share (the rest is in the totals). A holding node
+        (silent in-neighbours) steps on ``z`` and sends nothing.
         """
+        robust = self._robust_state(state)
         holding = _holds(state.silent, ctx)
         scale = "omega" if holding else self.step_scale
         x_half = gradient_step(state.x, state.omega, grad, ctx.lr, scale)
-        if not self.robust:
-            outbox = {} if holding else push_shares(x_half, state.omega, dict(ctx.out_weights))
-            return OPSState(x_half, state.omega, state.silent), outbox
-        robust = self._robust_state(state)
         if holding:
             return robust._replace(x=x_half), {}
         x, omega, sent = push_totals(x_half, robust.omega, robust.sent, ctx.out_weights)
@@ -480,12 +424,10 @@ class RobustOPS:
         return tuple(ctx.in_weights)
 
     def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
-        """``"x"`` (robust: and ``"x_lo"`` unless the wire carries float64) and ``"omega"``:
-        a share in ``(0, n]``, or a robust total in ``(0, n (t + 1)]`` at round ``t``."""
+        """``"x"`` (and ``"x_lo"`` unless the wire carries float64) and ``"omega"``, a
+        total in ``(0, n (t + 1)]`` at round ``t``."""
         check_phase(self.name, phase)
         n = len(ctx.nodes) if ctx.nodes else math.inf
-        if not self.robust:
-            return _share_schema(n)
         if self._dtype is None:
             raise AlgorithmError("OPS does not know the model's dtype yet: call init() first.")
         total = ScalarSpec(
@@ -499,13 +441,13 @@ class RobustOPS:
 
     def accept(
         self,
-        state: OPSState | RobustOPSState,
+        state: RobustOPSState,
         phase: int,
         sender: str,
         payload: Payload,
         ctx: RoundContext,
     ) -> None:
-        """Robust: refuse an omega-total smaller than the last one applied on its edge.
+        """Refuse an omega-total smaller than the last one applied on its edge.
 
         Raises:
             ProtocolError: the total went backwards.
@@ -521,20 +463,14 @@ class RobustOPS:
             )
 
     def mix(
-        self, state: OPSState | RobustOPSState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[OPSState | RobustOPSState, Outbox]:
-        """Add the received shares (plain: missing ones are lost mass; robust: they wait)."""
-        new: OPSState | RobustOPSState
+        self, state: RobustOPSState, phase: int, inbox: Inbox, ctx: RoundContext
+    ) -> tuple[RobustOPSState, Outbox]:
+        """Add what the arrived totals carry beyond the last applied (a missing one waits
+        for the next total on its edge)."""
         silent = _silent_after(state.silent, inbox, ctx)
-        if self.robust:
-            robust = self._robust_state(state)
-            x, omega, seen = absorb_totals(robust.x, robust.omega, robust.seen, inbox)
-            new = RobustOPSState(x, omega, robust.sent, seen, silent)
-        else:
-            # A holding node pushed nothing this round: all of its mass is still its own.
-            own = 1.0 if _holds(state.silent, ctx) else ctx.self_weight
-            x, omega = push_sum_mix(state.x, state.omega, own, inbox)
-            new = OPSState(x, omega, silent)
+        robust = self._robust_state(state)
+        x, omega, seen = absorb_totals(robust.x, robust.omega, robust.seen, inbox)
+        new = RobustOPSState(x, omega, robust.sent, seen, silent)
         if not omega > 0.0:  # only reachable with a zero self weight or underflow
             raise AlgorithmError(
                 f"node {ctx.node}: push-sum weight is {omega} after round {ctx.round}; "

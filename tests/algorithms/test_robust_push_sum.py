@@ -19,7 +19,6 @@ from fedcore.algorithms import RoundContext, make_algorithm
 from fedcore.algorithms.ops import (
     OPS,
     EdgeTotal,
-    OPSState,
     PushSumRule,
     PushSumState,
     RobustOPS,
@@ -36,7 +35,7 @@ from fedcore.topology import Schedule, Topology, TrustGraph, parse_spec, prepare
 from tests.strategies import GradFn, random_grad, random_params, strongly_connected_digraphs
 
 D = 3
-State = OPSState | RobustOPSState
+State = PushSumState | RobustOPSState
 _ZERO = EdgeTotal(torch.zeros(D, dtype=torch.float64), 0.0)
 
 
@@ -176,7 +175,7 @@ def test_options_through_the_registry() -> None:
 def test_robust_ops_rejects_a_plain_state() -> None:
     ctx = RoundContext(node="a", round=0, lr=0.1, self_weight=1.0, out_weights={}, in_weights={})
     with pytest.raises(AlgorithmError, match="init"):
-        OPS(robust=True).step(OPSState(torch.zeros(1), 1.0), torch.zeros(1), ctx)
+        OPS(robust=True).step(OPS().init(torch.zeros(1)), torch.zeros(1), ctx)
 
 
 # --- I-RPSUM-2: exact average under message loss -------------------------------------------
