@@ -104,10 +104,10 @@ class RowGradient:
         ]
         self.numel = sum(n for _, _, n in self._layout)
         self._buffers = dict(module.named_buffers())
-        self._offsets: dict[str, int] = {}
+        self._slices: list[tuple[str, int, int]] = []  # (name, offset, numel), flat order
         offset = 0
         for name, _, n in self._layout:
-            self._offsets[name] = offset
+            self._slices.append((name, offset, n))
             offset += n
         self._layers = _batchable_layers(module)
         self._grad = torch.func.vmap(
@@ -208,19 +208,24 @@ class RowGradient:
             self.module.train()
             grads, losses = self._grad(params, x, y)
             return losses.detach(), grads.detach()
-        p = params.detach().requires_grad_(True)
+        # One leaf per parameter tensor (views of the rows, no copy): autograd then writes
+        # each layer's gradient once, instead of a row-sized zero tensor per layer.
+        parts = {
+            name: params[:, offset : offset + n].detach().requires_grad_(True)
+            for name, offset, n in self._slices
+        }
         single = x.shape[1] == 1
         if single:  # never a matrix-vector product (see the module docstring)
             x = torch.cat([x, x], dim=1)
             y = torch.cat([y, y], dim=1)
         with torch.enable_grad():
-            logits = self.batched_forward(p, x)
+            logits = self.batched_forward(params, x, parts=parts)
             ce = functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
             ).view(y.shape)
             losses = ce[:, 0] + 0.0 * ce[:, 1] if single else ce.mean(dim=1)
-            (grad,) = torch.autograd.grad(losses.sum(), p)
-        return losses.detach(), grad
+            grads = torch.autograd.grad(losses.sum(), list(parts.values()))
+        return losses.detach(), torch.cat(grads, dim=1)
 
     def _ragged(
         self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
@@ -251,12 +256,19 @@ class RowGradient:
         return losses.to(params.device), grads
 
     def batched_forward(
-        self, params: torch.Tensor, x: torch.Tensor, shared_input: bool = False
+        self,
+        params: torch.Tensor,
+        x: torch.Tensor,
+        shared_input: bool = False,
+        parts: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits ``[M, B, C]`` of ``M`` stacked models of Flatten/Linear/ReLU layers on
-        ``x`` (``[M, B, ...]``, or ``[B, ...]`` shared by every row), as batched matmuls."""
+        ``x`` (``[M, B, ...]``, or ``[B, ...]`` shared by every row), as batched matmuls;
+        ``parts`` (name -> ``[M, n]``) stands in for the slices of ``params``."""
         assert self._layers is not None
         m = params.shape[0]
+        if parts is None:
+            parts = {name: params[:, o : o + n] for name, o, n in self._slices}
         h = x.to(self.dtype)
         lead = 2 if shared_input is False else 1  # dims before a per-example feature
         for prefix, layer in self._layers:
@@ -264,13 +276,10 @@ class RowGradient:
                 h = h.flatten(lead, -1) if h.dim() > lead + 1 else h
             elif isinstance(layer, torch.nn.Linear):
                 lead = 2
-                start = self._offsets[f"{prefix}weight"]
-                size = layer.out_features * layer.in_features
-                weight = params[:, start : start + size].view(m, layer.out_features, -1)
+                weight = parts[f"{prefix}weight"].view(m, layer.out_features, -1)
                 h = torch.matmul(h, weight.transpose(1, 2))
                 if layer.bias is not None:
-                    start = self._offsets[f"{prefix}bias"]
-                    h = h + params[:, start : start + layer.out_features].unsqueeze(1)
+                    h = h + parts[f"{prefix}bias"].unsqueeze(1)
             else:
                 h = torch.relu(h)
         return h

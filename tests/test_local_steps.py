@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedcore.config import load_config
-from fedcore.errors import ConfigError
+from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.metrics import params_sha256
 from fedcore.node import Node
-from fedcore.runners.network import build_network
+from fedcore.runners.network import build_network, prepare_run
+from fedcore.runners.vectorized import VectorizedNetwork
 from tests.clitools import TINY, cli
 from tests.resume import assert_resumes_exactly
 from tests.test_optimizer_runs import CRASHES
@@ -34,12 +36,30 @@ def test_local_training_with_k_steps_is_k_times_the_rounds(optimizer: str) -> No
     assert _params([*base, "run.local_steps=3"], 10) == _params(base, 30)
 
 
-@pytest.mark.parametrize("algorithm", BATCHED)
+ONE_STEP = ("doublesqueeze",)
+"""Algorithms whose compressed value is the round's one step: they refuse local steps."""
+
+
+@pytest.mark.parametrize("algorithm", [a for a in BATCHED if a not in ONE_STEP])
 def test_engines_agree_with_local_steps(algorithm: str) -> None:
     extra = ["run.local_steps=3"]
     if algorithm not in ("choco",):
         extra.append(CRASHES)
     assert_same_run(_config(algorithm, "fp32", False, *extra))
+
+
+@pytest.mark.parametrize("engine", ["messages", "vectorized"])
+@pytest.mark.parametrize("algorithm", ONE_STEP)
+def test_one_step_algorithms_refuse_local_steps_on_both_engines(
+    algorithm: str, engine: str
+) -> None:
+    config = _config(algorithm, "fp32", False, "run.local_steps=3")
+    setup = prepare_run(config)
+    with pytest.raises(AlgorithmError, match=r"run\.local_steps = 1"):
+        if engine == "messages":
+            build_network(config, setup=setup).run(1)
+        else:
+            VectorizedNetwork(setup, device=torch.device("cpu")).run_round()
 
 
 def test_engines_agree_with_local_steps_an_optimizer_and_a_codec() -> None:

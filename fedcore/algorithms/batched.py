@@ -25,7 +25,7 @@ differ from the message engine (the tests allow 1e-5 relative).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -894,7 +894,7 @@ class BatchedRule:
         }
         return [
             Slot(
-                {name: value.index_select(0, g.nbr[:, k]) for name, value in decoded.items()},
+                _Gather(decoded, g.nbr[:, k]),
                 {name: value.index_select(0, g.nbr[:, k]) for name, value in send.scalars.items()},
                 weights[:, k],
                 arrived[:, k],
@@ -920,6 +920,24 @@ class BatchedRule:
             inbox = self._inbox(send, phase, ctx, compressed)
             new, send = self.rule.mix(new, phase, inbox, rows)
         return _keep_state(ctx, new, state)
+
+
+class _Gather(Mapping[str, torch.Tensor]):
+    """One slot's tensors, gathered from the senders' rows when the rule reads them (so a
+    round never holds every slot's ``[N, d]`` copy at once)."""
+
+    def __init__(self, values: Mapping[str, torch.Tensor], rows: torch.Tensor) -> None:
+        self._values = values
+        self._rows = rows
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._values[name].index_select(0, self._rows)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
 
 
 def _in_degree(g: StackedGraph) -> torch.Tensor:

@@ -70,6 +70,10 @@ __all__ = [
 
 _TOTAL = torch.float64
 
+_YES = torch.ones(1, dtype=torch.bool)
+_NO = torch.zeros(1, dtype=torch.bool)
+"""A peer's slot arrived or not (read only)."""
+
 
 @dataclass(frozen=True, eq=False)
 class Slot:
@@ -291,12 +295,20 @@ class Rule(Protocol):
 
 def schema_of(rule: Any, phase: int, rows: Rows) -> MessageSchema:
     """``rule.schema(phase, rows)``, or ``rule.schema(phase)`` for a rule that takes no rows."""
-    try:
-        takes_rows = len(inspect.signature(rule.schema).parameters) >= 2
-    except (TypeError, ValueError):
-        takes_rows = False
-    schema: MessageSchema = rule.schema(phase, rows) if takes_rows else rule.schema(phase)
+    kind = type(rule)
+    takes = _TAKES_ROWS.get(kind)
+    if takes is None:  # read once per rule class
+        try:
+            takes = len(inspect.signature(rule.schema).parameters) >= 2  # phase, rows
+        except (TypeError, ValueError):
+            takes = False
+        _TAKES_ROWS[kind] = takes
+    schema: MessageSchema = rule.schema(phase, rows) if takes else rule.schema(phase)
     return schema
+
+
+_TAKES_ROWS: dict[type, bool] = {}
+"""Rule class -> whether its ``schema`` takes ``rows``."""
 
 
 def is_rule(obj: object) -> bool:
@@ -364,6 +376,8 @@ class NodeRule:
         self.phases: int = int(rule.phases)
         self._encoded: dict[int, EncodedTensor] = {}
         self._zeros: dict[tuple[int, ...], torch.Tensor] = {}
+        self._contexts: dict[int, tuple[RoundContext, Rows]] = {}
+        self._weights: dict[float, torch.Tensor] = {}
         accept = getattr(rule, "accept", None)
         if accept is not None:
             self.accept = accept
@@ -389,6 +403,17 @@ class NodeRule:
         return senders, receivers
 
     def _rows(self, ctx: RoundContext) -> Rows:
+        """The rule's view of ``ctx`` (one per round context: a node asks many times)."""
+        cached = self._contexts.get(id(ctx))
+        if cached is not None and cached[0] is ctx:
+            return cached[1]
+        if len(self._contexts) > 4096:  # one a node a round, in one process
+            self._contexts.clear()
+        rows = self._make_rows(ctx)
+        self._contexts[id(ctx)] = (ctx, rows)
+        return rows
+
+    def _make_rows(self, ctx: RoundContext) -> Rows:
         codec = ctx.codec
 
         def compress(v: torch.Tensor, where: torch.Tensor | None) -> torch.Tensor:
@@ -512,11 +537,15 @@ class NodeRule:
             return state, self._outbox(send, ctx, phase + 1)
         schema = schema_of(self.rule, phase, rows) if self.rule.pattern != "none" else None
         x = self.rule.model(state)
-        yes = torch.ones(1, dtype=torch.bool)
-        no = torch.zeros(1, dtype=torch.bool)
+        yes, no = _YES, _NO
         slots: list[Slot] = []
         for sender in sorted(ctx.in_weights):
-            weight = torch.tensor([ctx.in_weights[sender]], dtype=_TOTAL)
+            w = ctx.in_weights[sender]
+            weight = self._weights.get(w)
+            if weight is None:  # a few distinct weights a run: made once
+                if len(self._weights) > 256:
+                    self._weights.clear()
+                weight = self._weights[w] = torch.tensor([w], dtype=_TOTAL)
             payload = inbox.get(sender)
             if payload is not None:
                 tensors = {n: payload.tensor(n).unsqueeze(0) for n in payload.tensors}
