@@ -208,24 +208,62 @@ class RowGradient:
             self.module.train()
             grads, losses = self._grad(params, x, y)
             return losses.detach(), grads.detach()
-        # One leaf per parameter tensor (views of the rows, no copy): autograd then writes
-        # each layer's gradient once, instead of a row-sized zero tensor per layer.
-        parts = {
-            name: params[:, offset : offset + n].detach().requires_grad_(True)
-            for name, offset, n in self._slices
-        }
         single = x.shape[1] == 1
         if single:  # never a matrix-vector product (see the module docstring)
             x = torch.cat([x, x], dim=1)
             y = torch.cat([y, y], dim=1)
-        with torch.enable_grad():
-            logits = self.batched_forward(params, x, parts=parts)
-            ce = functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
-            ).view(y.shape)
-            losses = ce[:, 0] + 0.0 * ce[:, 1] if single else ce.mean(dim=1)
-            grads = torch.autograd.grad(losses.sum(), list(parts.values()))
-        return losses.detach(), torch.cat(grads, dim=1)
+        return self._backprop(params, x, y, single)
+
+    def _backprop(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, single: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean cross-entropy and its gradient through Flatten/Linear/ReLU layers, the
+        backward pass written out (batched matmuls, no autograd graph): per layer
+        ``dW = g^T h``, ``db = sum_b g``, ``g <- g W``, through ReLU ``g <- g [z > 0]``."""
+        assert self._layers is not None
+        m, b = y.shape
+        parts = {name: params[:, o : o + n] for name, o, n in self._slices}
+        h = x.to(self.dtype)
+        inputs: list[torch.Tensor] = []  # what each Linear layer saw
+        relus: list[torch.Tensor] = []  # where each ReLU let through
+        for prefix, layer in self._layers:
+            if isinstance(layer, torch.nn.Flatten):
+                h = h.flatten(2, -1) if h.dim() > 3 else h
+            elif isinstance(layer, torch.nn.Linear):
+                inputs.append(h)
+                weight = parts[f"{prefix}weight"].view(m, layer.out_features, -1)
+                h = torch.matmul(h, weight.transpose(1, 2))
+                if layer.bias is not None:
+                    h = h + parts[f"{prefix}bias"].unsqueeze(1)
+            else:
+                relus.append(h > 0)
+                h = torch.relu(h)
+        logp = torch.log_softmax(h, dim=-1)
+        ce = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # [M, B]
+        if single:  # the second example is the first's copy, weighted 0
+            losses = ce[:, 0]
+            weight_b = torch.tensor([1.0, 0.0], dtype=h.dtype, device=h.device)
+        else:
+            losses = ce.mean(dim=1)
+            weight_b = torch.full((b,), 1.0 / b, dtype=h.dtype, device=h.device)
+        g = logp.exp()
+        g.scatter_add_(-1, y.unsqueeze(-1), torch.full_like(ce, -1.0).unsqueeze(-1))
+        g = g * weight_b.view(1, b, 1)
+        grads: dict[str, torch.Tensor] = {}
+        linear = len(inputs)
+        for prefix, layer in reversed(self._layers):
+            if isinstance(layer, torch.nn.Linear):
+                linear -= 1
+                grads[f"{prefix}weight"] = torch.matmul(g.transpose(1, 2), inputs[linear])
+                if layer.bias is not None:
+                    grads[f"{prefix}bias"] = g.sum(dim=1)
+                if linear > 0:
+                    weight = parts[f"{prefix}weight"].view(m, layer.out_features, -1)
+                    g = torch.matmul(g, weight)
+            elif isinstance(layer, torch.nn.ReLU):
+                g = g * relus.pop()
+        flat = [grads[name].reshape(m, -1) for name, _, _ in self._slices]
+        return losses, torch.cat(flat, dim=1)
 
     def _ragged(
         self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor

@@ -407,7 +407,7 @@ class NodeRule:
         cached = self._contexts.get(id(ctx))
         if cached is not None and cached[0] is ctx:
             return cached[1]
-        if len(self._contexts) > 4096:  # one a node a round, in one process
+        if len(self._contexts) > 64:  # a few rounds of the nodes of one process
             self._contexts.clear()
         rows = self._make_rows(ctx)
         self._contexts[id(ctx)] = (ctx, rows)
