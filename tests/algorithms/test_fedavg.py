@@ -141,3 +141,46 @@ def test_a_graph_file_names_its_server(tmp_path: Path) -> None:
     one_way.write_text("ps a\nps b\na ps\n", encoding="utf-8")
     with pytest.raises(TopologyError, match="no edge b -> ps"):
         prepare_run(load_config(None, [*STAR, f"topology.file={one_way}", "topology.server=ps"]))
+
+
+def test_fedavg_runs_ten_thousand_workers_on_the_vectorized_engine() -> None:
+    """The workload federated simulators run most: 10,000 workers, a tenth sampled each
+    round, 5 local steps; the server is one more row. Only the sampled workers train and
+    talk, and the global model moves."""
+    from fedcore.data import Dataset
+    from fedcore.runners.vectorized import VectorizedNetwork
+
+    gen = torch.Generator().manual_seed(0)
+    centers = torch.randn(4, 8, generator=gen)
+    y = torch.randint(0, 4, (30_000,), generator=gen)
+    x = centers[y] + 0.5 * torch.randn(30_000, 8, generator=gen)
+    data = Dataset(
+        name="blobs",
+        x_train=x[:25_000],
+        y_train=y[:25_000],
+        x_test=x[25_000:],
+        y_test=y[25_000:],
+        num_classes=4,
+    )
+    settings = [
+        "algorithm.name=fedavg",
+        "topology.kind=star",
+        "topology.nodes=10000",
+        "algorithm.fraction=0.1",
+        "run.local_steps=5",
+        "data.partition=iid",
+    ]
+    net = VectorizedNetwork(
+        prepare_run(load_config(None, settings), dataset=data), device=torch.device("cpu")
+    )
+    start = net.model()[net.nodes.index("server")].clone()
+    figures = [net.run_round() for _ in range(2)]
+    workers = tuple(v for v in net.nodes if v != "server")
+    for t, f in enumerate(figures):
+        sampled = sample_workers(workers, 0.1, 0, t)
+        assert len(sampled) == 1000
+        trained = {net.nodes[i] for i in torch.nonzero(~f.idle & f.up).flatten().tolist()}
+        assert trained == sampled  # the server and the unsampled workers idle
+        assert int(f.sent.sum()) == 1000 + len(sample_workers(workers, 0.1, 0, t + 1))
+    server = net.model()[net.nodes.index("server")]
+    assert bool(torch.isfinite(server).all()) and not torch.equal(server, start)
