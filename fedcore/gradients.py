@@ -109,6 +109,7 @@ class RowGradient:
         for name, _, n in self._layout:
             self._slices.append((name, offset, n))
             offset += n
+        self._where = {name: (start, n) for name, start, n in self._slices}
         self._layers = _batchable_layers(module)
         self._grad = torch.func.vmap(
             torch.func.grad_and_value(self._loss), in_dims=(0, 0, 0), randomness="error"
@@ -222,22 +223,9 @@ class RowGradient:
         ``dW = g^T h``, ``db = sum_b g``, ``g <- g W``, through ReLU ``g <- g [z > 0]``."""
         assert self._layers is not None
         m, b = y.shape
-        parts = {name: params[:, o : o + n] for name, o, n in self._slices}
-        h = x.to(self.dtype)
         inputs: list[torch.Tensor] = []  # what each Linear layer saw
         relus: list[torch.Tensor] = []  # where each ReLU let through
-        for prefix, layer in self._layers:
-            if isinstance(layer, torch.nn.Flatten):
-                h = h.flatten(2, -1) if h.dim() > 3 else h
-            elif isinstance(layer, torch.nn.Linear):
-                inputs.append(h)
-                weight = parts[f"{prefix}weight"].view(m, layer.out_features, -1)
-                h = torch.matmul(h, weight.transpose(1, 2))
-                if layer.bias is not None:
-                    h = h + parts[f"{prefix}bias"].unsqueeze(1)
-            else:
-                relus.append(h > 0)
-                h = torch.relu(h)
+        h = self.batched_forward(params, x, inputs=inputs, relus=relus)
         logp = torch.log_softmax(h, dim=-1)
         ce = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # [M, B]
         if single:  # the second example is the first's copy, weighted 0
@@ -258,8 +246,8 @@ class RowGradient:
                 if layer.bias is not None:
                     grads[f"{prefix}bias"] = g.sum(dim=1)
                 if linear > 0:
-                    weight = parts[f"{prefix}weight"].view(m, layer.out_features, -1)
-                    g = torch.matmul(g, weight)
+                    assert isinstance(layer, torch.nn.Linear)
+                    g = torch.matmul(g, self._weight(params, prefix, layer))
             elif isinstance(layer, torch.nn.ReLU):
                 g = g * relus.pop()
         flat = [grads[name].reshape(m, -1) for name, _, _ in self._slices]
@@ -298,15 +286,14 @@ class RowGradient:
         params: torch.Tensor,
         x: torch.Tensor,
         shared_input: bool = False,
-        parts: dict[str, torch.Tensor] | None = None,
+        inputs: list[torch.Tensor] | None = None,
+        relus: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits ``[M, B, C]`` of ``M`` stacked models of Flatten/Linear/ReLU layers on
         ``x`` (``[M, B, ...]``, or ``[B, ...]`` shared by every row), as batched matmuls;
-        ``parts`` (name -> ``[M, n]``) stands in for the slices of ``params``."""
+        ``inputs`` and ``relus`` collect what the backward pass needs (each Linear layer's
+        input, each ReLU's mask)."""
         assert self._layers is not None
-        m = params.shape[0]
-        if parts is None:
-            parts = {name: params[:, o : o + n] for name, o, n in self._slices}
         h = x.to(self.dtype)
         lead = 2 if shared_input is False else 1  # dims before a per-example feature
         for prefix, layer in self._layers:
@@ -314,13 +301,22 @@ class RowGradient:
                 h = h.flatten(lead, -1) if h.dim() > lead + 1 else h
             elif isinstance(layer, torch.nn.Linear):
                 lead = 2
-                weight = parts[f"{prefix}weight"].view(m, layer.out_features, -1)
-                h = torch.matmul(h, weight.transpose(1, 2))
+                if inputs is not None:
+                    inputs.append(h)
+                h = torch.matmul(h, self._weight(params, prefix, layer).transpose(1, 2))
                 if layer.bias is not None:
-                    h = h + parts[f"{prefix}bias"].unsqueeze(1)
+                    start, n = self._where[f"{prefix}bias"]
+                    h = h + params[:, start : start + n].unsqueeze(1)
             else:
+                if relus is not None:
+                    relus.append(h > 0)
                 h = torch.relu(h)
         return h
+
+    def _weight(self, params: torch.Tensor, prefix: str, layer: torch.nn.Linear) -> torch.Tensor:
+        """A Linear layer's weights of every row, ``[M, out, in]`` (a view of ``params``)."""
+        start, n = self._where[f"{prefix}weight"]
+        return params[:, start : start + n].view(params.shape[0], layer.out_features, -1)
 
     def logits(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Logits ``[M, B, C]`` of every row on the shared examples ``x [B, ...]``

@@ -37,7 +37,7 @@ import torch
 
 from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.dpsgd import DPSGDRule
-from fedcore.algorithms.reference import ModelState
+from fedcore.algorithms.reference import ModelOnly, ModelState
 from fedcore.algorithms.rule import Rows, Send, Slot, per_peer
 from fedcore.messages import MessageSchema, ScalarSpec
 
@@ -75,7 +75,7 @@ class DOGRule(DPSGDRule):
 DOG = per_peer(DOGRule)
 
 
-class DOLRule:
+class DOLRule(ModelOnly):
     """DOL: decentralized online learning on a one-way trust graph, no de-biasing.
 
     The "DOL-asymm" baseline of He, Tan, Tang, Qiu, Liu, "Central Server Free Federated
@@ -120,16 +120,7 @@ class DOLRule:
 
     name = "dol"
     mixing = "push-sum"
-    phases = 1
     pattern = "neighbours"
-
-    def init(self, params: torch.Tensor) -> ModelState:
-        """Start from ``x = params``."""
-        return ModelState(params.clone())
-
-    def model(self, state: ModelState) -> torch.Tensor:
-        """The models ``x`` (no division by a push-sum weight)."""
-        return state.x
 
     def step(self, state: ModelState, grad: torch.Tensor, rows: Rows) -> tuple[ModelState, Send]:
         """Gradient step on ``x``, then push each out-neighbour its share of the result."""

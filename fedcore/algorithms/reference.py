@@ -23,7 +23,7 @@ from fedcore.algorithms.rule import Rows, Slot, per_peer
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema, Payload
 
-__all__ = ["Central", "Local", "LocalRule", "ModelState"]
+__all__ = ["Central", "Local", "LocalRule", "ModelOnly", "ModelState"]
 
 
 class ModelState(NamedTuple):
@@ -32,8 +32,9 @@ class ModelState(NamedTuple):
     x: torch.Tensor
 
 
-class _ModelOnly:
-    """State handling shared by algorithms whose state is just the model."""
+class ModelOnly:
+    """State handling shared by algorithms whose state is just the model (per peer, or
+    ``[B, d]`` rows of a rule: the same two lines)."""
 
     phases = 1
 
@@ -46,21 +47,12 @@ class _ModelOnly:
         return state.x
 
 
-class LocalRule:
+class LocalRule(ModelOnly):
     """Local SGD with no communication (an :class:`~fedcore.algorithms.rule.Rule`)."""
 
     name = "local"
     mixing = "none"
-    phases = 1
     pattern = "none"
-
-    def init(self, params: torch.Tensor) -> ModelState:
-        """Start from ``params``."""
-        return ModelState(params.clone())
-
-    def model(self, state: ModelState) -> torch.Tensor:
-        """The models ``x``."""
-        return state.x
 
     def step(self, state: ModelState, grad: torch.Tensor, rows: Rows) -> tuple[ModelState, None]:
         """Plain SGD step; nothing to send."""
@@ -80,7 +72,7 @@ class LocalRule:
 Local = per_peer(LocalRule)
 
 
-class Central(_ModelOnly):
+class Central(ModelOnly):
     """Exact averaging of all nodes' post-step models every round."""
 
     name = "central"

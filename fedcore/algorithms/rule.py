@@ -346,11 +346,6 @@ def pull(base: torch.Tensor, inbox: list[Slot], name: str) -> torch.Tensor:
     return out
 
 
-def model_state_step(x: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
-    """``x - lr * grad`` (the step every rule without its own takes)."""
-    return x - lr * grad
-
-
 # -- a rule on one peer: the node's per-message protocol -------------------------------
 
 
@@ -495,7 +490,7 @@ class NodeRule:
         own = getattr(self.rule, "local_step", None)
         if own is not None:
             return own(state, grad.unsqueeze(0), self._rows(ctx))
-        return state._replace(x=model_state_step(state.x, grad.unsqueeze(0), ctx.lr))
+        return state._replace(x=state.x - ctx.lr * grad.unsqueeze(0))
 
     def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
         """Every in-neighbour (pattern ``"neighbours"``), or those the rule's ``talks``

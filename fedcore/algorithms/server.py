@@ -136,20 +136,22 @@ class FedAvgRule:
             if server_optimizer == "sgd" and self.server_lr == 1.0
             else make_optimizer(server_optimizer, **options)
         )
-        self._samples: dict[tuple[int, int], set[str]] = {}
+        self._samples: dict[tuple[int, int], tuple[tuple[str, ...], set[str]]] = {}
         self._masks: dict[tuple[tuple[str, ...], int], torch.Tensor] = {}
 
     # -- who does what ---------------------------------------------------------------------
 
     def sample(self, nodes: tuple[str, ...], t: int) -> set[str]:
         """The workers sampled in round ``t`` (cached: the last few rounds)."""
-        key = (id(nodes), t)
-        chosen = self._samples.get(key)
-        if chosen is None:
-            if len(self._samples) > 8:
-                self._samples.clear()
-            workers = tuple(v for v in nodes if v != self.server)
-            chosen = self._samples[key] = sample_workers(workers, self.fraction, self.seed, t)
+        key = (id(nodes), t)  # the run's node tuple; checked to be that very tuple below
+        cached = self._samples.get(key)
+        if cached is not None and cached[0] is nodes:
+            return cached[1]
+        if len(self._samples) > 8:
+            self._samples.clear()
+        workers = tuple(v for v in nodes if v != self.server)
+        chosen = sample_workers(workers, self.fraction, self.seed, t)
+        self._samples[key] = (nodes, chosen)
         return chosen
 
     def _sampled(self, rows: Rows, t: int) -> torch.Tensor:
