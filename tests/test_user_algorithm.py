@@ -18,10 +18,12 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from fedcore.algorithms import NodeRule, make_algorithm
-from fedcore.algorithms.reference import Central
+from fedcore.algorithms import Inbox, NodeRule, RoundContext, make_algorithm
+from fedcore.algorithms.base import model_schema
+from fedcore.algorithms.reference import ModelState
 from fedcore.config import load_config
 from fedcore.errors import ConfigError
+from fedcore.messages import MessageSchema, Payload
 from fedcore.runners.launch import user_code_roots
 from fedcore.runners.network import prepare_run
 from fedcore.runners.simulate import choose_engine, run_name
@@ -80,7 +82,7 @@ def test_what_a_factory_returns_decides_how_it_runs() -> None:
     """A rule is wrapped; a per-message algorithm (or an adapter) is used as it is."""
     assert isinstance(make_algorithm("fedcore.algorithms.dpsgd:DPSGDRule"), NodeRule)
     assert isinstance(make_algorithm("fedcore.algorithms.dpsgd:DPSGD"), NodeRule)
-    assert type(make_algorithm("fedcore.algorithms.reference:Central")) is Central
+    assert type(make_algorithm("tests.test_user_algorithm:MyCentral")) is MyCentral
 
 
 def _params(net: TestNetwork | VectorizedTestNetwork) -> dict[str, torch.Tensor]:
@@ -130,10 +132,35 @@ def test_make_network_takes_a_rule_object() -> None:
     assert net.run(2).round == 2
 
 
-class MyCentral(Central):
-    """A user's per-message algorithm (the protocol of fedcore.algorithms.base)."""
+class MyCentral:
+    """A user's per-message algorithm (the protocol of fedcore.algorithms.base): every
+    node averages its post-step model with those that arrived."""
 
     name = "my-central"
+    mixing = "complete"
+    phases = 1
+
+    def init(self, params: torch.Tensor) -> ModelState:
+        return ModelState(params.clone())
+
+    def model(self, state: ModelState) -> torch.Tensor:
+        return state.x
+
+    def step(self, state: ModelState, grad: torch.Tensor, ctx: RoundContext) -> Any:
+        x = state.x - ctx.lr * grad
+        return ModelState(x), dict.fromkeys(ctx.out_weights, Payload({"x": x}))
+
+    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
+        return tuple(ctx.in_weights)
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        return model_schema("x")
+
+    def mix(self, state: ModelState, phase: int, inbox: Inbox, ctx: RoundContext) -> Any:
+        total = state.x.clone()
+        for sender in sorted(inbox):
+            total.add_(inbox[sender].tensor("x"))
+        return ModelState(total / (1 + len(inbox))), {}
 
 
 def test_a_per_message_algorithm_runs_on_the_message_engine_only() -> None:

@@ -233,9 +233,9 @@ def test_auto_falls_back_with_a_reason() -> None:
 
 def test_a_per_message_user_algorithm_runs_on_the_message_engine() -> None:
     """An algorithm written to the node's per-message protocol, not as a rule."""
-    from fedcore.algorithms.reference import Central
+    from tests.test_user_algorithm import MyCentral
 
-    class Mine(Central):
+    class Mine(MyCentral):
         name = "mine"
 
     config = load_config(None, ["topology.kind=complete", "algorithm.name=central"])

@@ -32,9 +32,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from fedcore.algorithms.compressed import CHOCO
 from fedcore.algorithms.ops import RobustOPS
-from fedcore.algorithms.reference import Central
 from fedcore.algorithms.rps import RPS, block_sizes
 from fedcore.algorithms.rule import Gathered, NodeRule, Rows, Slot, schema_of
 from fedcore.compression.batched import RowCodec
@@ -315,15 +313,6 @@ def _mix(
     return out
 
 
-def _pull(values: torch.Tensor, coef: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``sum_k coef[i, k] * (values[rows[i, k]] - values[i])``, slot by slot, as the
-    per-node ``pull.add_(c_j - c, alpha=W_ji)`` loop."""
-    out = torch.zeros_like(values)
-    for k in range(rows.shape[1]):
-        out.addcmul_(values.index_select(0, rows[:, k]) - values, coef[:, k : k + 1])
-    return out
-
-
 def _gossip_messages(graph: StackedGraph, nbytes: Size, d: int, tensors: int = 1) -> Messages:
     size = torch.full_like(graph.src, tensors * nbytes(d))
     return Messages(graph.src, graph.dst, size, torch.full_like(graph.src, tensors * 4 * d))
@@ -335,50 +324,6 @@ def _all_rows(x: torch.Tensor) -> torch.Tensor:
 
 class _ModelState(NamedTuple):
     x: torch.Tensor
-
-
-class BatchedCentral:
-    """Batched :class:`~fedcore.algorithms.reference.Central`: every up node averages its own
-    post-step model with the (decoded) post-step models that reached it."""
-
-    name = "central"
-    phases = 1
-
-    def init(self, params: torch.Tensor) -> _ModelState:
-        """Start from ``params``."""
-        return _ModelState(params.clone())
-
-    def model(self, state: _ModelState) -> torch.Tensor:
-        """The models."""
-        return state.x
-
-    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
-        """Every node's model to every other node."""
-        return _gossip_messages(graph, nbytes, d)
-
-    EXACT_UP_TO = 256
-    """Up to this many nodes the sums run node by node in global order, as each per-node
-    average does (bit for bit); above, one reduction (``O(N d)`` instead of ``O(N^2 d)``)."""
-
-    def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
-        """Average over the node and what arrived (all-to-all)."""
-        x_half = state.x - ctx.lr * grad
-        sent = ctx.roundtrip(x_half, _all_rows(x_half))
-        g = ctx.graph
-        arrived = ctx.arrived[0]
-        heard = torch.zeros(g.n, g.n, dtype=torch.bool, device=x_half.device)
-        heard[g.dst[arrived], g.src[arrived]] = True  # heard[i, k]: k's model reached i
-        count = heard.sum(dim=1, keepdim=True).to(x_half.dtype) + 1.0
-        if g.n <= self.EXACT_UP_TO:
-            total = torch.zeros_like(x_half)
-            for k in range(g.n):
-                total.add_(torch.where(heard[:, k : k + 1], sent[k : k + 1], 0.0))
-                total[k].add_(x_half[k])
-        elif ctx.every_message:
-            total = sent.sum(dim=0, keepdim=True) - sent + x_half
-        else:
-            total = heard.to(x_half.dtype) @ sent + x_half
-        return _ModelState(ctx.keep(total / count, state.x))
 
 
 class BatchedOPS:
@@ -554,59 +499,6 @@ def _share_units(g: StackedGraph) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         )
         g.cache["units"] = cached
     return cached
-
-
-class _SqueezeState(NamedTuple):
-    x: torch.Tensor
-    memory: torch.Tensor  # DeepSqueeze: delta; CHOCO: xhat
-
-
-def _compressed(ctx: BatchRound, v: torch.Tensor) -> torch.Tensor:
-    """Every up node's ``C(v_i)``, refusing a diverged (non-finite) row as the per-node
-    :func:`~fedcore.algorithms.compressed.compress` does."""
-    ctx.check(
-        ~torch.isfinite(v.sum(dim=1)) & ctx.up,
-        "node {node} diverged at round {round}: the vector to compress is not finite. "
-        "Lower algorithm.lr or the consensus step, or use a codec with a smaller error.",
-    )
-    return ctx.roundtrip(v, _all_rows(v))
-
-
-class BatchedCHOCO:
-    """Batched :class:`~fedcore.algorithms.compressed.CHOCO` on a static graph with every
-    message delivered (CHOCO refuses fault plans): every neighbour's copy of ``xhat_j`` is
-    ``xhat_j`` itself, so the copies are not stored twice."""
-
-    name = "choco"
-    phases = 1
-
-    def __init__(self, eta: float) -> None:
-        """The consensus step."""
-        self.eta = eta
-
-    def model(self, state: _SqueezeState) -> torch.Tensor:
-        """The models."""
-        return state.x
-
-    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
-        """Every node's compressed difference to each neighbour."""
-        return _gossip_messages(graph, nbytes, d)
-
-    def init(self, params: torch.Tensor) -> _SqueezeState:
-        """Public copies start at zero."""
-        return _SqueezeState(params.clone(), torch.zeros_like(params))
-
-    def round(self, state: _SqueezeState, grad: torch.Tensor, ctx: BatchRound) -> _SqueezeState:
-        """``q = C(x_half - xhat)``, ``xhat += q``, ``x = x_half + gamma sum_j W_ji (xhat_j -
-        xhat_i)``."""
-        g = ctx.graph
-        x_half = state.x - ctx.lr * grad
-        q = _compressed(ctx, x_half - state.memory)
-        xhat = state.memory + q
-        coef = _slot_weights(g).to(x_half.dtype)
-        pull = _pull(xhat, coef, g.nbr)
-        x = x_half + self.eta * pull
-        return _SqueezeState(ctx.keep(x, state.x), ctx.keep(xhat, state.memory))
 
 
 class BatchedRPS:
@@ -977,11 +869,6 @@ def unsupported(algorithm: Any, *, period: int, codec: RowCodec, faults: bool) -
         return (
             f"algorithm {name!r} has no batched form (register one in fedcore.algorithms.batched)"
         )
-    if isinstance(algorithm, CHOCO) and period > 1:
-        return (
-            "choco on a time-varying schedule keeps per-edge copies, which only the message "
-            "engine models"
-        )
     if isinstance(algorithm, RPS) and not codec.deterministic:
         return (
             f"rps with the stochastic codec {codec.name!r} draws per block in an order only "
@@ -999,16 +886,12 @@ def batched_form(
         return BatchedRule(algorithm.rule)
     if isinstance(algorithm, RobustOPS):
         return BatchedOPS(algorithm, union_edges, float64_wire)
-    if isinstance(algorithm, CHOCO):
-        return BatchedCHOCO(algorithm.gamma)
     if isinstance(algorithm, RPS):
         return BatchedRPS()
-    if isinstance(algorithm, Central):
-        return BatchedCentral()
     raise AlgorithmError(f"no batched form of {algorithm!r}.")
 
 
-_FORMS = {RobustOPS, CHOCO, RPS, Central}
+_FORMS = {RobustOPS, RPS}
 
 
 def has_batched_form(algorithm: Any) -> bool:

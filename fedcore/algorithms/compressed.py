@@ -25,8 +25,11 @@ copies ``xhat`` that every neighbour keeps identically::
     xhat_j  += q_j   for every neighbour j that sent
     x        = x_half + gamma * sum_j W_ji (xhat_j - xhat_i)
 
-CHOCO assumes every message arrives: a lost ``q_j`` leaves this node's copy of ``xhat_j``
-behind for good (the replicas diverge), so use it in strict mode.
+A peer keeps its copies of the neighbours' ``xhat_j`` as one weighted sum (the paper's
+memory-efficient form, see :class:`CHOCORule`), which needs the same weights every round:
+CHOCO runs on a fixed graph. It assumes every message arrives: a lost ``q_j`` leaves this
+node's copy of ``xhat_j`` behind for good (the replicas diverge), so fault plans are
+refused.
 
 With a node optimizer (``[optimizer]``), its direction ``u``, from the gradient at ``x``,
 replaces ``lr * g`` in ``x_half``; what is compressed and sent is unchanged (the model,
@@ -36,18 +39,25 @@ or its difference to the public copy), and so are both invariants.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, per_peer, pull
+from fedcore.algorithms.base import RoundContext, model_schema
+from fedcore.algorithms.rule import Rows, Send, Slot, per_peer, pull, received
 from fedcore.compression import Codec, RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
-from fedcore.messages import EncodedTensor, MessageSchema, Payload
+from fedcore.messages import EncodedTensor, MessageSchema
 
-__all__ = ["CHOCO", "CHOCOState", "DeepSqueeze", "DeepSqueezeRule", "DeepSqueezeState", "compress"]
+__all__ = [
+    "CHOCO",
+    "CHOCORule",
+    "CHOCOState",
+    "DeepSqueeze",
+    "DeepSqueezeRule",
+    "DeepSqueezeState",
+    "compress",
+]
 
 _LOSSLESS = RawCodec()
 
@@ -139,19 +149,33 @@ DeepSqueeze = per_peer(DeepSqueezeRule)
 
 
 class CHOCOState(NamedTuple):
-    """Model ``x``, own public copy ``xhat``, and the copies of the neighbours' ``xhat``."""
+    """Models ``x``, own public copies ``xhat``, the weighted sums ``s`` of the public
+    copies this peer holds (its own included), and this round's own ``q`` (``[B, d]``
+    each; ``q`` is ``[B, 0]`` between rounds)."""
 
     x: torch.Tensor
     xhat: torch.Tensor
-    neighbours: Mapping[str, torch.Tensor]
+    s: torch.Tensor
+    q: torch.Tensor
 
 
-class CHOCO:
-    """CHOCO-SGD (see the module docstring); ``gamma`` is the consensus step."""
+class CHOCORule:
+    """CHOCO-SGD (see the module docstring); ``gamma`` is the consensus step.
+
+    The copies of the neighbours' ``xhat_j`` are kept as one weighted sum per peer,
+    ``s_i = W_ii xhat_i + sum_j W_ji xhat_j`` (the paper's memory-efficient form: ``d``
+    values a peer instead of one copy per neighbour), so ``sum_j W_ji (xhat_j - xhat_i) =
+    s_i - xhat_i`` as the weights of a peer sum to 1. That needs the same weights every
+    round: CHOCO runs on a fixed graph (a schedule is refused), with every message
+    delivered (fault plans are refused).
+    """
 
     name = "choco"
     mixing = "doubly-stochastic"
     phases = 1
+    pattern = "neighbours"
+    fixed_graph = True
+    """The engines refuse a schedule (the weighted sums need the same weights)."""
 
     def __init__(self, gamma: float = 0.5) -> None:
         """``gamma`` in (0, 1]; smaller for coarser codecs and smaller spectral gaps."""
@@ -160,46 +184,33 @@ class CHOCO:
 
     def init(self, params: torch.Tensor) -> CHOCOState:
         """Public copies start at zero, as in the paper."""
-        return CHOCOState(params.clone(), torch.zeros_like(params), {})
+        zeros = torch.zeros_like(params)
+        return CHOCOState(
+            params.clone(), zeros, zeros.clone(), params.new_zeros((params.shape[0], 0))
+        )
 
     def model(self, state: CHOCOState) -> torch.Tensor:
-        """The model ``x``."""
+        """The models ``x``."""
         return state.x
 
-    def step(
-        self, state: CHOCOState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[CHOCOState, Outbox]:
-        """Gradient step; compress the difference to the public copy; update that copy."""
-        x_half = state.x - ctx.lr * grad
-        encoded, q = compress(ctx.codec, x_half - state.xhat, ctx)
-        xhat = state.xhat + q
-        payload = Payload({"q": encoded})
-        outbox = dict.fromkeys(ctx.out_weights, payload)
-        return CHOCOState(x_half, xhat, state.neighbours), outbox
+    def step(self, state: CHOCOState, grad: torch.Tensor, rows: Rows) -> tuple[CHOCOState, Send]:
+        """Gradient step; ``q = C(x_half - xhat)``, ``xhat += q``; send ``q``."""
+        x_half = state.x - rows.lr * grad
+        q = rows.compress(x_half - state.xhat)
+        return CHOCOState(x_half, state.xhat + q, state.s, q), Send({"q": q})
 
-    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Every neighbour."""
-        return tuple(ctx.in_weights)
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+    def schema(self, phase: int) -> MessageSchema:
         """The neighbour's compressed difference ``"q"``, nothing else."""
-        check_phase(self.name, phase)
         return model_schema("q")
 
     def mix(
-        self, state: CHOCOState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[CHOCOState, Outbox]:
-        """Update the neighbours' copies with what arrived, then the consensus step."""
-        copies = dict(state.neighbours)
-        for sender, payload in inbox.items():
-            previous = copies.get(sender)
-            q = payload.tensor("q")
-            copies[sender] = q.clone() if previous is None else previous + q
-        pull = torch.zeros_like(state.x)
-        for j, w in ctx.in_weights.items():
-            copy = copies.get(j)
-            pull.add_(
-                (copy if copy is not None else torch.zeros_like(state.x)) - state.xhat, alpha=w
-            )
-        x = state.x + self.gamma * pull
-        return CHOCOState(x, state.xhat, copies), {}
+        self, state: CHOCOState, phase: int, inbox: list[Slot], rows: Rows
+    ) -> tuple[CHOCOState, None]:
+        """``s += W_ii q + sum_j W_ji q_j``, then ``x = x_half + gamma (s - xhat)``."""
+        s = state.s + rows.self_weight.to(state.q.dtype).unsqueeze(1) * state.q
+        s = received(s, inbox, "q")
+        x = state.x + self.gamma * (s - state.xhat)
+        return CHOCOState(x, state.xhat, s, state.q[:, :0]), None
+
+
+CHOCO = per_peer(CHOCORule)

@@ -5,8 +5,8 @@
 * CENTRAL: every node receives the exact average of all nodes' post-step models each
   round (adapt-then-combine with ``W = 11^T / n``), i.e. minibatch SGD on the union of
   the data. It ignores the trust graph: it is the upper reference, not a deployable
-  algorithm. The average is summed in global node order and divided by ``n``, so every
-  node holds bit-identical parameters.
+  algorithm. The average is summed in sorted node order and divided by the count, so every
+  node that heard everyone holds bit-identical parameters.
 
 With a node optimizer (``[optimizer]``), its direction ``u`` replaces ``lr * g`` in both;
 CENTRAL's nodes then each keep their own optimizer state over bit-identical models.
@@ -18,12 +18,12 @@ from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
-from fedcore.algorithms.rule import Rows, Slot, per_peer
+from fedcore.algorithms.base import model_schema
+from fedcore.algorithms.rule import Rows, Send, Slot, per_peer
 from fedcore.errors import AlgorithmError
-from fedcore.messages import MessageSchema, Payload
+from fedcore.messages import MessageSchema
 
-__all__ = ["Central", "Local", "LocalRule", "ModelOnly", "ModelState"]
+__all__ = ["Central", "CentralRule", "Local", "LocalRule", "ModelOnly", "ModelState"]
 
 
 class ModelState(NamedTuple):
@@ -72,39 +72,55 @@ class LocalRule(ModelOnly):
 Local = per_peer(LocalRule)
 
 
-class Central(ModelOnly):
-    """Exact averaging of all nodes' post-step models every round."""
+class CentralRule(ModelOnly):
+    """Exact averaging of all nodes' post-step models every round (an
+    :class:`~fedcore.algorithms.rule.Rule` on the complete graph)."""
 
     name = "central"
     mixing = "complete"
+    pattern = "neighbours"
 
-    def step(
-        self, state: ModelState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[ModelState, Outbox]:
+    def __init__(self) -> None:
+        """No options."""
+        self._ranks: tuple[tuple[str, ...], tuple[str, ...], torch.Tensor] | None = None
+
+    def step(self, state: ModelState, grad: torch.Tensor, rows: Rows) -> tuple[ModelState, Send]:
         """SGD step, then send the result to every other node."""
-        x = state.x - ctx.lr * grad
-        return ModelState(x), dict.fromkeys(ctx.out_weights, Payload({"x": x}))
+        x = state.x - rows.lr * grad
+        return ModelState(x), Send({"x": x})
 
-    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Every other node."""
-        return tuple(ctx.in_weights)
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+    def schema(self, phase: int) -> MessageSchema:
         """The sender's post-step model ``"x"``, nothing else."""
-        check_phase(self.name, phase)
         return model_schema("x")
 
+    def _rank(self, rows: Rows) -> torch.Tensor:
+        """``[B]``: each row's position among all node ids in sorted order, which is the
+        in-neighbour slot its own model is summed before (every other node is one)."""
+        cached = self._ranks
+        if cached is not None and cached[0] is rows.ids and cached[1] is rows.nodes:
+            return cached[2]
+        rank = {v: r for r, v in enumerate(sorted(rows.nodes))}
+        device = rows.self_weight.device
+        ranks = torch.tensor([rank[v] for v in rows.ids], dtype=torch.long, device=device)
+        self._ranks = (rows.ids, rows.nodes, ranks)
+        return ranks
+
     def mix(
-        self, state: ModelState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[ModelState, Outbox]:
-        """Average over the node itself and what arrived, summed in global node order."""
-        values = dict(inbox.items())
-        values[ctx.node] = Payload({"x": state.x})
-        order = ctx.nodes or tuple(sorted(values))
-        present = [values[n].tensor("x") for n in order if n in values]
-        if not present:
-            raise AlgorithmError(f"node {ctx.node}: nothing to average at round {ctx.round}.")
-        total = torch.zeros_like(state.x)
-        for t in present:
-            total.add_(t)
-        return ModelState(total / len(present)), {}
+        self, state: ModelState, phase: int, inbox: list[Slot], rows: Rows
+    ) -> tuple[ModelState, None]:
+        """Average the peer's own model and what arrived, summed in sorted node order (so
+        every peer that heard everyone holds the same bits)."""
+        x = state.x
+        own_at = self._rank(rows).unsqueeze(1)
+        total = torch.zeros_like(x)
+        count = torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)
+        for k, slot in enumerate(inbox):
+            total.add_(torch.where(own_at == k, x, 0.0))
+            arrived = slot.arrived.unsqueeze(1)
+            total.add_(torch.where(arrived, slot.tensors["x"], 0.0))
+            count.add_(arrived.to(x.dtype))
+        total.add_(torch.where(own_at == len(inbox), x, 0.0))
+        return ModelState(total / count), None
+
+
+Central = per_peer(CentralRule)

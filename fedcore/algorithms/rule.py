@@ -65,6 +65,7 @@ __all__ = [
     "is_rule",
     "per_peer",
     "pull",
+    "received",
     "schema_of",
 ]
 
@@ -343,6 +344,16 @@ def pull(base: torch.Tensor, inbox: list[Slot], name: str) -> torch.Tensor:
     for slot in inbox:
         coef = torch.where(slot.arrived, slot.weight, 0.0).to(base.dtype).unsqueeze(1)
         out.addcmul_(slot.tensors[name] - base, coef)
+    return out
+
+
+def received(base: torch.Tensor, inbox: list[Slot], name: str) -> torch.Tensor:
+    """``base + sum_j W_ji v_j`` over what arrived, slot by slot (a missing ``j`` adds
+    nothing)."""
+    out = base.clone()
+    for slot in inbox:
+        coef = torch.where(slot.arrived, slot.weight, 0.0).to(base.dtype).unsqueeze(1)
+        out.addcmul_(slot.tensors[name], coef)
     return out
 
 

@@ -688,6 +688,12 @@ def prepare_run(
             laps.done("built the graph %s: %d nodes", trust.name, len(trust.nodes))
         graph = communication_graph(algorithm, trust)
         laps.done("weighted the graph for %s (%s mixing)", algorithm.name, algorithm.mixing)
+        if graph.period > 1 and getattr(algorithm, "fixed_graph", False):
+            raise ConfigError(
+                f"algorithm {config.algorithm.name!r} runs on a fixed graph, but the topology "
+                f"{trust.name!r} changes every round (a schedule of {graph.period} graphs). "
+                "Use a static topology kind (fedcore topology show lists a schedule's)."
+            )
         edges_used = {e for t in range(graph.period) for e in graph.at(t).edges()}
         for text in config.faults.edge_drop:
             sender, _, receiver = (part.strip() for part in text.partition("->"))

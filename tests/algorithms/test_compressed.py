@@ -150,14 +150,16 @@ def test_consensus_contracts_at_the_lazy_rate() -> None:
 
 @given(connected_undirected_graphs(), st.integers(0, 1000), st.sampled_from(CODECS))
 @settings(max_examples=25)
-def test_choco_mean_preserved_and_replicas_identical(
-    graph: TrustGraph, seed: int, codec: str
-) -> None:
-    """I-CH-1: the consensus step preserves the mean; every copy of xhat_j equals node j's own."""
+def test_choco_mean_preserved_and_copies_summed(graph: TrustGraph, seed: int, codec: str) -> None:
+    """I-CH-1: the consensus step preserves the mean; every peer's weighted sum of public
+    copies is ``W_ii xhat_i + sum_j W_ji xhat_j`` of the neighbours' own ``xhat``."""
+    weighted = metropolis_hastings(graph)
     for states in _rounds_follow_exact_sgd(CHOCO(gamma=0.4), graph, seed, codec):
         for i, s in states.items():
-            for j, copy in s.neighbours.items():
-                assert torch.equal(copy, states[j].xhat), (i, j)
+            want = weighted.self_weight(i) * states[i].xhat[0]
+            for j in sorted(weighted.in_neighbours(i)):
+                want = want + weighted.weight(j, i) * states[j].xhat[0]
+            assert torch.allclose(s.s[0], want, atol=1e-12), i
 
 
 def test_options_are_validated() -> None:
@@ -186,3 +188,15 @@ def test_over_the_network_deepsqueeze_keeps_the_mean_naive_does_not() -> None:
         assert sizes == {(numel + 7) // 8 + 8}  # 1 bit a value plus one scale
     assert means["deepsqueeze"] < 1e-9
     assert means["dpsgd"] > 1e-3
+
+
+def test_choco_refuses_a_schedule() -> None:
+    """CHOCO's weighted sums of public copies need the same weights every round."""
+    from fedcore.config import load_config
+    from fedcore.runners.network import prepare_run
+    from fedcore.topology import Schedule
+
+    ring, torus = parse_spec("ring:9"), parse_spec("torus:3x3")
+    config = load_config(None, ["algorithm.name=choco", "topology.nodes=9"])
+    with pytest.raises(ConfigError, match="fixed graph.*schedule of 2"):
+        prepare_run(config, trust=Schedule([ring, torus], name="ring-torus"))
