@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from fedcore.algorithms.base import Algorithm, Outbox, RoundContext, local_step
+from fedcore.algorithms.base import Algorithm, Outbox, RoundContext, local_step, unions
 from fedcore.algorithms.optim import Optimizer
 from fedcore.compression import Codec, RawCodec, get_codec
 from fedcore.config import LR_SCHEDULES, MODES
@@ -342,6 +342,7 @@ class Node:
         self._trains = getattr(algorithm, "trains", None)
         self._examples = int(getattr(stream, "examples", 0))
         self._leads: dict[str, int] | None = None
+        self._unions: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._refused: set[str] = set()  # receivers whose refusal was logged
 
     def model(self) -> torch.Tensor:
@@ -355,6 +356,8 @@ class Node:
             g = self.graph.at(t)
             weights = (g.self_weight(self.id), g.out_weights(self.id), g.in_weights(self.id))
             self._contexts[slot] = weights
+        if self._unions is None:  # the neighbours over every round of the graphs
+            self._unions = unions(self.graph, self.id)
         return RoundContext(
             node=self.id,
             round=t,
@@ -366,6 +369,8 @@ class Node:
             codec=self.codec,
             deadline=self.options.mode == "deadline",
             samples=self._examples,
+            out_union=self._unions[0],
+            in_union=self._unions[1],
         )
 
     async def run(self, rounds: int) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from fedcore.algorithms import Algorithm, NodeRule, Outbox, RoundContext
+from fedcore.algorithms.base import unions
 from fedcore.algorithms.rule import is_rule
 from fedcore.compression import Codec, get_codec
 from fedcore.config import Config, config_from_dict, config_to_dict
@@ -275,6 +276,7 @@ def lockstep(
     state: dict[str, Any] = (
         dict(states) if states is not None else {n: algorithm.init(params[n]) for n in nodes}
     )
+    union = {n: unions(graph, n) for n in nodes}
     for t in range(rounds):
         g = graph.at(t)
         ctxs = {
@@ -287,6 +289,8 @@ def lockstep(
                 in_weights=g.in_weights(n),
                 nodes=graph.nodes,
                 codec=codecs.get(n) if codecs is not None else None,
+                out_union=union[n][0],
+                in_union=union[n][1],
             )
             for n in nodes
         }

@@ -54,6 +54,7 @@ __all__ = [
     "check_phase",
     "local_step",
     "model_schema",
+    "unions",
 ]
 
 Outbox = Mapping[str, Payload]
@@ -86,6 +87,9 @@ class RoundContext:
             be sent.
         samples: This node's number of training examples (0 when its stream has no fixed
             size): FedAvg's averaging weight.
+        out_union, in_union: This node's out- and in-neighbours over every round of the
+            run's graphs (a schedule's period), sorted: where an algorithm keeps state per
+            edge (``()``: unknown, this round's are taken).
     """
 
     node: str
@@ -98,6 +102,18 @@ class RoundContext:
     codec: Codec | None = None
     deadline: bool = False
     samples: int = 0
+    out_union: tuple[str, ...] = ()
+    in_union: tuple[str, ...] = ()
+
+
+def unions(topology: Any, node: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``node``'s out- and in-neighbours over every round of ``topology``'s period, sorted
+    (:attr:`RoundContext.out_union` and ``in_union``)."""
+    graphs = [topology.at(t) for t in range(topology.period)]
+    return (
+        tuple(sorted({j for g in graphs for j in g.out_weights(node)})),
+        tuple(sorted({j for g in graphs for j in g.in_weights(node)})),
+    )
 
 
 class Algorithm(Protocol):

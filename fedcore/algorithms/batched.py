@@ -32,9 +32,8 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from fedcore.algorithms.ops import RobustOPS
 from fedcore.algorithms.rps import RPS, block_sizes
-from fedcore.algorithms.rule import Gathered, NodeRule, Rows, Slot, schema_of
+from fedcore.algorithms.rule import EdgeInbox, Edges, Gathered, NodeRule, Rows, Slot, schema_of
 from fedcore.compression.batched import RowCodec
 from fedcore.errors import AlgorithmError, ProtocolError
 from fedcore.topology import TrustGraph
@@ -326,121 +325,6 @@ class _ModelState(NamedTuple):
     x: torch.Tensor
 
 
-class BatchedOPS:
-    """Batched :class:`~fedcore.algorithms.ops.RobustOPS`, any step scale: one running
-    total per edge of the union of the run's graphs, ``[E, d]`` in float64 at the sender
-    (``sent``) and the receiver (``seen``). (Plain OPS is the rule
-    :class:`~fedcore.algorithms.ops.PushSumRule`.)
-
-    The hold rule for isolated nodes applies in deadline mode only, which this engine does
-    not run (strict mode: every message arrives unless the plan announced its loss).
-    """
-
-    name = "ops"
-    phases = 1
-
-    def __init__(self, algorithm: RobustOPS, union_edges: int, float64_wire: bool = False) -> None:
-        """Take the options of ``algorithm``; ``union_edges`` sizes robust totals;
-        ``float64_wire``: the wire carries the float64 totals exactly (no ``x_lo``)."""
-        self.robust = algorithm.robust
-        self.step_scale = algorithm.step_scale
-        self.union_edges = union_edges
-        self.float64_wire = float64_wire
-
-    def init(self, params: torch.Tensor) -> Any:
-        """``x = params``, ``omega = 1``; robust: every total 0 (an edge's first total is
-        its first share, exactly as a per-node ``EdgeTotal`` starts)."""
-        omega = torch.ones(params.shape[0], dtype=_TOTAL, device=params.device)
-        zeros = torch.zeros(self.union_edges, params.shape[1], dtype=_TOTAL, device=params.device)
-        sent_omega = torch.zeros(self.union_edges, dtype=_TOTAL, device=params.device)
-        return _RobustState(
-            params.clone(), omega, zeros, sent_omega, zeros.clone(), sent_omega.clone()
-        )
-
-    def model(self, state: Any) -> torch.Tensor:
-        """``z = x / omega``."""
-        x: torch.Tensor = state.x
-        z: torch.Tensor = x / state.omega.to(x.dtype).unsqueeze(1)
-        return z
-
-    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
-        """One message per out-edge: ``x`` (robust: and ``x_lo`` unless the wire is exact
-        float64) and the scalar ``omega``."""
-        tensors = 1 if self.float64_wire else 2
-        size = torch.full_like(graph.src, tensors * nbytes(d) + 8)
-        return Messages(graph.src, graph.dst, size, torch.full_like(graph.src, tensors * 4 * d))
-
-    def _step(self, x: torch.Tensor, omega: torch.Tensor, grad: torch.Tensor, lr: float) -> Any:
-        if self.step_scale == "omega":
-            return x - (lr * omega).to(x.dtype).unsqueeze(1) * grad
-        return x - lr * grad
-
-    def local_step(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
-        """A local step between communications: the step on the numerator, no shares."""
-        return state._replace(x=ctx.keep(self._step(state.x, state.omega, grad, ctx.lr), state.x))
-
-    def round(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
-        """The step on the numerator, then plain shares or robust totals."""
-        x_half = self._step(state.x, state.omega, grad, ctx.lr)
-        return self._robust(state, x_half, ctx)
-
-    def _robust(self, state: _RobustState, x_half: torch.Tensor, ctx: BatchRound) -> Any:
-        g = ctx.graph
-        up_edge = ctx.up[g.src]
-        gid = g.edge_id
-        x64 = x_half.to(_TOTAL)
-        old_x = state.sent_x[gid]
-        new_x = old_x + g.weight.unsqueeze(1) * x64[g.src]
-        old_w = state.sent_omega[gid]
-        new_w = old_w + g.weight * state.omega[g.src]
-        new_x = torch.where(up_edge.unsqueeze(1), new_x, old_x)
-        new_w = torch.where(up_edge, new_w, old_w)
-        # What the sender keeps: x_half minus exactly what its totals grew by.
-        order = g.out_order
-        pushed = torch.zeros_like(x64).index_add_(0, g.src[order], (new_x - old_x)[order])
-        pushed_w = torch.zeros_like(state.omega).index_add_(0, g.src[order], (new_w - old_w)[order])
-        kept = (x64 - pushed).to(x_half.dtype)
-        kept_omega = state.omega - pushed_w
-        sent_x = state.sent_x.index_copy(0, gid, new_x)
-        sent_omega = state.sent_omega.index_copy(0, gid, new_w)
-        # The wire: hi = total in the model's dtype, lo = what the decoded hi misses.
-        rows = g.src
-        hi = ctx.codec.roundtrip(new_x.to(x_half.dtype), rows)
-        ctx.finite(hi, rows)
-        total = hi.to(_TOTAL)
-        if not self.float64_wire:
-            lo = ctx.codec.roundtrip((new_x - total).to(x_half.dtype), rows)
-            total = total + lo.to(_TOTAL)
-        arrived = ctx.arrived[0]
-        seen_x, seen_w = state.seen_x[gid], state.seen_omega[gid]
-        delta = torch.where(arrived.unsqueeze(1), total - seen_x, 0.0)
-        delta_w = torch.where(arrived, new_w - seen_w, 0.0)
-        valid = g.slots(torch.ones_like(arrived, dtype=_TOTAL))  # padding slots: 0
-        gained = _mix(torch.zeros_like(x64), delta, valid, _edge_rows(g))
-        gained_w = g.slots(delta_w).sum(dim=1)
-        x = (kept.to(_TOTAL) + gained).to(x_half.dtype)
-        omega = kept_omega + gained_w
-        seen_x = state.seen_x.index_copy(0, gid, torch.where(arrived.unsqueeze(1), total, seen_x))
-        seen_omega = state.seen_omega.index_copy(0, gid, torch.where(arrived, new_w, seen_w))
-        return _RobustState(
-            ctx.keep(x, state.x),
-            ctx.keep(omega, state.omega),
-            sent_x,
-            sent_omega,
-            seen_x,
-            seen_omega,
-        )
-
-
-class _RobustState(NamedTuple):
-    x: torch.Tensor
-    omega: torch.Tensor
-    sent_x: torch.Tensor  # [U, d] float64, per edge of the union
-    sent_omega: torch.Tensor  # [U]
-    seen_x: torch.Tensor
-    seen_omega: torch.Tensor
-
-
 def _slot_weights(g: StackedGraph) -> torch.Tensor:
     """``W_ji`` on the neighbour table (padding 0), float64; built once per graph."""
     w = g.cache.get("slot_weights")
@@ -615,13 +499,22 @@ class BatchedRule:
     through the nodes' codecs (unless the rule compressed it itself), crashed nodes' rows
     of the state kept as they were."""
 
-    def __init__(self, rule: Any) -> None:
-        """Wrap ``rule``."""
+    def __init__(self, rule: Any, codec: str = "") -> None:
+        """Wrap ``rule``; ``codec`` is the nodes' codec name (:attr:`Rows.codec`)."""
         self.rule = rule
         self.name: str = rule.name
         self.phases: int = int(rule.phases)
+        self.codec = codec
         self.samples: torch.Tensor | None = None
         """``[N]`` float64: every node's training examples (the engine sets it)."""
+        self.union: _Union | None = None
+        """The edges over all rounds' graphs (pattern ``"edges"``; :meth:`use_graphs`)."""
+
+    def use_graphs(self, graphs: Sequence[StackedGraph]) -> None:
+        """Learn the union of the run's graphs (every round of a schedule), where a rule
+        whose pattern is ``"edges"`` keeps its state per edge."""
+        if self.rule.pattern == "edges":
+            self.union = _Union(graphs)
 
     def init(self, params: torch.Tensor) -> Any:
         """The rule's state of every node."""
@@ -670,7 +563,7 @@ class BatchedRule:
         if self.rule.pattern == "none":
             empty = graph.src[:0]
             return Messages(empty, empty, empty, empty)
-        stub = Rows(round=0, lr=0.0, self_weight=graph.self_weight, n=graph.n)
+        stub = Rows(round=0, lr=0.0, self_weight=graph.self_weight, n=graph.n, codec=self.codec)
         schema = schema_of(self.rule, phase, stub)
         size = 8 * len(schema.scalars)
         fp32 = 0
@@ -685,14 +578,17 @@ class BatchedRule:
     def _rows(self, ctx: BatchRound, compressed: set[int]) -> Any:
         everyone = torch.arange(ctx.graph.n, device=ctx.up.device)
 
-        def compress(v: torch.Tensor, where: torch.Tensor | None) -> torch.Tensor:
+        def compress(
+            v: torch.Tensor, where: torch.Tensor | None, owners: torch.Tensor | None
+        ) -> torch.Tensor:
+            who = everyone if owners is None else owners
             if where is None:
-                out = ctx.roundtrip(v, everyone)
-            else:  # only the rows that send it draw from their codecs
+                out = ctx.roundtrip(v, who)
+            else:  # only the rows that are sent draw from their senders' codecs
                 out = v.clone()
                 rows = torch.nonzero(where).squeeze(1)
                 if rows.numel():
-                    out[rows] = ctx.roundtrip(v[rows], rows)
+                    out[rows] = ctx.roundtrip(v[rows], who[rows])
             compressed.add(id(out))
             return out
 
@@ -713,6 +609,8 @@ class BatchedRule:
             ids=ctx.nodes,
             nodes=ctx.nodes,
             samples=samples,
+            edges=None if self.union is None else self.union.edges(ctx.graph),
+            codec=self.codec,
         )
 
     def _gathered(self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]) -> Gathered:
@@ -745,9 +643,39 @@ class BatchedRule:
             scalars = {}
         return Gathered(tensors, scalars, dst, g.n)
 
+    def _edge_inbox(
+        self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]
+    ) -> EdgeInbox:
+        """What arrived on every in-edge of the union: the message its sender sent on that
+        edge (decoded once, by the sender's codec, in edge order)."""
+        union = self.union
+        assert union is not None, "use_graphs() first"
+        g = ctx.graph
+        at_in = union.positions(g)[1]
+        arrived = torch.zeros(union.in_row.numel(), dtype=torch.bool, device=g.src.device)
+        arrived[at_in] = ctx.arrived[phase]
+        tensors: dict[str, torch.Tensor] = {}
+        scalars: dict[str, torch.Tensor] = {}
+        if send is not None:
+            live = union.edges(g).out_live
+            for name, value in send.tensors.items():
+                if id(value) not in compressed:  # round-trip what is sent, as a peer does
+                    value = value.clone()
+                    rows = torch.nonzero(live & ctx.up[union.out_row]).squeeze(1)
+                    if rows.numel():
+                        value[rows] = ctx.roundtrip(value[rows], union.out_row[rows])
+                tensors[name] = value.index_select(0, union.in_to_out)
+            scalars = {
+                name: value.index_select(0, union.in_to_out).to(_TOTAL)
+                for name, value in send.scalars.items()
+            }
+        return EdgeInbox(tensors, scalars, arrived)
+
     def _inbox(self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]) -> Any:
         if self.rule.pattern == "chosen":
             return self._gathered(send, phase, ctx, compressed)
+        if self.rule.pattern == "edges":
+            return self._edge_inbox(send, phase, ctx, compressed)
         if self.rule.pattern == "none" or send is None:
             return []
         if send.to is not None and not bool(send.to.all()):
@@ -801,7 +729,7 @@ class BatchedRule:
             new = own(state, grad, self._rows(ctx, set()))
         else:
             new = state._replace(x=state.x - ctx.lr * grad)
-        return _keep_state(ctx, new, state)
+        return self._keep(ctx, new, state)
 
     def round(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
         """The rule's step, then each phase's mix over what arrived."""
@@ -811,7 +739,24 @@ class BatchedRule:
         for phase in range(self.phases):
             inbox = self._inbox(send, phase, ctx, compressed)
             new, send = self.rule.mix(new, phase, inbox, rows)
-        return _keep_state(ctx, new, state)
+        return self._keep(ctx, new, state)
+
+    def _keep(self, ctx: BatchRound, new: Any, old: Any) -> Any:
+        """``new`` for the up nodes, ``old`` for the crashed ones: rows, and the edges of
+        the rule's ``edge_fields`` (out-edges by sender, in-edges by receiver)."""
+        if ctx.everyone_up:
+            return new
+        fields: Mapping[str, str] = getattr(self.rule, "edge_fields", {})
+        if fields and self.union is not None:
+            kept = {}
+            for name, side in fields.items():
+                a, b = getattr(new, name), getattr(old, name)
+                if b.shape != a.shape:  # the edges' state starts at the first step
+                    b = torch.zeros_like(a)
+                owner = self.union.out_row if side == "out" else self.union.in_row
+                kept[name] = _keep_down(ctx.up[owner], a, b)
+            new = new._replace(**kept)
+        return _keep_state(ctx, new, old, skip=set(fields))
 
 
 class _Gather(Mapping[str, torch.Tensor]):
@@ -840,17 +785,81 @@ def _in_degree(g: StackedGraph) -> torch.Tensor:
     return degree
 
 
-def _keep_state(ctx: BatchRound, new: Any, old: Any) -> Any:
-    """``new`` for the up nodes, ``old`` for the crashed ones, field by field."""
+def _keep_state(ctx: BatchRound, new: Any, old: Any, skip: set[str] | None = None) -> Any:
+    """``new`` for the up nodes, ``old`` for the crashed ones, field by field (but the
+    fields named in ``skip``)."""
     if ctx.everyone_up:
         return new
     n = ctx.up.shape[0]
     return type(new)(
         *(
-            ctx.keep(a, b) if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == n else a
-            for a, b in zip(new, old, strict=True)
+            ctx.keep(a, b)
+            if isinstance(a, torch.Tensor)
+            and a.dim() > 0
+            and a.shape[0] == n
+            and not (skip and name in skip)
+            else a
+            for name, a, b in zip(new._fields, new, old, strict=True)
         )
     )
+
+
+class _Union:
+    """The edges of every round's graph of a run, each at a fixed position (the
+    :class:`~fedcore.algorithms.rule.Edges` of a rule whose pattern is ``"edges"``):
+    out-edges grouped by sender in sorted receiver order, in-edges grouped by receiver in
+    sorted sender order."""
+
+    def __init__(self, graphs: Sequence[StackedGraph]) -> None:
+        """Index the union of ``graphs`` (their ``edge_id`` numbers the union)."""
+        pairs: dict[int, tuple[int, int]] = {}
+        for g in graphs:
+            for u, i, j in zip(g.edge_id.tolist(), g.src.tolist(), g.dst.tolist(), strict=True):
+                pairs.setdefault(u, (i, j))
+        rank = graphs[0].cache["rank"]
+        ids = sorted(pairs)
+        by_out = sorted(ids, key=lambda u: (pairs[u][0], rank[pairs[u][1]]))
+        by_in = sorted(ids, key=lambda u: (pairs[u][1], rank[pairs[u][0]]))
+        size = max(ids, default=-1) + 1
+        out_at, in_at = [0] * size, [0] * size
+        for p, u in enumerate(by_out):
+            out_at[u] = p
+        for p, u in enumerate(by_in):
+            in_at[u] = p
+        device = graphs[0].src.device
+
+        def put(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        self.n = graphs[0].n
+        self.out_row = put([pairs[u][0] for u in by_out])
+        self.in_row = put([pairs[u][1] for u in by_in])
+        self.in_to_out = put([out_at[u] for u in by_in])
+        self._out_at = put(out_at)
+        self._in_at = put(in_at)
+
+    def positions(self, g: StackedGraph) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each edge of the round's graph ``g`` sits among the out- and in-edges."""
+        return self._out_at[g.edge_id], self._in_at[g.edge_id]
+
+    def edges(self, g: StackedGraph) -> Edges:
+        """The :class:`Edges` of round graph ``g`` (built once per graph)."""
+        cached = g.cache.get("union_edges")
+        if cached is None:
+            at_out, at_in = self.positions(g)
+            out_weight = torch.zeros(self.out_row.numel(), dtype=_TOTAL, device=g.src.device)
+            in_weight = torch.zeros(self.in_row.numel(), dtype=_TOTAL, device=g.src.device)
+            out_weight[at_out] = g.weight
+            in_weight[at_in] = g.weight
+            out_live = torch.zeros_like(out_weight, dtype=torch.bool)
+            in_live = torch.zeros_like(in_weight, dtype=torch.bool)
+            out_live[at_out] = True
+            in_live[at_in] = True
+            cached = g.cache["union_edges"] = Edges(
+                self.out_row, out_weight, out_live, self.in_row, in_weight, in_live, self.n
+            )
+        edges: Edges = cached
+        return edges
 
 
 def unsupported(algorithm: Any, *, period: int, codec: RowCodec, faults: bool) -> str | None:
@@ -878,20 +887,19 @@ def unsupported(algorithm: Any, *, period: int, codec: RowCodec, faults: bool) -
 
 
 def batched_form(
-    algorithm: Any, *, union_edges: int, float64_wire: bool = False
+    algorithm: Any, *, union_edges: int, float64_wire: bool = False, codec: str = ""
 ) -> BatchedAlgorithm:
     """The batched twin of a registered ``algorithm`` (see :func:`unsupported` first);
-    ``union_edges`` and ``float64_wire`` as for :class:`BatchedOPS`."""
+    ``union_edges`` and ``float64_wire`` as for :class:`BatchedOPS`, ``codec`` the nodes'
+    codec name."""
     if isinstance(algorithm, NodeRule):
-        return BatchedRule(algorithm.rule)
-    if isinstance(algorithm, RobustOPS):
-        return BatchedOPS(algorithm, union_edges, float64_wire)
+        return BatchedRule(algorithm.rule, codec)
     if isinstance(algorithm, RPS):
         return BatchedRPS()
     raise AlgorithmError(f"no batched form of {algorithm!r}.")
 
 
-_FORMS = {RobustOPS, RPS}
+_FORMS = {RPS}
 
 
 def has_batched_form(algorithm: Any) -> bool:

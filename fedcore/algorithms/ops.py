@@ -124,26 +124,19 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
-from fedcore.algorithms.rule import NodeRule, Rows, Send, Slot
-from fedcore.compression import Codec
+from fedcore.algorithms.base import RoundContext, model_schema
+from fedcore.algorithms.rule import EdgeInbox, Edges, NodeRule, Rows, Send, Slot
 from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
-from fedcore.messages import EncodedTensor, MessageSchema, Payload, ScalarSpec
+from fedcore.messages import MessageSchema, Payload, ScalarSpec
 
 __all__ = [
     "ISOLATED_AFTER",
     "OPS",
     "STEP_SCALES",
-    "EdgeTotal",
     "PushSumRule",
     "PushSumState",
-    "RobustOPS",
     "RobustOPSState",
-    "absorb_totals",
-    "gradient_step",
-    "push_totals",
-    "read_total",
-    "total_payload",
+    "RobustPushSumRule",
 ]
 
 STEP_SCALES = ("none", "omega")
@@ -161,31 +154,6 @@ _SLACK = 1 + 1e-9
 """Relative tolerance of the weight bounds (rounding of the weights themselves)."""
 
 
-class EdgeTotal(NamedTuple):
-    """Running totals of one edge: every x-share (float64) and omega-share pushed on it."""
-
-    x: torch.Tensor
-    omega: float
-
-
-class RobustOPSState(NamedTuple):
-    """Robust push-sum state.
-
-    Attributes:
-        x: Push-sum numerator, in the model's dtype.
-        omega: Push-sum weight.
-        sent: Out-neighbour -> the totals pushed on that edge so far (``sigma``).
-        seen: In-neighbour -> the last totals applied from that edge (``rho``).
-        silent: Rounds in a row with no total from any expected in-neighbour.
-    """
-
-    x: torch.Tensor
-    omega: float
-    sent: Mapping[str, EdgeTotal]
-    seen: Mapping[str, EdgeTotal]
-    silent: int = 0
-
-
 @functools.lru_cache(maxsize=16)
 def _share_schema(n: float) -> MessageSchema:
     """Plain push-sum's message: ``"x"`` and a share ``"omega"`` in ``(0, n]``."""
@@ -194,290 +162,25 @@ def _share_schema(n: float) -> MessageSchema:
     )
 
 
-def _holds(silent: int, ctx: RoundContext) -> bool:
-    """Whether the node holds this round: deadline mode, and silent long enough."""
-    return ctx.deadline and silent >= ISOLATED_AFTER
+class RobustOPSState(NamedTuple):
+    """Robust push-sum state of ``B`` peers: the push-sum fields of :class:`PushSumState`,
+    and running totals per edge of the run's graphs (float64; empty before the first
+    step, as every edge's totals start at 0).
 
-
-def _silent_after(silent: int, inbox: Inbox, ctx: RoundContext) -> int:
-    """The new count of silent rounds: reset by any share, raised when none came although
-    some in-neighbour was expected, unchanged in a round with no in-neighbours."""
-    if inbox:
-        return 0
-    return silent + 1 if ctx.in_weights else silent
-
-
-def gradient_step(
-    x: torch.Tensor, omega: float, grad: torch.Tensor, lr: float, step_scale: str = "none"
-) -> torch.Tensor:
-    """The numerator after the local step: ``x - lr * g``, or ``x - lr * omega * g``.
-
-    Args:
-        x: Push-sum numerator.
-        omega: Push-sum weight.
-        grad: Gradient at ``z = x / omega``.
-        lr: Step size.
-        step_scale: ``"none"`` (the paper's rule) or ``"omega"`` (a step of ``lr`` on ``z``).
-    """
-    if step_scale == "omega":
-        return x - (lr * omega) * grad
-    return x - lr * grad
-
-
-def push_totals(
-    x: torch.Tensor, omega: float, sent: Mapping[str, EdgeTotal], out_weights: Mapping[str, float]
-) -> tuple[torch.Tensor, float, dict[str, EdgeTotal]]:
-    """Add this round's shares to the running totals of the out-edges.
-
-    Args:
-        x: Numerator after the local step.
-        omega: Push-sum weight.
-        sent: Out-neighbour -> totals so far (edges used for the first time start at 0).
-        out_weights: This round's out-neighbour -> share.
-
-    Returns:
-        ``(x_kept, omega_kept, totals)``: what the node keeps (``x`` minus exactly what the
-        float64 totals grew by, in ``x``'s dtype; ``W_ii * x`` up to rounding, as push-sum
-        weights sum to 1) and every edge's totals (unchanged for edges absent this round).
-    """
-    x64 = x.to(_TOTAL)
-    pushed_x: torch.Tensor | None = None
-    pushed_omega = 0.0
-    totals = dict(sent)
-    for dst, w in out_weights.items():
-        old = totals.get(dst)
-        if old is None:
-            new = EdgeTotal(w * x64, w * omega)
-            delta_x, delta_omega = new.x, new.omega
-        else:
-            new = EdgeTotal(old.x + w * x64, old.omega + w * omega)
-            # What the edge really carries more than before (exact by Sterbenz's lemma once
-            # the total is large), so rounding inside the total never creates or loses mass.
-            delta_x, delta_omega = new.x - old.x, new.omega - old.omega
-        pushed_x = delta_x if pushed_x is None else pushed_x + delta_x
-        pushed_omega += delta_omega
-        totals[dst] = new
-    kept = x if pushed_x is None else (x64 - pushed_x).to(x.dtype)
-    return kept, omega - pushed_omega, totals
-
-
-def _wire_is_float64(dtype: torch.dtype, codec: Codec | None) -> bool:
-    return dtype == torch.float64 and (codec is None or codec.name == "raw")
-
-
-def total_payload(total: EdgeTotal, dtype: torch.dtype, codec: Codec | None = None) -> Payload:
-    """The message carrying one edge's totals, in the model's dtype.
-
-    ``"x"`` is the x-total in ``dtype``; unless the wire carries float64 exactly,
-    ``"x_lo"`` is the remainder ``total - x`` as receivers decode ``x``, so that
-    ``x + x_lo`` (see :func:`read_total`) matches the total to about ``u**2 * |total|``.
-    With a ``codec`` both tensors are encoded here, so the remainder is taken against
-    exactly what receivers decode.
-
-    Args:
-        total: The edge's totals (x-total in float64).
-        dtype: The model's dtype (what receivers accept).
-        codec: The node's codec, or ``None`` for tensors sent as they are.
-    """
-    hi = total.x.to(dtype)
-    tensors: dict[str, torch.Tensor | EncodedTensor] = {}
-    if codec is None:
-        tensors["x"] = hi
-        decoded_hi = hi
-    else:
-        encoded = codec.encode(hi)
-        tensors["x"] = encoded
-        decoded_hi = codec.decode(encoded)
-    if not _wire_is_float64(dtype, codec):
-        lo = (total.x - decoded_hi.to(_TOTAL)).to(dtype)
-        tensors["x_lo"] = lo if codec is None else codec.encode(lo)
-    return Payload(tensors, {"omega": total.omega})
-
-
-def read_total(sender: str, payload: Payload) -> EdgeTotal:
-    """The totals a received payload carries, x-total in float64 (``x + x_lo``).
-
-    Raises:
-        AlgorithmError: the payload lacks ``"x"`` or ``"omega"``.
-    """
-    try:
-        x = payload.tensor("x").to(_TOTAL, copy=True)
-        omega = float(payload.scalars["omega"])
-    except KeyError as exc:
-        raise AlgorithmError(f"robust push-sum message from {sender!r} lacks {exc}.") from None
-    if "x_lo" in payload.tensors:
-        x = x + payload.tensor("x_lo").to(_TOTAL)
-    return EdgeTotal(x, omega)
-
-
-def absorb_totals(
-    x: torch.Tensor, omega: float, seen: Mapping[str, EdgeTotal], inbox: Inbox
-) -> tuple[torch.Tensor, float, dict[str, EdgeTotal]]:
-    """Add what each arrived total carries beyond the last one applied on its edge.
-
-    Differences are summed in float64 (sorted-sender order) and rounded into ``x``'s dtype
-    once. A total older than the one already applied (smaller omega-total) is ignored.
-    Inbox tensors are only read.
-
-    Returns:
-        ``(x, omega, seen)``: the new numerator, weight and last-applied totals.
-    """
-    gained: torch.Tensor | None = None
-    gained_omega = 0.0
-    new_seen = dict(seen)
-    for sender, payload in inbox.items():
-        total = read_total(sender, payload)
-        last = new_seen.get(sender)
-        if last is None:
-            delta_x, delta_omega = total.x, total.omega
-        elif total.omega >= last.omega:
-            delta_x, delta_omega = total.x - last.x, total.omega - last.omega
-        else:
-            continue  # a stale (replayed or reordered) total: its mass is already in
-        gained = delta_x if gained is None else gained + delta_x
-        gained_omega += delta_omega
-        new_seen[sender] = total
-    if gained is None:
-        return x, omega, new_seen
-    return (x.to(_TOTAL) + gained).to(x.dtype), omega + gained_omega, new_seen
-
-
-class RobustOPS:
-    """Robust Online Push-Sum, per peer (see the module docstring for the update rules).
-
-    Its running totals per edge are still kept twice: here per peer and in
-    :class:`~fedcore.algorithms.batched.BatchedOPS` for the vectorized engine (a rule's
-    :class:`~fedcore.algorithms.rule.Send` cannot yet say one message per out-edge); plain
-    OPS is the one rule :class:`PushSumRule`.
-
-    Args:
-        robust: Must be true (plain push-sum is :class:`PushSumRule`).
-        step_scale: ``"none"`` for the paper's step ``x -= lr * g``, ``"omega"`` for
-            ``x -= lr * omega * g`` (a step of ``lr`` on ``z``; fedcore's stabilization
-            under message loss, for plain and robust OPS alike).
-
-    Raises:
-        ConfigError: ``robust`` is not a bool or ``step_scale`` is unknown.
+    Attributes:
+        sent_x, sent_omega: ``[Eo, d]`` and ``[Eo]``: per out-edge, the totals pushed on it
+            so far (``sigma``).
+        seen_x, seen_omega: ``[Ei, d]`` and ``[Ei]``: per in-edge, the last totals applied
+            from it (``rho``).
     """
 
-    name = "ops"
-    mixing = "push-sum"
-    phases = 1
-
-    def __init__(self, robust: bool = True, step_scale: str = "none") -> None:
-        """Check and keep the options."""
-        _check_options(robust, step_scale)
-        if not robust:
-            raise ConfigError("RobustOPS is robust push-sum; plain push-sum is PushSumRule.")
-        self.robust = True
-        self.step_scale = step_scale
-        self._dtype: torch.dtype | None = None  # the model's, learnt by init()
-
-    def __repr__(self) -> str:
-        """Show the options."""
-        return f"RobustOPS(robust={self.robust}, step_scale={self.step_scale!r})"
-
-    def init(self, params: torch.Tensor) -> RobustOPSState:
-        """Start from ``x = params`` and ``omega = 1`` (so ``z = params``), no totals."""
-        self._dtype = params.dtype
-        return RobustOPSState(params.clone(), 1.0, {}, {})
-
-    def model(self, state: RobustOPSState) -> torch.Tensor:
-        """The de-biased model ``z = x / omega``."""
-        return state.x / state.omega
-
-    def _robust_state(self, state: Any) -> RobustOPSState:
-        if not isinstance(state, RobustOPSState):
-            raise AlgorithmError(
-                f"robust OPS was handed a {type(state).__name__}; build the state with "
-                "init() of the same OPS(robust=True)."
-            )
-        return state
-
-    def local_step(
-        self, state: RobustOPSState, grad: torch.Tensor, ctx: RoundContext
-    ) -> RobustOPSState:
-        """A local step between communications: the round's step on the numerator (with
-        the round's step scale), nothing pushed; the weight and the totals stay."""
-        scale = "omega" if _holds(state.silent, ctx) else self.step_scale
-        return state._replace(x=gradient_step(state.x, state.omega, grad, ctx.lr, scale))
-
-    def step(
-        self, state: RobustOPSState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[RobustOPSState, Outbox]:
-        """Gradient step on the numerator, then push the running totals: the state comes
-        back reduced to the node's own share (the rest is in the totals). A holding node
-        (silent in-neighbours) steps on ``z`` and sends nothing.
-        """
-        robust = self._robust_state(state)
-        holding = _holds(state.silent, ctx)
-        scale = "omega" if holding else self.step_scale
-        x_half = gradient_step(state.x, state.omega, grad, ctx.lr, scale)
-        if holding:
-            return robust._replace(x=x_half), {}
-        x, omega, sent = push_totals(x_half, robust.omega, robust.sent, ctx.out_weights)
-        out = {dst: total_payload(sent[dst], x.dtype, ctx.codec) for dst in ctx.out_weights}
-        return RobustOPSState(x, omega, sent, robust.seen, robust.silent), out
-
-    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Every in-neighbour of this round's graph."""
-        return tuple(ctx.in_weights)
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
-        """``"x"`` (and ``"x_lo"`` unless the wire carries float64) and ``"omega"``, a
-        total in ``(0, n (t + 1)]`` at round ``t``."""
-        check_phase(self.name, phase)
-        n = len(ctx.nodes) if ctx.nodes else math.inf
-        if self._dtype is None:
-            raise AlgorithmError("OPS does not know the model's dtype yet: call init() first.")
-        total = ScalarSpec(
-            0.0,
-            n * (ctx.round + 1) * _SLACK,
-            f"an omega-total grows by at most the {n} nodes' mass a round",
-        )
-        if _wire_is_float64(self._dtype, ctx.codec):
-            return model_schema("x", omega=total)
-        return model_schema("x", "x_lo", omega=total)
-
-    def accept(
-        self,
-        state: RobustOPSState,
-        phase: int,
-        sender: str,
-        payload: Payload,
-        ctx: RoundContext,
-    ) -> None:
-        """Refuse an omega-total smaller than the last one applied on its edge.
-
-        Raises:
-            ProtocolError: the total went backwards.
-        """
-        if not isinstance(state, RobustOPSState):
-            return
-        last = state.seen.get(sender)
-        omega = float(payload.scalars["omega"])
-        if last is not None and omega < last.omega:
-            raise ProtocolError(
-                f"its omega-total {omega!r} is smaller than the {last.omega!r} already applied "
-                "on that edge (running totals never go backwards)."
-            )
-
-    def mix(
-        self, state: RobustOPSState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[RobustOPSState, Outbox]:
-        """Add what the arrived totals carry beyond the last applied (a missing one waits
-        for the next total on its edge)."""
-        silent = _silent_after(state.silent, inbox, ctx)
-        robust = self._robust_state(state)
-        x, omega, seen = absorb_totals(robust.x, robust.omega, robust.seen, inbox)
-        new = RobustOPSState(x, omega, robust.sent, seen, silent)
-        if not omega > 0.0:  # only reachable with a zero self weight or underflow
-            raise AlgorithmError(
-                f"node {ctx.node}: push-sum weight is {omega} after round {ctx.round}; "
-                f"it must stay positive (self weight {ctx.self_weight}, {len(inbox)} shares "
-                "received). Give every node a positive self weight."
-            )
-        return new, {}
+    x: torch.Tensor
+    omega: torch.Tensor
+    silent: torch.Tensor
+    sent_x: torch.Tensor
+    sent_omega: torch.Tensor
+    seen_x: torch.Tensor
+    seen_omega: torch.Tensor
 
 
 def _check_options(robust: object, step_scale: object) -> None:
@@ -606,16 +309,168 @@ class PushSumRule:
         return PushSumState(x, omega, silent), None
 
 
+class RobustPushSumRule(PushSumRule):
+    """Robust Online Push-Sum, one rule for every engine: running totals per edge (the
+    module docstring states the update, its precision and what a receiver accepts).
+
+    Args:
+        step_scale: As :class:`PushSumRule`'s.
+    """
+
+    pattern = "edges"
+    robust = True
+    edge_fields: Mapping[str, str] = {
+        "sent_x": "out",
+        "sent_omega": "out",
+        "seen_x": "in",
+        "seen_omega": "in",
+    }
+    """The state kept per edge (the vectorized engine keeps a crashed peer's)."""
+
+    def __init__(self, step_scale: str = "none") -> None:
+        """Check and keep the option."""
+        super().__init__(step_scale)
+        self._dtype: torch.dtype | None = None  # the model's, learnt by init()
+
+    def __repr__(self) -> str:
+        """Show the option."""
+        return f"RobustPushSumRule(step_scale={self.step_scale!r})"
+
+    def init(self, params: torch.Tensor) -> RobustOPSState:  # type: ignore[override]
+        """``x = params``, ``omega = 1``, no totals yet."""
+        self._dtype = params.dtype
+        plain = super().init(params)
+        edges = params.new_zeros((0, params.shape[1]), dtype=_TOTAL)
+        scalars = params.new_zeros(0, dtype=_TOTAL)
+        return RobustOPSState(*plain, edges, scalars, edges.clone(), scalars.clone())
+
+    def _wire_is_float64(self, rows: Rows) -> bool:
+        return self._dtype == torch.float64 and rows.codec in ("", "raw")
+
+    def step(  # type: ignore[override]
+        self, state: RobustOPSState, grad: torch.Tensor, rows: Rows
+    ) -> tuple[RobustOPSState, Send]:
+        """Gradient step on the numerator, then add each out-edge's share to its totals
+        and send them; the peer keeps what its totals did not grow by. A holding peer
+        pushes nothing."""
+        edges = _edges(rows)
+        holding = self._holding(state, rows)  # type: ignore[arg-type]
+        x_half = self._step(state, grad, rows, holding)  # type: ignore[arg-type]
+        d = x_half.shape[1]
+        sent_x, sent_omega = state.sent_x, state.sent_omega
+        if sent_omega.shape[0] != edges.out_row.shape[0]:  # the first step: every total 0
+            sent_x = x_half.new_zeros((edges.out_row.shape[0], d), dtype=_TOTAL)
+            sent_omega = sent_x.new_zeros(edges.out_row.shape[0])
+        live = edges.out_live
+        if holding is not None:
+            live = live & ~holding[edges.out_row]
+        x64 = x_half.to(_TOTAL)
+        w = edges.out_weight
+        new_x = torch.where(live.unsqueeze(1), sent_x + w.unsqueeze(1) * x64[edges.out_row], sent_x)
+        new_omega = torch.where(live, sent_omega + w * state.omega[edges.out_row], sent_omega)
+        # What the peer keeps: x_half minus exactly what its totals grew by.
+        kept = (x64 - edges.out_total(new_x - sent_x)).to(x_half.dtype)
+        kept_omega = state.omega - edges.out_total(new_omega - sent_omega)
+        # The wire: "x" the total in the model's dtype, "x_lo" what the decoded "x" misses.
+        hi = rows.compress_edges(new_x.to(x_half.dtype), live)
+        tensors = {"x": hi}
+        if not self._wire_is_float64(rows):
+            tensors["x_lo"] = rows.compress_edges((new_x - hi.to(_TOTAL)).to(x_half.dtype), live)
+        new = RobustOPSState(
+            kept, kept_omega, state.silent, new_x, new_omega, state.seen_x, state.seen_omega
+        )
+        return new, Send(tensors, {"omega": new_omega}, to=None if holding is None else ~holding)
+
+    def schema(self, phase: int, rows: Rows) -> MessageSchema:
+        """``"x"`` (and ``"x_lo"`` unless the wire carries float64) and ``"omega"``, a
+        total in ``(0, n (t + 1)]`` at round ``t``."""
+        if self._dtype is None:
+            raise AlgorithmError("OPS does not know the model's dtype yet: call init() first.")
+        n = rows.n or math.inf
+        total = ScalarSpec(
+            0.0,
+            n * (rows.round + 1) * _SLACK,
+            f"an omega-total grows by at most the {n} nodes' mass a round",
+        )
+        if self._wire_is_float64(rows):
+            return model_schema("x", omega=total)
+        return model_schema("x", "x_lo", omega=total)
+
+    def accept(
+        self, state: RobustOPSState, phase: int, sender: str, payload: Payload, ctx: RoundContext
+    ) -> None:
+        """Refuse an omega-total smaller than the last one applied on its edge.
+
+        Raises:
+            ProtocolError: the total went backwards.
+        """
+        senders = ctx.in_union or tuple(sorted(ctx.in_weights))
+        if not isinstance(state, RobustOPSState) or state.seen_omega.shape[0] != len(senders):
+            return  # no total applied yet
+        last = float(state.seen_omega[senders.index(sender)])
+        omega = float(payload.scalars["omega"])
+        if omega < last:
+            raise ProtocolError(
+                f"its omega-total {omega!r} is smaller than the {last!r} already applied "
+                "on that edge (running totals never go backwards)."
+            )
+
+    def mix(  # type: ignore[override]
+        self, state: RobustOPSState, phase: int, inbox: EdgeInbox, rows: Rows
+    ) -> tuple[RobustOPSState, None]:
+        """Add what each arrived total carries beyond the last one applied on its edge
+        (in float64, in sender order, rounded into ``x`` once); a missing total waits for
+        the next one on its edge, an older one is ignored."""
+        edges = _edges(rows)
+        d = state.x.shape[1]
+        seen_x, seen_omega = state.seen_x, state.seen_omega
+        if seen_omega.shape[0] != edges.in_row.shape[0]:
+            seen_x = state.x.new_zeros((edges.in_row.shape[0], d), dtype=_TOTAL)
+            seen_omega = seen_x.new_zeros(edges.in_row.shape[0])
+        total = inbox.tensors["x"].to(_TOTAL)
+        if "x_lo" in inbox.tensors:
+            total = total + inbox.tensors["x_lo"].to(_TOTAL)
+        omega_total = inbox.scalars["omega"]
+        fresh = inbox.arrived & (omega_total >= seen_omega)
+        gained = edges.in_total(torch.where(fresh.unsqueeze(1), total - seen_x, 0.0))
+        gained_omega = edges.in_total(torch.where(fresh, omega_total - seen_omega, 0.0))
+        x = (state.x.to(_TOTAL) + gained).to(state.x.dtype)
+        omega = state.omega + gained_omega
+        heard = edges.in_total(inbox.arrived.to(_TOTAL)) > 0
+        expected = rows.in_degree > 0
+        silent = torch.where(heard, 0, torch.where(expected, state.silent + 1, state.silent))
+        rows.check(
+            ~(omega > 0),
+            "node {node}: its push-sum weight is no longer positive after round {round}; it "
+            "must stay positive. Give every node a positive self weight.",
+        )
+        return RobustOPSState(
+            x,
+            omega,
+            silent,
+            state.sent_x,
+            state.sent_omega,
+            torch.where(fresh.unsqueeze(1), total, seen_x),
+            torch.where(fresh, omega_total, seen_omega),
+        ), None
+
+
+def _edges(rows: Rows) -> Edges:
+    if rows.edges is None:
+        raise AlgorithmError("robust OPS keeps totals per edge: run it with its edges.")
+    return rows.edges
+
+
 def OPS(robust: bool = False, step_scale: str = "none") -> Any:
     """Online Push-Sum: ``robust = false`` is the rule :class:`PushSumRule`, ``robust = true``
-    the running-totals form :class:`RobustOPS` (two separate rules behind one name).
+    the running-totals rule :class:`RobustPushSumRule` (two separate rules behind one name).
 
     Raises:
         ConfigError: ``robust`` is not a bool or ``step_scale`` is unknown.
     """
     _check_options(robust, step_scale)
     if robust:
-        return RobustOPS(robust=True, step_scale=step_scale)
+        return NodeRule(RobustPushSumRule(step_scale))
     return NodeRule(PushSumRule(step_scale))
 
 

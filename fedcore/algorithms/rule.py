@@ -55,6 +55,8 @@ from fedcore.errors import AlgorithmError
 from fedcore.messages import EncodedTensor, MessageSchema, Payload
 
 __all__ = [
+    "EdgeInbox",
+    "Edges",
     "Gathered",
     "NodeRule",
     "Rows",
@@ -143,12 +145,70 @@ class Gathered:
 
 
 @dataclass(frozen=True, eq=False)
-class Send:
-    """What each of ``B`` peers sends in one phase, the same to every receiver.
+class Edges:
+    """The edges of ``B`` peers over the union of the run's graphs (every round of a
+    schedule), for a rule that keeps state per edge (pattern ``"edges"``): each edge has
+    a fixed position for the whole run, whether it is an edge of this round or not.
 
     Attributes:
-        tensors: Name -> ``[B, *model shape]`` rows (a row of ``rows.compress`` output is
-            sent as it was encoded).
+        out_row: ``[Eo]`` long: the row that sends on out-edge ``e``; grouped by row, each
+            row's receivers in sorted id order.
+        out_weight: ``[Eo]`` float64: ``W_ij`` of this round (0 where ``e`` is not an edge
+            of this round's graph).
+        out_live: ``[Eo]`` bool: ``e`` is an edge of this round's graph.
+        in_row: ``[Ei]`` long: the row that receives on in-edge ``e``; grouped by row, each
+            row's senders in sorted id order.
+        in_weight: ``[Ei]`` float64: ``W_ji`` of this round (0 where not an edge of it).
+        in_live: ``[Ei]`` bool.
+        b: Number of rows.
+    """
+
+    out_row: torch.Tensor
+    out_weight: torch.Tensor
+    out_live: torch.Tensor
+    in_row: torch.Tensor
+    in_weight: torch.Tensor
+    in_live: torch.Tensor
+    b: int
+
+    def out_total(self, values: torch.Tensor) -> torch.Tensor:
+        """``[B, ...]``: per row, the sum of ``values [Eo, ...]`` over its out-edges, added
+        one after another in receiver order (on a peer and on every peer alike)."""
+        out = values.new_zeros((self.b, *values.shape[1:]))
+        return out.index_add_(0, self.out_row, values)
+
+    def in_total(self, values: torch.Tensor) -> torch.Tensor:
+        """``[B, ...]``: per row, the sum of ``values [Ei, ...]`` over its in-edges, in
+        sender order."""
+        out = values.new_zeros((self.b, *values.shape[1:]))
+        return out.index_add_(0, self.in_row, values)
+
+
+@dataclass(frozen=True, eq=False)
+class EdgeInbox:
+    """What arrived on every in-edge of ``B`` peers in one phase (pattern ``"edges"``):
+    the message its sender sent on that very edge.
+
+    Attributes:
+        tensors: Name -> ``[Ei, ...]`` decoded tensors (not to be read where not arrived).
+        scalars: Name -> ``[Ei]`` float64.
+        arrived: ``[Ei]`` bool.
+    """
+
+    tensors: Mapping[str, torch.Tensor]
+    scalars: Mapping[str, torch.Tensor]
+    arrived: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Send:
+    """What each of ``B`` peers sends in one phase: the same to every receiver, or (a rule
+    whose pattern is ``"edges"``) one message per out-edge.
+
+    Attributes:
+        tensors: Name -> ``[B, *model shape]`` rows, or ``[Eo, ...]`` per out-edge of
+            :attr:`Rows.edges` (pattern ``"edges"``; only this round's edges are sent). A
+            row of ``rows.compress`` output is sent as it was encoded.
         scalars: Name -> ``[B]`` values (float64 on the wire).
         weighted: Each receiver ``j`` gets every tensor and scalar times the share
             ``W_ij`` the sender pushes to it (push-sum); one message per distinct share,
@@ -162,6 +222,11 @@ class Send:
     scalars: Mapping[str, torch.Tensor] = field(default_factory=dict)
     weighted: bool = False
     to: torch.Tensor | None = None
+
+
+Compress = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
+"""An engine's codec round trip: ``(v, where, owners)``, ``owners`` the row of each row of
+``v`` (``None``: row ``i`` is peer row ``i``)."""
 
 
 class Rows:
@@ -180,6 +245,8 @@ class Rows:
         nodes: Every node of the network, in graph order.
         samples: ``[B]`` float64: each peer's number of training examples (0 for a stream
             with no fixed size, or a peer that holds no data).
+        edges: The rows' edges over the run's graphs (pattern ``"edges"``; else ``None``).
+        codec: The peers' codec name (``""``: tensors are sent as they are).
     """
 
     def __init__(
@@ -188,7 +255,7 @@ class Rows:
         round: int,
         lr: float,
         self_weight: torch.Tensor,
-        compress: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None,
+        compress: Compress | None = None,
         fail: Callable[[torch.Tensor, str], None] | None = None,
         in_degree: torch.Tensor | None = None,
         n: int = 0,
@@ -196,6 +263,8 @@ class Rows:
         ids: tuple[str, ...] = (),
         nodes: tuple[str, ...] = (),
         samples: torch.Tensor | None = None,
+        edges: Edges | None = None,
+        codec: str = "",
     ) -> None:
         """An engine builds this; a rule only reads it. ``compress`` (default: lossless)
         and ``fail`` (default: raise :class:`~fedcore.errors.AlgorithmError` naming the
@@ -212,6 +281,8 @@ class Rows:
         self.ids = ids
         self.nodes = nodes
         self.samples = samples if samples is not None else torch.zeros(self.b, dtype=_TOTAL)
+        self.edges = edges
+        self.codec = codec
         self._compress = compress or _lossless
         self._fail = fail or _fail_first
 
@@ -225,12 +296,25 @@ class Rows:
             AlgorithmError: a row of ``v`` is not finite.
         """
         bad = ~torch.isfinite(v.reshape(v.shape[0], -1).sum(dim=1))
-        self.check(
-            bad if where is None else bad & where,
-            "node {node} diverged at round {round}: the vector to compress is not finite. "
-            "Lower algorithm.lr or the consensus step, or use a codec with a smaller error.",
-        )
-        return self._compress(v, where)
+        self.check(bad if where is None else bad & where, _DIVERGED)
+        return self._compress(v, where, None)
+
+    def compress_edges(self, v: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
+        """``C(v)`` of one row per out-edge (``v [Eo, ...]``, pattern ``"edges"``), each
+        encoded by the edge's sender's codec, in edge order; ``where`` (``[Eo]`` bool)
+        limits it to the edges that carry it.
+
+        Raises:
+            AlgorithmError: a row of ``v`` is not finite.
+        """
+        edges = self.edges
+        if edges is None:
+            raise AlgorithmError("compress_edges needs a rule whose pattern is 'edges'.")
+        bad = ~torch.isfinite(v.reshape(v.shape[0], -1).sum(dim=1))
+        if where is not None:
+            bad = bad & where
+        self.check(edges.out_total(bad.to(_TOTAL)) > 0, _DIVERGED)
+        return self._compress(v, where, edges.out_row)
 
     def check(self, bad: torch.Tensor, why: str) -> None:
         """Stop the run if a row of ``bad`` (``[B]`` bool) is set; ``why`` is formatted
@@ -242,7 +326,15 @@ class Rows:
         self._fail(bad, why)
 
 
-def _lossless(v: torch.Tensor, where: torch.Tensor | None) -> torch.Tensor:
+_DIVERGED = (
+    "node {node} diverged at round {round}: the vector to compress is not finite. "
+    "Lower algorithm.lr or the consensus step, or use a codec with a smaller error."
+)
+
+
+def _lossless(
+    v: torch.Tensor, where: torch.Tensor | None, owners: torch.Tensor | None
+) -> torch.Tensor:
     return v.clone()
 
 
@@ -380,7 +472,7 @@ class NodeRule:
         self.name: str = rule.name
         self.mixing: str = rule.mixing
         self.phases: int = int(rule.phases)
-        self._encoded: dict[int, EncodedTensor] = {}
+        self._encoded: dict[int, Any] = {}  # id of a compressed tensor -> its encoding(s)
         self._zeros: dict[tuple[int, ...], torch.Tensor] = {}
         self._contexts: dict[int, tuple[RoundContext, Rows]] = {}
         self._weights: dict[float, torch.Tensor] = {}
@@ -422,14 +514,26 @@ class NodeRule:
     def _make_rows(self, ctx: RoundContext) -> Rows:
         codec = ctx.codec
 
-        def compress(v: torch.Tensor, where: torch.Tensor | None) -> torch.Tensor:
-            row = v[0]
-            if codec is None or (where is not None and not bool(where[0])):
+        def compress(
+            v: torch.Tensor, where: torch.Tensor | None, owners: torch.Tensor | None
+        ) -> torch.Tensor:
+            if codec is None:
                 return v.clone()
-            encoded = codec.encode(row)
-            decoded = codec.decode(encoded).unsqueeze(0)
-            self._encoded[id(decoded)] = encoded
-            return decoded
+            if owners is None:  # the peer's one row
+                if where is not None and not bool(where[0]):
+                    return v.clone()
+                encoded = codec.encode(v[0])
+                decoded = codec.decode(encoded).unsqueeze(0)
+                self._encoded[id(decoded)] = encoded
+                return decoded
+            out = v.clone()  # one row per out-edge, encoded in edge order
+            each: list[EncodedTensor | None] = [None] * v.shape[0]
+            for e in range(v.shape[0]):
+                if where is None or bool(where[e]):
+                    encoded = each[e] = codec.encode(v[e])
+                    out[e] = codec.decode(encoded)
+            self._encoded[id(out)] = each
+            return out
 
         def fail(bad: torch.Tensor, why: str) -> None:
             if bool(bad[0]):
@@ -447,6 +551,8 @@ class NodeRule:
             ids=(ctx.node,),
             nodes=tuple(ctx.nodes),
             samples=torch.tensor([float(ctx.samples)], dtype=_TOTAL),
+            edges=_edges_of(ctx) if self.rule.pattern == "edges" else None,
+            codec="" if codec is None else codec.name,
         )
 
     def init(self, params: torch.Tensor) -> Any:
@@ -469,6 +575,10 @@ class NodeRule:
                 self._encoded.clear()
                 return {}
             receivers = [j for j in ctx.out_weights if j in chosen]
+        if self.rule.pattern == "edges":
+            edge_outbox = self._edge_payloads(send, ctx)
+            self._encoded.clear()
+            return edge_outbox
         if send.weighted:  # one payload per distinct share, in receiver order
             by_weight: dict[float, Payload] = {}
             outbox: dict[str, Payload] = {}
@@ -491,6 +601,50 @@ class NodeRule:
         payload = Payload(tensors, scalars)
         return dict.fromkeys(receivers, payload)
 
+    def _edge_payloads(self, send: Send, ctx: RoundContext) -> dict[str, Payload]:
+        """One payload per out-edge of this round: row ``e`` of the send's tensors goes to
+        the receiver of out-edge ``e`` (the union's out-neighbours in sorted order)."""
+        position = {j: e for e, j in enumerate(_out_union(ctx))}
+        outbox: dict[str, Payload] = {}
+        for dst in ctx.out_weights:
+            e = position[dst]
+            tensors: dict[str, torch.Tensor | EncodedTensor] = {}
+            for name, value in send.tensors.items():
+                each = self._encoded.get(id(value))
+                encoded = each[e] if each is not None else None
+                tensors[name] = encoded if encoded is not None else value[e]
+            scalars = {name: float(value[e]) for name, value in send.scalars.items()}
+            outbox[dst] = Payload(tensors, scalars)
+        return outbox
+
+    @staticmethod
+    def _edge_inbox(
+        inbox: Mapping[str, Payload],
+        senders: tuple[str, ...],
+        schema: MessageSchema,
+        model: torch.Tensor,
+    ) -> EdgeInbox:
+        """The dict inbox as one message per in-edge of the union (``senders``, sorted);
+        an edge with no message holds zeros."""
+        tensors: dict[str, torch.Tensor] = {}
+        for name, shape in schema.tensors.items():
+            size = tuple(model.shape[1:]) if shape is None else shape
+            out = model.new_zeros((len(senders), *size))
+            for e, j in enumerate(senders):
+                payload = inbox.get(j)
+                if payload is not None:
+                    out[e] = payload.tensor(name)
+            tensors[name] = out
+        scalars = {
+            name: torch.tensor(
+                [float(inbox[j].scalars[name]) if j in inbox else 0.0 for j in senders],
+                dtype=_TOTAL,
+            )
+            for name in schema.scalars
+        }
+        arrived = torch.tensor([j in inbox for j in senders], dtype=torch.bool)
+        return EdgeInbox(tensors, scalars, arrived)
+
     def step(self, state: Any, grad: torch.Tensor, ctx: RoundContext) -> tuple[Any, Any]:
         """The rule's step on one row; its send as one payload for every out-neighbour."""
         state, send = self.rule.step(state, grad.unsqueeze(0), self._rows(ctx))
@@ -506,7 +660,7 @@ class NodeRule:
     def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
         """Every in-neighbour (pattern ``"neighbours"``), or those the rule's ``talks``
         names as senders of ``phase`` if it names this peer a receiver (``"chosen"``)."""
-        if self.rule.pattern == "neighbours":
+        if self.rule.pattern in ("neighbours", "edges"):
             return tuple(ctx.in_weights)
         if self.rule.pattern == "chosen":
             senders, receivers = self._talks(phase, ctx)
@@ -543,6 +697,10 @@ class NodeRule:
             return state, self._outbox(send, ctx, phase + 1)
         schema = schema_of(self.rule, phase, rows) if self.rule.pattern != "none" else None
         x = self.rule.model(state)
+        if self.rule.pattern == "edges" and schema is not None:
+            edge_inbox = self._edge_inbox(inbox, _in_union(ctx), schema, x)
+            state, send = self.rule.mix(state, phase, edge_inbox, rows)
+            return state, self._outbox(send, ctx, phase + 1)
         yes, no = _YES, _NO
         slots: list[Slot] = []
         for sender in sorted(ctx.in_weights):
@@ -567,6 +725,31 @@ class NodeRule:
             slots.append(Slot(tensors, scalars, weight, no))
         state, send = self.rule.mix(state, phase, slots, rows)
         return state, self._outbox(send, ctx, phase + 1)
+
+
+def _out_union(ctx: RoundContext) -> tuple[str, ...]:
+    """The peer's out-neighbours over the run's graphs, sorted (this round's if the
+    context does not say)."""
+    return ctx.out_union or tuple(sorted(ctx.out_weights))
+
+
+def _in_union(ctx: RoundContext) -> tuple[str, ...]:
+    """The peer's in-neighbours over the run's graphs, sorted."""
+    return ctx.in_union or tuple(sorted(ctx.in_weights))
+
+
+def _edges_of(ctx: RoundContext) -> Edges:
+    """The one peer's :class:`Edges` in round ``ctx``."""
+    outs, ins = _out_union(ctx), _in_union(ctx)
+    return Edges(
+        out_row=torch.zeros(len(outs), dtype=torch.long),
+        out_weight=torch.tensor([ctx.out_weights.get(j, 0.0) for j in outs], dtype=_TOTAL),
+        out_live=torch.tensor([j in ctx.out_weights for j in outs], dtype=torch.bool),
+        in_row=torch.zeros(len(ins), dtype=torch.long),
+        in_weight=torch.tensor([ctx.in_weights.get(j, 0.0) for j in ins], dtype=_TOTAL),
+        in_live=torch.tensor([j in ctx.in_weights for j in ins], dtype=torch.bool),
+        b=1,
+    )
 
 
 def _gathered(inbox: Mapping[str, Payload], schema: MessageSchema, model: torch.Tensor) -> Gathered:

@@ -100,8 +100,11 @@ def from_tree(tree: Any) -> Any:
 def _fits(saved: Any, current: Any) -> bool:
     """Whether a saved algorithm state has the layout of ``current``: the same state class
     and fields, and the same shapes and dtypes where both hold a tensor (a field that is
-    ``None`` at some rounds, or a container, is not compared)."""
+    ``None`` at some rounds, or a container, is not compared; a tensor empty along its
+    first axis, state per edge sized at the first step, is compared past that axis)."""
     if isinstance(saved, torch.Tensor) and isinstance(current, torch.Tensor):
+        if current.dim() and current.shape[0] == 0 and saved.dim():
+            return saved.shape[1:] == current.shape[1:] and saved.dtype == current.dtype
         return saved.shape == current.shape and saved.dtype == current.dtype
     if isinstance(current, tuple) and hasattr(current, "_fields"):
         return (

@@ -174,13 +174,18 @@ class VectorizedNetwork:
         self.codec = _row_codec(setup)
         float64_wire = self.dtype == torch.float64 and self.codec.name == "raw"
         self.form: BatchedAlgorithm = batched_form(
-            setup.algorithm, union_edges=len(union), float64_wire=float64_wire
+            setup.algorithm,
+            union_edges=len(union),
+            float64_wire=float64_wire,
+            codec=self.codec.name,
         )
         if isinstance(self.form, BatchedRule):  # what a rule's Rows.samples say
             held = [0 if setup.source is not None else len(p) for p in setup.parts]
             self.form.samples = torch.tensor(held, dtype=torch.float64, device=device)
         _check_memory(self.n, self.d, self.start.element_size(), len(union), setup)
         self.graphs = [stack_graph(g, union=union, device=device) for g in graphs]
+        if isinstance(self.form, BatchedRule):
+            self.form.use_graphs(self.graphs)
         self.state = self.form.init(self.start.unsqueeze(0).repeat(self.n, 1))
         self.optimizer = setup.optimizer()
         self.opt_state: Any = (

@@ -227,7 +227,8 @@ def test_property_a_changed_field_is_refused(case: str, name: str, value: float,
 def test_robust_totals_that_go_backwards_are_refused() -> None:
     message = _samples("ops-robust")[0]
     node = _network("ops-robust").nodes[message.receiver]
-    last = node.state.seen[message.sender].omega
+    senders = node._context(message.round).in_union
+    last = float(node.state.seen_omega[senders.index(message.sender)])
     assert message.scalars["omega"] <= last
     node.validate(replace(message, scalars={"omega": last}))
     with pytest.raises(ProtocolError, match="never go backwards"):

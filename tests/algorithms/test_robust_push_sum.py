@@ -16,19 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcore.algorithms import RoundContext, make_algorithm
+from fedcore.algorithms.base import unions
 from fedcore.algorithms.ops import (
     OPS,
-    EdgeTotal,
     PushSumRule,
     PushSumState,
-    RobustOPS,
     RobustOPSState,
-    push_totals,
-    read_total,
-    total_payload,
+    RobustPushSumRule,
 )
 from fedcore.compression import Codec, get_codec, make_codec
-from fedcore.errors import AlgorithmError, ConfigError
+from fedcore.errors import ConfigError
 from fedcore.messages import EncodedTensor, Payload
 from fedcore.testing import lockstep
 from fedcore.topology import Schedule, Topology, TrustGraph, parse_spec, prepare
@@ -36,7 +33,7 @@ from tests.strategies import GradFn, random_grad, random_params, strongly_connec
 
 D = 3
 State = PushSumState | RobustOPSState
-_ZERO = EdgeTotal(torch.zeros(D, dtype=torch.float64), 0.0)
+Unions = Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]
 
 
 def _weighted(topology: str | Topology) -> Topology:
@@ -81,6 +78,7 @@ def _rounds(
     states: dict[str, Any] = {n: algo.init(params[n]) for n in nodes}
     stepped = torch.zeros(params[nodes[0]].shape, dtype=torch.float64)
     weights: dict[int, dict[str, tuple[float, dict[str, float], dict[str, float]]]] = {}
+    union = {n: unions(topo, n) for n in nodes}
     for t in range(rounds):
         slot = t % topo.period
         if slot not in weights:
@@ -99,6 +97,8 @@ def _rounds(
                 in_weights=w[2],
                 nodes=nodes,
                 codec=codec,
+                out_union=union[n][0],
+                in_union=union[n][1],
             )
             for n, w in weights[slot].items()
         }
@@ -131,21 +131,43 @@ def _run(
     return final
 
 
-def _mass(states: Mapping[str, RobustOPSState]) -> tuple[torch.Tensor, float]:
+def _in_flight(
+    states: Mapping[str, RobustOPSState], union: Unions, i: str, j: str
+) -> tuple[torch.Tensor, float]:
+    """``sigma_ij - rho_ij`` of edge ``i -> j`` (each 0 before its first use)."""
+    sender, receiver = states[i], states[j]
+    x = torch.zeros(sender.x.shape[1], dtype=torch.float64)
+    omega = 0.0
+    if sender.sent_omega.numel():
+        e = union[i][0].index(j)
+        x, omega = x + sender.sent_x[e], omega + float(sender.sent_omega[e])
+    if receiver.seen_omega.numel():
+        e = union[j][1].index(i)
+        x, omega = x - receiver.seen_x[e], omega - float(receiver.seen_omega[e])
+    return x, omega
+
+
+def _mass(states: Mapping[str, RobustOPSState], union: Unions) -> tuple[torch.Tensor, float]:
     """I-RPSUM-1's conserved quantity: held mass plus mass in flight (sigma - rho)."""
-    x = sum(s.x.to(torch.float64) for s in states.values())
-    omega = sum(s.omega for s in states.values())
-    for i, s in states.items():
-        for j, total in s.sent.items():
-            seen = states[j].seen.get(i)
-            x = x + total.x - (seen.x if seen is not None else 0.0)
-            omega += total.omega - (seen.omega if seen is not None else 0.0)
+    x = sum(s.x[0].to(torch.float64) for s in states.values())
+    omega = sum(float(s.omega) for s in states.values())
+    for i in states:
+        for j in union[i][0]:
+            dx, domega = _in_flight(states, union, i, j)
+            x, omega = x + dx, omega + domega
     assert isinstance(x, torch.Tensor)
     return x, omega
 
 
+def _unions(topo: Topology) -> Unions:
+    return {n: unions(topo, n) for n in topo.nodes}
+
+
 def _z_error(states: Mapping[str, State], mean: torch.Tensor) -> float:
-    return max(float((s.x.to(torch.float64) / s.omega - mean).abs().max()) for s in states.values())
+    return max(
+        float((s.x[0].to(torch.float64) / float(s.omega) - mean).abs().max())
+        for s in states.values()
+    )
 
 
 def _mean(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -158,7 +180,8 @@ def _mean(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
 def test_options_through_the_registry() -> None:
     """The config's ``algorithm.robust`` / ``algorithm.step_scale`` reach OPS and are checked."""
     algo = make_algorithm("ops", robust=True, step_scale="omega")
-    assert isinstance(algo, RobustOPS) and algo.robust and algo.step_scale == "omega"
+    assert isinstance(algo.rule, RobustPushSumRule) and algo.robust
+    assert algo.step_scale == "omega"
     assert isinstance(algo.init(torch.zeros(2)), RobustOPSState)
     default = make_algorithm("ops")  # plain push-sum: a separate rule behind the same name
     assert isinstance(default.rule, PushSumRule) and not default.robust
@@ -170,12 +193,6 @@ def test_options_through_the_registry() -> None:
         make_algorithm("ops", robust="yes")
     with pytest.raises(ConfigError, match="no option"):
         make_algorithm("ops", robustness=True)
-
-
-def test_robust_ops_rejects_a_plain_state() -> None:
-    ctx = RoundContext(node="a", round=0, lr=0.1, self_weight=1.0, out_weights={}, in_weights={})
-    with pytest.raises(AlgorithmError, match="init"):
-        OPS(robust=True).step(OPS().init(torch.zeros(1)), torch.zeros(1), ctx)
 
 
 # --- I-RPSUM-2: exact average under message loss -------------------------------------------
@@ -191,7 +208,7 @@ def test_exact_average_under_drops(spec: str) -> None:
     plain = _run(OPS(), topo, params, rounds=500, p=0.3, seed=1)
     assert _z_error(robust, mean) < 1e-10  # measured ~1e-13
     assert _z_error(plain, mean) > 1e-3  # measured ~0.16
-    assert sum(s.omega for s in plain.values()) < 1e-6  # plain push-sum bled its weight away
+    assert sum(float(s.omega) for s in plain.values()) < 1e-6  # plain push-sum bled its weight
 
 
 def test_lost_messages_arrive_with_the_next_total() -> None:
@@ -204,17 +221,18 @@ def test_lost_messages_arrive_with_the_next_total() -> None:
     def drop(sender: str, receiver: str, t: int) -> bool:
         return (sender, receiver) == ("n0", "n1") and t < 3
 
+    union = _unions(topo)
     for t, states, _ in _rounds(OPS(robust=True), topo, params, rounds=4, drop=drop):
-        held = sum(s.omega for s in states.values())
-        in_flight = states["n0"].sent["n1"].omega - states["n1"].seen.get("n0", _ZERO).omega
+        held = sum(float(s.omega) for s in states.values())
+        in_flight = _in_flight(states, union, "n0", "n1")[1]
         if t < 3:
             assert held < 4.0 and in_flight > 0.0
             assert held + in_flight == pytest.approx(4.0, abs=1e-14)
         else:
             assert held == pytest.approx(4.0, abs=1e-14) and in_flight == 0.0
-            assert torch.allclose(sum(s.x for s in states.values()), x0, atol=1e-14)
+            assert torch.allclose(sum(s.x[0] for s in states.values()), x0, atol=1e-14)
     plain = _run(OPS(), topo, params, rounds=4, drop=drop)
-    assert sum(s.omega for s in plain.values()) < 4.0 - 0.1
+    assert sum(float(s.omega) for s in plain.values()) < 4.0 - 0.1
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
@@ -234,8 +252,9 @@ def _check_conservation(
 ) -> None:
     x0 = _mean(params) * len(params)
     n = len(params)
+    union = _unions(topo)
     for _, states, stepped in _rounds(algo, topo, params, **kw):
-        x, omega = _mass(states)
+        x, omega = _mass(states, union)
         expected = x0 - stepped
         scale = 1.0 + float(expected.abs().max())
         assert float((x - expected).abs().max()) <= 1e-9 * scale
@@ -298,13 +317,14 @@ def test_ten_thousand_rounds_do_not_drift(dtype: torch.dtype) -> None:
     total_x = mean * len(params)
     worst_mass = worst_omega = 0.0
     final: dict[str, Any] = {}
+    union = _unions(topo)
     for t, states, _ in _rounds(OPS(robust=True), topo, params, rounds=10_000, p=0.3, seed=3):
         if t % 1000 == 999:
-            x, omega = _mass(states)
+            x, omega = _mass(states, union)
             worst_mass = max(worst_mass, float((x - total_x).abs().max()))
             worst_omega = max(worst_omega, abs(omega - 4.0))
             final = states
-    grown = max(float(t.x.abs().max()) for s in final.values() for t in s.sent.values())
+    grown = max(float(s.sent_x.abs().max()) for s in final.values())
     assert grown > 1e3  # the totals really are large
     assert worst_omega < 1e-12  # omega travels as a float64 scalar, whatever the model dtype
     if dtype == torch.float64:
@@ -329,7 +349,7 @@ def test_no_drops_matches_plain_ops(step_scale: str) -> None:
     plain = _rounds(OPS(step_scale=step_scale), topo, params, **kw)
     for (_, a, _), (_, b, _) in zip(robust, plain, strict=True):
         for n in topo.nodes:
-            z_robust, z_plain = RobustOPS().model(a[n]), OPS().model(b[n])
+            z_robust, z_plain = OPS(robust=True).model(a[n]), OPS().model(b[n])
             assert torch.allclose(z_robust, z_plain, rtol=0, atol=1e-11)
             assert float(a[n].omega) == pytest.approx(float(b[n].omega), rel=1e-12)
 
@@ -345,11 +365,11 @@ def test_step_scale_omega_is_a_step_of_lr_on_z(robust: bool) -> None:
     moved = {}
     for step_scale in ("none", "omega"):
         algo = OPS(robust=robust, step_scale=step_scale)
-        half = 0.5 if robust else torch.tensor([0.5], dtype=torch.float64)  # the rule's [B]
+        half = torch.tensor([0.5], dtype=torch.float64)  # the rule's [B]
         state = algo.init(x)._replace(omega=half)
         new, out = algo.step(state, g, ctx)
         sent = out["b"].tensor("x")
-        new_x = new.x if robust else new.x[0]
+        new_x = new.x[0]
         moved[step_scale] = (new_x + sent if robust else new_x) - x  # what the step took off
         z_half = (new_x + sent) / 0.5 if robust else new_x / 0.5
         if step_scale == "omega":
@@ -402,22 +422,39 @@ def test_step_scale_omega_quadratic_under_drops(spec: str, target: str) -> None:
 # --- wire format, codecs, inbox hygiene ------------------------------------------------------
 
 
+def _sent_total(
+    total: torch.Tensor, omega: float, dtype: torch.dtype, codec: Codec | None
+) -> Payload:
+    """What a peer whose edge to ``b`` holds the totals ``(total, omega)`` sends on it, as
+    ``b`` decodes it (a zero model adds nothing to the totals)."""
+    algo = OPS(robust=True)
+    ctx = RoundContext(
+        node="a", round=0, lr=0.0, self_weight=0.5, out_weights={"b": 0.5}, in_weights={},
+        codec=codec,
+    )  # fmt: skip
+    state = algo.init(torch.zeros(total.shape[0], dtype=dtype))._replace(
+        sent_x=total.unsqueeze(0), sent_omega=torch.tensor([omega - 0.5], dtype=torch.float64)
+    )
+    _, out = algo.step(state, torch.zeros(total.shape[0], dtype=dtype), ctx)
+    return _decoded(out["b"])
+
+
 def test_wire_carries_a_low_part_unless_float64_travels_exactly() -> None:
     """Totals travel in the model dtype; ``x + x_lo`` matches the float64 total to ~u^2."""
     gen = torch.Generator().manual_seed(0)
-    total = EdgeTotal(torch.randn(50, generator=gen, dtype=torch.float64) * 1e4, 1234.5)
+    total = torch.randn(50, generator=gen, dtype=torch.float64) * 1e4
     fp32 = make_codec("fp32")
-    exact = total_payload(total, torch.float64)
-    assert set(exact.tensors) == {"x"} and torch.equal(exact.tensor("x"), total.x)
-    assert set(total_payload(total, torch.float64, make_codec("raw")).tensors) == {"x"}
+    exact = _sent_total(total, 1234.5, torch.float64, None)
+    assert set(exact.tensors) == {"x"} and torch.equal(exact.tensor("x"), total)
+    assert set(_sent_total(total, 1234.5, torch.float64, make_codec("raw")).tensors) == {"x"}
     for dtype, codec in [(torch.float32, None), (torch.float32, fp32), (torch.float64, fp32)]:
-        received = _decoded(total_payload(total, dtype, codec))
+        received = _sent_total(total, 1234.5, dtype, codec)
         assert set(received.tensors) == {"x", "x_lo"}
         assert all(t.dtype == dtype and t.shape == (50,) for t in received.tensors.values())
         assert received.scalars["omega"] == 1234.5
-        back = read_total("a", received)
-        hi_only = float((received.tensor("x").double() - total.x).abs().max())
-        assert float((back.x - total.x).abs().max()) < 1e-14 * 1e4 * 8
+        back = received.tensor("x").double() + received.tensor("x_lo").double()
+        hi_only = float((received.tensor("x").double() - total).abs().max())
+        assert float((back - total).abs().max()) < 1e-14 * 1e4 * 8
         assert hi_only > 1e-5  # without x_lo the receiver would be off by ~u * |total|
 
 
@@ -439,44 +476,41 @@ def test_mix_leaves_inbox_untouched_and_ignores_stale_totals() -> None:
         node="a", round=0, lr=0.0, self_weight=0.5, out_weights={}, in_weights={"b": 0.5}
     )
     state = algo.init(torch.tensor([1.0, 2.0], dtype=torch.float64))
-    old = total_payload(
-        EdgeTotal(torch.tensor([1.0, 1.0], dtype=torch.float64), 0.5), torch.float64
-    )
-    new = total_payload(
-        EdgeTotal(torch.tensor([3.0, 2.0], dtype=torch.float64), 1.0), torch.float64
-    )
-    copies = {k: v.clone() for k, v in new.tensors.items() if isinstance(v, torch.Tensor)}
+    old = Payload({"x": torch.tensor([1.0, 1.0], dtype=torch.float64)}, {"omega": 0.5})
+    new = Payload({"x": torch.tensor([3.0, 2.0], dtype=torch.float64)}, {"omega": 1.0})
+    copy = new.tensor("x").clone()
     s1, out = algo.mix(state, 0, {"b": old}, ctx)
     s2, _ = algo.mix(s1, 0, {"b": new}, ctx)
     s3, _ = algo.mix(s2, 0, {"b": old}, ctx)  # replayed: ignored
     s4, _ = algo.mix(s3, 0, {"b": new}, ctx)  # repeated: adds zero
     assert out == {}
-    assert torch.equal(s2.x, torch.tensor([4.0, 4.0], dtype=torch.float64)) and s2.omega == 2.0
+    assert torch.equal(s2.x[0], torch.tensor([4.0, 4.0], dtype=torch.float64))
+    assert float(s2.omega) == 2.0
     for s in (s3, s4):
-        assert torch.equal(s.x, s2.x) and s.omega == s2.omega
-    assert all(torch.equal(new.tensor(k), v) for k, v in copies.items())
-
-
-def test_message_without_totals_is_an_algorithm_error() -> None:
-    algo = OPS(robust=True)
-    ctx = RoundContext(
-        node="a", round=0, lr=0.0, self_weight=0.5, out_weights={}, in_weights={"b": 0.5}
-    )
-    state = algo.init(torch.zeros(2, dtype=torch.float64))
-    with pytest.raises(AlgorithmError, match=r"'b'.*omega"):
-        algo.mix(state, 0, {"b": Payload({"x": torch.zeros(2, dtype=torch.float64)})}, ctx)
+        assert torch.equal(s.x, s2.x) and torch.equal(s.omega, s2.omega)
+    assert torch.equal(new.tensor("x"), copy)
 
 
 def test_new_edge_totals_start_at_zero_and_absent_edges_wait() -> None:
     """An edge's totals start at its first use; an edge absent this round keeps its totals."""
+    algo = OPS(robust=True)
     x = torch.tensor([1.0, 3.0], dtype=torch.float64)
-    kept, omega, totals = push_totals(x, 1.0, {}, {"b": 0.25, "c": 0.25})
-    assert torch.equal(kept, 0.5 * x) and omega == 0.5
-    assert torch.equal(totals["b"].x, 0.25 * x) and totals["b"].omega == 0.25
-    kept2, omega2, totals2 = push_totals(kept, omega, totals, {"c": 0.5})
-    assert totals2["b"] is totals["b"]
-    assert torch.equal(totals2["c"].x, 0.25 * x + 0.25 * x) and totals2["c"].omega == 0.5
-    assert torch.equal(kept2, 0.25 * x) and omega2 == 0.25
+
+    def ctx(out: dict[str, float], self_weight: float) -> RoundContext:
+        return RoundContext(
+            node="a", round=0, lr=0.0, self_weight=self_weight, out_weights=out,
+            in_weights={}, out_union=("b", "c"),
+        )  # fmt: skip
+
+    state, _ = algo.step(
+        algo.init(x), torch.zeros(2, dtype=torch.float64), ctx({"b": 0.25, "c": 0.25}, 0.5)
+    )
+    assert torch.equal(state.x[0], 0.5 * x) and float(state.omega) == 0.5
+    assert torch.equal(state.sent_x[0], 0.25 * x) and float(state.sent_omega[0]) == 0.25
+    after, _ = algo.step(state, torch.zeros(2, dtype=torch.float64), ctx({"c": 0.5}, 0.5))
+    assert torch.equal(after.sent_x[0], state.sent_x[0])  # b waits
+    assert torch.equal(after.sent_x[1], 0.25 * x + 0.25 * x) and float(after.sent_omega[1]) == 0.5
+    assert torch.equal(after.x[0], 0.25 * x) and float(after.omega) == 0.25
 
 
 # --- through the project's harnesses ---------------------------------------------------------
@@ -514,7 +548,10 @@ def test_over_the_network_with_faults() -> None:
     assert all(isinstance(s, RobustOPSState) for s in states.values())
     assert {name for m in net.messages for name in m.tensors} == {"x", "x_lo"}
     assert all(t.dtype == "float32" for m in net.messages for t in m.tensors.values())
-    _, omega = _mass(states)
+    union = {
+        n: (node._context(0).out_union, node._context(0).in_union) for n, node in net.nodes.items()
+    }
+    _, omega = _mass(states, union)
     assert omega == pytest.approx(6.0, rel=1e-12)
     assert torch.allclose(
         torch.stack([s.x.double() / s.omega for s in states.values()]).mean(0),
