@@ -198,5 +198,5 @@ def test_choco_refuses_a_schedule() -> None:
 
     ring, torus = parse_spec("ring:9"), parse_spec("torus:3x3")
     config = load_config(None, ["algorithm.name=choco", "topology.nodes=9"])
-    with pytest.raises(ConfigError, match="fixed graph.*schedule of 2"):
+    with pytest.raises(ConfigError, match=r"fixed graph.*schedule of 2"):
         prepare_run(config, trust=Schedule([ring, torus], name="ring-torus"))
