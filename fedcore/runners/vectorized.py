@@ -13,9 +13,9 @@ along a leading node dimension and applies each round to all nodes at once:
 * codecs round-tripping many messages at once, bit for bit as the per-message codec
   (:class:`~fedcore.compression.batched.RowCodec`), so bytes and compression ratios are
   the message engine's;
-* faults as per-round masks of the run's fault plan (:meth:`~fedcore.faults.FaultPlan.
-  down_mask`, :meth:`~fedcore.faults.FaultPlan.lost_mask`), the one source of fault
-  decisions, whose rows the message engine's nodes and gRPC peers read.
+* faults as per-round masks of the run's :class:`~fedcore.faults.FaultPlan` (crashed
+  nodes, lost edges): the one source of fault decisions, whose rows the message engine's
+  nodes and gRPC peers read.
 
 It models strict mode with an announced fault plan: every message arrives unless the plan
 lost it, which every peer knows. Deadline mode (wall-clock waits), unannounced faults and
