@@ -148,7 +148,11 @@ class FaultPlan:
     ) -> torch.Tensor:
         """``[E]`` bool: whether the message of each edge ``src[e] -> dst[e]`` (indices into
         :attr:`nodes`) in ``(round, phase)`` is lost (:meth:`loss_reasons` is not 0)."""
-        return self.loss_reasons(src, dst, round, phase, probabilities=probabilities) != 0
+        src, dst, p = self._edges(src, dst, probabilities)
+        lost = torch.zeros(src.shape, dtype=torch.bool, device=src.device)
+        for _, mask in self._causes(src, dst, round, phase, p):
+            lost |= mask
+        return lost
 
     def loss_reasons(
         self,
@@ -167,14 +171,7 @@ class FaultPlan:
         is set) and keeps them for the same ``src`` and ``dst`` tensors (the same objects,
         unchanged in place), so an engine that passes the same edges every round pays once.
         """
-        self._need_nodes()
-        src, dst = src.to(torch.int64), dst.to(device=src.device, dtype=torch.int64)
-        p: torch.Tensor | float = self._drop
-        if probabilities is not None:
-            p = probabilities
-        elif self._edge_drop:
-            p = self._kept_probabilities(src, dst)
-        return self._reasons(src, dst, round, phase, p)
+        return self._reasons(*self._edges(src, dst, probabilities), round, phase)
 
     def edge_probabilities(self, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
         """``[E]`` float64: each edge's drop probability (its ``edge_drop``, else ``drop``)."""
@@ -210,7 +207,7 @@ class FaultPlan:
             dst = torch.arange(len(self._known))
             src = torch.full_like(dst, i)
             p = self._edge_probabilities(src, dst) if self._edge_drop else self._drop
-            reasons = self._reasons(src, dst, round, phase, p)
+            reasons = self._reasons(src, dst, p, round, phase)
             row = rows[sender] = reasons.to(torch.uint8).numpy().tobytes()
         return REASONS[row[j]]
 
@@ -237,29 +234,53 @@ class FaultPlan:
 
     # --- the decisions ----------------------------------------------------------------------
 
+    def _edges(
+        self, src: torch.Tensor, dst: torch.Tensor, probabilities: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float]:
+        """The masks' edges as int64 indices on ``src``'s device, and their drop
+        probabilities: ``probabilities``, else the kept ones (with ``edge_drop``), else
+        ``drop`` for all."""
+        self._need_nodes()
+        src, dst = src.to(torch.int64), dst.to(device=src.device, dtype=torch.int64)
+        p: torch.Tensor | float = self._drop
+        if probabilities is not None:
+            p = probabilities
+        elif self._edge_drop:
+            p = self._kept_probabilities(src, dst)
+        return src, dst, p
+
     def _reasons(
+        self, src: torch.Tensor, dst: torch.Tensor, p: torch.Tensor | float, round: int, phase: int
+    ) -> torch.Tensor:
+        """:meth:`loss_reasons` of :meth:`_causes`: the strongest cause of each edge."""
+        why = torch.zeros(src.shape, dtype=torch.int8, device=src.device)
+        for code, mask in self._causes(src, dst, round, phase, p):
+            why.masked_fill_(mask, code)
+        return why
+
+    def _causes(
         self,
         src: torch.Tensor,
         dst: torch.Tensor,
         round: int,
         phase: int,
         p: torch.Tensor | float,
-    ) -> torch.Tensor:
-        """:meth:`loss_reasons` over int64 indices into the known nodes, given each edge's
-        drop probability ``p`` (or one for all). Later reasons win: crash, then partition,
-        then drop."""
-        why = torch.zeros(src.shape, dtype=torch.int8, device=src.device)
+    ) -> list[tuple[int, torch.Tensor]]:
+        """Every fault decision: ``(reason code, [E] bool)`` per cause that loses messages in
+        ``(round, phase)``, weakest first (drop, partition, crash), over int64 indices into
+        the known nodes, given each edge's drop probability ``p`` (or one for all)."""
+        causes: list[tuple[int, torch.Tensor]] = []
         if isinstance(p, torch.Tensor) or p > 0:
-            why.masked_fill_(self._uniform(_DROP, src, dst, round, phase) < p, _DROP_CODE)
+            causes.append((_DROP_CODE, self._uniform(_DROP, src, dst, round, phase) < p))
         tables = self._node_tables(src.device)
         for part, members in zip(self.faults.partitions, tables.members, strict=True):
             if part.start <= round < part.end:
                 cut = members.index_select(0, src) != members.index_select(0, dst)
-                why.masked_fill_(cut, _PARTITION)
+                causes.append((_PARTITION, cut))
         if any(self.down(node, round) for node in self._windows):
             down = self._down_rows(round, src.device)
-            why.masked_fill_(down.index_select(0, src) | down.index_select(0, dst), _CRASH)
-        return why
+            causes.append((_CRASH, down.index_select(0, src) | down.index_select(0, dst)))
+        return causes
 
     def _uniform(
         self, kind: int, src: torch.Tensor, dst: torch.Tensor, round: int, phase: int
