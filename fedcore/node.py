@@ -531,6 +531,7 @@ class Node:
         return self.faults is not None and self.faults.lost(*coords) is not None
 
     def _note_lost(self, message: Message, dropped_out: list[str]) -> None:
+        """Add ``message``'s receiver to ``dropped_out`` if the fault plan lost it."""
         if self._lost(message):
             dropped_out.append(message.receiver)
 
