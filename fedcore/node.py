@@ -58,13 +58,13 @@ from fedcore.errors import (
     ProtocolError,
     TransportTimeoutError,
 )
+from fedcore.faults import FaultPlan
 from fedcore.ids import clip
 from fedcore.messages import EncodedTensor, Message, MessageSchema, Payload
 from fedcore.models import Objective
 from fedcore.streams import Batches
 from fedcore.topology import Topology
 from fedcore.transport.base import Transport
-from fedcore.transport.faults import FaultAware
 
 __all__ = ["DecodeCache", "Node", "NodeOptions", "RoundRecord", "lr_at"]
 
@@ -290,6 +290,10 @@ class Node:
             ``u`` as the gradient and a step size of 1). ``None``: plain SGD.
         observer: Called with ``(node, record)`` after every round.
         decode_cache: Shared by the nodes of one process to decode each payload once.
+        faults: The run's fault plan (``None``: no faults), which the node asks whether it
+            is crashed in a round, which of its messages were lost and which it must not
+            wait for. ``transport`` loses them on the wire: wrap it in a
+            :class:`~fedcore.transport.faults.FaultyTransport` of the same plan.
     """
 
     def __init__(
@@ -307,6 +311,7 @@ class Node:
         optimizer: Optimizer | None = None,
         observer: Callable[[Node, RoundRecord], None] | None = None,
         decode_cache: DecodeCache | None = None,
+        faults: FaultPlan | None = None,
     ) -> None:
         """Initialise the algorithm state from ``params``."""
         self.id = node_id
@@ -330,7 +335,7 @@ class Node:
         self.round = 0
         self.batches_read = 0  # from the stream (a crashed round reads none); for checkpoints
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
-        self._faults = transport if isinstance(transport, FaultAware) else None
+        self.faults = faults
         self._unreachable: set[str] = set()  # peers whose last send failed (logged once)
         # Deadline mode: the send on its way to each receiver (task, message, fp32 size).
         self._sending: dict[str, tuple[asyncio.Task[None], Message, int]] = {}
@@ -393,8 +398,8 @@ class Node:
             stats.messages_rejected,
         )
         ctx = self._context(t)
-        faults = self._faults
-        if faults is not None and faults.down(t):
+        faults = self.faults
+        if faults is not None and faults.down(self.id, t):
             return self._skip_round(t, ctx.lr, began)
         step_ctx = ctx if self.optimizer is None else dataclasses.replace(ctx, lr=1.0)
         idle = self._trains is not None and not self._trains(ctx)
@@ -418,15 +423,15 @@ class Node:
         rejected = [0]
         fp32 = 0
         unreachable: list[str] = []
+        dropped_out: list[str] = []
         for phase in range(self.algorithm.phases):
-            fp32 += await self._send(outbox, t, phase, unreachable)
+            fp32 += await self._send(outbox, t, phase, unreachable, dropped_out)
             expected = self.algorithm.expected_senders(phase, ctx)
-            lost = faults.announced_lost(t, phase, expected) if faults is not None else []
+            lost = [] if faults is None else faults.announced_lost(self.id, t, phase, expected)
             dropped_in.extend(lost)
             inbox = await self._collect(t, phase, expected, lost, ctx, missing, rejected)
             self.state, outbox = self.algorithm.mix(self.state, phase, inbox, ctx)
         self.round = t + 1
-        dropped_out = faults.pop_lost_sent(t) if faults is not None else []
         record = RoundRecord(
             node=self.id,
             round=t,
@@ -460,8 +465,13 @@ class Node:
             self.observer(self, record)
         return record
 
-    async def _send(self, outbox: Outbox, t: int, phase: int, unreachable: list[str]) -> int:
+    async def _send(
+        self, outbox: Outbox, t: int, phase: int, unreachable: list[str], dropped_out: list[str]
+    ) -> int:
         """Encode and send ``outbox``; return the float32 size of the tensors that went.
+
+        The receivers of the messages handed to the transport that the fault plan lost
+        (the transport loses them on the wire) go to ``dropped_out``.
 
         Strict mode sends one message after another and raises on a receiver it cannot
         reach. Deadline mode sends each receiver's message in a task of its own and waits
@@ -498,6 +508,7 @@ class Node:
         if self.options.mode == "strict":
             fp32 = 0
             for message, size in messages:
+                self._note_lost(message, dropped_out)
                 await self.transport.send(message)
                 fp32 += self._went(message, size)
             return fp32
@@ -510,6 +521,7 @@ class Node:
                 logger.debug("%s: still sending to %s; none for it in round %d", self.id, dst, t)
                 unreachable.append(dst)
                 continue
+            self._note_lost(message, dropped_out)
             task = asyncio.create_task(self.transport.send(message))
             task.add_done_callback(_retrieve)
             self._sending[dst] = (task, message, size)
@@ -518,10 +530,19 @@ class Node:
             await asyncio.wait(started, timeout=self.options.deadline_s)
         return fp32 + self._harvest(t, unreachable)
 
+    def _lost(self, message: Message) -> bool:
+        """Whether the fault plan lost ``message``."""
+        coords = (message.sender, message.receiver, message.round, message.phase)
+        return self.faults is not None and self.faults.lost(*coords) is not None
+
+    def _note_lost(self, message: Message, dropped_out: list[str]) -> None:
+        """Add ``message``'s receiver to ``dropped_out`` if the fault plan lost it."""
+        if self._lost(message):
+            dropped_out.append(message.receiver)
+
     def _went(self, message: Message, fp32: int) -> int:
         """``fp32`` unless the fault plan lost ``message`` (then nothing went)."""
-        lost = self._faults is not None and self._faults.loses(message)
-        return 0 if lost else fp32
+        return 0 if self._lost(message) else fp32
 
     def _cannot_reach(self, dst: str, t: int, why: object, unreachable: list[str]) -> None:
         if dst not in self._unreachable:

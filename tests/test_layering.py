@@ -18,6 +18,7 @@ LAYERS = {
     "certs": 1,
     "lazy": 0,
     "keyed": 0,
+    "faults": 1,
     "topology": 1,
     "data": 1,
     "streams": 1,

@@ -35,6 +35,7 @@ from fedcore.data import (
     training_examples,
 )
 from fedcore.errors import ConfigError, DataError, TopologyError
+from fedcore.faults import FaultPlan
 from fedcore.ids import error_text
 from fedcore.models import Objective, build_model, physical_memory
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
@@ -42,7 +43,7 @@ from fedcore.streams import Batches, OnlineSource, load_source
 from fedcore.topology import Topology
 from fedcore.topology.weights import check_mixing_size
 from fedcore.transport import InProcessNetwork, Transport
-from fedcore.transport.faults import FaultPlan, FaultyTransport
+from fedcore.transport.faults import FaultyTransport
 
 logger = logging.getLogger(__name__)
 
@@ -437,7 +438,8 @@ class RunSetup:
     ) -> Node:
         """The node ``node_id`` with its data partition, its own model and ``transport``.
 
-        With a ``[faults]`` plan, ``transport`` is wrapped in a :class:`FaultyTransport`.
+        With a ``[faults]`` plan, the node is given the plan and ``transport`` is wrapped in
+        a :class:`FaultyTransport` of it (which loses the plan's messages on the wire).
         """
         if self.faults is not None:
             transport = FaultyTransport(transport, self.faults)
@@ -459,6 +461,7 @@ class RunSetup:
             optimizer=self.optimizer(),
             observer=observer,
             decode_cache=decode_cache,
+            faults=self.faults,
         )
 
 

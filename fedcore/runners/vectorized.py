@@ -13,8 +13,9 @@ along a leading node dimension and applies each round to all nodes at once:
 * codecs round-tripping many messages at once, bit for bit as the per-message codec
   (:class:`~fedcore.compression.batched.RowCodec`), so bytes and compression ratios are
   the message engine's;
-* faults as per-round masks from the same keyed hash the message engine and gRPC peers
-  evaluate per message (:meth:`~fedcore.transport.faults.FaultPlan.lost_mask`).
+* faults as per-round masks of the run's :class:`~fedcore.faults.FaultPlan` (crashed
+  nodes, lost edges): the one source of fault decisions, whose rows the message engine's
+  nodes and gRPC peers read.
 
 It models strict mode with an announced fault plan: every message arrives unless the plan
 lost it, which every peer knows. Deadline mode (wall-clock waits), unannounced faults and
@@ -223,13 +224,7 @@ class VectorizedNetwork:
         self._checks: list[tuple[int, torch.Tensor, str, type[Exception]]] = []
         self.read = np.zeros(self.n, dtype=np.int64)  # batches each node read (online streams)
         self.round = 0
-        plan = setup.faults
-        self.plan = plan
-        self._crashes = (
-            [(self.nodes.index(c.node), c.at, c.back) for c in config.faults.crashes]
-            if plan is not None
-            else []
-        )
+        self.plan = setup.faults
 
     def _phase(self, phase: int, graph: StackedGraph) -> _Phase:
         def size(n: int) -> int:
@@ -246,11 +241,10 @@ class VectorizedNetwork:
         return self.form.model(self.state)
 
     def up(self, t: int) -> np.ndarray[Any, np.dtype[np.bool_]]:
-        """Host bool array: the nodes that run round ``t`` (not crashed)."""
-        up = np.ones(self.n, dtype=np.bool_)
-        for i, at, back in self._crashes:
-            if at <= t and (back < 0 or t < back):
-                up[i] = False
+        """Host bool array: the nodes that run round ``t`` (the fault plan's not down)."""
+        if self.plan is None:
+            return np.ones(self.n, dtype=np.bool_)
+        up: np.ndarray[Any, np.dtype[np.bool_]] = (~self.plan.down_mask(t)).numpy()
         return up
 
     def _data(
