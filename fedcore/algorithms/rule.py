@@ -31,9 +31,10 @@ checks each message against it before the rule sees it, and the vectorized engin
 traffic from it (``nbytes`` of the model-shaped tensors plus 8 bytes a scalar), so both
 engines report the same bytes.
 
-Compression: the node's codec encodes every tensor of a :class:`Send`. A rule that must know
-exactly what receivers decode (error feedback: DeepSqueeze, CHOCO) calls
-``rows.compress(v)``, which returns the decoded ``C(v)``; sending that same tensor sends the
+Compression: the node's codec encodes every tensor of a :class:`Send`, unless the rule's
+optional ``lossless(phase, rows)`` says the phase's tensors go as they are (``raw``). A
+rule that must know exactly what receivers decode (error feedback: DeepSqueeze, CHOCO)
+calls ``rows.compress(v)``, which returns the decoded ``C(v)``; sending that same tensor sends the
 already-encoded bytes, not a second encoding.
 
 Writing one: see ``examples/user_algorithm/`` and the README's "Write your own algorithm".
@@ -51,6 +52,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from fedcore.algorithms.base import RoundContext, check_phase
+from fedcore.compression import RawCodec
 from fedcore.errors import AlgorithmError
 from fedcore.messages import EncodedTensor, MessageSchema, Payload
 
@@ -65,6 +67,7 @@ __all__ = [
     "Slot",
     "gossip",
     "is_rule",
+    "lossless",
     "per_peer",
     "pull",
     "received",
@@ -72,6 +75,8 @@ __all__ = [
 ]
 
 _TOTAL = torch.float64
+
+_RAW = RawCodec()
 
 _YES = torch.ones(1, dtype=torch.bool)
 _NO = torch.zeros(1, dtype=torch.bool)
@@ -404,6 +409,13 @@ _TAKES_ROWS: dict[type, bool] = {}
 """Rule class -> whether its ``schema`` takes ``rows``."""
 
 
+def lossless(rule: Any, phase: int, rows: Rows) -> bool:
+    """Whether the tensors a rule sends in ``phase`` go as they are (``raw``), whatever the
+    peers' codec (its optional ``lossless(phase, rows)``; APMSqueeze's warm-up)."""
+    says = getattr(rule, "lossless", None)
+    return bool(says(phase, rows)) if says is not None else False
+
+
 def is_rule(obj: object) -> bool:
     """Whether ``obj`` is a :class:`Rule` (not an adapter around one)."""
     if isinstance(obj, NodeRule):
@@ -593,8 +605,9 @@ class NodeRule:
             self._encoded.clear()
             return outbox
         tensors: dict[str, torch.Tensor | EncodedTensor] = {}
+        raw = lossless(self.rule, phase, self._rows(ctx))
         for name, value in send.tensors.items():
-            encoded = self._encoded.get(id(value))
+            encoded = _RAW.encode(value[0]) if raw else self._encoded.get(id(value))
             tensors[name] = encoded if encoded is not None else value[0]
         scalars = {name: float(value[0]) for name, value in send.scalars.items()}
         self._encoded.clear()
