@@ -1,26 +1,22 @@
-"""Batched forms of the registered algorithms: one round applied to every node at once.
+"""The vectorized engine's side of an algorithm: a rule run on every node at once.
 
 The vectorized engine (:mod:`fedcore.runners.vectorized`) holds every node's state
 stacked along a leading node dimension (parameters as one ``[N, d]`` tensor, push-sum
-weights as ``[N]``, error memories as ``[N, d]``, robust push-sum's running totals as
-``[E, d]`` over the edges) and calls :meth:`BatchedAlgorithm.round` once per round. Each
-class here is the batched twin of the per-node state machine of the same name and applies
-exactly its update rule (the module docstrings of :mod:`fedcore.algorithms.ops`,
-``dpsgd``, ``online``, ``compressed``, ``rps`` and ``reference`` state them); the contract
-test ``tests/test_vectorized.py`` runs both engines over the whole registry and holds them
-equal: parameters to float32 summation order, traffic and fault counts exactly.
+weights as ``[N]``, state per edge as ``[E, ...]``) and calls :meth:`BatchedAlgorithm.round`
+once per round. :class:`BatchedRule` runs a :class:`~fedcore.algorithms.rule.Rule` with
+``B = N``: the same code a peer runs on its one row (through
+:class:`~fedcore.algorithms.rule.NodeRule`), so the engines agree by construction.
+:class:`BatchedRPS` is the one algorithm still written twice (RPS's messages are model
+blocks of different sizes per receiver, which a rule's messages do not express); the
+contract test ``tests/test_vectorized.py`` holds it equal to :class:`~fedcore.algorithms.
+rps.RPS`.
 
 What a round sees (:class:`BatchRound`): the round's weighted graph as edge lists and a
 padded neighbour table (:class:`StackedGraph`, in-neighbours sorted by sender id as a
 per-node inbox is), the step size, which nodes are up, which messages of each phase arrive
 (the fault plan's announced decisions), and the codec as a :class:`RowCodec`, which
 round-trips many messages at once bit for bit as the per-message codec would. Messages
-lost or from a crashed node are absent inputs, handled as each per-node docstring says; a
-crashed node keeps its state.
-
-Mixing sums run slot by slot of the neighbour table, in sorted-sender order, like the
-per-node inbox loop; only the order of float64 and float32 roundings inside a sum can
-differ from the message engine (the tests allow 1e-5 relative).
+lost or from a crashed node are absent inputs; a crashed node keeps its state.
 """
 
 from __future__ import annotations
