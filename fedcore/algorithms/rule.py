@@ -24,8 +24,12 @@ stale on the vectorized engine; multiply by a 0/1 coefficient built from ``arriv
 :func:`gossip` does). A crashed peer runs nothing: the vectorized engine keeps its rows of
 the state as they were, so a rule never needs to know.
 
-Who sends to whom: ``pattern`` names it: ``"neighbours"`` (every edge of the round's
-communication graph, the weights of ``mixing``) or ``"none"``. The message schema (tensor
+Who sends to whom: ``pattern`` names it, and with it the inbox a rule gets:
+``"neighbours"`` (every edge of the round's communication graph, the weights of ``mixing``;
+a :class:`Slot` per in-neighbour), ``"chosen"`` (``talks(phase, rows)`` names each phase's
+senders and receivers; what arrived as one :class:`Gathered` list), ``"edges"`` (one
+message per edge, state per edge of the run's graphs: :class:`Edges`, an
+:class:`EdgeInbox`) or ``"none"``. The message schema (tensor
 names, scalars and the values they may take) comes from ``schema(phase)``; every receiver
 checks each message against it before the rule sees it, and the vectorized engine counts
 traffic from it (``nbytes`` of the model-shaped tensors plus 8 bytes a scalar), so both
@@ -360,7 +364,8 @@ class Rule(Protocol):
         phases: Communication phases a round.
         pattern: Who sends to whom: ``"neighbours"`` (every edge, an inbox of slots),
             ``"chosen"`` (``talks(phase, rows)`` names the senders and receivers of each
-            phase among the graph's edges; a :class:`Gathered` inbox) or ``"none"``.
+            phase among the graph's edges; a :class:`Gathered` inbox), ``"edges"`` (a
+            message per out-edge; :attr:`Rows.edges`, an :class:`EdgeInbox`) or ``"none"``.
     """
 
     name: str
