@@ -1,8 +1,10 @@
-"""The keyed hash and its draws, frozen as digests (scalar and tensor forms alike).
+"""The keyed hash and its draws, frozen as digests (one element at a time, and broadcast).
 
 Fault plans, online streams and codecs draw from :mod:`fedcore.keyed`; runs replay only
 while every word and every float it returns stays the same. The functions use only
-operations IEEE 754 rounds exactly, so these digests hold on every machine.
+operations IEEE 754 rounds exactly, so these digests hold on every machine. They were
+taken from the scalar Python twin the module had before its tensor form became the only
+one: an independent reference.
 """
 
 from __future__ import annotations
@@ -31,21 +33,31 @@ def _words(values: list[int]) -> str:
     ).hexdigest()
 
 
+def _one(t: torch.Tensor | tuple[torch.Tensor, ...]) -> list[float]:
+    return [v.item() for v in t] if isinstance(t, tuple) else [t.item()]
+
+
 def scalar_digests() -> dict[str, str]:
-    """The digests of every draw, in Python floats and ints, one value at a time."""
+    """The digests of every draw, one value at a time from Python ints and floats."""
     pairs = [(a, b) for a in COORDS for b in COORDS[:6]]
     positive = [abs(x) for x in FLOATS if x != 0]
     return {
         "hash64": _words([keyed.hash64(KEY, a, b) for a, b in pairs]),
         "absorb": _words([keyed.absorb(a, b) for a, b in pairs]),
         "mix64": _words([keyed.mix64(a) for a in COORDS]),
-        "uniform": _digest([keyed.uniform(KEY, a, b) for a, b in pairs]),
-        "gaussian": _digest([z for a, b in pairs for z in keyed.gaussian_pair(KEY, a, b)]),
-        "logistic": _digest([keyed.logistic(KEY, a, b) for a, b in pairs]),
-        "log": _digest([keyed.log(x) for x in positive]),
-        "sqrt": _digest([keyed.sqrt(x) for x in positive]),
-        "sin_cos": _digest([v for x in FLOATS for v in keyed.sin_cos(x)]),
+        "uniform": _digest([v for a, b in pairs for v in _one(keyed.uniform_tensor(KEY, a, b))]),
+        "gaussian": _digest(
+            [v for a, b in pairs for v in _one(keyed.gaussian_pair_tensor(KEY, a, b))]
+        ),
+        "logistic": _digest([v for a, b in pairs for v in _one(keyed.logistic_tensor(KEY, a, b))]),
+        "log": _digest([v for x in positive for v in _one(keyed.log_tensor(_float(x)))]),
+        "sqrt": _digest([v for x in positive for v in _one(keyed.sqrt_tensor(_float(x)))]),
+        "sin_cos": _digest([v for x in FLOATS for v in _one(keyed.sin_cos_tensor(_float(x)))]),
     }
+
+
+def _float(x: float) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.float64)
 
 
 def tensor_digests() -> dict[str, str]:
