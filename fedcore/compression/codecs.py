@@ -38,6 +38,7 @@ stochastic codecs draw on the CPU, row ``r`` from ``generators[r]``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import ClassVar
@@ -119,8 +120,10 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to(torch.float32).contiguous()
 
 
+@functools.lru_cache(maxsize=256)
 def _const(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A 0-dim operand on the device: ops with it round as on the CPU (no reciprocal)."""
+    """A 0-dim operand on the device: ops with it round as on the CPU (no reciprocal).
+    Kept: operands are never written to."""
     return torch.tensor(value, dtype=dtype, device=device)
 
 
@@ -134,7 +137,7 @@ def _reduce(
     length, so those rows are reduced one at a time, each as the lone message would be.
     """
     if values.device.type == "cpu" and length >= _GRAIN:
-        return torch.stack([op(row) for row in values])
+        return torch.stack([op(row) for row in values]) if len(values) > 1 else op(values[0])[None]
     return op(values)
 
 
@@ -308,7 +311,7 @@ class QSGDCodec:
         """Quantize stochastically (:meth:`_quantize` on one row) and pack."""
         dtype = _dtype_name(tensor, self.name)
         codes, norms = self._quantize(_flat(tensor)[None], [self.generator])
-        data = _pack(codes[0].to(torch.uint8).numpy(), self.bits)
+        data = _pack(codes[0].to(torch.uint8).numpy(), self.bits)  # truncation: floor
         params = {"bits": float(self.bits)}
         if self.chunk == 0:
             params["norm"] = float(norms[0, 0])
@@ -352,17 +355,18 @@ class QSGDCodec:
         ``generators[r]`` (a new tensor of ``x``'s dtype)."""
         codes, norms = self._quantize(_rows(x), generators)
         s = 2 ** (self.bits - 1) - 1
-        return self._dequantize(codes, norms, self.chunk, s).to(x.dtype)
+        return self._dequantize(codes.trunc_(), norms, self.chunk, s).to(x.dtype)
 
     def _quantize(
         self, x: torch.Tensor, generators: Sequence[torch.Generator]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The codes (float32 ``l + s`` in ``[0, 2 s]``) and the float32 norms ``[m,
-        buckets]`` (shrunk if scaled) of float32 rows.
+        """The codes before truncation (float32 ``l + s``, in ``[0, 2 s]``) and the
+        float32 norms ``[m, buckets]`` (shrunk if scaled) of float32 rows.
 
         Stochastic rounding of ``y = s x / norm`` is ``floor(y + u)`` with ``u`` uniform in
         [0, 1): it rounds up with probability ``frac(y)``, the same distribution as rounding
-        ``|y|`` and restoring the sign, in one fused pass. The code is ``floor(y + u + s)``.
+        ``|y|`` and restoring the sign, in one fused pass. The code is ``floor(y + u + s)``
+        (``(s x) / norm`` rounded to float32, then the sum, on every device).
 
         Raises:
             CompressionError: a norm is not finite (checked before any draw).
@@ -371,7 +375,6 @@ class QSGDCodec:
         dev = x.device
         s = 2 ** (self.bits - 1) - 1
         if self.chunk == 0:
-            size = max(n, 1)
             norms = _reduce(x, n, _l2)[:, None]
         else:
             size = min(self.chunk, max(n, 1))  # the same buckets; no giant padding
@@ -383,10 +386,15 @@ class QSGDCodec:
                 "codec 'qsgd': a norm of the tensor is not finite (values not finite, or so "
                 "large that their squares overflow float32)."
             )
-        u = _uniforms(generators, n).to(dev)
-        codes = torch.mul(x, _const(s, torch.float32, dev))
-        _per_chunk_(codes, norms.clamp(min=_TINY), size, torch.Tensor.div_)
-        codes.add_(u).add_(s).clamp_(0, 2 * s).trunc_()  # truncation: floor
+        per_value = norms.clamp(min=_TINY)
+        if self.chunk:
+            per_value = per_value.repeat_interleave(size, dim=1)[:, :n]
+        codes = _uniforms(generators, n).to(dev)
+        if dev.type == "cpu":  # torch's CPU addcdiv computes u + (s x) / norm in one pass
+            codes.addcdiv_(x, per_value, value=s)
+        else:  # others may compute u + s (x / norm): scale first, then divide by 1
+            codes.addcdiv_(torch.mul(x, _const(s, torch.float32, dev)), per_value)
+        codes.add_(s).clamp_(0, 2 * s)
         if self.scaled:
             norms = norms / _const(1 + self.omega(n), torch.float32, dev)
         return codes, norms
