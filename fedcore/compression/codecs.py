@@ -569,11 +569,12 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     result never depends on a random draw. Shorter rows go through one ``topk`` together.
     """
     n = x.shape[-1]
-    a = x.abs()
     expect = _TOPK_SAMPLE * k / n  # sampled values expected above the true k-th magnitude
-    if expect >= 8 and n >= 4 * _TOPK_SAMPLE:
-        if x.dim() > 1:
-            return torch.stack([topk_indices(row, k) for row in x])
+    sampled = expect >= 8 and n >= 4 * _TOPK_SAMPLE
+    if sampled and x.dim() > 1:
+        return torch.stack([topk_indices(row, k) for row in x])
+    a = x.abs()
+    if sampled:
         gen = torch.Generator().manual_seed(n)
         for sigmas in (4.0, 8.0):
             kept = min(_TOPK_SAMPLE, math.ceil(expect + sigmas * math.sqrt(expect)))
