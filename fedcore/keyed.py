@@ -1,7 +1,7 @@
-"""Counter-based randomness: keyed 64-bit hashes of integer coordinates, scalar and tensor.
+"""Counter-based randomness: keyed 64-bit hashes of integer coordinates, over tensors.
 
 A simulation draws one random number per message or per example feature, and the
-in-process engines evaluate them two ways: the message engine one Python call at a time,
+in-process engines ask for them at two scales: the message engine one message at a time,
 the vectorized engine for every peer at once with ``[N, ...]`` tensors on CPU or CUDA.
 A shared random state (``torch.Generator``, ``random``) would make the numbers depend on
 the order of the draws, and one generator per call is slow. Here a number is a pure
@@ -12,23 +12,24 @@ function of a key and a few integer coordinates instead::
 
 ``mix64`` is the splitmix64 finalizer (a bijection of 64-bit words with full avalanche);
 ``STEP`` and ``GAMMA`` are odd constants, so consecutive coordinates enter like the
-counter of a splitmix64 stream. Every function comes in two forms that agree bit for bit:
-a scalar one on Python ints and floats (about a microsecond an :func:`absorb`) and a
-``*_tensor`` one that broadcasts its coordinates like any torch operation and runs on
-their device. The tensor form emulates unsigned 64-bit arithmetic with int64 (addition
-and multiplication wrap; a right shift is arithmetic, so each one is masked to a logical
-shift); a coordinate is taken modulo ``2**64`` in both forms, so a negative int or one of
-``2**63`` or more means the same in a Python int and in an int64 tensor. Since
-``hash64(key, a, b) == absorb(hash64(key, a), b)``, a caller may hash the leading
-coordinates once and absorb the rest per message or per tensor element; the tensor
-functions accept such a hash as their key (an int64 tensor of words).
+counter of a splitmix64 stream. Every function is written once, over tensors: its
+coordinates broadcast like any torch operation and it runs on their device, one element
+or millions. The arithmetic emulates unsigned 64-bit words with int64 (addition and
+multiplication wrap; a right shift is arithmetic, so each one is masked to a logical
+shift); a coordinate is taken modulo ``2**64``, so a negative int or one of ``2**63`` or
+more means the same in a Python int and in an int64 tensor. Since ``hash64(key, a, b) ==
+absorb(hash64(key, a), b)``, a caller may hash the leading coordinates once and absorb
+the rest per message or per tensor element; the tensor functions accept such a hash as
+their key (an int64 tensor of words). :func:`hash64`, :func:`absorb` and :func:`mix64`
+are those tensor functions on one element, for callers that hold Python ints (a fault
+plan deciding one message), returning the word as an int in ``[0, 2**64)``.
 
 Draws from the words of the coordinates:
 
-* :func:`uniform`: ``(h >> 11) / 2**53``, a float64 in [0, 1) with 53 random bits;
-* :func:`gaussian_pair`: two independent standard normals by Box–Muller from the words
-  of ``coords`` and ``(coords, 0)`` (:func:`gaussian`: the first of them);
-* :func:`logistic`: a standard logistic ``log(u / (1 - u))`` (so ``[z > L]`` is
+* :func:`uniform_tensor`: ``(h >> 11) / 2**53``, a float64 in [0, 1) with 53 random bits;
+* :func:`gaussian_pair_tensor`: two independent standard normals by Box–Muller from the
+  words of ``coords`` and ``(coords, 0)`` (:func:`gaussian_tensor`: the first of them);
+* :func:`logistic_tensor`: a standard logistic ``log(u / (1 - u))`` (so ``[z > L]`` is
   Bernoulli(sigmoid(z))).
 
 These need logarithms, square roots, sines and cosines, and Python's libm, torch's CPU
@@ -36,9 +37,9 @@ kernels and CUDA do not round them alike (torch's CPU ``sqrt`` and ``log`` even 
 from correctly rounded results, and its ``sigmoid`` rounds an element differently in the
 SIMD body of a tensor and in its tail). So this module computes them itself from
 operations IEEE 754 rounds exactly (``+ - * /``, exact exponent and mantissa extraction,
-power-of-two scaling), the same operations in the same order in both forms, hence the
-same bits on every device. They are accurate to a few units in the last place (Taylor
-series and Newton steps, see the private helpers), which is all a draw needs.
+power-of-two scaling), hence the same bits on every device. They are accurate to a few
+units in the last place (Taylor series and Newton steps, see the private helpers), which
+is all a draw needs.
 
 :func:`string_id` turns a name (a node id, a fault kind) into a stable 64-bit coordinate.
 """
@@ -59,27 +60,20 @@ __all__ = [
     "Coordinate",
     "absorb",
     "absorb_tensor",
-    "gaussian",
-    "gaussian_pair",
     "gaussian_pair_tensor",
     "gaussian_tensor",
     "hash64",
     "hash64_tensor",
-    "log",
     "log_tensor",
-    "logistic",
     "logistic_tensor",
     "make_key",
     "mix64",
     "mix64_tensor",
     "signed64",
-    "sin_cos",
     "sin_cos_tensor",
-    "sqrt",
     "sqrt_tensor",
     "string_id",
     "string_ids",
-    "uniform",
     "uniform_tensor",
 ]
 
@@ -151,31 +145,27 @@ _COS_SERIES = tuple(_exact((-1) ** k, math.factorial(2 * k)) for k in range(9, -
 _SQRT_GUESS = (-0.1003, 0.7085, 0.3888)
 
 
-# --- scalar form ------------------------------------------------------------------------------
+# --- Python ints: the tensor form on one element ----------------------------------------------
 
 
 def mix64(z: int) -> int:
-    """splitmix64's finalizer of the 64-bit word ``z``: a bijection with full avalanche."""
-    z &= MASK64
-    z = ((z ^ (z >> 30)) * _M1) & MASK64
-    z = ((z ^ (z >> 27)) * _M2) & MASK64
-    return z ^ (z >> 31)
+    """:func:`mix64_tensor` of one word: an int in ``[0, 2**64)``."""
+    return _word(mix64_tensor(torch.tensor(signed64(z))))
 
 
 def absorb(h: int, c: int) -> int:
-    """The hash ``h`` extended by the coordinate ``c`` (both taken modulo ``2**64``)."""
-    z = (h + c * _STEP + _GAMMA) & MASK64
-    z = ((z ^ (z >> 30)) * _M1) & MASK64
-    z = ((z ^ (z >> 27)) * _M2) & MASK64
-    return z ^ (z >> 31)
+    """:func:`absorb_tensor` of one hash and coordinate: an int in ``[0, 2**64)``."""
+    return _word(absorb_tensor(torch.tensor(signed64(h)), c))
 
 
 def hash64(key: int, *coords: int) -> int:
-    """The 64-bit word (an int in ``[0, 2**64)``) of ``coords`` under ``key``."""
-    h = key & MASK64
-    for c in coords:
-        h = absorb(h, c)
-    return h
+    """:func:`hash64_tensor` of int coordinates: an int in ``[0, 2**64)``."""
+    return _word(hash64_tensor(key, *coords))
+
+
+def _word(t: torch.Tensor) -> int:
+    """The unsigned 64-bit word a one-element int64 tensor holds."""
+    return int(t) & MASK64
 
 
 @functools.lru_cache(maxsize=1 << 17)
@@ -196,141 +186,18 @@ def make_key(domain: str, *seeds: int) -> int:
     return hash64(string_id(domain), *seeds)
 
 
-def uniform(key: int, *coords: int) -> float:
-    """A uniform float in [0, 1) with 53 random bits: ``(hash64 >> 11) / 2**53``."""
-    return (hash64(key, *coords) >> 11) * 2.0**-53
-
-
-def gaussian_pair(key: int, *coords: int) -> tuple[float, float]:
-    """Two independent standard normal draws: Box–Muller of the words of ``coords`` and
-    ``(coords, 0)``, ``r (cos theta, sin theta)`` with ``r = sqrt(-2 log x)``.
-
-    ``x = (k + 1/2) / 2**52`` from the top 52 bits of the first word (never 0 or 1, so
-    ``r`` is finite and positive); the angle ``theta = q pi/2 + phi`` from the second:
-    the quadrant ``q`` from its low two bits, ``phi = pi/2 (f - 1/2)`` from its top 53
-    (``f`` uniform in [0, 1)), so ``theta`` is uniform on the circle and ``|phi| <= pi/4``
-    where the series converge fast.
-    """
-    w1 = hash64(key, *coords)
-    w2 = absorb(w1, 0)
-    r = sqrt(log(((w1 >> 12) + 0.5) * 2.0**-52) * -2.0)
-    s, c = _sin_cos_core(((w2 >> 11) * 2.0**-53 - 0.5) * _HALF_PI)
-    sin_theta, cos_theta = _quadrant(s, c, w2 & 3)
-    return r * cos_theta, r * sin_theta
-
-
-def gaussian(key: int, *coords: int) -> float:
-    """A standard normal draw: the first of :func:`gaussian_pair`."""
-    return gaussian_pair(key, *coords)[0]
-
-
-def logistic(key: int, *coords: int) -> float:
-    """A standard logistic draw ``log(u / (1 - u))``, ``u = (2k + 1) / 2**53`` from the top
-    52 bits ``k`` of the word, so ``u`` is in (0, 1).
-
-    ``P(logistic < z) = sigmoid(z)``: the label ``[z > logistic]`` is Bernoulli(sigmoid(z))
-    (it is the event ``u < sigmoid(z)``), with no exponential to round.
-    """
-    # log(2k + 1) - log(2**53 - 2k - 1): both integers below 2**53, exact in float64.
-    j = float(((hash64(key, *coords) >> 12) << 1) + 1)
-    return log(j) - log(2.0**53 - j)
-
-
-def log(x: float) -> float:
-    """The natural logarithm of a finite ``x > 0``, bit for bit equal to :func:`log_tensor`.
-
-    Raises:
-        ValueError: ``x <= 0``.
-    """
-    if not x > 0:
-        raise ValueError(f"keyed.log needs a positive number, got {x!r}")
-    m, e = math.frexp(x)
-    if m < _SQRT_HALF:
-        m, e = m * 2.0, e - 1
-    return _log_core(m, float(e))
-
-
-def sqrt(y: float) -> float:
-    """The square root of a finite ``y >= 0``, bit for bit equal to :func:`sqrt_tensor`.
-
-    Raises:
-        ValueError: ``y < 0``.
-    """
-    if y == 0:
-        return y
-    if not y > 0:
-        raise ValueError(f"keyed.sqrt needs a number >= 0, got {y!r}")
-    m, e = math.frexp(y)
-    if e & 1:
-        m, e = m * 2.0, e - 1
-    return math.ldexp(_sqrt_core(m), e // 2)
-
-
-def sin_cos(x: float) -> tuple[float, float]:
-    """``(sin x, cos x)`` of a finite ``x``, bit for bit equal to :func:`sin_cos_tensor`.
-
-    Accurate to a few units in the last place for ``|x|`` up to about ``8e8``; beyond,
-    the argument reduction loses bits (the results stay deterministic).
-    """
-    n = math.floor(x * _TWO_OVER_PI + 0.5)
-    s, c = _sin_cos_core(_reduce(x, float(n)))
-    return _quadrant(s, c, n & 3)
-
-
-def _quadrant(s: float, c: float, q: int) -> tuple[float, float]:
-    """``(sin, cos)`` of ``q pi/2 + phi`` from ``s, c = sin phi, cos phi``."""
-    sin_q, cos_q = (s, c) if q & 1 == 0 else (c, s)
-    return (-sin_q if q & 2 else sin_q), (-cos_q if (q ^ (q >> 1)) & 1 else cos_q)
-
-
-def _log_core(m: float, e: float) -> float:
-    """``log(m * 2**e)`` for ``m`` in [sqrt(1/2), sqrt(2)); see :func:`_log_core_`."""
-    s = (m - 1.0) / (m + 1.0)
-    series = _horner(s * s, _LOG_SERIES)
-    return e * _LN2_HI + (e * _LN2_LO + (s + s) * series)
-
-
-def _sqrt_core(m: float) -> float:
-    """``sqrt(m)`` for ``m`` in [1/2, 2); see :func:`_sqrt_core_`."""
-    g = _horner(m, _SQRT_GUESS)
-    for _ in range(3):
-        g = (g + m / g) * 0.5
-    return g
-
-
-def _sin_cos_core(phi: float) -> tuple[float, float]:
-    """``(sin phi, cos phi)`` for ``|phi|`` up to about pi/4; see :func:`_sin_cos_core_`."""
-    phi2 = phi * phi
-    return phi * _horner(phi2, _SIN_SERIES), _horner(phi2, _COS_SERIES)
-
-
-def _reduce(x: float, n: float) -> float:
-    """``x - n pi/2``, each product exact (Cody–Waite); see :func:`_reduce_`."""
-    p1, p2, p3, p4 = _PIO2
-    return (((x - n * p1) - n * p2) - n * p3) - n * p4
-
-
-def _horner(x: float, coefficients: Sequence[float]) -> float:
-    """The polynomial of ``coefficients`` (highest power first) at ``x``."""
-    p = x * coefficients[0] + coefficients[1]
-    for c in coefficients[2:]:
-        p = p * x + c
-    return p
-
-
 # --- tensor form ------------------------------------------------------------------------------
-# Each function below does the IEEE operations of its scalar twin above, in the same order
-# (in place where it can, which rounds alike): the pairs are kept side by side and the
-# tests compare them bit for bit.
 
 
 def mix64_tensor(z: torch.Tensor) -> torch.Tensor:
-    """:func:`mix64` of every element of the integer tensor ``z`` (a new int64 tensor)."""
+    """splitmix64's finalizer of every word of the integer tensor ``z`` (a new int64
+    tensor): a bijection with full avalanche."""
     return _mix_(z.to(torch.int64, copy=True))
 
 
 def absorb_tensor(h: Coordinate, c: Coordinate) -> torch.Tensor:
-    """:func:`absorb` elementwise, broadcasting ``h`` and ``c`` (at least one a tensor).
+    """The hash ``h`` extended by the coordinate ``c`` (both taken modulo ``2**64``),
+    elementwise, broadcasting ``h`` and ``c`` (at least one a tensor).
 
     Raises:
         TypeError: both are ints (use :func:`absorb`).
@@ -352,33 +219,40 @@ def absorb_tensor(h: Coordinate, c: Coordinate) -> torch.Tensor:
 def hash64_tensor(
     key: Coordinate, *coords: Coordinate, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """:func:`hash64` over broadcast coordinates: an int64 tensor of the broadcast shape.
+    """The words of ``coords`` under ``key``, broadcast: an int64 tensor of the broadcast
+    shape, each element holding the word's bits.
 
-    ``key`` is an int, or an int64 tensor of words (the hash of leading coordinates).
-    Leading int coordinates are hashed once in Python; from the first tensor on, every
-    step is elementwise on that tensor's device. Without any tensor the result is a
-    0-dimensional tensor on ``device`` (default CPU). Each element holds the word's bits:
-    ``signed64(hash64(...))``.
+    ``key`` is an int, or an int64 tensor of words (the hash of leading coordinates). An
+    int key starts as a 0-dimensional tensor on ``device`` (default CPU), so without any
+    tensor coordinate the result is one there; a tensor coordinate's device takes over.
     """
-    h: int | torch.Tensor = key & MASK64 if isinstance(key, int) else key
+    h = key if isinstance(key, torch.Tensor) else torch.tensor(signed64(key), device=device)
     for c in coords:
-        h = absorb(h, c) if isinstance(h, int) and isinstance(c, int) else absorb_tensor(h, c)
-    if isinstance(h, int):
-        return torch.tensor(signed64(h), dtype=torch.int64, device=device)
+        h = absorb_tensor(h, c)
     return h
 
 
 def uniform_tensor(
     key: Coordinate, *coords: Coordinate, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """:func:`uniform` over broadcast coordinates (float64), bit for bit."""
+    """Uniform float64 draws in [0, 1) with 53 random bits, ``(hash64 >> 11) / 2**53``,
+    over broadcast coordinates."""
     return _word_uniform(hash64_tensor(key, *coords, device=device))
 
 
 def gaussian_pair_tensor(
     key: Coordinate, *coords: Coordinate, device: torch.device | str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`gaussian_pair` over broadcast coordinates (two float64 tensors), bit for bit."""
+    """Two independent standard normal draws (float64) over broadcast coordinates:
+    Box–Muller of the words of ``coords`` and ``(coords, 0)``, ``r (cos theta, sin theta)``
+    with ``r = sqrt(-2 log x)``.
+
+    ``x = (k + 1/2) / 2**52`` from the top 52 bits of the first word (never 0 or 1, so
+    ``r`` is finite and positive); the angle ``theta = q pi/2 + phi`` from the second:
+    the quadrant ``q`` from its low two bits, ``phi = pi/2 (f - 1/2)`` from its top 53
+    (``f`` uniform in [0, 1)), so ``theta`` is uniform on the circle and ``|phi| <= pi/4``
+    where the series converge fast.
+    """
     w1 = hash64_tensor(key, *coords, device=device)
     w2 = absorb_tensor(w1, 0)
     k = w1 >> 12
@@ -400,14 +274,20 @@ def gaussian_pair_tensor(
 def gaussian_tensor(
     key: Coordinate, *coords: Coordinate, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """:func:`gaussian` over broadcast coordinates (float64), bit for bit."""
+    """A standard normal draw (float64): the first of :func:`gaussian_pair_tensor`."""
     return gaussian_pair_tensor(key, *coords, device=device)[0]
 
 
 def logistic_tensor(
     key: Coordinate, *coords: Coordinate, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """:func:`logistic` over broadcast coordinates (float64), bit for bit."""
+    """Standard logistic draws ``log(u / (1 - u))`` (float64) over broadcast coordinates,
+    ``u = (2k + 1) / 2**53`` from the top 52 bits ``k`` of the word, so ``u`` is in (0, 1).
+
+    ``P(logistic < z) = sigmoid(z)``: the label ``[z > logistic]`` is Bernoulli(sigmoid(z))
+    (it is the event ``u < sigmoid(z)``), with no exponential to round.
+    """
+    # log(2k + 1) - log(2**53 - 2k - 1): both integers below 2**53, exact in float64.
     k = hash64_tensor(key, *coords, device=device) >> 12
     k &= _MASK52
     k <<= 1
@@ -419,7 +299,7 @@ def logistic_tensor(
 
 
 def log_tensor(x: torch.Tensor) -> torch.Tensor:
-    """:func:`log` elementwise (float64), bit for bit; ``-inf`` at 0, NaN below."""
+    """The natural logarithm, elementwise (float64); ``-inf`` at 0, NaN below."""
     x = x.to(torch.float64)
     m, e = torch.frexp(x)
     small = m < _SQRT_HALF
@@ -429,7 +309,7 @@ def log_tensor(x: torch.Tensor) -> torch.Tensor:
 
 
 def sqrt_tensor(y: torch.Tensor) -> torch.Tensor:
-    """:func:`sqrt` elementwise (float64), bit for bit; NaN below 0."""
+    """The square root, elementwise (float64); NaN below 0."""
     y = y.to(torch.float64)
     m, e = torch.frexp(y)
     odd = (e & 1).bool()
@@ -440,7 +320,11 @@ def sqrt_tensor(y: torch.Tensor) -> torch.Tensor:
 
 
 def sin_cos_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`sin_cos` elementwise (two float64 tensors), bit for bit."""
+    """``(sin x, cos x)`` elementwise (two float64 tensors).
+
+    Accurate to a few units in the last place for ``|x|`` up to about ``8e8``; beyond,
+    the argument reduction loses bits (the results stay deterministic).
+    """
     x = x.to(torch.float64)
     n = x * _TWO_OVER_PI
     n += 0.5
@@ -456,7 +340,8 @@ def string_ids(texts: Iterable[str], device: torch.device | str | None = None) -
 
 
 def _mix_(z: torch.Tensor) -> torch.Tensor:
-    """:func:`mix64` in place on an int64 tensor; each right shift masked to a logical one."""
+    """splitmix64's finalizer in place on an int64 tensor; each right shift masked to a
+    logical one."""
     t = z >> 30
     t &= (1 << 34) - 1
     z ^= t
@@ -485,11 +370,11 @@ def _power_of_two(n: torch.Tensor) -> torch.Tensor:
 
 
 def _log_positive(x: torch.Tensor) -> torch.Tensor:
-    """:func:`log` of float64 positive normal numbers (not checked), from their bits.
+    """:func:`log_tensor` of float64 positive normal numbers (not checked), from their bits.
 
     ``x = (1 + f) 2**(E - 1023)``; the mantissa bits of ``m = (1 + f)/2`` tell whether
     ``m < sqrt(1/2)``, and then ``m`` doubles and the exponent drops by one: the
-    ``frexp`` and reduction of :func:`log`, in integer operations.
+    ``frexp`` and reduction of :func:`log_tensor`, in integer operations.
     """
     bits = x.view(torch.int64)
     mantissa = bits & _MASK52
@@ -504,7 +389,7 @@ def _log_positive(x: torch.Tensor) -> torch.Tensor:
 
 
 def _sqrt_positive(y: torch.Tensor) -> torch.Tensor:
-    """:func:`sqrt` of float64 positive normal numbers (not checked), from their bits.
+    """:func:`sqrt_tensor` of float64 positive normal numbers (not checked), from their bits.
 
     ``y = m 2**e`` with ``m`` in [1/2, 1), ``e = E - 1022``; for an odd ``e`` (odd ``E``)
     ``m`` doubles: ``m`` gets the biased exponent ``1022 + (E & 1)``.
@@ -523,7 +408,8 @@ def _sqrt_positive(y: torch.Tensor) -> torch.Tensor:
 def _quadrant_(
     s: torch.Tensor, c: torch.Tensor, q: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_quadrant` elementwise: selections and sign flips on the bits (exact)."""
+    """``(sin, cos)`` of ``q pi/2 + phi`` from ``s, c = sin phi, cos phi``: selections and
+    sign flips on the bits (exact)."""
     s_bits, c_bits = s.view(torch.int64), c.view(torch.int64)
     swap = s_bits ^ c_bits
     swap &= -(q & 1)  # all ones where q is odd: sin and cos trade places
@@ -535,7 +421,8 @@ def _quadrant_(
 
 
 def _log_core_(m: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """:func:`_log_core` elementwise (overwrites ``e``)."""
+    """``log(m * 2**e)`` for ``m`` in [sqrt(1/2), sqrt(2)) (overwrites ``e``): ``e ln 2 +
+    2 s (1 + s^2/3 + ...)``, ``s = (m - 1)/(m + 1)``, ``ln 2`` in two parts."""
     s = m - 1.0
     s /= m + 1.0
     series = _horner_(s * s, _LOG_SERIES)
@@ -549,7 +436,7 @@ def _log_core_(m: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
 
 
 def _sqrt_core_(m: torch.Tensor) -> torch.Tensor:
-    """:func:`_sqrt_core` elementwise."""
+    """``sqrt(m)`` for ``m`` in [1/2, 2): a quadratic guess, three Newton steps."""
     g = _horner_(m, _SQRT_GUESS)
     for _ in range(3):
         step = m / g
@@ -560,7 +447,7 @@ def _sqrt_core_(m: torch.Tensor) -> torch.Tensor:
 
 
 def _sin_cos_core_(phi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_sin_cos_core` elementwise."""
+    """``(sin phi, cos phi)`` for ``|phi|`` up to about pi/4, by their series."""
     phi2 = phi * phi
     s = _horner_(phi2, _SIN_SERIES)
     s *= phi
@@ -568,7 +455,7 @@ def _sin_cos_core_(phi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _reduce_(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """:func:`_reduce` elementwise."""
+    """``x - n pi/2``, each product exact (Cody–Waite)."""
     p1, p2, p3, p4 = _PIO2
     r = x - n * p1
     r -= n * p2
@@ -578,7 +465,7 @@ def _reduce_(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
 
 
 def _horner_(x: torch.Tensor, coefficients: Sequence[float]) -> torch.Tensor:
-    """:func:`_horner` elementwise."""
+    """The polynomial of ``coefficients`` (highest power first) at ``x``."""
     p = x * coefficients[0]
     p += coefficients[1]
     for c in coefficients[2:]:

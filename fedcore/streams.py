@@ -77,11 +77,12 @@ class SyntheticDrift:
     * the label is ``y = [w*_t . a > L]`` with ``L = logistic(h, -1) = log(u / (1 - u))``,
       ``u`` uniform: the event ``u < sigmoid(w*_t . a)``, the Bernoulli draw above;
     * the sine of ``v`` is taken as ``sin(i + 1.7 k) cos(0.31 t) + cos(i + 1.7 k) sin(0.31
-      t)`` (:func:`fedcore.keyed.sin_cos`), so its node-feature part is computed once.
+      t)`` (:func:`fedcore.keyed.sin_cos_tensor`), so its node-feature part is computed
+      once.
 
-    :meth:`batch` (one node) and :meth:`batches` (all nodes at once, on any device) do the
-    same IEEE operations and agree bit for bit; a round of 10,000 nodes is a few hundred
-    tensor operations instead of 10,000 generators.
+    :meth:`batches` draws for any nodes at once, on any device, and :meth:`batch` (one
+    node) is its row, so the two agree bit for bit; a round of 10,000 nodes is a few
+    hundred tensor operations instead of 10,000 generators.
 
     The test split (``dataset``) is drawn from the last round's distribution, nodes mixed.
     """
@@ -93,8 +94,6 @@ class SyntheticDrift:
     """:meth:`batches` draws this many values at a time (bounds its float64 temporaries)."""
     TABLE_VALUES = 2**22
     """Most node-feature values whose sines :meth:`batches` keeps between rounds."""
-    SCALAR_VALUES = 128
-    """:meth:`batch` computes up to this many values in Python floats, more with tensors."""
     ROUND_VALUES = 2**20
     """Up to this many values in a round (nodes x examples x features), :meth:`batch`
     draws every node's batch of the round at once and keeps the last few rounds: a
@@ -179,8 +178,7 @@ class SyntheticDrift:
         float32 features ``[size, features]`` and int64 labels ``[size]``.
 
         Bit for bit row ``node`` of :meth:`batches`, which it calls for every node of a
-        small round (and keeps, see ``ROUND_VALUES``); a small batch of a large round is
-        computed with Python floats, a large one with tensors.
+        small round (and keeps, see ``ROUND_VALUES``); in a large round it draws the one row.
         """
         size = self.batch_size if size is None else size
         if 0 <= node < self.nodes and self.nodes * size * self.features <= self.ROUND_VALUES:
@@ -191,8 +189,6 @@ class SyntheticDrift:
                 self._rounds[key] = self.batches(round, size=size, salt=salt)
             x, y = self._rounds[key]
             return x[node].clone(), y[node].clone()
-        if size * self.features <= self.SCALAR_VALUES:
-            return self._draw_scalar(node, round, size, salt)
         x, y = self.batches(round, torch.tensor([node]), size=size, salt=salt)
         return x[0], y[0]
 
@@ -250,23 +246,13 @@ class SyntheticDrift:
         return self._tables[device]
 
     def _direction(self, angles: tuple[torch.Tensor, torch.Tensor], round: int) -> torch.Tensor:
-        """``v_{i,t}`` ``[N, features]`` from :meth:`_angles` (see :meth:`_direction_scalar`)."""
-        sin_b, cos_b = keyed.sin_cos(0.31 * round)
+        """``v_{i,t}`` ``[N, features]`` from :meth:`_angles`: the angle sum, normalized."""
+        sin_b, cos_b = keyed.sin_cos_tensor(torch.tensor(0.31 * round, dtype=torch.float64))
         v = angles[0] * cos_b
         v += angles[1] * sin_b
         norm = keyed.sqrt_tensor(_sum_last(v * v))
         v /= norm[:, None]
         return v
-
-    def _direction_scalar(self, node: int, round: int) -> list[float]:
-        """:meth:`_direction` of one node, in Python floats (the same operations)."""
-        sin_b, cos_b = keyed.sin_cos(0.31 * round)
-        v = []
-        for k in range(self.features):
-            sin_a, cos_a = keyed.sin_cos(float(node) + 1.7 * float(k))
-            v.append(sin_a * cos_b + cos_a * sin_b)
-        norm = keyed.sqrt(_sum_list([value * value for value in v]))
-        return [value / norm for value in v]
 
     def _draw(
         self,
@@ -276,7 +262,7 @@ class SyntheticDrift:
         size: int,
         salt: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batches of ``nodes`` (see the class docstring and :meth:`_draw_scalar`)."""
+        """The batches of ``nodes`` (see the class docstring)."""
         device = nodes.device
         examples = torch.arange(size, dtype=torch.int64, device=device)
         pairs = torch.arange(-(-self.features // 2), dtype=torch.int64, device=device)
@@ -288,24 +274,6 @@ class SyntheticDrift:
         margin = a[..., 0] * w0 + a[..., 1] * w1  # w*_t . a: w*_t is 0 beyond two features
         y = (margin > keyed.logistic_tensor(h, -1)).to(torch.int64)
         return a.to(torch.float32), y
-
-    def _draw_scalar(
-        self, node: int, round: int, size: int, salt: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One node's batch in Python floats: :meth:`_draw`'s operations, value by value."""
-        g, sigma, f = self.adversarial, self.noise, self.features
-        shift = [g * value for value in self._direction_scalar(node, round)]
-        w0, w1 = self._comparator_plane(round)
-        prefix = keyed.hash64(self._key, salt, round, node)
-        rows, labels = [], []
-        for j in range(size):
-            h = keyed.absorb(prefix, j)
-            xi = [z for p in range(-(-f // 2)) for z in keyed.gaussian_pair(h, p)]
-            a = [shift[k] + sigma * xi[k] for k in range(f)]
-            rows.append(a)
-            labels.append(int(a[0] * w0 + a[1] * w1 > keyed.logistic(h, -1)))
-        x = torch.tensor(rows, dtype=torch.float64).reshape(size, f).to(torch.float32)
-        return x, torch.tensor(labels, dtype=torch.int64)
 
     def _sample_mixed(self, round: int, size: int, *, salt: int) -> tuple[torch.Tensor, ...]:
         """``size`` examples: ``per`` from each node in turn, as many nodes as it takes."""
@@ -328,15 +296,6 @@ def _sum_last(t: torch.Tensor) -> torch.Tensor:
         head = t[..., :half] + t[..., half : 2 * half]
         t = torch.cat([head, t[..., 2 * half :]], dim=-1) if t.shape[-1] % 2 else head
     return t[..., 0]
-
-
-def _sum_list(values: list[float]) -> float:
-    """:func:`_sum_last` of a list of floats (the same additions)."""
-    while len(values) > 1:
-        half = len(values) // 2
-        head = [values[k] + values[half + k] for k in range(half)]
-        values = head + values[2 * half :]
-    return values[0]
 
 
 class _SyntheticStream:

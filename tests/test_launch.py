@@ -67,6 +67,20 @@ REPO = Path(__file__).resolve().parents[1]
             "compression.codec=topk",
             "compression.ratio=0.1",
         ],
+        [
+            "algorithm.name=ops",
+            "algorithm.robust=true",
+            "topology.kind=one-peer-exponential",
+            "topology.nodes=6",
+            "compression.codec=bf16",
+        ],
+        ["algorithm.name=central", "topology.kind=complete", "topology.nodes=4"],
+        [
+            "algorithm.name=choco",
+            "topology.kind=ring",
+            "topology.nodes=5",
+            "compression.codec=sign",
+        ],
     ],
     ids=[
         "ops-directed",
@@ -76,6 +90,9 @@ REPO = Path(__file__).resolve().parents[1]
         "fedavg-sampled",
         "doublesqueeze-qsgd",
         "apmsqueeze-topk",
+        "ops-robust-schedule",
+        "central",
+        "choco-sign",
     ],
 )
 def test_launch_matches_simulate_bit_for_bit(

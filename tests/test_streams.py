@@ -83,11 +83,11 @@ def _source(**kwargs: Any) -> SyntheticDrift:
     ("options", "size"),
     [
         ({}, None),  # a small round: batch() draws every node's batch of the round at once
-        ({"nodes": 70_000, "batch_size": 1, "test_size": 10}, None),  # large: Python floats
+        ({"nodes": 70_000, "batch_size": 1, "test_size": 10}, None),  # large: one row
         ({"nodes": 5_000, "batch_size": 40, "test_size": 10}, None),  # large: tensors
         ({"features": 7}, 5),  # an odd number of features: the last Box–Muller half unused
     ],
-    ids=["round-cache", "scalar", "tensor", "odd-features"],
+    ids=["round-cache", "one-row", "tensor", "odd-features"],
 )
 def test_batches_are_the_per_node_batches_bit_for_bit(
     options: dict[str, Any], size: int | None

@@ -32,8 +32,7 @@ from fedcore.runners.vectorized import VectorizedNetwork, unsupported
 ROUNDS = 20
 
 BATCHED = sorted(name for name, factory in ALGORITHMS.items() if has_batched_form(factory()))
-"""The registered algorithms the vectorized engine runs (APMSqueeze has no batched form yet:
-it runs on the message engine, which ``auto`` says)."""
+"""The registered algorithms the vectorized engine runs: all of them."""
 
 # A small graph each algorithm can run on (symmetric for the gossip family).
 GRAPHS = {
@@ -48,9 +47,7 @@ GRAPHS = {
     "rps": ["topology.kind=complete"],
     "fedavg": ["topology.kind=star", "algorithm.fraction=0.5", "run.local_steps=2"],
     "doublesqueeze": ["topology.kind=star"],
-    # No batched form yet (not in BATCHED, so no case runs); its graph is ready for when
-    # it has one.
-    "apmsqueeze": ["topology.kind=star"],
+    "apmsqueeze": ["topology.kind=star", "algorithm.precondition_rounds=5", "algorithm.lr=0.01"],
 }
 
 FAULTS = [
@@ -228,7 +225,7 @@ def _cases(refused: bool) -> list[Any]:
 
 
 def test_every_algorithm_has_a_case() -> None:
-    assert set(BATCHED) <= set(GRAPHS) <= set(ALGORITHMS)
+    assert set(GRAPHS) == set(BATCHED)
     assert {"ops", "dpsgd", "dog", "dol", "choco", "rps"} <= set(BATCHED)
     covered = {(a, c) for a, c, _ in (p.values for p in [*_cases(False), *_cases(True)])}
     assert covered == {(a, c) for a in BATCHED for c in CODECS}
@@ -236,15 +233,11 @@ def test_every_algorithm_has_a_case() -> None:
         assert (algorithm, "qsgd", False) in [p.values for p in _cases(algorithm == "rps")]
 
 
-def test_the_rest_of_the_server_family_runs_on_the_message_engine() -> None:
-    """APMSqueeze is not a rule yet (FedAvg and DoubleSqueeze are: they are in BATCHED)."""
-    assert {"fedavg", "doublesqueeze"} <= set(BATCHED)
-    for name in sorted(set(ALGORITHMS) - set(BATCHED)):
-        config = load_config(None, [f"algorithm.name={name}", "topology.kind=star"])
-        setup = prepare_run(config)
-        assert "has no batched form" in (unsupported(setup) or ""), name
-        engine, why = choose_engine(setup, "auto")
-        assert engine == "messages" and "no batched form" in (why or ""), name
+def test_every_registered_algorithm_runs_on_the_vectorized_engine() -> None:
+    """The server family included: the server is one more row."""
+    assert set(BATCHED) == set(ALGORITHMS)
+    config = load_config(None, ["algorithm.name=apmsqueeze", "topology.kind=star"])
+    assert choose_engine(prepare_run(config), "auto") == ("vectorized", None)
 
 
 @pytest.mark.parametrize(("algorithm", "codec", "faults"), _cases(refused=False))

@@ -1,26 +1,22 @@
-"""Batched forms of the registered algorithms: one round applied to every node at once.
+"""The vectorized engine's side of an algorithm: a rule run on every node at once.
 
 The vectorized engine (:mod:`fedcore.runners.vectorized`) holds every node's state
 stacked along a leading node dimension (parameters as one ``[N, d]`` tensor, push-sum
-weights as ``[N]``, error memories as ``[N, d]``, robust push-sum's running totals as
-``[E, d]`` over the edges) and calls :meth:`BatchedAlgorithm.round` once per round. Each
-class here is the batched twin of the per-node state machine of the same name and applies
-exactly its update rule (the module docstrings of :mod:`fedcore.algorithms.ops`,
-``dpsgd``, ``online``, ``compressed``, ``rps`` and ``reference`` state them); the contract
-test ``tests/test_vectorized.py`` runs both engines over the whole registry and holds them
-equal: parameters to float32 summation order, traffic and fault counts exactly.
+weights as ``[N]``, state per edge as ``[E, ...]``) and calls :meth:`BatchedAlgorithm.round`
+once per round. :class:`BatchedRule` runs a :class:`~fedcore.algorithms.rule.Rule` with
+``B = N``: the same code a peer runs on its one row (through
+:class:`~fedcore.algorithms.rule.NodeRule`), so the engines agree by construction.
+:class:`BatchedRPS` is the one algorithm still written twice (RPS's messages are model
+blocks of different sizes per receiver, which a rule's messages do not express); the
+contract test ``tests/test_vectorized.py`` holds it equal to :class:`~fedcore.algorithms.
+rps.RPS`.
 
 What a round sees (:class:`BatchRound`): the round's weighted graph as edge lists and a
 padded neighbour table (:class:`StackedGraph`, in-neighbours sorted by sender id as a
 per-node inbox is), the step size, which nodes are up, which messages of each phase arrive
 (the fault plan's announced decisions), and the codec as a :class:`RowCodec`, which
 round-trips many messages at once bit for bit as the per-message codec would. Messages
-lost or from a crashed node are absent inputs, handled as each per-node docstring says; a
-crashed node keeps its state.
-
-Mixing sums run slot by slot of the neighbour table, in sorted-sender order, like the
-per-node inbox loop; only the order of float64 and float32 roundings inside a sum can
-differ from the message engine (the tests allow 1e-5 relative).
+lost or from a crashed node are absent inputs; a crashed node keeps its state.
 """
 
 from __future__ import annotations
@@ -33,7 +29,16 @@ import numpy as np
 import torch
 
 from fedcore.algorithms.rps import RPS, block_sizes
-from fedcore.algorithms.rule import EdgeInbox, Edges, Gathered, NodeRule, Rows, Slot, schema_of
+from fedcore.algorithms.rule import (
+    EdgeInbox,
+    Edges,
+    Gathered,
+    NodeRule,
+    Rows,
+    Slot,
+    lossless,
+    schema_of,
+)
 from fedcore.compression.batched import RowCodec
 from fedcore.errors import AlgorithmError, ProtocolError
 from fedcore.topology import TrustGraph
@@ -499,12 +504,16 @@ class BatchedRule:
     through the nodes' codecs (unless the rule compressed it itself), crashed nodes' rows
     of the state kept as they were."""
 
-    def __init__(self, rule: Any, codec: str = "") -> None:
-        """Wrap ``rule``; ``codec`` is the nodes' codec name (:attr:`Rows.codec`)."""
+    def __init__(self, rule: Any, codec: str = "", itemsize: int = 4) -> None:
+        """Wrap ``rule``; ``codec`` is the nodes' codec name (:attr:`Rows.codec`),
+        ``itemsize`` the bytes of one model value (a ``raw`` tensor's on the wire)."""
         self.rule = rule
         self.name: str = rule.name
         self.phases: int = int(rule.phases)
         self.codec = codec
+        self.itemsize = itemsize
+        self.by_round = getattr(rule, "lossless", None) is not None
+        """The messages' sizes may change from round to round (:meth:`messages`)."""
         self.samples: torch.Tensor | None = None
         """``[N]`` float64: every node's training examples (the engine sets it)."""
         self.union: _Union | None = None
@@ -558,18 +567,22 @@ class BatchedRule:
         x: torch.Tensor = self.rule.model(state)
         return x
 
-    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
-        """Every edge of the graph, each message as large as the rule's schema says."""
+    def messages(
+        self, phase: int, graph: StackedGraph, nbytes: Size, d: int, round: int = 0
+    ) -> Messages:
+        """Every edge of the graph, each message as large as the rule's schema for
+        ``round`` says (a rule with ``by_round`` set says it per round)."""
         if self.rule.pattern == "none":
             empty = graph.src[:0]
             return Messages(empty, empty, empty, empty)
-        stub = Rows(round=0, lr=0.0, self_weight=graph.self_weight, n=graph.n, codec=self.codec)
+        stub = Rows(round=round, lr=0.0, self_weight=graph.self_weight, n=graph.n, codec=self.codec)
         schema = schema_of(self.rule, phase, stub)
+        raw = lossless(self.rule, phase, stub)
         size = 8 * len(schema.scalars)
         fp32 = 0
         for shape in schema.tensors.values():
             n = d if shape is None else int(np.prod(shape, dtype=np.int64))
-            size += nbytes(n)
+            size += n * self.itemsize if raw else nbytes(n)
             fp32 += 4 * n
         return Messages(
             graph.src, graph.dst, torch.full_like(graph.src, size), torch.full_like(graph.src, fp32)
@@ -628,12 +641,17 @@ class BatchedRule:
             owners = owners[ctx.up[owners]]
             where = torch.full((g.n,), -1, dtype=torch.long, device=g.src.device)
             where[owners] = torch.arange(owners.numel(), device=g.src.device)
+            raw = lossless(self.rule, phase, self._stub(ctx.round, ctx.nodes, g.src.device))
             for name, value in send.tensors.items():
                 if id(value) in compressed:  # the rule compressed it: decoded already
                     tensors[name] = value[src]
                     continue
                 if owners.numel() == 0:  # nobody up sends: nothing can have arrived
                     tensors[name] = value[:0]
+                    continue
+                if raw:  # sent as it is
+                    ctx.finite(value[owners], owners)
+                    tensors[name] = value[src]
                     continue
                 decoded = ctx.codec.roundtrip(value[owners], owners)
                 ctx.finite(decoded, owners)
@@ -886,14 +904,11 @@ def unsupported(algorithm: Any, *, period: int, codec: RowCodec, faults: bool) -
     return None
 
 
-def batched_form(
-    algorithm: Any, *, union_edges: int, float64_wire: bool = False, codec: str = ""
-) -> BatchedAlgorithm:
-    """The batched twin of a registered ``algorithm`` (see :func:`unsupported` first);
-    ``union_edges`` and ``float64_wire`` as for :class:`BatchedOPS`, ``codec`` the nodes'
-    codec name."""
+def batched_form(algorithm: Any, *, codec: str = "", itemsize: int = 4) -> BatchedAlgorithm:
+    """The batched form of a registered ``algorithm`` (see :func:`unsupported` first):
+    :class:`BatchedRule` around a rule (``codec`` and ``itemsize`` as it takes them)."""
     if isinstance(algorithm, NodeRule):
-        return BatchedRule(algorithm.rule, codec)
+        return BatchedRule(algorithm.rule, codec, itemsize)
     if isinstance(algorithm, RPS):
         return BatchedRPS()
     raise AlgorithmError(f"no batched form of {algorithm!r}.")
@@ -903,6 +918,6 @@ _FORMS = {RPS}
 
 
 def has_batched_form(algorithm: Any) -> bool:
-    """Whether ``algorithm`` (an instance) has a batched twin here; the server family
-    (FedAvg, ...) has none and runs on the message engine."""
+    """Whether ``algorithm`` (an instance) runs on the vectorized engine: every rule does
+    (a user's per-message algorithm does not)."""
     return isinstance(algorithm, NodeRule) or type(algorithm) in _FORMS

@@ -24,16 +24,21 @@ stale on the vectorized engine; multiply by a 0/1 coefficient built from ``arriv
 :func:`gossip` does). A crashed peer runs nothing: the vectorized engine keeps its rows of
 the state as they were, so a rule never needs to know.
 
-Who sends to whom: ``pattern`` names it: ``"neighbours"`` (every edge of the round's
-communication graph, the weights of ``mixing``) or ``"none"``. The message schema (tensor
+Who sends to whom: ``pattern`` names it, and with it the inbox a rule gets:
+``"neighbours"`` (every edge of the round's communication graph, the weights of ``mixing``;
+a :class:`Slot` per in-neighbour), ``"chosen"`` (``talks(phase, rows)`` names each phase's
+senders and receivers; what arrived as one :class:`Gathered` list), ``"edges"`` (one
+message per edge, state per edge of the run's graphs: :class:`Edges`, an
+:class:`EdgeInbox`) or ``"none"``. The message schema (tensor
 names, scalars and the values they may take) comes from ``schema(phase)``; every receiver
 checks each message against it before the rule sees it, and the vectorized engine counts
 traffic from it (``nbytes`` of the model-shaped tensors plus 8 bytes a scalar), so both
 engines report the same bytes.
 
-Compression: the node's codec encodes every tensor of a :class:`Send`. A rule that must know
-exactly what receivers decode (error feedback: DeepSqueeze, CHOCO) calls
-``rows.compress(v)``, which returns the decoded ``C(v)``; sending that same tensor sends the
+Compression: the node's codec encodes every tensor of a :class:`Send`, unless the rule's
+optional ``lossless(phase, rows)`` says the phase's tensors go as they are (``raw``). A
+rule that must know exactly what receivers decode (error feedback: DeepSqueeze, CHOCO)
+calls ``rows.compress(v)``, which returns the decoded ``C(v)``; sending that same tensor sends the
 already-encoded bytes, not a second encoding.
 
 Writing one: see ``examples/user_algorithm/`` and the README's "Write your own algorithm".
@@ -51,6 +56,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from fedcore.algorithms.base import RoundContext, check_phase
+from fedcore.compression import RawCodec
 from fedcore.errors import AlgorithmError
 from fedcore.messages import EncodedTensor, MessageSchema, Payload
 
@@ -65,6 +71,7 @@ __all__ = [
     "Slot",
     "gossip",
     "is_rule",
+    "lossless",
     "per_peer",
     "pull",
     "received",
@@ -72,6 +79,8 @@ __all__ = [
 ]
 
 _TOTAL = torch.float64
+
+_RAW = RawCodec()
 
 _YES = torch.ones(1, dtype=torch.bool)
 _NO = torch.zeros(1, dtype=torch.bool)
@@ -355,7 +364,8 @@ class Rule(Protocol):
         phases: Communication phases a round.
         pattern: Who sends to whom: ``"neighbours"`` (every edge, an inbox of slots),
             ``"chosen"`` (``talks(phase, rows)`` names the senders and receivers of each
-            phase among the graph's edges; a :class:`Gathered` inbox) or ``"none"``.
+            phase among the graph's edges; a :class:`Gathered` inbox), ``"edges"`` (a
+            message per out-edge; :attr:`Rows.edges`, an :class:`EdgeInbox`) or ``"none"``.
     """
 
     name: str
@@ -402,6 +412,13 @@ def schema_of(rule: Any, phase: int, rows: Rows) -> MessageSchema:
 
 _TAKES_ROWS: dict[type, bool] = {}
 """Rule class -> whether its ``schema`` takes ``rows``."""
+
+
+def lossless(rule: Any, phase: int, rows: Rows) -> bool:
+    """Whether the tensors a rule sends in ``phase`` go as they are (``raw``), whatever the
+    peers' codec (its optional ``lossless(phase, rows)``; APMSqueeze's warm-up)."""
+    says = getattr(rule, "lossless", None)
+    return bool(says(phase, rows)) if says is not None else False
 
 
 def is_rule(obj: object) -> bool:
@@ -593,8 +610,9 @@ class NodeRule:
             self._encoded.clear()
             return outbox
         tensors: dict[str, torch.Tensor | EncodedTensor] = {}
+        raw = lossless(self.rule, phase, self._rows(ctx))
         for name, value in send.tensors.items():
-            encoded = self._encoded.get(id(value))
+            encoded = _RAW.encode(value[0]) if raw else self._encoded.get(id(value))
             tensors[name] = encoded if encoded is not None else value[0]
         scalars = {name: float(value[0]) for name, value in send.scalars.items()}
         self._encoded.clear()

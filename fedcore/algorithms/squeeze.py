@@ -73,8 +73,8 @@ memory == sum of intended values`` holds every round. With nothing arrived at th
 in warm-up, its Adam step uses a zero gradient.
 
 Both take one step a round (``run.local_steps = 1``): the compressed value is that round's
-step. Neither has a batched form: the vectorized engine's ``auto`` runs them on the
-message engine.
+step. Both are rules (:mod:`fedcore.algorithms.rule`): the server is one more row, which
+holds no data, so both run on every engine.
 """
 
 from __future__ import annotations
@@ -85,15 +85,15 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase, model_schema
-from fedcore.algorithms.compressed import compress
+from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.rule import Gathered, Rows, Send, per_peer
 from fedcore.compression import RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
-from fedcore.messages import MessageSchema, Payload
+from fedcore.messages import MessageSchema
 
 __all__ = [
     "APMSqueeze",
+    "APMSqueezeRule",
     "APMSqueezeState",
     "DoubleSqueeze",
     "DoubleSqueezeRule",
@@ -122,87 +122,24 @@ class APMSqueezeState(NamedTuple):
     delta: torch.Tensor
 
 
-def _mean(inbox: Inbox, name: str, like: torch.Tensor) -> torch.Tensor:
-    """The mean of tensor ``name`` over what arrived (float64 sum); zero if nothing did."""
-    if not inbox:
-        return torch.zeros_like(like)
-    total = torch.zeros_like(like, dtype=torch.float64)
-    for payload in inbox.values():
-        total.add_(payload.tensor(name).to(torch.float64))
-    return (total / len(inbox)).to(like.dtype)
-
-
 def _one_step(name: str) -> AlgorithmError:
     return AlgorithmError(
         f"algorithm {name!r} compresses one step a round: set run.local_steps = 1."
     )
 
 
-class _Star:
-    """Who sends what to whom on the star (shared by both algorithms)."""
+class _StarRule:
+    """Who sends what to whom on the star (shared by both rules): the server is one more
+    row, which holds no data."""
 
-    name: str
-    phases = 2
-    server: str
-
-    def _workers(self, ctx: RoundContext) -> tuple[str, ...]:
-        return tuple(sorted(v for v in ctx.nodes if v != self.server))
-
-    def trains(self, ctx: RoundContext) -> bool:
-        """Every worker trains every round; the server never does."""
-        return ctx.node != self.server
-
-    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Phase 0: every worker, at the server. Phase 1: the server, at a worker."""
-        check_phase(self.name, phase, self.phases)
-        if phase == 0:
-            return self._workers(ctx) if ctx.node == self.server else ()
-        return () if ctx.node == self.server else (self.server,)
-
-    def _check_sender(self, phase: int, sender: str, ctx: RoundContext) -> None:
-        # What expected_senders says, by membership (a dict lookup, not the sorted list of
-        # every worker): the check runs for every message.
-        check_phase(self.name, phase, self.phases)
-        if phase == 0:
-            sends = ctx.node == self.server and sender != self.server
-            sends = sends and sender in ctx.in_weights
-        else:
-            sends = ctx.node != self.server and sender == self.server
-        if not sends:
-            raise AlgorithmError(
-                f"{sender!r} sends {ctx.node!r} nothing in phase {phase} of round {ctx.round}."
-            )
-
-
-def _check_server(name: str, server: object) -> str:
-    if not isinstance(server, str) or not server:
-        raise ConfigError(f"algorithm {name!r}: server must be a node id, got {server!r}.")
-    return server
-
-
-class DoubleSqueezeRule:
-    """DoubleSqueeze (see the module docstring), one rule for every engine: the server is
-    one more row, which holds no data.
-
-    Args:
-        server: The server's node id (``topology.server``).
-        error_feedback: Keep the error memories (false: plain two-pass compression).
-    """
-
-    name = "doublesqueeze"
     mixing = "star"
     phases = 2
     pattern = "chosen"
+    server: str
 
-    def __init__(self, server: str = "server", error_feedback: bool = True) -> None:
-        """Check the options."""
-        self.server = _check_server(self.name, server)
-        if not isinstance(error_feedback, bool):
-            raise ConfigError(
-                f"algorithm.error_feedback must be true or false, got {error_feedback!r}."
-            )
-        self.error_feedback = error_feedback
+    def __init__(self, server: str) -> None:
         self._rows: dict[tuple[str, ...], torch.Tensor] = {}
+        self.server = server
 
     def _server_row(self, rows: Rows) -> torch.Tensor:
         """``[B]`` bool: the server's row."""
@@ -225,6 +162,40 @@ class DoubleSqueezeRule:
         if phase == 0:
             return workers, {self.server}
         return {self.server}, workers
+
+
+def _mean(inbox: Gathered, name: str, like: torch.Tensor) -> torch.Tensor:
+    """Per row, the mean of tensor ``name`` over what arrived (float64 sum, one message
+    after another); zero where nothing did."""
+    count = torch.bincount(inbox.dst, minlength=inbox.b).to(torch.float64).clamp(min=1.0)
+    return (inbox.total(name, dtype=torch.float64) / count.unsqueeze(1)).to(like.dtype)
+
+
+def _check_server(name: str, server: object) -> str:
+    if not isinstance(server, str) or not server:
+        raise ConfigError(f"algorithm {name!r}: server must be a node id, got {server!r}.")
+    return server
+
+
+class DoubleSqueezeRule(_StarRule):
+    """DoubleSqueeze (see the module docstring), one rule for every engine: the server is
+    one more row, which holds no data.
+
+    Args:
+        server: The server's node id (``topology.server``).
+        error_feedback: Keep the error memories (false: plain two-pass compression).
+    """
+
+    name = "doublesqueeze"
+
+    def __init__(self, server: str = "server", error_feedback: bool = True) -> None:
+        """Check the options."""
+        super().__init__(_check_server(self.name, server))
+        if not isinstance(error_feedback, bool):
+            raise ConfigError(
+                f"algorithm.error_feedback must be true or false, got {error_feedback!r}."
+            )
+        self.error_feedback = error_feedback
 
     def init(self, params: torch.Tensor) -> DoubleSqueezeState:
         """Every row starts from ``params`` with no compression error."""
@@ -272,8 +243,7 @@ class DoubleSqueezeRule:
             x = torch.where(heard, state.x - inbox.total("c"), state.x)
             return DoubleSqueezeState(x, state.delta), None
         server = self._server_row(rows)
-        count = torch.bincount(inbox.dst, minlength=rows.b).to(torch.float64).clamp(min=1.0)
-        mean = (inbox.total("c", dtype=torch.float64) / count.unsqueeze(1)).to(state.x.dtype)
+        mean = _mean(inbox, "c", state.x)
         v = mean + state.delta if self.error_feedback else mean
         c, delta = self._squeeze(v, server, rows)
         on = server.unsqueeze(1)
@@ -311,8 +281,8 @@ def _check_betas(betas: object) -> tuple[float, float]:
     return float(betas[0]), float(betas[1])
 
 
-class APMSqueeze(_Star):
-    """APMSqueeze (see the module docstring).
+class APMSqueezeRule(_StarRule):
+    """APMSqueeze (see the module docstring), one rule for every engine.
 
     Args:
         server: The server's node id (``topology.server``).
@@ -322,8 +292,6 @@ class APMSqueeze(_Star):
     """
 
     name = "apmsqueeze"
-    mixing = "star"
-    phases = 2
 
     def __init__(
         self,
@@ -333,7 +301,7 @@ class APMSqueeze(_Star):
         eps: float = 1e-8,
     ) -> None:
         """Check the options."""
-        self.server = _check_server(self.name, server)
+        super().__init__(_check_server(self.name, server))
         if (
             isinstance(precondition_rounds, bool)
             or not isinstance(precondition_rounds, int)
@@ -355,92 +323,102 @@ class APMSqueeze(_Star):
         return t < self.precondition_rounds
 
     def init(self, params: torch.Tensor) -> APMSqueezeState:
-        """Every node starts from ``params`` with zero moments and no compression error."""
+        """Every row starts from ``params`` with zero moments and no compression error."""
         zero = torch.zeros_like(params)
         return APMSqueezeState(params.clone(), zero, zero.clone(), zero.clone())
 
     def model(self, state: APMSqueezeState) -> torch.Tensor:
-        """The worker's model, or the server's global model."""
+        """The workers' models and the server's global model."""
         return state.x
 
-    def local_step(
-        self, state: APMSqueezeState, grad: torch.Tensor, ctx: RoundContext
-    ) -> APMSqueezeState:
+    def local_step(self, state: APMSqueezeState, grad: torch.Tensor, rows: Rows) -> Any:
         """Refused: the compressed momentum is the round's one step."""
         raise _one_step(self.name)
 
-    def _names(self, phase: int, t: int) -> tuple[str, ...]:
-        """The tensors of a phase-``phase`` message of round ``t``."""
-        if not self.warming_up(t):
-            return ("m",)
-        return ("g",) if phase == 0 else ("m", "v", "x")
+    def schema(self, phase: int, rows: Rows) -> MessageSchema:
+        """Warm-up: a worker's gradient ``"g"``, the server's ``"m"``, ``"v"`` and ``"x"``.
+        Afterwards a compressed momentum ``"m"`` in either phase."""
+        if not self.warming_up(rows.round):
+            return model_schema("m")
+        return model_schema("g") if phase == 0 else model_schema("m", "v", "x")
+
+    def lossless(self, phase: int, rows: Rows) -> bool:
+        """The warm-up's messages go as they are (``raw``), whatever the peers' codec."""
+        return self.warming_up(rows.round)
 
     def step(
-        self, state: APMSqueezeState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[APMSqueezeState, Outbox]:
+        self, state: APMSqueezeState, grad: torch.Tensor, rows: Rows
+    ) -> tuple[APMSqueezeState, Send]:
         """A worker sends its gradient at full precision (warm-up) or its compressed,
-        error-compensated momentum; the server sends nothing in phase 0."""
-        if ctx.node == self.server:
-            return state, {}
-        if self.warming_up(ctx.round):
-            encoded, _ = compress(_RAW, grad, ctx)
-            return state, {self.server: Payload({"g": encoded})}
+        error-compensated momentum (the server's row sends nothing in phase 0)."""
+        if self.warming_up(rows.round):
+            return state, Send({"g": grad})
+        workers = ~self._server_row(rows)
         b1 = self.betas[0]
         m = b1 * state.m + (1 - b1) * grad
         u = m + state.delta
-        encoded, mhat = compress(ctx.codec, u, ctx)
-        return state._replace(m=m, delta=u - mhat), {self.server: Payload({"m": encoded})}
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
-        """Warm-up: a worker's gradient ``"g"``, the server's ``"x"``, ``"m"`` and ``"v"``.
-        Afterwards a compressed momentum ``"m"`` in either phase."""
-        self._check_sender(phase, sender, ctx)
-        return model_schema(*self._names(phase, ctx.round))
+        mhat = rows.compress(u, workers)
+        on = workers.unsqueeze(1)
+        new = state._replace(
+            m=torch.where(on, m, state.m), delta=torch.where(on, u - mhat, state.delta)
+        )
+        return new, Send({"m": mhat})
 
     def _descend(
-        self, state: APMSqueezeState, m: torch.Tensor, v: torch.Tensor, ctx: RoundContext
+        self, x: torch.Tensor, m: torch.Tensor, v: torch.Tensor, rows: Rows
     ) -> torch.Tensor:
         """``x - lr (m / (1 - b1^(t+1))) / (sqrt(vhat) + eps)``."""
         b1, b2 = self.betas
-        steps = min(ctx.round + 1, self.precondition_rounds)
-        mh = m / (1 - b1 ** (ctx.round + 1))
+        steps = min(rows.round + 1, self.precondition_rounds)
+        mh = m / (1 - b1 ** (rows.round + 1))
         vh = v / (1 - b2**steps)
-        return state.x - ctx.lr * mh / (vh.sqrt() + self.eps)
-
-    def _adam(self, state: APMSqueezeState, g: torch.Tensor, ctx: RoundContext) -> APMSqueezeState:
-        """A warm-up round's Adam step on the mean gradient ``g``."""
-        b1, b2 = self.betas
-        m = b1 * state.m + (1 - b1) * g
-        v = b2 * state.v + (1 - b2) * g * g
-        return state._replace(x=self._descend(state, m, v, ctx), m=m, v=v)
+        return x - rows.lr * mh / (vh.sqrt() + self.eps)
 
     def mix(
-        self, state: APMSqueezeState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[APMSqueezeState, Outbox]:
+        self, state: APMSqueezeState, phase: int, inbox: Gathered, rows: Rows
+    ) -> tuple[APMSqueezeState, Send | None]:
         """Phase 0 at the server: average what arrived; warm-up: Adam, then broadcast the
         model and moments; afterwards compress, step and broadcast ``mbar``. Phase 1 at a
         worker: adopt the broadcast state (warm-up) or take the same step, if it arrived."""
-        check_phase(self.name, phase, self.phases)
-        warm = self.warming_up(ctx.round)
+        warm = self.warming_up(rows.round)
         if phase == 1:
-            if ctx.node == self.server:
-                return state, {}
-            got = inbox.get(self.server)
-            if got is None:
-                return state, {}
+            heard = inbox.heard().unsqueeze(1)
             if warm:
-                x, m, v = (got.tensor(k).clone() for k in ("x", "m", "v"))
-                return state._replace(x=x, m=m, v=v), {}
-            mbar = got.tensor("m").clone()
-            return state._replace(x=self._descend(state, mbar, state.v, ctx), m=mbar), {}
-        if ctx.node != self.server:
-            return state, {}
+                x, m, v = (inbox.total(k) for k in ("x", "m", "v"))
+                return APMSqueezeState(
+                    torch.where(heard, x, state.x),
+                    torch.where(heard, m, state.m),
+                    torch.where(heard, v, state.v),
+                    state.delta,
+                ), None
+            mbar = inbox.total("m")
+            x = self._descend(state.x, mbar, state.v, rows)
+            return state._replace(
+                x=torch.where(heard, x, state.x), m=torch.where(heard, mbar, state.m)
+            ), None
+        on = self._server_row(rows).unsqueeze(1)
         if warm:
-            new = self._adam(state, _mean(inbox, "g", state.x), ctx)
-            tensors = {k: compress(_RAW, getattr(new, k), ctx)[0] for k in ("m", "v", "x")}
-            return new, dict.fromkeys(self._workers(ctx), Payload(tensors))
+            g = _mean(inbox, "g", state.x)
+            b1, b2 = self.betas
+            m = b1 * state.m + (1 - b1) * g
+            v = b2 * state.v + (1 - b2) * g * g
+            x = self._descend(state.x, m, v, rows)
+            new = APMSqueezeState(
+                torch.where(on, x, state.x),
+                torch.where(on, m, state.m),
+                torch.where(on, v, state.v),
+                state.delta,
+            )
+            return new, Send({"m": new.m, "v": new.v, "x": new.x})
         u = _mean(inbox, "m", state.x) + state.delta
-        encoded, mbar = compress(ctx.codec, u, ctx)
-        x = self._descend(state, mbar, state.v, ctx)
-        new = state._replace(x=x, m=mbar, delta=u - mbar)
-        return new, dict.fromkeys(self._workers(ctx), Payload({"m": encoded}))
+        mbar = rows.compress(u, on.squeeze(1))
+        x = self._descend(state.x, mbar, state.v, rows)
+        new = state._replace(
+            x=torch.where(on, x, state.x),
+            m=torch.where(on, mbar, state.m),
+            delta=torch.where(on, u - mbar, state.delta),
+        )
+        return new, Send({"m": mbar})
+
+
+APMSqueeze = per_peer(APMSqueezeRule)

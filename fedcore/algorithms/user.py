@@ -33,7 +33,7 @@ from fedcore.ids import clip, error_text
 
 __all__ = ["PATTERNS", "is_import_path", "load_factory", "make_user_algorithm"]
 
-PATTERNS = ("neighbours", "none")
+PATTERNS = ("neighbours", "chosen", "edges", "none")
 """What a rule's ``pattern`` may say."""
 
 _ALGORITHM = ("name", "mixing", "phases", "init", "model", "step", "expected_senders", "mix")
@@ -201,5 +201,11 @@ def _check_rule(path: str, rule: Any) -> None:
     if rule.pattern not in PATTERNS:
         raise ConfigError(
             f"algorithm {path!r}: pattern = {rule.pattern!r}; a rule sends to 'neighbours' "
-            "(every edge of the graph) or 'none'."
+            "(every edge of the graph), 'chosen' (who talks, by talks()), 'edges' (a message "
+            "per edge) or 'none'."
+        )
+    if rule.pattern == "chosen" and not callable(getattr(rule, "talks", None)):
+        raise ConfigError(
+            f"algorithm {path!r}: pattern = 'chosen' needs talks(phase, rows), naming each "
+            "phase's senders and receivers."
         )

@@ -1,8 +1,9 @@
-"""The codec protocol and the lossless ``raw`` codec."""
+"""The codec protocols and the lossless ``raw`` codec."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from fedcore.errors import CompressionError
 from fedcore.messages import EncodedTensor
 
-__all__ = ["Codec", "RawCodec"]
+__all__ = ["Codec", "RawCodec", "RowsCodec"]
 
 # Wire dtype names -> (torch dtype, numpy dtype). Little-endian on every platform we run.
 _DTYPES: dict[str, tuple[torch.dtype, np.dtype[np.generic]]] = {
@@ -37,6 +38,24 @@ class Codec(Protocol):
         ...
 
 
+class RowsCodec(Codec, Protocol):
+    """A codec whose arithmetic runs over the rows of a matrix, each row one message:
+    every built-in codec, and what the vectorized engine needs of one."""
+
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
+        """Return ``EncodedTensor.nbytes`` for ``n`` values of ``dtype``: the payload
+        plus 8 bytes per header scalar."""
+        ...
+
+    def roundtrip_rows(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator] = ()
+    ) -> torch.Tensor:
+        """Return ``decode(encode(row))`` of every row of ``[m, n]`` float ``x``, on its
+        device and in its dtype; a stochastic codec draws for row ``r`` from
+        ``generators[r]``, as its own generator would for that message."""
+        ...
+
+
 class RawCodec:
     """Lossless codec: the tensor's own little-endian bytes, dtype kept.
 
@@ -57,6 +76,16 @@ class RawCodec:
             )
         data = tensor.detach().cpu().numpy().tobytes()  # tobytes() copies in C order
         return EncodedTensor(codec=self.name, dtype=dtype, shape=tuple(tensor.shape), data=data)
+
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
+        """``EncodedTensor.nbytes`` for ``n`` values of ``dtype`` (its own bytes)."""
+        return n * dtype.itemsize
+
+    def roundtrip_rows(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator] = ()
+    ) -> torch.Tensor:
+        """A copy of ``x``: the codec is lossless."""
+        return x.detach().clone()
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
         """Rebuild the tensor, checking codec, dtype, shape and byte count."""

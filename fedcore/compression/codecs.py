@@ -24,11 +24,23 @@ randk      k float32 values; indices regenerated from seed    unbiased (values s
 Stochastic codecs (``qsgd``, ``randk``) draw from an explicit ``torch.Generator`` given at
 construction, so a seeded run replays exactly; ``randk`` sends the seed of its index draw,
 not the indices.
+
+Rows. The arithmetic of each codec is written once, over the rows of an ``[m, n]`` matrix,
+each row one message (see :mod:`fedcore.compression.batched`): ``encode`` runs it on its
+tensor as one row and packs the result, ``decode`` unpacks into one row and runs the
+other half, and ``roundtrip_rows`` runs both halves on many rows with no bytes between.
+So the vectorized engine's rows are the messages' values by construction. Those steps
+round alike on every device: element-wise steps are float32 operations with tensor
+operands (never a division by a Python number, which CUDA turns into a multiplication by
+the reciprocal), and reductions (sign scales, qsgd norms) go through :func:`_reduce`. The
+stochastic codecs draw on the CPU, row ``r`` from ``generators[r]``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -44,6 +56,8 @@ __all__ = ["CastCodec", "QSGDCodec", "RandKCodec", "SignCodec", "TopKCodec", "to
 
 _FLOAT_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _MAX_ELEMENTS = 1 << 34  # far above any model; stops absurd shapes before allocation
+_TINY = torch.finfo(torch.float32).tiny
+_GRAIN = 32768  # at::internal::GRAIN_SIZE: shorter CPU reductions run serially
 
 
 def _dtype_name(tensor: torch.Tensor, codec: str) -> str:
@@ -101,47 +115,140 @@ def _restore(values: torch.Tensor, encoded: EncodedTensor) -> torch.Tensor:
     return values.to(_FLOAT_DTYPES[encoded.dtype]).reshape(encoded.shape)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows as the codecs compute on them: detached, float32, contiguous."""
+    return x.detach().to(torch.float32).contiguous()
+
+
+@functools.lru_cache(maxsize=256)
+def _const(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-dim operand on the device: ops with it round as on the CPU (no reciprocal).
+    Kept: operands are never written to."""
+    return torch.tensor(value, dtype=dtype, device=device)
+
+
+def _reduce(
+    values: torch.Tensor, length: int, op: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """``op`` (a reduction over the last dim) of ``values``, in one message's order.
+
+    ``values[r]`` holds row ``r``'s operands. A CPU reduction shorter than torch's grain
+    is serial whatever the other dims; a longer one is split among threads by its own
+    length, so those rows are reduced one at a time, each as the lone message would be.
+    """
+    if values.device.type == "cpu" and length >= _GRAIN:
+        return torch.stack([op(row) for row in values]) if len(values) > 1 else op(values[0])[None]
+    return op(values)
+
+
+def _l1(t: torch.Tensor) -> torch.Tensor:
+    norm: torch.Tensor = torch.linalg.vector_norm(t, ord=1, dim=-1)
+    return norm
+
+
+def _l2(t: torch.Tensor) -> torch.Tensor:
+    norm: torch.Tensor = torch.linalg.vector_norm(t, dim=-1)
+    return norm
+
+
+def _mean_abs(t: torch.Tensor) -> torch.Tensor:
+    return t.abs().mean(dim=-1)
+
+
+def _per_chunk_(
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    chunk: int,
+    op: Callable[[torch.Tensor, torch.Tensor], object],
+) -> torch.Tensor:
+    """``op(value, scale)`` in place on ``[m, n]`` values, each with its chunk's scale from
+    ``[m, ceil(n / chunk)]`` scales (through views: no per-value copy of the scales)."""
+    m, n = values.shape
+    full = n // chunk
+    cut = full * chunk
+    op(values[:, :cut].view(m, full, chunk), scales[:, :full, None])
+    if cut < n:  # the short last chunk
+        op(values[:, cut:], scales[:, full:])
+    return values
+
+
+def _scatter(n: int, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``[m, n]`` zeros with ``values[r]`` at ``idx[r]`` in row ``r`` (float32)."""
+    out = torch.zeros(idx.shape[0], n, dtype=torch.float32, device=values.device)
+    return out.scatter_(1, idx, values)
+
+
+def _uniforms(generators: Sequence[torch.Generator], n: int) -> torch.Tensor:
+    """``[m, n]`` float32 uniforms on the CPU: row ``r`` gets ``generators[r]``'s next
+    ``rand(n)``.
+
+    One draw per generator for all of its rows, in row order. That is the per-row draws
+    exactly: torch's CPU ``uniform_`` takes one 32-bit word per float32 value, in order,
+    so ``rand(c * n)`` is ``c`` successive ``rand(n)``. Generators are independent, so
+    the order between them does not matter.
+    """
+    rows: dict[int, list[int]] = {}
+    for r, gen in enumerate(generators):
+        rows.setdefault(id(gen), []).append(r)
+    if len(rows) == 1:  # one owner (a message): its rows are all the rows, in order
+        return torch.rand(len(generators), n, generator=generators[0], device=_CPU)
+    u = torch.empty(len(generators), n, dtype=torch.float32, device=_CPU)
+    for own in rows.values():
+        drawn = torch.rand(len(own), n, generator=generators[own[0]], device=_CPU)
+        u[torch.tensor(own)] = drawn
+    return u
+
+
 class CastCodec:
     """Plain float casts: ``fp32``, ``fp16`` or ``bf16`` values, little-endian."""
 
-    _WIRE: ClassVar[dict[str, int]] = {"fp32": 4, "fp16": 2, "bf16": 2}
+    _WIRE: ClassVar[dict[str, torch.dtype]] = {
+        "fp32": torch.float32,
+        "fp16": torch.float16,
+        "bf16": torch.bfloat16,
+    }
+    _BITS: ClassVar[dict[int, torch.dtype]] = {2: torch.int16, 4: torch.int32}
 
     def __init__(self, name: str = "fp32") -> None:
         """Pick the wire format by codec name."""
         if name not in self._WIRE:
             raise CompressionError(f"no cast codec {name!r}; use one of {sorted(self._WIRE)}.")
         self.name = name
+        self._size = self._WIRE[name].itemsize
 
     def wire_bytes(self, n: int) -> int:
         """Payload size for ``n`` values."""
-        return self._WIRE[self.name] * n
+        return self._size * n
+
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
+        """``EncodedTensor.nbytes`` for ``n`` values (no header scalars)."""
+        return self.wire_bytes(n)
+
+    def _wire(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` in the wire's dtype. The CPU casts float64 to the half types through
+        float32 (a double rounding); the explicit float32 step does the same on devices
+        that would round float64 directly."""
+        return x.to(torch.float32).to(self._WIRE[self.name])
 
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
-        """Cast and copy the values out."""
+        """Cast and copy the values' bits out (as integers: bfloat16 has no numpy dtype)."""
         dtype = _dtype_name(tensor, self.name)
-        x = tensor.detach().reshape(-1)
-        if self.name == "fp32":
-            data = x.to(torch.float32).numpy().astype("<f4", copy=False).tobytes()
-        elif self.name == "fp16":
-            data = x.to(torch.float16).numpy().astype("<f2", copy=False).tobytes()
-        else:  # bfloat16 has no numpy dtype: ship its 16 bits as int16
-            data = (
-                x.to(torch.bfloat16).view(torch.int16).numpy().astype("<i2", copy=False).tobytes()
-            )
+        wire = self._wire(tensor.detach().reshape(-1)).view(self._BITS[self._size])
+        data = wire.numpy().astype(f"<i{self._size}", copy=False).tobytes()
         return EncodedTensor(codec=self.name, dtype=dtype, shape=tuple(tensor.shape), data=data)
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
         """Read the values back into the original dtype and shape."""
         n = _numel(encoded, self.name)
         _expect(encoded, self.wire_bytes(n), self.name)
-        if self.name == "fp32":
-            values = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4").copy())
-        elif self.name == "fp16":
-            values = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f2").copy())
-        else:
-            bits = torch.from_numpy(np.frombuffer(encoded.data, dtype="<i2").copy())
-            values = bits.view(torch.bfloat16)
-        return _restore(values, encoded)
+        bits = np.frombuffer(encoded.data, dtype=f"<i{self._size}").copy()
+        return _restore(torch.from_numpy(bits).view(self._WIRE[self.name]), encoded)
+
+    def roundtrip_rows(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator] = ()
+    ) -> torch.Tensor:
+        """``decode(encode(row))`` of every row of ``x`` (a new tensor of its dtype)."""
+        return self._wire(x.detach()).to(x.dtype, copy=True)
 
 
 class QSGDCodec:
@@ -196,42 +303,20 @@ class QSGDCodec:
         norms = 0 if self.chunk == 0 else -(-n // self.chunk)
         return (n * self.bits + 7) // 8 + 4 * norms
 
-    def encode(self, tensor: torch.Tensor) -> EncodedTensor:
-        """Quantize stochastically and pack.
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
+        """``EncodedTensor.nbytes`` for ``n`` values (two header scalars)."""
+        return self.wire_bytes(n) + 16
 
-        Stochastic rounding of ``y = s x / norm`` is ``floor(y + u)`` with ``u`` uniform in
-        [0, 1): it rounds up with probability ``frac(y)``, the same distribution as rounding
-        ``|y|`` and restoring the sign, in one fused pass. The code is ``floor(y + s + u)``.
-        """
+    def encode(self, tensor: torch.Tensor) -> EncodedTensor:
+        """Quantize stochastically (:meth:`_quantize` on one row) and pack."""
         dtype = _dtype_name(tensor, self.name)
-        x = _flat(tensor)
-        n = x.numel()
-        s = 2 ** (self.bits - 1) - 1
-        if self.chunk == 0:
-            norms = torch.linalg.vector_norm(x).reshape(1)
-            per_value = norms.expand(n)
-        else:
-            chunk = min(self.chunk, max(n, 1))  # the same buckets; no giant padding
-            pad = -n % chunk
-            buckets = torch.cat([x, x.new_zeros(pad)]).reshape(-1, chunk)
-            norms = torch.linalg.vector_norm(buckets, dim=1)
-            per_value = norms.repeat_interleave(chunk)[:n]
-        if not bool(torch.isfinite(norms).all()):
-            raise CompressionError(
-                "codec 'qsgd': a norm of the tensor is not finite (values not finite, or so "
-                "large that their squares overflow float32)."
-            )
-        shifted = torch.rand(n, generator=self.generator, device=_CPU)
-        shifted.addcdiv_(x, per_value.clamp(min=torch.finfo(torch.float32).tiny), value=s)
-        codes = shifted.add_(s).clamp_(0, 2 * s).to(torch.uint8).numpy()  # truncation: floor
-        if self.scaled:
-            norms = norms / (1 + self.omega(n))
-        data = _pack(codes, self.bits)
+        codes, norms = self._quantize(_flat(tensor)[None], [self.generator])
+        data = _pack(codes[0].to(torch.uint8).numpy(), self.bits)  # truncation: floor
         params = {"bits": float(self.bits)}
         if self.chunk == 0:
-            params["norm"] = float(norms[0])
+            params["norm"] = float(norms[0, 0])
         else:
-            data += norms.numpy().astype("<f4").tobytes()
+            data += norms[0].numpy().astype("<f4").tobytes()
             params["chunk"] = float(self.chunk)
         return EncodedTensor(
             codec=self.name, dtype=dtype, shape=tuple(tensor.shape), data=data, params=params
@@ -251,22 +336,82 @@ class QSGDCodec:
         codes = _unpack(encoded.data[:ncodes], bits, n)
         if codes.size and int(codes.max()) > 2 * s:
             raise CompressionError(f"codec 'qsgd': a level exceeds the {2 * s + 1} allowed.")
-        values = torch.from_numpy(codes).to(torch.float32).sub_(s)
         if chunk == 0:
             norm = _param(encoded, "norm", self.name)
             if norm < 0:
                 raise CompressionError(f"codec 'qsgd': negative norm {norm}.")
-            values.mul_(norm / s)
+            norms = torch.tensor([norm], dtype=torch.float64)
         else:
             norms = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4", offset=ncodes).copy())
             if not bool((torch.isfinite(norms) & (norms >= 0)).all()):
                 raise CompressionError("codec 'qsgd': a bucket norm is negative or not finite.")
-            cut = n - n % chunk  # scale views in place: no per-value copy of the norms
-            values[:cut].view(-1, chunk).mul_(norms[: cut // chunk, None])
-            if cut < n:
-                values[cut:].mul_(norms[-1])
-            values.div_(s)
-        return _restore(values, encoded)
+        levels = torch.from_numpy(codes).to(torch.float32)[None]
+        return _restore(self._dequantize(levels, norms[None], chunk, s)[0], encoded)
+
+    def roundtrip_rows(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator] = ()
+    ) -> torch.Tensor:
+        """``decode(encode(row))`` of every row of ``x``, row ``r`` drawing from
+        ``generators[r]`` (a new tensor of ``x``'s dtype)."""
+        codes, norms = self._quantize(_rows(x), generators)
+        s = 2 ** (self.bits - 1) - 1
+        return self._dequantize(codes.trunc_(), norms, self.chunk, s).to(x.dtype)
+
+    def _quantize(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The codes before truncation (float32 ``l + s``, in ``[0, 2 s]``) and the
+        float32 norms ``[m, buckets]`` (shrunk if scaled) of float32 rows.
+
+        Stochastic rounding of ``y = s x / norm`` is ``floor(y + u)`` with ``u`` uniform in
+        [0, 1): it rounds up with probability ``frac(y)``, the same distribution as rounding
+        ``|y|`` and restoring the sign, in one fused pass. The code is ``floor(y + u + s)``
+        (``(s x) / norm`` rounded to float32, then the sum, on every device).
+
+        Raises:
+            CompressionError: a norm is not finite (checked before any draw).
+        """
+        m, n = x.shape
+        dev = x.device
+        s = 2 ** (self.bits - 1) - 1
+        if self.chunk == 0:
+            norms = _reduce(x, n, _l2)[:, None]
+        else:
+            size = min(self.chunk, max(n, 1))  # the same buckets; no giant padding
+            count = -(-n // size)
+            padded = torch.cat([x, x.new_zeros(m, count * size - n)], dim=1)
+            norms = _reduce(padded.view(m, count, size), size, _l2)
+        if not bool(torch.isfinite(norms).all()):
+            raise CompressionError(
+                "codec 'qsgd': a norm of the tensor is not finite (values not finite, or so "
+                "large that their squares overflow float32)."
+            )
+        per_value = norms.clamp(min=_TINY)
+        if self.chunk:
+            per_value = per_value.repeat_interleave(size, dim=1)[:, :n]
+        codes = _uniforms(generators, n).to(dev)
+        if dev.type == "cpu":  # torch's CPU addcdiv computes u + (s x) / norm in one pass
+            codes.addcdiv_(x, per_value, value=s)
+        else:  # others may compute u + s (x / norm): scale first, then divide by 1
+            codes.addcdiv_(torch.mul(x, _const(s, torch.float32, dev)), per_value)
+        codes.add_(s).clamp_(0, 2 * s)
+        if self.scaled:
+            norms = norms / _const(1 + self.omega(n), torch.float32, dev)
+        return codes, norms
+
+    @staticmethod
+    def _dequantize(codes: torch.Tensor, norms: torch.Tensor, chunk: int, s: int) -> torch.Tensor:
+        """The values of float32 codes (overwritten): ``(code - s) norm / s``.
+
+        One norm a row (``chunk = 0``) travels as a float64 parameter and multiplies by
+        ``norm / s`` rounded to float32; float32 bucket norms multiply, then ``s`` divides.
+        """
+        codes.sub_(s)
+        if chunk == 0:
+            scale = norms.to(torch.float64) / _const(s, torch.float64, norms.device)
+            return codes.mul_(scale.to(torch.float32))
+        _per_chunk_(codes, norms, chunk, torch.Tensor.mul_)
+        return codes.div_(_const(s, torch.float32, codes.device))
 
 
 def _pack(codes: np.ndarray, bits: int) -> bytes:
@@ -316,36 +461,27 @@ class SignCodec:
         scales = 0 if self.chunk == 0 else -(-n // self.chunk)
         return (n + 7) // 8 + 4 * scales
 
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
+        """``EncodedTensor.nbytes`` for ``n`` values (one header scalar: scale, or chunk)."""
+        return self.wire_bytes(n) + 8
+
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
-        """Pack the signs; compute the scale(s) as L1 norms, with no temporary copies."""
+        """Pack the signs and the scale(s) of :meth:`_scales` on one row."""
         dtype = _dtype_name(tensor, self.name)
         x = _flat(tensor)
         bits = np.packbits((x >= 0).numpy(), bitorder="little").tobytes()
-        n = x.numel()
+        scales = self._scales(x[None])[0]
         if self.chunk == 0:
-            scale = float(torch.linalg.vector_norm(x, ord=1)) / n if n else 0.0
-            return EncodedTensor(
-                codec=self.name,
-                dtype=dtype,
-                shape=tuple(tensor.shape),
-                data=bits,
-                params={"scale": scale},
-            )
-        cut = n - n % self.chunk
-        scales = torch.linalg.vector_norm(x[:cut].view(-1, self.chunk), ord=1, dim=1)
-        scales /= self.chunk
-        if cut < n:
-            scales = torch.cat([scales, x[cut:].abs().mean().reshape(1)])
+            data, params = bits, {"scale": float(scales[0])}
+        else:
+            data = bits + scales.numpy().astype("<f4").tobytes()
+            params = {"chunk": float(self.chunk)}
         return EncodedTensor(
-            codec=self.name,
-            dtype=dtype,
-            shape=tuple(tensor.shape),
-            data=bits + scales.numpy().astype("<f4").tobytes(),
-            params={"chunk": float(self.chunk)},
+            codec=self.name, dtype=dtype, shape=tuple(tensor.shape), data=data, params=params
         )
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
-        """Expand the bits to ``±scale``, in place."""
+        """Expand the bits to ``±scale``."""
         n = _numel(encoded, self.name)
         chunked = "chunk" in encoded.params  # absent: one scale for the whole tensor
         chunk = _int_param(encoded, "chunk", self.name, 1, 1 << 40) if chunked else 0
@@ -355,22 +491,62 @@ class SignCodec:
         signs = np.unpackbits(
             np.frombuffer(encoded.data, dtype=np.uint8, count=nbits), count=n, bitorder="little"
         )
-        values = torch.from_numpy(signs).to(torch.float32)
         if chunk == 0:
             scale = _param(encoded, "scale", self.name)
             if scale < 0:
                 raise CompressionError(f"codec 'sign': negative scale {scale}.")
-            values.mul_(2 * scale).sub_(scale)
-            return _restore(values, encoded)
-        scales = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4", offset=nbits).copy())
-        if not bool((torch.isfinite(scales) & (scales >= 0)).all()):
-            raise CompressionError("codec 'sign': a chunk scale is negative or not finite.")
-        values.mul_(2).sub_(1)
-        cut = n - n % chunk
-        values[:cut].view(-1, chunk).mul_(scales[: cut // chunk, None])
+            scales = torch.tensor([scale], dtype=torch.float64)
+        else:
+            scales = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4", offset=nbits).copy())
+            if not bool((torch.isfinite(scales) & (scales >= 0)).all()):
+                raise CompressionError("codec 'sign': a chunk scale is negative or not finite.")
+        unit = torch.from_numpy(signs).to(torch.float32)[None]
+        return _restore(self._expand(unit, scales[None], chunk)[0], encoded)
+
+    def roundtrip_rows(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator] = ()
+    ) -> torch.Tensor:
+        """``decode(encode(row))`` of every row of ``x`` (a new tensor of its dtype).
+
+        Raises:
+            CompressionError: a scale is not finite (which ``decode`` refuses).
+        """
+        xf = _rows(x)
+        scales = self._scales(xf)
+        if not bool(torch.isfinite(scales).all()):
+            raise CompressionError("codec 'sign': a scale is not finite.")
+        return self._expand((xf >= 0).to(torch.float32), scales, self.chunk).to(x.dtype)
+
+    def _scales(self, x: torch.Tensor) -> torch.Tensor:
+        """The scales of float32 rows: ``[m, 1]`` float64 (one chunk: ``l1 / n``, as the
+        float64 parameter carries it) or ``[m, chunks]`` float32 (the short last chunk's
+        scale is the mean of its magnitudes)."""
+        m, n = x.shape
+        dev = x.device
+        if self.chunk == 0:
+            l1 = _reduce(x, n, _l1).to(torch.float64)[:, None]
+            return l1 / _const(max(n, 1), torch.float64, dev)
+        chunk = self.chunk
+        full = n // chunk
+        cut = full * chunk
+        scales = _reduce(x[:, :cut].view(m, full, chunk), chunk, _l1)
+        scales = scales / _const(chunk, torch.float32, dev)
         if cut < n:
-            values[cut:].mul_(scales[-1])
-        return _restore(values, encoded)
+            tail = _reduce(x[:, cut:], n - cut, _mean_abs)
+            scales = torch.cat([scales, tail[:, None]], dim=1)
+        return scales
+
+    @staticmethod
+    def _expand(unit: torch.Tensor, scales: torch.Tensor, chunk: int) -> torch.Tensor:
+        """``±scale`` from float32 ``1`` (``x >= 0``) and ``0`` values (overwritten).
+
+        One scale a row (float64) is a parameter: ``unit * 2 scale - scale``, both
+        rounded to float32; chunk scales: ``(2 unit - 1) scale``.
+        """
+        if chunk == 0:
+            two = (scales * 2).to(torch.float32)
+            return unit.mul_(two).sub_(scales.to(torch.float32))
+        return _per_chunk_(unit.mul_(2).sub_(1), scales, chunk, torch.Tensor.mul_)
 
 
 def _keep(ratio: float, n: int) -> int:
@@ -382,19 +558,23 @@ _TOPK_SAMPLE = 1 << 16  # magnitudes sampled to estimate the k-th largest
 
 
 def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (sorted) of the ``k`` largest magnitudes of ``x``: exact, faster than topk.
+    """Indices (sorted) of the ``k`` largest magnitudes of ``x``, or of each row of an
+    ``[m, n]`` ``x``: exact, faster than topk.
 
     ``torch.topk`` over millions of values is slow on a CPU. This samples magnitudes to set a
     threshold low enough that, with high probability, at least ``k`` values pass it, then
     runs ``topk`` on those candidates only. The candidates hold the k largest whenever there
     are at least k of them, so the result is exact (ties aside); if too few pass, the margin
     doubles, then a full ``topk`` runs. The sample's generator is seeded by the size, so the
-    result never depends on a random draw.
+    result never depends on a random draw. Shorter rows go through one ``topk`` together.
     """
-    n = x.numel()
-    a = x.abs()
+    n = x.shape[-1]
     expect = _TOPK_SAMPLE * k / n  # sampled values expected above the true k-th magnitude
-    if expect >= 8 and n >= 4 * _TOPK_SAMPLE:
+    sampled = expect >= 8 and n >= 4 * _TOPK_SAMPLE
+    if sampled and x.dim() > 1:
+        return torch.stack([topk_indices(row, k) for row in x])
+    a = x.abs()
+    if sampled:
         gen = torch.Generator().manual_seed(n)
         for sigmas in (4.0, 8.0):
             kept = min(_TOPK_SAMPLE, math.ceil(expect + sigmas * math.sqrt(expect)))
@@ -404,7 +584,7 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
             if candidates.numel() >= k:
                 pick = torch.topk(a[candidates], k, sorted=False).indices.sort().values
                 return candidates[pick]
-    return torch.topk(a, k, sorted=False).indices.sort().values
+    return torch.topk(a, k, dim=-1, sorted=False).indices.sort(dim=-1).values
 
 
 def _check_ratio(ratio: float, codec: str) -> None:
@@ -413,7 +593,12 @@ def _check_ratio(ratio: float, codec: str) -> None:
 
 
 class TopKCodec:
-    """Top-k sparsification: the ``k`` largest magnitudes, as uint32 indices then float32 values."""
+    """Top-k sparsification: the ``k`` largest magnitudes, as uint32 indices then float32 values.
+
+    With tied magnitudes the kept indices are ``torch.topk``'s: on the CPU one row of a
+    matrix and the lone message agreed in every check, but torch does not promise it,
+    and on an accelerator they may differ (the values kept are equal).
+    """
 
     name = "topk"
 
@@ -426,19 +611,22 @@ class TopKCodec:
         """Payload size for ``n`` values."""
         return 8 * _keep(self.ratio, n)
 
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
+        """``EncodedTensor.nbytes`` for ``n`` values (one header scalar: k)."""
+        return self.wire_bytes(n) + 8
+
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
         """Select exactly the k largest magnitudes (:func:`topk_indices`), sorted by index."""
         dtype = _dtype_name(tensor, self.name)
         x = _flat(tensor)
-        k = _keep(self.ratio, x.numel())
-        idx = topk_indices(x, k) if k else torch.zeros(0, dtype=torch.int64, device=_CPU)
+        idx = self._select(x[None])[0]
         data = idx.numpy().astype("<u4").tobytes() + x[idx].numpy().astype("<f4").tobytes()
         return EncodedTensor(
             codec=self.name,
             dtype=dtype,
             shape=tuple(tensor.shape),
             data=data,
-            params={"k": float(k)},
+            params={"k": float(len(idx))},
         )
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
@@ -452,9 +640,24 @@ class TopKCodec:
         if k > 1 and bool((np.diff(idx) <= 0).any()):
             raise CompressionError("codec 'topk': indices must be strictly increasing.")
         values = np.frombuffer(encoded.data, dtype="<f4", count=k, offset=4 * k)
-        out = torch.zeros(n, dtype=torch.float32, device=_CPU)
-        out[torch.from_numpy(idx)] = torch.from_numpy(values.copy())
-        return _restore(out, encoded)
+        out = _scatter(n, torch.from_numpy(idx)[None], torch.from_numpy(values.copy())[None])
+        return _restore(out[0], encoded)
+
+    def roundtrip_rows(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator] = ()
+    ) -> torch.Tensor:
+        """``decode(encode(row))`` of every row of ``x`` (a new tensor of its dtype)."""
+        xf = _rows(x)
+        idx = self._select(xf).to(xf.device)
+        return _scatter(xf.shape[1], idx, xf.gather(1, idx)).to(x.dtype)
+
+    def _select(self, x: torch.Tensor) -> torch.Tensor:
+        """The ``[m, k]`` sorted indices of each row's k largest magnitudes."""
+        m, n = x.shape
+        k = _keep(self.ratio, n)
+        if k == 0:
+            return torch.zeros(m, 0, dtype=torch.int64, device=x.device)
+        return topk_indices(x, k)
 
 
 class RandKCodec:
@@ -477,6 +680,10 @@ class RandKCodec:
         """Payload size for ``n`` values."""
         return 4 * _keep(self.ratio, n)
 
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
+        """``EncodedTensor.nbytes`` for ``n`` values (two header scalars: k, seed)."""
+        return self.wire_bytes(n) + 16
+
     @staticmethod
     def _indices(seed: int, n: int, k: int) -> torch.Tensor:
         """A uniform k-subset of range(n), a function of ``seed`` alone.
@@ -496,20 +703,16 @@ class RandKCodec:
                 return draws[torch.randperm(draws.numel(), generator=gen, device=_CPU)[:k]]
 
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
-        """Draw a seed, select its k indices, scale the values by ``n / k``."""
+        """Draw a seed, select its k indices, scale the values by ``n / k`` (on one row)."""
         dtype = _dtype_name(tensor, self.name)
-        x = _flat(tensor)
-        n = x.numel()
-        k = _keep(self.ratio, n)
-        # Below 2**53 a seed survives the float64 parameter exactly.
-        seed = int(torch.randint(0, 2**53, (1,), generator=self.generator, device=_CPU))
-        values = x[self._indices(seed, n, k)] * (n / k) if k else x.new_zeros(0)
+        x = _flat(tensor)[None]
+        seeds, idx = self._draw([self.generator], x.shape[1])
         return EncodedTensor(
             codec=self.name,
             dtype=dtype,
             shape=tuple(tensor.shape),
-            data=values.numpy().astype("<f4").tobytes(),
-            params={"k": float(k), "seed": float(seed)},
+            data=self._values(x, idx)[0].numpy().astype("<f4").tobytes(),
+            params={"k": float(idx.shape[1]), "seed": float(seeds[0])},
         )
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
@@ -518,8 +721,37 @@ class RandKCodec:
         k = _int_param(encoded, "k", self.name, 0, n)
         seed = _int_param(encoded, "seed", self.name, 0, 2**53)
         _expect(encoded, 4 * k, self.name)
-        out = torch.zeros(n, dtype=torch.float32, device=_CPU)
+        values = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4").copy())
+        idx = self._indices(seed, n, k) if k else torch.zeros(0, dtype=torch.int64)
+        return _restore(_scatter(n, idx[None], values[None])[0], encoded)
+
+    def roundtrip_rows(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator] = ()
+    ) -> torch.Tensor:
+        """``decode(encode(row))`` of every row of ``x``, row ``r`` drawing its seed from
+        ``generators[r]`` (a new tensor of ``x``'s dtype)."""
+        xf = _rows(x)
+        _, idx = self._draw(generators, xf.shape[1])
+        idx = idx.to(xf.device)
+        return _scatter(xf.shape[1], idx, self._values(xf, idx)).to(x.dtype)
+
+    def _draw(
+        self, generators: Sequence[torch.Generator], n: int
+    ) -> tuple[list[int], torch.Tensor]:
+        """Each row's seed, from its generator (every message draws one, even an empty
+        one), and the ``[m, k]`` indices it selects (on the CPU)."""
+        k = _keep(self.ratio, n)
+        # Below 2**53 a seed survives the float64 parameter exactly.
+        seeds = [int(torch.randint(0, 2**53, (1,), generator=g, device=_CPU)) for g in generators]
+        idx = torch.empty(len(seeds), k, dtype=torch.int64, device=_CPU)
         if k:
-            values = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4").copy())
-            out[self._indices(seed, n, k)] = values
-        return _restore(out, encoded)
+            for row, seed in zip(idx, seeds, strict=True):
+                row.copy_(self._indices(seed, n, k))
+        return seeds, idx
+
+    @staticmethod
+    def _values(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The selected values of each row, times ``n / k`` rounded to float32."""
+        n, k = x.shape[1], idx.shape[1]
+        values = x.gather(1, idx)
+        return values.mul_(_const(n / k, torch.float32, x.device)) if k else values

@@ -71,7 +71,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from fedcore.compression.base import Codec
 from fedcore.compression.codecs import (
+    _CPU,
     _dtype_name,
     _expect,
     _flat,
@@ -169,9 +171,15 @@ class FP8Codec:
         """Payload size for ``n`` values: a byte each, then the float32 scales."""
         return n + 4 * self._scales(n)
 
-    def nbytes(self, n: int) -> int:
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
         """``EncodedTensor.nbytes`` for ``n`` values: the payload and the header scalars."""
         return self.wire_bytes(n) + 8 * (2 if self.chunk else 1)
+
+    def roundtrip_rows(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator] = ()
+    ) -> torch.Tensor:
+        """``decode(encode(row))`` of every row of ``x`` (:func:`_each_row`)."""
+        return _each_row(self, x)
 
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
         """Scale each chunk's largest magnitude to the format's largest finite value, cast."""
@@ -252,6 +260,13 @@ class FP8Codec:
         if not bool(torch.isfinite(scales * top).all()) and not bool(torch.isfinite(values).all()):
             raise CompressionError("codec 'fp8': a scale times its values overflows float32.")
         return _restore(values, encoded)
+
+
+def _each_row(codec: Codec, x: torch.Tensor) -> torch.Tensor:
+    """``codec.decode(codec.encode(row))`` of every row of ``x``, on the CPU: for a
+    deterministic codec that is its whole round trip, bit for bit."""
+    out = torch.stack([codec.decode(codec.encode(row)) for row in x.detach().to(_CPU)])
+    return out.to(x.device)
 
 
 def _pow2(k: torch.Tensor) -> torch.Tensor:
@@ -583,9 +598,22 @@ class CustomFloatCodec:
         prefix = _APS_LAYER.itemsize * len(self._sizes(n)) if self.scaling == "aps" else 0
         return prefix + -(-n * self.width // 8)
 
-    def nbytes(self, n: int) -> int:
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
         """``EncodedTensor.nbytes`` for ``n`` values (two header scalars; APS a third)."""
         return self.wire_bytes(n) + (24 if self.scaling == "aps" else 16)
+
+    def roundtrip_rows(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator] = ()
+    ) -> torch.Tensor:
+        """``decode(encode(row))`` of every row of ``x``. Without APS each value rounds on
+        its own, so all rows go at once through the codec's rounding, packing and
+        decoding (on the CPU); APS shifts per row, so its rows go one by one."""
+        if self.scaling != "none":
+            return _each_row(self, x)
+        e, m = self.exp_bits, self.man_bits
+        flat = x.detach().to(_CPU).to(torch.float32).contiguous().reshape(-1)
+        values = _values(_pack_bits(_codes(flat, e, m, self.name), self.width), e, m, flat.numel())
+        return values.reshape(x.shape).to(x.dtype).to(x.device)
 
     @staticmethod
     def limits(exp_bits: int, man_bits: int) -> tuple[int, int, float]:
@@ -807,9 +835,15 @@ class S2FP8Codec:
         """Payload size for ``n`` values: alpha and beta, then a byte each."""
         return 8 + n
 
-    def nbytes(self, n: int) -> int:
+    def nbytes(self, n: int, dtype: torch.dtype = torch.float32) -> int:
         """``EncodedTensor.nbytes`` for ``n`` values (no header scalars)."""
         return self.wire_bytes(n)
+
+    def roundtrip_rows(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator] = ()
+    ) -> torch.Tensor:
+        """``decode(encode(row))`` of every row of ``x`` (:func:`_each_row`)."""
+        return _each_row(self, x)
 
     def encode(self, tensor: torch.Tensor) -> EncodedTensor:
         """Shift and squeeze ``log2|x|`` to mean 0 and max 15, cast to e5m2."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from fedcore.compression.base import Codec, RawCodec
+from fedcore.compression.base import Codec, RawCodec, RowsCodec
 from fedcore.compression.codecs import CastCodec, QSGDCodec, RandKCodec, SignCodec, TopKCodec
 from fedcore.compression.floats import CustomFloatCodec, FP8Codec, S2FP8Codec
 from fedcore.config import CODECS as CODECS_IN_CONFIG
@@ -74,7 +74,7 @@ def make_codec(
     scaling: str = "none",
     layers: Sequence[int] = (),
     seed: int = 0,
-) -> Codec:
+) -> RowsCodec:
     """An encoder: ``name`` with its options; ``seed`` seeds the stochastic ones.
 
     ``format`` (``"e4m3"`` or ``"e5m2"``) and ``chunk`` apply to ``fp8``; ``exp_bits``,

@@ -173,12 +173,8 @@ class VectorizedNetwork:
         self.d = int(self.start.numel())
         self.dtype = self.start.dtype
         self.codec = _row_codec(setup)
-        float64_wire = self.dtype == torch.float64 and self.codec.name == "raw"
         self.form: BatchedAlgorithm = batched_form(
-            setup.algorithm,
-            union_edges=len(union),
-            float64_wire=float64_wire,
-            codec=self.codec.name,
+            setup.algorithm, codec=self.codec.name, itemsize=self.start.element_size()
         )
         if isinstance(self.form, BatchedRule):  # what a rule's Rows.samples say
             held = [0 if setup.source is not None else len(p) for p in setup.parts]
@@ -226,11 +222,12 @@ class VectorizedNetwork:
         self.round = 0
         self.plan = setup.faults
 
-    def _phase(self, phase: int, graph: StackedGraph) -> _Phase:
-        def size(n: int) -> int:
-            return self.codec.nbytes(n, self.dtype)
+    def _size(self, n: int) -> int:
+        """Bytes one encoded tensor of ``n`` values puts on the wire."""
+        return self.codec.nbytes(n, self.dtype)
 
-        messages = self.form.messages(phase, graph, size, self.d)
+    def _phase(self, phase: int, graph: StackedGraph) -> _Phase:
+        messages = self.form.messages(phase, graph, self._size, self.d)
         zeros = torch.zeros_like(messages.src)
         full = _Counter(self.n, self.device)
         full.traffic(messages, None)
@@ -327,8 +324,11 @@ class VectorizedNetwork:
         phases = self.phases[slot]
         figures = _Counter(self.n, self.device)
         actives: list[torch.Tensor | None] = []
+        by_round = getattr(self.form, "by_round", False)
         for p, phase in enumerate(phases):
             m = phase.messages
+            if by_round:  # the sizes of this round's messages
+                m = self.form.messages(p, graph, self._size, self.d, round=t)  # type: ignore[call-arg]
             active = self._active(p, t, graph)
             actives.append(active)
             if self.plan is None:
@@ -341,7 +341,7 @@ class VectorizedNetwork:
                 phase.dropped += lost & up[m.src]
                 phase.missing += lost & up[m.dst]
                 figures.faults(m, lost & up[m.src], lost & up[m.dst])
-            if self.plan is None and active is None:
+            if self.plan is None and active is None and not by_round:
                 figures.add(phase.full)  # the same every round: counted once
             else:
                 figures.traffic(m, ok)

@@ -11,7 +11,7 @@ import torch
 
 from fedcore.algorithms import ALGORITHMS, make_algorithm
 from fedcore.algorithms.base import RoundContext
-from fedcore.algorithms.squeeze import APMSqueeze, DoubleSqueeze
+from fedcore.algorithms.squeeze import APMSqueeze, APMSqueezeRule, DoubleSqueeze
 from fedcore.compression import Codec, RawCodec, get_codec, make_codec
 from fedcore.config import load_config
 from fedcore.errors import AlgorithmError, ConfigError
@@ -323,7 +323,7 @@ def test_apmsqueeze_freezes_v_and_its_memories_telescope(codec: str) -> None:
             assert torch.equal(star.states[node].v, frozen[node])
         for w in WORKERS:
             m_w, _ = before[w]
-            intended[w] += (b1 * m_w + (1 - b1) * grads[w]).double()
+            intended[w] += (b1 * m_w.reshape(-1) + (1 - b1) * grads[w]).double()
             sent = torch.stack(star.sent[w][sent0[w] :]).double().sum(0)
             assert torch.allclose(
                 sent + star.states[w].delta.reshape(-1).double(), intended[w], atol=1e-5
@@ -405,7 +405,7 @@ def test_registered() -> None:
     assert ALGORITHMS["doublesqueeze"] is DoubleSqueeze
     assert ALGORITHMS["apmsqueeze"] is APMSqueeze
     alg = make_algorithm("apmsqueeze", precondition_rounds=2, betas=[0.5, 0.9], eps=1e-3)
-    assert isinstance(alg, APMSqueeze) and alg.betas == (0.5, 0.9)
+    assert isinstance(alg.rule, APMSqueezeRule) and alg.betas == (0.5, 0.9)
     network = build_network(load_config(None, [*DOUBLE, *SMALL, "topology.server=ps"]))
     assert "ps" in network.nodes and network.algorithm.server == "ps"  # type: ignore[attr-defined]
 
