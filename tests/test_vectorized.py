@@ -107,8 +107,8 @@ def odd_graph(algorithm: str, folder: Path) -> list[str]:
     path = folder / f"{algorithm}-odd.json"
     topology.save(graph, path)
     settings = [f"topology.file={path}"]
-    if generated.nodes[-1] == "server":
-        settings.append(f"topology.server={ODD_IDS[len(generated.nodes) - 1]!r}")
+    if "server" in rename:  # a star's server, renamed too
+        settings.append(f"topology.server={rename['server']!r}")
     return settings
 
 
