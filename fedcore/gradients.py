@@ -229,7 +229,8 @@ class RowGradient:
         relus: list[torch.Tensor] = []  # where each ReLU let through
         h = self.batched_forward(params, x, inputs=inputs, relus=relus)
         logp = torch.log_softmax(h, dim=-1)
-        ce = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # [M, B]
+        y1 = y.unsqueeze(-1)
+        ce = -logp.gather(-1, y1).squeeze(-1)  # [M, B]
         losses = ce[:, 0] if single else ce.mean(dim=1)
         key = (single, m, b, h.dtype, h.device)
         constants = self._constants.get(key)
@@ -243,7 +244,7 @@ class RowGradient:
                 self._constants.clear()
             constants = self._constants[key] = (weight_b.view(1, b, 1), minus_one)
         g = logp.exp()
-        g.scatter_add_(-1, y.unsqueeze(-1), constants[1])
+        g.scatter_add_(-1, y1, constants[1])
         g = g * constants[0]
         grads: dict[str, torch.Tensor] = {}
         linear = len(inputs)

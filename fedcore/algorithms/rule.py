@@ -550,7 +550,7 @@ class NodeRule:
 
     def step(self, state: Any, grad: torch.Tensor, ctx: RoundContext) -> tuple[Any, Any]:
         """The rule's step on one row; its send as one payload for every out-neighbour."""
-        state, send = self.rule.step(state, grad.unsqueeze(0), self._rows(ctx))
+        state, send = self.rule.step(state, grad[None], self._rows(ctx))
         return state, self._outbox(send, ctx, 0)
 
     def local_step(self, state: Any, grad: torch.Tensor, ctx: Any) -> Any:
@@ -605,7 +605,10 @@ class NodeRule:
         for sender, w, weight in self._in_neighbours(ctx.in_weights):
             payload = inbox.get(sender)
             if payload is not None:
-                tensors = {n: payload.tensor(n).unsqueeze(0) for n in payload.tensors}
+                tensors: dict[str, torch.Tensor] = {}
+                for n, value in payload.tensors.items():
+                    row = value if isinstance(value, torch.Tensor) else payload.tensor(n)
+                    tensors[n] = row[None]  # unsqueeze(0), a little cheaper
                 scalars = (
                     {n: torch.tensor([v], dtype=_TOTAL) for n, v in payload.scalars.items()}
                     if payload.scalars
