@@ -116,6 +116,8 @@ class RowGradient:
         )
         self._logits = torch.func.vmap(self._forward, in_dims=(0, None), randomness="error")
         self.why = ""
+        self._constants: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        """Read-only constant tensors of the backward pass, by what they depend on."""
         if mode is not None:
             if mode not in GRADIENT_MODES or (mode == "batched" and self._layers is None):
                 raise DataError(f"gradient mode {mode!r} does not fit this model.")
@@ -197,7 +199,7 @@ class RowGradient:
             return self._ragged(params, x, y, mask)
         if self.mode == "module":
             return self._rows(params, x, y)
-        if params.shape[0] == 1:
+        if params.shape[0] == 1 and torch.get_num_threads() != 1:
             with one_thread():
                 return self._stacked(params, x, y)
         return self._stacked(params, x, y)
@@ -227,16 +229,23 @@ class RowGradient:
         relus: list[torch.Tensor] = []  # where each ReLU let through
         h = self.batched_forward(params, x, inputs=inputs, relus=relus)
         logp = torch.log_softmax(h, dim=-1)
-        ce = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # [M, B]
-        if single:  # the second example is the first's copy, weighted 0
-            losses = ce[:, 0]
-            weight_b = torch.tensor([1.0, 0.0], dtype=h.dtype, device=h.device)
-        else:
-            losses = ce.mean(dim=1)
-            weight_b = torch.full((b,), 1.0 / b, dtype=h.dtype, device=h.device)
+        y1 = y.unsqueeze(-1)
+        ce = -logp.gather(-1, y1).squeeze(-1)  # [M, B]
+        losses = ce[:, 0] if single else ce.mean(dim=1)
+        key = (single, m, b, h.dtype, h.device)
+        constants = self._constants.get(key)
+        if constants is None:  # the same few shapes every step: made once (read only)
+            if single:  # the second example is the first's copy, weighted 0
+                weight_b = torch.tensor([1.0, 0.0], dtype=h.dtype, device=h.device)
+            else:
+                weight_b = torch.full((b,), 1.0 / b, dtype=h.dtype, device=h.device)
+            minus_one = torch.full_like(ce, -1.0).unsqueeze(-1)
+            if len(self._constants) > 64:
+                self._constants.clear()
+            constants = self._constants[key] = (weight_b.view(1, b, 1), minus_one)
         g = logp.exp()
-        g.scatter_add_(-1, y.unsqueeze(-1), torch.full_like(ce, -1.0).unsqueeze(-1))
-        g = g * weight_b.view(1, b, 1)
+        g.scatter_add_(-1, y1, constants[1])
+        g = g * constants[0]
         grads: dict[str, torch.Tensor] = {}
         linear = len(inputs)
         for prefix, layer in reversed(self._layers):

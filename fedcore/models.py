@@ -255,8 +255,8 @@ class Objective:
         """Mean cross-entropy on ``(x, y)`` at ``params`` and its gradient (a new tensor),
         through :attr:`rows`: the one gradient path every engine shares, on one row."""
         self._check(params)
-        losses, grads = self.rows.loss_and_grad(params.unsqueeze(0), x.unsqueeze(0), y.unsqueeze(0))
-        return float(losses[0]), grads[0]
+        losses, grads = self.rows.loss_and_grad(params[None], x[None], y[None])
+        return float(losses.item()), grads[0]
 
     def module_loss_and_grad(
         self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor

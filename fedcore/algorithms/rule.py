@@ -49,6 +49,7 @@ built-in rule; ``algorithm.name = "pkg.module:factory"`` loads a user's.
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -97,12 +98,16 @@ class Slot:
         weight: ``W_ji``, the share of the sender's value this peer receives, ``[B]``
             float64 (0 in a padding slot of a peer with fewer in-neighbours).
         arrived: ``[B]`` bool: the message arrived (never in a padding slot).
+        one: On one peer (``B = 1``): ``(W_ji, arrived)`` as Python values, so a helper
+            can skip tensor ops on one-element tensors (``None``: read ``weight`` and
+            ``arrived``).
     """
 
     tensors: Mapping[str, torch.Tensor]
     scalars: Mapping[str, torch.Tensor]
     weight: torch.Tensor
     arrived: torch.Tensor
+    one: tuple[float, bool] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -436,6 +441,12 @@ def gossip(
 ) -> torch.Tensor:
     """``W_ii x_i + sum_j W_ji x_j`` over what arrived, slot by slot; a missing ``j``'s
     weight goes to the peer itself (its row stays a convex combination)."""
+    table = _one_row(x, self_weight, inbox)
+    if table is not None:  # one peer: the same ops on coefficients made once
+        out = x * table[0]
+        for slot, coef in zip(inbox, table[1], strict=True):
+            out.addcmul_(slot.tensors[name], coef)
+        return out
     own = self_weight
     for slot in inbox:
         own = own + torch.where(slot.arrived, 0.0, slot.weight)
@@ -450,6 +461,11 @@ def pull(base: torch.Tensor, inbox: list[Slot], name: str) -> torch.Tensor:
     """``sum_j W_ji (v_j - base)`` over what arrived, slot by slot (a missing ``j`` adds
     nothing, as if it had sent ``base``)."""
     out = torch.zeros_like(base)
+    table = _one_row(base, None, inbox)
+    if table is not None:  # one peer: the same ops on coefficients made once
+        for slot, coef in zip(inbox, table[1], strict=True):
+            out.addcmul_(slot.tensors[name] - base, coef)
+        return out
     for slot in inbox:
         coef = torch.where(slot.arrived, slot.weight, 0.0).to(base.dtype).unsqueeze(1)
         out.addcmul_(slot.tensors[name] - base, coef)
@@ -460,10 +476,53 @@ def received(base: torch.Tensor, inbox: list[Slot], name: str) -> torch.Tensor:
     """``base + sum_j W_ji v_j`` over what arrived, slot by slot (a missing ``j`` adds
     nothing)."""
     out = base.clone()
+    table = _one_row(base, None, inbox)
+    if table is not None:  # one peer: the same ops on coefficients made once
+        for slot, coef in zip(inbox, table[1], strict=True):
+            out.addcmul_(slot.tensors[name], coef)
+        return out
     for slot in inbox:
         coef = torch.where(slot.arrived, slot.weight, 0.0).to(base.dtype).unsqueeze(1)
         out.addcmul_(slot.tensors[name], coef)
     return out
+
+
+_Coefficients = tuple[torch.Tensor, list[torch.Tensor]]
+
+_ONE_ROW: dict[tuple[Any, ...], _Coefficients] = {}
+"""(self weight, dtype, device, each slot's ``one``) -> :func:`_one_row`'s tensors."""
+
+
+def _one_row(
+    x: torch.Tensor, self_weight: torch.Tensor | None, inbox: list[Slot]
+) -> _Coefficients | None:
+    """On one peer whose slots know their Python values (:attr:`Slot.one`): ``[1, 1]``
+    tensors of ``x``'s dtype, the own coefficient (``W_ii`` plus the weights of what did
+    not arrive, summed in float64 slot by slot as :func:`gossip`'s tensor path does) and
+    each slot's (``W_ji`` if it arrived, else 0), made once per distinct round (read only).
+    ``None``: more than one row, or a slot without Python values."""
+    if x.dim() != 2 or x.shape[0] != 1 or (self_weight is not None and self_weight.numel() != 1):
+        return None
+    ones = tuple([slot.one for slot in inbox])
+    if None in ones:
+        return None
+    own = 0.0 if self_weight is None else float(self_weight.item())
+    key = (own, x.dtype, x.device, ones)
+    table = _ONE_ROW.get(key)
+    if table is None:
+        for one in ones:
+            assert one is not None
+            own = own + (0.0 if one[1] else one[0])
+
+        def column(value: float) -> torch.Tensor:
+            exact = torch.tensor([[value]], dtype=_TOTAL, device=x.device)
+            return exact.to(x.dtype)
+
+        coefs = [column(one[0] if one[1] else 0.0) for one in ones if one is not None]
+        if len(_ONE_ROW) >= 4096:  # a few distinct rounds a run: bounded all the same
+            _ONE_ROW.clear()
+        table = _ONE_ROW[key] = (column(own), coefs)
+    return table
 
 
 # -- a rule on one peer: the node's per-message protocol -------------------------------
@@ -491,8 +550,10 @@ class NodeRule:
         self.phases: int = int(rule.phases)
         self._encoded: dict[int, Any] = {}  # id of a compressed tensor -> its encoding(s)
         self._zeros: dict[tuple[int, ...], torch.Tensor] = {}
-        self._contexts: dict[int, tuple[RoundContext, Rows]] = {}
+        self._contexts: OrderedDict[int, tuple[RoundContext, Rows]] = OrderedDict()
         self._weights: dict[float, torch.Tensor] = {}
+        self._known: dict[tuple[float, int, float], tuple[torch.Tensor, ...]] = {}
+        self._senders: dict[int, tuple[Mapping[str, float], list[tuple[str, float, Any]]]] = {}
         accept = getattr(rule, "accept", None)
         if accept is not None:
             self.accept = accept
@@ -522,10 +583,12 @@ class NodeRule:
         cached = self._contexts.get(id(ctx))
         if cached is not None and cached[0] is ctx:
             return cached[1]
-        if len(self._contexts) > 64:  # a few rounds of the nodes of one process
-            self._contexts.clear()
         rows = self._make_rows(ctx)
         self._contexts[id(ctx)] = (ctx, rows)
+        # The newest few per node of the process (a node asks for a round's context from
+        # its step to its last mix, while the other nodes start theirs): oldest out first.
+        while len(self._contexts) > 64 + 2 * len(ctx.nodes):
+            self._contexts.popitem(last=False)
         return rows
 
     def _make_rows(self, ctx: RoundContext) -> Rows:
@@ -556,18 +619,28 @@ class NodeRule:
             if bool(bad[0]):
                 raise AlgorithmError(why.format(node=repr(ctx.node), round=ctx.round))
 
+        key = (ctx.self_weight, len(ctx.in_weights), float(ctx.samples))
+        known = self._known.get(key)
+        if known is None:  # a few distinct ones a run: made once (read only)
+            if len(self._known) > 256:
+                self._known.clear()
+            known = self._known[key] = (
+                torch.tensor([ctx.self_weight], dtype=_TOTAL),
+                torch.tensor([len(ctx.in_weights)]),
+                torch.tensor([float(ctx.samples)], dtype=_TOTAL),
+            )
         return Rows(
             round=ctx.round,
             lr=ctx.lr,
-            self_weight=torch.tensor([ctx.self_weight], dtype=_TOTAL),
+            self_weight=known[0],
             compress=compress,
             fail=fail,
-            in_degree=torch.tensor([len(ctx.in_weights)]),
+            in_degree=known[1],
             n=len(ctx.nodes),
             deadline=ctx.deadline,
             ids=(ctx.node,),
             nodes=tuple(ctx.nodes),
-            samples=torch.tensor([float(ctx.samples)], dtype=_TOTAL),
+            samples=known[2],
             edges=_edges_of(ctx) if self.rule.pattern == "edges" else None,
             codec="" if codec is None else codec.name,
         )
@@ -665,7 +738,7 @@ class NodeRule:
 
     def step(self, state: Any, grad: torch.Tensor, ctx: RoundContext) -> tuple[Any, Any]:
         """The rule's step on one row; its send as one payload for every out-neighbour."""
-        state, send = self.rule.step(state, grad.unsqueeze(0), self._rows(ctx))
+        state, send = self.rule.step(state, grad[None], self._rows(ctx))
         return state, self._outbox(send, ctx, 0)
 
     def local_step(self, state: Any, grad: torch.Tensor, ctx: Any) -> Any:
@@ -697,6 +770,9 @@ class NodeRule:
                 raise AlgorithmError(
                     f"{sender!r} sends {ctx.node!r} nothing in phase {phase} of round {ctx.round}."
                 )
+        if _TAKES_ROWS.get(type(self.rule)) is False:  # asked once a message: no rows needed
+            schema: MessageSchema = self.rule.schema(phase)
+            return schema
         return schema_of(self.rule, phase, self._rows(ctx))
 
     def _zero(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -713,36 +789,58 @@ class NodeRule:
             chosen = _gathered(inbox, schema_of(self.rule, phase, rows), model)
             state, send = self.rule.mix(state, phase, chosen, rows)
             return state, self._outbox(send, ctx, phase + 1)
-        schema = schema_of(self.rule, phase, rows) if self.rule.pattern != "none" else None
-        x = self.rule.model(state)
-        if self.rule.pattern == "edges" and schema is not None:
-            edge_inbox = self._edge_inbox(inbox, _in_union(ctx), schema, x)
+        if self.rule.pattern == "edges":
+            edge_schema = schema_of(self.rule, phase, rows)
+            model = self.rule.model(state)
+            edge_inbox = self._edge_inbox(inbox, _in_union(ctx), edge_schema, model)
             state, send = self.rule.mix(state, phase, edge_inbox, rows)
             return state, self._outbox(send, ctx, phase + 1)
-        yes, no = _YES, _NO
         slots: list[Slot] = []
-        for sender in sorted(ctx.in_weights):
-            w = ctx.in_weights[sender]
-            weight = self._weights.get(w)
-            if weight is None:  # a few distinct weights a run: made once
-                if len(self._weights) > 256:
-                    self._weights.clear()
-                weight = self._weights[w] = torch.tensor([w], dtype=_TOTAL)
+        for sender, w, weight in self._in_neighbours(ctx.in_weights):
             payload = inbox.get(sender)
             if payload is not None:
-                tensors = {n: payload.tensor(n).unsqueeze(0) for n in payload.tensors}
-                scalars = {n: torch.tensor([v], dtype=_TOTAL) for n, v in payload.scalars.items()}
-                slots.append(Slot(tensors, scalars, weight, yes))
+                tensors: dict[str, torch.Tensor] = {}
+                for n, value in payload.tensors.items():
+                    row = value if isinstance(value, torch.Tensor) else payload.tensor(n)
+                    tensors[n] = row[None]  # unsqueeze(0), a little cheaper
+                scalars = (
+                    {n: torch.tensor([v], dtype=_TOTAL) for n, v in payload.scalars.items()}
+                    if payload.scalars
+                    else {}
+                )
+                slots.append(Slot(tensors, scalars, weight, _YES, (w, True)))
                 continue
+            x = self.rule.model(state)
+            schema = schema_of(self.rule, phase, rows) if self.rule.pattern != "none" else None
             names = schema.tensors if schema is not None else {}
             tensors = {
                 n: self._zero(tuple(x.shape[1:]) if s is None else s, x.dtype)
                 for n, s in names.items()
             }
             scalars = {n: torch.zeros(1, dtype=_TOTAL) for n in (schema.scalars if schema else ())}
-            slots.append(Slot(tensors, scalars, weight, no))
+            slots.append(Slot(tensors, scalars, weight, _NO, (w, False)))
         state, send = self.rule.mix(state, phase, slots, rows)
         return state, self._outbox(send, ctx, phase + 1)
+
+    def _in_neighbours(self, in_weights: Mapping[str, float]) -> list[tuple[str, float, Any]]:
+        """``(sender, W_ji, W_ji as a [1] float64 tensor)`` in sorted sender order, made
+        once per in-weights mapping (a node keeps one per graph of its schedule)."""
+        cached = self._senders.get(id(in_weights))
+        if cached is not None and cached[0] is in_weights:
+            return cached[1]
+        listed: list[tuple[str, float, Any]] = []
+        for sender in sorted(in_weights):
+            w = in_weights[sender]
+            weight = self._weights.get(w)
+            if weight is None:  # a few distinct weights a run: made once
+                if len(self._weights) > 256:
+                    self._weights.clear()
+                weight = self._weights[w] = torch.tensor([w], dtype=_TOTAL)
+            listed.append((sender, w, weight))
+        if len(self._senders) > 256:
+            self._senders.clear()
+        self._senders[id(in_weights)] = (in_weights, listed)
+        return listed
 
 
 def _out_union(ctx: RoundContext) -> tuple[str, ...]:
