@@ -430,7 +430,7 @@ class Node:
             lost = [] if faults is None else faults.announced_lost(self.id, t, phase, expected)
             dropped_in.extend(lost)
             inbox = await self._collect(t, phase, expected, lost, ctx, missing, rejected)
-            self.state, outbox = self.algorithm.mix(self.state, phase, inbox, ctx)
+            self.state, outbox = self.algorithm.mix(self.state, phase, inbox, step_ctx)
         self.round = t + 1
         record = RoundRecord(
             node=self.id,

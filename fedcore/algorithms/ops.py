@@ -299,14 +299,7 @@ class PushSumRule:
             x.addcmul_(slot.tensors["x"], slot.arrived.to(dtype).unsqueeze(1))
             omega = omega + torch.where(slot.arrived, slot.scalars["omega"], 0.0)
             heard = heard | slot.arrived
-        expected = rows.in_degree > 0
-        silent = torch.where(heard, 0, torch.where(expected, state.silent + 1, state.silent))
-        rows.check(
-            ~(omega > 0),
-            "node {node}: its push-sum weight is no longer positive after round {round}; it "
-            "must stay positive. Give every node a positive self weight.",
-        )
-        return PushSumState(x, omega, silent), None
+        return PushSumState(x, omega, _silent_after(state.silent, heard, omega, rows)), None
 
 
 class RobustPushSumRule(PushSumRule):
@@ -437,13 +430,7 @@ class RobustPushSumRule(PushSumRule):
         x = (state.x.to(_TOTAL) + gained).to(state.x.dtype)
         omega = state.omega + gained_omega
         heard = edges.in_total(inbox.arrived.to(_TOTAL)) > 0
-        expected = rows.in_degree > 0
-        silent = torch.where(heard, 0, torch.where(expected, state.silent + 1, state.silent))
-        rows.check(
-            ~(omega > 0),
-            "node {node}: its push-sum weight is no longer positive after round {round}; it "
-            "must stay positive. Give every node a positive self weight.",
-        )
+        silent = _silent_after(state.silent, heard, omega, rows)
         return RobustOPSState(
             x,
             omega,
@@ -453,6 +440,21 @@ class RobustPushSumRule(PushSumRule):
             torch.where(fresh.unsqueeze(1), total, seen_x),
             torch.where(fresh, omega_total, seen_omega),
         ), None
+
+
+def _silent_after(
+    silent: torch.Tensor, heard: torch.Tensor, omega: torch.Tensor, rows: Rows
+) -> torch.Tensor:
+    """The rounds in a row with no share from an expected in-neighbour after this one
+    (reset by any share, unchanged with no in-neighbour this round); stop the run if a
+    push-sum weight is no longer positive."""
+    rows.check(
+        ~(omega > 0),
+        "node {node}: its push-sum weight is no longer positive after round {round}; it "
+        "must stay positive. Give every node a positive self weight.",
+    )
+    expected = rows.in_degree > 0
+    return torch.where(heard, 0, torch.where(expected, silent + 1, silent))
 
 
 def _edges(rows: Rows) -> Edges:

@@ -48,9 +48,9 @@ decode it by the codec it names), so every node holds the same Adam moments. The
 broadcast carries the server's model and moments (three model-sized tensors, during the
 ``T`` warm-up rounds only) rather than ``gbar``, so a worker that misses one rejoins
 exactly at the next: what it needs is the last one, which holds the ``v`` that is
-frozen. APMSqueeze is itself the optimizer: leave ``[optimizer]`` at plain SGD (a node
-optimizer's direction would stand in for the gradient); the step size is the round's
-``algorithm.lr``. A coordinate whose frozen ``vhat`` is 0 (an input never active in the
+frozen. APMSqueeze is itself the optimizer: a node optimizer (``[optimizer]`` other than
+plain SGD) is refused, as its direction would stand in for the gradient; the step size is
+the round's ``algorithm.lr``. A coordinate whose frozen ``vhat`` is 0 (an input never active in the
 warm-up) steps by ``lr * mbar / eps``, and one whose ``vhat`` is tiny amplifies the
 codec's error there: harmless with codecs that keep zeros (``qsgd``, ``topk``) on such
 inputs, large with ``sign``, which sends every coordinate; raise ``algorithm.eps`` then.

@@ -517,7 +517,13 @@ def node_optimizer(
 
 def _check_combinations(config: Config, algorithm: Algorithm) -> None:
     """Refuse what the config's tables cannot do together (cheap: no graph, no data)."""
-    node_optimizer(config)
+    optimizer = node_optimizer(config)
+    if algorithm.name == "apmsqueeze" and optimizer is not None:
+        raise ConfigError(
+            f"algorithm 'apmsqueeze' is itself the optimizer (Adam, then momentum on the frozen "
+            f"second moment); optimizer.name = {config.optimizer.name!r} would stand in for its "
+            "gradient. Leave [optimizer] at plain SGD."
+        )
     f = config.faults
     if f.active and not f.announce and config.transport.mode == "strict":
         raise ConfigError(
