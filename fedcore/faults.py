@@ -204,7 +204,7 @@ class FaultPlan:
         row = rows.get(sender)
         if row is None or j >= len(row):
             i = self._at(sender)
-            dst = torch.arange(len(self._known))
+            dst = torch.arange(len(self._known), device="cpu")
             src = torch.full_like(dst, i)
             p = self._edge_probabilities(src, dst) if self._edge_drop else self._drop
             reasons = self._reasons(src, dst, p, round, phase)
@@ -228,8 +228,8 @@ class FaultPlan:
 
     def uniform(self, kind: str, sender: str, receiver: str, round: int, phase: int) -> float:
         """The uniform number of ``kind`` of one message: :meth:`uniform_edges` of its edge."""
-        src = torch.tensor([self._at(sender)])
-        dst = torch.tensor([self._at(receiver)])
+        src = torch.tensor([self._at(sender)], device="cpu")
+        dst = torch.tensor([self._at(receiver)], device="cpu")
         return float(self._uniform(keyed.string_id(kind), src, dst, round, phase).item())
 
     # --- the decisions ----------------------------------------------------------------------

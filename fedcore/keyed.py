@@ -90,6 +90,7 @@ _M2 = 0x94D049BB133111EB
 _MASK52 = (1 << 52) - 1
 _MASK53 = (1 << 53) - 1
 _SIGN = -(1 << 63)  # the sign bit of an int64 (and of a float64 viewed as one)
+_CPU = torch.device("cpu")
 
 
 def signed64(value: int) -> int:
@@ -150,12 +151,12 @@ _SQRT_GUESS = (-0.1003, 0.7085, 0.3888)
 
 def mix64(z: int) -> int:
     """:func:`mix64_tensor` of one word: an int in ``[0, 2**64)``."""
-    return _word(mix64_tensor(torch.tensor(signed64(z))))
+    return _word(mix64_tensor(torch.tensor(signed64(z), device=_CPU)))
 
 
 def absorb(h: int, c: int) -> int:
     """:func:`absorb_tensor` of one hash and coordinate: an int in ``[0, 2**64)``."""
-    return _word(absorb_tensor(torch.tensor(signed64(h)), c))
+    return _word(absorb_tensor(torch.tensor(signed64(h), device=_CPU), c))
 
 
 def hash64(key: int, *coords: int) -> int:
@@ -226,7 +227,12 @@ def hash64_tensor(
     int key starts as a 0-dimensional tensor on ``device`` (default CPU), so without any
     tensor coordinate the result is one there; a tensor coordinate's device takes over.
     """
-    h = key if isinstance(key, torch.Tensor) else torch.tensor(signed64(key), device=device)
+    if not isinstance(key, torch.Tensor):
+        if device is None:  # a tensor coordinate's device, else the CPU (never torch's default)
+            tensors = (c.device for c in coords if isinstance(c, torch.Tensor))
+            device = next(tensors, _CPU)
+        key = torch.tensor(signed64(key), device=device)
+    h = key
     for c in coords:
         h = absorb_tensor(h, c)
     return h

@@ -154,7 +154,7 @@ class SyntheticDrift:
 
     def comparator(self, round: int) -> torch.Tensor:
         """The labelling rule ``w*_t`` of ``round`` (a vector of ``features`` values)."""
-        w = torch.zeros(self.features, dtype=torch.float64)
+        w = torch.zeros(self.features, dtype=torch.float64, device="cpu")
         w[0], w[1] = self._comparator_plane(round)
         return w
 
@@ -189,7 +189,7 @@ class SyntheticDrift:
                 self._rounds[key] = self.batches(round, size=size, salt=salt)
             x, y = self._rounds[key]
             return x[node].clone(), y[node].clone()
-        x, y = self.batches(round, torch.tensor([node]), size=size, salt=salt)
+        x, y = self.batches(round, torch.tensor([node], device="cpu"), size=size, salt=salt)
         return x[0], y[0]
 
     def batches(
@@ -247,7 +247,9 @@ class SyntheticDrift:
 
     def _direction(self, angles: tuple[torch.Tensor, torch.Tensor], round: int) -> torch.Tensor:
         """``v_{i,t}`` ``[N, features]`` from :meth:`_angles`: the angle sum, normalized."""
-        sin_b, cos_b = keyed.sin_cos_tensor(torch.tensor(0.31 * round, dtype=torch.float64))
+        device = angles[0].device
+        turn = torch.tensor(0.31 * round, dtype=torch.float64, device=device)
+        sin_b, cos_b = keyed.sin_cos_tensor(turn)
         v = angles[0] * cos_b
         v += angles[1] * sin_b
         norm = keyed.sqrt_tensor(_sum_last(v * v))
@@ -278,7 +280,7 @@ class SyntheticDrift:
     def _sample_mixed(self, round: int, size: int, *, salt: int) -> tuple[torch.Tensor, ...]:
         """``size`` examples: ``per`` from each node in turn, as many nodes as it takes."""
         per = -(-size // self.nodes)
-        used = torch.arange(-(-size // per), dtype=torch.int64)
+        used = torch.arange(-(-size // per), dtype=torch.int64, device="cpu")
         x, y = self.batches(round, used, size=per, salt=salt)
         return x.reshape(-1, self.features)[:size], y.reshape(-1)[:size]
 

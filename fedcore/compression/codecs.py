@@ -195,7 +195,7 @@ def _uniforms(generators: Sequence[torch.Generator], n: int) -> torch.Tensor:
     u = torch.empty(len(generators), n, dtype=torch.float32, device=_CPU)
     for own in rows.values():
         drawn = torch.rand(len(own), n, generator=generators[own[0]], device=_CPU)
-        u[torch.tensor(own)] = drawn
+        u[torch.tensor(own, device=_CPU)] = drawn
     return u
 
 
@@ -340,7 +340,7 @@ class QSGDCodec:
             norm = _param(encoded, "norm", self.name)
             if norm < 0:
                 raise CompressionError(f"codec 'qsgd': negative norm {norm}.")
-            norms = torch.tensor([norm], dtype=torch.float64)
+            norms = torch.tensor([norm], dtype=torch.float64, device=_CPU)
         else:
             norms = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4", offset=ncodes).copy())
             if not bool((torch.isfinite(norms) & (norms >= 0)).all()):
@@ -495,7 +495,7 @@ class SignCodec:
             scale = _param(encoded, "scale", self.name)
             if scale < 0:
                 raise CompressionError(f"codec 'sign': negative scale {scale}.")
-            scales = torch.tensor([scale], dtype=torch.float64)
+            scales = torch.tensor([scale], dtype=torch.float64, device=_CPU)
         else:
             scales = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4", offset=nbits).copy())
             if not bool((torch.isfinite(scales) & (scales >= 0)).all()):
@@ -722,7 +722,7 @@ class RandKCodec:
         seed = _int_param(encoded, "seed", self.name, 0, 2**53)
         _expect(encoded, 4 * k, self.name)
         values = torch.from_numpy(np.frombuffer(encoded.data, dtype="<f4").copy())
-        idx = self._indices(seed, n, k) if k else torch.zeros(0, dtype=torch.int64)
+        idx = self._indices(seed, n, k) if k else torch.zeros(0, dtype=torch.int64, device=_CPU)
         return _restore(_scatter(n, idx[None], values[None])[0], encoded)
 
     def roundtrip_rows(
