@@ -443,16 +443,14 @@ def gossip(
     weight goes to the peer itself (its row stays a convex combination)."""
     table = _one_row(x, self_weight, inbox)
     if table is not None:  # one peer: the same ops on coefficients made once
-        out = x * table[0]
-        for slot, coef in zip(inbox, table[1], strict=True):
-            out.addcmul_(slot.tensors[name], coef)
-        return out
-    own = self_weight
-    for slot in inbox:
-        own = own + torch.where(slot.arrived, 0.0, slot.weight)
-    out = x * own.to(x.dtype).unsqueeze(1)
-    for slot in inbox:
-        coef = torch.where(slot.arrived, slot.weight, 0.0).to(x.dtype).unsqueeze(1)
+        own, coefs = table
+    else:
+        total = self_weight
+        for slot in inbox:
+            total = total + torch.where(slot.arrived, 0.0, slot.weight)
+        own, coefs = total.to(x.dtype).unsqueeze(1), _coefficients(x, inbox)
+    out = x * own
+    for slot, coef in zip(inbox, coefs, strict=True):
         out.addcmul_(slot.tensors[name], coef)
     return out
 
@@ -461,13 +459,7 @@ def pull(base: torch.Tensor, inbox: list[Slot], name: str) -> torch.Tensor:
     """``sum_j W_ji (v_j - base)`` over what arrived, slot by slot (a missing ``j`` adds
     nothing, as if it had sent ``base``)."""
     out = torch.zeros_like(base)
-    table = _one_row(base, None, inbox)
-    if table is not None:  # one peer: the same ops on coefficients made once
-        for slot, coef in zip(inbox, table[1], strict=True):
-            out.addcmul_(slot.tensors[name] - base, coef)
-        return out
-    for slot in inbox:
-        coef = torch.where(slot.arrived, slot.weight, 0.0).to(base.dtype).unsqueeze(1)
+    for slot, coef in zip(inbox, _coefficients(base, inbox), strict=True):
         out.addcmul_(slot.tensors[name] - base, coef)
     return out
 
@@ -476,15 +468,18 @@ def received(base: torch.Tensor, inbox: list[Slot], name: str) -> torch.Tensor:
     """``base + sum_j W_ji v_j`` over what arrived, slot by slot (a missing ``j`` adds
     nothing)."""
     out = base.clone()
-    table = _one_row(base, None, inbox)
-    if table is not None:  # one peer: the same ops on coefficients made once
-        for slot, coef in zip(inbox, table[1], strict=True):
-            out.addcmul_(slot.tensors[name], coef)
-        return out
-    for slot in inbox:
-        coef = torch.where(slot.arrived, slot.weight, 0.0).to(base.dtype).unsqueeze(1)
+    for slot, coef in zip(inbox, _coefficients(base, inbox), strict=True):
         out.addcmul_(slot.tensors[name], coef)
     return out
+
+
+def _coefficients(x: torch.Tensor, inbox: list[Slot]) -> list[torch.Tensor]:
+    """Each slot's ``[B, 1]`` coefficient in ``x``'s dtype: ``W_ji`` if its message arrived,
+    else 0 (on one peer, made once per distinct round: :func:`_one_row`)."""
+    table = _one_row(x, None, inbox)
+    if table is not None:
+        return table[1]
+    return [torch.where(s.arrived, s.weight, 0.0).to(x.dtype).unsqueeze(1) for s in inbox]
 
 
 _Coefficients = tuple[torch.Tensor, list[torch.Tensor]]
