@@ -337,7 +337,8 @@ class Node:
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
         self.faults = faults
         self._unreachable: set[str] = set()  # peers whose last send failed (logged once)
-        # Deadline mode: the send on its way to each receiver (task, message, fp32 size).
+        # Deadline mode: the send on its way to each receiver (task, message, its fp32
+        # size, 0 if the fault plan lost it).
         self._sending: dict[str, tuple[asyncio.Task[None], Message, int]] = {}
         # What each phase's message holds, and (optionally) what the state makes impossible.
         self._schema = getattr(algorithm, "message_schema", None)
@@ -508,9 +509,9 @@ class Node:
         if self.options.mode == "strict":
             fp32 = 0
             for message, size in messages:
-                self._note_lost(message, dropped_out)
+                went = self._went(message, size, dropped_out)
                 await self.transport.send(message)
-                fp32 += self._went(message, size)
+                fp32 += went
             return fp32
         # Sends that ended since the last round first: an ended task is replaced below.
         fp32 = self._harvest(t, unreachable)
@@ -521,28 +522,23 @@ class Node:
                 logger.debug("%s: still sending to %s; none for it in round %d", self.id, dst, t)
                 unreachable.append(dst)
                 continue
-            self._note_lost(message, dropped_out)
+            went = self._went(message, size, dropped_out)
             task = asyncio.create_task(self.transport.send(message))
             task.add_done_callback(_retrieve)
-            self._sending[dst] = (task, message, size)
+            self._sending[dst] = (task, message, went)
             started.append(task)
         if started:
             await asyncio.wait(started, timeout=self.options.deadline_s)
         return fp32 + self._harvest(t, unreachable)
 
-    def _lost(self, message: Message) -> bool:
-        """Whether the fault plan lost ``message``."""
+    def _went(self, message: Message, fp32: int, dropped_out: list[str]) -> int:
+        """``fp32`` unless the fault plan lost ``message``: then nothing went, and its
+        receiver goes to ``dropped_out`` (asked of the plan once a message)."""
         coords = (message.sender, message.receiver, message.round, message.phase)
-        return self.faults is not None and self.faults.lost(*coords) is not None
-
-    def _note_lost(self, message: Message, dropped_out: list[str]) -> None:
-        """Add ``message``'s receiver to ``dropped_out`` if the fault plan lost it."""
-        if self._lost(message):
-            dropped_out.append(message.receiver)
-
-    def _went(self, message: Message, fp32: int) -> int:
-        """``fp32`` unless the fault plan lost ``message`` (then nothing went)."""
-        return 0 if self._lost(message) else fp32
+        if self.faults is None or self.faults.lost(*coords) is None:
+            return fp32
+        dropped_out.append(message.receiver)
+        return 0
 
     def _cannot_reach(self, dst: str, t: int, why: object, unreachable: list[str]) -> None:
         if dst not in self._unreachable:
@@ -553,7 +549,7 @@ class Node:
     def _harvest(self, t: int, unreachable: list[str]) -> int:
         """Account for the deadline-mode sends that ended (in this round or since)."""
         fp32 = 0
-        for dst, (task, message, size) in list(self._sending.items()):
+        for dst, (task, _, went) in list(self._sending.items()):
             if not task.done():
                 continue
             del self._sending[dst]
@@ -561,7 +557,7 @@ class Node:
             if exc is None:
                 self._unreachable.discard(dst)
                 self._refused.discard(dst)
-                fp32 += self._went(message, size)
+                fp32 += went
             elif isinstance(exc, PeerUnavailableError | TransportTimeoutError):
                 self._cannot_reach(dst, t, exc, unreachable)
             elif isinstance(exc, MessageRefusedError):
