@@ -610,7 +610,8 @@ def _median_ms(fn: Any, calls: int) -> float:
 def breakdown(dataset: Dataset, n: int, model: str, calls: int = 30) -> list[tuple[str, float]]:
     """Median ms of each part of one round, vectorized engine and batched floor (the parts
     re-run on the state after one round; their sum need not equal the whole)."""
-    from fedcore.algorithms.batched import BatchRound, _mix  # a private helper, for timing
+    from fedcore.algorithms.batched import BatchRound
+    from fedcore.algorithms.rule import Slot, gossip
 
     config = make_config(n, model)
     net = build("vectorized", config, dataset)
@@ -631,9 +632,11 @@ def breakdown(dataset: Dataset, n: int, model: str, calls: int = 30) -> list[tup
 
     def mix() -> torch.Tensor:
         w, arrived = g.slots(g.weight), g.slots(every)
-        own = g.self_weight + (w * ~arrived).sum(dim=1)
-        base = params * own.to(params.dtype).unsqueeze(1)
-        return _mix(base, params, (w * arrived).to(params.dtype), g.nbr)
+        slots = [
+            Slot({"x": params.index_select(0, g.nbr[:, k])}, {}, w[:, k], arrived[:, k])
+            for k in range(g.nbr.shape[1])
+        ]
+        return gossip(params, g.self_weight, slots)
 
     def scatter() -> None:
         grad = torch.zeros_like(params)
@@ -652,7 +655,7 @@ def breakdown(dataset: Dataset, n: int, model: str, calls: int = 30) -> list[tup
         ("  form.round (D-PSGD update)", lambda: net.form.round(net.state, grads, ctx)),
         ("    of which codec.roundtrip (raw: a copy)", lambda: net.codec.roundtrip(
             params, torch.arange(n))),
-        ("    of which slot-by-slot mix (_mix + coefficients)", mix),
+        ("    of which slot-by-slot mix (gossip over slots)", mix),
         ("batched floor: one round", lambda: bf.run(1)),
         ("  StackedBatches.next", lambda: bf.batches.next(up_np)),
         ("  hand-written gradient", lambda: bf.grad(xb, yb, mask)),

@@ -24,6 +24,7 @@ from fedcore import topology
 from fedcore.algorithms import ALGORITHMS
 from fedcore.algorithms.batched import has_batched_form
 from fedcore.config import Config, load_config
+from fedcore.data import Dataset
 from fedcore.errors import ConfigError
 from fedcore.runners.network import build_network, build_topology, prepare_run
 from fedcore.runners.simulate import RunObserver, choose_engine, run_vectorized
@@ -198,9 +199,9 @@ REFUSED: dict[tuple[str, str | None, bool | None], str] = {
     # message updates: a lost message would leave it behind for good, so a fault plan that
     # loses messages is refused on both engines (before either is built), whatever the codec.
     ("choco", None, True): "needs every message",
-    # RPS with a stochastic codec draws per block in the message engine's order, which the
-    # batched RPS twin does not model: the vectorized engine refuses it (the message engine
-    # runs it), so there is no second run to be bit-identical with.
+    # RPS with a stochastic codec: a worker draws for blocks of two lengths in receiver
+    # order, and the vectorized engine's codec calls go one length at a time, so it refuses
+    # it (the message engine runs it): there is no second run to be bit-identical with.
     ("rps", "qsgd", None): "rps with the stochastic codec 'qsgd'",
 }
 """The contract's combinations that one engine (or both) refuses, with what the one-line
@@ -294,6 +295,32 @@ def test_ops_variants_agree(extra: list[str], faults: bool) -> None:
 @pytest.mark.parametrize("algorithm", ["dpsgd", "ops"])
 def test_randk_draws_agree(algorithm: str) -> None:
     assert_same_run(_config(algorithm, "topk", True, "compression.codec=randk"))
+
+
+def tiny_dataset(*, seed: int, test_fraction: float) -> Dataset:
+    """One feature, two classes: ``logreg`` on it has 4 parameters, fewer than peers."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(240, 1, generator=gen)
+    y = (x[:, 0] + 0.5 * torch.randn(240, generator=gen) > 0).long()
+    cut = int(240 * (1 - test_fraction))
+    return Dataset(
+        name="tiny", x_train=x[:cut], y_train=y[:cut], x_test=x[cut:], y_test=y[cut:], num_classes=2
+    )
+
+
+@pytest.mark.parametrize("faults", [False, True])
+def test_rps_with_empty_blocks_agrees(faults: bool) -> None:
+    """A model of 4 values on 8 peers: 4 owners hold an empty block, get no scatter and send
+    no gather message; both engines send, lose and count the same messages."""
+    assert_same_run(
+        _config(
+            "rps",
+            "sign",
+            faults,
+            "data.dataset=tests.test_vectorized:tiny_dataset",
+            "model.name=logreg",
+        )
+    )
 
 
 def test_time_varying_schedule_agrees() -> None:

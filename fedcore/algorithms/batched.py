@@ -6,10 +6,8 @@ weights as ``[N]``, state per edge as ``[E, ...]``) and calls :meth:`BatchedAlgo
 once per round. :class:`BatchedRule` runs a :class:`~fedcore.algorithms.rule.Rule` with
 ``B = N``: the same code a peer runs on its one row (through
 :class:`~fedcore.algorithms.rule.NodeRule`), so the engines agree by construction.
-:class:`BatchedRPS` is the one algorithm still written twice (RPS's messages are model
-blocks of different sizes per receiver, which a rule's messages do not express); the
-contract test ``tests/test_vectorized.py`` holds it equal to :class:`~fedcore.algorithms.
-rps.RPS`.
+Every built-in algorithm is one rule; the contract test ``tests/test_vectorized.py`` holds
+the engines equal for each.
 
 What a round sees (:class:`BatchRound`): the round's weighted graph as edge lists and a
 padded neighbour table (:class:`StackedGraph`, in-neighbours sorted by sender id as a
@@ -28,7 +26,6 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from fedcore.algorithms.rps import RPS, block_sizes
 from fedcore.algorithms.rule import (
     EdgeInbox,
     Edges,
@@ -38,6 +35,7 @@ from fedcore.algorithms.rule import (
     Slot,
     lossless,
     schema_of,
+    widths_of,
 )
 from fedcore.compression.batched import RowCodec
 from fedcore.errors import AlgorithmError, ProtocolError
@@ -307,54 +305,12 @@ def _keep_down(up: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.
     return torch.where(mask, new, old)
 
 
-def _mix(
-    base: torch.Tensor, values: torch.Tensor, coef: torch.Tensor, rows: torch.Tensor
-) -> torch.Tensor:
-    """``base[i] + sum_k coef[i, k] * values[rows[i, k]]``, slot by slot (sorted senders)."""
-    out = base.clone()
-    for k in range(rows.shape[1]):
-        out.addcmul_(values.index_select(0, rows[:, k]), coef[:, k : k + 1])
-    return out
-
-
-def _gossip_messages(graph: StackedGraph, nbytes: Size, d: int, tensors: int = 1) -> Messages:
-    size = torch.full_like(graph.src, tensors * nbytes(d))
-    return Messages(graph.src, graph.dst, size, torch.full_like(graph.src, tensors * 4 * d))
-
-
-def _all_rows(x: torch.Tensor) -> torch.Tensor:
-    return torch.arange(x.shape[0], device=x.device)
-
-
-class _ModelState(NamedTuple):
-    x: torch.Tensor
-
-
 def _slot_weights(g: StackedGraph) -> torch.Tensor:
     """``W_ji`` on the neighbour table (padding 0), float64; built once per graph."""
     w = g.cache.get("slot_weights")
     if w is None:
         w = g.cache["slot_weights"] = g.slots(g.weight)
     return w
-
-
-def _by_name(g: StackedGraph) -> list[int]:
-    """Node indices in sorted-id order (the order a per-node inbox is processed in)."""
-    order = g.cache.get("by_name")
-    if order is None:
-        rank = g.cache["rank"]
-        order = sorted(range(g.n), key=rank.__getitem__)
-        g.cache["by_name"] = order
-    return order
-
-
-def _edge_rows(g: StackedGraph) -> torch.Tensor:
-    """The neighbour table as edge indices (padding: edge 0, with a zero coefficient)."""
-    rows = g.cache.get("edge_rows")
-    if rows is None:
-        rows = g.slot_edge.clamp(max=max(g.edges - 1, 0))
-        g.cache["edge_rows"] = rows
-    return rows
 
 
 def _share_units(g: StackedGraph) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -388,114 +344,6 @@ def _share_units(g: StackedGraph) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         )
         g.cache["units"] = cached
     return cached
-
-
-class BatchedRPS:
-    """Batched :class:`~fedcore.algorithms.rps.RPS`: block averages as one masked sum over
-    the coordinates (each coordinate's owner), then the gather as a per-coordinate choice.
-
-    Messages of a phase are every (sender, receiver) pair the per-node form addresses:
-    phase 0 every worker to every other owner of a non-empty block, phase 1 every owner of a
-    non-empty block to every other worker, in that order (the rows of the all-pairs table).
-    """
-
-    name = "rps"
-    phases = 2
-
-    def __init__(self) -> None:
-        """Sizes are learnt from :meth:`init`."""
-        self._owner: torch.Tensor | None = None
-        self._pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def init(self, params: torch.Tensor) -> _ModelState:
-        """Record the block layout."""
-        n, d = params.shape
-        device = params.device
-        self._sizes = torch.tensor(block_sizes(d, n), dtype=torch.long, device=device)
-        self._owner = torch.repeat_interleave(torch.arange(n, device=device), self._sizes)
-        return _ModelState(params.clone())
-
-    def model(self, state: _ModelState) -> torch.Tensor:
-        """The models."""
-        return state.x
-
-    def _pairs_of(self, phase: int, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        key = f"{phase}"
-        pairs = self._pairs.get(key)
-        if pairs is None:
-            line = torch.arange(n, device=device)
-            i, j = torch.meshgrid(line, line, indexing="ij")
-            i, j = i.reshape(-1), j.reshape(-1)
-            owner = j if phase == 0 else i  # scatter: worker i -> owner j; gather: owner i -> j
-            keep = (i != j) & (self._sizes[owner] > 0)
-            pairs = (i[keep], j[keep])
-            self._pairs[key] = pairs
-        return pairs
-
-    def messages(self, phase: int, graph: StackedGraph, nbytes: Size, d: int) -> Messages:
-        """Scatter: the receiver's block; gather: the sender's block."""
-        src, dst = self._pairs_of(phase, graph.n, graph.src.device)
-        block = self._sizes[dst] if phase == 0 else self._sizes[src]
-        sizes = {int(b): nbytes(int(b)) for b in torch.unique(block).tolist()}
-        wire = block.clone()
-        for b, size in sizes.items():
-            wire[block == b] = size
-        return Messages(src, dst, wire, 4 * block)
-
-    def _blocks(
-        self, codec: RowCodec, x: torch.Tensor, senders: torch.Tensor | None
-    ) -> torch.Tensor:
-        """Round-trip every block of every row of ``x`` as its own message: row ``m``'s
-        blocks are sent by ``senders[m]``, or (``None``) block ``j`` by its owner ``j``.
-        Blocks are ``q + 1`` values for the first ``r`` owners and ``q`` for the rest."""
-        n = int(self._sizes.numel())
-        m, d = x.shape
-        q, r = divmod(d, n)
-        owners = torch.arange(n, device=x.device)
-        out = x.clone()
-        for lo, hi, size, blocks in (
-            (0, r * (q + 1), q + 1, owners[:r]),
-            (r * (q + 1), d, q, owners[r:]),
-        ):
-            if size == 0 or hi == lo:
-                continue
-            who = (
-                senders.repeat_interleave(blocks.numel())
-                if senders is not None
-                else blocks.repeat(m)
-            )
-            part = codec.roundtrip(x[:, lo:hi].reshape(-1, size), who)
-            out[:, lo:hi] = part.reshape(m, hi - lo)
-        return out
-
-    def round(self, state: _ModelState, grad: torch.Tensor, ctx: BatchRound) -> _ModelState:
-        """Scatter-average-gather over what arrived."""
-        assert self._owner is not None, "init() first"
-        x_half = state.x - ctx.lr * grad
-        n, d = x_half.shape
-        owner = self._owner
-        coords = torch.arange(d, device=x_half.device)
-        sent = self._blocks(ctx.codec, x_half, _all_rows(x_half))
-        ctx.finite(sent, _all_rows(x_half))
-        sent[owner, coords] = x_half[owner, coords]  # the owner's own block is not sent
-        src, dst = self._pairs_of(0, n, x_half.device)
-        heard = torch.eye(n, dtype=torch.bool, device=x_half.device)
-        a = ctx.arrived[0]
-        heard[dst[a], src[a]] = True
-        # As each owner's average: its own block, then every block that arrived in
-        # sorted-sender order (adding 0 for one that did not), divided by the count.
-        take = heard[owner].T  # [N senders, d]
-        y = x_half[owner, coords].clone()
-        for s in _by_name(ctx.graph):
-            y.add_(torch.where(take[s] & (owner != s), sent[s], 0.0))
-        y = y / take.sum(dim=0).to(x_half.dtype)
-        y = self._blocks(ctx.codec, y.unsqueeze(0), None)[0]  # what every receiver decodes
-        src1, dst1 = self._pairs_of(1, n, x_half.device)
-        got = torch.eye(n, dtype=torch.bool, device=x_half.device)
-        a1 = ctx.arrived[1]
-        got[dst1[a1], src1[a1]] = True  # got[i, j]: worker i has owner j's average
-        x = torch.where(got[:, owner], y.unsqueeze(0), x_half)
-        return _ModelState(ctx.keep(x, state.x))
 
 
 class BatchedRule:
@@ -551,9 +399,36 @@ class BatchedRule:
         mask: torch.Tensor = self.rule.trains(self._stub(t, nodes, device))
         return mask
 
+    def _edge_stub(self, t: int, graph: StackedGraph) -> Rows:
+        """What a rule's ``widths`` reads of a round (the edges, the network size)."""
+        union = self.union
+        return Rows(
+            round=t,
+            lr=0.0,
+            self_weight=graph.self_weight,
+            n=graph.n,
+            edges=None if union is None else union.edges(graph),
+            codec=self.codec,
+            index=torch.arange(graph.n, device=graph.src.device),
+        )
+
+    def _widths(self, phase: int, t: int, graph: StackedGraph) -> torch.Tensor | None:
+        """``[M]`` long: the width of every message of :meth:`messages` (a rule that says
+        ``widths``), or ``None``."""
+        if self.union is None or getattr(self.rule, "widths", None) is None:
+            return None
+        widths = widths_of(self.rule, phase, self._edge_stub(t, graph))
+        assert widths is not None
+        return widths[0][self.union.positions(graph)[0]]
+
     def active(self, phase: int, t: int, graph: StackedGraph, nodes: tuple[str, ...]) -> Any:
         """``[M]`` bool over :meth:`messages` of ``phase``: the messages of round ``t`` (a
-        rule that chooses who talks, ``"chosen"``), or ``None`` (every one)."""
+        rule that chooses who talks, ``"chosen"``; the edges a rule's ``widths`` gives
+        values), or ``None`` (every one)."""
+        widths = self._widths(phase, t, graph)
+        if widths is not None:
+            carried = widths > 0
+            return None if bool(carried.all()) else carried
         if self.rule.pattern != "chosen":
             return None
         senders, receivers = self.rule.talks(phase, self._stub(t, nodes, graph.src.device))
@@ -579,6 +454,13 @@ class BatchedRule:
         schema = schema_of(self.rule, phase, stub)
         raw = lossless(self.rule, phase, stub)
         size = 8 * len(schema.scalars)
+        widths = self._widths(phase, round, graph)
+        if widths is not None:  # every tensor (w,) of its edge's width
+            count = len(schema.tensors)
+            wire = torch.full_like(widths, size)
+            for w in torch.unique(widths).tolist():
+                wire[widths == w] += count * (w * self.itemsize if raw else nbytes(w))
+            return Messages(graph.src, graph.dst, wire, 4 * count * widths)
         fp32 = 0
         for shape in schema.tensors.values():
             n = d if shape is None else int(np.prod(shape, dtype=np.int64))
@@ -592,15 +474,20 @@ class BatchedRule:
         everyone = torch.arange(ctx.graph.n, device=ctx.up.device)
 
         def compress(
-            v: torch.Tensor, where: torch.Tensor | None, owners: torch.Tensor | None
+            v: torch.Tensor,
+            where: torch.Tensor | None,
+            owners: torch.Tensor | None,
+            width: torch.Tensor | None,
         ) -> torch.Tensor:
             who = everyone if owners is None else owners
-            if where is None:
+            if where is None and width is None:
                 out = ctx.roundtrip(v, who)
             else:  # only the rows that are sent draw from their senders' codecs
                 out = v.clone()
-                rows = torch.nonzero(where).squeeze(1)
-                if rows.numel():
+                rows = everyone if where is None else torch.nonzero(where).squeeze(1)
+                if width is not None:
+                    out[rows] = _ragged(ctx, v[rows], who[rows], width[rows])
+                elif rows.numel():
                     out[rows] = ctx.roundtrip(v[rows], who[rows])
             compressed.add(id(out))
             return out
@@ -624,6 +511,7 @@ class BatchedRule:
             samples=samples,
             edges=None if self.union is None else self.union.edges(ctx.graph),
             codec=self.codec,
+            index=everyone,
         )
 
     def _gathered(self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]) -> Gathered:
@@ -662,10 +550,11 @@ class BatchedRule:
         return Gathered(tensors, scalars, dst, g.n)
 
     def _edge_inbox(
-        self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]
+        self, send: Any, phase: int, ctx: BatchRound, compressed: set[int], rows: Rows
     ) -> EdgeInbox:
         """What arrived on every in-edge of the union: the message its sender sent on that
-        edge (decoded once, by the sender's codec, in edge order)."""
+        edge (decoded once, by the sender's codec, in edge order; a shared send's row once
+        per sender), of the edge's width if the rule says ``widths``."""
         union = self.union
         assert union is not None, "use_graphs() first"
         g = ctx.graph
@@ -675,25 +564,46 @@ class BatchedRule:
         tensors: dict[str, torch.Tensor] = {}
         scalars: dict[str, torch.Tensor] = {}
         if send is not None:
-            live = union.edges(g).out_live
+            sent = union.edges(g).out_live & ctx.up[union.out_row]
+            widths = widths_of(self.rule, phase, rows)
+            width = None if widths is None else widths[0]
+            if width is not None:
+                sent &= width > 0
+            senders, owners = union.out_row, union.out_row
+            if send.shared:  # one message a sender: its row, of its edges' width
+                senders = torch.zeros(g.n, dtype=torch.bool, device=g.src.device)
+                senders[union.out_row[sent]] = True
+                owners = torch.arange(g.n, device=g.src.device)
+                if width is not None:
+                    width = torch.zeros_like(owners).index_copy_(0, union.out_row, width)
+                sent = senders
+            picked = torch.nonzero(sent).squeeze(1)
             for name, value in send.tensors.items():
-                if id(value) not in compressed:  # round-trip what is sent, as a peer does
+                if id(value) not in compressed and picked.numel():  # as a peer encodes it
                     value = value.clone()
-                    rows = torch.nonzero(live & ctx.up[union.out_row]).squeeze(1)
-                    if rows.numel():
-                        value[rows] = ctx.roundtrip(value[rows], union.out_row[rows])
+                    chosen, who = value[picked], owners[picked]
+                    if width is None:
+                        value[picked] = ctx.roundtrip(chosen, who)
+                    else:
+                        value[picked] = _ragged(ctx, chosen, who, width[picked])
+                if send.shared:
+                    value = value.index_select(0, union.out_row)
                 tensors[name] = value.index_select(0, union.in_to_out)
             scalars = {
-                name: value.index_select(0, union.in_to_out).to(_TOTAL)
+                name: (value.index_select(0, union.out_row) if send.shared else value)
+                .index_select(0, union.in_to_out)
+                .to(_TOTAL)
                 for name, value in send.scalars.items()
             }
         return EdgeInbox(tensors, scalars, arrived)
 
-    def _inbox(self, send: Any, phase: int, ctx: BatchRound, compressed: set[int]) -> Any:
+    def _inbox(
+        self, send: Any, phase: int, ctx: BatchRound, compressed: set[int], rows: Rows
+    ) -> Any:
         if self.rule.pattern == "chosen":
             return self._gathered(send, phase, ctx, compressed)
         if self.rule.pattern == "edges":
-            return self._edge_inbox(send, phase, ctx, compressed)
+            return self._edge_inbox(send, phase, ctx, compressed, rows)
         if self.rule.pattern == "none" or send is None:
             return []
         if send.to is not None and not bool(send.to.all()):
@@ -755,7 +665,7 @@ class BatchedRule:
         rows = self._rows(ctx, compressed)
         new, send = self.rule.step(state, grad, rows)
         for phase in range(self.phases):
-            inbox = self._inbox(send, phase, ctx, compressed)
+            inbox = self._inbox(send, phase, ctx, compressed, rows)
             new, send = self.rule.mix(new, phase, inbox, rows)
         return self._keep(ctx, new, state)
 
@@ -775,6 +685,20 @@ class BatchedRule:
                 kept[name] = _keep_down(ctx.up[owner], a, b)
             new = new._replace(**kept)
         return _keep_state(ctx, new, old, skip=set(fields))
+
+
+def _ragged(
+    ctx: BatchRound, values: torch.Tensor, owners: torch.Tensor, width: torch.Tensor
+) -> torch.Tensor:
+    """What receivers decode of messages that are each row's first ``width`` values (the
+    rest come back as given; a width of 0 is no message): one codec call per distinct
+    width, so each owner's rows must be of one width, or its codec deterministic."""
+    out = values.clone()
+    for w in torch.unique(width).tolist():
+        if w > 0:
+            rows = torch.nonzero(width == w).squeeze(1)
+            out[rows, :w] = ctx.roundtrip(values[rows, :w], owners[rows])
+    return out
 
 
 class _Gather(Mapping[str, torch.Tensor]):
@@ -852,6 +776,8 @@ class _Union:
         self.n = graphs[0].n
         self.out_row = put([pairs[u][0] for u in by_out])
         self.in_row = put([pairs[u][1] for u in by_in])
+        self.out_peer = put([pairs[u][1] for u in by_out])
+        self.in_peer = put([pairs[u][0] for u in by_in])
         self.in_to_out = put([out_at[u] for u in by_in])
         self._out_at = put(out_at)
         self._in_at = put(in_at)
@@ -874,7 +800,15 @@ class _Union:
             out_live[at_out] = True
             in_live[at_in] = True
             cached = g.cache["union_edges"] = Edges(
-                self.out_row, out_weight, out_live, self.in_row, in_weight, in_live, self.n
+                self.out_row,
+                out_weight,
+                out_live,
+                self.in_row,
+                in_weight,
+                in_live,
+                self.out_peer,
+                self.in_peer,
+                self.n,
             )
         edges: Edges = cached
         return edges
@@ -882,26 +816,19 @@ class _Union:
 
 def unsupported(algorithm: Any, *, period: int, codec: RowCodec, faults: bool) -> str | None:
     """Why ``algorithm`` has no batched form for this run, or None if it has one."""
-    kind = type(algorithm)
     if isinstance(algorithm, NodeRule):
-        return None
-    if kind not in _FORMS:
-        name = getattr(algorithm, "name", kind.__name__)
-        if not kind.__module__.startswith("fedcore."):  # a user's per-message algorithm
+        rule = algorithm.rule
+        if getattr(rule, "widths", None) is not None and not codec.deterministic:
             return (
-                f"algorithm {name!r} has no batched form: it follows the per-message "
-                "protocol; write it as an update rule (fedcore.algorithms.rule.Rule) to run "
-                "it on every peer at once"
+                f"{rule.name} with the stochastic codec {codec.name!r} draws for messages of "
+                "several lengths in an order only the message engine models"
             )
-        return (
-            f"algorithm {name!r} has no batched form (register one in fedcore.algorithms.batched)"
-        )
-    if isinstance(algorithm, RPS) and not codec.deterministic:
-        return (
-            f"rps with the stochastic codec {codec.name!r} draws per block in an order only "
-            "the message engine models"
-        )
-    return None
+        return None
+    name = getattr(algorithm, "name", type(algorithm).__name__)
+    return (
+        f"algorithm {name!r} has no batched form: it follows the per-message protocol; write "
+        "it as an update rule (fedcore.algorithms.rule.Rule) to run it on every peer at once"
+    )
 
 
 def batched_form(algorithm: Any, *, codec: str = "", itemsize: int = 4) -> BatchedAlgorithm:
@@ -909,15 +836,10 @@ def batched_form(algorithm: Any, *, codec: str = "", itemsize: int = 4) -> Batch
     :class:`BatchedRule` around a rule (``codec`` and ``itemsize`` as it takes them)."""
     if isinstance(algorithm, NodeRule):
         return BatchedRule(algorithm.rule, codec, itemsize)
-    if isinstance(algorithm, RPS):
-        return BatchedRPS()
     raise AlgorithmError(f"no batched form of {algorithm!r}.")
-
-
-_FORMS = {RPS}
 
 
 def has_batched_form(algorithm: Any) -> bool:
     """Whether ``algorithm`` (an instance) runs on the vectorized engine: every rule does
     (a user's per-message algorithm does not)."""
-    return isinstance(algorithm, NodeRule) or type(algorithm) in _FORMS
+    return isinstance(algorithm, NodeRule)

@@ -31,13 +31,19 @@ mixing is row-stochastic but not column-stochastic, so the **mean of the models 
 preserved** (an owner's own value gets more than its share); do not expect it to be.
 
 Compression is orthogonal (the paper is about loss): the node's codec encodes messages of both
-phases. The owner encodes its average once with ``ctx.codec`` and keeps, as its own block,
+phases. The owner encodes its average once (``rows.compress``) and keeps, as its own block,
 exactly what the receivers decode, so with no loss every replica is bit-identical whatever
 the codec.
 
+One :class:`~fedcore.algorithms.rule.Rule` over a leading peer axis serves every engine. Its
+pattern is ``"edges"`` (RPS sends each owner a different block) with per-edge ``widths``: a
+message is a block, as long as the block it carries, padded to the longest block in the
+rule's ``[E, w]`` tensors. On the vectorized engine a stochastic codec (``qsgd``, ``randk``)
+is refused: a worker encodes blocks of two lengths in receiver order, and the engine's
+codec calls go one length at a time.
+
 When the model has fewer entries than there are nodes, the last blocks are empty: their
-owners receive no scatter messages and send no gather messages, and
-:meth:`RPS.expected_senders` leaves them out.
+owners receive no scatter messages and send no gather messages (their edges' width is 0).
 
 With a node optimizer (``[optimizer]``), its direction ``u_i``, from the gradient at
 ``x_i``, replaces ``lr * g`` in ``x_half_i``; the optimizer state (momentum, moments) is
@@ -46,28 +52,25 @@ each worker's own and covers the whole model, not only its block.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.base import Inbox, Outbox, RoundContext, check_phase
-from fedcore.algorithms.compressed import compress
+from fedcore.algorithms.rule import EdgeInbox, Rows, Send, per_peer
 from fedcore.errors import AlgorithmError
-from fedcore.messages import EncodedTensor, MessageSchema, Payload
+from fedcore.messages import MessageSchema
 
-__all__ = ["RPS", "RPSState", "assemble_blocks", "average_block", "block_bounds", "block_sizes"]
+__all__ = ["RPS", "RPSRule", "RPSState", "block_bounds", "block_sizes"]
 
 
 class RPSState(NamedTuple):
-    """The full model ``x`` and this node's averaged block ``y``.
-
-    Between rounds ``y`` is ``None``; between the scatter and the gather phase ``x`` is the
-    post-step model ``x_half`` and ``y`` the owner's average of its block.
-    """
+    """The models ``x [B, d]`` (between the scatter and the gather phase the post-step
+    models ``x_half``) and each row's average of its own block, as receivers decode it,
+    padded to the longest block (``[B, w]`` between the phases, ``[B, 0]`` between
+    rounds)."""
 
     x: torch.Tensor
-    y: torch.Tensor | None
+    y: torch.Tensor
 
 
 def block_sizes(numel: int, n: int) -> tuple[int, ...]:
@@ -90,36 +93,24 @@ def block_bounds(numel: int, n: int) -> tuple[tuple[int, int], ...]:
     return tuple(bounds)
 
 
-def average_block(own: torch.Tensor, received: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``(own + sum(received)) / (1 + len(received))``: the owner's average of its block.
+class _Layout(NamedTuple):
+    """The blocks of a run: each owner's first entry and size (``[n]`` long), the longest
+    block ``w``, and ``arange(w)``."""
 
-    The own block is always included, so the divisor is at least 1. Returns a new tensor;
-    the inputs are not modified.
-    """
-    total = own.clone()
-    for block in received:
-        total.add_(block)
-    return total.div_(1 + len(received))
+    start: torch.Tensor
+    size: torch.Tensor
+    w: int
+    columns: torch.Tensor
 
-
-def assemble_blocks(
-    x_half: torch.Tensor,
-    bounds: Sequence[tuple[int, int]],
-    blocks: Mapping[int, torch.Tensor],
-) -> torch.Tensor:
-    """A copy of ``x_half`` with block ``j`` replaced by ``blocks[j]`` for each given ``j``.
-
-    Blocks not given keep their ``x_half`` values (a lost gather message). The inputs are not
-    modified.
-    """
-    flat = x_half.reshape(-1).clone()
-    for j, block in blocks.items():
-        start, stop = bounds[j]
-        flat[start:stop] = block
-    return flat.reshape(x_half.shape)
+    def cells(self, owner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[k, w]``: the model entries of the blocks of ``owner [k]`` (padding points at
+        entry 0), and which are real."""
+        real = self.columns < self.size[owner].unsqueeze(1)
+        cells = self.start[owner].unsqueeze(1) + self.columns
+        return torch.where(real, cells, 0), real
 
 
-class RPS:
+class RPSRule:
     """RPS, the Robust Parameter Server (see the module docstring for the update rule).
 
     Two phases a round: scatter (phase 0, tensor ``"block"``: the sender's ``x_half`` on the
@@ -128,177 +119,122 @@ class RPS:
     pair of nodes (mixing ``"all-pairs"``, e.g. ``topology.kind = "complete"``); the mixing
     weights are not used. It takes no options.
 
-    The block layout depends on the model size, which :meth:`init` records: one ``RPS``
-    object serves the nodes of one run, which share one model size. :meth:`message_schema`
-    tells a receiver the name and shape of each incoming tensor, which is a block, not the
-    model.
+    The block layout depends on the model size, which :meth:`init` records: one rule serves
+    the peers of one run, which share one model size.
     """
 
     name = "rps"
     mixing = "all-pairs"
     phases = 2
+    pattern = "edges"
 
     def __init__(self) -> None:
         """Create it; the model size is learnt from :meth:`init`."""
         self._numel: int | None = None
+        self._layouts: dict[tuple[int, torch.device], _Layout] = {}
 
     def init(self, params: torch.Tensor) -> RPSState:
-        """Start from ``params`` and record the model size that fixes the blocks."""
-        self._numel = params.numel()
-        return RPSState(params.clone(), None)
+        """Start from ``params [B, d]`` and record the model size that fixes the blocks."""
+        self._numel = int(params.shape[1])
+        return RPSState(params.clone(), params.new_zeros((params.shape[0], 0)))
 
     def model(self, state: RPSState) -> torch.Tensor:
-        """The model ``x``."""
+        """The models ``x``."""
         return state.x
 
-    def step(
-        self, state: RPSState, grad: torch.Tensor, ctx: RoundContext
-    ) -> tuple[RPSState, Outbox]:
-        """Local SGD step; send each other owner its block of ``x_half`` (the scatter)."""
-        x_half = state.x - ctx.lr * grad
-        bounds = self._bounds(x_half.numel(), ctx)
-        me = _index(ctx)
-        flat = x_half.reshape(-1)
-        outbox: dict[str, Payload] = {}
-        for j, dst in enumerate(ctx.nodes):
-            start, stop = bounds[j]
-            if j != me and stop > start:
-                outbox[dst] = Payload({"block": flat[start:stop].clone()})
-        return RPSState(x_half, None), outbox
-
-    def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
-        """Phase 0: every other node, if this node's block is not empty; phase 1: every
-        other owner of a non-empty block. Sorted."""
-        me = _index(ctx)
-        sizes = block_sizes(self._require_numel(), len(ctx.nodes))
-        if phase == 0:
-            if sizes[me] == 0:
-                return ()
-            return tuple(sorted(s for j, s in enumerate(ctx.nodes) if j != me))
-        if phase == 1:
-            return tuple(sorted(s for j, s in enumerate(ctx.nodes) if j != me and sizes[j] > 0))
-        raise AlgorithmError(f"RPS has phases 0 and 1, not {phase}.")
-
-    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
-        """What ``sender`` sends this node in ``phase``: one 1-D block of the model's dtype.
-
-        Phase 0 (scatter): tensor ``"block"``, this node's own block, ``(len(B_me),)``;
-        phase 1 (gather): tensor ``"avg"``, the sender's block, ``(len(B_sender),)``. No
-        scalars. The block a message fills is fixed by who sends it (no index travels).
-
-        Raises:
-            AlgorithmError: another phase; a sender that is this node or not in
-                ``ctx.nodes``; a block that is empty (nothing is sent for it); or before
-                :meth:`init` recorded the model size.
-        """
-        check_phase(self.name, phase, self.phases)
-        me = _index(ctx)
-        if sender not in ctx.nodes or sender == ctx.node:
+    def _layout(self, rows: Rows, d: int | None = None) -> _Layout:
+        numel = self._require_numel() if d is None else d
+        if d is not None and self._numel is not None and d != self._numel:
             raise AlgorithmError(
-                f"RPS node {ctx.node}: {sender!r} is not another node of this run, so it "
-                "sends this node no block."
+                f"RPS: the model has {d} entries, but this rule was initialised for "
+                f"{self._numel}. Use one RPS rule per model size."
             )
-        sizes = block_sizes(self._require_numel(), len(ctx.nodes))
-        if phase == 0:
-            name, size = "block", sizes[me]
-        else:
-            name, size = "avg", sizes[ctx.nodes.index(sender)]
-        if size == 0:
-            whose = "this node's block" if phase == 0 else f"the block of {sender!r}"
+        if rows.b == 1 and int(rows.index[0]) < 0:  # a peer (every row of all peers is known)
             raise AlgorithmError(
-                f"RPS node {ctx.node}: {whose} is empty, so nothing is sent for it in phase "
-                f"{phase}."
+                f"RPS: a peer is not in the round's node list ({rows.n} nodes); RPS needs "
+                "every node of the run in it."
             )
-        return MessageSchema(tensors={name: (size,)})
-
-    def mix(
-        self, state: RPSState, phase: int, inbox: Inbox, ctx: RoundContext
-    ) -> tuple[RPSState, Outbox]:
-        """Phase 0: average the own block with the blocks that arrived and send the average
-        to every other node. Phase 1: take every averaged block that arrived; a missing one
-        keeps the local ``x_half`` value."""
-        bounds = self._bounds(state.x.numel(), ctx)
-        me = _index(ctx)
-        owner = {s: j for j, s in enumerate(ctx.nodes)}
-        for sender in inbox:
-            if owner.get(sender, me) == me:
-                raise AlgorithmError(
-                    f"RPS node {ctx.node}, round {ctx.round}: phase {phase} message from "
-                    f"{sender!r}, which is not another node of this run."
-                )
-        if phase == 0:
-            start, stop = bounds[me]
-            received = [
-                _tensor(payload, "block", sender, stop - start, ctx)
-                for sender, payload in inbox.items()
-            ]
-            flat = state.x.reshape(-1)
-            y = average_block(flat[start:stop], received)
-            outbox: dict[str, Payload] = {}
-            if stop > start:
-                avg: torch.Tensor | EncodedTensor = y
-                if ctx.codec is not None:
-                    # Keep exactly what the receivers decode, so replicas stay identical.
-                    avg, y = compress(ctx.codec, y, ctx)
-                payload = Payload({"avg": avg})
-                outbox = {dst: payload for j, dst in enumerate(ctx.nodes) if j != me}
-            return RPSState(state.x, y), outbox
-        if phase == 1:
-            if state.y is None:
-                raise AlgorithmError(
-                    f"RPS node {ctx.node}, round {ctx.round}: gather phase without a scatter "
-                    "phase before it (mix phase 0 first)."
-                )
-            blocks: dict[int, torch.Tensor] = {me: state.y}
-            for sender, payload in inbox.items():
-                j = owner[sender]
-                start, stop = bounds[j]
-                blocks[j] = _tensor(payload, "avg", sender, stop - start, ctx)
-            return RPSState(assemble_blocks(state.x, bounds, blocks), None), {}
-        raise AlgorithmError(f"RPS has phases 0 and 1, not {phase}.")
+        device = rows.self_weight.device
+        layout = self._layouts.get((rows.n, device))
+        if layout is None:
+            sizes = block_sizes(numel, rows.n)
+            size = torch.tensor(sizes, dtype=torch.long, device=device)
+            start = torch.cumsum(size, 0) - size
+            w = max(sizes, default=0)
+            layout = _Layout(start, size, w, torch.arange(w, device=device))
+            self._layouts[(rows.n, device)] = layout
+        return layout
 
     def _require_numel(self) -> int:
         if self._numel is None:
             raise AlgorithmError(
                 "RPS does not know the model size yet: call init(params) before asking for "
-                "expected senders or message shapes."
+                "message shapes."
             )
         return self._numel
 
-    def _bounds(self, numel: int, ctx: RoundContext) -> tuple[tuple[int, int], ...]:
-        if self._numel is None:
-            self._numel = numel
-        elif numel != self._numel:
+    def widths(self, phase: int, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each edge's block: the receiver's in the scatter (phase 0), the sender's in the
+        gather (phase 1); 0 for an empty block (no message)."""
+        size = self._layout(rows).size
+        edges = rows.edges
+        assert edges is not None
+        if phase == 0:
+            return size[edges.out_peer], size[rows.index[edges.in_row]]
+        return size[rows.index[edges.out_row]], size[edges.in_peer]
+
+    def schema(self, phase: int, rows: Rows) -> MessageSchema:
+        """Phase 0 a ``"block"``, phase 1 an ``"avg"``: one 1-D block of the model's dtype,
+        the longest block's length here and each edge's own in :meth:`widths`. No
+        scalars. The block a message fills is fixed by who sends it (no index travels)."""
+        w = self._layout(rows).w
+        return MessageSchema(tensors={"block" if phase == 0 else "avg": (w,)})
+
+    def step(self, state: RPSState, grad: torch.Tensor, rows: Rows) -> tuple[RPSState, Send]:
+        """Local SGD step; send each other owner its block of ``x_half`` (the scatter)."""
+        x_half = state.x - rows.lr * grad
+        layout = self._layout(rows, x_half.shape[1])
+        edges = rows.edges
+        assert edges is not None
+        cells, real = layout.cells(edges.out_peer)
+        blocks = x_half[edges.out_row.unsqueeze(1), cells]
+        blocks = torch.where(real, blocks, 0.0)
+        return RPSState(x_half, state.y), Send({"block": blocks})
+
+    def mix(
+        self, state: RPSState, phase: int, inbox: EdgeInbox, rows: Rows
+    ) -> tuple[RPSState, Send | None]:
+        """Phase 0: average the own block with the blocks that arrived and send the average
+        to every other worker. Phase 1: take every averaged block that arrived; a missing
+        one keeps the local ``x_half`` value."""
+        layout = self._layout(rows, state.x.shape[1])
+        edges = rows.edges
+        assert edges is not None
+        everyone = torch.arange(rows.b, device=state.x.device).unsqueeze(1)
+        own, own_real = layout.cells(rows.index)
+        if phase == 0:
+            # The own block, then every block that arrived in sender order (adding 0 for
+            # one that did not), divided by how many there were.
+            total = torch.where(own_real, state.x[everyone, own], 0.0)
+            arrived = inbox.arrived.unsqueeze(1)
+            total.index_add_(0, edges.in_row, torch.where(arrived, inbox.tensors["block"], 0.0))
+            count = 1.0 + edges.in_total(inbox.arrived.to(torch.float64))
+            y = total / count.to(total.dtype).unsqueeze(1)
+            size = layout.size[rows.index]
+            y = rows.compress(y, where=size > 0, width=size)  # what every receiver decodes
+            return RPSState(state.x, y), Send({"avg": y}, shared=True)
+        if state.y.shape[1] != layout.w:
             raise AlgorithmError(
-                f"RPS node {ctx.node}: the model has {numel} entries, but this RPS object was "
-                f"initialised for {self._numel}. Use one RPS object per model size."
+                "RPS: gather phase without a scatter phase before it (mix phase 0 first)."
             )
-        return block_bounds(numel, len(ctx.nodes))
+        x = state.x.clone()
+        x[everyone.expand_as(own)[own_real], own[own_real]] = state.y[own_real]
+        cells, real = layout.cells(edges.in_peer)
+        real &= inbox.arrived.unsqueeze(1)
+        x[edges.in_row.unsqueeze(1).expand_as(cells)[real], cells[real]] = inbox.tensors["avg"][
+            real
+        ]
+        return RPSState(x, state.y[:, :0]), None
 
 
-def _index(ctx: RoundContext) -> int:
-    """This node's block index: its position in ``ctx.nodes``."""
-    try:
-        return ctx.nodes.index(ctx.node)
-    except ValueError:
-        raise AlgorithmError(
-            f"RPS node {ctx.node!r} is not in the round context's node list "
-            f"({len(ctx.nodes)} nodes); RPS needs every node of the run in ctx.nodes."
-        ) from None
-
-
-def _tensor(payload: Payload, name: str, sender: str, size: int, ctx: RoundContext) -> torch.Tensor:
-    """The block ``name`` of ``payload``, checked to hold ``size`` entries."""
-    try:
-        tensor = payload.tensor(name)
-    except KeyError:
-        raise AlgorithmError(
-            f"RPS node {ctx.node}, round {ctx.round}: the message from {sender!r} lacks the "
-            f"tensor {name!r}."
-        ) from None
-    if tensor.numel() != size:
-        raise AlgorithmError(
-            f"RPS node {ctx.node}, round {ctx.round}: the {name!r} block from {sender!r} has "
-            f"{tensor.numel()} entries; expected {size}."
-        )
-    return tensor.reshape(-1)
+RPS = per_peer(RPSRule)

@@ -29,7 +29,8 @@ Who sends to whom: ``pattern`` names it, and with it the inbox a rule gets:
 a :class:`Slot` per in-neighbour), ``"chosen"`` (``talks(phase, rows)`` names each phase's
 senders and receivers; what arrived as one :class:`Gathered` list), ``"edges"`` (one
 message per edge, state per edge of the run's graphs: :class:`Edges`, an
-:class:`EdgeInbox`) or ``"none"``. The message schema (tensor
+:class:`EdgeInbox`; an optional ``widths(phase, rows)`` gives each edge's message its own
+length, :func:`widths_of`) or ``"none"``. The message schema (tensor
 names, scalars and the values they may take) comes from ``schema(phase)``; every receiver
 checks each message against it before the rule sees it, and the vectorized engine counts
 traffic from it (``nbytes`` of the model-shaped tensors plus 8 bytes a scalar), so both
@@ -77,6 +78,7 @@ __all__ = [
     "pull",
     "received",
     "schema_of",
+    "widths_of",
 ]
 
 _TOTAL = torch.float64
@@ -174,6 +176,10 @@ class Edges:
             row's senders in sorted id order.
         in_weight: ``[Ei]`` float64: ``W_ji`` of this round (0 where not an edge of it).
         in_live: ``[Ei]`` bool.
+        out_peer: ``[Eo]`` long: the receiver of out-edge ``e``, as its index in
+            :attr:`Rows.nodes`.
+        in_peer: ``[Ei]`` long: the sender of in-edge ``e``, as its index in
+            :attr:`Rows.nodes`.
         b: Number of rows.
     """
 
@@ -183,6 +189,8 @@ class Edges:
     in_row: torch.Tensor
     in_weight: torch.Tensor
     in_live: torch.Tensor
+    out_peer: torch.Tensor
+    in_peer: torch.Tensor
     b: int
 
     def out_total(self, values: torch.Tensor) -> torch.Tensor:
@@ -230,17 +238,23 @@ class Send:
         to: ``[B]`` bool: the rows that send at all (``None``: every row). A row that
             sends nothing is a missing message at its receivers; only deadline mode
             allows it (a peer of a strict run must send every expected message).
+        shared: Pattern ``"edges"``: the tensors are ``[B, ...]`` rows, and each row's is
+            the message on every one of its out-edges (encoded once).
     """
 
     tensors: Mapping[str, torch.Tensor]
     scalars: Mapping[str, torch.Tensor] = field(default_factory=dict)
     weighted: bool = False
     to: torch.Tensor | None = None
+    shared: bool = False
 
 
-Compress = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
-"""An engine's codec round trip: ``(v, where, owners)``, ``owners`` the row of each row of
-``v`` (``None``: row ``i`` is peer row ``i``)."""
+Compress = Callable[
+    [torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None], torch.Tensor
+]
+"""An engine's codec round trip: ``(v, where, owners, width)``, ``owners`` the row of each
+row of ``v`` (``None``: row ``i`` is peer row ``i``), ``width`` how many leading values of
+each row make its message (``None``: all)."""
 
 
 class Rows:
@@ -261,6 +275,7 @@ class Rows:
             with no fixed size, or a peer that holds no data).
         edges: The rows' edges over the run's graphs (pattern ``"edges"``; else ``None``).
         codec: The peers' codec name (``""``: tensors are sent as they are).
+        index: ``[B]`` long: each row's index in :attr:`nodes`.
     """
 
     def __init__(
@@ -279,6 +294,7 @@ class Rows:
         samples: torch.Tensor | None = None,
         edges: Edges | None = None,
         codec: str = "",
+        index: torch.Tensor | None = None,
     ) -> None:
         """An engine builds this; a rule only reads it. ``compress`` (default: lossless)
         and ``fail`` (default: raise :class:`~fedcore.errors.AlgorithmError` naming the
@@ -287,31 +303,44 @@ class Rows:
         self.lr = lr
         self.self_weight = self_weight
         self.b = int(self_weight.shape[0])
+        device = self_weight.device
         self.in_degree = (
-            in_degree if in_degree is not None else torch.zeros(self.b, dtype=torch.long)
+            in_degree
+            if in_degree is not None
+            else torch.zeros(self.b, dtype=torch.long, device=device)
         )
         self.n = n
         self.deadline = deadline
         self.ids = ids
         self.nodes = nodes
-        self.samples = samples if samples is not None else torch.zeros(self.b, dtype=_TOTAL)
+        self.samples = (
+            samples if samples is not None else torch.zeros(self.b, dtype=_TOTAL, device=device)
+        )
         self.edges = edges
         self.codec = codec
+        self.index = index if index is not None else torch.arange(self.b, device=device)
         self._compress = compress or _lossless
         self._fail = fail or _fail_first
 
-    def compress(self, v: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
+    def compress(
+        self,
+        v: torch.Tensor,
+        where: torch.Tensor | None = None,
+        width: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``C(v)`` per row with each peer's codec: exactly what receivers will decode of
         it. ``where`` (``[B]`` bool) limits it to the peers that send it (the others' rows
-        come back as they are, and their codecs draw nothing). A compressed row that is not
-        finite stops the run (the peer diverged).
+        come back as they are, and their codecs draw nothing). ``width`` (``[B]`` long, for
+        ``v [B, w]``) sends only each row's first ``width`` values (a rule's ``widths``);
+        the rest come back as they are. A compressed row that is not finite stops the run
+        (the peer diverged).
 
         Raises:
             AlgorithmError: a row of ``v`` is not finite.
         """
         bad = ~torch.isfinite(v.reshape(v.shape[0], -1).sum(dim=1))
         self.check(bad if where is None else bad & where, _DIVERGED)
-        return self._compress(v, where, None)
+        return self._compress(v, where, None, width)
 
     def compress_edges(self, v: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
         """``C(v)`` of one row per out-edge (``v [Eo, ...]``, pattern ``"edges"``), each
@@ -328,7 +357,7 @@ class Rows:
         if where is not None:
             bad = bad & where
         self.check(edges.out_total(bad.to(_TOTAL)) > 0, _DIVERGED)
-        return self._compress(v, where, edges.out_row)
+        return self._compress(v, where, edges.out_row, None)
 
     def check(self, bad: torch.Tensor, why: str) -> None:
         """Stop the run if a row of ``bad`` (``[B]`` bool) is set; ``why`` is formatted
@@ -347,7 +376,10 @@ _DIVERGED = (
 
 
 def _lossless(
-    v: torch.Tensor, where: torch.Tensor | None, owners: torch.Tensor | None
+    v: torch.Tensor,
+    where: torch.Tensor | None,
+    owners: torch.Tensor | None,
+    width: torch.Tensor | None,
 ) -> torch.Tensor:
     return v.clone()
 
@@ -397,7 +429,12 @@ class Rule(Protocol):
 
     def schema(self, phase: int) -> MessageSchema:
         """Exactly what a message of ``phase`` holds (a rule may take ``rows`` as a second
-        argument, for bounds that depend on the network size or the round)."""
+        argument, for bounds that depend on the network size or the round).
+
+        Optional methods: ``trains(rows)`` and ``talks(phase, rows)`` (pattern
+        ``"chosen"``), ``lossless(phase, rows)``, ``local_step(state, grad, rows)``,
+        ``accept(...)``, and ``widths(phase, rows)`` (pattern ``"edges"``: each edge's
+        message length, :func:`widths_of`)."""
         ...
 
 
@@ -424,6 +461,18 @@ def lossless(rule: Any, phase: int, rows: Rows) -> bool:
     peers' codec (its optional ``lossless(phase, rows)``; APMSqueeze's warm-up)."""
     says = getattr(rule, "lossless", None)
     return bool(says(phase, rows)) if says is not None else False
+
+
+def widths_of(rule: Any, phase: int, rows: Rows) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A rule's messages of ``phase`` edge by edge (its optional ``widths(phase, rows)``,
+    pattern ``"edges"``): ``(out [Eo], in [Ei])`` long, how many leading values of each
+    ``(w,)`` tensor of the schema the message on that edge holds, 0 where no message goes
+    (RPS's blocks). ``None``: every message holds the schema's shapes."""
+    says = getattr(rule, "widths", None)
+    if says is None:
+        return None
+    out, into = says(phase, rows)
+    return out, into
 
 
 def is_rule(obj: object) -> bool:
@@ -549,6 +598,8 @@ class NodeRule:
         self._weights: dict[float, torch.Tensor] = {}
         self._known: dict[tuple[float, int, float], tuple[torch.Tensor, ...]] = {}
         self._senders: dict[int, tuple[Mapping[str, float], list[tuple[str, float, Any]]]] = {}
+        self._positions: tuple[Any, dict[str, int]] = (None, {})  # node list, id -> index
+        self._index: dict[int, torch.Tensor] = {}  # a node's index in it, as [1] long
         accept = getattr(rule, "accept", None)
         if accept is not None:
             self.accept = accept
@@ -590,15 +641,24 @@ class NodeRule:
         codec = ctx.codec
 
         def compress(
-            v: torch.Tensor, where: torch.Tensor | None, owners: torch.Tensor | None
+            v: torch.Tensor,
+            where: torch.Tensor | None,
+            owners: torch.Tensor | None,
+            width: torch.Tensor | None,
         ) -> torch.Tensor:
             if codec is None:
                 return v.clone()
             if owners is None:  # the peer's one row
                 if where is not None and not bool(where[0]):
                     return v.clone()
-                encoded = codec.encode(v[0])
-                decoded = codec.decode(encoded).unsqueeze(0)
+                if width is not None:  # its first values only
+                    w = int(width[0])
+                    encoded = codec.encode(v[0, :w])
+                    decoded = v.clone()
+                    decoded[0, :w] = codec.decode(encoded)
+                else:
+                    encoded = codec.encode(v[0])
+                    decoded = codec.decode(encoded).unsqueeze(0)
                 self._encoded[id(decoded)] = encoded
                 return decoded
             out = v.clone()  # one row per out-edge, encoded in edge order
@@ -624,6 +684,13 @@ class NodeRule:
                 torch.tensor([len(ctx.in_weights)]),
                 torch.tensor([float(ctx.samples)], dtype=_TOTAL),
             )
+        if self._positions[0] is not ctx.nodes:  # one node list a run: indexed once
+            self._positions = (ctx.nodes, {v: i for i, v in enumerate(ctx.nodes)})
+        positions = self._positions[1]
+        at = positions.get(ctx.node, -1)
+        index = self._index.get(at)
+        if index is None:
+            index = self._index[at] = torch.tensor([at])
         return Rows(
             round=ctx.round,
             lr=ctx.lr,
@@ -636,8 +703,9 @@ class NodeRule:
             ids=(ctx.node,),
             nodes=tuple(ctx.nodes),
             samples=known[2],
-            edges=_edges_of(ctx) if self.rule.pattern == "edges" else None,
+            edges=_edges_of(ctx, positions) if self.rule.pattern == "edges" else None,
             codec="" if codec is None else codec.name,
+            index=index,
         )
 
     def init(self, params: torch.Tensor) -> Any:
@@ -661,7 +729,7 @@ class NodeRule:
                 return {}
             receivers = [j for j in ctx.out_weights if j in chosen]
         if self.rule.pattern == "edges":
-            edge_outbox = self._edge_payloads(send, ctx)
+            edge_outbox = self._edge_payloads(send, ctx, phase)
             self._encoded.clear()
             return edge_outbox
         if send.weighted:  # one payload per distinct share, in receiver order
@@ -687,20 +755,35 @@ class NodeRule:
         payload = Payload(tensors, scalars)
         return dict.fromkeys(receivers, payload)
 
-    def _edge_payloads(self, send: Send, ctx: RoundContext) -> dict[str, Payload]:
+    def _edge_payloads(self, send: Send, ctx: RoundContext, phase: int) -> dict[str, Payload]:
         """One payload per out-edge of this round: row ``e`` of the send's tensors goes to
-        the receiver of out-edge ``e`` (the union's out-neighbours in sorted order)."""
+        the receiver of out-edge ``e`` (the union's out-neighbours in sorted order), its
+        first ``width`` values if the rule says ``widths`` (none where that is 0); a
+        shared send's one row goes to every receiver, as one payload if it can."""
         position = {j: e for e, j in enumerate(_out_union(ctx))}
+        widths = widths_of(self.rule, phase, self._rows(ctx)) if send.tensors else None
         outbox: dict[str, Payload] = {}
+        last: tuple[Payload, int | None] | None = None  # a shared send's payload, its width
         for dst in ctx.out_weights:
             e = position[dst]
+            w = None if widths is None else int(widths[0][e])
+            if w == 0:
+                continue
+            if last is not None and w == last[1]:
+                outbox[dst] = last[0]  # the same message: encoded once
+                continue
+            row = 0 if send.shared else e
             tensors: dict[str, torch.Tensor | EncodedTensor] = {}
             for name, value in send.tensors.items():
                 each = self._encoded.get(id(value))
-                encoded = each[e] if each is not None else None
-                tensors[name] = encoded if encoded is not None else value[e]
-            scalars = {name: float(value[e]) for name, value in send.scalars.items()}
+                encoded = None if each is None else each if send.shared else each[e]
+                tensors[name] = (
+                    encoded if encoded is not None else value[row] if w is None else value[row, :w]
+                )
+            scalars = {name: float(value[row]) for name, value in send.scalars.items()}
             outbox[dst] = Payload(tensors, scalars)
+            if send.shared:
+                last = (outbox[dst], w)
         return outbox
 
     @staticmethod
@@ -709,9 +792,11 @@ class NodeRule:
         senders: tuple[str, ...],
         schema: MessageSchema,
         model: torch.Tensor,
+        ragged: bool,
     ) -> EdgeInbox:
         """The dict inbox as one message per in-edge of the union (``senders``, sorted);
-        an edge with no message holds zeros."""
+        an edge with no message holds zeros, and a ``ragged`` message (a rule's
+        ``widths``) fills the first values of its row."""
         tensors: dict[str, torch.Tensor] = {}
         for name, shape in schema.tensors.items():
             size = tuple(model.shape[1:]) if shape is None else shape
@@ -719,7 +804,11 @@ class NodeRule:
             for e, j in enumerate(senders):
                 payload = inbox.get(j)
                 if payload is not None:
-                    out[e] = payload.tensor(name)
+                    value = payload.tensor(name)
+                    if ragged:
+                        out[e, : value.numel()] = value
+                    else:
+                        out[e] = value
             tensors[name] = out
         scalars = {
             name: torch.tensor(
@@ -746,6 +835,11 @@ class NodeRule:
     def expected_senders(self, phase: int, ctx: RoundContext) -> tuple[str, ...]:
         """Every in-neighbour (pattern ``"neighbours"``), or those the rule's ``talks``
         names as senders of ``phase`` if it names this peer a receiver (``"chosen"``)."""
+        if self.rule.pattern == "edges":
+            widths = widths_of(self.rule, phase, self._rows(ctx))
+            if widths is not None:  # none from a sender whose edge carries nothing
+                at = {j: e for e, j in enumerate(_in_union(ctx))}
+                return tuple(j for j in ctx.in_weights if int(widths[1][at[j]]) > 0)
         if self.rule.pattern in ("neighbours", "edges"):
             return tuple(ctx.in_weights)
         if self.rule.pattern == "chosen":
@@ -768,7 +862,21 @@ class NodeRule:
         if _TAKES_ROWS.get(type(self.rule)) is False:  # asked once a message: no rows needed
             schema: MessageSchema = self.rule.schema(phase)
             return schema
-        return schema_of(self.rule, phase, self._rows(ctx))
+        rows = self._rows(ctx)
+        schema = schema_of(self.rule, phase, rows)
+        widths = widths_of(self.rule, phase, rows) if self.rule.pattern == "edges" else None
+        if widths is None:
+            return schema
+        senders = _in_union(ctx)
+        w = int(widths[1][senders.index(sender)]) if sender in senders else 0
+        if w == 0:
+            raise AlgorithmError(
+                f"{sender!r} sends {ctx.node!r} nothing in phase {phase} of round {ctx.round}."
+            )
+        return MessageSchema(
+            tensors=dict.fromkeys(schema.tensors, (w,)),
+            scalars=schema.scalars,
+        )
 
     def _zero(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         zero = self._zeros.get(shape)
@@ -787,7 +895,8 @@ class NodeRule:
         if self.rule.pattern == "edges":
             edge_schema = schema_of(self.rule, phase, rows)
             model = self.rule.model(state)
-            edge_inbox = self._edge_inbox(inbox, _in_union(ctx), edge_schema, model)
+            ragged = getattr(self.rule, "widths", None) is not None
+            edge_inbox = self._edge_inbox(inbox, _in_union(ctx), edge_schema, model, ragged)
             state, send = self.rule.mix(state, phase, edge_inbox, rows)
             return state, self._outbox(send, ctx, phase + 1)
         slots: list[Slot] = []
@@ -849,8 +958,9 @@ def _in_union(ctx: RoundContext) -> tuple[str, ...]:
     return ctx.in_union or tuple(sorted(ctx.in_weights))
 
 
-def _edges_of(ctx: RoundContext) -> Edges:
-    """The one peer's :class:`Edges` in round ``ctx``."""
+def _edges_of(ctx: RoundContext, positions: Mapping[str, int]) -> Edges:
+    """The one peer's :class:`Edges` in round ``ctx`` (``positions``: node id -> index in
+    ``ctx.nodes``)."""
     outs, ins = _out_union(ctx), _in_union(ctx)
     return Edges(
         out_row=torch.zeros(len(outs), dtype=torch.long),
@@ -859,6 +969,8 @@ def _edges_of(ctx: RoundContext) -> Edges:
         in_row=torch.zeros(len(ins), dtype=torch.long),
         in_weight=torch.tensor([ctx.in_weights.get(j, 0.0) for j in ins], dtype=_TOTAL),
         in_live=torch.tensor([j in ctx.in_weights for j in ins], dtype=torch.bool),
+        out_peer=torch.tensor([positions.get(j, -1) for j in outs], dtype=torch.long),
+        in_peer=torch.tensor([positions.get(j, -1) for j in ins], dtype=torch.long),
         b=1,
     )
 
