@@ -10,10 +10,17 @@ whatever ``M`` is (*batch-invariance*). Three ways to compute, chosen once per r
   built-in ``logreg`` and ``mlp``) as batched matrix products over the peer axis, backward
   by autograd. Bit-identical rows for every ``M`` on any CPU, given what it relies on:
 
-  - ``torch.matmul`` of ``[M, B, k] x [M, k, n]`` computes each row's product as its own
-    GEMM, and with ``M >= 2`` torch splits the work over rows, so no GEMM is split across
-    threads. A single row (``M = 1``) is therefore computed with one intra-op thread
-    (:func:`one_thread`): with two threads MKL splits one GEMM and rounds differently.
+  - ``torch.bmm`` of ``[M, p, q] x [M, q, r]`` computes each row's product as its own
+    GEMM (MKL's batched GEMM), and with ``M >= 2`` it splits the work over rows, so no GEMM
+    is split across threads. A single row (``M = 1``) is therefore computed with one
+    intra-op thread (:func:`one_thread`): with two threads MKL splits one GEMM and rounds
+    differently.
+  - Some CPUs' GEMM kernels round by where an operand or the result sits in memory (seen
+    on AMD EPYC with AVX-512, where a row at an odd offset of the stacked tensors got other
+    bits than the same row alone). So every operand's rows start at 64-byte boundaries
+    (:func:`aligned_rows`), and every product is ``a @ b^T`` with both stored row-major
+    (:func:`product`), the one form whose rounding did not depend on where the result's
+    rows fall; a product with one output column is computed as two, one of zeros.
   - A batch of one example would make the products matrix-vector ones, which MKL's
     SSE4.2 kernels round differently by memory alignment; a batch of one is computed as
     two examples, the second a copy with weight 0, which adds exact zeros to every sum.
@@ -34,6 +41,7 @@ whatever ``M`` is (*batch-invariance*). Three ways to compute, chosen once per r
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -44,7 +52,14 @@ from torch.nn import functional
 from fedcore.errors import DataError
 from fedcore.ids import error_text
 
-__all__ = ["GRADIENT_MODES", "RowGradient", "one_thread"]
+__all__ = [
+    "ALIGNMENT",
+    "GRADIENT_MODES",
+    "RowGradient",
+    "aligned_rows",
+    "one_thread",
+    "product",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +242,8 @@ class RowGradient:
         m, b = y.shape
         inputs: list[torch.Tensor] = []  # what each Linear layer saw
         relus: list[torch.Tensor] = []  # where each ReLU let through
-        h = self.batched_forward(params, x, inputs=inputs, relus=relus)
+        weights: dict[str, torch.Tensor] = {}  # each Linear layer's, every row aligned
+        h = self.batched_forward(params, x, inputs=inputs, relus=relus, weights=weights)
         logp = torch.log_softmax(h, dim=-1)
         y1 = y.unsqueeze(-1)
         ce = -logp.gather(-1, y1).squeeze(-1)  # [M, B]
@@ -251,12 +267,16 @@ class RowGradient:
         for prefix, layer in reversed(self._layers):
             if isinstance(layer, torch.nn.Linear):
                 linear -= 1
-                grads[f"{prefix}weight"] = torch.matmul(g.transpose(1, 2), inputs[linear])
+                # dW = g^T h and g <- g W, each as a product by a transposed operand
+                g_t = aligned_rows(g.transpose(1, 2))
+                grads[f"{prefix}weight"] = product(
+                    g_t, aligned_rows(inputs[linear].transpose(1, 2))
+                )
                 if layer.bias is not None:
                     grads[f"{prefix}bias"] = g.sum(dim=1)
                 if linear > 0:
                     assert isinstance(layer, torch.nn.Linear)
-                    g = torch.matmul(g, self._weight(params, prefix, layer))
+                    g = product(aligned_rows(g), aligned_rows(weights[prefix].transpose(1, 2)))
             elif isinstance(layer, torch.nn.ReLU):
                 g = g * relus.pop()
         flat = [grads[name].reshape(m, -1) for name, _, _ in self._slices]
@@ -297,11 +317,13 @@ class RowGradient:
         shared_input: bool = False,
         inputs: list[torch.Tensor] | None = None,
         relus: list[torch.Tensor] | None = None,
+        weights: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits ``[M, B, C]`` of ``M`` stacked models of Flatten/Linear/ReLU layers on
         ``x`` (``[M, B, ...]``, or ``[B, ...]`` shared by every row), as batched matmuls;
-        ``inputs`` and ``relus`` collect what the backward pass needs (each Linear layer's
-        input, each ReLU's mask)."""
+        ``inputs``, ``relus`` and ``weights`` collect what the backward pass needs (each
+        Linear layer's input, each ReLU's mask, each Linear layer's weights). Every operand
+        of a matmul has each row at a 64-byte boundary (:func:`aligned_rows`)."""
         assert self._layers is not None
         h = x.to(self.dtype)
         lead = 2 if shared_input is False else 1  # dims before a per-example feature
@@ -309,10 +331,16 @@ class RowGradient:
             if isinstance(layer, torch.nn.Flatten):
                 h = h.flatten(lead, -1) if h.dim() > lead + 1 else h
             elif isinstance(layer, torch.nn.Linear):
+                if lead == 2:
+                    h = aligned_rows(h)
                 lead = 2
                 if inputs is not None:
                     inputs.append(h)
-                h = torch.matmul(h, self._weight(params, prefix, layer).transpose(1, 2))
+                weight = aligned_rows(self._weight(params, prefix, layer))
+                if weights is not None:
+                    weights[prefix] = weight
+                # (examples shared by every row, evaluation: one matmul)
+                h = product(h, weight) if h.dim() == 3 else torch.matmul(h, weight.transpose(1, 2))
                 if layer.bias is not None:
                     start, n = self._where[f"{prefix}bias"]
                     h = h + params[:, start : start + n].unsqueeze(1)
@@ -335,6 +363,43 @@ class RowGradient:
         self.module.eval()
         out: torch.Tensor = self._logits(params, x)
         return out
+
+
+ALIGNMENT = 64
+"""Bytes: where every row of a matmul operand starts (torch's CPU allocator aligns every
+tensor to 64 bytes)."""
+
+
+def aligned_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t [M, ...]`` with every row starting at a multiple of :data:`ALIGNMENT` bytes from
+    the storage's start: ``t`` itself where it is so (a contiguous tensor whose rows are
+    whole multiples of it), else a copy into rows padded to it.
+
+    MKL's small GEMM kernels round a product differently by the address of its operands on
+    some CPUs (seen on AMD EPYC with AVX-512, where a row at an odd offset of ``[M, ...]``
+    got other bits than the same row alone); with every row aligned, a row's product is the
+    same bits alone and among any rows."""
+    if t.device.type != "cpu":
+        return t
+    step = max(1, ALIGNMENT // t.element_size())
+    size = math.prod(t.shape[1:])
+    if t.is_contiguous() and size % step == 0 and t.storage_offset() % step == 0:
+        return t
+    stride = -(-size // step) * step
+    out = t.new_empty((t.shape[0], stride))[:, :size].view(t.shape)
+    return out.copy_(t)
+
+
+def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b^T`` of ``a [M, p, q]`` and ``b [M, r, q]``, row-aligned (:func:`aligned_rows`),
+    each row's product as the same bits alone and among any rows.
+
+    Only this form is: on the CPU above, a product by a non-transposed ``b`` (and one with a
+    single output column, ``r = 1``, which is computed as ``r = 2`` with a zero row) rounded
+    by where the result's rows fall."""
+    if b.shape[1] == 1:
+        return product(a, torch.cat([b, torch.zeros_like(b)], dim=1))[:, :, :1]
+    return torch.bmm(a, b.transpose(1, 2))
 
 
 def _batchable_layers(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]] | None:

@@ -600,6 +600,7 @@ class NodeRule:
         self._senders: dict[int, tuple[Mapping[str, float], list[tuple[str, float, Any]]]] = {}
         self._positions: tuple[Any, dict[str, int]] = (None, {})  # node list, id -> index
         self._index: dict[int, torch.Tensor] = {}  # a node's index in it, as [1] long
+        self._widths: dict[tuple[int, int], tuple[Rows, dict[str, int]]] = {}
         accept = getattr(rule, "accept", None)
         if accept is not None:
             self.accept = accept
@@ -836,10 +837,9 @@ class NodeRule:
         """Every in-neighbour (pattern ``"neighbours"``), or those the rule's ``talks``
         names as senders of ``phase`` if it names this peer a receiver (``"chosen"``)."""
         if self.rule.pattern == "edges":
-            widths = widths_of(self.rule, phase, self._rows(ctx))
+            widths = self._in_widths(phase, ctx)
             if widths is not None:  # none from a sender whose edge carries nothing
-                at = {j: e for e, j in enumerate(_in_union(ctx))}
-                return tuple(j for j in ctx.in_weights if int(widths[1][at[j]]) > 0)
+                return tuple(j for j in ctx.in_weights if widths.get(j, 0) > 0)
         if self.rule.pattern in ("neighbours", "edges"):
             return tuple(ctx.in_weights)
         if self.rule.pattern == "chosen":
@@ -862,13 +862,11 @@ class NodeRule:
         if _TAKES_ROWS.get(type(self.rule)) is False:  # asked once a message: no rows needed
             schema: MessageSchema = self.rule.schema(phase)
             return schema
-        rows = self._rows(ctx)
-        schema = schema_of(self.rule, phase, rows)
-        widths = widths_of(self.rule, phase, rows) if self.rule.pattern == "edges" else None
+        schema = schema_of(self.rule, phase, self._rows(ctx))
+        widths = self._in_widths(phase, ctx) if self.rule.pattern == "edges" else None
         if widths is None:
             return schema
-        senders = _in_union(ctx)
-        w = int(widths[1][senders.index(sender)]) if sender in senders else 0
+        w = widths.get(sender, 0)
         if w == 0:
             raise AlgorithmError(
                 f"{sender!r} sends {ctx.node!r} nothing in phase {phase} of round {ctx.round}."
@@ -877,6 +875,24 @@ class NodeRule:
             tensors=dict.fromkeys(schema.tensors, (w,)),
             scalars=schema.scalars,
         )
+
+    def _in_widths(self, phase: int, ctx: RoundContext) -> dict[str, int] | None:
+        """Sender -> the width of its message of ``phase`` (a rule's ``widths``), made once
+        per round context and phase (a peer asks once a message); ``None``: no widths."""
+        if getattr(self.rule, "widths", None) is None:
+            return None
+        rows = self._rows(ctx)
+        key = (id(rows), phase)
+        cached = self._widths.get(key)
+        if cached is not None and cached[0] is rows:
+            return cached[1]
+        widths = widths_of(self.rule, phase, rows)
+        assert widths is not None
+        by_sender = dict(zip(_in_union(ctx), widths[1].tolist(), strict=True))
+        if len(self._widths) > 4 * len(self._contexts) + 8:
+            self._widths.clear()
+        self._widths[key] = (rows, by_sender)
+        return by_sender
 
     def _zero(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         zero = self._zeros.get(shape)
