@@ -81,6 +81,12 @@ REPO = Path(__file__).resolve().parents[1]
             "topology.nodes=5",
             "compression.codec=sign",
         ],
+        [
+            "algorithm.name=rps",
+            "topology.kind=complete",
+            "topology.nodes=7",
+            "compression.codec=fp16",
+        ],
     ],
     ids=[
         "ops-directed",
@@ -93,6 +99,7 @@ REPO = Path(__file__).resolve().parents[1]
         "ops-robust-schedule",
         "central",
         "choco-sign",
+        "rps-fp16",
     ],
 )
 def test_launch_matches_simulate_bit_for_bit(
