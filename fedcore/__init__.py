@@ -7,6 +7,15 @@ talking only along a directed trust graph. See the README for the CLI and
 
 from __future__ import annotations
 
+import os
+
+# MKL's conditional numerical reproducibility: without it, MKL's GEMM kernels round a
+# product by the memory address of its operands on some CPUs (AMD EPYC among them), and a
+# peer's gradient of its one row would differ in the last bits from the same row among the
+# vectorized engine's N rows. MKL reads this once, at its first computation, so it is set
+# before any fedcore module imports torch; fedcore.gradients checks it took effect.
+os.environ.setdefault("MKL_CBWR", "AUTO")
+
 __version__ = "0.1.0"
 
 __all__ = ["__version__"]

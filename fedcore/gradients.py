@@ -10,23 +10,22 @@ whatever ``M`` is (*batch-invariance*). Three ways to compute, chosen once per r
   built-in ``logreg`` and ``mlp``) as batched matrix products over the peer axis, backward
   by autograd. Bit-identical rows for every ``M`` on any CPU, given what it relies on:
 
-  - ``torch.bmm`` of ``[M, p, q] x [M, q, r]`` computes each row's product as its own
-    GEMM (MKL's batched GEMM), and with ``M >= 2`` it splits the work over rows, so no GEMM
-    is split across threads. A single row (``M = 1``) is therefore computed with one
-    intra-op thread (:func:`one_thread`): with two threads MKL splits one GEMM and rounds
-    differently.
-  - Some CPUs' GEMM kernels round by where an operand or the result sits in memory (seen
-    on AMD EPYC with AVX-512, where a row at an odd offset of the stacked tensors got other
-    bits than the same row alone). So every operand's rows start at 64-byte boundaries
-    (:func:`aligned_rows`), and every product is ``a @ b^T`` with both stored row-major
-    (:func:`product`), the one form whose rounding did not depend on where the result's
-    rows fall; a product with one output column is computed as two, one of zeros.
+  - ``torch.matmul`` of ``[M, B, k] x [M, k, n]`` computes each row's product as its own
+    GEMM, and with ``M >= 2`` torch splits the work over rows, so no GEMM is split across
+    threads. A single row (``M = 1``) is therefore computed with one intra-op thread
+    (:func:`one_thread`): with two threads MKL splits one GEMM and rounds differently.
   - A batch of one example would make the products matrix-vector ones, which MKL's
     SSE4.2 kernels round differently by memory alignment; a batch of one is computed as
     two examples, the second a copy with weight 0, which adds exact zeros to every sum.
   - Elementwise ops (ReLU, the bias add), the softmax cross-entropy over the classes of
     one example, and the sum over a row's examples (the bias gradient) are computed per
     row in the same order for every ``M``.
+
+  - MKL runs in its conditional numerical reproducibility mode (``MKL_CBWR=AUTO``, set
+    when fedcore is imported; :func:`reproducible_blas`): otherwise its GEMM kernels
+    round by the memory address of the operands on some CPUs (AMD EPYC with AVX-512, where
+    a row at an odd offset of the stacked ``[M, d]`` parameters got other bits than the
+    same row alone). The mode costs no measurable time here.
 
   ``tests/test_gradients.py`` checks these under every kernel level CI forces
   (``ATEN_CPU_CAPABILITY`` and ``MKL_ENABLE_INSTRUCTIONS``), and one and two threads.
@@ -41,7 +40,7 @@ whatever ``M`` is (*batch-invariance*). Three ways to compute, chosen once per r
 from __future__ import annotations
 
 import logging
-import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -52,14 +51,7 @@ from torch.nn import functional
 from fedcore.errors import DataError
 from fedcore.ids import error_text
 
-__all__ = [
-    "ALIGNMENT",
-    "GRADIENT_MODES",
-    "RowGradient",
-    "aligned_rows",
-    "one_thread",
-    "product",
-]
+__all__ = ["GRADIENT_MODES", "RowGradient", "one_thread", "reproducible_blas"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +59,62 @@ GRADIENT_MODES = ("batched", "vmap", "module")
 
 RowFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[float, torch.Tensor]]
 """One row's ``(loss, gradient)`` at flat parameters ``[d]`` on ``x [B, ...]``, ``y [B]``."""
+
+
+_CBWR_BRANCH = 1  # mkl_cbwr_get's option: the current branch
+_CBWR_OFF = (0, 1)  # no reproducibility mode (unset, or branch off)
+_CBWR_AUTO = 2
+
+_blas_checked: bool | None = None
+
+
+def reproducible_blas() -> bool:
+    """Whether MKL computes in its conditional numerical reproducibility mode (switching it
+    on if MKL has not computed anything yet); ``True`` where torch uses no MKL. Warns once
+    if it is off and can no longer be switched on (torch ran a product before fedcore was
+    imported with ``MKL_CBWR`` unset): the engines may then differ in the last bits on
+    CPUs whose kernels round by memory address."""
+    global _blas_checked
+    if _blas_checked is not None:
+        return _blas_checked
+    library = _mkl()
+    ok = True
+    if library is not None:
+        get, set_ = library
+        chosen = os.environ.get("MKL_CBWR", "AUTO") != "AUTO"  # the user's own setting
+        if chosen:
+            ok = get(_CBWR_BRANCH) not in _CBWR_OFF
+        elif get(_CBWR_BRANCH) in _CBWR_OFF and set_(_CBWR_AUTO) != 0:
+            ok = False
+            logger.warning(
+                "MKL's reproducibility mode is off (torch computed before fedcore was "
+                "imported, and MKL_CBWR is unset): a peer's gradient may differ from the "
+                "vectorized engine's in the last bits on some CPUs. Import fedcore first or "
+                "set MKL_CBWR=AUTO."
+            )
+    _blas_checked = ok
+    return ok
+
+
+def _mkl() -> tuple[Callable[[int], int], Callable[[int], int]] | None:
+    """MKL's ``(cbwr_get, cbwr_set)`` inside torch's CPU library, or ``None``."""
+    if not torch.backends.mkl.is_available():  # type: ignore[no-untyped-call]
+        return None
+    import ctypes
+    from pathlib import Path
+
+    folder = Path(torch.__file__).parent / "lib"
+    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib"):
+        try:
+            library = ctypes.CDLL(str(folder / name))
+            get, set_ = library.mkl_serv_cbwr_get, library.mkl_serv_cbwr_set
+        except (OSError, AttributeError):
+            continue
+        for function in (get, set_):
+            function.restype = ctypes.c_int
+            function.argtypes = [ctypes.c_int]
+        return get, set_
+    return None
 
 
 @contextmanager
@@ -109,6 +157,7 @@ class RowGradient:
         sample: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """Take the parameter layout; decide the mode."""
+        reproducible_blas()
         self.module = module
         self.dtype = dtype
         self._module_row = module_row
@@ -242,8 +291,7 @@ class RowGradient:
         m, b = y.shape
         inputs: list[torch.Tensor] = []  # what each Linear layer saw
         relus: list[torch.Tensor] = []  # where each ReLU let through
-        weights: dict[str, torch.Tensor] = {}  # each Linear layer's, every row aligned
-        h = self.batched_forward(params, x, inputs=inputs, relus=relus, weights=weights)
+        h = self.batched_forward(params, x, inputs=inputs, relus=relus)
         logp = torch.log_softmax(h, dim=-1)
         y1 = y.unsqueeze(-1)
         ce = -logp.gather(-1, y1).squeeze(-1)  # [M, B]
@@ -267,16 +315,12 @@ class RowGradient:
         for prefix, layer in reversed(self._layers):
             if isinstance(layer, torch.nn.Linear):
                 linear -= 1
-                # dW = g^T h and g <- g W, each as a product by a transposed operand
-                g_t = aligned_rows(g.transpose(1, 2))
-                grads[f"{prefix}weight"] = product(
-                    g_t, aligned_rows(inputs[linear].transpose(1, 2))
-                )
+                grads[f"{prefix}weight"] = torch.matmul(g.transpose(1, 2), inputs[linear])
                 if layer.bias is not None:
                     grads[f"{prefix}bias"] = g.sum(dim=1)
                 if linear > 0:
                     assert isinstance(layer, torch.nn.Linear)
-                    g = product(aligned_rows(g), aligned_rows(weights[prefix].transpose(1, 2)))
+                    g = torch.matmul(g, self._weight(params, prefix, layer))
             elif isinstance(layer, torch.nn.ReLU):
                 g = g * relus.pop()
         flat = [grads[name].reshape(m, -1) for name, _, _ in self._slices]
@@ -317,13 +361,11 @@ class RowGradient:
         shared_input: bool = False,
         inputs: list[torch.Tensor] | None = None,
         relus: list[torch.Tensor] | None = None,
-        weights: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits ``[M, B, C]`` of ``M`` stacked models of Flatten/Linear/ReLU layers on
         ``x`` (``[M, B, ...]``, or ``[B, ...]`` shared by every row), as batched matmuls;
-        ``inputs``, ``relus`` and ``weights`` collect what the backward pass needs (each
-        Linear layer's input, each ReLU's mask, each Linear layer's weights). Every operand
-        of a matmul has each row at a 64-byte boundary (:func:`aligned_rows`)."""
+        ``inputs`` and ``relus`` collect what the backward pass needs (each Linear layer's
+        input, each ReLU's mask)."""
         assert self._layers is not None
         h = x.to(self.dtype)
         lead = 2 if shared_input is False else 1  # dims before a per-example feature
@@ -331,16 +373,10 @@ class RowGradient:
             if isinstance(layer, torch.nn.Flatten):
                 h = h.flatten(lead, -1) if h.dim() > lead + 1 else h
             elif isinstance(layer, torch.nn.Linear):
-                if lead == 2:
-                    h = aligned_rows(h)
                 lead = 2
                 if inputs is not None:
                     inputs.append(h)
-                weight = aligned_rows(self._weight(params, prefix, layer))
-                if weights is not None:
-                    weights[prefix] = weight
-                # (examples shared by every row, evaluation: one matmul)
-                h = product(h, weight) if h.dim() == 3 else torch.matmul(h, weight.transpose(1, 2))
+                h = torch.matmul(h, self._weight(params, prefix, layer).transpose(1, 2))
                 if layer.bias is not None:
                     start, n = self._where[f"{prefix}bias"]
                     h = h + params[:, start : start + n].unsqueeze(1)
@@ -363,43 +399,6 @@ class RowGradient:
         self.module.eval()
         out: torch.Tensor = self._logits(params, x)
         return out
-
-
-ALIGNMENT = 64
-"""Bytes: where every row of a matmul operand starts (torch's CPU allocator aligns every
-tensor to 64 bytes)."""
-
-
-def aligned_rows(t: torch.Tensor) -> torch.Tensor:
-    """``t [M, ...]`` with every row starting at a multiple of :data:`ALIGNMENT` bytes from
-    the storage's start: ``t`` itself where it is so (a contiguous tensor whose rows are
-    whole multiples of it), else a copy into rows padded to it.
-
-    MKL's small GEMM kernels round a product differently by the address of its operands on
-    some CPUs (seen on AMD EPYC with AVX-512, where a row at an odd offset of ``[M, ...]``
-    got other bits than the same row alone); with every row aligned, a row's product is the
-    same bits alone and among any rows."""
-    if t.device.type != "cpu":
-        return t
-    step = max(1, ALIGNMENT // t.element_size())
-    size = math.prod(t.shape[1:])
-    if t.is_contiguous() and size % step == 0 and t.storage_offset() % step == 0:
-        return t
-    stride = -(-size // step) * step
-    out = t.new_empty((t.shape[0], stride))[:, :size].view(t.shape)
-    return out.copy_(t)
-
-
-def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b^T`` of ``a [M, p, q]`` and ``b [M, r, q]``, row-aligned (:func:`aligned_rows`),
-    each row's product as the same bits alone and among any rows.
-
-    Only this form is: on the CPU above, a product by a non-transposed ``b`` (and one with a
-    single output column, ``r = 1``, which is computed as ``r = 2`` with a zero row) rounded
-    by where the result's rows fall."""
-    if b.shape[1] == 1:
-        return product(a, torch.cat([b, torch.zeros_like(b)], dim=1))[:, :, :1]
-    return torch.bmm(a, b.transpose(1, 2))
 
 
 def _batchable_layers(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]] | None:

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.gradients import RowGradient, one_thread
+from fedcore.gradients import RowGradient, one_thread, reproducible_blas
 from fedcore.models import Objective, cnn1d, logreg, mlp
 
 INPUT = 64
@@ -88,9 +88,10 @@ def test_a_row_alone_equals_the_row_among_many(name: str, m: int, b: int, thread
 def test_any_shape_row_alone_equals_the_row_among_many(
     features: int, hidden: int | None, classes: int, b: int, m: int, threads: int, double: bool
 ) -> None:
-    """Odd sizes put a row's operands and results at any offset of the stacked tensors; some
-    CPUs' GEMM kernels round by offset, which the row path rules out (it aligns every row
-    and multiplies only by transposed operands): the rows stay the lone row's bits."""
+    """Odd sizes put a row's operands and results at any offset of the stacked tensors;
+    MKL's kernels round by offset on some CPUs unless its reproducibility mode is on (as
+    fedcore switches it on): the rows stay the lone row's bits."""
+    assert reproducible_blas()
     torch.manual_seed(features * 1000 + classes)
     if hidden is None:
         module = logreg(input_dim=features, num_classes=classes)

@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.rule import EdgeInbox, Rows, Send, per_peer
+from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Send, per_peer
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema
 
@@ -94,20 +94,49 @@ def block_bounds(numel: int, n: int) -> tuple[tuple[int, int], ...]:
 
 
 class _Layout(NamedTuple):
-    """The blocks of a run: each owner's first entry and size (``[n]`` long), the longest
-    block ``w``, and ``arange(w)``."""
+    """The blocks of a run's model of ``d`` entries over ``n`` owners: the first ``r``
+    hold ``q + 1`` entries, the others ``q``; ``w`` is the longest; ``size`` each owner's
+    (``[n]`` long)."""
 
-    start: torch.Tensor
-    size: torch.Tensor
+    d: int
+    n: int
+    q: int
+    r: int
     w: int
-    columns: torch.Tensor
+    size: torch.Tensor
 
-    def cells(self, owner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[k, w]``: the model entries of the blocks of ``owner [k]`` (padding points at
-        entry 0), and which are real."""
-        real = self.columns < self.size[owner].unsqueeze(1)
-        cells = self.start[owner].unsqueeze(1) + self.columns
-        return torch.where(real, cells, 0), real
+    def blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, d]`` as ``[B, n, w]``, each owner's block padded with zeros (a copy)."""
+        b, cut = x.shape[0], self.r * (self.q + 1)
+        long = x[:, :cut].reshape(b, self.r, self.q + 1)
+        short = x[:, cut:].reshape(b, self.n - self.r, self.q)
+        if self.w > self.q:
+            short = torch.cat([short, short.new_zeros((b, self.n - self.r, 1))], dim=2)
+        if self.r == 0:
+            return short.clone()
+        return torch.cat([long, short], dim=1)
+
+    def own(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``[B, w]``: row ``i``'s block ``index[i]`` of ``x [B, d]``, padded with zeros."""
+        if x.shape[0] == 1:  # a peer: one slice
+            j = int(index[0])
+            start = j * self.q + min(j, self.r)
+            size = self.q + (j < self.r)
+            out = x.new_zeros((1, self.w))
+            out[0, :size] = x[0, start : start + size]
+            return out
+        return (
+            self.blocks(x)
+            .view(-1, self.w)
+            .index_select(0, torch.arange(x.shape[0], device=x.device) * self.n + index)
+        )
+
+    def model(self, blocks: torch.Tensor) -> torch.Tensor:
+        """``[B, n, w]`` blocks back as ``[B, d]`` (padding dropped)."""
+        b = blocks.shape[0]
+        long = blocks[:, : self.r, : self.q + 1].reshape(b, -1)
+        short = blocks[:, self.r :, : self.q].reshape(b, -1)
+        return torch.cat([long, short], dim=1)
 
 
 class RPSRule:
@@ -142,36 +171,36 @@ class RPSRule:
         """The models ``x``."""
         return state.x
 
-    def _layout(self, rows: Rows, d: int | None = None) -> _Layout:
-        numel = self._require_numel() if d is None else d
-        if d is not None and self._numel is not None and d != self._numel:
+    def _layout(self, rows: Rows) -> _Layout:
+        device = rows.self_weight.device
+        layout = self._layouts.get((rows.n, device))
+        if layout is None:
+            if self._numel is None:
+                raise AlgorithmError(
+                    "RPS does not know the model size yet: call init(params) before asking "
+                    "for message shapes."
+                )
+            q, r = divmod(self._numel, rows.n)
+            sizes = block_sizes(self._numel, rows.n)
+            size = torch.tensor(sizes, dtype=torch.long, device=device)
+            layout = _Layout(self._numel, rows.n, q, r, q + (r > 0), size)
+            self._layouts[(rows.n, device)] = layout
+        return layout
+
+    def _checked(self, rows: Rows, d: int) -> tuple[_Layout, Edges]:
+        """The layout and the rows' edges (checked: the model size, every row a node)."""
+        if d != self._numel:
             raise AlgorithmError(
                 f"RPS: the model has {d} entries, but this rule was initialised for "
                 f"{self._numel}. Use one RPS rule per model size."
             )
-        if rows.b == 1 and int(rows.index[0]) < 0:  # a peer (every row of all peers is known)
+        if rows.b == 1 and int(rows.index[0]) < 0:  # a peer (all peers' rows are all nodes)
             raise AlgorithmError(
-                f"RPS: a peer is not in the round's node list ({rows.n} nodes); RPS needs "
-                "every node of the run in it."
+                f"RPS: peer {rows.ids[0] if rows.ids else '?'} is not in the round's node "
+                f"list ({rows.n} nodes); RPS needs every node of the run in it."
             )
-        device = rows.self_weight.device
-        layout = self._layouts.get((rows.n, device))
-        if layout is None:
-            sizes = block_sizes(numel, rows.n)
-            size = torch.tensor(sizes, dtype=torch.long, device=device)
-            start = torch.cumsum(size, 0) - size
-            w = max(sizes, default=0)
-            layout = _Layout(start, size, w, torch.arange(w, device=device))
-            self._layouts[(rows.n, device)] = layout
-        return layout
-
-    def _require_numel(self) -> int:
-        if self._numel is None:
-            raise AlgorithmError(
-                "RPS does not know the model size yet: call init(params) before asking for "
-                "message shapes."
-            )
-        return self._numel
+        assert rows.edges is not None
+        return self._layout(rows), rows.edges
 
     def widths(self, phase: int, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
         """Each edge's block: the receiver's in the scatter (phase 0), the sender's in the
@@ -193,13 +222,10 @@ class RPSRule:
     def step(self, state: RPSState, grad: torch.Tensor, rows: Rows) -> tuple[RPSState, Send]:
         """Local SGD step; send each other owner its block of ``x_half`` (the scatter)."""
         x_half = state.x - rows.lr * grad
-        layout = self._layout(rows, x_half.shape[1])
-        edges = rows.edges
-        assert edges is not None
-        cells, real = layout.cells(edges.out_peer)
-        blocks = x_half[edges.out_row.unsqueeze(1), cells]
-        blocks = torch.where(real, blocks, 0.0)
-        return RPSState(x_half, state.y), Send({"block": blocks})
+        layout, edges = self._checked(rows, x_half.shape[1])
+        blocks = layout.blocks(x_half).view(-1, layout.w)  # [B * n, w]
+        sent = blocks.index_select(0, edges.out_row * layout.n + edges.out_peer)
+        return RPSState(x_half, state.y), Send({"block": sent})
 
     def mix(
         self, state: RPSState, phase: int, inbox: EdgeInbox, rows: Rows
@@ -207,17 +233,13 @@ class RPSRule:
         """Phase 0: average the own block with the blocks that arrived and send the average
         to every other worker. Phase 1: take every averaged block that arrived; a missing
         one keeps the local ``x_half`` value."""
-        layout = self._layout(rows, state.x.shape[1])
-        edges = rows.edges
-        assert edges is not None
-        everyone = torch.arange(rows.b, device=state.x.device).unsqueeze(1)
-        own, own_real = layout.cells(rows.index)
+        layout, edges = self._checked(rows, state.x.shape[1])
         if phase == 0:
             # The own block, then every block that arrived in sender order (adding 0 for
             # one that did not), divided by how many there were.
-            total = torch.where(own_real, state.x[everyone, own], 0.0)
             arrived = inbox.arrived.unsqueeze(1)
-            total.index_add_(0, edges.in_row, torch.where(arrived, inbox.tensors["block"], 0.0))
+            block = torch.where(arrived, inbox.tensors["block"], 0.0)
+            total = edges.in_total(block, start=layout.own(state.x, rows.index))
             count = 1.0 + edges.in_total(inbox.arrived.to(torch.float64))
             y = total / count.to(total.dtype).unsqueeze(1)
             size = layout.size[rows.index]
@@ -227,14 +249,13 @@ class RPSRule:
             raise AlgorithmError(
                 "RPS: gather phase without a scatter phase before it (mix phase 0 first)."
             )
-        x = state.x.clone()
-        x[everyone.expand_as(own)[own_real], own[own_real]] = state.y[own_real]
-        cells, real = layout.cells(edges.in_peer)
-        real &= inbox.arrived.unsqueeze(1)
-        x[edges.in_row.unsqueeze(1).expand_as(cells)[real], cells[real]] = inbox.tensors["avg"][
-            real
-        ]
-        return RPSState(x, state.y[:, :0]), None
+        blocks = layout.blocks(state.x).view(-1, layout.w)  # [B * n, w]
+        own = torch.arange(rows.b, device=state.x.device) * layout.n + rows.index
+        blocks.index_copy_(0, own, state.y)
+        got = torch.nonzero(inbox.arrived).squeeze(1)  # a lost block keeps x_half
+        senders = edges.in_row.index_select(0, got) * layout.n + edges.in_peer.index_select(0, got)
+        blocks.index_copy_(0, senders, inbox.tensors["avg"].index_select(0, got))
+        return RPSState(layout.model(blocks.view(rows.b, layout.n, -1)), state.y[:, :0]), None
 
 
 RPS = per_peer(RPSRule)

@@ -193,17 +193,41 @@ class Edges:
     in_peer: torch.Tensor
     b: int
 
-    def out_total(self, values: torch.Tensor) -> torch.Tensor:
-        """``[B, ...]``: per row, the sum of ``values [Eo, ...]`` over its out-edges, added
-        one after another in receiver order (on a peer and on every peer alike)."""
-        out = values.new_zeros((self.b, *values.shape[1:]))
-        return out.index_add_(0, self.out_row, values)
+    def out_total(self, values: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, ...]``: per row, ``start`` (default 0) plus ``values [Eo, ...]`` over its
+        out-edges, added one after another in receiver order (on a peer and on every peer
+        alike)."""
+        return _added(self.b, self.out_row, values, start)
 
-    def in_total(self, values: torch.Tensor) -> torch.Tensor:
-        """``[B, ...]``: per row, the sum of ``values [Ei, ...]`` over its in-edges, in
-        sender order."""
-        out = values.new_zeros((self.b, *values.shape[1:]))
-        return out.index_add_(0, self.in_row, values)
+    def in_total(self, values: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, ...]``: per row, ``start`` (default 0) plus ``values [Ei, ...]`` over its
+        in-edges, in sender order."""
+        return _added(self.b, self.in_row, values, start)
+
+
+def _added(
+    b: int, rows: torch.Tensor, values: torch.Tensor, start: torch.Tensor | None
+) -> torch.Tensor:
+    """``start`` (or zeros) ``[b, ...]`` with ``values[e]`` added to row ``rows[e]``, one
+    edge after another. On one row, the same additions as one flat ``index_add_`` (a
+    ``[E, w]`` one runs a thread team on the CPU even when tiny, whose idle spinning costs a
+    peer more CPU than the sum)."""
+    out = values.new_zeros((b, *values.shape[1:])) if start is None else start.clone()
+    if b == 1 and values.dim() > 1 and values.device.type == "cpu":
+        width = out[0].numel()
+        key = (values.shape[0], width)
+        spread = _SPREAD.get(key)
+        if spread is None:
+            if len(_SPREAD) > 64:
+                _SPREAD.clear()
+            spread = _SPREAD[key] = torch.arange(width).repeat(values.shape[0])
+        out.view(-1).index_add_(0, spread, values.reshape(-1))
+        return out
+    return out.index_add_(0, rows, values)
+
+
+_SPREAD: dict[tuple[int, int], torch.Tensor] = {}
+"""(edges, values a row) -> each value's place in the row: a flat sum's index (read only)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -600,7 +624,7 @@ class NodeRule:
         self._senders: dict[int, tuple[Mapping[str, float], list[tuple[str, float, Any]]]] = {}
         self._positions: tuple[Any, dict[str, int]] = (None, {})  # node list, id -> index
         self._index: dict[int, torch.Tensor] = {}  # a node's index in it, as [1] long
-        self._widths: dict[tuple[int, int], tuple[Rows, dict[str, int]]] = {}
+        self._widths: dict[tuple[int, int], tuple[Rows, dict[str, MessageSchema]]] = {}
         accept = getattr(rule, "accept", None)
         if accept is not None:
             self.accept = accept
@@ -839,7 +863,7 @@ class NodeRule:
         if self.rule.pattern == "edges":
             widths = self._in_widths(phase, ctx)
             if widths is not None:  # none from a sender whose edge carries nothing
-                return tuple(j for j in ctx.in_weights if widths.get(j, 0) > 0)
+                return tuple(j for j in ctx.in_weights if j in widths)
         if self.rule.pattern in ("neighbours", "edges"):
             return tuple(ctx.in_weights)
         if self.rule.pattern == "chosen":
@@ -862,23 +886,20 @@ class NodeRule:
         if _TAKES_ROWS.get(type(self.rule)) is False:  # asked once a message: no rows needed
             schema: MessageSchema = self.rule.schema(phase)
             return schema
-        schema = schema_of(self.rule, phase, self._rows(ctx))
         widths = self._in_widths(phase, ctx) if self.rule.pattern == "edges" else None
         if widths is None:
-            return schema
-        w = widths.get(sender, 0)
-        if w == 0:
+            return schema_of(self.rule, phase, self._rows(ctx))
+        sized = widths.get(sender)
+        if sized is None:
             raise AlgorithmError(
                 f"{sender!r} sends {ctx.node!r} nothing in phase {phase} of round {ctx.round}."
             )
-        return MessageSchema(
-            tensors=dict.fromkeys(schema.tensors, (w,)),
-            scalars=schema.scalars,
-        )
+        return sized
 
-    def _in_widths(self, phase: int, ctx: RoundContext) -> dict[str, int] | None:
-        """Sender -> the width of its message of ``phase`` (a rule's ``widths``), made once
-        per round context and phase (a peer asks once a message); ``None``: no widths."""
+    def _in_widths(self, phase: int, ctx: RoundContext) -> dict[str, MessageSchema] | None:
+        """Sender -> its message of ``phase``, its tensors of the width the rule's ``widths``
+        gives (only senders of a message), made once per round context and phase (a peer
+        asks once a message); ``None``: the rule says no widths."""
         if getattr(self.rule, "widths", None) is None:
             return None
         rows = self._rows(ctx)
@@ -888,7 +909,15 @@ class NodeRule:
             return cached[1]
         widths = widths_of(self.rule, phase, rows)
         assert widths is not None
-        by_sender = dict(zip(_in_union(ctx), widths[1].tolist(), strict=True))
+        schema = schema_of(self.rule, phase, rows)
+        shaped: dict[int, MessageSchema] = {}
+        by_sender: dict[str, MessageSchema] = {}
+        for sender, w in zip(_in_union(ctx), widths[1].tolist(), strict=True):
+            if w > 0:
+                if w not in shaped:
+                    tensors = dict.fromkeys(schema.tensors, (w,))
+                    shaped[w] = MessageSchema(tensors=tensors, scalars=schema.scalars)
+                by_sender[sender] = shaped[w]
         if len(self._widths) > 4 * len(self._contexts) + 8:
             self._widths.clear()
         self._widths[key] = (rows, by_sender)
