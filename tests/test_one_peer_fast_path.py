@@ -16,6 +16,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedcore.algorithms import rule
 from tests.clitools import cli
@@ -56,3 +59,28 @@ def test_the_one_peer_fast_path_changes_no_bit(
     slow = _digests(capsys, tmp_path / "slow", CASES[case])
     assert calls, "the fast path was never asked for"
     assert fast == slow
+
+
+@settings(max_examples=40)
+@given(
+    edges=st.integers(0, 9),
+    width=st.integers(1, 70),
+    start=st.booleans(),
+    double=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_one_row_edge_totals_are_the_rows_index_add(
+    edges: int, width: int, start: bool, double: bool, seed: int
+) -> None:
+    """``Edges.in_total`` on one row adds the edges as one flat ``index_add_`` (no thread
+    team); the bits are those of the ``[E, w]`` ``index_add_`` every peer's rows run."""
+    gen = torch.Generator().manual_seed(seed)
+    dtype = torch.float64 if double else torch.float32
+    values = torch.randn(edges, 3, width, generator=gen, dtype=dtype) * 1e3
+    base = torch.randn(1, 3, width, generator=gen, dtype=dtype) if start else None
+    rows = torch.zeros(edges, dtype=torch.long)
+    got = rule._added(1, rows, values, base)
+    expected = (torch.zeros(1, 3, width, dtype=dtype) if base is None else base.clone()).index_add_(
+        0, rows, values
+    )
+    assert torch.equal(got, expected)
