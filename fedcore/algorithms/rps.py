@@ -94,11 +94,10 @@ def block_bounds(numel: int, n: int) -> tuple[tuple[int, int], ...]:
 
 
 class _Layout(NamedTuple):
-    """The blocks of a run's model of ``d`` entries over ``n`` owners: the first ``r``
+    """The blocks of a run's model over ``n`` owners: the first ``r``
     hold ``q + 1`` entries, the others ``q``; ``w`` is the longest; ``size`` each owner's
     (``[n]`` long)."""
 
-    d: int
     n: int
     q: int
     r: int
@@ -183,7 +182,7 @@ class RPSRule:
             q, r = divmod(self._numel, rows.n)
             sizes = block_sizes(self._numel, rows.n)
             size = torch.tensor(sizes, dtype=torch.long, device=device)
-            layout = _Layout(self._numel, rows.n, q, r, q + (r > 0), size)
+            layout = _Layout(rows.n, q, r, q + (r > 0), size)
             self._layouts[(rows.n, device)] = layout
         return layout
 
