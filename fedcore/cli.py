@@ -426,11 +426,16 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _set_threads(threads: int) -> None:
+    """``--threads``, and freed large blocks kept for reuse (:mod:`fedcore.runtime`): this
+    process runs the rounds."""
     import torch
+
+    from fedcore.runtime import keep_freed_memory
 
     if threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {threads}.")
     torch.set_num_threads(threads)
+    keep_freed_memory()
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -310,30 +310,37 @@ class RowGradient:
         g = logp.exp()
         g.scatter_add_(-1, y1, constants[1])
         g = g * constants[0]
-        grads: dict[str, torch.Tensor] = {}
+        # Each layer's gradient is written straight into its slice of the one [M, d] result
+        # (no per-layer tensors concatenated after: one stack, not two).
+        out = torch.empty_like(params)
         linear = len(inputs)
         for prefix, layer in reversed(self._layers):
             if isinstance(layer, torch.nn.Linear):
                 linear -= 1
-                grads[f"{prefix}weight"] = torch.matmul(g.transpose(1, 2), inputs[linear])
+                into = self._weight(out, prefix, layer)
+                torch.matmul(g.transpose(1, 2), inputs[linear], out=into)
                 if layer.bias is not None:
-                    grads[f"{prefix}bias"] = g.sum(dim=1)
+                    start, n = self._where[f"{prefix}bias"]
+                    torch.sum(g, dim=1, out=out[:, start : start + n])
                 if linear > 0:
                     assert isinstance(layer, torch.nn.Linear)
                     g = torch.matmul(g, self._weight(params, prefix, layer))
             elif isinstance(layer, torch.nn.ReLU):
                 g = g * relus.pop()
-        flat = [grads[name].reshape(m, -1) for name, _, _ in self._slices]
-        return losses, torch.cat(flat, dim=1)
+        return losses, out
 
     def _ragged(
         self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows grouped by batch size, each group on exactly its rows' examples."""
         counts = mask.sum(dim=1)
+        sizes = torch.unique(counts).tolist()
+        if len(sizes) == 1:  # one size after all: no gather or scatter of the stack
+            c = int(sizes[0])
+            return self.loss_and_grad(params, x[:, :c].contiguous(), y[:, :c].contiguous())
         losses = torch.empty(params.shape[0], dtype=self.dtype, device=params.device)
         grads = torch.empty_like(params)
-        for c in torch.unique(counts).tolist():
+        for c in sizes:
             rows = torch.nonzero(counts == c).squeeze(1)
             c = int(c)
             loss, grad = self.loss_and_grad(params[rows], x[rows, :c], y[rows, :c])

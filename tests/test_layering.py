@@ -17,6 +17,7 @@ LAYERS = {
     "ids": 0,
     "certs": 1,
     "lazy": 0,
+    "runtime": 0,
     "keyed": 0,
     "faults": 1,
     "topology": 1,

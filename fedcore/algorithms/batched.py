@@ -19,7 +19,7 @@ lost or from a crashed node are absent inputs; a crashed node keeps its state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -32,6 +32,7 @@ from fedcore.algorithms.rule import (
     Gathered,
     NodeRule,
     Rows,
+    SenderRows,
     Slot,
     lossless,
     schema_of,
@@ -219,8 +220,11 @@ class BatchRound:
 
         A decoded message that is not finite stops the run with the
         :class:`~fedcore.errors.ProtocolError` a receiving node raises in strict mode
-        (:meth:`finite`)."""
-        if self.everyone_up:
+        (:meth:`finite`). A lossless codec returns ``values`` itself, uncopied (what a
+        receiver decodes is what was sent): callers only read the result."""
+        if self.codec.lossless(values.dtype):
+            out = values
+        elif self.everyone_up:
             out = self.codec.roundtrip(values, owners)
         else:
             sending = self.up[owners]
@@ -229,15 +233,27 @@ class BatchRound:
         self.finite(out, owners)
         return out
 
-    def finite(self, decoded: torch.Tensor, owners: torch.Tensor) -> None:
+    def finite(
+        self, decoded: torch.Tensor, owners: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> None:
         """Stop the run, as a strict-mode receiver does, if an up sender's decoded message
-        (a row of ``decoded``, sent by ``owners``) holds a value that is not finite.
+        (a row of ``decoded``, sent by ``owners``; only the rows ``rows`` of ``decoded``
+        if given, row ``rows[i]`` sent by ``owners[i]``) holds a value that is not finite.
 
         Raises:
             ProtocolError: such a message (at once, or with ``defer_checks`` later).
         """
         flat = decoded.reshape(decoded.shape[0], -1)
-        bad_rows = ~torch.isfinite(flat.sum(dim=1)) & ~torch.isfinite(flat).all(dim=1)
+        # A row whose sum is finite holds only finite values (a NaN or an infinity makes
+        # the sum NaN or infinite), so the exact test runs only on rows whose sum is not
+        # (an overflow of large finite values); read on the host unless checks are deferred.
+        suspect = ~torch.isfinite(flat.sum(dim=1))
+        if rows is not None:
+            suspect = suspect[rows]
+        if not (self.defer_checks or bool(suspect.any())):
+            return
+        exact = torch.isfinite(flat).all(dim=1)
+        bad_rows = suspect & ~(exact if rows is None else exact[rows])
         hits = torch.zeros(len(self.nodes), dtype=torch.long, device=decoded.device)
         bad = hits.index_add_(0, owners, (bad_rows & self.up[owners]).long()) > 0
         self.check(
@@ -482,6 +498,10 @@ class BatchedRule:
             who = everyone if owners is None else owners
             if where is None and width is None:
                 out = ctx.roundtrip(v, who)
+            elif ctx.codec.lossless(v.dtype):  # decoded as sent (the rows that are sent)
+                rows = everyone if where is None else torch.nonzero(where).squeeze(1)
+                ctx.finite(v, who[rows], rows)
+                out = v
             else:  # only the rows that are sent draw from their senders' codecs
                 out = v.clone()
                 rows = everyone if where is None else torch.nonzero(where).squeeze(1)
@@ -530,24 +550,25 @@ class BatchedRule:
             where = torch.full((g.n,), -1, dtype=torch.long, device=g.src.device)
             where[owners] = torch.arange(owners.numel(), device=g.src.device)
             raw = lossless(self.rule, phase, self._stub(ctx.round, ctx.nodes, g.src.device))
+            rows: dict[str, torch.Tensor] = {}  # each message's row of tensors[name]
             for name, value in send.tensors.items():
                 if id(value) in compressed:  # the rule compressed it: decoded already
-                    tensors[name] = value[src]
+                    tensors[name], rows[name] = value, src
                     continue
                 if owners.numel() == 0:  # nobody up sends: nothing can have arrived
-                    tensors[name] = value[:0]
+                    tensors[name], rows[name] = value, src[:0]
                     continue
-                if raw:  # sent as it is
-                    ctx.finite(value[owners], owners)
-                    tensors[name] = value[src]
+                if raw or ctx.codec.lossless(value.dtype):  # sent as it is
+                    ctx.finite(value, owners, owners)
+                    tensors[name], rows[name] = value, src
                     continue
                 decoded = ctx.codec.roundtrip(value[owners], owners)
                 ctx.finite(decoded, owners)
-                tensors[name] = decoded[where[src]]
+                tensors[name], rows[name] = decoded, where[src]
             scalars = {name: value[src].to(_TOTAL) for name, value in send.scalars.items()}
         else:
             scalars = {}
-        return Gathered(tensors, scalars, dst, g.n)
+        return Gathered(SenderRows(tensors, rows) if send is not None else {}, scalars, dst, g.n)
 
     def _edge_inbox(
         self, send: Any, phase: int, ctx: BatchRound, compressed: set[int], rows: Rows
@@ -580,12 +601,15 @@ class BatchedRule:
             picked = torch.nonzero(sent).squeeze(1)
             for name, value in send.tensors.items():
                 if id(value) not in compressed and picked.numel():  # as a peer encodes it
-                    value = value.clone()
-                    chosen, who = value[picked], owners[picked]
-                    if width is None:
-                        value[picked] = ctx.roundtrip(chosen, who)
+                    who = owners[picked]
+                    if width is None and ctx.codec.lossless(value.dtype):  # decoded as sent
+                        ctx.finite(value, who, picked)
                     else:
-                        value[picked] = _ragged(ctx, chosen, who, width[picked])
+                        chosen, value = value[picked], value.clone()
+                        if width is None:
+                            value[picked] = ctx.roundtrip(chosen, who)
+                        else:
+                            value[picked] = _ragged(ctx, chosen, who, width[picked])
                 if send.shared:
                     value = value.index_select(0, union.out_row)
                 tensors[name] = value.index_select(0, union.in_to_out)
@@ -642,7 +666,7 @@ class BatchedRule:
         }
         return [
             Slot(
-                _Gather(decoded, g.nbr[:, k]),
+                SenderRows(decoded, g.nbr[:, k]),
                 {name: value.index_select(0, g.nbr[:, k]) for name, value in send.scalars.items()},
                 weights[:, k],
                 arrived[:, k],
@@ -699,24 +723,6 @@ def _ragged(
             rows = torch.nonzero(width == w).squeeze(1)
             out[rows, :w] = ctx.roundtrip(values[rows, :w], owners[rows])
     return out
-
-
-class _Gather(Mapping[str, torch.Tensor]):
-    """One slot's tensors, gathered from the senders' rows when the rule reads them (so a
-    round never holds every slot's ``[N, d]`` copy at once)."""
-
-    def __init__(self, values: Mapping[str, torch.Tensor], rows: torch.Tensor) -> None:
-        self._values = values
-        self._rows = rows
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self._values[name].index_select(0, self._rows)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
 
 
 def _in_degree(g: StackedGraph) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, per_peer
+from fedcore.algorithms.rule import Rows, Send, Slot, add_slot, per_peer
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema
 
@@ -82,7 +82,7 @@ class CentralRule(ModelOnly):
 
     def __init__(self) -> None:
         """No options."""
-        self._ranks: tuple[tuple[str, ...], tuple[str, ...], torch.Tensor] | None = None
+        self._ranks: tuple[tuple[str, ...], tuple[str, ...], list[int]] | None = None
 
     def step(self, state: ModelState, grad: torch.Tensor, rows: Rows) -> tuple[ModelState, Send]:
         """SGD step, then send the result to every other node."""
@@ -93,34 +93,39 @@ class CentralRule(ModelOnly):
         """The sender's post-step model ``"x"``, nothing else."""
         return model_schema("x")
 
-    def _rank(self, rows: Rows) -> torch.Tensor:
-        """``[B]``: each row's position among all node ids in sorted order, which is the
-        in-neighbour slot its own model is summed before (every other node is one)."""
+    def _own_rows(self, rows: Rows) -> list[int]:
+        """For each in-neighbour slot ``k`` (and one past the last), the row whose own model
+        is summed just before slot ``k``, or -1: a row's own model goes where its id falls
+        among all node ids in sorted order (every other node is one slot)."""
         cached = self._ranks
         if cached is not None and cached[0] is rows.ids and cached[1] is rows.nodes:
             return cached[2]
         rank = {v: r for r, v in enumerate(sorted(rows.nodes))}
-        device = rows.self_weight.device
-        ranks = torch.tensor([rank[v] for v in rows.ids], dtype=torch.long, device=device)
-        self._ranks = (rows.ids, rows.nodes, ranks)
-        return ranks
+        own = [-1] * len(rows.nodes)
+        for i, v in enumerate(rows.ids):
+            own[rank[v]] = i
+        self._ranks = (rows.ids, rows.nodes, own)
+        return own
 
     def mix(
         self, state: ModelState, phase: int, inbox: list[Slot], rows: Rows
     ) -> tuple[ModelState, None]:
         """Average the peer's own model and what arrived, summed in sorted node order (so
-        every peer that heard everyone holds the same bits)."""
+        every peer that heard everyone holds the same bits). In place on one total: a slot
+        that did not arrive adds 0 (its values are finite, as in :func:`gossip`)."""
         x = state.x
-        own_at = self._rank(rows).unsqueeze(1)
+        own = self._own_rows(rows)
         total = torch.zeros_like(x)
         count = torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)
         for k, slot in enumerate(inbox):
-            total.add_(torch.where(own_at == k, x, 0.0))
-            arrived = slot.arrived.unsqueeze(1)
-            total.add_(torch.where(arrived, slot.tensors["x"], 0.0))
-            count.add_(arrived.to(x.dtype))
-        total.add_(torch.where(own_at == len(inbox), x, 0.0))
-        return ModelState(total / count), None
+            if own[k] >= 0:
+                total[own[k]].add_(x[own[k]])
+            arrived = slot.arrived.unsqueeze(1).to(x.dtype)
+            add_slot(total, slot, "x", arrived)
+            count.add_(arrived)
+        if len(inbox) < len(own) and own[len(inbox)] >= 0:
+            total[own[len(inbox)]].add_(x[own[len(inbox)]])
+        return ModelState(total.div_(count)), None
 
 
 Central = per_peer(CentralRule)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import inspect
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -70,7 +70,9 @@ __all__ = [
     "Rows",
     "Rule",
     "Send",
+    "SenderRows",
     "Slot",
+    "add_slot",
     "gossip",
     "is_rule",
     "lossless",
@@ -88,6 +90,91 @@ _RAW = RawCodec()
 _YES = torch.ones(1, dtype=torch.bool)
 _NO = torch.zeros(1, dtype=torch.bool)
 """A peer's slot arrived or not (read only)."""
+
+
+ROW_BY_ROW = 1 << 16
+"""Values per row from which :func:`add_slot` adds a slot's rows one by one, each read
+where its sender holds it, instead of gathering the slot's ``[B, d]`` copy first (a pass
+over the whole stack that a large model pays per slot; below this, one gather and one
+batched op beat ``B`` small ops). Either way each row gets the same elementwise op, so
+the bits do not depend on it."""
+
+
+class SenderRows(Mapping[str, torch.Tensor]):
+    """Received tensors as rows of the senders' stacked tensors (``values[name][rows[m]]``
+    is what message ``m``, or peer ``m`` of a slot, received): gathered into ``[M, ...]``
+    only when a rule reads them (so a round never holds every slot's copy at once), or
+    added row by row from where they are (:func:`add_slot`, :meth:`Gathered.total`)."""
+
+    def __init__(
+        self,
+        values: Mapping[str, torch.Tensor],
+        rows: torch.Tensor | Mapping[str, torch.Tensor],
+    ) -> None:
+        """``values``: name -> the senders' ``[N, ...]`` tensor; ``rows``: ``[M]`` long,
+        one for every name or one per name."""
+        self._values = values
+        self._rows = rows
+        self._listed: dict[str, list[int]] = {}
+
+    def rows(self, name: str) -> torch.Tensor:
+        """``[M]`` long: the row of ``values[name]`` that each message is."""
+        return self._rows if isinstance(self._rows, torch.Tensor) else self._rows[name]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._values[name].index_select(0, self.rows(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def stack(self, name: str) -> torch.Tensor:
+        """The senders' ``[N, ...]`` tensor ``name``."""
+        return self._values[name]
+
+    def source(self, name: str) -> tuple[torch.Tensor, list[int]]:
+        """``(the senders' [N, ...] tensor, the row of each of the M messages)``."""
+        return self._values[name], self._rows_listed(name)
+
+    def _rows_listed(self, name: str) -> list[int]:
+        listed = self._listed.get(name)
+        if listed is None:
+            listed = self._listed[name] = self.rows(name).tolist()
+        return listed
+
+
+def _row_by_row(tensors: Mapping[str, torch.Tensor], name: str) -> bool:
+    """Whether the rows of ``tensors[name]`` are best added one by one where their senders
+    hold them (see :data:`ROW_BY_ROW`)."""
+    if not isinstance(tensors, SenderRows):
+        return False
+    source = tensors.stack(name)
+    return source.device.type == "cpu" and source.dim() == 2 and source.shape[1] >= ROW_BY_ROW
+
+
+def add_slot(
+    out: torch.Tensor,
+    slot: Slot,
+    name: str,
+    coef: torch.Tensor,
+    base: torch.Tensor | None = None,
+) -> None:
+    """``out += (slot.tensors[name] - base) * coef`` in place (``base`` omitted: 0;
+    ``coef`` ``[B, 1]``). A large model's slot held as :class:`SenderRows` on the CPU is
+    added row by row where each sender holds it (:data:`ROW_BY_ROW`), with the same
+    elementwise op per row as the batched one."""
+    tensors = slot.tensors
+    if _row_by_row(tensors, name):
+        assert isinstance(tensors, SenderRows)
+        values, rows = tensors.source(name)
+        for b, j in enumerate(rows):
+            value = values[j] if base is None else values[j] - base[b]
+            out[b].addcmul_(value, coef[b])
+        return
+    value = tensors[name] if base is None else tensors[name] - base
+    out.addcmul_(value, coef)
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,7 +227,20 @@ class Gathered:
     ) -> torch.Tensor:
         """``[B, ...]``: per row, the sum of the tensors ``name`` that arrived, each times
         its scalar ``weight`` if given, summed in ``dtype`` (default: the tensors')."""
-        values = self.tensors[name]
+        tensors = self.tensors
+        if _row_by_row(tensors, name):
+            # A large model: each message added where its sender holds it, one after
+            # another in message order, as index_add_ adds them.
+            assert isinstance(tensors, SenderRows)
+            source, rows = tensors.source(name)
+            kind = dtype or source.dtype
+            out = source.new_zeros((self.b, *source.shape[1:]), dtype=kind)
+            w = None if weight is None else self.scalars[weight].to(kind)
+            for m, (j, r) in enumerate(zip(rows, self.dst.tolist(), strict=True)):
+                value = source[j].to(kind)
+                out[r].add_(value if w is None else value * w[m])
+            return out
+        values = tensors[name]
         kind = dtype or values.dtype
         values = values.to(kind)
         if weight is not None:
@@ -357,7 +457,8 @@ class Rows:
         come back as they are, and their codecs draw nothing). ``width`` (``[B]`` long, for
         ``v [B, w]``) sends only each row's first ``width`` values (a rule's ``widths``);
         the rest come back as they are. A compressed row that is not finite stops the run
-        (the peer diverged).
+        (the peer diverged). With a lossless codec the result may be ``v`` itself: read it,
+        never update it in place.
 
         Raises:
             AlgorithmError: a row of ``v`` is not finite.
@@ -524,7 +625,7 @@ def gossip(
         own, coefs = total.to(x.dtype).unsqueeze(1), _coefficients(x, inbox)
     out = x * own
     for slot, coef in zip(inbox, coefs, strict=True):
-        out.addcmul_(slot.tensors[name], coef)
+        add_slot(out, slot, name, coef)
     return out
 
 
@@ -533,7 +634,7 @@ def pull(base: torch.Tensor, inbox: list[Slot], name: str) -> torch.Tensor:
     nothing, as if it had sent ``base``)."""
     out = torch.zeros_like(base)
     for slot, coef in zip(inbox, _coefficients(base, inbox), strict=True):
-        out.addcmul_(slot.tensors[name] - base, coef)
+        add_slot(out, slot, name, coef, base)
     return out
 
 
@@ -542,7 +643,7 @@ def received(base: torch.Tensor, inbox: list[Slot], name: str) -> torch.Tensor:
     nothing)."""
     out = base.clone()
     for slot, coef in zip(inbox, _coefficients(base, inbox), strict=True):
-        out.addcmul_(slot.tensors[name], coef)
+        add_slot(out, slot, name, coef)
     return out
 
 

@@ -39,8 +39,8 @@ from collections.abc import Sequence
 
 import torch
 
-from fedcore.compression.base import RowsCodec
-from fedcore.compression.codecs import QSGDCodec, RandKCodec
+from fedcore.compression.base import RawCodec, RowsCodec
+from fedcore.compression.codecs import CastCodec, QSGDCodec, RandKCodec
 from fedcore.compression.registry import make_codec
 from fedcore.errors import CompressionError
 
@@ -67,6 +67,18 @@ class RowCodec:
         self.deterministic = not isinstance(codec, QSGDCodec | RandKCodec)
         self.seeds = () if self.deterministic else tuple(int(s) for s in seeds)
         self.generators = [torch.Generator().manual_seed(s) for s in self.seeds]
+
+    def lossless(self, dtype: torch.dtype) -> bool:
+        """Whether every value of ``dtype`` decodes to itself (``raw``; ``fp32`` on float32
+        models): a receiver then holds exactly what was sent, and an engine that shares
+        memory with the sender need not round-trip at all."""
+        if isinstance(self.codec, RawCodec):
+            return True
+        return (
+            isinstance(self.codec, CastCodec)
+            and self.codec.name == "fp32"
+            and dtype == torch.float32
+        )
 
     def roundtrip(self, x: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
         """``decode(encode(x[r]))`` with node ``owners[r]``'s codec, for every row ``r``.

@@ -236,11 +236,15 @@ def _run_one(spec: _RunSpec) -> _Outcome:
 
 
 def _init_worker(threads: int) -> None:
-    """A worker leaves Ctrl-C to the sweep (which stops it) and uses ``threads`` threads."""
+    """A worker leaves Ctrl-C to the sweep (which stops it), uses ``threads`` threads and
+    keeps freed large blocks for reuse (:mod:`fedcore.runtime`)."""
     import torch
+
+    from fedcore.runtime import keep_freed_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
+    keep_freed_memory()
 
 
 @dataclass

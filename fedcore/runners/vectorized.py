@@ -302,12 +302,20 @@ class VectorizedNetwork:
         loss_sum: torch.Tensor | None = None
         for k in range(steps):  # as a Node does: the last step is the algorithm's own
             params = self.model()
-            loss = torch.full((self.n,), math.nan, dtype=torch.float64, device=self.device)
-            grad = torch.zeros_like(params)
-            for rows, x, y, mask in self._data(t, training_np):
-                losses, grads = self.objective.loss_and_grad(params[rows], x, y, mask)
-                loss[rows] = losses.to(torch.float64)
-                grad[rows] = grads
+            groups = self._data(t, training_np)
+            if every and len(groups) == 1 and groups[0][0].numel() == self.n:
+                # Every node in one group, in order: no gather of the parameters and no
+                # scatter of the gradients (each would be a copy of the whole stack).
+                _, x, y, mask = groups[0]
+                losses, grad = self.objective.loss_and_grad(params, x, y, mask)
+                loss = losses.to(torch.float64)
+            else:
+                loss = torch.full((self.n,), math.nan, dtype=torch.float64, device=self.device)
+                grad = torch.zeros_like(params)
+                for rows, x, y, mask in groups:
+                    losses, grads = self.objective.loss_and_grad(params[rows], x, y, mask)
+                    loss[rows] = losses.to(torch.float64)
+                    grad[rows] = grads
             if self.optimizer is not None:
                 u, opt_state = self.optimizer.update(grad, self.opt_state, params, lr)
                 self.opt_state = (
