@@ -309,7 +309,7 @@ class RowGradient:
             constants = self._constants[key] = (weight_b.view(1, b, 1), minus_one)
         g = logp.exp()
         g.scatter_add_(-1, y1, constants[1])
-        g = g * constants[0]
+        g.mul_(constants[0])
         # Each layer's gradient is written straight into its slice of the one [M, d] result
         # (no per-layer tensors concatenated after: one stack, not two).
         out = torch.empty_like(params)
@@ -326,7 +326,7 @@ class RowGradient:
                     assert isinstance(layer, torch.nn.Linear)
                     g = torch.matmul(g, self._weight(params, prefix, layer))
             elif isinstance(layer, torch.nn.ReLU):
-                g = g * relus.pop()
+                g.mul_(relus.pop())  # g is this pass's own tensor
         return losses, out
 
     def _ragged(
@@ -376,6 +376,7 @@ class RowGradient:
         assert self._layers is not None
         h = x.to(self.dtype)
         lead = 2 if shared_input is False else 1  # dims before a per-example feature
+        owned = False  # whether h is a tensor made here (not the caller's x)
         for prefix, layer in self._layers:
             if isinstance(layer, torch.nn.Flatten):
                 h = h.flatten(lead, -1) if h.dim() > lead + 1 else h
@@ -384,13 +385,14 @@ class RowGradient:
                 if inputs is not None:
                     inputs.append(h)
                 h = torch.matmul(h, self._weight(params, prefix, layer).transpose(1, 2))
-                if layer.bias is not None:
+                if layer.bias is not None:  # in place: h is the product's own new tensor
                     start, n = self._where[f"{prefix}bias"]
-                    h = h + params[:, start : start + n].unsqueeze(1)
+                    h.add_(params[:, start : start + n].unsqueeze(1))
             else:
                 if relus is not None:
                     relus.append(h > 0)
-                h = torch.relu(h)
+                h = torch.relu_(h) if owned else torch.relu(h)
+            owned = isinstance(layer, torch.nn.Linear | torch.nn.ReLU)  # h is a new tensor
         return h
 
     def _weight(self, params: torch.Tensor, prefix: str, layer: torch.nn.Linear) -> torch.Tensor:
