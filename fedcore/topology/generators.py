@@ -315,13 +315,25 @@ def _pairing(n: int, degree: int, rng: random.Random) -> _Ints | None:
 
 
 def _non_edge_among(nodes: _Ints, n: int, edges: _Ints) -> bool:
-    """Whether two of ``nodes`` (distinct) are not joined by one of ``edges`` (sorted
-    keys): networkx's ``_suitable``."""
-    for row in range(1, nodes.size):
-        a = np.minimum(nodes[row], nodes[:row])
-        b = np.maximum(nodes[row], nodes[:row])
-        if not _known(a * n + b, edges).all():
-            return True
+    """networkx's ``_suitable`` over the leftover ``nodes`` (in order) and the sorted edge
+    keys ``edges``, step for step: its inner loop swaps the outer loop's variable when
+    a pair comes in descending order, which changes the pairs it looks at next, so the
+    answer is not simply "some pair is not an edge"."""
+    listed = nodes.tolist()
+
+    def known(u: int, v: int) -> bool:
+        key = u * n + v
+        at = int(np.searchsorted(edges, key))
+        return at < edges.size and int(edges[at]) == key
+
+    for s1 in listed:
+        for s2 in listed:
+            if s1 == s2:
+                break
+            if s1 > s2:
+                s1, s2 = s2, s1  # rebinds the outer variable, as networkx does
+            if not known(s1, s2):
+                return True
     return False
 
 

@@ -322,3 +322,26 @@ def test_run_fingerprint(case: str) -> None:
         config = load_config(None, ["run.rounds=3", *RUNS[case]])
     assert prepare_run(config).run_id == FINGERPRINTS[case]
     assert build_topology(config.topology).name
+
+
+@pytest.mark.parametrize(
+    ("n", "degree", "seed"), [(40, 30, 3), (30, 25, 1), (60, 40, 5), (500, 7, 4)]
+)
+def test_random_regular_is_networkx_pairing(n: int, degree: int, seed: int) -> None:
+    """Dense graphs retry passes and whole tries: still networkx's graph for the seed."""
+    import networkx as nx
+
+    ref = nx.random_regular_graph(degree, n, seed=seed)
+    want = sorted({(f"n{u}", f"n{v}") for a, b in ref.edges() for u, v in ((a, b), (b, a))})
+    got = topology.random_regular(n, degree, seed=seed).edges()
+    assert sorted(got) == want
+
+
+def test_erdos_renyi_is_python_draws() -> None:
+    """The array form reads the numbers ``random.Random(seed).random()`` gives, in order."""
+    import random
+
+    n, p = 700, 0.02
+    rng = random.Random(9)
+    want = [(f"n{u}", f"n{v}") for u in range(n) for v in range(n) if u != v and rng.random() < p]
+    assert list(topology.erdos_renyi(n, p, seed=9).edges()) == want
