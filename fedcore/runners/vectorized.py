@@ -41,6 +41,7 @@ from fedcore.algorithms.batched import (
     BatchedAlgorithm,
     BatchedRule,
     BatchRound,
+    EdgeUnion,
     Messages,
     StackedGraph,
     batched_form,
@@ -165,10 +166,7 @@ class VectorizedNetwork:
         self.nodes = setup.graph.nodes
         self.n = len(self.nodes)
         graphs = [setup.graph.at(t) for t in range(setup.graph.period)]
-        union: dict[tuple[str, str], int] = {}
-        for g in graphs:
-            for edge in g.edges():
-                union.setdefault(edge, len(union))
+        union = EdgeUnion.of(graphs)
         self.start = setup.start.to(device)
         self.d = int(self.start.numel())
         self.dtype = self.start.dtype

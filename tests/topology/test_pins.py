@@ -90,9 +90,7 @@ def _symmetric(t: topology.Topology) -> bool:
 
 def table_hash(g: TrustGraph) -> str:
     """The hash of every tensor of the vectorized engine's table of ``g``."""
-    stacked = stack_graph(
-        g, union={e: i for i, e in enumerate(g.edges())}, device=torch.device("cpu")
-    )
+    stacked = stack_graph(g, device=torch.device("cpu"))
     parts = [
         stacked.n,
         *(
