@@ -141,8 +141,10 @@ class EdgeUnion:
         self, src: np.ndarray[Any, np.dtype[np.int64]], dst: np.ndarray[Any, np.dtype[np.int64]]
     ) -> np.ndarray[Any, np.dtype[np.int64]]:
         """The number of each edge ``src[e] -> dst[e]`` (every one in the union)."""
-        at = np.searchsorted(self.keys, src * self.n + dst)
-        found: np.ndarray[Any, np.dtype[np.int64]] = self.ids[at]
+        keys = src * self.n + dst
+        order = np.argsort(keys, kind="stable")  # sorted probes walk the table in order
+        found = np.empty(keys.size, dtype=np.int64)
+        found[order] = self.ids[np.searchsorted(self.keys, keys[order])]
         return found
 
 
@@ -161,8 +163,7 @@ def stack_graph(
     self_weight = graph.self_weights()  # raises on a graph without weights
     by_src, by_dst, by_weight = graph.index_edges()
     assert by_weight is not None
-    rank = np.empty(n, dtype=np.int64)  # each node's place in sorted-id order
-    rank[np.argsort(np.array(nodes), kind="stable")] = np.arange(n)
+    rank = graph.name_ranks()  # each node's place in sorted-id order
     # Edges grouped by receiver, each receiver's senders in sorted-id order.
     perm = np.lexsort((rank[by_src], by_dst))
     src, dst, weight = by_src[perm], by_dst[perm], by_weight[perm]

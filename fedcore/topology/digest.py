@@ -49,9 +49,12 @@ def edges_json(t: Topology) -> Iterator[bytes]:
     if not src.size:
         yield b"[]"
         return
-    rank = np.empty(len(names), dtype=np.int64)
-    rank[np.argsort(np.array(names))] = np.arange(len(names))
-    order = np.lexsort((weight, rank[dst], rank[src]))  # Python's order of the triples
+    rank = graphs[0].name_ranks()
+    key = rank[src] * len(names) + rank[dst]
+    # Python's order of the triples: ids, then weight (which only a schedule, listing an
+    # edge once per round, can need).
+    one = len(graphs) == 1
+    order = np.argsort(key, kind="stable") if one else np.lexsort((weight, key))
     quoted = np.array([f'"{name}"' for name in names], dtype=np.bytes_)
     values, which = np.unique(weight, return_inverse=True)
     spelled = np.array([repr(v) for v in values.tolist()], dtype=np.bytes_)

@@ -136,6 +136,7 @@ class TrustGraph:
         "_name",
         "_nodes",
         "_out",
+        "_rank",
         "_scc",
         "_src",
         "_w",
@@ -194,8 +195,10 @@ class TrustGraph:
         w: _Floats,
         *,
         index: dict[str, int] | None = None,
+        rank: _Ints | None = None,
     ) -> None:
-        """Store unique edges (sorted here by sender, then receiver index) and weights."""
+        """Store unique edges (sorted here by sender, then receiver index) and weights;
+        ``index`` and ``rank``: those of a graph over the same nodes, if known."""
         n = len(order)
         key = src * n + dst
         if key.size and not bool(np.all(key[1:] > key[:-1])):
@@ -208,6 +211,7 @@ class TrustGraph:
         self._src, self._dst, self._w = src, dst, w
         self._weighted = bool(w.size) and not bool(np.isnan(w).any())
         self._index = index
+        self._rank = rank
         self._data: dict[_Edge, float | None] | None = None
         self._out: dict[str, tuple[str, ...]] | None = None
         self._in: dict[str, tuple[str, ...]] | None = None
@@ -382,6 +386,7 @@ class TrustGraph:
             np.concatenate([dst, loops]),
             w,
             index=self._index,
+            rank=self._rank,
         )
         return graph
 
@@ -535,12 +540,22 @@ class TrustGraph:
         n = len(self._nodes)
         key = self._src * n + self._dst  # sorted: edges are by sender, then receiver
         back = self._dst * n + self._src
-        at = np.minimum(np.searchsorted(key, back), max(key.size - 1, 0))
-        one_way = key[at] != back if key.size else np.zeros(0, dtype=bool)
-        if not one_way.any():
+        if np.array_equal(np.sort(back), key):  # the reverses are the edges themselves
             return None
+        one_way = ~_members(back, key)
         e = int(np.argmax(one_way))
         return (self._nodes[self._src[e]], self._nodes[self._dst[e]])
+
+    def name_ranks(self) -> _Ints:
+        """Each node's place in the sorted order of the ids (the order in which a node
+        processes its inbox), by node index; read-only."""
+        if self._rank is None:
+            n = len(self._nodes)
+            rank = np.empty(n, dtype=np.int64)
+            rank[np.argsort(np.array(self._nodes), kind="stable")] = np.arange(n)
+            rank.setflags(write=False)
+            self._rank = rank
+        return self._rank
 
     def _components(self) -> tuple[int, _Ints]:
         n = len(self._nodes)
@@ -616,7 +631,7 @@ class TrustGraph:
                     "Give a weight for every edge."
                 )
         graph = TrustGraph.__new__(TrustGraph)
-        graph._set(self._name, self._nodes, src, dst, w, index=self._index)
+        graph._set(self._name, self._nodes, src, dst, w, index=self._index, rank=self._rank)
         return graph
 
     def without_weights(self) -> TrustGraph:
@@ -624,7 +639,13 @@ class TrustGraph:
         src, dst, _ = self.index_edges()
         graph = TrustGraph.__new__(TrustGraph)
         graph._set(
-            self._name, self._nodes, src, dst, np.full(src.size, math.nan), index=self._index
+            self._name,
+            self._nodes,
+            src,
+            dst,
+            np.full(src.size, math.nan),
+            index=self._index,
+            rank=self._rank,
         )
         return graph
 
@@ -635,6 +656,19 @@ class TrustGraph:
         ins = np.bincount(dst, minlength=n)
         outs = np.bincount(src, minlength=n)
         return (int(ins.min()), int(ins.max()), int(outs.min()), int(outs.max()))
+
+
+def _members(keys: _Ints, sorted_keys: _Ints) -> npt.NDArray[np.bool_]:
+    """Which of ``keys`` are in ``sorted_keys`` (ascending); the queries are sorted first,
+    so the search walks the table in order (random probes of a large table are slow)."""
+    out = np.zeros(keys.size, dtype=bool)
+    if not sorted_keys.size or not keys.size:
+        return out
+    order = np.argsort(keys, kind="stable")
+    ranked = keys[order]
+    at = np.minimum(np.searchsorted(sorted_keys, ranked), sorted_keys.size - 1)
+    out[order] = sorted_keys[at] == ranked
+    return out
 
 
 def _check_order(order: tuple[str, ...], name: str, *, empty_ok: bool = False) -> None:
