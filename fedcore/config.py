@@ -119,8 +119,9 @@ MAX_ROUNDS = 10**9
 """Most rounds a run may have (``run.rounds``, periods and fault rounds). Far beyond any
 experiment (10**9 rounds at 1 ms each are 11 days), far inside every integer a round meets
 (a Python list index, int64 tensors, the wire's uint64)."""
-MAX_NODES = 100_000
-"""Most nodes a generated topology may have: ten times the largest runs DESIGN.md aims at."""
+MAX_NODES = 1_000_000
+"""Most nodes a generated topology may have: a million peers of logistic regression run on
+the vectorized engine in a few GiB (``examples/dog-1m.toml``)."""
 SEED_LIMIT = 2**64
 """``topology.seed`` and ``faults.seed`` are in ``[0, SEED_LIMIT)``: they fit in 64 bits."""
 MAX_PARAMETERS = 2**31
