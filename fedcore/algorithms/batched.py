@@ -125,6 +125,9 @@ class EdgeUnion:
     def of(cls, graphs: Sequence[TrustGraph]) -> EdgeUnion:
         """The union of ``graphs`` (all over the same nodes)."""
         n = len(graphs[0].nodes)
+        if len(graphs) == 1:  # a graph's keys are sorted and distinct already
+            src, dst, _ = graphs[0].index_edges()
+            return cls(n, src * n + dst, np.arange(src.size, dtype=np.int64))
         keys = np.concatenate(
             [s * n + d for s, d, _ in (g.index_edges() for g in graphs)]
             or [np.zeros(0, dtype=np.int64)]
@@ -165,7 +168,7 @@ def stack_graph(
     assert by_weight is not None
     rank = graph.name_ranks()  # each node's place in sorted-id order
     # Edges grouped by receiver, each receiver's senders in sorted-id order.
-    perm = np.lexsort((rank[by_src], by_dst))
+    perm = np.argsort(by_dst * n + rank[by_src], kind="stable")
     src, dst, weight = by_src[perm], by_dst[perm], by_weight[perm]
     e = int(src.size)
     indegree = np.bincount(dst, minlength=n)
@@ -181,7 +184,8 @@ def stack_graph(
     # A sender's out-edges in receiver node order: the graph's own edge order.
     out_order = np.empty(e, dtype=np.int64)
     out_order[perm] = np.arange(e, dtype=np.int64)
-    edge_id = (union if union is not None else EdgeUnion.of([graph])).id_of(src, dst)
+    # The graph's own union numbers its edges in their own order: edge e is edge perm[e].
+    edge_id = perm if union is None else union.id_of(src, dst)
 
     def put(values: Any, dtype: Any = np.int64) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype).reshape(-1)).to(device)
