@@ -343,3 +343,73 @@ def test_erdos_renyi_is_python_draws() -> None:
     rng = random.Random(9)
     want = [(f"n{u}", f"n{v}") for u in range(n) for v in range(n) if u != v and rng.random() < p]
     assert list(topology.erdos_renyi(n, p, seed=9).edges()) == want
+
+
+def _user_graph() -> TrustGraph:
+    """Ids whose sorted order differs from the node order (and from their lengths)."""
+    names = ["b", "a10", "A2", "a9", "z", "a1"]
+    edges = [(names[i], names[j]) for i in range(6) for j in range(6) if i != j and (i + j) % 3]
+    return TrustGraph.from_edges(edges, name="odd-ids", nodes=names)
+
+
+def test_fingerprint_text_is_json_dumps() -> None:
+    """The numpy-written edge list is ``json.dumps(sorted(...))`` byte for byte, for a
+    schedule listing an edge in several rounds with different weights, for ids that sort
+    differently from the node order, and for -0.0 (left to json)."""
+    from fedcore.topology.digest import edges_json
+
+    def reference(t: topology.Topology) -> bytes:
+        graphs = t.graphs if isinstance(t, Schedule) else (t,)
+        triples = [(u, v, g.weight(u, v)) for g in graphs for u, v in g.edges()]
+        return json.dumps(sorted(triples)).encode()
+
+    g = _user_graph()
+    ring = topology.ring(6)
+    twice = Schedule(
+        [topology.uniform_push_sum(ring), topology.metropolis_hastings(ring)], name="two"
+    )
+    negative = g.with_weights({e: -0.0 if i == 3 else 0.25 for i, e in enumerate(g.edges())})
+    for t in (
+        topology.uniform_push_sum(g),
+        twice,
+        negative,
+        topology.uniform_push_sum(_built("social-200-s3")),
+    ):
+        assert b"".join(edges_json(t)) == reference(t)
+
+
+def test_edge_union_numbers_edges_by_first_appearance() -> None:
+    """A schedule's union numbers each edge where it first appears, round by round (as
+    the engine's dict of edges did), and every round's table finds its edges in it."""
+    from fedcore.algorithms.batched import EdgeUnion
+
+    t = topology.build("one-peer-exponential", nodes=6)
+    assert isinstance(t, Schedule)
+    mixed = topology.uniform_push_sum(t)
+    assert isinstance(mixed, Schedule)
+    old: dict[tuple[str, str], int] = {}
+    for g in mixed.graphs:
+        for e in g.edges():
+            old.setdefault(e, len(old))
+    union = EdgeUnion.of(mixed.graphs)
+    assert len(union) == len(old)
+    for g in mixed.graphs:
+        stacked = stack_graph(g, union=union, device=torch.device("cpu"))
+        names = g.nodes
+        pairs = zip(stacked.src.tolist(), stacked.dst.tolist(), strict=True)
+        assert stacked.edge_id.tolist() == [old[(names[s], names[d])] for s, d in pairs]
+
+
+def test_array_views_agree_with_the_mapping_views() -> None:
+    """The per-node views built from the arrays say what the arrays say."""
+    g = topology.metropolis_hastings(_user_graph().union())
+    assert isinstance(g, TrustGraph)
+    src, dst, w = g.index_edges()
+    assert w is not None
+    names = g.nodes
+    for s, d, x in zip(src.tolist(), dst.tolist(), w.tolist(), strict=True):
+        assert g.weight(names[s], names[d]) == x
+        assert names[d] in g.out_neighbours(names[s]) and names[s] in g.in_neighbours(names[d])
+    assert [g.self_weight(v) for v in names] == g.self_weights().tolist()
+    assert g.digraph.number_of_edges() == src.size + len(names)
+    assert TrustGraph(g.digraph, name=g.name, nodes=names) == g
