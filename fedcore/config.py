@@ -78,6 +78,7 @@ __all__ = [
     "dumps_toml",
     "effective_lr",
     "fingerprint",
+    "fingerprint_json",
     "load_config",
     "parse_override",
 ]
@@ -118,8 +119,9 @@ MAX_ROUNDS = 10**9
 """Most rounds a run may have (``run.rounds``, periods and fault rounds). Far beyond any
 experiment (10**9 rounds at 1 ms each are 11 days), far inside every integer a round meets
 (a Python list index, int64 tensors, the wire's uint64)."""
-MAX_NODES = 100_000
-"""Most nodes a generated topology may have: ten times the largest runs DESIGN.md aims at."""
+MAX_NODES = 1_000_000
+"""Most nodes a generated topology may have: a million peers of logistic regression run on
+the vectorized engine in a few GiB (``examples/dog-1m.toml``)."""
 SEED_LIMIT = 2**64
 """``topology.seed`` and ``faults.seed`` are in ``[0, SEED_LIMIT)``: they fit in 64 bits."""
 MAX_PARAMETERS = 2**31
@@ -988,16 +990,25 @@ def fingerprint(config: Config, graph_edges: Iterable[tuple[str, str, float]]) -
     folder (``transport.tls``) and the graph file's name (``topology.file``; its edges
     and weights are in).
     """
+    edges = json.dumps(sorted(graph_edges), sort_keys=True, default=str)
+    return fingerprint_json(config, [edges.encode()])
+
+
+def fingerprint_json(config: Config, edges_json: Iterable[bytes]) -> str:
+    """:func:`fingerprint` with the sorted edges given as JSON text, in chunks
+    (:func:`fedcore.topology.digest.edges_json` writes them from a graph's arrays)."""
     tables = config_to_dict(config)
     tables.pop("simulate", None)  # how one process runs it, not what runs
     tables["transport"].pop("tls", None)
     tables["topology"].pop("file", None)
-    blob = json.dumps(
-        {"config": tables, "edges": sorted(graph_edges)},
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()
+    # json.dumps({"config": tables, "edges": edges}, sort_keys=True), written in parts.
+    digest = hashlib.sha256(b'{"config": ')
+    digest.update(json.dumps(tables, sort_keys=True, default=str).encode())
+    digest.update(b', "edges": ')
+    for chunk in edges_json:
+        digest.update(chunk)
+    digest.update(b"}")
+    return digest.hexdigest()
 
 
 def _toml_value(value: Any) -> str:

@@ -43,7 +43,7 @@ def _elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ("overrides", "needles"),
     [
         (["topology.nodes=20000"], ["1437 training examples", "20000 nodes", "at most 718"]),
-        (["topology.nodes=1000000"], ["topology.nodes = 1000000", "100,000"]),
+        (["topology.nodes=2000000"], ["topology.nodes = 2000000", "1,000,000"]),
         (["topology.nodes=700"], ["Dirichlet", "700 nodes", "data.alpha"]),
         (["topology.nodes=5000", "algorithm.name=central"], ["every pair", "at most 3,162"]),
         (["topology.nodes=1000", "data.partition=shards"], ["too few", "1000 nodes"]),
@@ -79,7 +79,7 @@ def test_a_run_clearly_over_memory_is_refused_before_the_graph(
     built: list[object] = []
     real = network.build_topology
     monkeypatch.setattr(network, "build_topology", lambda cfg: built.append(cfg) or real(cfg))
-    monkeypatch.setattr(network, "physical_memory", lambda: 10_000)
+    monkeypatch.setattr(network, "physical_memory", lambda: 2_000)
     with pytest.raises(ConfigError) as info:
         prepare_run(config)
     text = str(info.value)

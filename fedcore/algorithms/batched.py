@@ -45,6 +45,7 @@ from fedcore.topology import TrustGraph
 __all__ = [
     "BatchRound",
     "BatchedAlgorithm",
+    "EdgeUnion",
     "Messages",
     "StackedGraph",
     "batched_form",
@@ -106,59 +107,102 @@ class StackedGraph:
         return torch.cat([per_edge, pad])[self.slot_edge]
 
 
+@dataclass(frozen=True, eq=False)
+class EdgeUnion:
+    """The union of the edges of a run's graphs (all rounds), each numbered in order of
+    first appearance (graph by graph, each graph's edges in its edge order).
+
+    Attributes:
+        n: Number of nodes.
+        keys: The union's edges as sorted keys ``src * n + dst``.
+        ids: The number of each key.
+    """
+
+    n: int
+    keys: np.ndarray[Any, np.dtype[np.int64]]
+    ids: np.ndarray[Any, np.dtype[np.int64]]
+
+    @classmethod
+    def of(cls, graphs: Sequence[TrustGraph]) -> EdgeUnion:
+        """The union of ``graphs`` (all over the same nodes)."""
+        n = len(graphs[0].nodes)
+        if len(graphs) == 1:  # a graph's keys are sorted and distinct already
+            src, dst, _ = graphs[0].index_edges()
+            return cls(n, src * n + dst, np.arange(src.size, dtype=np.int64))
+        keys = np.concatenate(
+            [s * n + d for s, d, _ in (g.index_edges() for g in graphs)]
+            or [np.zeros(0, dtype=np.int64)]
+        )
+        unique, first = np.unique(keys, return_index=True)
+        ids = np.empty(unique.size, dtype=np.int64)
+        ids[np.argsort(first, kind="stable")] = np.arange(unique.size)
+        return cls(n, unique, ids)
+
+    def __len__(self) -> int:
+        return int(self.keys.size)
+
+    def id_of(
+        self, src: np.ndarray[Any, np.dtype[np.int64]], dst: np.ndarray[Any, np.dtype[np.int64]]
+    ) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The number of each edge ``src[e] -> dst[e]`` (every one in the union)."""
+        keys = src * self.n + dst
+        order = np.argsort(keys, kind="stable")  # sorted probes walk the table in order
+        found = np.empty(keys.size, dtype=np.int64)
+        found[order] = self.ids[np.searchsorted(self.keys, keys[order])]
+        return found
+
+
 def stack_graph(
     graph: TrustGraph,
     *,
-    union: dict[tuple[str, str], int],
+    union: EdgeUnion | None = None,
     device: torch.device,
 ) -> StackedGraph:
-    """The tensors of ``graph`` on ``device``; ``union`` maps every edge of the run's graphs
-    (all rounds) to its index (see :attr:`StackedGraph.edge_id`)."""
+    """The tensors of ``graph`` on ``device``; ``union`` numbers every edge of the run's
+    graphs (all rounds; default: this graph's own, see :attr:`StackedGraph.edge_id`).
+
+    Built in numpy passes over the graph's edge arrays: no Python work per edge."""
     nodes = graph.nodes
-    index = {v: i for i, v in enumerate(nodes)}
-    by_name = sorted(range(len(nodes)), key=lambda i: nodes[i])
-    rank = {nodes[i]: r for r, i in enumerate(by_name)}
-    src: list[int] = []
-    dst: list[int] = []
-    weight: list[float] = []
-    rows: list[list[int]] = []
-    for v in nodes:
-        senders = sorted(graph.in_neighbours(v), key=rank.__getitem__)
-        row = []
-        for u in senders:
-            row.append(len(src))
-            src.append(index[u])
-            dst.append(index[v])
-            weight.append(graph.weight(u, v))
-        rows.append(row)
-    n, e = len(nodes), len(src)
-    k = max((len(r) for r in rows), default=0)
+    n = len(nodes)
+    self_weight = graph.self_weights()  # raises on a graph without weights
+    by_src, by_dst, by_weight = graph.index_edges()
+    assert by_weight is not None
+    rank = graph.name_ranks()  # each node's place in sorted-id order
+    # Edges grouped by receiver, each receiver's senders in sorted-id order.
+    perm = np.argsort(by_dst * n + rank[by_src], kind="stable")
+    src, dst, weight = by_src[perm], by_dst[perm], by_weight[perm]
+    e = int(src.size)
+    indegree = np.bincount(dst, minlength=n)
+    k = int(indegree.max()) if n else 0
+    start = np.zeros(n, dtype=np.int64)
+    np.cumsum(indegree[:-1], out=start[1:])
+    slot = np.arange(e, dtype=np.int64) - start[dst]
     # Built on the host with numpy (torch.from_numpy is always a CPU tensor), then moved.
     nbr = np.repeat(np.arange(n, dtype=np.int64)[:, None], k, axis=1)
     slot_edge = np.full((n, k), e, dtype=np.int64)
-    src_np = np.asarray(src, dtype=np.int64)
-    for i, row in enumerate(rows):
-        if row:
-            slot_edge[i, : len(row)] = row
-            nbr[i, : len(row)] = src_np[row]
-    edge_of = {(src[j], dst[j]): j for j in range(e)}
-    out_order = [edge_of[(index[u], index[v])] for u in nodes for v in graph.out_neighbours(u)]
+    nbr[dst, slot] = src
+    slot_edge[dst, slot] = np.arange(e, dtype=np.int64)
+    # A sender's out-edges in receiver node order: the graph's own edge order.
+    out_order = np.empty(e, dtype=np.int64)
+    out_order[perm] = np.arange(e, dtype=np.int64)
+    # The graph's own union numbers its edges in their own order: edge e is edge perm[e].
+    edge_id = perm if union is None else union.id_of(src, dst)
 
     def put(values: Any, dtype: Any = np.int64) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(values, dtype=dtype).reshape(-1)).to(device)
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype).reshape(-1)).to(device)
 
     stacked = StackedGraph(
         n=n,
-        src=put(src_np),
+        src=put(src),
         dst=put(dst),
         weight=put(weight, np.float64),
-        self_weight=put([graph.self_weight(v) for v in nodes], np.float64),
+        self_weight=put(self_weight, np.float64),
         nbr=torch.from_numpy(nbr).to(device),
         slot_edge=torch.from_numpy(slot_edge).to(device),
         out_order=put(out_order),
-        edge_id=put([union[(nodes[src[j]], nodes[dst[j]])] for j in range(e)]),
+        edge_id=put(edge_id),
     )
-    stacked.cache["rank"] = [rank[v] for v in nodes]
+    stacked.cache["rank"] = rank.tolist()
     return stacked
 
 

@@ -24,7 +24,7 @@ from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
 from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.algorithms.rule import NodeRule, is_rule
 from fedcore.compression import codec_seed, configured_codec
-from fedcore.config import Config, TopologyConfig, effective_lr, fingerprint
+from fedcore.config import Config, TopologyConfig, effective_lr, fingerprint_json
 from fedcore.data import (
     BatchStream,
     Dataset,
@@ -41,6 +41,7 @@ from fedcore.models import Objective, build_model, physical_memory
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
 from fedcore.streams import Batches, OnlineSource, load_source
 from fedcore.topology import Topology
+from fedcore.topology.digest import edges_json
 from fedcore.topology.weights import check_mixing_size
 from fedcore.transport import InProcessNetwork, Transport
 from fedcore.transport.faults import FaultyTransport
@@ -235,9 +236,10 @@ _COPIES = 4
 """Model-sized float buffers a simulated node holds at least: its module's parameters and
 their gradients, its algorithm state and a message."""
 
-_EDGE_BYTES = 1000
-"""Bytes an edge of a weighted graph costs at least while it is built (about 1,100 measured:
-the networkx graphs, the weight table and the neighbour lists)."""
+_EDGE_BYTES = 100
+"""Bytes an edge of a weighted graph costs at least while it is built: index and weight
+arrays of the trust and the weighted graph, and the engine's tables (a few hundred
+measured; a graph was about 1,100 bytes an edge while it was built of networkx objects)."""
 
 PROGRESS_NODES = 1000
 """From this many nodes on, :func:`prepare_run` given a ``progress`` stream says that it is
@@ -650,7 +652,8 @@ def prepare_run(
     # The split needs only the node count: made before the graph, it refuses a split that
     # cannot be made (a Dirichlet one, say) without waiting for the graph.
     if source is not None:
-        parts = [np.zeros(0, dtype=np.int64) for _ in range(n)]  # streams hold their own data
+        # Streams hold their own data: one shared empty part, not an array per node.
+        parts = [np.zeros(0, dtype=np.int64)] * n
     else:
         parts = partition(
             dataset.y_train,
@@ -681,7 +684,7 @@ def prepare_run(
     if trust is None:
         edges = estimated_edges(config.topology, n)
     else:  # self-loops included, as the weights will have them
-        edges = sum(len(g.edges()) + len(g.nodes) for g in _period_graphs(trust))
+        edges = sum(g.index_edges()[0].size + len(g.nodes) for g in _period_graphs(trust))
     if algorithm.mixing in ("complete", "all-pairs"):
         edges = max(edges, n * n)
     _check_run_memory(config, algorithm, evaluator, nodes=n, edges=edges, hosts_all=hosts_all)
@@ -703,7 +706,11 @@ def prepare_run(
                 f"{trust.name!r} changes every round (a schedule of {graph.period} graphs). "
                 "Use a static topology kind (fedcore topology show lists a schedule's)."
             )
-        edges_used = {e for t in range(graph.period) for e in graph.at(t).edges()}
+        edges_used = (
+            {e for t in range(graph.period) for e in graph.at(t).edges()}
+            if config.faults.edge_drop
+            else set()
+        )
         for text in config.faults.edge_drop:
             sender, _, receiver = (part.strip() for part in text.partition("->"))
             known = sender in graph.nodes and receiver in graph.nodes  # else the plan says so
@@ -717,13 +724,11 @@ def prepare_run(
             raise TopologyError(
                 f"topology.nodes = {n}, but the graph {trust.name!r} has {len(graph.nodes)} nodes."
             )
-        weighted = [
-            (u, v, graph.at(t).weight(u, v))
-            for t in range(graph.period)
-            for u, v in graph.at(t).edges()
-        ]
-        run_id = fingerprint(config, weighted)
-        laps.done("fingerprinted the run over %d edges", len(weighted))
+        run_id = fingerprint_json(config, edges_json(graph))
+        laps.done(
+            "fingerprinted the run over %d edges",
+            sum(g.index_edges()[0].size for g in _period_graphs(graph)),
+        )
     finally:
         announcer.stop()
     lr, warmup = effective_lr(config.algorithm, config.data.batch_size)

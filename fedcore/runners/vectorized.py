@@ -41,6 +41,7 @@ from fedcore.algorithms.batched import (
     BatchedAlgorithm,
     BatchedRule,
     BatchRound,
+    EdgeUnion,
     Messages,
     StackedGraph,
     batched_form,
@@ -106,12 +107,21 @@ def unsupported(setup: RunSetup) -> str | None:
     )
 
 
+def _codec_seeds(seed: int, n: int) -> range:
+    """Every node's :func:`codec_seed`, as a range (consecutive seeds): no list of a
+    million ints to build for a deterministic codec that never reads them."""
+    first = codec_seed(seed, 0)
+    seeds = range(first, first + n)
+    assert n < 2 or codec_seed(seed, n - 1) == seeds[-1]
+    return seeds
+
+
 def _row_codec(setup: RunSetup) -> RowCodec:
     c = setup.config.compression
     seed = setup.config.run.seed
     return make_row_codec(
         c.codec,
-        seeds=[codec_seed(seed, i) for i in range(len(setup.graph.nodes))],
+        seeds=_codec_seeds(seed, len(setup.graph.nodes)),
         layers=setup.layers,
         **codec_options(c),
     )
@@ -165,10 +175,7 @@ class VectorizedNetwork:
         self.nodes = setup.graph.nodes
         self.n = len(self.nodes)
         graphs = [setup.graph.at(t) for t in range(setup.graph.period)]
-        union: dict[tuple[str, str], int] = {}
-        for g in graphs:
-            for edge in g.edges():
-                union.setdefault(edge, len(union))
+        union = EdgeUnion.of(graphs)  # one graph: its own edges, in its own order
         self.start = setup.start.to(device)
         self.d = int(self.start.numel())
         self.dtype = self.start.dtype
@@ -180,7 +187,9 @@ class VectorizedNetwork:
             held = [0 if setup.source is not None else len(p) for p in setup.parts]
             self.form.samples = torch.tensor(held, dtype=torch.float64, device=device)
         _check_memory(self.n, self.d, self.start.element_size(), len(union), setup)
-        self.graphs = [stack_graph(g, union=union, device=device) for g in graphs]
+        self.graphs = [
+            stack_graph(g, union=union if len(graphs) > 1 else None, device=device) for g in graphs
+        ]
         if isinstance(self.form, BatchedRule):
             self.form.use_graphs(self.graphs)
         self.state = self.form.init(self.start.unsqueeze(0).repeat(self.n, 1))

@@ -4,15 +4,23 @@ Every generator names its nodes ``"n0" ... "n{N-1}"`` in that order and returns 
 graph; :func:`fedcore.topology.prepare` adds mixing weights. Random generators take an explicit
 seed and use only ``random.Random(seed).random()``, whose stream Python keeps stable across
 versions, so a seed names the same graph everywhere (shipped files depend on it).
+
+Generators build index arrays (numpy), never a networkx graph or a Python tuple per edge, so
+a million-node graph takes seconds. Where the edges follow from a random stream drawn one
+number at a time, the array form draws the very same numbers: Erdős–Rényi reads Python's
+Mersenne Twister words through numpy's MT19937 started from the same state, and
+random-regular replays networkx's pairing method (Python's own shuffle, then the pairing
+passes in numpy), so every seed keeps its graph (``tests/topology/test_pins.py``).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
-import networkx as nx
+import numpy as np
+import numpy.typing as npt
 
 from fedcore.config import MAX_NODES, SEED_LIMIT
 from fedcore.errors import TopologyError
@@ -84,9 +92,15 @@ def _check_pairs(n: int, what: str, limit: int) -> None:
         )
 
 
-def _from_index_edges(name: str, n: int, edges: Iterable[tuple[int, int]]) -> TrustGraph:
-    names = _names(n)
-    return TrustGraph.from_edges(((names[u], names[v]) for u, v in edges), name=name, nodes=names)
+_Ints = npt.NDArray[np.int64]
+
+
+def _from_index_edges(name: str, n: int, src: npt.ArrayLike, dst: npt.ArrayLike) -> TrustGraph:
+    return TrustGraph.from_index_edges(src, dst, name=name, nodes=_names(n), trusted_ids=True)
+
+
+def _both_ways(src: _Ints, dst: _Ints) -> tuple[_Ints, _Ints]:
+    return np.concatenate([src, dst]), np.concatenate([dst, src])
 
 
 def ring(n: int, *, directed: bool = False) -> TrustGraph:
@@ -97,10 +111,11 @@ def ring(n: int, *, directed: bool = False) -> TrustGraph:
         directed: Keep only the forward direction, giving every node one in- and one out-edge.
     """
     n = _check_count(n, "number of ring nodes")
-    edges = {(i, (i + 1) % n) for i in range(n)}
+    src = np.arange(n, dtype=np.int64)
+    dst = (src + 1) % n
     if not directed:
-        edges |= {(v, u) for u, v in edges}
-    return _from_index_edges(f"{'directed-' if directed else ''}ring-{n}", n, sorted(edges))
+        src, dst = _both_ways(src, dst)
+    return _from_index_edges(f"{'directed-' if directed else ''}ring-{n}", n, src, dst)
 
 
 def exponential(n: int) -> TrustGraph:
@@ -110,10 +125,9 @@ def exponential(n: int) -> TrustGraph:
     which is why SGP and OPS experiments use it.
     """
     n = _check_count(n, "number of exponential-graph nodes")
-    offsets = [2**k for k in range(n.bit_length()) if 2**k < n]
-    return _from_index_edges(
-        f"exponential-{n}", n, [(i, (i + d) % n) for i in range(n) for d in offsets]
-    )
+    offsets = np.array([2**k for k in range(n.bit_length()) if 2**k < n], dtype=np.int64)
+    src = np.repeat(np.arange(n, dtype=np.int64), offsets.size)
+    return _from_index_edges(f"exponential-{n}", n, src, (src + np.tile(offsets, n)) % n)
 
 
 def torus(rows: int, cols: int) -> TrustGraph:
@@ -126,23 +140,25 @@ def torus(rows: int, cols: int) -> TrustGraph:
     rows = _check_count(rows, "number of torus rows")
     cols = _check_count(cols, "number of torus columns")
     _check_count(rows * cols, "number of torus nodes (rows * cols)")
-    edges: set[tuple[int, int]] = set()
-    for r in range(rows):
-        for c in range(cols):
-            here = r * cols + c
-            for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
-                there = ((r + dr) % rows) * cols + (c + dc) % cols
-                edges.add((here, there))
-    return _from_index_edges(f"torus-{rows}x{cols}", rows * cols, sorted(edges))
+    r, c = np.divmod(np.arange(rows * cols, dtype=np.int64), cols)
+    here = r * cols + c
+    src = np.concatenate([here] * 4)
+    dst = np.concatenate(
+        [
+            ((r + dr) % rows) * cols + (c + dc) % cols
+            for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1))
+        ]
+    )
+    return _from_index_edges(f"torus-{rows}x{cols}", rows * cols, src, dst)
 
 
 def complete(n: int) -> TrustGraph:
     """Every node sends to every other node."""
     n = _check_count(n, "number of complete-graph nodes")
     _check_pairs(n, "complete graph", MAX_EDGES)
-    return _from_index_edges(
-        f"complete-{n}", n, [(u, v) for u in range(n) for v in range(n) if u != v]
-    )
+    src, dst = np.divmod(np.arange(n * n, dtype=np.int64), n)
+    off = src != dst
+    return _from_index_edges(f"complete-{n}", n, src[off], dst[off])
 
 
 def star(n: int, *, server: str = "server") -> TrustGraph:
@@ -162,8 +178,10 @@ def star(n: int, *, server: str = "server") -> TrustGraph:
             f"The server id {server!r} of a star is also a worker's name; workers are "
             f"n0..n{n - 1}. Pick another topology.server."
         )
-    edges = [pair for w in workers for pair in ((w, server), (server, w))]
-    return TrustGraph.from_edges(edges, name=f"star-{n}", nodes=[*workers, server])
+    spokes = np.arange(n, dtype=np.int64)
+    hub = np.full(n, n, dtype=np.int64)
+    src, dst = _both_ways(spokes, hub)
+    return TrustGraph.from_index_edges(src, dst, name=f"star-{n}", nodes=[*workers, server])
 
 
 def erdos_renyi(n: int, p: float, *, seed: int) -> TrustGraph:
@@ -177,9 +195,42 @@ def erdos_renyi(n: int, p: float, *, seed: int) -> TrustGraph:
     if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
         raise TopologyError(f"The edge probability p must be a number in [0, 1], not {p!r}.")
     seed = _check_count(seed, "seed", minimum=0, maximum=SEED_LIMIT - 1)
-    rng = random.Random(seed)
-    edges = [(u, v) for u in range(n) for v in range(n) if u != v and rng.random() < p]
-    return _from_index_edges(f"erdos-renyi-{n}-p{p:g}-seed{seed}", n, edges)
+    draws = _PythonUniforms(random.Random(seed))
+    srcs, dsts = [], []
+    rows = max(1, 2**22 // n)  # draws of about 4M pairs at a time
+    for first in range(0, n, rows):
+        u, v = np.divmod(np.arange(first * n, min(n, first + rows) * n, dtype=np.int64), n)
+        u, v = u[u != v], v[u != v]  # a node draws nothing for itself
+        hit = draws.next(u.size) < p
+        srcs.append(u[hit])
+        dsts.append(v[hit])
+    return _from_index_edges(
+        f"erdos-renyi-{n}-p{p:g}-seed{seed}", n, np.concatenate(srcs), np.concatenate(dsts)
+    )
+
+
+class _PythonUniforms:
+    """The numbers ``rng.random()`` would return next, many at a time.
+
+    numpy's MT19937 started from ``rng``'s state gives the same 32-bit words, and a
+    ``random()`` double is made from two of them exactly as CPython makes it (27 and 26
+    high bits, scaled by ``2**-53``), so ``next(k)`` equals ``k`` calls of ``rng.random()``.
+    """
+
+    def __init__(self, rng: random.Random) -> None:
+        state = rng.getstate()[1]
+        self._bits = np.random.MT19937()
+        self._bits.state = {
+            "bit_generator": "MT19937",
+            "state": {"key": np.array(state[:-1], dtype=np.uint32), "pos": state[-1]},
+        }
+
+    def next(self, count: int) -> npt.NDArray[np.float64]:
+        """The next ``count`` draws."""
+        words = self._bits.random_raw(2 * count)
+        high = (words[0::2] >> np.uint64(5)).astype(np.float64)
+        low = (words[1::2] >> np.uint64(6)).astype(np.float64)
+        return (high * 67108864.0 + low) * (1.0 / 9007199254740992.0)
 
 
 def random_regular(n: int, degree: int, *, seed: int) -> TrustGraph:
@@ -199,9 +250,91 @@ def random_regular(n: int, degree: int, *, seed: int) -> TrustGraph:
             f"A {degree}-regular graph of {n} nodes does not exist: n * degree must be even."
         )
     seed = _check_count(seed, "seed", minimum=0, maximum=SEED_LIMIT - 1)
-    graph = nx.random_regular_graph(degree, n, seed=seed)
-    edges = [e for u, v in graph.edges() for e in ((u, v), (v, u))]
-    return _from_index_edges(f"random-regular-{n}-d{degree}-seed{seed}", n, sorted(edges))
+    rng = random.Random(seed)  # what networkx.random_regular_graph(degree, n, seed) draws from
+    keys = _pairing(n, degree, rng)
+    while keys is None:
+        keys = _pairing(n, degree, rng)
+    src, dst = _both_ways(*np.divmod(keys, n))
+    return _from_index_edges(f"random-regular-{n}-d{degree}-seed{seed}", n, src, dst)
+
+
+def _known(keys: _Ints, sorted_keys: _Ints) -> npt.NDArray[np.bool_]:
+    """Which of ``keys`` are in ``sorted_keys`` (ascending)."""
+    if not sorted_keys.size:
+        return np.zeros(keys.size, dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
+    found: npt.NDArray[np.bool_] = sorted_keys[at] == keys
+    return found
+
+
+def _pairing(n: int, degree: int, rng: random.Random) -> _Ints | None:
+    """One try of networkx's pairing method (``random_regular_graph``'s ``_try_creation``,
+    networkx 3.x), drawing the same numbers from ``rng``: the edges ``u < v`` as keys
+    ``u * n + v``, sorted, or None where the try failed.
+
+    Each pass shuffles the stubs with ``rng.shuffle`` (Python's, as networkx) and pairs
+    them in order; a pair becomes an edge unless it is a loop or repeats an edge (one made
+    earlier in the pass included). The nodes of failed pairs, in order of first
+    appearance and once per failed pair, are the next pass's stubs. A pass whose leftover
+    nodes have no non-edge pair among them fails the try.
+    """
+    stubs: list[int] = list(range(n)) * degree
+    made: list[_Ints] = []  # sorted keys of earlier passes
+    base = np.zeros(0, dtype=np.int64)
+    while stubs:
+        rng.shuffle(stubs)
+        pairs = np.array(stubs, dtype=np.int64).reshape(-1, 2)
+        s1, s2 = pairs.min(axis=1), pairs.max(axis=1)
+        key = s1 * n + s2
+        ok = s1 != s2
+        ok &= ~_known(key, base)
+        for extra in made[1:]:
+            ok &= ~_known(key, extra)
+        cand = np.flatnonzero(ok)
+        _, first = np.unique(key[cand], return_index=True)
+        taken = np.zeros(key.size, dtype=bool)
+        taken[cand[first]] = True  # the first of repeated pairs becomes the edge
+        fresh = np.sort(key[taken])
+        if not made:
+            base = fresh
+        made.append(fresh)
+        failed = np.stack([s1[~taken], s2[~taken]], axis=1).reshape(-1)
+        if not failed.size:
+            break
+        nodes, first_at, counts = np.unique(failed, return_index=True, return_counts=True)
+        order = np.argsort(first_at, kind="stable")
+        nodes, counts = nodes[order], counts[order]
+        every = np.concatenate(made)
+        every.sort()
+        if not _non_edge_among(nodes, n, every):
+            return None
+        stubs = np.repeat(nodes, counts).tolist()
+    keys = np.concatenate(made)
+    keys.sort()
+    return keys
+
+
+def _non_edge_among(nodes: _Ints, n: int, edges: _Ints) -> bool:
+    """networkx's ``_suitable`` over the leftover ``nodes`` (in order) and the sorted edge
+    keys ``edges``, step for step: its inner loop swaps the outer loop's variable when
+    a pair comes in descending order, which changes the pairs it looks at next, so the
+    answer is not simply "some pair is not an edge"."""
+    listed = nodes.tolist()
+
+    def known(u: int, v: int) -> bool:
+        key = u * n + v
+        at = int(np.searchsorted(edges, key))
+        return at < edges.size and int(edges[at]) == key
+
+    for s1 in listed:
+        for s2 in listed:
+            if s1 == s2:
+                break
+            if s1 > s2:
+                s1, s2 = s2, s1  # rebinds the outer variable, as networkx does
+            if not known(s1, s2):
+                return True
+    return False
 
 
 class _Popularity:
@@ -293,8 +426,9 @@ def social(n: int, *, seed: int, follows: int = 2) -> TrustGraph:
     seed = _check_count(seed, "seed", minimum=0, maximum=SEED_LIMIT - 1)
     follows = _check_count(follows, "social-graph follows", minimum=1)
     edges = _social_edges(n, follows, random.Random(seed))
+    pairs = np.array(sorted(edges), dtype=np.int64).reshape(-1, 2)
     name = f"social-{n}" if seed == 0 else f"social-{n}-seed{seed}"
-    return _from_index_edges(name, n, sorted(edges))
+    return _from_index_edges(name, n, pairs[:, 0], pairs[:, 1])
 
 
 def one_peer_exponential(n: int) -> Schedule:
@@ -306,10 +440,9 @@ def one_peer_exponential(n: int) -> Schedule:
     """
     n = _check_count(n, "number of one-peer exponential nodes")
     period = max(1, math.ceil(math.log2(n)))
+    nodes = np.arange(n, dtype=np.int64)
     graphs = [
-        _from_index_edges(
-            f"one-peer-exponential-{n}-round{t}", n, [(i, (i + 2**t) % n) for i in range(n)]
-        )
+        _from_index_edges(f"one-peer-exponential-{n}-round{t}", n, nodes, (nodes + 2**t) % n)
         for t in range(period)
     ]
     return Schedule(graphs, name=f"one-peer-exponential-{n}")

@@ -17,6 +17,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+import numpy.typing as npt
+
 from fedcore.errors import TopologyError
 from fedcore.topology.graph import TrustGraph, format_components, format_nodes
 from fedcore.topology.schedule import Schedule, Topology
@@ -82,14 +85,33 @@ def _per_graph(t: Topology, fn: Callable[[TrustGraph], TrustGraph]) -> Topology:
     raise TopologyError(f"Expected a TrustGraph or Schedule, not {type(t).__name__}.")
 
 
+def _out_degrees(g: TrustGraph) -> npt.NDArray[np.int64]:
+    src, _, _ = g.index_edges()
+    return np.bincount(src, minlength=len(g.nodes))
+
+
 def _push_sum_graph(g: TrustGraph) -> TrustGraph:
-    weights: dict[tuple[str, str], float] = {}
-    for u in g.nodes:
-        share = 1.0 / (len(g.out_neighbours(u)) + 1)
-        weights[(u, u)] = share
-        for v in g.out_neighbours(u):
-            weights[(u, v)] = share
-    return g.with_weights(weights)
+    src, _, _ = g.index_edges()
+    share = 1.0 / (_out_degrees(g) + 1)
+    return g.with_weight_arrays(share[src], share)
+
+
+def _sender_sums(
+    w: npt.NDArray[np.float64], degree: npt.NDArray[np.int64]
+) -> npt.NDArray[np.float64]:
+    """Each sender's weights summed one after another in edge order (edges grouped by
+    sender, ``degree`` of them each), as
+    a per-sender Python loop ``total += w`` adds them: the same float, bit for bit."""
+    n = degree.size
+    start = np.zeros(n, dtype=np.int64)
+    np.cumsum(degree[:-1], out=start[1:])
+    by_degree = np.argsort(-degree, kind="stable")
+    ranked = degree[by_degree]
+    total = np.zeros(n, dtype=np.float64)
+    for k in range(int(ranked[0]) if n else 0):
+        rows = by_degree[: int(np.searchsorted(-ranked, -k, side="left"))]  # degree > k
+        total[rows] += w[start[rows] + k]
+    return total
 
 
 def uniform_push_sum(t: Topology) -> Topology:
@@ -116,16 +138,10 @@ def _mh_graph(g: TrustGraph) -> TrustGraph:
                 "graphs.",
             )
         )
-    degree = {u: len(g.out_neighbours(u)) for u in g.nodes}
-    weights: dict[tuple[str, str], float] = {}
-    for u in g.nodes:
-        total = 0.0
-        for v in g.out_neighbours(u):
-            w = 1.0 / (1 + max(degree[u], degree[v]))
-            weights[(u, v)] = w
-            total += w
-        weights[(u, u)] = 1.0 - total
-    return g.with_weights(weights)
+    src, dst, _ = g.index_edges()
+    degree = _out_degrees(g)
+    w = 1.0 / (1 + np.maximum(degree[src], degree[dst]))
+    return g.with_weight_arrays(w, 1.0 - _sender_sums(w, degree))
 
 
 def metropolis_hastings(t: Topology) -> Topology:
@@ -142,6 +158,8 @@ def metropolis_hastings(t: Topology) -> Topology:
 
 def require_strongly_connected(t: Topology) -> None:
     """Raise TopologyError naming the components if ``t`` (its union) is not strongly connected."""
+    if t.is_strongly_connected():
+        return
     components = t.strongly_connected_components()
     if len(components) > 1:
         union = (
@@ -157,20 +175,26 @@ def require_strongly_connected(t: Topology) -> None:
         )
 
 
-def _sums(g: TrustGraph) -> tuple[dict[str, float], dict[str, float]]:
-    """Total weight each node sends and receives, self included, without a dense matrix.
+def _sums(g: TrustGraph) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Total weight each node sends and receives, self included, per node index, without
+    a dense matrix.
 
     Raises:
         TopologyError: If the graph has no weights.
     """
-    if not g.has_weights():
-        g.mixing_matrix()  # raises the standard "no mixing weights" error
-    sent = dict.fromkeys(g.nodes, 0.0)
-    received = dict.fromkeys(g.nodes, 0.0)
-    for u, v, w in g.weighted_edges():
-        sent[u] += w or 0.0
-        received[v] += w or 0.0
+    selfs = g.self_weights()  # raises the standard "no mixing weights" error
+    src, dst, w = g.index_edges()
+    assert w is not None
+    n = len(g.nodes)
+    sent = np.bincount(src, weights=w, minlength=n) + selfs
+    received = np.bincount(dst, weights=w, minlength=n) + selfs
     return sent, received
+
+
+def _first_off_one(sums: npt.NDArray[np.float64]) -> int | None:
+    """The first index whose sum strays from 1 by more than :data:`TOLERANCE`."""
+    off = np.abs(sums - 1.0) > TOLERANCE
+    return int(np.argmax(off)) if off.any() else None
 
 
 def check_push_sum(g: TrustGraph) -> None:
@@ -185,19 +209,24 @@ def check_push_sum(g: TrustGraph) -> None:
         TopologyError: Naming the first sender (in node order) that breaks a rule.
     """
     sent, _ = _sums(g)
+    selfs = g.self_weights()
     fix = "Fix the weights in the graph, or remove them all to use uniform push-sum weights."
-    for u in g.nodes:
-        if abs(sent[u] - 1.0) > TOLERANCE:
-            raise TopologyError(
-                f"Push-sum weights of graph '{g.name}' are invalid: sender {u}'s weights, self "
-                f"included, sum to {sent[u]!r} instead of 1 (within {TOLERANCE:g}). {fix}"
-            )
-        if g.self_weight(u) <= 0.0:
-            raise TopologyError(
-                f"Push-sum weights of graph '{g.name}' are invalid: node {u} has self weight "
-                f"{g.self_weight(u)!r}, but push-sum needs a positive self weight on every "
-                f"node (a self-loop {u} -> {u} with a weight above 0). {fix}"
-            )
+    off = np.abs(sent - 1.0) > TOLERANCE
+    bad = off | (selfs <= 0.0)
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    u = g.nodes[i]
+    if off[i]:
+        raise TopologyError(
+            f"Push-sum weights of graph '{g.name}' are invalid: sender {u}'s weights, self "
+            f"included, sum to {float(sent[i])!r} instead of 1 (within {TOLERANCE:g}). {fix}"
+        )
+    raise TopologyError(
+        f"Push-sum weights of graph '{g.name}' are invalid: node {u} has self weight "
+        f"{float(selfs[i])!r}, but push-sum needs a positive self weight on every "
+        f"node (a self-loop {u} -> {u} with a weight above 0). {fix}"
+    )
 
 
 def check_doubly_stochastic(g: TrustGraph) -> None:
@@ -212,13 +241,13 @@ def check_doubly_stochastic(g: TrustGraph) -> None:
     sent, received = _sums(g)
     fix = "Fix the weights in the graph, or remove them all to use Metropolis–Hastings weights."
     for sums, role in ((sent, "sends"), (received, "receives")):
-        for u in g.nodes:
-            if abs(sums[u] - 1.0) > TOLERANCE:
-                raise TopologyError(
-                    f"Weights of graph '{g.name}' are not doubly stochastic: the weights node "
-                    f"{u} {role}, self included, sum to {sums[u]!r} instead of 1 "
-                    f"(within {TOLERANCE:g}). {fix}"
-                )
+        i = _first_off_one(sums)
+        if i is not None:
+            raise TopologyError(
+                f"Weights of graph '{g.name}' are not doubly stochastic: the weights node "
+                f"{g.nodes[i]} {role}, self included, sum to {float(sums[i])!r} instead of 1 "
+                f"(within {TOLERANCE:g}). {fix}"
+            )
 
 
 def _require_all_pairs(t: Topology, algorithm: str) -> None:
@@ -325,12 +354,13 @@ def prepare(t: Topology, *, mixing: str, algorithm: str, server: str | None = No
         if mixing == "all-pairs":
             _require_all_pairs(t, algorithm)
         if mixing in ("complete", "all-pairs"):
-            edges = [(u, v) for u in nodes for v in nodes if u != v]
+            src, dst = np.divmod(np.arange(n * n, dtype=np.int64), n)
+            pairs = src != dst
             name = t.name if mixing == "all-pairs" else f"complete-{n}"
-            graph = TrustGraph.from_edges(edges, name=name, nodes=nodes)
-            return graph.with_weights({(u, v): 1.0 / n for u in nodes for v in nodes})
-        graph = TrustGraph.from_edges([], name=f"isolated-{n}", nodes=nodes)
-        return graph.with_weights({(u, u): 1.0 for u in nodes})
+            graph = TrustGraph.from_index_edges(src[pairs], dst[pairs], name=name, nodes=nodes)
+            return graph.with_weight_arrays(np.full(n * (n - 1), 1.0 / n), np.full(n, 1.0 / n))
+        graph = TrustGraph.from_index_edges([], [], name=f"isolated-{n}", nodes=nodes)
+        return graph.with_weight_arrays(np.zeros(0), np.ones(n))
     if mixing == "push-sum":
         require_strongly_connected(t)
         return _per_graph(t, _prepare_push_sum)
