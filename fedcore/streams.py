@@ -92,8 +92,10 @@ class SyntheticDrift:
     """Most values (examples x features) of one batch or of the test split."""
     CHUNK_VALUES = 2**20
     """:meth:`batches` draws this many values at a time (bounds its float64 temporaries)."""
-    TABLE_VALUES = 2**22
-    """Most node-feature values whose sines :meth:`batches` keeps between rounds."""
+    TABLE_VALUES = 2**24
+    """Most node-feature values whose sines :meth:`batches` keeps between rounds (their
+    sines and cosines: 256 MiB of float64 at the most, for 1,000,000 nodes of 16
+    features; recomputing them would double the draw of such a round)."""
     ROUND_VALUES = 2**20
     """Up to this many values in a round (nodes x examples x features), :meth:`batch`
     draws every node's batch of the round at once and keeps the last few rounds: a
