@@ -8,7 +8,7 @@ sums), so every prediction is the same. The consensus distance is compared at a 
 of a different order). The suffered losses and the dynamic comparator's losses are the
 same sums in the same order, compared exactly. The static regret is compared at 1e-8 of
 the suffered total: both sides solve the hindsight problem to a tolerance (L-BFGS to a
-gradient of 1e-8 or 500 evaluations after the run; Newton to a decrement of 1e-13 of the
+gradient of 1e-8 or 500 evaluations after the run; Newton to a decrement of 1e-12 of the
 minimum during it), so they agree to the looser of the two.
 """
 

@@ -194,7 +194,7 @@ NEWTON_MAX_ITER = 100
 """Newton iterations per hindsight problem (a few from a warm start; separable data, whose
 loss only tends to 0, stops here)."""
 
-NEWTON_TOL = 1e-13
+NEWTON_TOL = 1e-12
 """Newton stops when its decrement (the predicted decrease, an estimate of the gap to the
 minimum) is below this fraction of the minimum's magnitude (at least 1)."""
 
@@ -221,6 +221,7 @@ class _Replay:
         self._batches = batches if callable(batches) else None
         self._read = torch.zeros(self.n, dtype=torch.int64)  # batches each node read
         self._streams: list[Any] | None = None
+        self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def add(self, active: Sequence[bool] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Round ``self.rounds``: the batches of the ``active`` nodes (None: all); returns
@@ -268,12 +269,28 @@ class _Replay:
         return x, y, w
 
     def join(self) -> None:
-        """Make :attr:`x`, :attr:`y`, :attr:`w` every sample replayed so far."""
-        if self._x:
-            self.x = torch.cat([self.x, *self._x]) if len(self.y) else torch.cat(self._x)
-            self.y = torch.cat([self.y, *self._y])
-            self.w = torch.cat([self.w, *self._w])
-            self._x, self._y, self._w = [], [], []
+        """Make :attr:`x`, :attr:`y`, :attr:`w` every sample replayed so far: views of
+        buffers that grow by doubling, so each sample is copied a bounded number of times
+        however many evaluations there are."""
+        if not self._x:
+            return
+        size = len(self.y)
+        total = size + sum(len(y) for y in self._y)
+        if self._buffers is None or total > len(self._buffers[1]):
+            capacity = max(total, 2 * (0 if self._buffers is None else len(self._buffers[1])))
+            width = self._x[0].shape[1]
+            bx = torch.empty(capacity, width, dtype=torch.float64)
+            by = torch.empty(capacity, dtype=torch.int64)
+            bw = torch.empty(capacity, dtype=torch.float64)
+            bx[:size], by[:size], bw[:size] = self.x, self.y, self.w
+            self._buffers = (bx, by, bw)
+        bx, by, bw = self._buffers
+        at = size
+        for x, y, w in zip(self._x, self._y, self._w, strict=True):
+            bx[at : at + len(y)], by[at : at + len(y)], bw[at : at + len(y)] = x, y, w
+            at += len(y)
+        self.x, self.y, self.w = bx[:total], by[:total], bw[:total]
+        self._x, self._y, self._w = [], [], []
 
     def span(self, t0: int, t1: int) -> slice:
         """The samples of rounds ``t0..t1-1``."""
