@@ -194,3 +194,25 @@ def test_binary_newton_finds_the_hindsight_minimum(separable: bool) -> None:
     else:
         assert abs(minimum - lbfgs) <= 1e-9 * 3000
         assert float(loss(v)[1].abs().max()) < 1e-6
+
+
+def test_kept_rounds_are_the_same_draws_and_copies() -> None:
+    """SyntheticDrift.keep_rounds: a kept round comes back equal (not drawn again, not
+    shared with the first caller), within its byte budget, the oldest dropped first."""
+    from fedcore.streams import SyntheticDrift
+
+    def source() -> SyntheticDrift:
+        return SyntheticDrift(nodes=50, rounds=10, batch_size=2, seed=3, drift=4.0)
+
+    kept, fresh = source(), source()
+    per_round = 50 * 2 * 10 * 4 + 50 * 2 * 8  # float32 x, int64 y
+    kept.keep_rounds(2 * per_round)
+    first = [kept.batches(t) for t in range(3)]
+    first[2][0].zero_()  # the caller's tensors are its own
+    assert list(kept._kept) == [(1, 2, 0), (2, 2, 0)]
+    for t in range(3):
+        x, y = kept.batches(t)
+        fx, fy = fresh.batches(t)
+        assert torch.equal(x, fx) and torch.equal(y, fy)
+    kept.keep_rounds(0)
+    assert not kept._kept

@@ -198,6 +198,12 @@ NEWTON_TOL = 1e-12
 """Newton stops when its decrement (the predicted decrease, an estimate of the gap to the
 minimum) is below this fraction of the minimum's magnitude (at least 1)."""
 
+REPLAY_KEPT_BYTES = 64 << 20
+"""Copies of the rounds a run draws that a source which can keep them keeps until the
+next evaluation replays them (:meth:`fedcore.streams.SyntheticDrift.keep_rounds`): at
+10,000 peers of one example of 10 features, 480 KB a round, so 50 rounds between
+evaluations are drawn once."""
+
 _SAMPLE_CHUNK = 1 << 15
 """Samples per pass of a Newton iteration (their float64 features stay in cache)."""
 
@@ -219,6 +225,9 @@ class _Replay:
         self.w = torch.zeros(0, dtype=torch.float64)
         batches = getattr(setup.source, "batches", None)
         self._batches = batches if callable(batches) else None
+        keep = getattr(setup.source, "keep_rounds", None)
+        if callable(keep):  # the rounds the run draws, kept until they are replayed here
+            keep(REPLAY_KEPT_BYTES)
         self._read = torch.zeros(self.n, dtype=torch.int64)  # batches each node read
         self._streams: list[Any] | None = None
         self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
