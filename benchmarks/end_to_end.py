@@ -8,8 +8,8 @@ the functions that do it, without changing what they do:
 
 * **set-up**: ``prepare_run`` (topology, weights, data, models, fingerprint) and the
   engine's build (``VectorizedNetwork``);
-* **rounds**: the round loop (``run_vectorized``), less the evaluations and the regret
-  work done inside it;
+* **rounds**: the round loop (``run_vectorized``, or the message engine's
+  ``_run_messages``), less the evaluations and the regret work done inside it;
 * **evaluations**: every evaluation of all the models (``evaluate_stacked``, or
   ``evaluate_models`` on the message engine), with its count;
 * **regret**: the regret curve, wherever it is computed (``RegretTracker.update`` during
@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import statistics
@@ -67,17 +68,33 @@ class _Clock:
         self._stack: list[list[float]] = []  # per open call: [start, inner seconds]
 
     def wrap(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` timed into ``phase`` (a coroutine function: while it is awaited)."""
+
+        def done() -> None:
+            start, inner = self._stack.pop()
+            spent = time.perf_counter() - start
+            self.seconds[phase] += spent - inner
+            self.calls[phase] += 1
+            if self._stack:
+                self._stack[-1][1] += spent
+
+        if inspect.iscoroutinefunction(fn):
+
+            async def timed_async(*args: Any, **kwargs: Any) -> Any:
+                self._stack.append([time.perf_counter(), 0.0])
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    done()
+
+            return timed_async
+
         def timed(*args: Any, **kwargs: Any) -> Any:
             self._stack.append([time.perf_counter(), 0.0])
             try:
                 return fn(*args, **kwargs)
             finally:
-                start, inner = self._stack.pop()
-                spent = time.perf_counter() - start
-                self.seconds[phase] += spent - inner
-                self.calls[phase] += 1
-                if self._stack:
-                    self._stack[-1][1] += spent
+                done()
 
         return timed
 
@@ -92,6 +109,7 @@ def _patched(clock: _Clock) -> Iterator[None]:
         (sim, "prepare_run", "setup"),
         (sim, "_build", "setup"),
         (sim, "run_vectorized", "rounds"),
+        (sim, "_run_messages", "rounds"),  # the message engine's loop (a coroutine)
         (vectorized, "evaluate_stacked", "evaluations"),
         (sim, "evaluate_models", "evaluations"),
         (sim, "add_regret", "regret"),
@@ -170,9 +188,10 @@ def main() -> None:
             sys.exit(f"the run failed:\n{done.stderr}")
         run = json.loads(done.stdout.strip().splitlines()[-1])
         runs.append(run)
+        ratio = run["ratio_whole_to_rounds"]
         print(
             f"repeat {k + 1}: wall {run['wall_s']:.1f} s, rounds {run['seconds']['rounds']:.1f} s,"
-            f" ratio {run['ratio_whole_to_rounds']:.2f}",
+            f" ratio {'-' if ratio is None else f'{ratio:.2f}'}",
             flush=True,
         )
     median = {p: statistics.median(r["seconds"][p] for r in runs) for p in PHASES}
