@@ -5,8 +5,9 @@ Tolerances: an accuracy is a count of predictions, compared exactly: the chunked
 computes the same float logits as the module (one matrix product per layer, the same
 sums), so every prediction is the same. The consensus distance is compared at a relative
 1e-12: its mean is summed chunk by chunk rather than in one reduction (float64 rounding
-of a different order). The suffered losses and the dynamic comparator's losses are the
-same sums in the same order, compared exactly. The static regret is compared at 1e-8 of
+of a different order). The suffered losses are the same additions in the same order,
+compared exactly; the dynamic comparator's at a relative 1e-12 (a round with a node down
+may list its samples in another order). The static regret is compared at 1e-8 of
 the suffered total: both sides solve the hindsight problem to a tolerance (L-BFGS to a
 gradient of 1e-8 or 500 evaluations after the run; Newton to a decrement of 1e-12 of the
 minimum during it), so they agree to the looser of the two.

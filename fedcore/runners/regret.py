@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import operator
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -205,7 +206,7 @@ next evaluation replays them (:meth:`fedcore.streams.SyntheticDrift.keep_rounds`
 evaluations are drawn once."""
 
 _SAMPLE_CHUNK = 1 << 15
-"""Samples per pass of a Newton iteration (their float64 features stay in cache)."""
+"""Samples a Newton pass takes at a time (bounds its temporaries: a few MB)."""
 
 
 class _Replay:
@@ -370,9 +371,12 @@ class RegretTracker:
     """The regret curve of a run, computed at each evaluation from the rounds since the
     last (see the module docstring); :meth:`update` reads the run's observer.
 
-    Its records equal :func:`regret_curve`'s for the same run: the suffered losses and the
-    dynamic comparator's bit for bit (the same sums in the same order), the static
-    regret within the hindsight solver's tolerance.
+    Its records equal :func:`regret_curve`'s for the same run: the suffered losses bit for
+    bit (the same additions in the same order), the dynamic comparator's within float64
+    rounding (the same per-round sums; a round with nodes down may list their samples in
+    another order), the static regret within the hindsight solvers' tolerances. The same
+    inputs give the same bits, wherever and whenever it is computed (``fedcore launch``
+    computes it after the run).
     """
 
     def __init__(self, setup: RunSetup) -> None:
@@ -430,7 +434,9 @@ class RegretTracker:
             if None in column:  # some node was down: its loss and batch do not count
                 active = [loss is not None for loss in column]
                 column = tuple(loss for loss in column if loss is not None)
-            suffered = float(sum(column))  # in node order, as regret_curve adds them
+            # In node order, one addition at a time from 0.0, as regret_curve adds them
+            # (sum() of floats compensates its rounding from Python 3.12 on).
+            suffered = float(functools.reduce(operator.add, column, 0.0))
             count = len(column)
             x, y, w = self._replay.add(active)
             self.total_suffered += suffered
