@@ -72,7 +72,10 @@ def evaluate_models(
     """Accuracy and loss of the average model and of every node's model on ``(x, y)``.
 
     With a ``server`` (the server family), the "average model" is the server's (the global
-    model) and the per-node figures are the workers' alone."""
+    model) and the per-node figures are the workers' alone. The nodes' models are evaluated
+    together, chunk by chunk, with the consensus distance in the same pass
+    (:func:`fedcore.evaluation.stacked_figures`), unless the objective's gradient mode is
+    ``module`` (one model at a time, as :meth:`~fedcore.models.Objective.evaluate`)."""
     if server is not None:
         average = models[server]
         models = {nid: m for nid, m in models.items() if nid != server}
