@@ -37,6 +37,7 @@ from typing import IO, Any
 
 import torch
 
+from fedcore.evaluation import stacked_figures
 from fedcore.models import Objective
 
 __all__ = [
@@ -71,7 +72,10 @@ def evaluate_models(
     """Accuracy and loss of the average model and of every node's model on ``(x, y)``.
 
     With a ``server`` (the server family), the "average model" is the server's (the global
-    model) and the per-node figures are the workers' alone."""
+    model) and the per-node figures are the workers' alone. The nodes' models are evaluated
+    together, chunk by chunk, with the consensus distance in the same pass
+    (:func:`fedcore.evaluation.stacked_figures`), unless the objective's gradient mode is
+    ``module`` (one model at a time, as :meth:`~fedcore.models.Objective.evaluate`)."""
     if server is not None:
         average = models[server]
         models = {nid: m for nid, m in models.items() if nid != server}
@@ -79,13 +83,19 @@ def evaluate_models(
     if server is None:
         average = torch.stack(tensors).mean(dim=0)
     avg_loss, avg_acc = objective.evaluate(average, x, y)
-    node_acc = {nid: objective.evaluate(m, x, y)[1] for nid, m in models.items()}
+    if objective.rows.mode == "module":
+        node_acc = {nid: objective.evaluate(m, x, y)[1] for nid, m in models.items()}
+        distance = consensus_distance(tensors)
+    else:  # every model at once, chunk by chunk, with the distance (fedcore.evaluation)
+        stacked = torch.stack([m.to(objective.dtype) for m in tensors])
+        accuracy, distance = stacked_figures(objective.rows, stacked, x, y)
+        node_acc = dict(zip(models, accuracy.tolist(), strict=True))
     return {
         "avg_model_accuracy": avg_acc,
         "avg_model_test_loss": avg_loss,
         "mean_node_accuracy": sum(node_acc.values()) / len(node_acc),
         "min_node_accuracy": min(node_acc.values()),
-        "consensus_distance": consensus_distance(tensors),
+        "consensus_distance": distance,
         "node_accuracy": node_acc,
     }
 

@@ -23,6 +23,7 @@ import torch
 
 from fedcore.config import ORDERS
 from fedcore.errors import DataError
+from fedcore.evaluation import row_accuracy
 from fedcore.gradients import RowGradient
 from fedcore.models import Objective
 
@@ -32,9 +33,6 @@ logger = logging.getLogger(__name__)
 
 _CPU = torch.device("cpu")
 """Where host-side draws happen (the per-node generators live there)."""
-
-_EVAL_CHUNK = 1 << 22
-"""Logits (nodes x examples x classes) evaluated at once: bounds evaluation memory."""
 
 
 class StackedObjective:
@@ -100,16 +98,7 @@ class StackedObjective:
             for i in range(params.shape[0]):
                 out[i] = objective.evaluate(params[i].cpu(), x.cpu(), y.cpu())[1]
             return out
-        step = 1  # one row first, to learn the number of classes
-        start = 0
-        while start < params.shape[0]:
-            rows = params[start : start + step]
-            logits = self.rows.logits(rows, x)
-            hits = (logits.argmax(dim=-1) == y).to(torch.float64)
-            out[start : start + rows.shape[0]] = hits.mean(dim=1)
-            start += rows.shape[0]
-            step = max(1, _EVAL_CHUNK // max(1, len(y) * int(logits.shape[-1])))
-        return out
+        return row_accuracy(self.rows, params, x, y)
 
 
 class StackedBatches:

@@ -143,6 +143,8 @@ class SyntheticDrift:
         self._key = keyed.make_key("fedcore.streams.synthetic", seed)
         self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._rounds: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._kept: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._keep_bytes = 0  # see keep_rounds
         x_test, y_test = self._sample_mixed(rounds - 1, test_size, salt=1)
         x_probe, y_probe = self._sample_mixed(0, 64, salt=2)
         self.dataset = Dataset(
@@ -194,6 +196,19 @@ class SyntheticDrift:
         x, y = self.batches(round, torch.tensor([node], device="cpu"), size=size, salt=salt)
         return x[0], y[0]
 
+    def keep_rounds(self, nbytes: int) -> None:
+        """Keep copies of the most recent whole rounds :meth:`batches` draws on the CPU
+        (every node, ``nodes=None``), up to ``nbytes`` in all, and answer a later call for
+        one of them with a copy rather than a new draw (the same values). The regret of a
+        run (:class:`~fedcore.runners.regret.RegretTracker`) asks for them again at the
+        next evaluation. 0 (the default): keep none."""
+        self._keep_bytes = max(0, int(nbytes))
+        while self._kept and self._kept_bytes() > self._keep_bytes:
+            del self._kept[next(iter(self._kept))]
+
+    def _kept_bytes(self) -> int:
+        return sum(x.nbytes + y.nbytes for x, y in self._kept.values())
+
     def batches(
         self,
         round: int,
@@ -211,6 +226,10 @@ class SyntheticDrift:
         adversarial directions are computed once per device and kept.
         """
         size = self.batch_size if size is None else size
+        whole = nodes is None and torch.device(device or "cpu").type == "cpu"
+        if whole and (round, size, salt) in self._kept:
+            x, y = self._kept[(round, size, salt)]
+            return x.clone(), y.clone()
         if nodes is None:
             nodes = torch.arange(self.nodes, dtype=torch.int64, device=device)
             tables = self._all_angles(nodes.device)
@@ -226,12 +245,25 @@ class SyntheticDrift:
             x, y = self._draw(round, chunk, angles, size, salt)
             xs.append(x)
             ys.append(y)
+        if whole and self._keep_bytes and xs:
+            self._keep((round, size, salt), xs, ys)
         if len(xs) == 1:
             return xs[0], ys[0]
         if not xs:
             empty = torch.empty(0, size, self.features, device=nodes.device)
             return empty, torch.empty(0, size, dtype=torch.int64, device=nodes.device)
         return torch.cat(xs), torch.cat(ys)
+
+    def _keep(
+        self, key: tuple[int, int, int], xs: list[torch.Tensor], ys: list[torch.Tensor]
+    ) -> None:
+        """Keep a copy of a whole round (see :meth:`keep_rounds`), the oldest going first."""
+        kept = (torch.cat(xs), torch.cat(ys)) if len(xs) > 1 else (xs[0].clone(), ys[0].clone())
+        if kept[0].nbytes + kept[1].nbytes > self._keep_bytes:
+            return
+        self._kept[key] = kept
+        while self._kept_bytes() > self._keep_bytes:
+            del self._kept[next(iter(self._kept))]
 
     def _angles(self, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``sin, cos`` of ``i + 1.7 k`` for nodes ``[N]`` and features ``k``: ``[N, features]``."""

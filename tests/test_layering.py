@@ -26,6 +26,7 @@ LAYERS = {
     "models": 1,
     "gradients": 1,
     "stacked": 1,
+    "evaluation": 1,
     "metrics": 1,
     "progress": 1,
     "compression": 2,

@@ -43,8 +43,8 @@ from fedcore.node import Node, RoundRecord
 from fedcore.progress import Progress
 from fedcore.runners import checkpoint
 from fedcore.runners.network import Network, RunSetup, build_network, prepare_run
+from fedcore.runners.regret import RegretTracker
 from fedcore.runners.regret import applies as regret_applies
-from fedcore.runners.regret import regret_curve
 from fedcore.runners.vectorized import (
     Flusher,
     VectorizedNetwork,
@@ -184,12 +184,16 @@ class RunObserver:
         progress: Progress | None,
         records: str = "all",
         server: str | None = None,
+        regret: RegretTracker | None = None,
     ) -> None:
         """Expect one record per node of ``nodes`` per round of ``config``; write them to
         ``writer`` as ``records`` says (``all``, ``eval``: on evaluation rounds, ``none``).
         ``server``: the server family's server, whose model is the one evaluated as the
-        average model (:func:`~fedcore.metrics.evaluate_models`)."""
+        average model (:func:`~fedcore.metrics.evaluate_models`). ``regret``: the run's
+        regret curve, brought up to each evaluation as it is recorded (see
+        :func:`regret_tracker`)."""
         self.nodes = tuple(nodes)
+        self.regret = regret
         self.server = server
         self.records = records
         self.n = len(self.nodes)
@@ -373,6 +377,8 @@ class RunObserver:
             **result,
         }
         self.evals.append(record)
+        if self.regret is not None:  # the rounds since the last evaluation, once
+            self.regret.update(self.losses, [e["round"] for e in self.evals])
         self._last_acc = result["avg_model_accuracy"]
         logger.debug("round %d evaluated: %s", t, _brief(record))
         if self.writer is not None:
@@ -578,6 +584,7 @@ def _execute(
         progress=progress,
         records=node_records_mode(config, len(nodes)),
         server=getattr(setup.algorithm, "server", None),
+        regret=regret_tracker(setup),
     )
     engine = "vectorized" if vectorized is not None else "messages"
     wall_before = float(saved["wall_seconds"]) if saved is not None else 0.0
@@ -835,22 +842,39 @@ def finish_run(
     return summary
 
 
+def regret_tracker(setup: RunSetup) -> RegretTracker | None:
+    """The tracker that computes a run's regret curve as it goes (``run.regret``, convex
+    models), or None where no curve is computed."""
+    if not (setup.config.run.regret and regret_applies(setup)):
+        return None
+    return RegretTracker(setup)
+
+
 def add_regret(setup: RunSetup, observer: RunObserver, out: Path) -> list[dict[str, Any]] | None:
     """The regret curve of a finished run (``run.regret``, convex models), appended to
-    ``metrics.jsonl`` as ``"kind": "regret"`` records; None where it is not computed."""
-    if not (setup.config.run.regret and regret_applies(setup)):
+    ``metrics.jsonl`` as ``"kind": "regret"`` records; None where it is not computed.
+
+    A simulated run's observer has brought its curve up to every evaluation already (this
+    accounts nothing twice); the runs of ``fedcore launch``, whose records are read back
+    after the run, compute it here, the same way."""
+    tracker = observer.regret if observer.regret is not None else regret_tracker(setup)
+    if tracker is None:
         return None
     began = time.perf_counter()
     rounds = observer.rounds  # a round a node never reported counts as down, as before
     losses = {n: row + [None] * (rounds - len(row)) for n, row in observer.losses.items()}
-    curve = regret_curve(setup, losses, [e["round"] for e in observer.evals])
+    curve = list(tracker.update(losses, [e["round"] for e in observer.evals]))
     writer = JsonlWriter(out / "metrics.jsonl", append=True)
     try:
         for record in curve:
             writer.write(record)
     finally:
         writer.close()
-    logger.info("regret computed in %.1f s", time.perf_counter() - began)
+    logger.info(
+        "regret computed in %.1f s (%.1f s at the end of the run)",
+        tracker.seconds,
+        time.perf_counter() - began,
+    )
     return curve
 
 

@@ -56,6 +56,7 @@ from fedcore.compression import codec_options, codec_seed
 from fedcore.compression.batched import RowCodec, make_row_codec
 from fedcore.config import AUTO_RECORDS_NODES, Config
 from fedcore.errors import CompressionError, ConfigError, DataError
+from fedcore.evaluation import stacked_figures
 from fedcore.metrics import JsonlWriter
 from fedcore.models import physical_memory
 from fedcore.node import RoundRecord
@@ -562,9 +563,14 @@ def evaluate_stacked(net: VectorizedNetwork, params: torch.Tensor) -> dict[str, 
     else:
         average = params.mean(dim=0).cpu()
     avg_loss, avg_acc = setup.evaluator.evaluate(average, x, y)
-    acc = net.objective.accuracy(params, x.to(net.device), y.to(net.device)).cpu().tolist()
-    p64 = params.to(torch.float64)
-    distance = float((p64 - p64.mean(dim=0)).norm(dim=1).mean())
+    xd, yd = x.to(net.device), y.to(net.device)
+    if net.objective.mode == "module":
+        acc = net.objective.accuracy(params, xd, yd).cpu().tolist()
+        p64 = params.to(torch.float64)
+        distance = float((p64 - p64.mean(dim=0)).norm(dim=1).mean())
+    else:  # accuracies and distance in one pass, chunk by chunk (fedcore.evaluation)
+        accuracy, distance = stacked_figures(net.objective.rows, params, xd, yd)
+        acc = accuracy.cpu().tolist()
     return {
         "avg_model_accuracy": avg_acc,
         "avg_model_test_loss": avg_loss,
