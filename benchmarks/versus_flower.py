@@ -36,6 +36,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import platform
@@ -224,27 +226,28 @@ def _launch(cmd: list[str], result: Path, timeout: float, env: dict[str, str]) -
         output, _ = proc.communicate()
         return {"error": f"timed out after {timeout:.0f} s", "output": output[-3000:]}
     finally:
-        try:  # what the run left behind (Ray's workers), by the group this run made
+        # What the run left behind (Ray's workers), by the process group this run made.
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     ended = time.time()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0 or not result.is_file():
         return {"error": f"exit status {proc.returncode}", "output": output[-3000:]}
     data = json.loads(result.read_text(encoding="utf-8"))
     stamps = [float(s) for s in data.pop("stamps")]
-    rounds = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    rounds = [b - a for a, b in itertools.pairwise(stamps)]
+    # Steady state: rounds 2 .. R-1 (round 1 starts the workers; the message engine's
+    # last round has no broadcast after it), or what there is of them.
+    steady = rounds[:-1] if len(rounds) >= 2 else rounds
     return {
         **data,
         "launched": launched,
         "process_seconds": ended - launched,
         "startup_to_round1": stamps[0] - launched if stamps else None,
         "round_seconds": rounds,
-        "per_round": statistics.median(rounds) if rounds else None,
+        "per_round": statistics.median(steady) if steady else None,
         "rounds_timed": len(stamps),
-        "cpu_seconds_reaped": (after.ru_utime + after.ru_stime)
-        - (usage.ru_utime + usage.ru_stime),
+        "cpu_seconds_reaped": (after.ru_utime + after.ru_stime) - (usage.ru_utime + usage.ru_stime),
         "loadavg_before": load_before,
         "loadavg_after": _loadavg(),
         "output_tail": output[-2000:],
@@ -410,9 +413,7 @@ def main() -> int:
     names = args.workloads or list(WORKLOADS)
     repeats = args.repeats or (1 if args.quick else 3)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     report: dict[str, Any] = {
         "machine": {
             "cpu_count": os.cpu_count(),
