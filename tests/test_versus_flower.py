@@ -72,7 +72,7 @@ def test_workloads_are_the_stated_fedcore_configs() -> None:
     assert {w.clients for w in module.WORKLOADS.values()} == {100, 1000, 8, 16}
 
 
-@pytest.mark.slow  # two fedcore processes of 2 rounds: about 10-30 s on the 2-core box
+@pytest.mark.slow  # two fedcore processes of 2 rounds: 20-50 s on the loaded 2-core box
 def test_fedcore_side_alone(tmp_path: Path) -> None:
     out = tmp_path / "versus.json"
     proc = _run(
