@@ -146,7 +146,7 @@ def _fedcore_child(spec: dict[str, Any]) -> None:
     vec.VectorizedNetwork.run_round = timed_run_round  # type: ignore[method-assign]
     out_dir = Path(spec["out_dir"])
     argv = ["simulate", str(EXAMPLE), "--quiet", "--force", "--out", str(out_dir)]
-    argv += ["--engine", spec["engine"]]
+    argv += ["--engine", spec["engine"], "--threads", str(spec.get("threads", 1))]
     for item in spec["overrides"]:
         argv += ["--set", item]
 
@@ -255,12 +255,19 @@ def _launch(cmd: list[str], result: Path, timeout: float, env: dict[str, str]) -
 
 
 def _fedcore_run(
-    work: Workload, rounds: int, engine: str, tmp: Path, tag: str, env: dict[str, str]
+    work: Workload,
+    rounds: int,
+    engine: str,
+    tmp: Path,
+    tag: str,
+    env: dict[str, str],
+    threads: int,
 ) -> dict[str, Any]:
     result = tmp / f"fedcore-{tag}.json"
     result.unlink(missing_ok=True)
     spec = {
         "engine": engine,
+        "threads": threads,
         "overrides": work.overrides(rounds),
         "out_dir": str(tmp / f"run-{tag}"),
         "result": str(result),
@@ -390,6 +397,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/versus_flower.json")
     parser.add_argument("--profile", choices=list(WORKLOADS), help="cProfile fedcore's side")
     parser.add_argument("--engine", default="auto", help="with --profile: the engine")
+    parser.add_argument(
+        "--fedcore-threads", type=int, default=1, help="fedcore simulate --threads (default 1)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -412,6 +422,7 @@ def main() -> int:
             return 2
     names = args.workloads or list(WORKLOADS)
     repeats = args.repeats or (1 if args.quick else 3)
+    threads = args.fedcore_threads
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     report: dict[str, Any] = {
@@ -421,7 +432,12 @@ def main() -> int:
             "platform": platform.platform(),
             "loadavg_start": _loadavg(),
         },
-        "settings": {"repeats": repeats, "quick": args.quick, "flower_python": args.flower_python},
+        "settings": {
+            "repeats": repeats,
+            "quick": args.quick,
+            "flower_python": args.flower_python,
+            "fedcore_threads": threads,
+        },
         "workloads": [],
     }
     with tempfile.TemporaryDirectory(prefix="versus-flower-") as tmp_name:
@@ -436,7 +452,7 @@ def main() -> int:
             for rep in range(repeats):
                 tag = f"{name}-{rep}"
                 print(f"{name}: repeat {rep + 1}/{repeats}", file=sys.stderr, flush=True)
-                auto = _fedcore_run(work, rounds, "auto", tmp, f"{tag}-auto", env)
+                auto = _fedcore_run(work, rounds, "auto", tmp, f"{tag}-auto", env, threads)
                 runs["fedcore-auto"].append(auto)
                 if with_flower:
                     flower = _flower_run(work, rounds, args.flower_python, data, tmp, tag)
@@ -446,7 +462,7 @@ def main() -> int:
                 if other is not None:
                     side = f"fedcore-{other}"
                     runs.setdefault(side, []).append(
-                        _fedcore_run(work, rounds, other, tmp, f"{tag}-{other}", env)
+                        _fedcore_run(work, rounds, other, tmp, f"{tag}-{other}", env, threads)
                     )
             for side, side_runs in runs.items():
                 for r in side_runs:
