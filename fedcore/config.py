@@ -750,6 +750,12 @@ class SimulateConfig:
 AUTO_RECORDS_NODES = 256
 """Up to this many nodes ``simulate.node_records = "auto"`` writes every node record."""
 
+NODE_MAPS_NODES = 100_000
+"""Up to this many nodes an evaluation record holds ``node_accuracy`` (one entry a node)
+and ``summary.json`` ``params_sha256`` (one digest a node); above, a run leaves them out
+(they would be tens of MB a line) and the summary has ``params_sha256_all``, one digest
+of every node's parameters in node order."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:

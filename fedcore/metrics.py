@@ -31,12 +31,13 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
+from fedcore.config import NODE_MAPS_NODES
 from fedcore.evaluation import stacked_figures
 from fedcore.models import Objective
 
@@ -90,14 +91,16 @@ def evaluate_models(
         stacked = torch.stack([m.to(objective.dtype) for m in tensors])
         accuracy, distance = stacked_figures(objective.rows, stacked, x, y)
         node_acc = dict(zip(models, accuracy.tolist(), strict=True))
-    return {
+    out: dict[str, Any] = {
         "avg_model_accuracy": avg_acc,
         "avg_model_test_loss": avg_loss,
         "mean_node_accuracy": sum(node_acc.values()) / len(node_acc),
         "min_node_accuracy": min(node_acc.values()),
         "consensus_distance": distance,
-        "node_accuracy": node_acc,
     }
+    if len(node_acc) <= NODE_MAPS_NODES:
+        out["node_accuracy"] = node_acc
+    return out
 
 
 def minimize(
@@ -149,6 +152,16 @@ def params_sha256(params: torch.Tensor) -> str:
     """Hex SHA-256 of ``params`` as float32 little-endian bytes."""
     array = params.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
     return hashlib.sha256(array.tobytes()).hexdigest()
+
+
+def all_params_sha256(params: Iterable[torch.Tensor]) -> str:
+    """Hex SHA-256 of every tensor of ``params``, in order, as float32 little-endian bytes
+    (one digest for many nodes: :data:`~fedcore.config.NODE_MAPS_NODES`)."""
+    digest = hashlib.sha256()
+    for p in params:
+        array = p.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def round_record(

@@ -161,3 +161,28 @@ def test_keep_freed_memory_is_idempotent() -> None:
     first = keep_freed_memory()
     assert keep_freed_memory() is first
     assert isinstance(first, bool)
+
+
+def test_per_node_maps_are_left_out_above_the_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Above NODE_MAPS_NODES peers, no per-node map in evaluations or the summary: one
+    digest of every node's parameters instead."""
+    import importlib
+
+    from fedcore.config import load_config
+
+    sim = importlib.import_module("fedcore.runners.simulate")
+    vectorized = importlib.import_module("fedcore.runners.vectorized")
+
+    config = load_config(None, ["run.rounds=2", "topology.nodes=6", "run.eval_every=1"])
+    small = sim.simulate(config, out_dir=tmp_path / "small", show_progress=False)
+    assert len(small["params_sha256"]) == 6 and "node_accuracy" in small["final"]
+    for module in (sim, vectorized):
+        monkeypatch.setattr(module, "NODE_MAPS_NODES", 5)
+    large = sim.simulate(config, out_dir=tmp_path / "large", show_progress=False)
+    assert "params_sha256" not in large and "node_accuracy" not in large["final"]
+    assert large["final"]["mean_node_accuracy"] == small["final"]["mean_node_accuracy"]
+    stack = [bytes.fromhex(h) for h in small["params_sha256"].values()]
+    assert len(large["params_sha256_all"]) == 64 and bytes.fromhex(large["params_sha256_all"])
+    assert large["params_sha256_all"] not in {h.hex() for h in stack}

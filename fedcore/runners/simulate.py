@@ -26,12 +26,13 @@ from typing import Any, TextIO
 import torch
 
 from fedcore.algorithms.user import is_import_path
-from fedcore.config import Config, config_to_dict, dumps_toml, load_config
+from fedcore.config import NODE_MAPS_NODES, Config, config_to_dict, dumps_toml, load_config
 from fedcore.data import Dataset
 from fedcore.errors import ConfigError
 from fedcore.ids import child_path, first_line
 from fedcore.metrics import (
     JsonlWriter,
+    all_params_sha256,
     evaluate_models,
     params_sha256,
     round_record,
@@ -891,6 +892,15 @@ def write_results(out: Path, summary: dict[str, Any]) -> None:
         logger.warning("could not draw curves.png: %s", exc)
 
 
+def _digests(final: Mapping[str, torch.Tensor], nodes: Sequence[str]) -> dict[str, Any]:
+    """``params_sha256``: each node's final parameters' digest; above
+    :data:`~fedcore.config.NODE_MAPS_NODES` nodes, ``params_sha256_all`` instead: one digest
+    of every node's, in node order."""
+    if len(nodes) <= NODE_MAPS_NODES:
+        return {"params_sha256": {nid: params_sha256(final[nid]) for nid in nodes}}
+    return {"params_sha256_all": all_params_sha256(final[nid] for nid in nodes)}
+
+
 def _ranges(rounds: Sequence[int]) -> list[list[int]]:
     """Sorted rounds as inclusive ``[first, last]`` runs: [3, 4, 5, 9] -> [[3, 5], [9, 9]]."""
     out: list[list[int]] = []
@@ -984,6 +994,6 @@ def make_summary(
             "missing_per_edge": dict(sorted(observer.missing_edges.items())),
             "down_rounds": {n: _ranges(r) for n, r in sorted(observer.down.items())},
         },
-        "params_sha256": {nid: params_sha256(final_params[nid]) for nid in observer.nodes},
+        **_digests(final_params, observer.nodes),
         "regret": [{k: v for k, v in r.items() if k != "kind"} for r in regret or []],
     }
