@@ -248,3 +248,17 @@ def test_every_codec_decodes_a_received_buffer_as_its_bytes(name: str) -> None:
         a, b = CODECS[name].decode(received), CODECS[name].decode(sent)
         assert a.dtype == b.dtype and a.shape == b.shape
         assert a.numpy().tobytes() == b.numpy().tobytes()
+
+
+def test_no_memory_for_the_buffer_is_a_refusal_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedcore.transport.grpc import serde
+
+    def no_memory(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    wire = list(message_to_wire(_message([40], seed=0), CHUNK))
+    assembler = MessageAssembler(1 << 20)
+    assembler.add(wire[0])
+    monkeypatch.setattr(serde.np, "empty", no_memory)
+    with pytest.raises(MessageTooLargeError, match="no memory for a message of 160 bytes"):
+        assembler.add(wire[1])

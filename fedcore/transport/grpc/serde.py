@@ -196,8 +196,14 @@ class MessageAssembler:
         buffer = self._buffer
         if buffer is None:
             # Uninitialised (no zero-fill pass): every byte is written before finish()
-            # accepts the message. Within the bound that _start checked.
-            buffer = self._buffer = np.empty(self._total, dtype=np.uint8).data
+            # accepts the message. Within the bound that _start checked; pages become
+            # resident only as chunks fill them.
+            try:
+                buffer = self._buffer = np.empty(self._total, dtype=np.uint8).data
+            except MemoryError:
+                raise MessageTooLargeError(
+                    f"no memory for a message of {self._total} bytes on this peer now."
+                ) from None
         buffer[start:end] = part  # one memcpy
         self._filled = end
 
