@@ -21,18 +21,19 @@ sizes); bursts are interleaved: for each repeat, for each size, each method in t
 order rotates every repeat). One untimed warm-up message per size and method comes first.
 The table reports the median MB/s (10^6 bytes per second) over repeats.
 
-Also, without any network: the cost of fedcore's serde path for 64 MiB
-(``message_to_chunks`` + ``MessageAssembler``, with and without the protobuf wire
-encode/decode that gRPC does in between) against one plain 64 MiB copy, step by step and for
-several chunk sizes. If fedcore misses the target (16 MiB and 64 MiB at least half as fast
-as raw sockets), or with ``--profile``, the gRPC path is profiled (cProfile in the sender and
-the receiver), and gRPC sender/receiver pairs are re-measured with other malloc settings and
-chunk sizes (``--variants``).
+Also, without any network: the cost of fedcore's serde path for 64 MiB (the hot path
+``message_to_wire`` + ``MessageAssembler`` + ``finish``, and the generated-class path
+``message_to_chunks`` + ``SerializeToString`` for comparison) against one plain 64 MiB copy,
+stage by stage and for several chunk sizes. The targets, at 16 MiB and 64 MiB: fedcore at
+least half raw TCP's bandwidth, and its receiver's CPU per MiB at most twice raw's. If the
+bandwidth target is missed, or with ``--profile`` (never with ``--no-profile``), the gRPC
+path is profiled (cProfile in the sender and the receiver), and gRPC sender/receiver pairs
+are re-measured with other malloc settings and chunk sizes (``--variants``).
 
 Usage::
 
     python benchmarks/transport.py [--sizes-kib 64 1024 16384 65536] [--repeats 7]
-        [--out benchmarks/results/transport.json] [--profile] [--no-variants]
+        [--out benchmarks/results/transport.json] [--profile | --no-profile] [--no-variants]
 """
 
 from __future__ import annotations
@@ -69,7 +70,6 @@ import _common  # benchmarks/_common.py, beside this script
 
 from fedcore.compression.base import RawCodec
 from fedcore.messages import Message
-from fedcore.proto import peer_pb2 as pb
 from fedcore.runners.launch import free_ports
 from fedcore.runners.peer import tune_malloc
 from fedcore.transport.grpc import GrpcTransport, serde
@@ -82,7 +82,8 @@ MIB = 1 << 20
 METHODS = ("raw", "gloo", "fedcore")
 RUN_ID = "transport-benchmark"
 SENDER, RECEIVER = "s", "r"
-TARGET_FRACTION = 0.5  # fedcore >= 0.5 x raw at 16 MiB and 64 MiB
+TARGET_FRACTION = 0.5  # fedcore >= 0.5 x raw's bandwidth at 16 MiB and 64 MiB
+TARGET_RECV_CPU = 2.0  # fedcore's receiver CPU per MiB <= 2 x raw's there
 TARGET_SIZES = (16 * MIB, 64 * MIB)
 # glibc settings that keep large blocks on the heap and never give them back, so a new
 # 64 MiB buffer reuses pages already mapped instead of faulting in fresh zeroed ones.
@@ -461,6 +462,9 @@ def summarize(bursts: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, 
             }
         row["fedcore_over_raw"] = row["fedcore"]["mb_per_s"] / row["raw"]["mb_per_s"]
         row["fedcore_over_gloo"] = row["fedcore"]["mb_per_s"] / row["gloo"]["mb_per_s"]
+        for side in ("sender", "receiver"):
+            key = f"{side}_cpu_ms_per_mib"
+            row[f"fedcore_{side}_cpu_over_raw"] = row["fedcore"][key] / row["raw"][key]
         rows.append(row)
     return rows
 
@@ -478,9 +482,10 @@ def size_label(n: int) -> str:
 def format_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| size | raw MB/s | gloo MB/s | fedcore MB/s | fedcore/raw | fedcore/gloo "
-        "| fedcore ms/msg | CPU ms/MiB send+recv: raw / gloo / fedcore |",
+        "| fedcore ms/msg | CPU ms/MiB send+recv: raw / gloo / fedcore "
+        "| fedcore/raw CPU send, recv |",
         "|-----:|---------:|----------:|-------------:|------------:|-------------:"
-        "|---------------:|:------------------------------------------:|",
+        "|---------------:|:------------------------------------------:|---------------:|",
     ]
     for r in rows:
         cpu = " / ".join(
@@ -491,7 +496,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"| {size_label(r['size']):>7} | {r['raw']['mb_per_s']:8.0f} "
             f"| {r['gloo']['mb_per_s']:9.0f} | {r['fedcore']['mb_per_s']:12.0f} "
             f"| {r['fedcore_over_raw']:11.2f} | {r['fedcore_over_gloo']:12.2f} "
-            f"| {r['fedcore']['latency_ms_median']:14.2f} | {cpu:^42} |"
+            f"| {r['fedcore']['latency_ms_median']:14.2f} | {cpu:^42} "
+            f"| {r['fedcore_sender_cpu_over_raw']:.2f}, {r['fedcore_receiver_cpu_over_raw']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -527,8 +533,12 @@ def serde_costs(nbytes: int, chunk_sizes: list[int], k: int) -> dict[str, Any]:
 
     def assemble(chunk_bytes: int, wire: bool) -> None:
         a = serde.MessageAssembler(1 << 31)
-        for c in serde.message_to_chunks(msg, chunk_bytes=chunk_bytes):
-            a.add(pb.Chunk.FromString(c.SerializeToString()) if wire else c)
+        if wire:  # the hot path: what GrpcTransport sends and its servicer receives
+            for raw in serde.message_to_wire(msg, chunk_bytes=chunk_bytes):
+                a.add(raw)
+        else:  # through the generated classes, serialized as gRPC would
+            for c in serde.message_to_chunks(msg, chunk_bytes=chunk_bytes):
+                a.add(c.SerializeToString())
         a.finish()
 
     sweep = []
@@ -536,51 +546,42 @@ def serde_costs(nbytes: int, chunk_sizes: list[int], k: int) -> dict[str, Any]:
         sweep.append(
             {
                 "chunk_bytes": cb,
-                "serde_s": _median_time(functools.partial(assemble, cb, False), k),
-                "serde_wire_s": _median_time(functools.partial(assemble, cb, True), k),
+                "serde_s": _median_time(functools.partial(assemble, cb, True), k),
+                "serde_generated_s": _median_time(functools.partial(assemble, cb, False), k),
             }
         )
 
-    # Stage by stage at the default chunk size, streamed one chunk at a time as on the
-    # wire (so the per-chunk blocks are reused): each stage's cost is the difference
-    # between a pipeline that stops after it and one that stops before it.
+    # The hot path stage by stage at the default chunk size, streamed one chunk at a time
+    # as on the wire (so the per-chunk blocks are reused): each stage's cost is the
+    # difference between a pipeline that stops after it and one that stops before it.
     cb = serde.CHUNK_BYTES
+    codec = RawCodec()
 
     def pipeline(level: int) -> None:
-        buf = bytearray(nbytes) if level >= 6 else None
-        off = 0
-        for s in range(0, nbytes, cb):
-            piece = bytes(src[s : s + cb])
+        a = serde.MessageAssembler(1 << 31)
+        for raw in serde.message_to_wire(msg, chunk_bytes=cb):
             if level < 2:
                 continue
-            chunk = pb.Chunk(data=piece)
+            part = serde.parse_chunk(raw)
             if level < 3:
                 continue
-            wire = chunk.SerializeToString()
-            if level < 4:
-                continue
-            parsed = pb.Chunk.FromString(wire)
-            if level < 5:
-                continue
-            data = parsed.data
-            if level < 7 or buf is None:
-                continue
-            buf[off : off + len(data)] = data
-            off += len(data)
-        if level >= 8 and buf is not None:
-            bytes(memoryview(buf))
+            if isinstance(part, memoryview) and level < 4:
+                continue  # below: the buffer is allocated at the first data chunk
+            a.add(raw)
+        if level >= 5:
+            got = a.finish()
+            if level >= 6:
+                codec.decode(got.tensors["x"])
 
     names = [
-        "send: slice the tensor bytes into 1 MiB bytes (bytes(view[a:b]))",
-        "send: pb.Chunk(data=...) (upb copies the field in)",
-        "send: Chunk.SerializeToString (what gRPC's serializer does)",
-        "recv: Chunk.FromString (what gRPC's deserializer does)",
-        "recv: chunk.data (a new bytes object)",
-        "recv: bytearray(total) in _start (allocate + zero 64 MiB)",
-        "recv: buffer[a:b] = data in add (bytearray slice assignment)",
-        "recv: finish(): bytes(view) of the tensor (a new 64 MiB bytes)",
+        "send: message_to_wire (tag, length and slice joined into each chunk's bytes)",
+        "recv: parse_chunk (a memoryview of each chunk's data, no copy)",
+        "recv: header checks (MessageAssembler.add of the header chunk)",
+        "recv: MessageAssembler.add: np.empty(total) once, each chunk copied in",
+        "recv: finish(): the tensors as memoryview slices of the buffer",
+        "decode: RawCodec.decode (in place, np.frombuffer over the buffer)",
     ]
-    cumulative = [_median_time(functools.partial(pipeline, level), k) for level in range(1, 9)]
+    cumulative = [_median_time(functools.partial(pipeline, level), k) for level in range(1, 7)]
     steps = {
         name: cumulative[i] - (cumulative[i - 1] if i else 0.0) for i, name in enumerate(names)
     }
@@ -594,9 +595,8 @@ def serde_costs(nbytes: int, chunk_sizes: list[int], k: int) -> dict[str, Any]:
         "steps_s": steps,
         "pipeline_cumulative_s": cumulative,
         "serde_in_copies": default["serde_s"] / copy_new,
-        "serde_wire_in_copies": default["serde_wire_s"] / copy_new,
+        "serde_generated_in_copies": default["serde_generated_s"] / copy_new,
         "serde_in_warm_copies": default["serde_s"] / copy_warm,
-        "serde_wire_in_warm_copies": default["serde_wire_s"] / copy_warm,
         "malloc_env": {k: os.environ[k] for k in MALLOC_KEYS if k in os.environ},
     }
 
@@ -631,15 +631,15 @@ def format_serde(s: dict[str, Any], label: str, stages: bool) -> str:
         f"{s['copy_new_bytes_s'] * ms:.1f} ms, copy into a preallocated buffer "
         f"{s['copy_into_preallocated_s'] * ms:.1f} ms, bytearray(64 MiB) "
         f"{s['bytearray_alloc_s'] * ms:.1f} ms",
-        "| chunk | chunks+assembler ms | x new copy | + protobuf encode/decode ms | x new copy |",
-        "|------:|--------------------:|-----------:|----------------------------:|-----------:|",
+        "| chunk | wire bytes + assembler ms | x new copy | generated classes ms | x new copy |",
+        "|------:|--------------------------:|-----------:|---------------------:|-----------:|",
     ]
     for row in s["chunk_sweep"]:
         lines.append(
-            f"| {size_label(row['chunk_bytes']):>7} | {row['serde_s'] * ms:19.1f} "
+            f"| {size_label(row['chunk_bytes']):>7} | {row['serde_s'] * ms:25.1f} "
             f"| {row['serde_s'] / s['copy_new_bytes_s']:10.1f} "
-            f"| {row['serde_wire_s'] * ms:27.1f} "
-            f"| {row['serde_wire_s'] / s['copy_new_bytes_s']:10.1f} |"
+            f"| {row['serde_generated_s'] * ms:20.1f} "
+            f"| {row['serde_generated_s'] / s['copy_new_bytes_s']:10.1f} |"
         )
     if not stages:
         # Under glibc's default (dynamic) mmap threshold, whether a 1 MiB block comes from
@@ -709,9 +709,9 @@ async def profile_fedcore(workdir: Path, size: int, count: int) -> dict[str, Any
 def sender_child_main(args: argparse.Namespace) -> int:
     """A gRPC sender in its own process (for variants): reads 'SIZE COUNT' lines on stdin."""
     if args.chunk_bytes:
-        # GrpcTransport.send has no chunk-size parameter; swap the module's function here.
-        grpc_transport_module.message_to_chunks = functools.partial(  # type: ignore[assignment]
-            serde.message_to_chunks, chunk_bytes=args.chunk_bytes
+        # GrpcTransport.send has no chunk-size parameter; swap the function it calls.
+        grpc_transport_module.message_to_wire = functools.partial(  # type: ignore[assignment]
+            serde.message_to_wire, chunk_bytes=args.chunk_bytes
         )
 
     async def main() -> None:
@@ -852,6 +852,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="profile the gRPC path and run the variants even when the target is met",
     )
     parser.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="never profile or run the variants (for repeated A/B runs)",
+    )
+    parser.add_argument(
         "--no-variants",
         action="store_true",
         help="skip the malloc / chunk-size variants of the gRPC pair",
@@ -909,11 +914,17 @@ async def main_async(args: argparse.Namespace, argv: list[str] | None) -> int:
     print(format_table(rows), flush=True)
     checked = [r for r in rows if r["size"] in TARGET_SIZES]
     met = bool(checked) and all(r["fedcore_over_raw"] >= TARGET_FRACTION for r in checked)
+    cpu_met = bool(checked) and all(
+        r["fedcore_receiver_cpu_over_raw"] <= TARGET_RECV_CPU for r in checked
+    )
     for r in checked:
         verdict = "meets" if r["fedcore_over_raw"] >= TARGET_FRACTION else "MISSES"
+        cpu = r["fedcore_receiver_cpu_over_raw"]
+        cpu_verdict = "meets" if cpu <= TARGET_RECV_CPU else "MISSES"
         print(
-            f"{size_label(r['size'])}: fedcore/raw {r['fedcore_over_raw']:.2f} {verdict} "
-            f"the target >= {TARGET_FRACTION}",
+            f"{size_label(r['size'])}: fedcore/raw bandwidth {r['fedcore_over_raw']:.2f} {verdict} "
+            f"the target >= {TARGET_FRACTION}; receiver CPU per MiB {cpu:.2f}x raw's "
+            f"{cpu_verdict} the target <= {TARGET_RECV_CPU:g}",
             flush=True,
         )
 
@@ -927,7 +938,7 @@ async def main_async(args: argparse.Namespace, argv: list[str] | None) -> int:
 
     profile = None
     variants = None
-    if not met or args.profile:
+    if (not met or args.profile) and not args.no_profile:
         profile = await profile_fedcore(workdir, 64 * MIB, 6)
         print(
             f"\ncProfile, fedcore gRPC, {profile['messages']} x 64 MiB: "
@@ -980,12 +991,14 @@ async def main_async(args: argparse.Namespace, argv: list[str] | None) -> int:
             "mb": "10**6 bytes",
             "timed": "per message: send until the receiver's ack (raw: 1 byte; gloo: a "
             "1-element tensor; fedcore: the Push stream's Ack)",
-            "target": f"fedcore >= {TARGET_FRACTION} x raw at 16 MiB and 64 MiB",
+            "target": f"fedcore >= {TARGET_FRACTION} x raw's bandwidth and <= "
+            f"{TARGET_RECV_CPU:g} x raw's receiver CPU per MiB at 16 MiB and 64 MiB",
         },
         "machine": info,
         "setup_s": measured["setup_s"],
         "results": rows,
         "target_met": met,
+        "receiver_cpu_target_met": cpu_met,
         "bursts": measured["bursts"],
         "serde": {"default_malloc": serde_default, "tuned_malloc": serde_tuned},
         "profile": profile,

@@ -34,14 +34,17 @@ class EncodedTensor:
         codec: Name of the codec that produced ``data`` (``"raw"`` is lossless).
         dtype: Torch dtype name of the decoded tensor, e.g. ``"float32"``.
         shape: Shape of the decoded tensor.
-        data: The codec's packed bytes.
+        data: The codec's packed bytes: ``bytes`` on the sending side (copied out of the
+            tensor), or, in a message a transport received, a ``memoryview`` of that
+            message's own receive buffer, which nothing else holds or writes (the ``raw``
+            codec decodes it without a copy).
         params: The codec's few scalars (scale, seed, k); empty for ``raw``.
     """
 
     codec: str
     dtype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview
     params: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
 
     @property

@@ -107,6 +107,13 @@ class RawCodec:
                 f"a 'raw' {encoded.dtype} tensor of shape {encoded.shape} needs {expected} "
                 f"bytes but {len(encoded.data)} arrived (truncated or corrupt data)."
             )
-        array = np.frombuffer(encoded.data, dtype=np_dtype).reshape(encoded.shape)
-        # Copy: frombuffer views immutable bytes; the receiver owns a writable tensor.
+        data = encoded.data
+        array = np.frombuffer(data, dtype=np_dtype).reshape(encoded.shape)
+        owned = isinstance(data, memoryview) and not data.readonly
+        if owned and array.ctypes.data % np_dtype.itemsize == 0:
+            # A received message's own buffer (a writable memoryview, see EncodedTensor):
+            # the tensor views it, no copy; inbox tensors are read-only to algorithms.
+            return torch.from_numpy(array)
+        # Copy: frombuffer views immutable bytes (or misaligned ones); the receiver owns a
+        # writable tensor.
         return torch.from_numpy(array.copy())

@@ -428,7 +428,7 @@ def _pack(codes: np.ndarray, bits: int) -> bytes:
     return packed.tobytes()
 
 
-def _unpack(data: bytes, bits: int, n: int) -> np.ndarray:
+def _unpack(data: bytes | memoryview, bits: int, n: int) -> np.ndarray:
     raw = np.frombuffer(data, dtype=np.uint8)
     if bits == 8:
         return raw.copy()

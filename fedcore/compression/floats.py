@@ -305,7 +305,7 @@ def _pack_bits(codes: np.ndarray, width: int) -> bytes:
     return stream.tobytes()[: -(-n * width // 8)]
 
 
-def _unpack_bits(data: bytes, width: int, n: int) -> np.ndarray:
+def _unpack_bits(data: bytes | memoryview, width: int, n: int) -> np.ndarray:
     """The ``n`` codes of a stream :func:`_pack_bits` wrote (unsigned integers)."""
     if width in (8, 16, 32):
         return np.frombuffer(data, dtype=f"<u{width // 8}", count=n)
@@ -501,7 +501,7 @@ def _pair_table(e: int, m: int) -> torch.Tensor:
     return pairs.view(torch.int64).reshape(-1)
 
 
-def _values(data: bytes, e: int, m: int, n: int) -> torch.Tensor:
+def _values(data: bytes | memoryview, e: int, m: int, n: int) -> torch.Tensor:
     """Unpack and decode ``n`` codes (float32), refusing the reserved exponent."""
     width = 1 + e + m
     field = ((1 << e) - 1) << m

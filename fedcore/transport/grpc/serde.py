@@ -8,17 +8,26 @@ arrived.
 
 The hot path writes and reads data chunks as protobuf wire bytes directly
 (:func:`message_to_wire`, :func:`parse_chunk`): a data chunk is the tag of field 2, a varint
-length and the bytes, which every protobuf library reads as a ``Chunk``. Copies per byte:
-sending, one (tag, length and a slice of the tensor joined into the chunk); receiving, one
-(the chunks of a tensor joined into its ``bytes``), beside gRPC's own buffers. Going through
-the generated classes instead costs three copies a side (slice, field, serialize; parse,
-field, join) plus page faults on fresh buffers, which measured 2-3x slower at 64 MiB.
-:func:`message_to_chunks` keeps the generated-class form for tools and tests.
+length and the bytes, which every protobuf library reads as a ``Chunk``. Copies per byte,
+beside gRPC's own buffers:
+
+* sending, one: the tag, length and a slice of the tensor joined into the chunk's ``bytes``
+  (grpcio's ``SendMessageOperation`` takes ``bytes`` only, not a ``memoryview``, so this
+  copy is the least a chunk can cost; nothing is serialized twice or concatenated);
+* receiving, one: each chunk copied, on arrival, into one buffer preallocated from the
+  header's ``total_bytes``; the tensors are ``memoryview`` slices of it, and the ``raw``
+  codec decodes them in place (``np.frombuffer``, no copy).
+
+Going through the generated classes instead costs three copies a side (slice, field,
+serialize; parse, field, join) plus page faults on fresh buffers, which measured 2-3x
+slower at 64 MiB. :func:`message_to_chunks` keeps the generated-class form for tools and tests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+
+import numpy as np
 
 from fedcore.errors import MessageTooLargeError, ProtocolError
 from fedcore.messages import EncodedTensor, Message
@@ -135,7 +144,14 @@ def parse_chunk(raw: bytes) -> pb.MessageHeader | memoryview:
 
 
 class MessageAssembler:
-    """Rebuilds one message from its chunk stream.
+    """Rebuilds one message from its chunk stream, into one buffer.
+
+    The buffer is allocated once, uninitialised, at the first data chunk (after the
+    header's bounds and the servicer's sender checks passed), sized from the header's
+    ``total_bytes``; each chunk is copied into it on arrival, while it is still in cache,
+    and dropped. The message's tensors are slices of that buffer (``EncodedTensor.data`` a
+    ``memoryview``): no ``bytes`` is built per tensor, and the ``raw`` codec decodes them
+    without a copy.
 
     Args:
         limit_bytes: Largest total tensor payload accepted.
@@ -147,7 +163,7 @@ class MessageAssembler:
         self.header: pb.MessageHeader | None = None
         self._total = 0
         self._filled = 0
-        self._parts: list[memoryview] = []
+        self._buffer: memoryview | None = None
 
     def add(self, chunk: pb.Chunk | bytes) -> None:
         """Take the next chunk (a generated ``Chunk`` or its serialized bytes).
@@ -171,12 +187,24 @@ class MessageAssembler:
             return
         if self.header is None:
             raise ProtocolError("a message stream carried data before its header.")
-        end = self._filled + len(part)
+        start = self._filled
+        end = start + len(part)
         if end > self._total:
             raise ProtocolError(
                 f"a message stream carried more than the {self._total} bytes its header announced."
             )
-        self._parts.append(part)
+        buffer = self._buffer
+        if buffer is None:
+            # Uninitialised (no zero-fill pass): every byte is written before finish()
+            # accepts the message. Within the bound that _start checked; pages become
+            # resident only as chunks fill them.
+            try:
+                buffer = self._buffer = np.empty(self._total, dtype=np.uint8).data
+            except MemoryError:
+                raise MessageTooLargeError(
+                    f"no memory for a message of {self._total} bytes on this peer now."
+                ) from None
+        buffer[start:end] = part  # one memcpy
         self._filled = end
 
     def _start(self, header: pb.MessageHeader) -> None:
@@ -212,6 +240,9 @@ class MessageAssembler:
     def finish(self) -> Message:
         """The message, once every announced byte arrived.
 
+        Its tensors' ``data`` are ``memoryview`` slices of the receive buffer, which only
+        this message holds.
+
         Raises:
             ProtocolError: no header, or fewer bytes than announced (a truncated stream).
         """
@@ -223,28 +254,19 @@ class MessageAssembler:
                 f"a message stream ended after {self._filled} of {self._total} "
                 "announced bytes (truncated)."
             )
+        buffer = self._buffer if self._buffer is not None else memoryview(b"")
         tensors: dict[str, EncodedTensor] = {}
-        parts = iter(self._parts)
-        pending: memoryview | None = None
+        offset = 0
         for t in header.tensors:
-            # Gather exactly t.nbytes from the parts (a part may span two tensors when a
-            # foreign sender chunks differently), then join them: one copy.
-            need = t.nbytes
-            pieces: list[memoryview] = []
-            while need:
-                part = pending if pending is not None else next(parts)
-                pending = None
-                if len(part) > need:
-                    part, pending = part[:need], part[need:]
-                pieces.append(part)
-                need -= len(part)
+            # A tensor is its byte range of the stream, however the sender cut the chunks.
             tensors[t.name] = EncodedTensor(
                 codec=t.codec,
                 dtype=t.dtype,
                 shape=tuple(t.shape),
-                data=b"".join(pieces),
+                data=buffer[offset : offset + t.nbytes],
                 params=dict(t.params),
             )
+            offset += t.nbytes
         return Message(
             run=header.run,
             round=header.round,

@@ -203,41 +203,49 @@ class _PeerServicer:
         sender: str | None = None  # set once its stream is counted
         try:
             chunks = request_iterator.__aiter__()
-            began = time.monotonic()
+            loop = asyncio.get_running_loop()
+            began = loop.time()
             give_up: float | None = None  # once the header told the size
-            while True:
-                wait = t.chunk_timeout_s
-                if give_up is not None:
-                    wait = min(wait, give_up - time.monotonic())
-                try:
-                    if wait <= 0:
-                        raise TimeoutError
-                    chunk = await asyncio.wait_for(chunks.__anext__(), wait)
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    raise StalledStreamError(
-                        f"a message stream from {clip(sender or 'a client not yet known')} "
-                        f"stalled: no chunk for {t.chunk_timeout_s:g} s, or slower in all than "
-                        f"{t.min_rate_bytes_s / (1 << 20):g} MiB/s (transport.chunk_timeout_s, "
-                        "transport.min_rate_mb_s)."
-                    ) from None
-                assembler.add(chunk)
-                header = assembler.header
-                if header is not None and sender is None:
-                    self._check_peer(context, header.sender, header.run)
-                    if header.receiver != t.node_id:
-                        raise ProtocolError(
-                            f"a message for {clip(header.receiver)} reached {t.node_id!r}."
-                        )
-                    if t.open_streams.get(header.sender, 0) >= t.max_streams_per_sender:
-                        raise TooManyStreamsError(
-                            f"{header.sender!r} already has {t.max_streams_per_sender} message "
-                            "streams open here (transport.max_streams_per_sender)."
-                        )
-                    sender = header.sender
-                    t.open_streams[sender] = t.open_streams.get(sender, 0) + 1
-                    give_up = began + t.chunk_timeout_s + header.total_bytes / t.min_rate_bytes_s
+            try:
+                # One timer for the stream, moved at each chunk: no task per chunk (as
+                # asyncio.wait_for would start), no extra turn of the event loop.
+                async with asyncio.timeout(None) as deadline:
+                    while True:
+                        wait = t.chunk_timeout_s
+                        if give_up is not None:
+                            wait = min(wait, give_up - loop.time())
+                        if wait <= 0:
+                            raise TimeoutError
+                        deadline.reschedule(loop.time() + wait)
+                        try:
+                            chunk = await chunks.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        assembler.add(chunk)
+                        header = assembler.header
+                        if header is not None and sender is None:
+                            self._check_peer(context, header.sender, header.run)
+                            if header.receiver != t.node_id:
+                                raise ProtocolError(
+                                    f"a message for {clip(header.receiver)} reached {t.node_id!r}."
+                                )
+                            if t.open_streams.get(header.sender, 0) >= t.max_streams_per_sender:
+                                raise TooManyStreamsError(
+                                    f"{header.sender!r} already has {t.max_streams_per_sender} "
+                                    "message streams open here (transport.max_streams_per_sender)."
+                                )
+                            sender = header.sender
+                            t.open_streams[sender] = t.open_streams.get(sender, 0) + 1
+                            give_up = (
+                                began + t.chunk_timeout_s + header.total_bytes / t.min_rate_bytes_s
+                            )
+            except TimeoutError:
+                raise StalledStreamError(
+                    f"a message stream from {clip(sender or 'a client not yet known')} "
+                    f"stalled: no chunk for {t.chunk_timeout_s:g} s, or slower in all than "
+                    f"{t.min_rate_bytes_s / (1 << 20):g} MiB/s (transport.chunk_timeout_s, "
+                    "transport.min_rate_mb_s)."
+                ) from None
             message = assembler.finish()
             if t.validator is not None:
                 t.validator(message)
