@@ -43,9 +43,11 @@ from fedcore.models import Objective
 
 __all__ = [
     "JsonlWriter",
+    "all_params_sha256",
     "consensus_distance",
     "dynamic_regret",
     "evaluate_models",
+    "evaluation_record",
     "minimize",
     "params_sha256",
     "round_record",
@@ -91,15 +93,29 @@ def evaluate_models(
         stacked = torch.stack([m.to(objective.dtype) for m in tensors])
         accuracy, distance = stacked_figures(objective.rows, stacked, x, y)
         node_acc = dict(zip(models, accuracy.tolist(), strict=True))
+    return evaluation_record(avg_acc, avg_loss, list(node_acc), list(node_acc.values()), distance)
+
+
+def evaluation_record(
+    avg_acc: float,
+    avg_loss: float,
+    nodes: Sequence[str],
+    accuracy: Sequence[float],
+    distance: float,
+) -> dict[str, Any]:
+    """An evaluation's figures (both engines' record): the average model's accuracy and
+    loss, the nodes' mean and worst accuracy (``accuracy[i]`` is ``nodes[i]``'s), the
+    consensus distance, and each node's accuracy up to
+    :data:`~fedcore.config.NODE_MAPS_NODES` nodes."""
     out: dict[str, Any] = {
         "avg_model_accuracy": avg_acc,
         "avg_model_test_loss": avg_loss,
-        "mean_node_accuracy": sum(node_acc.values()) / len(node_acc),
-        "min_node_accuracy": min(node_acc.values()),
+        "mean_node_accuracy": sum(accuracy) / len(accuracy),
+        "min_node_accuracy": min(accuracy),
         "consensus_distance": distance,
     }
-    if len(node_acc) <= NODE_MAPS_NODES:
-        out["node_accuracy"] = node_acc
+    if len(accuracy) <= NODE_MAPS_NODES:
+        out["node_accuracy"] = dict(zip(nodes, accuracy, strict=True))
     return out
 
 
@@ -150,8 +166,7 @@ def dynamic_regret(suffered: float, comparator_losses: float) -> float:
 
 def params_sha256(params: torch.Tensor) -> str:
     """Hex SHA-256 of ``params`` as float32 little-endian bytes."""
-    array = params.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
-    return hashlib.sha256(array.tobytes()).hexdigest()
+    return all_params_sha256([params])
 
 
 def all_params_sha256(params: Iterable[torch.Tensor]) -> str:

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,10 +32,23 @@ from fedcore.runtime import keep_freed_memory
 from .test_vectorized import BATCHED, assert_same_run, odd_config
 
 
+@contextlib.contextmanager
+def _every_row_by_row() -> Iterator[None]:
+    """Every model counts as large: rows are added one by one wherever they can be (a
+    context, for hypothesis tests, which cannot take function-scoped fixtures)."""
+    old = rule.ROW_BY_ROW
+    rule.ROW_BY_ROW = 1
+    try:
+        yield
+    finally:
+        rule.ROW_BY_ROW = old
+
+
 @pytest.fixture
-def row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every model counts as large: rows are added one by one wherever they can be."""
-    monkeypatch.setattr(rule, "ROW_BY_ROW", 1)
+def row_by_row() -> Iterator[None]:
+    """:func:`_every_row_by_row` for a whole test."""
+    with _every_row_by_row():
+        yield
 
 
 @pytest.mark.parametrize("algorithm", BATCHED)
@@ -74,13 +89,9 @@ def test_add_slot_row_by_row_equals_the_gathered_op(
     eager = Slot({"x": values[rows]}, {}, weight, arrived)
     gathered = start.clone()
     add_slot(gathered, eager, "x", coef, base)
-    old = rule.ROW_BY_ROW
-    rule.ROW_BY_ROW = 1
-    try:
-        by_rows = start.clone()
+    by_rows = start.clone()
+    with _every_row_by_row():
         add_slot(by_rows, lazy, "x", coef, base)
-    finally:
-        rule.ROW_BY_ROW = old
     assert torch.equal(by_rows, gathered)
 
 
@@ -106,12 +117,8 @@ def test_gathered_total_row_by_row_equals_index_add(
     lazy = Gathered(SenderRows({"x": values}, src), scalars, dst, b)
     for dtype in (None, torch.float64):
         expected = eager.total("x", weight=weight, dtype=dtype)
-        old = rule.ROW_BY_ROW
-        rule.ROW_BY_ROW = 1
-        try:
+        with _every_row_by_row():
             got = lazy.total("x", weight=weight, dtype=dtype)
-        finally:
-            rule.ROW_BY_ROW = old
         assert got.dtype == expected.dtype
         assert torch.equal(got, expected)
 
@@ -170,15 +177,15 @@ def test_per_node_maps_are_left_out_above_the_limit(
     digest of every node's parameters instead."""
     import importlib
 
+    from fedcore import metrics
     from fedcore.config import load_config
 
     sim = importlib.import_module("fedcore.runners.simulate")
-    vectorized = importlib.import_module("fedcore.runners.vectorized")
 
     config = load_config(None, ["run.rounds=2", "topology.nodes=6", "run.eval_every=1"])
     small = sim.simulate(config, out_dir=tmp_path / "small", show_progress=False)
     assert len(small["params_sha256"]) == 6 and "node_accuracy" in small["final"]
-    for module in (sim, vectorized):
+    for module in (sim, metrics):
         monkeypatch.setattr(module, "NODE_MAPS_NODES", 5)
     large = sim.simulate(config, out_dir=tmp_path / "large", show_progress=False)
     assert "params_sha256" not in large and "node_accuracy" not in large["final"]

@@ -542,17 +542,18 @@ class BatchedRule:
             who = everyone if owners is None else owners
             if where is None and width is None:
                 out = ctx.roundtrip(v, who)
-            elif ctx.codec.lossless(v.dtype):  # decoded as sent (the rows that are sent)
-                rows = everyone if where is None else torch.nonzero(where).squeeze(1)
-                ctx.finite(v, who[rows], rows)
-                out = v
             else:  # only the rows that are sent draw from their senders' codecs
-                out = v.clone()
                 rows = everyone if where is None else torch.nonzero(where).squeeze(1)
                 if width is not None:
+                    out = v.clone()
                     out[rows] = _ragged(ctx, v[rows], who[rows], width[rows])
-                elif rows.numel():
-                    out[rows] = ctx.roundtrip(v[rows], who[rows])
+                elif ctx.codec.lossless(v.dtype):  # decoded as sent: nothing to copy
+                    ctx.finite(v, who[rows], rows)
+                    out = v
+                else:
+                    out = v.clone()
+                    if rows.numel():
+                        out[rows] = ctx.roundtrip(v[rows], who[rows])
             compressed.add(id(out))
             return out
 

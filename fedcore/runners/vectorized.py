@@ -54,10 +54,10 @@ from fedcore.algorithms.batched import (
 from fedcore.algorithms.optim import keep_rows
 from fedcore.compression import codec_options, codec_seed
 from fedcore.compression.batched import RowCodec, make_row_codec
-from fedcore.config import AUTO_RECORDS_NODES, NODE_MAPS_NODES, Config
+from fedcore.config import AUTO_RECORDS_NODES, Config
 from fedcore.errors import CompressionError, ConfigError, DataError
 from fedcore.evaluation import stacked_figures
-from fedcore.metrics import JsonlWriter
+from fedcore.metrics import JsonlWriter, evaluation_record
 from fedcore.models import physical_memory
 from fedcore.node import RoundRecord
 from fedcore.progress import Progress
@@ -571,16 +571,7 @@ def evaluate_stacked(net: VectorizedNetwork, params: torch.Tensor) -> dict[str, 
     else:  # accuracies and distance in one pass, chunk by chunk (fedcore.evaluation)
         accuracy, distance = stacked_figures(net.objective.rows, params, xd, yd)
         acc = accuracy.cpu().tolist()
-    out: dict[str, Any] = {
-        "avg_model_accuracy": avg_acc,
-        "avg_model_test_loss": avg_loss,
-        "mean_node_accuracy": sum(acc) / len(acc),
-        "min_node_accuracy": min(acc),
-        "consensus_distance": distance,
-    }
-    if len(acc) <= NODE_MAPS_NODES:
-        out["node_accuracy"] = dict(zip(nodes, acc, strict=True))
-    return out
+    return evaluation_record(avg_acc, avg_loss, nodes, acc, distance)
 
 
 _COLUMNS = (
