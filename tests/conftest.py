@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,14 +27,43 @@ settings.register_profile("dev", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+_HANDOFF_KEY = "fedcore_docker_handoff"
+_HANDOFF: Path | None = None  # in the xdist controller: where the docker outcome is written
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # an xdist worker: the controller prepares docker
+        dockerd.receive_from(Path(workerinput[_HANDOFF_KEY]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """In the xdist controller: tell each worker where the docker hand-off will be."""
+    global _HANDOFF
+    if _HANDOFF is None:
+        _HANDOFF = Path(tempfile.mkdtemp(prefix="fedcore-docker-handoff-")) / "state.json"
+    node.workerinput[_HANDOFF_KEY] = str(_HANDOFF)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """In the xdist controller: a worker's collection (after deselection) holds docker
+    tests, so start their daemon and images now, here, in the background."""
+    if _HANDOFF is not None and any(i.startswith("tests/test_docker.py") for i in ids):
+        dockerd.publish_to(_HANDOFF)
+
+
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: only the tests that will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the docker tests last, and start their daemon and image build now, in the
-    background (minutes of debootstrap and torch install that the other tests cover)."""
+    background (minutes of debootstrap and torch install that the other tests cover).
+    Under xdist the controller starts it instead (above); the docker tests are one
+    ``xdist_group``, so one worker runs them all."""
     docker = [item for item in items if item.get_closest_marker("docker")]
     if docker and not config.option.collectonly:
         items[:] = [item for item in items if not item.get_closest_marker("docker")] + docker
-        dockerd.prepare()
+        dockerd.prepare()  # does nothing in an xdist worker
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

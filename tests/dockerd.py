@@ -16,10 +16,17 @@ Making the images takes minutes (debootstrap, a torch install in the image), so
 collected (``tests/conftest.py``, which also runs them last): by the time they run, the
 rest of the suite has given it the time. :func:`prepared` waits for it and hands over the
 daemon and the image, or raises what stopped it (a skip, a failure).
+
+Under pytest-xdist the preparation runs in the controlling process, which sees every
+worker's collection (:func:`publish_to`): it writes the outcome to a hand-off file, and the
+worker that runs the docker tests (they form one ``xdist_group``) reads it back
+(:func:`receive_from`). That worker stops the daemon by its PID; the controller, its
+parent, reaps it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -113,19 +120,30 @@ class Daemon:
     def stop(self) -> list[str]:
         """Stop a daemon started here (by PID) and remove its folder; return what could not be
         cleaned (empty when all went). A reused daemon is left running."""
-        if not self.started or self.proc is None or self.root is None:
+        if not self.started or self.pid is None or self.root is None:
             return []
         if not self.root.exists():
             return []  # stopped already
         problems: list[str] = []
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    problems.append(
+                        f"dockerd {self.pid} did not stop on SIGTERM within 60 s; killed"
+                    )
+                    self.proc.kill()
+                    self.proc.wait()
+        elif _alive(self.pid):  # started by the xdist controller: not our child
+            os.kill(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while _alive(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if _alive(self.pid):
                 problems.append(f"dockerd {self.pid} did not stop on SIGTERM within 60 s; killed")
-                self.proc.kill()
-                self.proc.wait()
+                os.kill(self.pid, signal.SIGKILL)
         for mount in sorted(_mounts_under(self.root), key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True)
         left = _mounts_under(self.root)
@@ -140,11 +158,16 @@ class Daemon:
 
 
 def _alive(pid: int) -> bool:
+    """Running: a zombie (exited, not yet reaped by its parent) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _mounts_under(root: Path) -> list[str]:
@@ -222,11 +245,12 @@ def _build(daemon: Daemon, scratch: Path) -> str:
 
 
 class _Preparation:
-    def __init__(self) -> None:
+    def __init__(self, publish: Path | None = None) -> None:
         self.daemon: Daemon | None = None
         self.image: str | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
+        self.publish = publish
         self.scratch = Path(tempfile.mkdtemp(prefix="fedcore-docker-"))
         self.thread = threading.Thread(target=self._run, name="docker-images", daemon=True)
         self.thread.start()
@@ -241,20 +265,90 @@ class _Preparation:
         finally:
             self.seconds = time.monotonic() - began
             shutil.rmtree(self.scratch, ignore_errors=True)
+            if self.publish is not None:
+                self._write(self.publish)
+
+    def _write(self, path: Path) -> None:
+        """The outcome as JSON, for the xdist worker that runs the docker tests."""
+        state: dict[str, object] = {"seconds": self.seconds}
+        if self.error is not None:
+            kind = "skip" if isinstance(self.error, pytest.skip.Exception) else "fail"
+            state["error"] = [kind, f"{type(self.error).__name__}: {self.error}"]
+        else:
+            d = self.daemon
+            assert d is not None
+            state["daemon"] = {
+                "env": d.env,
+                "started": d.started,
+                "pid": d.pid,
+                "root": None if d.root is None else str(d.root),
+                "log": None if d.log is None else str(d.log),
+                "created": d.created,
+            }
+            state["image"] = self.image
+        part = path.with_suffix(".part")
+        part.write_text(json.dumps(state), encoding="utf-8")
+        part.replace(path)  # whole or absent: the reader never sees half of it
 
 
 _PREPARATION: _Preparation | None = None
+_HANDOFF: Path | None = None  # in an xdist worker: where the controller writes the outcome
 
 
-def prepare() -> None:
-    """Start the daemon and the image build in the background (once)."""
+def prepare(publish: Path | None = None) -> None:
+    """Start the daemon and the image build in the background (once); with ``publish``,
+    write the outcome there when it is known (in the xdist controller)."""
     global _PREPARATION
-    if _PREPARATION is None:
-        _PREPARATION = _Preparation()
+    if _PREPARATION is None and _HANDOFF is None:
+        _PREPARATION = _Preparation(publish)
+
+
+def publish_to(path: Path) -> None:
+    """In the xdist controller: prepare here, for the worker that will run the tests."""
+    prepare(publish=path)
+
+
+def receive_from(path: Path) -> None:
+    """In an xdist worker: take the daemon and image from the controller's hand-off file."""
+    global _HANDOFF
+    _HANDOFF = path
+
+
+def _received(timeout: float) -> tuple[Daemon, str, float]:
+    assert _HANDOFF is not None
+    deadline = time.monotonic() + timeout
+    while not _HANDOFF.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the Docker daemon and images were not ready within {timeout:.0f} s")
+        time.sleep(0.5)
+    state = json.loads(_HANDOFF.read_text(encoding="utf-8"))
+    if "error" in state:
+        kind, text = state["error"]
+        if kind == "skip":
+            pytest.skip(text)
+        pytest.fail(text)
+    d = state["daemon"]
+    daemon = Daemon(
+        env=d["env"],
+        started=d["started"],
+        pid=d["pid"],
+        root=None if d["root"] is None else Path(d["root"]),
+        log=None if d["log"] is None else Path(d["log"]),
+        created=[(kind, name) for kind, name in d["created"]],
+    )
+    return daemon, state["image"], state["seconds"]
+
+
+_RECEIVED: tuple[Daemon, str, float] | None = None
 
 
 def prepared(timeout: float = 900) -> tuple[Daemon, str, float]:
     """The daemon, the peer image's tag and the seconds the preparation took."""
+    global _RECEIVED
+    if _HANDOFF is not None:
+        if _RECEIVED is None:
+            _RECEIVED = _received(timeout)
+        return _RECEIVED
     prepare()
     assert _PREPARATION is not None
     _PREPARATION.thread.join(timeout)
@@ -273,3 +367,7 @@ def shutdown() -> None:
     _PREPARATION.thread.join(900)
     if _PREPARATION.daemon is not None:
         _PREPARATION.daemon.stop()
+        if _PREPARATION.daemon.proc is not None:
+            _PREPARATION.daemon.proc.poll()  # reap one that an xdist worker stopped
+    if _PREPARATION.publish is not None:
+        shutil.rmtree(_PREPARATION.publish.parent, ignore_errors=True)

@@ -48,7 +48,8 @@ from fedcore.runners.stack import HOST_LABEL, write_stack
 from tests import dockerd
 from tests.dockerd import Daemon
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
+# One xdist group: the module-scoped daemon and image are one worker's.
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900), pytest.mark.xdist_group("docker")]
 
 NODES = ["n0", "n1", "n2", "n3"]
 STRICT = [
