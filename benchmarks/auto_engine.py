@@ -8,7 +8,7 @@ vectorized, messages, ...), each after one untimed round on a fresh build, the m
 ``--repeats``; builds are not timed. The models are ``mlp`` on digits with a hidden width
 chosen for ``d`` (``hidden = 64`` gives ``d = 4,810``; ``hidden = 13,333`` about
 1,000,000), trained with the config's defaults otherwise. The table gives both, their
-ratio, the engine ``auto`` picks (:func:`fedcore.runners.simulate.choose_engine`, which
+ratio, the engine ``auto`` picks (:func:`fedcore.simulation.simulate.choose_engine`, which
 applies :func:`fedcore.runners.cost.engine_costs`) and whether that pick is the faster one
 within ``--tolerance`` (default 10%: timings on a shared 2-core machine move that much).
 
@@ -41,10 +41,11 @@ import _common
 import torch
 
 from fedcore.config import Config, config_from_dict
-from fedcore.runners.network import build_network, prepare_run
-from fedcore.runners.simulate import choose_engine
-from fedcore.runners.vectorized import VectorizedNetwork
+from fedcore.engines.messages import build_network
+from fedcore.engines.vectorized import VectorizedNetwork
 from fedcore.runtime import keep_freed_memory
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.simulate import choose_engine
 
 CPU = torch.device("cpu")
 

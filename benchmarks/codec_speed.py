@@ -64,8 +64,8 @@ import _common  # benchmarks/_common.py, beside this script
 
 from fedcore.compression import RandKCodec, make_codec, topk_indices
 from fedcore.compression.codecs import _pack, _unpack  # mirrored in the step timings
+from fedcore.deploy.peer import tune_malloc
 from fedcore.messages import EncodedTensor, Message
-from fedcore.runners.peer import tune_malloc
 from fedcore.transport.grpc.serde import CHUNK_BYTES, MessageAssembler, message_to_wire
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "codecs.json"
@@ -694,7 +694,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--malloc",
         choices=("tuned", "default"),
         default="tuned",
-        help="tuned (default): fedcore.runners.peer.tune_malloc() first, as `fedcore node` "
+        help="tuned (default): fedcore.deploy.peer.tune_malloc() first, as `fedcore node` "
         "does; default: glibc's own settings",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")

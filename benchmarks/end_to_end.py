@@ -2,7 +2,7 @@
 """A whole ``fedcore simulate`` run, phase by phase, against its round loop.
 
 Runs a config as a user does (``examples/dog-10k.toml`` by default: 10,000 peers, DOG,
-online logreg, ``run.regret = true``) through :func:`fedcore.runners.simulate.simulate`,
+online logreg, ``run.regret = true``) through :func:`fedcore.simulation.simulate.simulate`,
 the function ``fedcore simulate`` calls (progress off), and times each phase by wrapping
 the functions that do it, without changing what they do:
 
@@ -102,8 +102,8 @@ class _Clock:
 @contextlib.contextmanager
 def _patched(clock: _Clock) -> Iterator[None]:
     """Wrap the functions of each phase where the checkout looks them up."""
-    sim = importlib.import_module("fedcore.runners.simulate")  # the package exports
-    vectorized = importlib.import_module("fedcore.runners.vectorized")  # functions so named
+    sim = importlib.import_module("fedcore.simulation.simulate")  # the package exports
+    vectorized = importlib.import_module("fedcore.engines.vectorized")  # functions so named
 
     targets: list[tuple[Any, str, str]] = [
         (sim, "prepare_run", "setup"),
@@ -115,7 +115,7 @@ def _patched(clock: _Clock) -> Iterator[None]:
         (sim, "add_regret", "regret"),
         (sim, "write_results", "writing"),
     ]
-    regret = importlib.import_module("fedcore.runners.regret")
+    regret = importlib.import_module("fedcore.simulation.regret")
     if hasattr(regret, "RegretTracker"):  # the curve computed during the run
         targets.append((regret.RegretTracker, "update", "regret"))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
@@ -133,7 +133,7 @@ def run_once(config_path: str, overrides: list[str], engine: str) -> dict[str, A
     import torch
 
     from fedcore.config import load_config
-    from fedcore.runners.simulate import simulate
+    from fedcore.simulation.simulate import simulate
 
     torch.set_num_threads(1)  # fedcore simulate's default (--threads 1)
     config = load_config(config_path, [*overrides, f"simulate.engine={engine}"])

@@ -8,7 +8,7 @@ N nodes, ``model.name = mlp`` with ``model.hidden = 13333`` (64*h + h + 10*h + 1
 ``run.eval_every`` larger than R (only the last round evaluates) and a longer
 ``transport.startup_timeout_s`` (16 peers importing torch on 2 cores take a while).
 
-For each N, ``fedcore.runners.launch.launch(config)`` runs in this process while a watcher
+For each N, ``fedcore.deploy.launch.launch(config)`` runs in this process while a watcher
 thread notes when each peer's per-round record (``nodes/<id>/metrics.jsonl``) appears and
 samples the CPU time of the peer processes (``/proc``). Then ``simulate(config)``.
 Reported per N:
@@ -89,9 +89,9 @@ if importlib.util.find_spec("fedcore") is None and (_ROOT / "fedcore").is_dir():
 import _common  # benchmarks/_common.py, beside this script
 
 from fedcore.config import Config, load_config
-from fedcore.runners import launch as launch_module
-from fedcore.runners.launch import launch
-from fedcore.runners.simulate import RunObserver, simulate
+from fedcore.deploy import launch as launch_module
+from fedcore.deploy.launch import launch
+from fedcore.simulation.simulate import RunObserver, simulate
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "launch_rounds.json"
 DEFAULT_PPP_OUT = Path(__file__).resolve().parent / "results" / "launch_peers_per_process.json"
@@ -416,7 +416,7 @@ CATEGORIES: list[tuple[str, str, str]] = [
         "add+_start+finish",
     ),
     ("mix: algorithm mix (gossip average)", "fedcore/algorithms/dpsgd.py", "mix"),
-    ("record + snapshot (_PeerLog)", "fedcore/runners/peer.py", "__call__"),
+    ("record + snapshot (_PeerLog)", "fedcore/deploy/peer.py", "__call__"),
 ]
 
 

@@ -17,7 +17,7 @@ gives the median sample, microseconds per node-round (the call's time / N), and 
 to ``lr * g``. One torch thread by default (``--threads``), as the simulator runs, and
 glibc's default malloc, as ``fedcore simulate`` has it: every update allocates its outputs
 and temporaries, and blocks this large come from fresh ``mmap`` pages (page faults).
-``--malloc tuned`` applies ``fedcore.runners.peer.tune_malloc`` (what a gRPC peer does)
+``--malloc tuned`` applies ``fedcore.deploy.peer.tune_malloc`` (what a gRPC peer does)
 to keep freed memory warm instead.
 
 Usage::
@@ -50,8 +50,8 @@ if importlib.util.find_spec("fedcore") is None and (_ROOT / "fedcore").is_dir():
 import _common  # benchmarks/_common.py, beside this script
 
 from fedcore.algorithms.optim import Segment, make_optimizer
+from fedcore.deploy.peer import tune_malloc
 from fedcore.models import mlp
-from fedcore.runners.peer import tune_malloc
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "optimizer_step.json"
 LR = 0.01

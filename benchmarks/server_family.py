@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedcore.config import load_config
 from fedcore.data import mnist1d
-from fedcore.runners.network import build_network, prepare_run
-from fedcore.runners.vectorized import VectorizedNetwork, unsupported
+from fedcore.engines.messages import build_network
+from fedcore.engines.vectorized import VectorizedNetwork, unsupported
+from fedcore.setup.prepare import prepare_run
 
 WORKLOAD = {
     # FedAvg as federated simulators run it: a tenth of the workers, 5 local steps each.

@@ -2,7 +2,7 @@
 """Simulation throughput of fedcore against a plain-torch floor.
 
 Measures node-rounds per second of an in-process D-PSGD simulation
-(``fedcore.runners.network.build_network(config).run(rounds)``, no observer, so no
+(``fedcore.setup.prepare.build_network(config).run(rounds)``, no observer, so no
 evaluation and no metrics) and of the fastest plain single-process torch loop we know how
 to write for the same work (the *floor*):
 
@@ -61,9 +61,10 @@ import _common  # benchmarks/_common.py, beside this script
 from fedcore import topology
 from fedcore.config import Config, config_from_dict
 from fedcore.data import BatchStream, Dataset, load_dataset, partition
+from fedcore.engines.messages import Network, build_network
 from fedcore.errors import DataError
 from fedcore.models import build_model
-from fedcore.runners.network import Network, build_network, build_topology
+from fedcore.setup.plan import build_topology
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "throughput.json"
 # Node-rounds per timed run when --rounds is not given: rounds(N) = max(MIN_ROUNDS,

@@ -69,9 +69,9 @@ if importlib.util.find_spec("fedcore") is None and (_ROOT / "fedcore").is_dir():
 import _common  # benchmarks/_common.py, beside this script
 
 from fedcore.compression.base import RawCodec
+from fedcore.deploy.launch import free_ports
+from fedcore.deploy.peer import tune_malloc
 from fedcore.messages import Message
-from fedcore.runners.launch import free_ports
-from fedcore.runners.peer import tune_malloc
 from fedcore.transport.grpc import GrpcTransport, serde
 from fedcore.transport.grpc import transport as grpc_transport_module
 

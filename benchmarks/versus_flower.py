@@ -125,8 +125,8 @@ def _fedcore_child(spec: dict[str, Any]) -> None:
 
     from fedcore.cli import main
 
-    sim = importlib.import_module("fedcore.runners.simulate")  # the package names a function so
-    vec = importlib.import_module("fedcore.runners.vectorized")
+    sim = importlib.import_module("fedcore.simulation.simulate")  # the package names a function so
+    vec = importlib.import_module("fedcore.engines.vectorized")
 
     ends: dict[str, list[float]] = {"messages": [], "vectorized": []}
     end_round = sim.RunObserver.end_round
@@ -178,7 +178,7 @@ def _export_data(work: Workload, path: Path) -> dict[str, Any]:
     import numpy as np
 
     from fedcore.config import load_config
-    from fedcore.runners.network import prepare_run
+    from fedcore.setup.prepare import prepare_run
 
     setup = prepare_run(load_config(EXAMPLE, work.overrides(1)))
     server = getattr(setup.algorithm, "server", None)

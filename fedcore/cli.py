@@ -428,22 +428,17 @@ def _interrupt(signum: int, frame: object) -> None:
 def _set_threads(threads: int) -> None:
     """``--threads``, and freed large blocks kept for reuse (:mod:`fedcore.runtime`): this
     process runs the rounds."""
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}.")
     import torch
 
     from fedcore.runtime import keep_freed_memory
 
-    if threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {threads}.")
     torch.set_num_threads(threads)
     keep_freed_memory()
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from fedcore.runners.simulate import resume
-
-    _set_threads(args.threads)
-    # SIGTERM stops a run as Ctrl-C does: its summary says so, and it can be resumed.
-    signal.signal(signal.SIGTERM, _interrupt)
     if args.resume is not None:
         given = [
             flag
@@ -465,6 +460,9 @@ def _simulate(args: argparse.Namespace) -> int:
                 f"--resume continues the run in its folder as it was configured; drop "
                 f"{', '.join(given)}."
             )
+        _start_run(args.threads)
+        from fedcore.simulation.simulate import resume
+
         summary: dict[str, Any] | None = resume(args.resume, show_progress=not args.quiet)
     elif args.jobs != 1 and args.seeds is None:
         raise ConfigError("--jobs runs the seeds of a sweep in parallel; give --seeds too.")
@@ -479,9 +477,15 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_run(threads: int) -> None:
+    """What a process that runs rounds sets first: its torch threads, freed memory kept,
+    and SIGTERM stopping a run as Ctrl-C does (its summary says so; it can be resumed)."""
+    _set_threads(threads)
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
     from fedcore.config import load_config
-    from fedcore.runners.simulate import simulate
 
     overrides = list(args.overrides)
     if args.engine:
@@ -490,13 +494,19 @@ def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
         overrides.append(f"simulate.device={args.device}")
     if args.name is not None:
         overrides.append(f"run.name={json.dumps(args.name)}")
+    # The config first: a bad file or --set answers before torch is imported.
+    config = load_config(args.config, overrides)
     if args.seeds is not None:
-        from fedcore.runners.sweep import parse_seeds, run_sweep, sweep_table
+        from fedcore.simulation.sweep import parse_seeds
+
+        seeds = parse_seeds(args.seeds)
+        _start_run(args.threads)
+        from fedcore.simulation.sweep import run_sweep, sweep_table
 
         result = run_sweep(
             args.config,
             overrides,
-            parse_seeds(args.seeds),
+            seeds,
             jobs=args.jobs,
             out_dir=args.out,
             force=args.force,
@@ -505,7 +515,9 @@ def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
         )
         print(f"results: {result['out_dir']}" if args.quiet else sweep_table(result))
         return None
-    config = load_config(args.config, overrides)
+    _start_run(args.threads)
+    from fedcore.simulation.simulate import simulate
+
     return simulate(
         config,
         out_dir=args.out,
@@ -517,15 +529,15 @@ def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _launch(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
-    from fedcore.runners.launch import launch
 
-    _set_threads(args.threads)
-    # SIGTERM to the launcher stops its peers too (as Ctrl-C does), rather than orphaning them.
-    signal.signal(signal.SIGTERM, _interrupt)
     overrides = list(args.overrides)
     if args.name is not None:
         overrides.append(f"run.name={json.dumps(args.name)}")
     config = load_config(args.config, overrides)
+    # SIGTERM to the launcher stops its peers too (as Ctrl-C does), rather than orphaning them.
+    _start_run(args.threads)
+    from fedcore.deploy.launch import launch
+
     summary = launch(
         config,
         out_dir=args.out,
@@ -594,7 +606,8 @@ def _node(args: argparse.Namespace) -> int:
         write_stage(out, "importing")
     try:
         _set_threads(args.threads)
-        from fedcore.runners.peer import load_roster, run_peers_main, tune_malloc
+        from fedcore.deploy.peer import run_peers_main, tune_malloc
+        from fedcore.deploy.roster import load_roster
 
         tune_malloc()
         config = load_config(args.config, args.overrides)
@@ -640,9 +653,10 @@ def _user_code_note(config: Config, image: str) -> None:
 
 def _compose(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
-    from fedcore.runners.compose import source_root, write_compose
 
     config = load_config(args.config, args.overrides)
+    from fedcore.deploy.compose import source_root, write_compose
+
     if args.swarm:
         return _stack(args, config)
     if args.place:
@@ -675,7 +689,7 @@ def _compose(args: argparse.Namespace) -> int:
 
 
 def _stack(args: argparse.Namespace, config: Config) -> int:
-    from fedcore.runners.stack import HOST_LABEL, write_stack
+    from fedcore.deploy.swarm import HOST_LABEL, write_stack
 
     if args.nodes or args.roster:
         raise ConfigError(
@@ -720,9 +734,10 @@ def _stack(args: argparse.Namespace, config: Config) -> int:
 
 def _k8s(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
-    from fedcore.runners.k8s import Resources, kubectl_steps, write_k8s
 
     config = load_config(args.config, args.overrides)
+    from fedcore.deploy.k8s import Resources, kubectl_steps, write_k8s
+
     resources = Resources(
         cpu=args.cpu,
         memory=args.memory,
@@ -760,7 +775,7 @@ def _k8s(args: argparse.Namespace) -> int:
 
 def _summarize(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
-    from fedcore.runners.launch import summarize
+    from fedcore.deploy.launch import summarize
 
     config = load_config(args.config) if args.config else None
     summary = summarize(args.run_dir, config)
@@ -777,7 +792,7 @@ def _certs(args: argparse.Namespace) -> int:
         check_node_id(n, "--nodes", ConfigError)
     if args.config:
         from fedcore.config import load_config
-        from fedcore.runners.network import build_topology
+        from fedcore.setup.plan import build_topology
 
         nodes += build_topology(load_config(args.config).topology).nodes
     if not nodes:

@@ -19,7 +19,7 @@ message engine, gRPC peers and the vectorized engine agree by construction, not 
 implementation kept equal by tests.
 
 Every random number is a keyed hash of ``(run seed, faults seed, kind, round, phase,
-edge)`` (:mod:`fedcore.keyed`), never a draw from shared random state, so the same plan
+edge)`` (:mod:`fedcore.counter_random`), never a draw from shared random state, so the same plan
 loses the same messages in one process and across gRPC peers, whatever the timing.
 
 The plan is pure (the config, the keyed hash, torch): it sits below the algorithms and
@@ -36,7 +36,7 @@ from typing import TypeAlias
 
 import torch
 
-from fedcore import keyed
+from fedcore import counter_random as keyed
 from fedcore.config import FaultsConfig
 from fedcore.errors import ConfigError
 
@@ -68,7 +68,7 @@ class FaultPlan:
     """The fault decisions of one run: a pure function of the message's coordinates.
 
     A drop's random number is ``uniform`` of the word ``hash64(key, kind, round, phase,
-    edge)`` (:mod:`fedcore.keyed`) with ``key = make_key("fedcore.faults", run_seed,
+    edge)`` (:mod:`fedcore.counter_random`) with ``key = make_key("fedcore.faults", run_seed,
     faults.seed)``, ``kind = string_id("drop")`` (or ``"delay"``) and ``edge =
     mix64(string_id(sender)) ^ string_id(receiver)``, one coordinate for the directed edge
     (``a -> b`` and ``b -> a`` differ). A message is lost to a crash if either end is

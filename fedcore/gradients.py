@@ -140,7 +140,7 @@ class RowGradient:
         dtype: Parameter dtype.
         module_row: The module's own ``(loss, gradient)`` of one row (mode ``"module"``
             and the reference the others are checked against).
-        mode: Use this mode (a run decides once, :func:`fedcore.runners.network.prepare_run`,
+        mode: Use this mode (a run decides once, :func:`fedcore.setup.prepare.prepare_run`,
             and every peer and engine reuses it); ``None``: decide, by probing ``sample``
             if given, else ``"batched"`` where the layers allow and ``"module"`` otherwise.
         sample: A few training examples ``(x, y)`` (at least 6) to check the stacked

@@ -15,7 +15,6 @@ and returns an ``nn.Module`` mapping a batch of inputs to class logits.
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from fedcore.data import refused_arguments, resolve_factory
 from fedcore.errors import DataError, FedcoreError
 from fedcore.gradients import RowGradient
 from fedcore.ids import error_text
+from fedcore.runtime import physical_memory
 
 __all__ = [
     "MODELS",
@@ -100,15 +100,6 @@ def parameter_count(name: str, *, input_dim: int, num_classes: int, hidden: int 
         return (d + 1) * h + (h + 1) * c
     length = ((d + 1) // 2 + 1) // 2  # cnn1d: after two stride-2 convolutions
     return (5 + 1) * h + (5 * h + 1) * h + (h * length + 1) * c
-
-
-def physical_memory() -> int | None:
-    """Bytes of physical memory of this machine, or None where the OS does not say."""
-    try:
-        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return None
-    return pages * size if pages > 0 and size > 0 else None
 
 
 def _size(nbytes: int) -> str:

@@ -646,7 +646,7 @@ class Node:
         sender could not have finished round ``t - 1`` without messages that depend on this
         node's round ``t - d``. (On a time-varying schedule, ``d`` is taken as
         ``n * period``.) ``options.round_window`` adds the drift of deadline mode and of a
-        fault plan (:func:`fedcore.runners.network.round_drift`). One more round covers a
+        fault plan (:func:`fedcore.setup.prepare.round_drift`). One more round covers a
         message that arrives while this node is between two rounds.
         """
         if self._leads is None:

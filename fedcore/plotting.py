@@ -8,7 +8,7 @@ dashed line the mean of the peers' own models. Runs with regret records (``run.r
 add two panels against rounds: the average static regret ``R_t / (n t)`` and the average
 dynamic regret (where the stream has a comparator).
 
-A sweep folder (one holding ``sweep.json``, see :mod:`fedcore.runners.sweep`) stands for
+A sweep folder (one holding ``sweep.json``, see :mod:`fedcore.simulation.sweep`) stands for
 its completed runs. With ``bands``, runs whose ``config.toml`` differ only in ``run.seed``
 (and ``run.name``) become one curve: their mean, in a band of +- one (sample) standard
 deviation, at the rounds every run of the group evaluated.
@@ -45,7 +45,7 @@ LEGEND_OUTSIDE = 6
 """From this many curves on (or with labels of over 40 characters), the legend goes below
 the panels, off the curves."""
 
-SWEEP_FILE = "sweep.json"  # as fedcore.runners.sweep writes it (not imported: no torch here)
+SWEEP_FILE = "sweep.json"  # as fedcore.simulation.sweep writes it (not imported: no torch here)
 
 _SEED_KEYS = ("seed", "name")
 """The ``[run]`` keys in which the runs of one ``bands`` group may differ."""

@@ -16,18 +16,37 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["STAGES", "STATUS_FILE", "Progress", "StatusLine", "read_stage", "write_stage"]
+__all__ = [
+    "PROGRESS_AFTER_S",
+    "PROGRESS_NODES",
+    "STAGES",
+    "STATUS_FILE",
+    "Progress",
+    "StatusLine",
+    "announce_if_slow",
+    "read_stage",
+    "write_stage",
+]
+
+PROGRESS_NODES = 1000
+"""From this many nodes on, a run's set-up says that it is preparing
+(:func:`announce_if_slow`) when that takes more than :data:`PROGRESS_AFTER_S`."""
+PROGRESS_AFTER_S = 2.0
+"""Seconds of set-up after which :func:`announce_if_slow` prints its line."""
 
 STATUS_FILE = "status.json"
 """The file, in a peer's folder, that holds its stage (:func:`write_stage`)."""
 
 STAGES = ("importing", "preparing", "connecting", "running", "done", "failed", "stopped")
 """A peer's stages, in order: ``importing`` (torch and fedcore's modules), ``preparing``
-(the data split and the model, :func:`~fedcore.runners.network.prepare_run`),
+(the data split and the model, :func:`~fedcore.setup.prepare.prepare_run`),
 ``connecting`` (serving, and reaching its out-neighbours), ``running`` (its rounds), then
 one of ``done``, ``failed`` (an error) or ``stopped`` (a signal, or another peer of its
 process failed). Before its first stage a peer's process is still starting Python."""
@@ -154,3 +173,30 @@ def read_stage(folder: Path) -> str | None:
         return None
     stage = record.get("stage") if isinstance(record, dict) else None
     return stage if isinstance(stage, str) else None
+
+
+@contextmanager
+def announce_if_slow(stream: TextIO | None, nodes: int | None) -> Iterator[None]:
+    """Print ``preparing N nodes ...`` on ``stream`` once, if the block still runs
+    :data:`PROGRESS_AFTER_S` seconds after it began and the run has at least
+    :data:`PROGRESS_NODES` nodes (``None``: not known yet, a graph file). Nothing is
+    printed after the block ends: leaving it cancels the line (waiting for one that is
+    being written)."""
+    if stream is None or nodes is None or nodes < PROGRESS_NODES:
+        yield
+        return
+    out = stream
+
+    def say() -> None:
+        out.write(f"preparing {nodes:,} nodes (graph and weights) ...\n")
+        out.flush()
+
+    timer = threading.Timer(PROGRESS_AFTER_S, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if timer.is_alive():
+            timer.join()

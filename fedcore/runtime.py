@@ -16,9 +16,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import sys
 
-__all__ = ["keep_freed_memory"]
+__all__ = ["keep_freed_memory", "physical_memory"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,3 +56,12 @@ def keep_freed_memory() -> bool:
     _applied = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     logger.debug("malloc keeps freed blocks: %s", _applied)
     return _applied
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory of this machine, or None where the OS does not say."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from fedcore import keyed
+from fedcore import counter_random as keyed
 from fedcore.data import Dataset, load_object
 from fedcore.errors import DataError, FedcoreError
 from fedcore.ids import error_text
@@ -68,7 +68,7 @@ class SyntheticDrift:
     ``M = 0`` is a fixed comparator. The math is float64; the features are then rounded to
     float32.
 
-    The randomness is counter-based (:mod:`fedcore.keyed`) rather than a generator's
+    The randomness is counter-based (:mod:`fedcore.counter_random`) rather than a generator's
     stream, so every number is a pure function of its coordinates. With ``key =
     make_key("fedcore.streams.synthetic", seed)`` and ``h = hash64(key, salt, t, i, j)``
     for example ``j`` (``salt``: 0 for the streams, 1 for the test split, 2 for the probe):
@@ -77,7 +77,7 @@ class SyntheticDrift:
     * the label is ``y = [w*_t . a > L]`` with ``L = logistic(h, -1) = log(u / (1 - u))``,
       ``u`` uniform: the event ``u < sigmoid(w*_t . a)``, the Bernoulli draw above;
     * the sine of ``v`` is taken as ``sin(i + 1.7 k) cos(0.31 t) + cos(i + 1.7 k) sin(0.31
-      t)`` (:func:`fedcore.keyed.sin_cos_tensor`), so its node-feature part is computed
+      t)`` (:func:`fedcore.counter_random.sin_cos_tensor`), so its node-feature part is computed
       once.
 
     :meth:`batches` draws for any nodes at once, on any device, and :meth:`batch` (one
@@ -200,7 +200,7 @@ class SyntheticDrift:
         """Keep copies of the most recent whole rounds :meth:`batches` draws on the CPU
         (every node, ``nodes=None``), up to ``nbytes`` in all, and answer a later call for
         one of them with a copy rather than a new draw (the same values). The regret of a
-        run (:class:`~fedcore.runners.regret.RegretTracker`) asks for them again at the
+        run (:class:`~fedcore.simulation.regret.RegretTracker`) asks for them again at the
         next evaluation. 0 (the default): keep none."""
         self._keep_bytes = max(0, int(nbytes))
         while self._kept and self._kept_bytes() > self._keep_bytes:

@@ -37,18 +37,14 @@ from fedcore.algorithms.rule import is_rule
 from fedcore.compression import Codec, get_codec
 from fedcore.config import Config, config_from_dict, config_to_dict
 from fedcore.data import Dataset
+from fedcore.engines.messages import Network, build_network
+from fedcore.engines.vectorized import VectorizedNetwork, evaluate_stacked
 from fedcore.messages import Message, Payload
 from fedcore.metrics import evaluate_models
 from fedcore.node import Node
-from fedcore.runners.network import (
-    Network,
-    build_network,
-    communication_graph,
-    configured_algorithm,
-    prepare_run,
-)
-from fedcore.runners.simulate import choose_engine
-from fedcore.runners.vectorized import VectorizedNetwork, evaluate_stacked
+from fedcore.setup.plan import communication_graph, configured_algorithm
+from fedcore.setup.prepare import prepare_run, seed_torch
+from fedcore.simulation.simulate import choose_engine
 from fedcore.topology import Topology, parse_spec
 
 __all__ = ["TestNetwork", "VectorizedTestNetwork", "lockstep", "make_network"]
@@ -218,6 +214,7 @@ def make_network(
         )
         chosen, _ = choose_engine(setup, engine)
         if chosen == "vectorized":
+            seed_torch(config)  # a model with its own randomness (dropout) replays exactly
             return VectorizedTestNetwork(VectorizedNetwork(setup, device=torch.device("cpu")))
     network = build_network(
         config,
@@ -229,6 +226,7 @@ def make_network(
         # its inbox in place cannot corrupt another node's input here.
         share_decoded=False,
     )
+    seed_torch(config)  # as simulate does, after the set-up
     return TestNetwork(network)
 
 

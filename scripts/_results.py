@@ -2,7 +2,7 @@
 
 Imported by the scripts beside it (``python scripts/<name>.py`` puts this folder first on
 ``sys.path``); not part of the fedcore package. The runs go through
-:func:`fedcore.runners.sweep.run_cases`, the code behind ``fedcore simulate --seeds``: one
+:func:`fedcore.simulation.sweep.run_cases`, the code behind ``fedcore simulate --seeds``: one
 sweep folder per case (``sweep.json``, ``results.csv``, ``seed-<k>/``), every run of the
 grid in one pool of worker processes.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.plotting import load_evals
-from fedcore.runners.sweep import run_cases
+from fedcore.simulation.sweep import run_cases
 
 
 def _numbers(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Learning per byte: fp32 D-PSGD, DeepSqueeze, CHOCO and naive compression, side by side.
 
 Runs every (dataset, topology, method) of the grid as a seed sweep
-(``fedcore.runners.sweep``, as ``fedcore simulate --seeds`` does: one sweep folder per
+(``fedcore.simulation.sweep``, as ``fedcore simulate --seeds`` does: one sweep folder per
 method under ``docs/results/runs/<dataset>-<topology>/``) and writes
 ``docs/results/compression-<dataset>-<topology>.{md,json,png}``: final accuracy of the
 average model and mean per node, bytes per node to reach 90% of the fp32 run's final

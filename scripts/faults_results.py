@@ -1,6 +1,6 @@
 """Learning over unreliable networks: RPS under message loss, and OPS vs robust OPS.
 
-Two grids, each run as seed sweeps (``fedcore.runners.sweep``, as ``fedcore simulate
+Two grids, each run as seed sweeps (``fedcore.simulation.sweep``, as ``fedcore simulate
 --seeds`` does: one sweep folder per case under ``docs/results/runs/{rps,ops}/``; the same
 fault plans run over gRPC with ``fedcore launch``), written to ``docs/results/``:
 

@@ -8,7 +8,7 @@ Two measurements, written to ``docs/results/low-precision-<dataset>.{md,json,png
    through ``fp32``, ``fp8`` (e4m3 and e5m2, one scale per tensor), ``float`` with e=4/m=3
    and e=3/m=0 (4 bits a value), each with and without APS, and ``s2fp8``: final accuracy
    of the average model and mean per node, bytes per node and round, as seed sweeps
-   (``fedcore.runners.sweep``, one folder per case under
+   (``fedcore.simulation.sweep``, one folder per case under
    ``docs/results/runs/low-precision-<dataset>/``).
 2. **What each format flushes to zero.** The model's real gradients (minibatch gradients of
    the same model trained centrally with plain SGD, at several points of training) through
@@ -38,7 +38,7 @@ from _results import finals, mean, run_grid
 from fedcore.compression import make_codec
 from fedcore.config import load_config
 from fedcore.metrics import to_json_text
-from fedcore.runners.network import prepare_run
+from fedcore.setup.prepare import prepare_run
 
 ROOT = Path(__file__).resolve().parents[1]
 

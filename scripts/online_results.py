@@ -10,7 +10,7 @@
   regret.
 
 Writes ``docs/results/online-<experiment>.{md,json,png}``; means over ``--seeds``, each
-case a seed sweep (``fedcore.runners.sweep``) in ``docs/results/runs/<part>/<case>/``.
+case a seed sweep (``fedcore.simulation.sweep``) in ``docs/results/runs/<part>/<case>/``.
 
 Usage::
 
@@ -28,7 +28,7 @@ from _results import finals, mean, plot_curves, run_grid
 
 from fedcore.config import TopologyConfig
 from fedcore.metrics import to_json_text
-from fedcore.runners.network import build_topology
+from fedcore.setup.plan import build_topology
 from fedcore.topology import prepare, spectral_gap
 
 ROOT = Path(__file__).resolve().parents[1]

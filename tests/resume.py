@@ -7,10 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedcore.config import Config
+from fedcore.engines.messages import Network, build_network
 from fedcore.metrics import params_sha256
 from fedcore.node import Node
-from fedcore.runners import checkpoint
-from fedcore.runners.network import Network, build_network
+from fedcore.setup import checkpoint
 
 
 def assert_resumes_exactly(

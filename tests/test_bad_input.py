@@ -20,7 +20,7 @@ from fedcore.config import MAX_PARAMETERS, Config, load_config
 from fedcore.errors import ConfigError, DataError, TopologyError
 from fedcore.models import MODELS, build_model, parameter_count
 from fedcore.node import RoundRecord
-from fedcore.runners.simulate import RunObserver
+from fedcore.simulation.simulate import RunObserver
 from fedcore.topology import complete, ring, torus
 from tests.clitools import cli, one_line_error
 
@@ -190,7 +190,7 @@ def test_running_out_of_memory_anyway_is_one_line(
     one line, exit status 1 (the run failed on its way)."""
     import importlib
 
-    runner = importlib.import_module("fedcore.runners.simulate")
+    runner = importlib.import_module("fedcore.simulation.simulate")
 
     def out_of_memory(*args: object, **kwargs: object) -> None:
         raise MemoryError
@@ -465,9 +465,10 @@ def test_a_simulation_larger_than_memory_is_refused(
 ) -> None:
     """One model fits, but one per simulated node does not, on either engine: refused
     before the graph is built, by the estimate every engine shares."""
-    from fedcore.runners import network, vectorized
+    from fedcore.engines import vectorized
+    from fedcore.setup import plan
 
-    monkeypatch.setattr(network, "physical_memory", lambda: 20 * 650 * 4 * 4)
+    monkeypatch.setattr(plan, "physical_memory", lambda: 20 * 650 * 4 * 4)
     monkeypatch.setattr(vectorized, "physical_memory", lambda: 20 * 650 * 4 * 4)
     for engine in ("messages", "vectorized"):
         argv = simulate("topology.nodes=32", f"simulate.engine={engine}")

@@ -12,18 +12,21 @@ import hashlib
 import io
 import logging
 import random
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fedcore import progress
 from fedcore.certs import check_tls_dir, init_certs
 from fedcore.config import TopologyConfig, load_config
 from fedcore.data import digits, partition, training_examples
 from fedcore.errors import ConfigError, DataError, TopologyError
-from fedcore.runners import network
-from fedcore.runners.network import build_topology, estimated_edges, prepare_run
+from fedcore.setup import plan
+from fedcore.setup.plan import build_topology, estimated_edges
+from fedcore.setup.prepare import prepare_run
 from fedcore.topology import analysis, build, prepare, social, spectral_gap
 from fedcore.topology.generators import KINDS
 from fedcore.topology.weights import MAX_MIXING_PAIRS, check_mixing_size
@@ -58,7 +61,7 @@ def test_too_large_runs_fail_in_one_line_before_the_graph(
     def no_graph(*args: object, **kwargs: object) -> None:
         raise AssertionError("the graph was built before the cheap checks")
 
-    monkeypatch.setattr(network, "build_topology", no_graph)
+    monkeypatch.setattr(plan, "build_topology", no_graph)
     argv = ["simulate", "-q"]
     for item in overrides:
         argv += ["--set", item]
@@ -77,9 +80,9 @@ def test_a_run_clearly_over_memory_is_refused_before_the_graph(
 ) -> None:
     config = load_config(None, SMALL)
     built: list[object] = []
-    real = network.build_topology
-    monkeypatch.setattr(network, "build_topology", lambda cfg: built.append(cfg) or real(cfg))
-    monkeypatch.setattr(network, "physical_memory", lambda: 2_000)
+    real = plan.build_topology
+    monkeypatch.setattr(plan, "build_topology", lambda cfg: built.append(cfg) or real(cfg))
+    monkeypatch.setattr(plan, "physical_memory", lambda: 2_000)
     with pytest.raises(ConfigError) as info:
         prepare_run(config)
     text = str(info.value)
@@ -89,7 +92,7 @@ def test_a_run_clearly_over_memory_is_refused_before_the_graph(
         prepare_run(config, hosts_all=True)
     assert not built
     # Enough memory: the run is prepared (and every node's models are counted).
-    monkeypatch.setattr(network, "physical_memory", lambda: 2**30)
+    monkeypatch.setattr(plan, "physical_memory", lambda: 2**30)
     assert len(prepare_run(config, hosts_all=True).graph.nodes) == 16
     assert len(built) == 1
 
@@ -106,34 +109,58 @@ def test_estimated_edges_are_close_to_the_graphs(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_slow_preparation_prints_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = load_config(None, SMALL)
-    real = network.build_topology
+    monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.05)
+    stream = io.StringIO()
+    with progress.announce_if_slow(stream, 16):  # below PROGRESS_NODES: no line
+        time.sleep(0.3)
+    assert stream.getvalue() == ""
+    with progress.announce_if_slow(stream, None):  # a graph file, its size unknown
+        time.sleep(0.3)
+    assert stream.getvalue() == ""
+    monkeypatch.setattr(progress, "PROGRESS_NODES", 16)
+    with progress.announce_if_slow(stream, 16):
+        time.sleep(0.5)
+    assert stream.getvalue() == "preparing 16 nodes (graph and weights) ...\n"
+    with progress.announce_if_slow(None, 16):  # no stream: nothing anywhere, no error
+        time.sleep(0.1)
+
+
+def test_a_quick_preparation_prints_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "PROGRESS_NODES", 1)
+    stream = io.StringIO()
+    with progress.announce_if_slow(stream, 16):
+        prepare_run(load_config(None, SMALL))
+    time.sleep(0.1)
+    assert stream.getvalue() == ""
+
+
+def test_simulate_announces_a_slow_preparation(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``simulate`` (the caller that wants it) shows the line; preparing itself prints
+    nothing and starts no thread."""
+    from fedcore.simulation.simulate import simulate
+
+    real = plan.build_topology
 
     def slow(cfg: TopologyConfig) -> object:
         time.sleep(0.5)
         return real(cfg)
 
-    monkeypatch.setattr(network, "build_topology", slow)
-    monkeypatch.setattr(network, "PROGRESS_AFTER_S", 0.05)
+    monkeypatch.setattr(plan, "build_topology", slow)
+    monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.05)
+    monkeypatch.setattr(progress, "PROGRESS_NODES", 16)
+    threads = threading.active_count()
+    prepare_run(load_config(None, SMALL))
+    assert threading.active_count() == threads
     stream = io.StringIO()
-    prepare_run(config, progress=stream)  # 16 nodes: below PROGRESS_NODES, no line
-    assert stream.getvalue() == ""
-    monkeypatch.setattr(network, "PROGRESS_NODES", 16)
-    prepare_run(config, progress=stream)
-    assert stream.getvalue() == "preparing 16 nodes (graph and weights) ...\n"
-    prepare_run(config)  # no stream: nothing anywhere, no error
-
-
-def test_a_quick_preparation_prints_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(network, "PROGRESS_NODES", 1)
-    stream = io.StringIO()
-    prepare_run(load_config(None, SMALL), progress=stream)
-    time.sleep(0.1)
-    assert stream.getvalue() == ""
+    config = load_config(None, [*SMALL, "run.rounds=1"])
+    simulate(config, out_dir=tmp_path, progress_stream=stream)
+    assert stream.getvalue().startswith("preparing 16 nodes (graph and weights) ...\n")
 
 
 def test_each_step_is_logged_with_its_time(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="fedcore.runners.network"):
+    with caplog.at_level(logging.INFO, logger="fedcore.setup"):
         prepare_run(load_config(None, SMALL))
     text = caplog.text
     for step in ("loaded dataset digits", "split the data", "built the graph", "weighted"):

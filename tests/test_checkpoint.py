@@ -15,12 +15,13 @@ import pytest
 import torch
 
 from fedcore.config import load_config
+from fedcore.deploy.launch import free_ports, read_params
+from fedcore.deploy.peer import model_path
+from fedcore.engines.messages import build_network
 from fedcore.errors import ConfigError
-from fedcore.runners import checkpoint
-from fedcore.runners.launch import free_ports, read_params
-from fedcore.runners.network import build_network, prepare_run
-from fedcore.runners.peer import model_path
-from fedcore.runners.simulate import simulate
+from fedcore.setup import checkpoint
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.simulate import simulate
 from tests.resume import assert_resumes_exactly
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,6 +14,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tomllib
 from collections.abc import Callable, Iterator
 from fnmatch import fnmatch
@@ -26,11 +27,11 @@ import pytest
 import fedcore
 from fedcore.cli import main
 from fedcore.config import Config, load_config
+from fedcore.deploy import compose
+from fedcore.deploy.compose import dumps_yaml, source_root, write_compose
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.ids import id_problem
-from fedcore.runners import compose
-from fedcore.runners.compose import dumps_yaml, source_root, write_compose
-from fedcore.runners.network import prepare_run
+from fedcore.setup.prepare import prepare_run
 from fedcore.topology import Topology
 
 REPO = Path(__file__).resolve().parents[1]
@@ -722,3 +723,33 @@ def test_missing_docker_compose_fails_when_required(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("FEDCORE_REQUIRE_COMPOSE", "0")
     with pytest.raises(pytest.skip.Exception):
         _compose_exe()
+
+
+_DATA_MODULES = ("sklearn", "fedcore.data", "fedcore.setup.training", "fedcore.models")
+
+
+def test_deployment_writers_load_no_dataset(tmp_path: Path) -> None:
+    """``fedcore compose``, ``compose --swarm`` and ``fedcore k8s`` write files from the
+    run plan alone: a fresh interpreter running all three never imports the data path (so
+    no dataset is loaded and no model built), and the files name every node."""
+    script = f"""
+import sys
+from fedcore.cli import main
+base = {str(tmp_path)!r}
+for argv in (
+    ["compose", "--out", base + "/compose"],
+    ["compose", "--swarm", "--out", base + "/swarm"],
+    ["k8s", "--out", base + "/k8s"],
+):
+    assert main([*argv, "-q", "--set", "topology.nodes=5"]) == 0, argv
+print(sorted(m for m in sys.modules if m.startswith({_DATA_MODULES!r})))
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+    for folder in ("compose", "swarm", "k8s"):
+        text = "".join(p.read_text() for p in (tmp_path / folder).rglob("*.y*ml"))
+        assert all(f"n{i}" in text for i in range(5)), folder

@@ -15,7 +15,7 @@ from fedcore import topology
 from fedcore.certs import init_certs
 from fedcore.config import PATH_KEYS, load_config
 from fedcore.errors import ConfigError
-from fedcore.runners.network import prepare_run
+from fedcore.setup.prepare import prepare_run
 from tests.clitools import cli
 
 SMALL = '[run]\nrounds = 2\neval_every = 1\n[data]\nbatch_size = 16\n[algorithm]\nname = "dpsgd"\n'
@@ -154,7 +154,7 @@ def test_a_compose_config_finds_its_graph_from_any_directory(
     """``fedcore compose`` writes ``topology.file = "topology/<file>"`` into DIR/config.toml:
     relative to that file, it is DIR/topology/<file> on the host, from any directory, and
     /fedcore/topology/<file> in a container (whose config is /fedcore/config.toml)."""
-    from fedcore.runners.compose import write_compose
+    from fedcore.deploy.compose import write_compose
 
     config = load_config(experiment(tmp_path / "exp", certs=False))
     out = tmp_path / "deploy"

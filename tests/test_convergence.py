@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from fedcore.config import load_config
-from fedcore.runners.simulate import simulate
+from fedcore.simulation.simulate import simulate
 
 pytestmark = pytest.mark.slow
 

@@ -41,10 +41,10 @@ import pytest
 
 from fedcore import certs
 from fedcore.config import Config, load_config
-from fedcore.runners.compose import write_compose
-from fedcore.runners.launch import summarize
-from fedcore.runners.simulate import simulate
-from fedcore.runners.stack import HOST_LABEL, write_stack
+from fedcore.deploy.compose import write_compose
+from fedcore.deploy.launch import summarize
+from fedcore.deploy.swarm import HOST_LABEL, write_stack
+from fedcore.simulation.simulate import simulate
 from tests import dockerd
 from tests.dockerd import Daemon
 
@@ -77,7 +77,16 @@ _INTERNAL = "networks:\n  default:\n    internal: true\n"
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
+def daemon(request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    mine = [i for i in request.session.items if i.get_closest_marker("docker")]
+    if os.environ.get("PYTEST_XDIST_WORKER") and not all(
+        i.nodeid.endswith("@docker") for i in mine
+    ):
+        # Each worker would stop the one daemon when its share of the tests ends.
+        pytest.fail(
+            "pytest-xdist did not group the docker tests on one worker (--dist=loadgroup "
+            "needs pytest<9 with pytest-xdist 3.8); run them with -n 0"
+        )
     d, _, _ = dockerd.prepared()
     yield d
     for kind, name in d.created:
@@ -352,7 +361,7 @@ def test_k8s_pods_run_in_the_image_as_their_manifests_say(
     container, passes once the peer is done."""
     import yaml
 
-    from fedcore.runners.k8s import write_k8s
+    from fedcore.deploy.k8s import write_k8s
 
     config, expected = tls_run
     folder = tmp_path / "k8s"

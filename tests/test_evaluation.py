@@ -27,11 +27,11 @@ from fedcore.config import load_config
 from fedcore.evaluation import hits, stacked_figures
 from fedcore.metrics import consensus_distance, evaluate_models, minimize
 from fedcore.models import Objective, build_model
-from fedcore.runners.network import prepare_run
-from fedcore.runners.regret import _binary_newton, regret_curve
-from fedcore.runners.simulate import simulate
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.regret import _binary_newton, regret_curve
+from fedcore.simulation.simulate import simulate
 
-_simulate = importlib.import_module("fedcore.runners.simulate")
+_simulate = importlib.import_module("fedcore.simulation.simulate")
 
 
 def _objective(model: str, features: int, classes: int, mode: str | None = None) -> Objective:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import load_config
-from fedcore.runners.network import prepare_run
+from fedcore.setup.prepare import prepare_run
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.toml"))
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fedcore.config import FaultsConfig, load_config
-from fedcore.runners.simulate import simulate
+from fedcore.simulation.simulate import simulate
 from fedcore.transport.faults import FaultPlan
 
 NODES = ["zeta", "a1", "n07", "Bob", "x-9"]

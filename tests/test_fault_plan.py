@@ -13,7 +13,7 @@ import torch
 from fedcore.config import FaultsConfig, load_config
 from fedcore.faults import REASONS, FaultPlan
 from fedcore.messages import Message
-from fedcore.runners.network import prepare_run
+from fedcore.setup.prepare import prepare_run
 from fedcore.transport import InProcessNetwork
 from fedcore.transport.base import TransportStats
 from fedcore.transport.faults import FaultyTransport

@@ -27,11 +27,11 @@ import torch
 from fedcore.certs import init_certs, load_tls
 from fedcore.compression import RawCodec
 from fedcore.config import load_config
+from fedcore.deploy.launch import launch
 from fedcore.messages import Message
 from fedcore.proto import peer_pb2 as pb
-from fedcore.runners.launch import launch
-from fedcore.runners.network import prepare_run
-from fedcore.runners.simulate import simulate
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.simulate import simulate
 from fedcore.transport.grpc.channel import open_channel
 from fedcore.transport.grpc.serde import header_to_proto, message_to_wire
 

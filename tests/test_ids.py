@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from fedcore.certs import init_certs, load_tls
 from fedcore.config import FaultsConfig, load_config
+from fedcore.deploy.launch import peer_dir, summarize
+from fedcore.deploy.roster import load_roster
 from fedcore.errors import ConfigError, FedcoreError, TopologyError
 from fedcore.ids import MAX_ID_LENGTH, check_node_id, child_path, clip, error_text, id_problem
-from fedcore.runners.launch import peer_dir, summarize
-from fedcore.runners.peer import load_roster
-from fedcore.runners.simulate import default_out_dir
+from fedcore.simulation.simulate import default_out_dir
 from fedcore.topology import TrustGraph, load
 from tests.clitools import one_line_error
 

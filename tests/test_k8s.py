@@ -29,13 +29,13 @@ import yaml
 from fedcore.certs import cert_node_ids, init_certs, load_tls
 from fedcore.cli import main
 from fedcore.config import Config, load_config
+from fedcore.deploy import k8s
+from fedcore.deploy.k8s import PEER_WRAPPER, PROBE_WRAPPER, Resources, write_k8s
+from fedcore.deploy.launch import free_ports
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.ids import id_problem
-from fedcore.runners import k8s
-from fedcore.runners.k8s import PEER_WRAPPER, PROBE_WRAPPER, Resources, write_k8s
-from fedcore.runners.launch import free_ports
-from fedcore.runners.network import prepare_run
-from fedcore.runners.simulate import simulate
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.simulate import simulate
 
 REPO = Path(__file__).resolve().parents[1]
 K8S_VERSION = "1.30"

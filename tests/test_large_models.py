@@ -180,7 +180,7 @@ def test_per_node_maps_are_left_out_above_the_limit(
     from fedcore import metrics
     from fedcore.config import load_config
 
-    sim = importlib.import_module("fedcore.runners.simulate")
+    sim = importlib.import_module("fedcore.simulation.simulate")
 
     config = load_config(None, ["run.rounds=2", "topology.nodes=6", "run.eval_every=1"])
     small = sim.simulate(config, out_dir=tmp_path / "small", show_progress=False)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import load_config
-from fedcore.runners.launch import _Children, free_ports, launch
-from fedcore.runners.simulate import simulate
+from fedcore.deploy.launch import _Children, free_ports, launch
+from fedcore.simulation.simulate import simulate
 
 pytestmark = pytest.mark.grpc
 
@@ -203,10 +203,11 @@ def test_peers_finish_their_run_under_hostile_pushes(tmp_path: Path) -> None:
     import torch
 
     from fedcore.compression import RawCodec
+    from fedcore.engines.messages import build_network
     from fedcore.messages import Message
     from fedcore.metrics import params_sha256
     from fedcore.proto import peer_pb2_grpc as pb_grpc
-    from fedcore.runners.network import build_network, prepare_run
+    from fedcore.setup.prepare import prepare_run
     from fedcore.transport.grpc import GrpcTransport
     from fedcore.transport.grpc.serde import message_to_chunks
 

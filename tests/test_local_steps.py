@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from fedcore.config import load_config
+from fedcore.engines.messages import build_network
+from fedcore.engines.vectorized import VectorizedNetwork
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.metrics import params_sha256
 from fedcore.node import Node
-from fedcore.runners.network import build_network, prepare_run
-from fedcore.runners.vectorized import VectorizedNetwork
+from fedcore.setup.prepare import prepare_run
 from tests.clitools import TINY, cli
 from tests.resume import assert_resumes_exactly
 from tests.test_optimizer_runs import CRASHES

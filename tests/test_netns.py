@@ -263,7 +263,7 @@ def _expand(ranges: list[list[int]]) -> set[int]:
 
 def test_peers_in_their_own_namespaces_match_simulate(hosts: Hosts, tmp_path: Path) -> None:
     """Strict mode, four peers on four network stacks: the same run as in one process."""
-    from fedcore.runners.simulate import simulate
+    from fedcore.simulation.simulate import simulate
 
     rounds = 20
     config = load_config(

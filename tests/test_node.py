@@ -190,7 +190,7 @@ def test_deadline_in_asyncio_does_not_block_other_nodes() -> None:
 @pytest.mark.parametrize("algorithm,spec", [("ops", "social:8"), ("dpsgd", "torus:3x3")])
 def test_shared_decoding_changes_nothing(algorithm: str, spec: str) -> None:
     """Receivers sharing one decoded tensor get bit-identical results (inboxes are read-only)."""
-    from fedcore.runners.network import build_network
+    from fedcore.engines.messages import build_network
     from fedcore.topology import parse_spec
 
     config = _small(algorithm, spec).config

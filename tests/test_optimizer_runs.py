@@ -17,12 +17,14 @@ import torch
 
 from fedcore.algorithms.optim import OPTIMIZERS, Optimizer
 from fedcore.config import OPTIMIZER_NAMES, load_config
+from fedcore.engines.messages import build_network
+from fedcore.engines.vectorized import VectorizedNetwork
 from fedcore.errors import ConfigError
 from fedcore.metrics import params_sha256
 from fedcore.node import Node
-from fedcore.runners import checkpoint
-from fedcore.runners.network import build_network, node_optimizer, prepare_run
-from fedcore.runners.vectorized import VectorizedNetwork
+from fedcore.setup import checkpoint
+from fedcore.setup.plan import node_optimizer
+from fedcore.setup.prepare import prepare_run
 from tests.clitools import TINY, assert_one_line_error, cli
 from tests.resume import assert_resumes_exactly
 from tests.test_vectorized import BATCHED, GRAPHS, _config, assert_same_run

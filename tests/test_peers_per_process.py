@@ -19,12 +19,12 @@ import pytest
 
 from fedcore import cli
 from fedcore.config import load_config
+from fedcore.deploy.launch import free_ports, launch
+from fedcore.deploy.peer import run_peer
+from fedcore.engines.messages import build_network
 from fedcore.metrics import params_sha256
 from fedcore.progress import StatusLine, read_stage
-from fedcore.runners.launch import free_ports, launch
-from fedcore.runners.network import build_network
-from fedcore.runners.peer import run_peer
-from fedcore.runners.simulate import simulate
+from fedcore.simulation.simulate import simulate
 
 pytestmark = pytest.mark.grpc
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from fedcore.config import load_config
 from fedcore.errors import ConfigError, DataError
 from fedcore.metrics import dynamic_regret, minimize, static_regret
-from fedcore.runners.network import prepare_run
-from fedcore.runners.simulate import simulate
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.simulate import simulate
 from fedcore.streams import SyntheticDrift
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from fedcore.runners import checkpoint
-from fedcore.runners.simulate import run_name
+from fedcore.setup import checkpoint
+from fedcore.simulation.simulate import run_name
 from tests.clitools import assert_one_line_error, cli
 
 SMALL = ["--set", "run.rounds=120", "--set", "run.eval_every=40"]
@@ -80,7 +80,7 @@ def test_default_name_says_what_set_changed(
 
 def test_run_name_keeps_the_files_name_and_adds_overrides() -> None:
     from fedcore.config import load_config
-    from fedcore.runners.network import prepare_run
+    from fedcore.setup.prepare import prepare_run
 
     config = load_config(None, ["run.name=online-ops", "run.rounds=2"])
     setup = prepare_run(config)
@@ -132,7 +132,7 @@ def test_a_run_without_checkpoints_says_how_to_make_it_resumable(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from fedcore.runners import vectorized
+    from fedcore.engines import vectorized
 
     real = vectorized.Flusher.add
 
@@ -160,8 +160,8 @@ def test_a_run_without_checkpoints_says_how_to_make_it_resumable(
 def test_a_failed_run_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from fedcore.engines import vectorized
     from fedcore.errors import AlgorithmError
-    from fedcore.runners import vectorized
 
     real = vectorized.VectorizedNetwork.run_round
 
@@ -203,7 +203,7 @@ def test_ctrl_c_in_a_flush_counts_no_round_twice(
 ) -> None:
     """Stopped half-way through reading back a batch of rounds: the partial summary counts
     each round once (the rest of the batch is left out, not replayed)."""
-    from fedcore.runners.simulate import RunObserver
+    from fedcore.simulation.simulate import RunObserver
 
     real = RunObserver.end_round
     stops = []
@@ -232,8 +232,7 @@ def test_ctrl_c_in_a_flush_counts_no_round_twice(
 def test_ctrl_c_while_writing_the_results_leaves_a_summary(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The module (fedcore.runners exports a function of the same name).
-    simulate = importlib.import_module("fedcore.runners.simulate")
+    simulate = importlib.import_module("fedcore.simulation.simulate")
 
     def regret(*args: Any) -> None:
         raise KeyboardInterrupt
@@ -359,5 +358,5 @@ def test_debug_lines_are_fedcores_not_every_librarys(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "DEBUG fedcore.runners" in done.stderr and "evaluated" in done.stderr
+    assert "DEBUG fedcore.simulation" in done.stderr and "evaluated" in done.stderr
     assert "matplotlib" not in done.stderr and "font" not in done.stderr.lower()

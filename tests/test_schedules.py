@@ -12,7 +12,7 @@ import pytest
 from fedcore.config import load_config
 from fedcore.errors import ConfigError
 from fedcore.node import lr_at
-from fedcore.runners.simulate import simulate
+from fedcore.simulation.simulate import simulate
 
 
 def test_warm_up_rises_linearly_to_the_base_rate() -> None:
@@ -100,7 +100,7 @@ def test_a_batch_larger_than_a_nodes_data_warns_only_under_lr_scaling(
 ) -> None:
     """Batches are clipped to a node's data; only lr_scaling (which scales by the configured
     batch size) makes that worth a warning."""
-    from fedcore.runners.network import prepare_run
+    from fedcore.setup.prepare import prepare_run
 
     big = ["data.batch_size=512", "topology.nodes=4"]
     with caplog.at_level("INFO", logger="fedcore"):

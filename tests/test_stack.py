@@ -1,4 +1,4 @@
-"""``fedcore compose --swarm`` (:mod:`fedcore.runners.stack`): the stack file, the folder
+"""``fedcore compose --swarm`` (:mod:`fedcore.deploy.swarm`): the stack file, the folder
 beside it and ``gather.sh``, checked without a swarm.
 
 What a real swarm makes of the stack is tests/test_docker.py's business. Here: the services
@@ -25,9 +25,9 @@ import yaml
 
 from fedcore.certs import init_certs
 from fedcore.config import Config, load_config
-from fedcore.runners.compose import DEFAULT_IMAGE
-from fedcore.runners.network import prepare_run
-from fedcore.runners.stack import stack_document, write_stack
+from fedcore.deploy.compose import DEFAULT_IMAGE
+from fedcore.deploy.swarm import stack_document, write_stack
+from fedcore.setup.prepare import prepare_run
 from tests.clitools import cli, one_line_error
 
 REPO = Path(__file__).resolve().parents[1]

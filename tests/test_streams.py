@@ -11,7 +11,7 @@ import torch
 from fedcore.config import load_config
 from fedcore.data import BatchStream, Dataset
 from fedcore.errors import DataError
-from fedcore.runners.simulate import simulate
+from fedcore.simulation.simulate import simulate
 from fedcore.streams import SyntheticDrift, load_source
 
 

@@ -1,4 +1,4 @@
-"""Seed sweeps: ``fedcore simulate --seeds`` (``fedcore.runners.sweep``)."""
+"""Seed sweeps: ``fedcore simulate --seeds`` (``fedcore.simulation.sweep``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from fedcore.cli import main
 from fedcore.data import Dataset, digits
-from fedcore.runners.sweep import FIGURES, final_figures, mean_std, parse_seeds
+from fedcore.simulation.sweep import FIGURES, final_figures, mean_std, parse_seeds
 from tests.clitools import PNG_MAGIC, TINY, cli, one_line_error
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,13 +22,13 @@ from fedcore.algorithms import Inbox, NodeRule, RoundContext, make_algorithm
 from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.reference import ModelState
 from fedcore.config import load_config
+from fedcore.deploy.launch import user_code_roots
+from fedcore.engines.vectorized import unsupported
 from fedcore.errors import ConfigError
 from fedcore.messages import MessageSchema, Payload
-from fedcore.runners.launch import user_code_roots
-from fedcore.runners.network import prepare_run
-from fedcore.runners.simulate import choose_engine, run_name
-from fedcore.runners.sweep import sweep_name
-from fedcore.runners.vectorized import unsupported
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.simulate import choose_engine, run_name
+from fedcore.simulation.sweep import sweep_name
 from fedcore.testing import TestNetwork, VectorizedTestNetwork, make_network
 from tests.clitools import cli, one_line_error
 

@@ -25,10 +25,12 @@ from fedcore.algorithms import ALGORITHMS
 from fedcore.algorithms.batched import has_batched_form
 from fedcore.config import Config, load_config
 from fedcore.data import Dataset
+from fedcore.engines.messages import build_network
+from fedcore.engines.vectorized import VectorizedNetwork, unsupported
 from fedcore.errors import ConfigError
-from fedcore.runners.network import build_network, build_topology, prepare_run
-from fedcore.runners.simulate import RunObserver, choose_engine, run_vectorized
-from fedcore.runners.vectorized import VectorizedNetwork, unsupported
+from fedcore.setup.plan import build_topology
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.simulate import RunObserver, choose_engine, run_vectorized
 
 ROUNDS = 20
 
@@ -438,7 +440,7 @@ def test_the_test_harness_offers_the_vectorized_engine() -> None:
 def test_a_diverged_message_stops_either_engine(engine: str, tmp_path: Any) -> None:
     """Strict mode: a receiver refuses a message holding non-finite values, on both engines."""
     from fedcore.errors import ProtocolError
-    from fedcore.runners.simulate import simulate
+    from fedcore.simulation.simulate import simulate
 
     config = _config("dpsgd", "fp32", False, "algorithm.lr=1e39", f"simulate.engine={engine}")
     with pytest.raises(ProtocolError, match="non-finite"):

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from fedcore.config import load_config
+from fedcore.engines.vectorized import VectorizedNetwork, resolve_device
 from fedcore.errors import ConfigError
-from fedcore.runners.network import prepare_run
-from fedcore.runners.simulate import RunObserver, run_vectorized
-from fedcore.runners.vectorized import VectorizedNetwork, resolve_device
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.simulate import RunObserver, run_vectorized
 
 CASES = {
     "ops-robust-faults": [

@@ -21,8 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcore.config import Config, load_config
-from fedcore.runners.network import Network, build_network, prepare_run
-from fedcore.runners.vectorized import VectorizedNetwork
+from fedcore.engines.messages import Network, build_network
+from fedcore.engines.vectorized import VectorizedNetwork
+from fedcore.setup.prepare import prepare_run
 
 ENGINES = ("messages", "vectorized")
 

@@ -1,4 +1,4 @@
-"""The small YAML emitter (:mod:`fedcore.runners.yamlout`): what it writes reads back, through
+"""The small YAML emitter (:mod:`fedcore.deploy.yamlout`): what it writes reads back, through
 PyYAML's safe loader, as exactly the document it was given."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.runners import compose
-from fedcore.runners.yamlout import FLOW_WIDTH, dumps_yaml, dumps_yaml_all, quote
+from fedcore.deploy import compose
+from fedcore.deploy.yamlout import FLOW_WIDTH, dumps_yaml, dumps_yaml_all, quote
 
 yaml = pytest.importorskip("yaml")
 

@@ -1,6 +1,6 @@
 """The vectorized engine's side of an algorithm: a rule run on every node at once.
 
-The vectorized engine (:mod:`fedcore.runners.vectorized`) holds every node's state
+The vectorized engine (:mod:`fedcore.engines.vectorized`) holds every node's state
 stacked along a leading node dimension (parameters as one ``[N, d]`` tensor, push-sum
 weights as ``[N]``, state per edge as ``[E, ...]``) and calls :meth:`BatchedAlgorithm.round`
 once per round. :class:`BatchedRule` runs a :class:`~fedcore.algorithms.rule.Rule` with

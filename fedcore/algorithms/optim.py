@@ -5,7 +5,7 @@ Each optimizer is a pair of pure functions with explicit state, in the spirit of
 applies ``x <- x - u`` wherever its algorithm applied ``x <- x - lr * g`` (for push-sum the
 gradient is taken at the de-biased ``z`` and ``u`` goes on the numerator, as SGP does).
 The state (momentum, Adam moments, step count) is the node's own: it is never sent, and it
-is a NamedTuple of tensors so checkpoints carry it (:mod:`fedcore.runners.checkpoint`).
+is a NamedTuple of tensors so checkpoints carry it (:mod:`fedcore.setup.checkpoint`).
 
 The same functions take one node's flat parameters ``[d]`` or every node's stacked
 ``[N, d]``: norms and every other reduction run over the last axis only, per layer, and

@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
-import networkx as nx
 import numpy as np
 import numpy.typing as npt
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import connected_components
 
 from fedcore.errors import TopologyError
 from fedcore.ids import clip, unsafe_id
+
+if TYPE_CHECKING:  # networkx and scipy are imported where used: `fedcore topology show` and
+    # a config error answer without them (about 0.3 s of imports)
+    import networkx as nx
 
 __all__ = ["NodeId", "TrustGraph", "format_components", "format_nodes"]
 
@@ -151,6 +152,8 @@ class TrustGraph:
     _weighted: bool
 
     def __init__(self, graph: nx.Graph, *, name: str, nodes: Sequence[str] | None = None) -> None:
+        import networkx as nx
+
         if not isinstance(name, str) or not name.strip():
             raise TopologyError(f"A trust graph needs a non-empty name, not {name!r}.")
         if not isinstance(graph, nx.Graph) or graph.is_multigraph():
@@ -294,6 +297,8 @@ class TrustGraph:
             src = np.fromiter((index[u] for u, _ in pairs), dtype=np.int64, count=len(pairs))
             dst = np.fromiter((index[v] for _, v in pairs), dtype=np.int64, count=len(pairs))
             return cls.from_index_edges(src, dst, name=name, nodes=order)
+        import networkx as nx
+
         graph = nx.DiGraph()  # the constructor names what is wrong
         graph.add_nodes_from(order)
         graph.add_edges_from(pairs)
@@ -407,6 +412,8 @@ class TrustGraph:
 
     def _nx(self) -> nx.DiGraph:
         if self._graph is None:
+            import networkx as nx
+
             copy = nx.DiGraph(name=self._name)
             copy.add_nodes_from(self._nodes)
             for (u, v), w in self._edge_data().items():
@@ -484,6 +491,8 @@ class TrustGraph:
     def hops_from(self, u: str) -> dict[str, int]:
         """Node -> the number of edges on a shortest path from ``u`` to it (``u``: 0; nodes
         ``u`` cannot reach are absent)."""
+        import networkx as nx
+
         self._require(u)
         hops: dict[str, int] = nx.single_source_shortest_path_length(self._nx(), u)
         return hops
@@ -558,6 +567,9 @@ class TrustGraph:
         return self._rank
 
     def _components(self) -> tuple[int, _Ints]:
+        from scipy.sparse import csr_matrix
+        from scipy.sparse.csgraph import connected_components
+
         n = len(self._nodes)
         ones = np.ones(self._src.size, dtype=np.int8)
         matrix = csr_matrix((ones, (self._src, self._dst)), shape=(n, n))

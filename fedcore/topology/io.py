@@ -42,8 +42,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
-
 from fedcore.errors import TopologyError
 from fedcore.ids import clip, unsafe_id
 from fedcore.topology.graph import TrustGraph
@@ -101,6 +99,8 @@ def _assemble(name: str, nodes: list[str], edges: list[_Edge], labels: list[str]
 
     ``labels[i]`` says where edge i came from ("entry 3", "line 7") for messages.
     """
+    import networkx as nx  # here: `topology show` of a generated kind needs none
+
     if not nodes:
         raise _FileProblem("the graph is empty: it has no nodes and no edges")
     if len(nodes) == 1:
@@ -239,6 +239,8 @@ def _read_plain(path: Path, text: str) -> TrustGraph:
 
 
 def _read_graphml(path: Path) -> TrustGraph:
+    import networkx as nx
+
     try:
         graph = nx.read_graphml(path)
     except (ET.ParseError, nx.NetworkXError, ValueError, KeyError, TypeError) as e:
@@ -351,6 +353,8 @@ def save(t: TrustGraph, path: str | os.PathLike[str]) -> None:
     suffix = _suffix(file)
     try:
         if suffix == ".graphml":
+            import networkx as nx
+
             nx.write_graphml(t.digraph, file)
         elif suffix == ".json":
             file.write_text(_json_text(t), encoding="utf-8")

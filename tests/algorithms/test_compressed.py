@@ -193,7 +193,7 @@ def test_over_the_network_deepsqueeze_keeps_the_mean_naive_does_not() -> None:
 def test_choco_refuses_a_schedule() -> None:
     """CHOCO's weighted sums of public copies need the same weights every round."""
     from fedcore.config import load_config
-    from fedcore.runners.network import prepare_run
+    from fedcore.setup.prepare import prepare_run
     from fedcore.topology import Schedule
 
     ring, torus = parse_spec("ring:9"), parse_spec("torus:3x3")

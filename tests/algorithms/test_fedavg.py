@@ -10,8 +10,9 @@ import torch
 
 from fedcore.algorithms.server import sample_workers
 from fedcore.config import load_config
+from fedcore.engines.messages import build_network
 from fedcore.errors import ConfigError, TopologyError
-from fedcore.runners.network import build_network, prepare_run
+from fedcore.setup.prepare import prepare_run
 from tests.clitools import TINY, cli
 from tests.resume import assert_resumes_exactly
 
@@ -148,7 +149,7 @@ def test_fedavg_runs_ten_thousand_workers_on_the_vectorized_engine() -> None:
     round, 5 local steps; the server is one more row. Only the sampled workers train and
     talk, and the global model moves."""
     from fedcore.data import Dataset
-    from fedcore.runners.vectorized import VectorizedNetwork
+    from fedcore.engines.vectorized import VectorizedNetwork
 
     gen = torch.Generator().manual_seed(0)
     centers = torch.randn(4, 8, generator=gen)

@@ -34,7 +34,7 @@ from fedcore.algorithms.dpsgd import DPSGDRule
 from fedcore.algorithms.online import DOGRule, DOLRule
 from fedcore.errors import TopologyError
 from fedcore.messages import Payload
-from fedcore.runners.network import communication_graph
+from fedcore.setup.plan import communication_graph
 from fedcore.testing import lockstep, make_network
 from fedcore.topology import (
     Topology,

@@ -16,7 +16,7 @@ import torch
 
 from fedcore.algorithms.optim import OPTIMIZERS, make_optimizer
 from fedcore.errors import ConfigError
-from fedcore.runners import checkpoint
+from fedcore.setup import checkpoint
 
 D = 7
 SEGMENTS = [("w", 0, 5), ("b", 5, 2)]

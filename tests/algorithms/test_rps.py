@@ -23,7 +23,7 @@ from fedcore.compression import Codec, get_codec
 from fedcore.config import TopologyConfig
 from fedcore.errors import AlgorithmError, ConfigError, TopologyError
 from fedcore.messages import Payload
-from fedcore.runners.network import build_topology, communication_graph
+from fedcore.setup.plan import build_topology, communication_graph
 from fedcore.testing import lockstep, make_network
 from fedcore.topology import Schedule, TrustGraph, complete, parse_spec, prepare, ring
 

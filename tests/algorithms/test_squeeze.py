@@ -14,9 +14,10 @@ from fedcore.algorithms.base import RoundContext
 from fedcore.algorithms.squeeze import APMSqueeze, APMSqueezeRule, DoubleSqueeze
 from fedcore.compression import Codec, RawCodec, get_codec, make_codec
 from fedcore.config import load_config
+from fedcore.engines.messages import build_network
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import EncodedTensor, Payload
-from fedcore.runners.network import build_network, prepare_run
+from fedcore.setup.prepare import prepare_run
 from tests.resume import assert_resumes_exactly
 
 DOUBLE = ["algorithm.name=doublesqueeze", "topology.kind=star", "model.name=mlp"]

@@ -183,7 +183,7 @@ def test_fp8_end_to_end_on_both_engines(
 def test_the_float_options_reach_every_engine(tmp_path: Path) -> None:
     """``compression.exp_bits``/``man_bits`` (not only the defaults) on both engines."""
     from fedcore.config import load_config
-    from fedcore.runners.simulate import simulate
+    from fedcore.simulation.simulate import simulate
 
     base = ["run.rounds=6", "compression.codec=float", "compression.exp_bits=5"]
     base += ["compression.man_bits=2", "algorithm.name=dpsgd", "topology.kind=ring"]
@@ -273,7 +273,7 @@ def test_aps_flushes_fewer_of_a_real_gradient_to_zero() -> None:
     """On the digits MLP's real gradient, a 4-bit (e3m0) and an e4m3 cast flush most small
     values to zero; APS's shifts keep many more of them."""
     from fedcore.config import load_config
-    from fedcore.runners.network import prepare_run
+    from fedcore.setup.prepare import prepare_run
 
     setup = prepare_run(load_config(None, ["model.name=mlp", "topology.nodes=4"]))
     objective = setup.objective()

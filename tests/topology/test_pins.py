@@ -19,7 +19,8 @@ import torch
 from fedcore import topology
 from fedcore.algorithms.batched import stack_graph
 from fedcore.config import load_config
-from fedcore.runners.network import build_topology, prepare_run
+from fedcore.setup.plan import build_topology
+from fedcore.setup.prepare import prepare_run
 from fedcore.topology import Schedule, TrustGraph
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {

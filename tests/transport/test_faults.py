@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fedcore.config import FaultsConfig, config_from_dict, config_to_dict, dumps_toml, load_config
 from fedcore.errors import ConfigError
-from fedcore.runners.simulate import simulate
+from fedcore.simulation.simulate import simulate
 from fedcore.transport.faults import FaultPlan
 
 NODES = [f"n{i}" for i in range(6)]

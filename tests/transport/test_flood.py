@@ -20,7 +20,7 @@ import pytest
 
 from fedcore.certs import init_certs
 from fedcore.config import load_config
-from fedcore.runners.launch import launch
+from fedcore.deploy.launch import launch
 
 FLOODER = r"""
 import asyncio, json, sys, time

@@ -22,7 +22,7 @@ from fedcore.compression import get_codec, make_codec
 from fedcore.config import load_config
 from fedcore.messages import Message
 from fedcore.proto import peer_pb2 as pb
-from fedcore.runners.network import prepare_run
+from fedcore.setup.prepare import prepare_run
 from fedcore.transport.grpc import GrpcTransport
 from fedcore.transport.grpc.serde import header_to_proto, message_to_wire, parse_chunk
 

@@ -22,7 +22,7 @@ from fedcore.config import load_config
 from fedcore.errors import MessageRefusedError
 from fedcore.messages import Message
 from fedcore.proto import peer_pb2 as pb
-from fedcore.runners.network import RunSetup, prepare_run
+from fedcore.setup.prepare import RunSetup, prepare_run
 from fedcore.transport.grpc import GrpcTransport
 from fedcore.transport.grpc.serde import header_to_proto, message_to_wire
 

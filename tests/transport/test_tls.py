@@ -18,12 +18,12 @@ from fedcore.certs import TlsFiles, cert_node_ids, init_certs, load_tls
 from fedcore.cli import main as cli
 from fedcore.compression import RawCodec
 from fedcore.config import load_config
+from fedcore.deploy.launch import launch
 from fedcore.errors import ConfigError, UntrustedPeerError
 from fedcore.messages import Message
 from fedcore.node import Node, RoundRecord
-from fedcore.runners.launch import launch
-from fedcore.runners.network import prepare_run
-from fedcore.runners.simulate import simulate
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.simulate import simulate
 from fedcore.transport.grpc import GrpcTransport
 from fedcore.transport.grpc.channel import open_channel, probe_health
 from fedcore.transport.grpc.serde import message_to_wire

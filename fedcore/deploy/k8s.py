@@ -95,9 +95,7 @@ from typing import Any
 import fedcore
 from fedcore.certs import load_tls
 from fedcore.config import Config, dumps_toml
-from fedcore.errors import ConfigError
-from fedcore.ids import child_path, clip
-from fedcore.runners.compose import (
+from fedcore.deploy.compose import (
     _CONFIG,
     _OUT,
     _ROSTER,
@@ -109,8 +107,10 @@ from fedcore.runners.compose import (
     health_args,
     peer_args,
 )
-from fedcore.runners.network import prepare_run
-from fedcore.runners.yamlout import dumps_yaml
+from fedcore.deploy.yamlout import dumps_yaml
+from fedcore.errors import ConfigError
+from fedcore.ids import child_path, clip
+from fedcore.setup.plan import plan_run
 
 __all__ = [
     "CONTAINER_ROOT",
@@ -458,8 +458,8 @@ def k8s_manifests(
     """
     resources = resources or Resources()
     resources.check()
-    setup = prepare_run(config)
-    nodes = list(setup.graph.nodes)
+    plan = plan_run(config)
+    nodes = list(plan.graph.nodes)
     _check_names(
         nodes, name=name, namespace=namespace, cluster_domain=cluster_domain, image=image, port=port
     )

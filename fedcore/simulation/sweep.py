@@ -44,8 +44,8 @@ from fedcore.config import Config, load_config, parse_override
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import child_path, clip, first_line
 from fedcore.metrics import to_json_text, write_text_atomic
-from fedcore.runners.network import configured_algorithm
-from fedcore.runners.simulate import RUN_FILES, name_part, open_run_dir, simulate
+from fedcore.setup.plan import configured_algorithm
+from fedcore.simulation.simulate import RUN_FILES, name_part, open_run_dir, simulate
 
 __all__ = [
     "FIGURES",

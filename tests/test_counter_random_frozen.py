@@ -1,6 +1,6 @@
 """The keyed hash and its draws, frozen as digests (one element at a time, and broadcast).
 
-Fault plans, online streams and codecs draw from :mod:`fedcore.keyed`; runs replay only
+Fault plans, online streams and codecs draw from :mod:`fedcore.counter_random`; runs replay only
 while every word and every float it returns stays the same. The functions use only
 operations IEEE 754 rounds exactly, so these digests hold on every machine. They were
 taken from the scalar Python twin the module had before its tensor form became the only
@@ -14,7 +14,7 @@ import struct
 
 import torch
 
-from fedcore import keyed
+from fedcore import counter_random as keyed
 from fedcore.streams import SyntheticDrift
 
 KEY = keyed.make_key("tests.keyed.frozen", 3, 1)

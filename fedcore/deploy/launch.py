@@ -39,14 +39,15 @@ import torch
 import fedcore
 from fedcore.certs import check_tls_dir
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
+from fedcore.deploy.peer import model_path
 from fedcore.errors import ConfigError, TransportError
 from fedcore.ids import child_path
 from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
-from fedcore.progress import STATUS_FILE, Progress, StatusLine, read_stage
-from fedcore.runners.network import RunSetup, prepare_run, round_drift
-from fedcore.runners.peer import model_path
-from fedcore.runners.simulate import RunObserver, finish_run, open_run_dir, run_name
+from fedcore.progress import STATUS_FILE, Progress, StatusLine, announce_if_slow, read_stage
+from fedcore.setup.plan import planned_nodes, round_drift
+from fedcore.setup.prepare import RunSetup, prepare_run
+from fedcore.simulation.simulate import RunObserver, finish_run, open_run_dir, run_name
 
 __all__ = ["free_ports", "launch", "peer_dir", "read_params", "summarize", "user_code_roots"]
 
@@ -98,7 +99,7 @@ def peer_dir(out: Path, node: str) -> Path:
 
 
 def read_params(path: Path) -> torch.Tensor:
-    """Parameters written by :func:`fedcore.runners.peer.write_params`."""
+    """Parameters written by :func:`fedcore.deploy.peer.write_params`."""
     return torch.from_numpy(np.fromfile(path, dtype="<f4").copy())
 
 
@@ -234,7 +235,7 @@ def launch(
     """Run the peers of ``config`` as processes over gRPC; return the summary.
 
     ``overrides`` (the ``--set`` items ``config`` was loaded with) name the run, as in
-    :func:`~fedcore.runners.simulate.simulate`, and the summary keeps them. With
+    :func:`~fedcore.simulation.simulate.simulate`, and the summary keeps them. With
     ``peers_per_process`` K > 1, each process hosts K peers (the last one fewer), in graph
     order: ceil(N / K) processes, each one torch and one event loop, every peer still its
     own server and folder; the results are the same as with one process a peer.
@@ -251,11 +252,9 @@ def launch(
             f"--peers-per-process must be at least 1, got {peers_per_process}: each process "
             "hosts that many peers (1, the default: a process each)."
         )
-    setup = prepare_run(
-        config,
-        progress=(progress_stream or sys.stderr) if show_progress else None,
-        hosts_all=True,
-    )
+    stream = (progress_stream or sys.stderr) if show_progress else None
+    with announce_if_slow(stream, planned_nodes(config)):
+        setup = prepare_run(config, hosts_all=True)
     nodes = setup.graph.nodes
     if config.transport.tls_dir is not None:  # before any peer starts (and fails on it)
         check_tls_dir(config.transport.tls_dir, nodes)

@@ -28,6 +28,14 @@ import torch
 from fedcore.algorithms.user import is_import_path
 from fedcore.config import NODE_MAPS_NODES, Config, config_to_dict, dumps_toml, load_config
 from fedcore.data import Dataset
+from fedcore.engines.messages import Network, build_network
+from fedcore.engines.vectorized import (
+    Flusher,
+    VectorizedNetwork,
+    node_records_mode,
+    resolve_device,
+    unsupported,
+)
 from fedcore.errors import ConfigError
 from fedcore.ids import child_path, first_line
 from fedcore.metrics import (
@@ -41,18 +49,12 @@ from fedcore.metrics import (
 )
 from fedcore.models import Objective
 from fedcore.node import Node, RoundRecord
-from fedcore.progress import Progress
-from fedcore.runners import checkpoint
-from fedcore.runners.network import Network, RunSetup, build_network, prepare_run
-from fedcore.runners.regret import RegretTracker
-from fedcore.runners.regret import applies as regret_applies
-from fedcore.runners.vectorized import (
-    Flusher,
-    VectorizedNetwork,
-    node_records_mode,
-    resolve_device,
-    unsupported,
-)
+from fedcore.progress import Progress, announce_if_slow
+from fedcore.setup import checkpoint
+from fedcore.setup.plan import planned_nodes
+from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
+from fedcore.simulation.regret import RegretTracker
+from fedcore.simulation.regret import applies as regret_applies
 from fedcore.topology import spectral_gap
 
 __all__ = [
@@ -345,7 +347,7 @@ class RunObserver:
         dropped: int,
     ) -> float:
         """Account round ``t`` as complete, every node's record observed (the vectorized
-        engine's :class:`~fedcore.runners.vectorized.Flusher` calls this itself), and
+        engine's :class:`~fedcore.engines.vectorized.Flusher` calls this itself), and
         write its ``"kind": "round"`` record; ``losses`` are the up nodes'. Returns the
         round's training loss (NaN when every node was down)."""
         train_loss = sum(losses) / len(losses) if losses else math.nan
@@ -448,7 +450,9 @@ def simulate(
         TransportTimeoutError: a strict-mode node waited too long.
     """
     stream = progress_stream if progress_stream is not None else sys.stderr
-    setup = prepare_run(config, progress=stream if show_progress else None, hosts_all=True)
+    with announce_if_slow(stream if show_progress else None, planned_nodes(config)):
+        setup = prepare_run(config, hosts_all=True)
+    seed_torch(config)
     engine, why = choose_engine(setup, config.simulate.engine)
     if why is not None:
         logger.info("engine: messages (%s)", why)
@@ -502,6 +506,7 @@ def resume(
         )
     config = load_config(out / "config.toml")
     setup = prepare_run(config, hosts_all=True)
+    seed_torch(config)
     saved = checkpoint.latest(out / CHECKPOINTS)
     if saved is not None and saved.get("kind") != "simulate":
         raise ConfigError(f"{str(out / CHECKPOINTS)!r} holds a peer's checkpoints, not a run's.")
@@ -768,7 +773,7 @@ def run_vectorized(
     save: Callable[[int, dict[str, Any]], None] | None = None,
     saved: Mapping[str, Any] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Run every round of a :class:`~fedcore.runners.vectorized.VectorizedNetwork`,
+    """Run every round of a :class:`~fedcore.engines.vectorized.VectorizedNetwork`,
     accounting into ``observer``; checkpoint through ``save`` every
     ``run.checkpoint_every`` rounds, and continue from checkpoint ``saved``. Returns
     every node's final parameters (on the CPU)."""

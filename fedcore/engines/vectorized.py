@@ -1,6 +1,6 @@
 """The vectorized engine of ``fedcore simulate``: every node's round at once.
 
-The message engine (:mod:`fedcore.runners.network`) runs one asyncio :class:`~fedcore.node.
+The message engine (:mod:`fedcore.setup.prepare`) runs one asyncio :class:`~fedcore.node.
 Node` per peer, each encoding, routing, decoding and validating message objects: the
 reference, and exactly what gRPC peers do. This engine holds every node's state stacked
 along a leading node dimension and applies each round to all nodes at once:
@@ -8,7 +8,7 @@ along a leading node dimension and applies each round to all nodes at once:
 * parameters as one ``[N, d]`` tensor; each algorithm's extra state stacked the same way
   (:mod:`fedcore.algorithms.batched`); mixing slot by slot of a padded in-neighbour table
   built from the same weighted communication graph (one per round of a schedule);
-* gradients of all nodes in one ``vmap`` call (:class:`~fedcore.stacked.StackedObjective`)
+* gradients of all nodes in one ``vmap`` call (:class:`~fedcore.stacked_training.StackedObjective`)
   on batches drawn exactly as each node's stream draws them;
 * codecs round-tripping many messages at once, bit for bit as the per-message codec
   (:class:`~fedcore.compression.batched.RowCodec`), so bytes and compression ratios are
@@ -58,12 +58,12 @@ from fedcore.config import AUTO_RECORDS_NODES, Config
 from fedcore.errors import CompressionError, ConfigError, DataError
 from fedcore.evaluation import stacked_figures
 from fedcore.metrics import JsonlWriter, evaluation_record
-from fedcore.models import physical_memory
 from fedcore.node import RoundRecord
 from fedcore.progress import Progress
-from fedcore.runners import checkpoint
-from fedcore.runners.network import RunSetup
-from fedcore.stacked import StackedBatches, StackedObjective
+from fedcore.runtime import physical_memory
+from fedcore.setup import checkpoint
+from fedcore.setup.prepare import RunSetup
+from fedcore.stacked_training import StackedBatches, StackedObjective
 
 __all__ = ["VectorizedNetwork", "node_records_mode", "resolve_device", "unsupported"]
 
@@ -258,7 +258,7 @@ class VectorizedNetwork:
         self, t: int, up: np.ndarray[Any, np.dtype[np.bool_]]
     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         """Each up node's batch of round ``t`` as ``(rows, x, y, mask)`` groups (see
-        :meth:`~fedcore.stacked.StackedBatches.next`)."""
+        :meth:`~fedcore.stacked_training.StackedBatches.next`)."""
         if self.batches is not None:
             return [self.batches.next(up)]
         source = self.setup.source
@@ -601,7 +601,7 @@ class Flusher:
         records: str,
         progress: Progress | None,
     ) -> None:
-        """Account into ``observer`` (a :class:`~fedcore.runners.simulate.RunObserver`:
+        """Account into ``observer`` (a :class:`~fedcore.simulation.simulate.RunObserver`:
         its totals, losses, missing and down tables, rounds and evaluations)."""
         self.net = net
         self.observer = observer

@@ -41,7 +41,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from fedcore.config import CONVEX_MODELS
 from fedcore.metrics import dynamic_regret, minimize, static_regret
-from fedcore.runners.network import RunSetup
+from fedcore.setup.prepare import RunSetup
 
 __all__ = ["CONVEX_MODELS", "RegretTracker", "applies", "regret_curve"]
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore import keyed
+from fedcore import counter_random as keyed
 
 KEY = keyed.make_key("tests.keyed", 7)
 # Any Python int is a coordinate (taken modulo 2**64): negative, beyond int64, beyond 2**64.

@@ -10,7 +10,7 @@ for ``docker stack deploy``::
     DIR/topology/<file>    the graph file, when the graph comes from one (a swarm config)
     DIR/gather.sh          after the run, on each host: copy its peers' results to nodes/<id>/
 
-How it differs from a compose deployment (:mod:`fedcore.runners.compose`), and why:
+How it differs from a compose deployment (:mod:`fedcore.deploy.compose`), and why:
 
 - **Nothing is bind-mounted.** A service may run on any host of the swarm, where this folder
   is not. The config, the roster and the graph are swarm *configs* and the certificates and
@@ -49,10 +49,8 @@ from typing import Any
 
 import fedcore
 from fedcore.config import Config, dumps_toml
-from fedcore.errors import ConfigError
-from fedcore.ids import child_path, clip
-from fedcore.runners import yamlout
-from fedcore.runners.compose import (
+from fedcore.deploy import yamlout
+from fedcore.deploy.compose import (
     _CERTS,
     _CONFIG,
     _GRAPHS,
@@ -69,7 +67,9 @@ from fedcore.runners.compose import (
     health_args,
     peer_args,
 )
-from fedcore.runners.network import prepare_run
+from fedcore.errors import ConfigError
+from fedcore.ids import child_path, clip
+from fedcore.setup.plan import plan_run
 
 __all__ = ["HOST_LABEL", "IMAGE_UID", "stack_document", "write_stack"]
 
@@ -239,8 +239,8 @@ def write_stack(
         raise ConfigError(f"--port {port} is not a port number (1-65535).")
     if not image or any(c.isspace() for c in image):
         raise ConfigError(f"--image {image!r} is not an image name (e.g. {DEFAULT_IMAGE}).")
-    setup = prepare_run(config)
-    ids = list(setup.graph.nodes)
+    plan = plan_run(config)
+    ids = list(plan.graph.nodes)
     _check_node_ids(ids)
     _check_placement(placement or {}, ids)
     certs = _tls_files(config, ids, ids)

@@ -1,6 +1,6 @@
 """``fedcore node``: peers of a run in one process, each its own gRPC server, talking gRPC.
 
-Every peer builds the same :class:`~fedcore.runners.network.RunSetup` from the same
+Every peer builds the same :class:`~fedcore.setup.prepare.RunSetup` from the same
 config, so it holds exactly its partition of the data and the same initial model as in
 ``fedcore simulate``; then it serves its in-neighbours, connects to its out-neighbours
 (retrying until ``transport.startup_timeout_s``), and runs its rounds.
@@ -33,7 +33,6 @@ import logging
 import os
 import signal
 import sys
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -44,16 +43,14 @@ import torch
 from fedcore.certs import load_tls
 from fedcore.config import Config
 from fedcore.errors import ConfigError, FedcoreError
-from fedcore.ids import check_node_id, clip
 from fedcore.metrics import JsonlWriter, params_sha256
 from fedcore.node import DecodeCache, Node, RoundRecord
 from fedcore.progress import Progress, write_stage
-from fedcore.runners import checkpoint
-from fedcore.runners.network import RunSetup, prepare_run
+from fedcore.setup import checkpoint
+from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.transport.grpc import GrpcTransport
 
 __all__ = [
-    "load_roster",
     "model_path",
     "run_peer",
     "run_peer_main",
@@ -88,43 +85,6 @@ def tune_malloc() -> bool:
     except (OSError, AttributeError):
         return False
     return ok
-
-
-def load_roster(path: str | Path) -> dict[str, str]:
-    """Read a roster file (JSON object or TOML ``[peers]`` table) into id -> ``HOST:PORT``.
-
-    Raises:
-        ConfigError: unreadable file, bad syntax, a node id that is not a safe name
-            (:mod:`fedcore.ids`), or an entry that is not ``HOST:PORT``.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read roster {str(p)!r}: {exc.strerror}.") from exc
-    try:
-        raw: Any = tomllib.loads(text).get("peers") if p.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(
-            f"roster {str(p)!r} is not valid {p.suffix[1:] or 'JSON'}: {exc}."
-        ) from exc
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError(
-            f"roster {str(p)!r} must map node ids to 'HOST:PORT' (a JSON object, or a TOML "
-            "[peers] table)."
-        )
-    roster: dict[str, str] = {}
-    for node, address in raw.items():
-        check_node_id(node, f"roster {str(p)!r}", ConfigError)
-        host, sep, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
-        good_port = port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536
-        if not sep or not host or not good_port:
-            raise ConfigError(
-                f"roster {str(p)!r}: {node!r} -> {clip(address)} is not 'HOST:PORT' "
-                "(a port from 1 to 65535)."
-            )
-        roster[node] = address
-    return roster
 
 
 def model_path(out: Path, round: int) -> Path:
@@ -275,6 +235,7 @@ def _prepare(
     try:
         setup = prepare_run(config)
         _check_peers(setup, node_ids, roster, listen)
+        seed_torch(config)
     except BaseException:
         for n in node_ids:
             write_stage(outs[n], "failed")

@@ -30,7 +30,7 @@ Multi-host runs: ``roster`` gives every peer's real ``HOST:PORT`` and ``nodes`` 
 of this host; each of those publishes its roster port on the host. Every host writes its
 own folder with the same config and roster.
 
-The YAML is written by the small emitter of :mod:`fedcore.runners.yamlout` (no YAML library
+The YAML is written by the small emitter of :mod:`fedcore.deploy.yamlout` (no YAML library
 needed): block mappings and sequences, every string double-quoted (JSON escapes are valid
 YAML), so no value is re-read as a number, boolean or null by YAML 1.1 parsers such as
 docker-compose's.
@@ -53,11 +53,11 @@ from urllib.request import url2pathname
 
 import fedcore
 from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.deploy import yamlout
+from fedcore.deploy.roster import load_roster
 from fedcore.errors import ConfigError
 from fedcore.ids import check_node_id, child_path, clip
-from fedcore.runners import yamlout
-from fedcore.runners.network import prepare_run
-from fedcore.runners.peer import load_roster
+from fedcore.setup.plan import plan_run
 
 __all__ = [
     "CONTAINER_ROOT",
@@ -382,8 +382,8 @@ def write_compose(
         raise ConfigError(f"--port {port} is not a port number (1-65535).")
     if not image or any(c.isspace() for c in image):
         raise ConfigError(f"--image {image!r} is not an image name (e.g. {DEFAULT_IMAGE}).")
-    setup = prepare_run(config)
-    ids = list(setup.graph.nodes)
+    plan = plan_run(config)
+    ids = list(plan.graph.nodes)
     _check_node_ids(ids)
     full_roster, chosen, publish = _plan_roster(ids, port, nodes, roster)
     listen = {n: _port_of(full_roster[n]) if publish else port for n in chosen}
@@ -431,11 +431,11 @@ def write_compose(
     return path
 
 
-# --- YAML: the emitter lives in fedcore.runners.yamlout ----------------------------------------
+# --- YAML: the emitter lives in fedcore.deploy.yamlout ----------------------------------------
 
 
 def dumps_yaml(document: Mapping[str, Any]) -> str:
-    """A compose file's YAML: :func:`fedcore.runners.yamlout.dumps_yaml` as compose used it.
+    """A compose file's YAML: :func:`fedcore.deploy.yamlout.dumps_yaml` as compose used it.
 
     Block mappings, lists of scalars, strings, ints and booleans; every string
     double-quoted, nothing nested inside a sequence (a TypeError). Kept so that compose

@@ -1,0 +1,483 @@
+"""The run plan: what a config makes of its trust graph, before any data or model exists.
+
+:func:`plan_run` resolves the algorithm, checks what the config's tables cannot do
+together, builds the trust graph and the weighted graph the algorithm communicates over,
+and fingerprints the run (:class:`RunPlan`). It loads no dataset and builds no model, so
+the deployment writers (``fedcore compose``, ``--swarm``, ``fedcore k8s``) need nothing
+else; :func:`~fedcore.setup.prepare.prepare_run` adds the data and the model on top.
+
+What can be checked from the counts alone is checked before the graph is built (which
+takes seconds at a million nodes): the combinations, a mixing over every pair of nodes,
+the server of the server family, and a lower bound of the memory. Each step is logged
+(INFO) with its time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from fedcore import topology
+from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
+from fedcore.algorithms.optim import Optimizer, make_optimizer
+from fedcore.algorithms.rule import NodeRule, is_rule
+from fedcore.config import Config, TopologyConfig, fingerprint_json
+from fedcore.errors import ConfigError, TopologyError
+from fedcore.faults import FaultPlan
+from fedcore.runtime import physical_memory
+from fedcore.topology import Topology
+from fedcore.topology.digest import edges_json
+from fedcore.topology.weights import check_mixing_size
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "COPIES",
+    "LOSSY_SPARSE",
+    "Laps",
+    "ModelSize",
+    "RunPlan",
+    "Shape",
+    "algorithm_options",
+    "build_topology",
+    "check_combinations",
+    "communication_graph",
+    "configured_algorithm",
+    "estimated_edges",
+    "node_optimizer",
+    "plan_run",
+    "planned_nodes",
+    "read_trust",
+    "resolve_algorithm",
+    "round_drift",
+    "run_shape",
+    "size_text",
+]
+
+LOSSY_SPARSE = ("qsgd", "sign", "topk", "randk")
+"""Codecs whose error scales with the values sent (no use on growing running sums)."""
+
+COPIES = 4
+"""Model-sized float buffers a simulated node holds at least: its module's parameters and
+their gradients, its algorithm state and a message."""
+
+EDGE_BYTES = 100
+"""Bytes an edge of a weighted graph costs at least while it is built: index and weight
+arrays of the trust and the weighted graph, and the engine's tables (a few hundred
+measured; a graph was about 1,100 bytes an edge while it was built of networkx objects)."""
+
+
+def build_topology(cfg: TopologyConfig) -> Topology:
+    """The trust graph of ``[topology]``: the file if one is given, else the generator."""
+    if cfg.file:
+        if cfg.undirected:
+            raise ConfigError("topology.undirected applies to generated graphs, not to files.")
+        return topology.load(cfg.file)
+    params: dict[str, object] = {}
+    if cfg.kind == "erdos-renyi":
+        params["p"] = cfg.p
+    if cfg.kind == "random-regular":
+        params["degree"] = cfg.degree
+    if cfg.kind == "torus":
+        params.update({k: v for k, v in (("rows", cfg.rows), ("cols", cfg.cols)) if v})
+    if cfg.kind == "star":
+        params["server"] = cfg.server
+    built = topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
+    if not cfg.undirected:
+        return built
+    if not isinstance(built, topology.TrustGraph):
+        raise ConfigError(f"topology.undirected does not apply to the schedule {cfg.kind!r}.")
+    if not built.is_symmetric():
+        edges = built.edges()
+        return topology.TrustGraph.from_edges(
+            [*edges, *((v, u) for u, v in edges)],
+            name=f"{built.name}-undirected",
+            nodes=built.nodes,
+        )
+    return built
+
+
+def estimated_edges(cfg: TopologyConfig, nodes: int) -> int:
+    """About how many edges (over one period, self-loops included) the generator of
+    ``[topology]`` makes for ``nodes`` nodes, from the counts alone: what building the graph
+    will cost before it is built. A ``file`` is not estimated (0)."""
+    if cfg.file:
+        return 0
+    n = nodes
+    log2 = max(1, math.ceil(math.log2(n))) if n > 1 else 1
+    if cfg.kind == "one-peer-exponential":  # one edge and one self-loop a node a round
+        return 2 * n * log2
+    p = cfg.p if not cfg.undirected else 1 - (1 - cfg.p) ** 2
+    one_way = 2 if cfg.undirected else 1  # undirected adds the reverse of a one-way edge
+    per_node = {
+        "ring": 2,
+        "directed-ring": one_way,
+        "exponential": one_way * log2,
+        "torus": 4,
+        "complete": n - 1,
+        "erdos-renyi": p * (n - 1),
+        "social": one_way * 3,  # trusts two, trusted back by one
+        "random-regular": cfg.degree,
+        "star": 2,  # each worker to the server and back
+    }.get(cfg.kind, 1)
+    return int(n * per_node) + n
+
+
+def _period_graphs(t: Topology) -> tuple[topology.TrustGraph, ...]:
+    """The graphs of one period of ``t`` (a TrustGraph is its own one)."""
+    return tuple(t.at(r) for r in range(t.period))
+
+
+def round_drift(config: Config) -> int:
+    """Rounds a sender may run ahead of a receiver beyond strict lock-step.
+
+    None in strict mode without faults. In deadline mode, or with a fault plan (a node does
+    not wait for a message the plan lost), ``transport.round_window``; plus the length of
+    every partition and crash window, in which the nodes cut off run on without waiting.
+    """
+    f = config.faults
+    if config.transport.mode != "deadline" and not f.active:
+        return 0
+    rounds = config.run.rounds
+    drift: int = config.transport.round_window
+    drift += sum(max(0, min(p.end, rounds) - p.start) for p in f.partitions)
+    drift += sum(max(0, (c.back if c.back >= 0 else rounds) - c.at) for c in f.crashes)
+    return drift
+
+
+def communication_graph(algorithm: Algorithm, trust: Topology) -> Topology:
+    """The weighted graph ``algorithm`` communicates over, validated for it."""
+    return topology.prepare(
+        trust,
+        mixing=algorithm.mixing,
+        algorithm=algorithm.name,
+        server=getattr(algorithm, "server", None),
+    )
+
+
+def algorithm_options(config: Config) -> dict[str, Any]:
+    """The keyword options of ``config.algorithm.name`` (a registered name or a user's
+    ``"pkg.module:factory"``): its ``[algorithm]`` keys, and for an algorithm of the server
+    family (one whose factory takes a ``server``) ``server`` (``topology.server``) and
+    ``seed`` (``run.seed``).
+
+    Raises:
+        ConfigError: an unknown name or an import path that does not load.
+    """
+    options = dict(config.algorithm.options)
+    factory = algorithm_factory(config.algorithm.name)
+    try:
+        takes: Collection[str] = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to read: no server options
+        takes = ()
+    if "server" in takes:
+        options.setdefault("server", config.topology.server)
+        if "seed" in takes:  # the server family's seeded choices (FedAvg's sample)
+            options.setdefault("seed", config.run.seed)
+    return options
+
+
+def configured_algorithm(config: Config) -> Algorithm:
+    """The algorithm of ``[algorithm]``: ``name`` (registered, or ``"pkg.module:factory"``)
+    built with :func:`algorithm_options`.
+
+    Raises:
+        ConfigError: an unknown name, an import path that does not load or builds no
+            algorithm, or an option it does not take.
+    """
+    return make_algorithm(config.algorithm.name, **algorithm_options(config))
+
+
+def node_optimizer(
+    config: Config, segments: list[tuple[str, int, int]] | None = None
+) -> Optimizer | None:
+    """The optimizer ``config.optimizer`` names, per layer over ``segments``; ``None`` for
+    plain SGD without weight decay, which the algorithms apply themselves (bit for bit the
+    step of a run without an ``[optimizer]`` table).
+
+    Raises:
+        ConfigError: an option the optimizer does not take.
+    """
+    opt = config.optimizer
+    if opt.name == "sgd" and not opt.weight_decay:
+        make_optimizer(opt.name, **opt.options())  # refuse keys plain SGD does not take
+        return None
+    return make_optimizer(opt.name, segments=segments, **opt.options())
+
+
+def check_combinations(config: Config, algorithm: Algorithm) -> None:
+    """Refuse what the config's tables cannot do together (cheap: no graph, no data)."""
+    optimizer = node_optimizer(config)
+    if algorithm.name == "apmsqueeze" and optimizer is not None:
+        raise ConfigError(
+            f"algorithm 'apmsqueeze' is itself the optimizer (Adam, then momentum on the frozen "
+            f"second moment); optimizer.name = {config.optimizer.name!r} would stand in for its "
+            "gradient. Leave [optimizer] at plain SGD."
+        )
+    f = config.faults
+    if f.active and not f.announce and config.transport.mode == "strict":
+        raise ConfigError(
+            "faults.announce = false makes lost messages vanish: strict mode would wait for "
+            "them until transport.strict_timeout_s. Set transport.mode = 'deadline'."
+        )
+    if algorithm.name == "choco" and (f.drop or f.edge_drop or f.partitions or f.crashes):
+        raise ConfigError(
+            "algorithm 'choco' needs every message: a lost one leaves the receiver's copy of "
+            "the sender's public model behind for good. Remove the [faults] losses, or use "
+            "'deepsqueeze' or 'dpsgd', which mix what arrives."
+        )
+    if getattr(algorithm, "robust", False) and config.compression.codec in LOSSY_SPARSE:
+        raise ConfigError(
+            f"algorithm {config.algorithm.name!r} with robust = true sends running totals that "
+            f"grow without bound; codec {config.compression.codec!r} has an error relative to "
+            "them. Use compression.codec = 'fp32', 'fp16', 'bf16' or 'raw'."
+        )
+
+
+def resolve_algorithm(config: Config, algorithm: Algorithm | None = None) -> Algorithm:
+    """``algorithm``, or the one ``[algorithm]`` names; a bare rule runs on one peer per
+    node (:class:`~fedcore.algorithms.rule.NodeRule`)."""
+    if algorithm is None:
+        return configured_algorithm(config)
+    return NodeRule(algorithm) if is_rule(algorithm) else algorithm
+
+
+def planned_nodes(config: Config) -> int | None:
+    """How many nodes ``[topology]`` makes (a star's server included); ``None`` for a
+    graph file, whose size is known only once it is read."""
+    if config.topology.file:
+        return None
+    return config.topology.nodes + (config.topology.kind == "star")
+
+
+def read_trust(config: Config, trust: Topology | None, laps: Laps | None = None) -> Topology | None:
+    """``trust``, or the graph file of ``[topology]`` read now (its size is known only
+    once it is read); ``None`` for a generated graph, built later by :func:`plan_run`."""
+    if trust is None and config.topology.file:
+        trust = build_topology(config.topology)
+        if laps is not None:
+            laps.done("read the graph %s: %d nodes", trust.name, len(trust.nodes))
+    return trust
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """How many nodes a run has, and where the server family's server sits among them.
+
+    Attributes:
+        nodes: Every node, a server included.
+        server_at: The server's index in graph order; ``None`` without a server.
+    """
+
+    nodes: int
+    server_at: int | None
+
+    @property
+    def holders(self) -> int:
+        """The nodes that hold data (all but a server)."""
+        return self.nodes - (self.server_at is not None)
+
+
+def run_shape(config: Config, algorithm: Algorithm, trust: Topology | None) -> Shape:
+    """The run's :class:`Shape`, checking the server family's server and the size of a
+    mixing over every pair of nodes (from the counts: ``trust`` may be unbuilt)."""
+    n = len(trust.nodes) if trust is not None else planned_nodes(config)
+    assert n is not None  # a graph file is read before (read_trust)
+    server = getattr(algorithm, "server", None)
+    server_at = None
+    if server is not None:
+        if trust is not None and server not in trust.nodes:
+            raise TopologyError(
+                f"topology.server = {server!r} is not a node of the graph {trust.name!r}."
+            )
+        if trust is None and config.topology.kind != "star":
+            raise ConfigError(
+                f"algorithm {algorithm.name!r} runs on a star: set topology.kind = 'star' "
+                "(or a graph file with its server named by topology.server)."
+            )
+        server_at = trust.nodes.index(server) if trust is not None else n - 1
+        if config.data.stream:
+            raise ConfigError(
+                f"algorithm {algorithm.name!r} has a server that holds no data, but "
+                f"data.stream {config.data.stream!r} gives every node a stream of its own. "
+                "Use a dataset (data.stream = '')."
+            )
+    check_mixing_size(n, mixing=algorithm.mixing, algorithm=algorithm.name)
+    return Shape(nodes=n, server_at=server_at)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSize:
+    """A model's parameter count and the bytes of one parameter (for the memory bound)."""
+
+    params: int
+    itemsize: int
+
+
+def check_run_memory(
+    config: Config,
+    algorithm: Algorithm,
+    shape: Shape,
+    trust: Topology | None,
+    model: ModelSize | None,
+) -> None:
+    """Refuse, before the graph is built, a run whose least memory is clearly more than
+    this machine has.
+
+    The estimate is a lower bound: the weighted edges (``EDGE_BYTES`` each), and with a
+    ``model`` (this machine holds every node's: ``simulate``, ``launch``) every node's
+    model (``COPIES`` buffers each; robust push-sum also keeps two float64 totals an
+    edge). The engines check their own, larger, needs afterwards.
+    """
+    memory = physical_memory()
+    if memory is None:
+        return
+    n = shape.nodes
+    if trust is None:
+        edges = estimated_edges(config.topology, n)
+    else:  # self-loops included, as the weights will have them
+        edges = sum(g.index_edges()[0].size + len(g.nodes) for g in _period_graphs(trust))
+    if algorithm.mixing in ("complete", "all-pairs"):
+        edges = max(edges, n * n)
+    graph = edges * EDGE_BYTES
+    models = 0
+    if model is not None:
+        models = n * model.params * model.itemsize * COPIES
+        if getattr(algorithm, "robust", False):
+            models += 2 * edges * model.params * 8
+    need = graph + models
+    if need <= memory:
+        return
+    parts = [f"about {edges:,} graph edges ({size_text(graph)})"]
+    if model is not None:
+        parts.append(
+            f"{n:,} models of {model.params:,} parameters x {COPIES} copies ({size_text(models)})"
+        )
+    raise ConfigError(
+        f"this run needs at least {size_text(need)} of memory ({' and '.join(parts)}), more "
+        f"than this machine's {size_text(memory)}. Use fewer nodes (topology.nodes), a "
+        "sparser graph or a smaller model."
+    )
+
+
+def size_text(nbytes: int) -> str:
+    """``nbytes`` in the largest binary unit that leaves at least 1 (``1.5 GiB``)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+class Laps:
+    """Logs each step of a run's set-up with the seconds it took."""
+
+    def __init__(self) -> None:
+        self.began = self._last = time.perf_counter()
+
+    def done(self, what: str, *args: object) -> None:
+        now = time.perf_counter()
+        logger.info(what + " (%.2f s)", *args, now - self._last)
+        self._last = now
+
+
+@dataclass(slots=True)
+class RunPlan:
+    """What a config makes of its graph: the same on every peer, with no data or model.
+
+    Attributes:
+        config: The experiment.
+        algorithm: The algorithm.
+        trust: The trust graph as configured.
+        graph: The weighted graph the algorithm communicates over.
+        shape: Node count and the server's place.
+        run_id: The run fingerprint (the config and every weighted edge).
+        faults: The fault plan of ``[faults]``, or ``None``.
+    """
+
+    config: Config
+    algorithm: Algorithm
+    trust: Topology
+    graph: Topology
+    shape: Shape
+    run_id: str
+    faults: FaultPlan | None
+
+
+def plan_run(
+    config: Config,
+    *,
+    algorithm: Algorithm | None = None,
+    trust: Topology | None = None,
+    model: ModelSize | None = None,
+) -> RunPlan:
+    """The :class:`RunPlan` of ``config``: checks, graph, weights and fingerprint.
+
+    Args:
+        config: The experiment.
+        algorithm: Use this algorithm object instead of ``config.algorithm.name``.
+        trust: Use this trust graph instead of ``config.topology``.
+        model: The size of the model, when this machine will hold every node's
+            (``simulate``, ``launch``): the memory bound counts them. ``None`` (a peer, a
+            deployment writer): the graph only.
+
+    Raises:
+        ConfigError, TopologyError: on anything invalid, before the graph is built where
+            the counts tell.
+    """
+    laps = Laps()
+    algorithm = resolve_algorithm(config, algorithm)
+    check_combinations(config, algorithm)
+    trust = read_trust(config, trust, laps)
+    shape = run_shape(config, algorithm, trust)
+    check_run_memory(config, algorithm, shape, trust, model)
+    if trust is None:
+        trust = build_topology(config.topology)
+        laps.done("built the graph %s: %d nodes", trust.name, len(trust.nodes))
+    graph = communication_graph(algorithm, trust)
+    laps.done("weighted the graph for %s (%s mixing)", algorithm.name, algorithm.mixing)
+    _check_graph(config, algorithm, trust, graph, shape)
+    run_id = fingerprint_json(config, edges_json(graph))
+    edges = sum(g.index_edges()[0].size for g in _period_graphs(graph))
+    laps.done("fingerprinted the run over %d edges", edges)
+    faults = None
+    if config.faults.active:
+        faults = FaultPlan(config.faults, run_seed=config.run.seed, nodes=graph.nodes)
+    return RunPlan(config, algorithm, trust, graph, shape, run_id, faults)
+
+
+def _check_graph(
+    config: Config, algorithm: Algorithm, trust: Topology, graph: Topology, shape: Shape
+) -> None:
+    """Refuse a weighted graph the config cannot run on: a schedule for an algorithm of
+    one fixed graph, a dropped edge that is no edge, or a node count other than the one
+    the run was shaped (and its data split) for."""
+    if graph.period > 1 and getattr(algorithm, "fixed_graph", False):
+        raise ConfigError(
+            f"algorithm {config.algorithm.name!r} runs on a fixed graph, but the topology "
+            f"{trust.name!r} changes every round (a schedule of {graph.period} graphs). "
+            "Use a static topology kind (fedcore topology show lists a schedule's)."
+        )
+    edges_used = (
+        {e for t in range(graph.period) for e in graph.at(t).edges()}
+        if config.faults.edge_drop
+        else set()
+    )
+    for text in config.faults.edge_drop:
+        sender, _, receiver = (part.strip() for part in text.partition("->"))
+        known = sender in graph.nodes and receiver in graph.nodes  # else the plan says so
+        if known and (sender, receiver) not in edges_used:
+            raise ConfigError(
+                f"faults.edge_drop names {text!r}, but {sender} sends {receiver} nothing: it "
+                f"is not an edge of the graph {config.algorithm.name!r} communicates over. "
+                "Name an edge of the graph (fedcore topology show prints them)."
+            )
+    if len(graph.nodes) != shape.nodes:  # a generator always makes n nodes; never split wrongly
+        raise TopologyError(
+            f"topology.nodes = {shape.nodes}, but the graph {trust.name!r} has "
+            f"{len(graph.nodes)} nodes."
+        )

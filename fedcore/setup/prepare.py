@@ -1,0 +1,213 @@
+"""A run's set-up: its plan (:mod:`~fedcore.setup.plan`) with its data and model
+(:mod:`~fedcore.setup.training`), as every peer derives it from the config.
+
+:func:`prepare_run` takes the steps in the order that refuses a bad config soonest: the
+cheap checks, the data split (from the node count alone), the model (probed on two
+examples), then the graph, its weights and the fingerprint. It has no side effect on the
+process: the caller seeds torch's global generator (:func:`seed_torch`) and shows
+progress where it wants them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedcore.algorithms import Algorithm
+from fedcore.algorithms.optim import Optimizer
+from fedcore.compression import codec_seed, configured_codec
+from fedcore.config import Config, effective_lr
+from fedcore.data import BatchStream, Dataset, NoData
+from fedcore.faults import FaultPlan
+from fedcore.models import Objective
+from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
+from fedcore.setup.plan import (
+    Laps,
+    check_combinations,
+    node_optimizer,
+    plan_run,
+    read_trust,
+    resolve_algorithm,
+    round_drift,
+    run_shape,
+)
+from fedcore.setup.training import build_evaluator, load_training_data, make_objective, model_size
+from fedcore.streams import Batches, OnlineSource
+from fedcore.topology import Topology
+from fedcore.transport import Transport
+from fedcore.transport.faults import FaultyTransport
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RunSetup", "node_options", "prepare_run", "seed_torch"]
+
+
+@dataclass(slots=True)
+class RunSetup:
+    """Everything every peer of a run derives from the config, identically.
+
+    Each peer (in one process or in its own) builds the same setup from the same config
+    and then makes only its own :class:`Node` with :meth:`make_node`.
+    """
+
+    config: Config
+    dataset: Dataset
+    trust: Topology
+    graph: Topology
+    algorithm: Algorithm
+    parts: list[Any]
+    start: torch.Tensor
+    run_id: str
+    options: NodeOptions
+    evaluator: Objective
+    faults: FaultPlan | None = None
+    source: OnlineSource | None = None
+
+    def objective(self) -> Objective:
+        """A fresh model (same initialization on every call) as a flat-parameter objective,
+        computing its gradients as the run decided (:attr:`evaluator`'s mode)."""
+        return make_objective(self.config, self.dataset, self.evaluator.rows.mode)
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The model's layer sizes, in the flat parameters' order (for APS's shifts)."""
+        return tuple(numel for _, _, numel in self.evaluator.segments)
+
+    def optimizer(self) -> Optimizer | None:
+        """The node optimizer of ``[optimizer]`` over the model's layers, or ``None`` for
+        plain SGD without weight decay (every algorithm's own ``lr * g`` step)."""
+        return node_optimizer(self.config, self.evaluator.segments)
+
+    def stream(self, i: int) -> Batches:
+        """A fresh stream of the node at graph index ``i`` (the same batches every time)."""
+        if self.source is not None:
+            return self.source.stream(i)
+        if self.graph.nodes[i] == getattr(self.algorithm, "server", None):
+            return NoData()
+        idx = torch.as_tensor(self.parts[i])
+        return BatchStream(
+            self.dataset.x_train[idx],
+            self.dataset.y_train[idx],
+            batch_size=self.config.data.batch_size,
+            seed=self.config.run.seed * 1_000_003 + i,
+            order=self.config.data.order,
+        )
+
+    def make_node(
+        self,
+        node_id: str,
+        transport: Transport,
+        *,
+        observer: Callable[[Node, RoundRecord], None] | None = None,
+        decode_cache: DecodeCache | None = None,
+    ) -> Node:
+        """The node ``node_id`` with its data partition, its own model and ``transport``.
+
+        With a ``[faults]`` plan, the node is given the plan and ``transport`` is wrapped in
+        a :class:`FaultyTransport` of it (which loses the plan's messages on the wire).
+        """
+        if self.faults is not None:
+            transport = FaultyTransport(transport, self.faults)
+        i = self.graph.index(node_id)
+        return Node(
+            node_id,
+            algorithm=self.algorithm,
+            graph=self.graph,
+            objective=self.objective(),
+            stream=self.stream(i),
+            transport=transport,
+            options=self.options,
+            params=self.start,
+            codec=configured_codec(
+                self.config.compression,
+                seed=codec_seed(self.config.run.seed, i),
+                layers=self.layers,
+            ),
+            optimizer=self.optimizer(),
+            observer=observer,
+            decode_cache=decode_cache,
+            faults=self.faults,
+        )
+
+
+def node_options(config: Config, run_id: str) -> NodeOptions:
+    """What every node of the run ``run_id`` is told of the run: its step sizes, rounds
+    and waiting mode."""
+    lr, warmup = effective_lr(config.algorithm, config.data.batch_size)
+    return NodeOptions(
+        run_id=run_id,
+        lr=lr,
+        lr_schedule=config.algorithm.lr_schedule,
+        rounds=config.run.rounds,
+        warmup_rounds=warmup,
+        lr_power=config.algorithm.lr_power,
+        local_steps=config.run.local_steps,
+        mode=config.transport.mode,
+        deadline_s=config.transport.deadline_s,
+        strict_timeout_s=config.transport.strict_timeout_s,
+        round_window=round_drift(config),
+    )
+
+
+def seed_torch(config: Config) -> None:
+    """Seed torch's global generator with ``run.seed``: models with their own randomness
+    (dropout) draw from it, so a run replays exactly. Every caller that runs rounds in
+    this process calls it once, after the set-up and before the first round."""
+    torch.manual_seed(config.run.seed)
+
+
+def prepare_run(
+    config: Config,
+    *,
+    algorithm: Algorithm | None = None,
+    trust: Topology | None = None,
+    dataset: Dataset | None = None,
+    hosts_all: bool = False,
+) -> RunSetup:
+    """Validate ``config`` and derive what every peer shares (see :class:`RunSetup`).
+
+    Args:
+        config: The experiment.
+        algorithm: Use this algorithm object instead of ``config.algorithm.name``.
+        trust: Use this trust graph instead of ``config.topology``.
+        dataset: Use this dataset instead of ``config.data.dataset``.
+        hosts_all: This machine will hold every node's model (``simulate``, ``launch``):
+            the memory bound counts them. False (a peer, a summary): the graph only.
+
+    Raises:
+        ConfigError, TopologyError, DataError: on anything invalid, before any work.
+    """
+    laps = Laps()
+    algorithm = resolve_algorithm(config, algorithm)
+    check_combinations(config, algorithm)
+    trust = read_trust(config, trust, laps)
+    data = load_training_data(
+        config, run_shape(config, algorithm, trust), dataset=dataset, laps=laps
+    )
+    evaluator = build_evaluator(config, data.dataset)
+    laps.done("built and probed model %s", config.model.name)
+    model = model_size(evaluator) if hosts_all else None
+    plan = plan_run(config, algorithm=algorithm, trust=trust, model=model)
+    setup = RunSetup(
+        config=config,
+        dataset=data.dataset,
+        trust=plan.trust,
+        graph=plan.graph,
+        algorithm=plan.algorithm,
+        parts=data.parts,
+        start=evaluator.initial_params(),
+        run_id=plan.run_id,
+        options=node_options(config, plan.run_id),
+        evaluator=evaluator,
+        faults=plan.faults,
+        source=data.source,
+    )
+    logger.info(
+        "prepared %d nodes in %.2f s", len(plan.graph.nodes), time.perf_counter() - laps.began
+    )
+    return setup

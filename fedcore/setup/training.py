@@ -1,0 +1,193 @@
+"""The training half of a run's set-up: its data (a dataset split across the nodes, or
+one online stream for all) and its model (built, probed, as a flat-parameter objective).
+
+Nothing here builds a graph: a run's :class:`~fedcore.setup.plan.Shape` (how many nodes,
+where a server sits) is all the split needs, so a split that cannot be made (a Dirichlet
+one over too many nodes, say) is refused before the graph is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedcore.config import Config
+from fedcore.data import (
+    Dataset,
+    check_partition_size,
+    load_dataset,
+    partition,
+    training_examples,
+)
+from fedcore.errors import DataError
+from fedcore.ids import error_text
+from fedcore.models import Objective, build_model
+from fedcore.setup.plan import Laps, ModelSize, Shape
+from fedcore.streams import OnlineSource, load_source
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TrainingData", "build_evaluator", "load_training_data", "make_objective", "model_size"]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(slots=True)
+class TrainingData:
+    """A run's data.
+
+    Attributes:
+        dataset: The dataset (with its test split); a stream's own for an online run.
+        parts: Per node in graph order, the indices of its training examples (empty for
+            a server, and for every node of a stream, which holds its own data).
+        source: The online stream of ``data.stream``, or ``None``.
+    """
+
+    dataset: Dataset
+    parts: list[Any]
+    source: OnlineSource | None
+
+
+def load_training_data(
+    config: Config, shape: Shape, *, dataset: Dataset | None = None, laps: Laps | None = None
+) -> TrainingData:
+    """The stream of ``data.stream``, or ``dataset`` (default: ``data.dataset``, loaded)
+    split across the run's data holders.
+
+    Raises:
+        DataError, ConfigError: an unknown dataset or stream, or a split that cannot be made.
+    """
+    laps = laps or Laps()
+    if config.data.stream:
+        source = _stream(config, shape.nodes)
+        laps.done("made the stream %s for %d nodes", config.data.stream, shape.nodes)
+        # Streams hold their own data: one shared empty part, not an array per node.
+        return TrainingData(source.dataset, [np.zeros(0, dtype=np.int64)] * shape.nodes, source)
+    if dataset is None:
+        data = config.data
+        known = training_examples(data.dataset, test_fraction=data.test_fraction)
+        if known is not None:  # refuse too many nodes before even loading the data
+            check_partition_size(
+                known, shape.holders, data.partition, shards_per_node=data.shards_per_node
+            )
+        dataset = load_dataset(data.dataset, seed=config.run.seed, test_fraction=data.test_fraction)
+        laps.done("loaded dataset %s: %d training examples", dataset.name, len(dataset.y_train))
+    parts = _split(config, dataset, shape)
+    laps.done("split the data %s across %d nodes", config.data.partition, shape.holders)
+    return TrainingData(dataset, parts, None)
+
+
+def _stream(config: Config, nodes: int) -> OnlineSource:
+    data = config.data
+    options: dict[str, Any] = {}
+    if data.stream == "synthetic":
+        options = {
+            "features": data.features,
+            "adversarial": data.adversarial,
+            "noise": data.noise,
+            "drift": data.drift,
+        }
+    return load_source(
+        data.stream,
+        nodes=nodes,
+        rounds=config.run.rounds,
+        batch_size=data.batch_size,
+        seed=config.run.seed,
+        options=options,
+    )
+
+
+def _split(config: Config, dataset: Dataset, shape: Shape) -> list[Any]:
+    """Each data holder's example indices, with an empty part at the server's place."""
+    data = config.data
+    parts = partition(
+        dataset.y_train,
+        shape.holders,
+        data.partition,
+        seed=config.run.seed,
+        alpha=data.alpha,
+        shards_per_node=data.shards_per_node,
+    )
+    smallest = min(len(p) for p in parts)
+    if data.batch_size > smallest:
+        # Under lr_scaling the step size assumes batches of data.batch_size: say so.
+        scaled = config.algorithm.lr_scaling != "none"
+        logger.log(
+            logging.WARNING if scaled else logging.INFO,
+            "data.batch_size = %d is larger than the %d training examples of the "
+            "smallest node: its batches hold all of them%s",
+            data.batch_size,
+            smallest,
+            " (algorithm.lr_scaling still scales by data.batch_size)" if scaled else "",
+        )
+    if shape.server_at is not None:
+        parts.insert(shape.server_at, np.zeros(0, dtype=np.int64))
+    return parts
+
+
+def make_objective(config: Config, dataset: Dataset, gradient_mode: str | None = None) -> Objective:
+    """The configured model, initialized from ``run.seed``, as a flat-parameter objective.
+
+    ``gradient_mode`` (:data:`~fedcore.gradients.GRADIENT_MODES`): how its gradients are
+    computed; ``None`` decides it on the first training examples (once a run: every peer
+    and engine then reuses the run's decision, :meth:`RunSetup.objective`)."""
+    options = dict(config.model.options)
+    if config.model.name in ("mlp", "cnn1d"):
+        options["hidden"] = config.model.hidden
+    module = build_model(
+        config.model.name,
+        input_dim=dataset.input_dim,
+        num_classes=dataset.num_classes,
+        seed=config.run.seed,
+        **options,
+    )
+    sample = None if gradient_mode is not None else (dataset.x_train[:6], dataset.y_train[:6])
+    return Objective(
+        module, _DTYPES[config.model.dtype], gradient_mode=gradient_mode, sample=sample
+    )
+
+
+def build_evaluator(config: Config, dataset: Dataset) -> Objective:
+    """The run's model as an objective, probed on two examples of ``dataset`` (a broken
+    model fails here, clearly); it decides how the run computes gradients."""
+    evaluator = make_objective(config, dataset)
+    _probe(evaluator, dataset, config.model.name)
+    return evaluator
+
+
+def model_size(objective: Objective) -> ModelSize:
+    """The parameter count and bytes per parameter of ``objective``'s model."""
+    itemsize = torch.empty((), dtype=objective.dtype).element_size()
+    return ModelSize(params=objective.initial_params().numel(), itemsize=itemsize)
+
+
+def _probe(objective: Objective, dataset: Dataset, name: str) -> None:
+    """Run the model once on two examples so a broken model fails here, clearly."""
+    x, y = dataset.x_train[:2], dataset.y_train[:2]
+    try:
+        logits = objective.module(x.to(objective.dtype))
+    except Exception as exc:  # a user model can raise anything; report it as a config error
+        raise DataError(
+            f"model {name!r} failed on a batch of dataset {dataset.name!r}: {error_text(exc)}"
+        ) from exc
+    if not isinstance(logits, torch.Tensor):
+        raise DataError(
+            f"model {name!r} maps a batch of 2 examples to a {type(logits).__name__}; "
+            f"expected (2, {dataset.num_classes}) class logits as a tensor."
+        )
+    if tuple(logits.shape) != (2, dataset.num_classes):
+        raise DataError(
+            f"model {name!r} maps a batch of 2 examples to shape {tuple(logits.shape)}; "
+            f"expected (2, {dataset.num_classes}) class logits."
+        )
+    try:
+        objective.loss_and_grad(objective.initial_params(), x, y)
+    except Exception as exc:  # its backward pass, say
+        raise DataError(
+            f"model {name!r} failed to give a loss and gradient on a batch of dataset "
+            f"{dataset.name!r}: {error_text(exc)}"
+        ) from exc
