@@ -30,10 +30,9 @@ Multi-host runs: ``roster`` gives every peer's real ``HOST:PORT`` and ``nodes`` 
 of this host; each of those publishes its roster port on the host. Every host writes its
 own folder with the same config and roster.
 
-The YAML is written by the small emitter of :mod:`fedcore.deploy.yamlout` (no YAML library
-needed): block mappings and sequences, every string double-quoted (JSON escapes are valid
-YAML), so no value is re-read as a number, boolean or null by YAML 1.1 parsers such as
-docker-compose's.
+The YAML is written by PyYAML's safe dumper (:mod:`fedcore.deploy.yamlout`), which quotes
+every string a YAML 1.1 parser such as docker-compose's would re-read as a number, boolean
+or null.
 """
 
 from __future__ import annotations
@@ -53,8 +52,8 @@ from urllib.request import url2pathname
 
 import fedcore
 from fedcore.config import Config, config_to_dict, dumps_toml
-from fedcore.deploy import yamlout
 from fedcore.deploy.roster import load_roster
+from fedcore.deploy.yamlout import dumps_yaml
 from fedcore.errors import ConfigError
 from fedcore.ids import check_node_id, child_path, clip
 from fedcore.setup.plan import plan_run
@@ -64,7 +63,6 @@ __all__ = [
     "DEFAULT_IMAGE",
     "DEFAULT_PORT",
     "compose_document",
-    "dumps_yaml",
     "health_args",
     "installed_from",
     "peer_args",
@@ -429,17 +427,3 @@ def write_compose(
     path.write_text(header + dumps_yaml(document), encoding="utf-8")
     logger.info("wrote %s with %d services", path, len(chosen))
     return path
-
-
-# --- YAML: the emitter lives in fedcore.deploy.yamlout ----------------------------------------
-
-
-def dumps_yaml(document: Mapping[str, Any]) -> str:
-    """A compose file's YAML: :func:`fedcore.deploy.yamlout.dumps_yaml` as compose used it.
-
-    Block mappings, lists of scalars, strings, ints and booleans; every string
-    double-quoted, nothing nested inside a sequence (a TypeError). Kept so that compose
-    files stay byte-for-byte what they were; new writers call ``yamlout.dumps_yaml``,
-    which also writes sequences of mappings and literal blocks.
-    """
-    return yamlout.dumps_yaml(document, literal_blocks=False, nested_sequences=False)

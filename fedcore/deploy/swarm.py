@@ -49,7 +49,6 @@ from typing import Any
 
 import fedcore
 from fedcore.config import Config, dumps_toml
-from fedcore.deploy import yamlout
 from fedcore.deploy.compose import (
     _CERTS,
     _CONFIG,
@@ -67,6 +66,7 @@ from fedcore.deploy.compose import (
     health_args,
     peer_args,
 )
+from fedcore.deploy.yamlout import dumps_yaml
 from fedcore.errors import ConfigError
 from fedcore.ids import child_path, clip
 from fedcore.setup.plan import plan_run
@@ -269,6 +269,6 @@ def write_stack(
         "here: fedcore summarize .\n"
     )
     path = target / "docker-stack.yml"
-    path.write_text(header + yamlout.dumps_yaml(document), encoding="utf-8")
+    path.write_text(header + dumps_yaml(document), encoding="utf-8")
     logger.info("wrote %s with %d services", path, len(ids))
     return path
