@@ -50,7 +50,7 @@ def pytest_configure_node(node: Any) -> None:
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     """In the xdist controller: a worker's collection (after deselection) holds docker
     tests, so start their daemon and images now, here, in the background."""
-    if _HANDOFF is not None and any(i.startswith("tests/test_docker.py") for i in ids):
+    if _HANDOFF is not None and any(i.startswith("tests/deploy/test_docker.py") for i in ids):
         dockerd.publish_to(_HANDOFF)
 
 

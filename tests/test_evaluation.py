@@ -230,7 +230,7 @@ def test_a_resumed_run_has_the_regret_of_the_run_that_never_stopped(
     tracker (which a checkpoint does not hold) catches up from the observer's losses and
     ends with the same regret records, bit for bit."""
     from tests.clitools import cli
-    from tests.test_runs import _interrupt_after_checkpoints, _records, _summary
+    from tests.simulation.test_runs import _interrupt_after_checkpoints, _records, _summary
 
     args = ["--set", "data.stream=synthetic", "--set", "algorithm.name=dog"]
     args += ["--set", "topology.kind=ring", "--set", "topology.nodes=5"]

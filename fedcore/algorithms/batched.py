@@ -6,7 +6,7 @@ weights as ``[N]``, state per edge as ``[E, ...]``) and calls :meth:`BatchedAlgo
 once per round. :class:`BatchedRule` runs a :class:`~fedcore.algorithms.rule.Rule` with
 ``B = N``: the same code a peer runs on its one row (through
 :class:`~fedcore.algorithms.rule.NodeRule`), so the engines agree by construction.
-Every built-in algorithm is one rule; the contract test ``tests/test_vectorized.py`` holds
+Every built-in algorithm is one rule; the contract test ``tests/engines/test_vectorized.py`` holds
 the engines equal for each.
 
 What a round sees (:class:`BatchRound`): the round's weighted graph as edge lists and a

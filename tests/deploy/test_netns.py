@@ -35,7 +35,7 @@ from fedcore.config import Config, config_to_dict, dumps_toml, load_config
 
 pytestmark = pytest.mark.netns
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SUBNET = "10.213.0"  # 10.213.0.0/24, inside the namespaces made here only
 PORT = 7000  # every peer has a stack of its own, so all of them can use the same port
 NODES = ("n0", "n1", "n2", "n3")

@@ -17,9 +17,9 @@ from fedcore.metrics import params_sha256
 from fedcore.node import Node
 from fedcore.setup.prepare import prepare_run
 from tests.clitools import TINY, cli
+from tests.engines.test_vectorized import BATCHED, _config, assert_same_run
 from tests.resume import assert_resumes_exactly
-from tests.test_optimizer_runs import CRASHES
-from tests.test_vectorized import BATCHED, _config, assert_same_run
+from tests.simulation.test_optimizer_runs import CRASHES
 
 
 def _params(overrides: list[str], rounds: int) -> dict[str, str]:

@@ -17,7 +17,7 @@ from fedcore.simulation.simulate import simulate
 
 pytestmark = pytest.mark.grpc
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -109,7 +109,7 @@ def test_launch_matches_simulate_bit_for_bit(
 
     The first two cases run a process per peer (and two per process); the others host every
     peer in one process (``peers_per_process``, the same run, tested bit for bit in
-    tests/test_peers_per_process.py), which spares the CI a torch import per peer."""
+    tests/deploy/test_peers_per_process.py), which spares the CI a torch import per peer."""
     config = load_config(
         None, [*overrides, "run.rounds=20", "run.eval_every=10", "simulate.engine=messages"]
     )

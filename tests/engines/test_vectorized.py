@@ -319,7 +319,7 @@ def test_rps_with_empty_blocks_agrees(faults: bool) -> None:
             "rps",
             "sign",
             faults,
-            "data.dataset=tests.test_vectorized:tiny_dataset",
+            "data.dataset=tests.engines.test_vectorized:tiny_dataset",
             "model.name=logreg",
         )
     )
@@ -412,8 +412,10 @@ def test_a_model_vmap_cannot_map_falls_back_to_one_module_per_node(
 ) -> None:
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
-    config = _config("dpsgd", "fp32", True, "model.name=tests.test_vectorized:batchnorm_model")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    config = _config(
+        "dpsgd", "fp32", True, "model.name=tests.engines.test_vectorized:batchnorm_model"
+    )
     net = VectorizedNetwork(prepare_run(config), device=torch.device("cpu"))
     assert net.objective.mode == "module" and net.objective.why
     assert_same_run(config)

@@ -1,7 +1,7 @@
 """``fedcore compose --swarm`` (:mod:`fedcore.deploy.swarm`): the stack file, the folder
 beside it and ``gather.sh``, checked without a swarm.
 
-What a real swarm makes of the stack is tests/test_docker.py's business. Here: the services
+What a real swarm makes of the stack is tests/deploy/test_docker.py's business. Here: the services
 match the graph, nothing is bind-mounted, the certificates travel as secrets (a peer gets
 ``ca.crt`` and its own pair, never ``ca.key``), the config, roster and graph as configs;
 ``docker stack config`` (no daemon needed) accepts the file, skipped where the docker CLI
@@ -30,7 +30,7 @@ from fedcore.deploy.swarm import stack_document, write_stack
 from fedcore.setup.prepare import prepare_run
 from tests.clitools import cli, one_line_error
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL_SET = ["topology.kind=ring", "topology.nodes=4"]  # load_config overrides
 SMALL = [arg for item in SMALL_SET for arg in ("--set", item)]  # the same on the command line
 IDS = ["n0", "n1", "n2", "n3"]

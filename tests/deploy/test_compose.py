@@ -35,7 +35,7 @@ from fedcore.ids import id_problem
 from fedcore.setup.prepare import prepare_run
 from fedcore.topology import Topology
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL_SET = ["topology.kind=ring", "topology.nodes=4"]  # load_config overrides
 SMALL = [arg for item in SMALL_SET for arg in ("--set", item)]  # the same on the command line
 

@@ -28,7 +28,7 @@ from fedcore.simulation.simulate import simulate
 
 pytestmark = pytest.mark.grpc
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "FEDCORE_MALLOC_TUNING": "0"}
 
 

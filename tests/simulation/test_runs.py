@@ -265,7 +265,7 @@ def _stop_when(args: list[str], ready: Callable[[], bool], stop: Callable[[int],
     """Run ``fedcore *args`` as a process; once ``ready()``, call ``stop(pid)``; return
     ``"exit <status>"`` and a newline, then its stderr."""
     argv = [sys.executable, "-m", "fedcore", *args]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     try:
         _wait_for(ready, 120)
@@ -355,7 +355,7 @@ def test_debug_lines_are_fedcores_not_every_librarys(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "fedcore", "-vv", "simulate", "-q", "--out", str(tmp_path)]
     argv += ["--set", "run.rounds=4", "--set", "run.eval_every=2"]
     argv += ["--set", "run.checkpoint_every=2"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "DEBUG fedcore.simulation" in done.stderr and "evaluated" in done.stderr

@@ -24,7 +24,7 @@ from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.simulate import simulate
 from tests.resume import assert_resumes_exactly
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 CASES = {
     "ops": ["algorithm.name=ops"],

@@ -37,7 +37,7 @@ from fedcore.ids import id_problem
 from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.simulate import simulate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.30"
 """The Kubernetes version the manifests target (its schemas); the newest shipped is checked too."""
 VERSIONS = sorted({K8S_VERSION, kubernetes_validate.latest_version()})

@@ -26,8 +26,8 @@ from fedcore.setup import checkpoint
 from fedcore.setup.plan import node_optimizer
 from fedcore.setup.prepare import prepare_run
 from tests.clitools import TINY, assert_one_line_error, cli
+from tests.engines.test_vectorized import BATCHED, GRAPHS, _config, assert_same_run
 from tests.resume import assert_resumes_exactly
-from tests.test_vectorized import BATCHED, GRAPHS, _config, assert_same_run
 
 OPTIONS = {
     "sgd": ["optimizer.weight_decay=0.01"],

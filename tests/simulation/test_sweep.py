@@ -15,7 +15,7 @@ from fedcore.data import Dataset, digits
 from fedcore.simulation.sweep import FIGURES, final_figures, mean_std, parse_seeds
 from tests.clitools import PNG_MAGIC, TINY, cli, one_line_error
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def flaky_digits(*, seed: int, test_fraction: float) -> Dataset:
@@ -156,7 +156,7 @@ def test_a_failed_run_is_recorded_and_the_sweep_goes_on(
 ) -> None:
     out = tmp_path / "flaky"
     argv = ["simulate", "--seeds", "0-1", "--out", str(out), *TINY]
-    argv += ["--set", "data.dataset=tests.test_sweep:flaky_digits"]
+    argv += ["--set", "data.dataset=tests.simulation.test_sweep:flaky_digits"]
     status, table, err = cli(capsys, *argv)
     assert status == 0, err
     sweep = read_json(out / "sweep.json")
@@ -181,7 +181,7 @@ def test_a_sweep_whose_every_run_fails_is_an_error(
 ) -> None:
     out = tmp_path / "broken"
     argv = ["simulate", "-q", "--seeds", "0-1", "--out", str(out), *TINY]
-    argv += ["--set", "data.dataset=tests.test_sweep:broken_digits"]
+    argv += ["--set", "data.dataset=tests.simulation.test_sweep:broken_digits"]
     one_line_error(capsys, argv, "every run of the sweep failed", "seed 0", "no data at all")
     sweep = read_json(out / "sweep.json")
     assert sweep["status"] == "failed"
@@ -193,7 +193,9 @@ def test_ctrl_c_leaves_sweep_json_saying_which_seeds_completed(
 ) -> None:
     out = tmp_path / "stopped"
     argv = ["simulate", "-q", "--seeds", "0-2", "--out", str(out), *TINY]
-    status, _, err = cli(capsys, *argv, "--set", "data.dataset=tests.test_sweep:interrupted_digits")
+    status, _, err = cli(
+        capsys, *argv, "--set", "data.dataset=tests.simulation.test_sweep:interrupted_digits"
+    )
     assert status == 130
     assert "Traceback" not in err
     sweep = read_json(out / "sweep.json")
