@@ -1,0 +1,115 @@
+"""The parser of every subcommand, and :func:`main`: logging, dispatch, and errors as one
+line with an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tomllib
+import traceback
+from collections.abc import Callable, Sequence
+
+from fedcore import __version__
+from fedcore.cli import (
+    certs,
+    compose,
+    health,
+    k8s,
+    launch,
+    node,
+    plot,
+    simulate,
+    summarize,
+    topology,
+)
+from fedcore.cli.common import EXIT_RUNTIME, EXIT_USAGE, VERBOSE_HELP
+from fedcore.errors import FedcoreError
+from fedcore.ids import first_line
+
+__all__ = ["main"]
+
+SUBCOMMANDS = (simulate, launch, node, compose, k8s, summarize, certs, health, topology, plot)
+"""In the order ``fedcore --help`` lists them; each adds its parser and handler."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``fedcore`` parser: each subcommand's parser sets ``handler``."""
+    top = argparse.ArgumentParser(
+        prog="fedcore",
+        description="Decentralized learning over directed trust graphs.",
+    )
+    top.add_argument("--version", action="version", version=f"fedcore {__version__}")
+    top.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in SUBCOMMANDS:
+        command.add(sub)
+    return top
+
+
+def _error_line(exc: BaseException, verbose: int) -> str:
+    """One line for ``exc``: its message's first line, and a pointer to ``-v`` when a
+    traceback (of code that raised inside a user's factory, torch ...) stands behind it."""
+    text = first_line(str(exc)) or type(exc).__name__
+    cause = exc.__cause__
+    foreign = cause is not None and not isinstance(
+        cause,
+        FedcoreError | OSError | UnicodeError | tomllib.TOMLDecodeError | json.JSONDecodeError,
+    )
+    if foreign and not verbose:
+        text += " (add -v to see the traceback)"
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit status."""
+    top = parser()
+    args = top.parse_args(argv)
+    verbose = args.verbose + getattr(args, "sub_verbose", 0)
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    # -v and -vv are about fedcore; other libraries (matplotlib's font search, grpc)
+    # speak at DEBUG only from -vvv.
+    logging.basicConfig(
+        level=logging.DEBUG if verbose >= 3 else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    ours = logging.getLogger("fedcore")
+    before = ours.level
+    ours.setLevel(level)
+    try:
+        return _dispatch(args, verbose)
+    finally:
+        ours.setLevel(before)  # main() called in-process (tests) leaves logging as it was
+
+
+def _dispatch(args: argparse.Namespace, verbose: int) -> int:
+    # Let "pkg.module:factory" names resolve against the working directory, as
+    # `python -m` would; the console script otherwise only sees its own folder.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except FedcoreError as exc:
+        if verbose:
+            traceback.print_exception(exc, file=sys.stderr)
+        print(f"fedcore: error: {_error_line(exc, verbose)}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_RUNTIME
+    except MemoryError as exc:  # a size no bound caught: say so, without a traceback
+        if verbose:
+            traceback.print_exception(exc, file=sys.stderr)
+        print(
+            "fedcore: error: out of memory; use a smaller model, fewer nodes, smaller batches "
+            "or fewer rounds.",
+            file=sys.stderr,
+        )
+        return EXIT_RUNTIME
+    except OSError as exc:  # an output path that cannot be written
+        where = f" {exc.filename!r}" if exc.filename else ""
+        print(f"fedcore: error: cannot write{where}: {exc.strerror or exc}.", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt as exc:
+        print(f"fedcore: interrupted {exc}".rstrip(), file=sys.stderr)
+        return 130

@@ -1,0 +1,167 @@
+"""What the subcommands share: options declared once (argparse parent parsers), exit
+statuses, the results table, and what a process that runs rounds sets first.
+
+Nothing here imports torch: a subcommand imports what it needs when it runs, after its
+arguments and config have been checked, so a bad command line answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+from typing import Any
+
+from fedcore.errors import ConfigError
+
+__all__ = [
+    "CONFIG",
+    "EXIT_RUNTIME",
+    "EXIT_USAGE",
+    "RUN",
+    "SET",
+    "THREADS",
+    "VERBOSE",
+    "VERBOSE_HELP",
+    "print_table",
+    "set_threads",
+    "start_run",
+]
+
+EXIT_USAGE = 2
+"""Invalid input: a bad config, an unknown name, an invalid graph file, an unwritable path."""
+EXIT_RUNTIME = 1
+"""A run that failed on its way (a strict-mode peer that never answered)."""
+
+VERBOSE_HELP = (
+    "more logging: -v fedcore's steps and the traceback behind an error, -vv fedcore's "
+    "debug lines, -vvv every library's"
+)
+
+
+def _parent() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(add_help=False)
+
+
+VERBOSE = _parent()
+"""``-v`` after the subcommand (as before it, on the main parser)."""
+VERBOSE.add_argument(
+    "-v", "--verbose", dest="sub_verbose", action="count", default=0, help=VERBOSE_HELP
+)
+
+CONFIG = _parent()
+"""The experiment file, optional: the built-in run without one."""
+CONFIG.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
+
+SET = _parent()
+"""``--set KEY=VALUE``, any number of times."""
+SET.add_argument(
+    "--set",
+    dest="overrides",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="override a config key by dotted path, e.g. --set algorithm.name=dpsgd",
+)
+
+THREADS = _parent()
+"""``--threads`` of a process that runs rounds."""
+THREADS.add_argument(
+    "--threads",
+    type=int,
+    default=1,
+    help="torch intra-op threads (default 1: many small models gain nothing from more)",
+)
+
+RUN = _parent()
+"""What ``simulate`` and ``launch`` both take: a run and its results folder."""
+RUN.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
+RUN.add_argument("--out", help="results folder (default: runs/<name>-<timestamp>)")
+RUN.add_argument(
+    "--name", help="the run's name (run.name; default: algorithm-topology, plus what --set changed)"
+)
+RUN.add_argument(
+    "--force", action="store_true", help="replace the run an existing --out folder holds"
+)
+RUN.add_argument(
+    "-q",
+    "--quiet",
+    action="store_true",
+    help="no progress or table; print only where the results are",
+)
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C: a run stops as it does on Ctrl-C (its summary says so)."""
+    raise KeyboardInterrupt
+
+
+def set_threads(threads: int) -> None:
+    """``--threads``, and freed large blocks kept for reuse (:mod:`fedcore.runtime`): this
+    process runs the rounds."""
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}.")
+    import torch
+
+    from fedcore.runtime import keep_freed_memory
+
+    torch.set_num_threads(threads)
+    keep_freed_memory()
+
+
+def start_run(threads: int) -> None:
+    """What a process that runs rounds sets first: its torch threads, freed memory kept,
+    and SIGTERM stopping a run as Ctrl-C does (its summary says so; it can be resumed)."""
+    set_threads(threads)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    # Figures that are not numbers (a diverged run) are null in summary.json.
+    final = {k: math.nan if v is None else v for k, v in summary.get("final", {}).items()}
+    traffic = summary.get("traffic", {})
+    gap = summary["topology"]["spectral_gap"]
+    rows = [
+        ("algorithm", summary["algorithm"]),
+        (
+            "topology",
+            f"{summary['topology']['name']} "
+            + (f"(gap {gap:.3f})" if gap is not None else "(gap not computed: too many nodes)"),
+        ),
+        ("nodes x rounds", f"{summary['nodes']} x {summary['rounds']}"),
+        *(
+            [("status", f"{status} after round {summary.get('rounds_completed')}")]
+            if (status := summary.get("status", "completed")) != "completed"
+            else []
+        ),
+        ("avg-model accuracy", f"{final.get('avg_model_accuracy', float('nan')):.4f}"),
+        ("mean node accuracy", f"{final.get('mean_node_accuracy', float('nan')):.4f}"),
+        ("min node accuracy", f"{final.get('min_node_accuracy', float('nan')):.4f}"),
+        ("consensus distance", f"{final.get('consensus_distance', float('nan')):.4g}"),
+        ("average loss", f"{final.get('average_loss', float('nan')):.4f}"),
+        *(
+            (label, f"{final[key]:.4g} (average {final[f'average_{key}']:.4g})")
+            for key, label in (
+                ("static_regret", "static regret"),
+                ("dynamic_regret", "dynamic regret"),
+            )
+            if isinstance(final.get(key), float) and math.isfinite(final[key])
+        ),
+        ("bytes / node / round", f"{traffic.get('bytes_per_node_per_round', 0):.0f}"),
+        *(
+            [("bytes / node / local step", f"{traffic['bytes_per_node_per_local_step']:.0f}")]
+            if traffic.get("local_steps", 1) > 1
+            else []
+        ),
+        (
+            "messages missing",
+            f"{traffic.get('messages_missing', 0)} (the fault plan lost "
+            f"{traffic.get('messages_dropped', 0)} at their senders)",
+        ),
+        ("wall time", f"{summary['wall_seconds']:.1f} s"),
+        ("engine", summary.get("engine", "messages")),
+        ("results", summary.get("out_dir", "")),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")

@@ -1,0 +1,60 @@
+"""``fedcore plot``: loss and accuracy of runs, as a picture."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fedcore.cli.common import VERBOSE
+from fedcore.errors import ConfigError
+from fedcore.ids import clip
+
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+"""File types ``fedcore plot --out`` writes (by the name's suffix)."""
+
+__all__ = ["add"]
+
+
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``fedcore plot`` to ``sub``."""
+    plot = sub.add_parser("plot", parents=[VERBOSE], help="plot loss and accuracy of runs")
+    plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("--out", required=True, help="picture to write: .png, .pdf or .svg")
+    plot.add_argument(
+        "--label",
+        metavar="KEY",
+        help="label each curve by this config key of its run (e.g. algorithm.name) "
+        "instead of the run's name",
+    )
+    plot.add_argument("--title", help="the figure's title")
+    plot.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    plot.add_argument("--log-bytes", action="store_true", help="a log scale on the bytes-sent axis")
+    plot.add_argument(
+        "--bands",
+        action="store_true",
+        help="one curve per group of runs that differ only in run.seed: the mean, with a "
+        "band of +- one standard deviation",
+    )
+    plot.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fedcore.plotting import plot_runs
+
+    target = Path(args.out)
+    if target.suffix.lower() not in PLOT_FORMATS:
+        raise ConfigError(
+            f"fedcore plot --out {clip(args.out)}: the file name must end in "
+            f"{', '.join(PLOT_FORMATS)} (the picture's format), e.g. --out curves.png."
+        )
+    out = plot_runs(
+        [Path(r) for r in args.runs],
+        target,
+        label=args.label,
+        title=args.title,
+        log_bytes=args.log_bytes,
+        bands=args.bands,
+    )
+    if not args.quiet:
+        print(f"wrote {out}")
+    return 0
