@@ -409,7 +409,7 @@ CATEGORIES: list[tuple[str, str, str]] = [
         "fedcore/transport/grpc/transport.py",
         "Push",
     ),
-    ("  of which Node.validate (decode + finite check)", "fedcore/node.py", "validate"),
+    ("  of which Node.validate (decode + finite check)", "fedcore/node/intake.py", "validate"),
     (
         "  of which MessageAssembler (copies into the buffer, finish)",
         "fedcore/transport/grpc/serde.py",

@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -163,6 +163,40 @@ class Algorithm(Protocol):
         Raises:
             AlgorithmError: ``sender`` sends this node nothing in ``phase`` (or no such phase).
         """
+        ...
+
+
+@runtime_checkable
+class DeclaresMessages(Protocol):
+    """An algorithm that says what its messages hold (every built-in one; a user's
+    per-message algorithm without it gets only the generic checks)."""
+
+    def message_schema(self, phase: int, sender: str, ctx: RoundContext) -> MessageSchema:
+        """See :meth:`Algorithm.message_schema`."""
+        ...
+
+
+@runtime_checkable
+class AcceptsMessages(Protocol):
+    """An algorithm whose state makes some well-formed messages impossible (robust
+    push-sum: a running total never goes backwards)."""
+
+    def accept(
+        self, state: Any, phase: int, sender: str, payload: Payload, ctx: RoundContext
+    ) -> None:
+        """Raise :class:`~fedcore.errors.ProtocolError` if ``payload`` from ``sender``
+        cannot be, given ``state``."""
+        ...
+
+
+@runtime_checkable
+class SamplesTrainers(Protocol):
+    """An algorithm in which a node does not train every round (the server family: the
+    server never does, a worker only when sampled); an idle node's step gets a zero
+    gradient."""
+
+    def trains(self, ctx: RoundContext) -> bool:
+        """Whether this node trains in round ``ctx.round``."""
         ...
 
 

@@ -1,0 +1,213 @@
+"""Message intake: what a node checks of every message before its algorithm sees it, and
+the decoded tensors the receivers of one in-process payload share.
+
+:class:`MessageIntake` is the node's half that a transport's servicer calls too
+(:meth:`~MessageIntake.validate`, :meth:`~MessageIntake.round_window`): the message
+belongs to this run; its phase is one of the algorithm's and it holds exactly what the
+algorithm declares for that phase and sender (``message_schema``: tensor names, shapes and
+the model's dtype; scalar names and their allowed values); its bytes decode under their
+codec to finite values; and the algorithm, if it declares ``accept``
+(:class:`~fedcore.algorithms.base.AcceptsMessages`), finds it possible given the node's
+state. Its round must lie within the node's window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fedcore.algorithms.base import Algorithm, RoundContext
+from fedcore.compression import Codec, get_codec
+from fedcore.errors import AlgorithmError, CompressionError, OutOfWindowError, ProtocolError
+from fedcore.ids import clip
+from fedcore.messages import EncodedTensor, Message, MessageSchema, Payload
+from fedcore.node.schedule import NodeOptions
+from fedcore.topology import Topology
+
+__all__ = ["DecodeCache", "MessageIntake"]
+
+
+class DecodeCache:
+    """Decoded, validated tensors shared by all receivers of one in-process payload.
+
+    In one process, a payload a sender pushes to several out-neighbours is one
+    :class:`EncodedTensor` object; decoding and checking its bytes once for every receiver
+    saves most of the receive cost of a simulation. Each entry holds the encoded tensor
+    itself, so its ``id`` cannot be reused while the entry lives; entries more than two
+    rounds older than the newest are dropped. Receivers get the same tensor, which is why
+    algorithms must treat inbox tensors as read-only.
+    """
+
+    def __init__(self) -> None:
+        """Start empty."""
+        self._rounds: dict[int, dict[int, tuple[EncodedTensor, torch.Tensor]]] = {}
+
+    def get(self, round: int, encoded: EncodedTensor) -> torch.Tensor | None:
+        """The tensor decoded from this very object in ``round``, if any."""
+        entry = self._rounds.get(round, {}).get(id(encoded))
+        return entry[1] if entry is not None and entry[0] is encoded else None
+
+    def put(self, round: int, encoded: EncodedTensor, tensor: torch.Tensor) -> None:
+        """Remember ``tensor`` as the decoding of ``encoded``."""
+        entries = self._rounds.get(round)
+        if entries is None:
+            entries = self._rounds[round] = {}
+            for old in [r for r in self._rounds if r < round - 2]:
+                del self._rounds[old]
+        entries[id(encoded)] = (encoded, tensor)
+
+
+class MessageIntake:
+    """The checks and decoding of received messages, for :class:`~fedcore.node.Node`.
+
+    The node sets the attributes below; :meth:`_context` is the node's round context."""
+
+    id: str
+    algorithm: Algorithm
+    graph: Topology
+    options: NodeOptions
+    codec: Codec
+    decode_cache: DecodeCache | None
+    state: Any
+    round: int
+    _shape: tuple[int, ...]
+    _dtype: torch.dtype
+    _dtype_name: str
+    _leads: dict[str, int] | None
+    _schema: Callable[[int, str, RoundContext], MessageSchema] | None
+    _accept: Callable[[Any, int, str, Payload, RoundContext], None] | None
+
+    def _context(self, t: int) -> RoundContext:
+        raise NotImplementedError
+
+    def validate(self, message: Message) -> None:
+        """Check ``message`` as this node would before mixing it (for a transport's servicer).
+
+        Raises:
+            OutOfWindowError: a round beyond :meth:`round_window` of this node's.
+            ProtocolError: another run, a phase or content the algorithm does not send
+                (names, shapes, dtypes, scalars out of range), undecodable bytes,
+                non-finite values, or a message the algorithm's state makes impossible.
+        """
+        window = self.round_window(message.sender)
+        if message.round > self.round + window:
+            raise OutOfWindowError(
+                f"a message for round {message.round} from {clip(message.sender)} is more "
+                f"than {window} rounds ahead of this peer's round {self.round}; no honest "
+                "peer gets that far ahead (transport.round_window)."
+            )
+        try:
+            self._checked(message, self._context(message.round))
+        except CompressionError as exc:
+            raise ProtocolError(str(exc)) from exc
+
+    def round_window(self, sender: str) -> int:
+        """How many rounds ahead of this node's a message from ``sender`` may be.
+
+        In strict mode a sender is at most ``d`` rounds ahead of this node, ``d`` the length
+        of the shortest path from this node to the sender in the communication graph: the
+        sender could not have finished round ``t - 1`` without messages that depend on this
+        node's round ``t - d``. (On a time-varying schedule, ``d`` is taken as
+        ``n * period``.) ``options.round_window`` adds the drift of deadline mode and of a
+        fault plan (:func:`fedcore.setup.prepare.round_drift`). One more round covers a
+        message that arrives while this node is between two rounds.
+        """
+        if self._leads is None:
+            # A schedule takes the default, n * period, for every sender.
+            static = self.graph.period == 1
+            self._leads = self.graph.at(0).hops_from(self.id) if static else {}
+        lead = self._leads.get(sender, len(self.graph.nodes) * self.graph.period)
+        return lead + 1 + self.options.round_window
+
+    def _checked(self, message: Message, ctx: RoundContext) -> Payload:
+        """The decoded payload of ``message`` after every check (see :meth:`validate`)."""
+        payload = self._decode(message, ctx)
+        if self._accept is not None:
+            self._accept(self.state, message.phase, message.sender, payload, ctx)
+        return payload
+
+    def _schema_of(self, message: Message, ctx: RoundContext) -> MessageSchema | None:
+        """The algorithm's schema of ``message``'s phase and sender (``None``: none declared)."""
+        if not 0 <= message.phase < self.algorithm.phases:
+            raise ProtocolError(
+                f"phase {message.phase} is not a phase of {self.algorithm.name!r} "
+                f"(it has {self.algorithm.phases})."
+            )
+        if self._schema is None:
+            return None
+        try:
+            schema: MessageSchema = self._schema(message.phase, message.sender, ctx)
+        except AlgorithmError as exc:  # a phase or sender the algorithm does not expect
+            raise ProtocolError(str(exc)) from exc
+        for kind, got, want in (
+            ("tensors", message.tensors.keys(), schema.tensors.keys()),
+            ("scalars", message.scalars.keys(), schema.scalars.keys()),
+        ):
+            if got != want:  # key views compare as sets
+                raise ProtocolError(
+                    f"its {kind} are {_names(set(got))}; {self.algorithm.name!r} sends exactly "
+                    f"{_names(set(want))} in phase {message.phase}."
+                )
+        return schema
+
+    def _decode(self, message: Message, ctx: RoundContext) -> Payload:
+        if message.run != self.options.run_id:
+            raise ProtocolError(
+                f"message of run {message.run[:12]} does not belong to this run "
+                f"({self.options.run_id[:12]})."
+            )
+        schema = self._schema_of(message, ctx)
+        tensors: dict[str, torch.Tensor] = {}
+        cache = self.decode_cache
+        for name, enc in message.tensors.items():
+            declared = schema.tensors[name] if schema is not None else None
+            shape = self._shape if declared is None else declared
+            # The header first: a stranger's absurd shape must not cost a decode.
+            if tuple(enc.shape) != shape or enc.dtype != self._dtype_name:
+                raise ProtocolError(
+                    f"tensor {clip(name)} has shape {clip(tuple(enc.shape))} and dtype "
+                    f"{clip(enc.dtype)}; expected {shape} and {self._dtype_name}."
+                )
+            tensor = cache.get(message.round, enc) if cache is not None else None
+            if tensor is None:
+                tensor = self.codec_for(enc).decode(enc)
+                # Fast path: a finite sum means finite values; only a non-finite sum (NaN,
+                # inf, or an overflow of huge finite values) needs the element-wise check.
+                if not math.isfinite(float(tensor.sum())) and not bool(
+                    torch.isfinite(tensor).all()
+                ):
+                    raise ProtocolError(f"tensor {clip(name)} holds non-finite values.")
+                if cache is not None:
+                    cache.put(message.round, enc, tensor)
+            if tuple(tensor.shape) != shape or tensor.dtype != self._dtype:
+                raise ProtocolError(
+                    f"tensor {clip(name)} has shape {tuple(tensor.shape)} and dtype {enc.dtype}; "
+                    f"expected {shape} and {self._dtype}."
+                )
+            tensors[name] = tensor
+        for name, value in message.scalars.items():
+            spec = schema.scalars[name] if schema is not None else None
+            problem = spec.problem(value) if spec is not None else None
+            if spec is None and not math.isfinite(value):
+                problem = f"is not finite ({value})"
+            if problem is not None:
+                raise ProtocolError(f"scalar {clip(name)} {problem}.")
+        return Payload(tensors, message.scalars)
+
+    def codec_for(self, encoded: EncodedTensor) -> Codec:
+        """The codec that decodes ``encoded`` (the node's own, or the registry's)."""
+        if encoded.codec == self.codec.name:
+            return self.codec
+        return get_codec(encoded.codec)
+
+
+def _names(names: set[str]) -> str:
+    """``'a', 'b'`` (sorted, each clipped; at most 8), or ``none``."""
+    if not names:
+        return "none"
+    shown = [clip(n, 40) for n in sorted(names)[:8]]
+    more = f" (+{len(names) - 8} more)" if len(names) > 8 else ""
+    return ", ".join(shown) + more

@@ -1,0 +1,86 @@
+"""What a node records of each round (:class:`RoundRecord`): one line of a run's
+``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["RoundRecord"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundRecord:
+    """What one node did in one round (one line of ``metrics.jsonl``)."""
+
+    node: str
+    round: int
+    loss: float
+    lr: float
+    messages_sent: int
+    bytes_sent: int
+    messages_received: int
+    bytes_received: int
+    messages_missing: int
+    messages_late: int
+    messages_rejected: int
+    missing: tuple[str, ...]
+    wall_s: float
+    messages_dropped: int = 0
+    """Messages this node sent that fault injection lost."""
+    dropped_out: tuple[str, ...] = ()
+    """Receivers of those lost messages (one entry per message)."""
+    dropped_in: tuple[str, ...] = ()
+    """Senders whose message to this node fault injection lost (announced; also missing)."""
+    fp32_bytes_sent: int = 0
+    """What the tensors sent would have taken as float32 (for compression ratios)."""
+    down: bool = False
+    """This node was crashed (fault injection) and skipped the round; ``loss`` is NaN."""
+    unreachable: tuple[str, ...] = ()
+    """Receivers a send failed to (deadline mode only: a dead or unreachable peer)."""
+    idle: bool = False
+    """The node took no training step this round (a server, or a worker the round did not
+    sample: its algorithm's ``trains`` said no); ``loss`` is NaN. Written only when set."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as one ``metrics.jsonl`` line (``kind = "node"``; strict JSON)."""
+        line = asdict(self)
+        if not self.idle:
+            del line["idle"]
+        for key in ("missing", "dropped_out", "dropped_in", "unreachable"):
+            line[key] = list(line[key])
+        if math.isnan(self.loss):
+            line["loss"] = None
+        line["kind"] = "node"
+        return line
+
+    @classmethod
+    def down_round(cls, node: str, round: int, *, lr: float, wall_s: float) -> RoundRecord:
+        """The record of a round a crashed or dead node did not run (``loss`` NaN)."""
+        return cls(
+            node=node,
+            round=round,
+            loss=math.nan,
+            lr=lr,
+            messages_sent=0,
+            bytes_sent=0,
+            messages_received=0,
+            bytes_received=0,
+            messages_missing=0,
+            messages_late=0,
+            messages_rejected=0,
+            missing=(),
+            wall_s=wall_s,
+            down=True,
+        )
+
+    @classmethod
+    def from_json(cls, line: dict[str, Any]) -> RoundRecord:
+        """The record of a line written by :meth:`to_json`."""
+        raw = {k: v for k, v in line.items() if k != "kind"}
+        for key in ("missing", "dropped_out", "dropped_in", "unreachable"):
+            raw[key] = tuple(raw.get(key, ()))
+        if raw["loss"] is None:
+            raw["loss"] = math.nan
+        return cls(**raw)
