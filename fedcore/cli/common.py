@@ -16,6 +16,7 @@ from fedcore.errors import ConfigError
 
 __all__ = [
     "CONFIG",
+    "DEPLOY",
     "EXIT_RUNTIME",
     "EXIT_USAGE",
     "RUN",
@@ -71,6 +72,16 @@ THREADS.add_argument(
     type=int,
     default=1,
     help="torch intra-op threads (default 1: many small models gain nothing from more)",
+)
+
+DEPLOY = _parent()
+"""What every deployment writer takes: the folder, and the peers' image and port."""
+DEPLOY.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+DEPLOY.add_argument(
+    "--image", default="fedcore:latest", metavar="NAME", help="default fedcore:latest"
+)
+DEPLOY.add_argument(
+    "--port", type=int, default=7000, metavar="N", help="each peer's port (default 7000)"
 )
 
 RUN = _parent()

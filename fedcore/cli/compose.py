@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from fedcore.cli.common import CONFIG, SET, VERBOSE
+from fedcore.cli.common import CONFIG, DEPLOY, SET, VERBOSE
 from fedcore.errors import ConfigError
 from fedcore.ids import check_node_id
 
@@ -19,7 +19,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``fedcore compose`` to ``sub``."""
     comp = sub.add_parser(
         "compose",
-        parents=[CONFIG, SET, VERBOSE],
+        parents=[CONFIG, DEPLOY, SET, VERBOSE],
         help="write a docker-compose deployment: one container per peer",
         description="Write DIR/docker-compose.yml (one service per node; service name = "
         "hostname = node id), DIR/config.toml, DIR/roster.json and DIR/nodes/<id>/ (each "
@@ -29,13 +29,6 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "With --swarm: DIR/docker-stack.yml for `docker stack deploy` instead (an encrypted "
         "overlay network, certificates as secrets, config and roster as configs, a volume "
         "per peer, DIR/gather.sh to collect the results).",
-    )
-    comp.add_argument("--out", required=True, metavar="DIR", help="folder to write")
-    comp.add_argument(
-        "--image", default="fedcore:latest", metavar="NAME", help="default fedcore:latest"
-    )
-    comp.add_argument(
-        "--port", type=int, default=7000, metavar="N", help="each peer's port (default 7000)"
     )
     comp.add_argument(
         "--nodes", metavar="ID,ID", help="multi-host: this host's node ids (needs --roster)"
@@ -86,12 +79,7 @@ def run(args: argparse.Namespace) -> int:
         print("  (on every host, with the same config and roster and that host's --nodes)")
         print(f"  copy every host's {out}/nodes/<id>/ into one nodes/ folder, then:")
     print("  fedcore summarize .                     # in that folder, after the run")
-    if config.run.checkpoint_every == 0:
-        print(
-            "note: run.checkpoint_every = 0, so a restarted container starts again from "
-            "round 0; set it (--set run.checkpoint_every=25) to resume from checkpoints."
-        )
-    user_code_note(config, args.image)
+    deployment_notes(config, args.image, "container")
     return 0
 
 
@@ -130,13 +118,20 @@ def _stack(args: argparse.Namespace, config: Config) -> int:
         "  after the run, on every host: sh gather.sh fedcore; then, with every host's "
         "nodes/<id>/ here: fedcore summarize ."
     )
+    deployment_notes(config, args.image, "peer")
+    return 0
+
+
+def deployment_notes(config: Config, image: str, unit: str) -> None:
+    """The notes every deployment writer prints after its next steps: that a restarted
+    ``unit`` (container, peer, pod) starts again from round 0 without checkpoints, and
+    that the image must import the user's code (:func:`user_code_note`)."""
     if config.run.checkpoint_every == 0:
         print(
-            "note: run.checkpoint_every = 0, so a restarted peer starts again from round 0; "
+            f"note: run.checkpoint_every = 0, so a restarted {unit} starts again from round 0; "
             "set it (--set run.checkpoint_every=25) to resume from checkpoints."
         )
-    user_code_note(config, args.image)
-    return 0
+    user_code_note(config, image)
 
 
 def user_code_note(config: Config, image: str) -> None:

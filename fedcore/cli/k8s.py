@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from fedcore.cli.common import CONFIG, SET, VERBOSE
-from fedcore.cli.compose import user_code_note
+from fedcore.cli.common import CONFIG, DEPLOY, SET, VERBOSE
+from fedcore.cli.compose import deployment_notes
 
 __all__ = ["add"]
 
@@ -14,7 +14,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``fedcore k8s`` to ``sub``."""
     kube = sub.add_parser(
         "k8s",
-        parents=[CONFIG, SET, VERBOSE],
+        parents=[CONFIG, DEPLOY, SET, VERBOSE],
         help="write Kubernetes manifests: one StatefulSet per peer",
         description="Write DIR/k8s/ (a headless Service, a ConfigMap with the config and "
         "roster, one Secret per node with its certificate and key when [transport.tls] is "
@@ -22,13 +22,6 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "/fedcore/out), DIR/kustomization.yaml, DIR/gather.sh (copies each pod's results to "
         "DIR/nodes/<id>/ and runs `fedcore summarize DIR`) and DIR/config.toml. Quantities "
         "are Kubernetes', e.g. 500m, 2, 512Mi, 4Gi.",
-    )
-    kube.add_argument("--out", required=True, metavar="DIR", help="folder to write")
-    kube.add_argument(
-        "--image", default="fedcore:latest", metavar="NAME", help="default fedcore:latest"
-    )
-    kube.add_argument(
-        "--port", type=int, default=7000, metavar="N", help="each peer's port (default 7000)"
     )
     kube.add_argument(
         "--namespace", default="default", metavar="NS", help="of every object (default default)"
@@ -94,10 +87,5 @@ def run(args: argparse.Namespace) -> int:
         folder.parent, name=args.name, namespace=args.namespace, image=args.image
     ):
         print(f"  {step}")
-    if config.run.checkpoint_every == 0:
-        print(
-            "note: run.checkpoint_every = 0, so a restarted pod starts again from round 0; "
-            "set it (--set run.checkpoint_every=25) to resume from checkpoints."
-        )
-    user_code_note(config, args.image)
+    deployment_notes(config, args.image, "pod")
     return 0
