@@ -102,20 +102,29 @@ class _Clock:
 @contextlib.contextmanager
 def _patched(clock: _Clock) -> Iterator[None]:
     """Wrap the functions of each phase where the checkout looks them up."""
-    sim = importlib.import_module("fedcore.simulation.simulate")  # the package exports
-    vectorized = importlib.import_module("fedcore.engines.vectorized")  # functions so named
 
+    # Each function where the checkout looks it up: an older layout's (fedcore/runners/,
+    # tried first: an editable install of this one also answers its new names), or this.
+    def module(*names: str) -> Any:
+        for name in names:
+            with contextlib.suppress(ModuleNotFoundError):
+                return importlib.import_module(name)
+        raise ModuleNotFoundError(names[0])
+
+    sim = module("fedcore.runners.simulate", "fedcore.simulation.simulate")
+    results = module("fedcore.runners.simulate", "fedcore.simulation.results")
+    vectorized = module("fedcore.runners.vectorized", "fedcore.engines.vectorized")
     targets: list[tuple[Any, str, str]] = [
         (sim, "prepare_run", "setup"),
         (sim, "_build", "setup"),
         (sim, "run_vectorized", "rounds"),
         (sim, "_run_messages", "rounds"),  # the message engine's loop (a coroutine)
         (vectorized, "evaluate_stacked", "evaluations"),
-        (sim, "evaluate_models", "evaluations"),
-        (sim, "add_regret", "regret"),
-        (sim, "write_results", "writing"),
+        (results, "evaluate_models", "evaluations"),
+        (results, "add_regret", "regret"),
+        (results, "write_results", "writing"),
     ]
-    regret = importlib.import_module("fedcore.simulation.regret")
+    regret = module("fedcore.runners.regret", "fedcore.simulation.regret")
     if hasattr(regret, "RegretTracker"):  # the curve computed during the run
         targets.append((regret.RegretTracker, "update", "regret"))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
@@ -133,7 +142,11 @@ def run_once(config_path: str, overrides: list[str], engine: str) -> dict[str, A
     import torch
 
     from fedcore.config import load_config
-    from fedcore.simulation.simulate import simulate
+
+    try:  # a checkout of the earlier layout (fedcore/runners/), or this one
+        from fedcore.runners.simulate import simulate  # type: ignore[import-not-found]
+    except ModuleNotFoundError:
+        from fedcore.simulation.simulate import simulate
 
     torch.set_num_threads(1)  # fedcore simulate's default (--threads 1)
     config = load_config(config_path, [*overrides, f"simulate.engine={engine}"])

@@ -31,7 +31,7 @@ from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.regret import _binary_newton, regret_curve
 from fedcore.simulation.simulate import simulate
 
-_simulate = importlib.import_module("fedcore.simulation.simulate")
+_results = importlib.import_module("fedcore.simulation.results")
 
 
 def _objective(model: str, features: int, classes: int, mode: str | None = None) -> Objective:
@@ -107,14 +107,14 @@ def _run_with_losses(
     """Run; return the summary, every node's losses and the evaluation rounds, as the
     end of the run saw them."""
     seen: dict[str, Any] = {}
-    original = _simulate.add_regret
+    original = _results.add_regret
 
     def add_regret(setup: Any, observer: Any, out: Path) -> Any:
         seen["losses"] = {n: list(row) for n, row in observer.losses.items()}
         seen["evals"] = [e["round"] for e in observer.evals]
         return original(setup, observer, out)
 
-    monkeypatch.setattr(_simulate, "add_regret", add_regret)
+    monkeypatch.setattr(_results, "add_regret", add_regret)
     summary = simulate(load_config(config, overrides), out_dir=tmp_path, show_progress=False)
     return summary, seen["losses"], seen["evals"]
 

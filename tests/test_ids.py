@@ -22,7 +22,7 @@ from fedcore.deploy.launch import peer_dir, summarize
 from fedcore.deploy.roster import load_roster
 from fedcore.errors import ConfigError, FedcoreError, TopologyError
 from fedcore.ids import MAX_ID_LENGTH, check_node_id, child_path, clip, error_text, id_problem
-from fedcore.simulation.simulate import default_out_dir
+from fedcore.simulation.results import default_out_dir
 from fedcore.topology import TrustGraph, load
 from tests.clitools import one_line_error
 

@@ -27,7 +27,8 @@ from fedcore.engines.vectorized import unsupported
 from fedcore.errors import ConfigError
 from fedcore.messages import MessageSchema, Payload
 from fedcore.setup.prepare import prepare_run
-from fedcore.simulation.simulate import choose_engine, run_name
+from fedcore.simulation.results import run_name
+from fedcore.simulation.simulate import choose_engine
 from fedcore.simulation.sweep import sweep_name
 from fedcore.testing import TestNetwork, VectorizedTestNetwork, make_network
 from tests.clitools import cli, one_line_error

@@ -47,7 +47,7 @@ from fedcore.node import RoundRecord
 from fedcore.progress import STATUS_FILE, Progress, StatusLine, announce_if_slow, read_stage
 from fedcore.setup.plan import planned_nodes, round_drift
 from fedcore.setup.prepare import RunSetup, prepare_run
-from fedcore.simulation.simulate import RunObserver, finish_run, open_run_dir, run_name
+from fedcore.simulation.results import RunObserver, finish_run, open_run_dir, run_name
 
 __all__ = ["free_ports", "launch", "peer_dir", "read_params", "summarize", "user_code_roots"]
 

@@ -45,7 +45,8 @@ from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import child_path, clip, first_line
 from fedcore.metrics import to_json_text, write_text_atomic
 from fedcore.setup.plan import configured_algorithm
-from fedcore.simulation.simulate import RUN_FILES, name_part, open_run_dir, simulate
+from fedcore.simulation.results import RUN_FILES, name_part, open_run_dir
+from fedcore.simulation.simulate import simulate
 
 __all__ = [
     "FIGURES",

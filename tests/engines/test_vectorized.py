@@ -30,7 +30,8 @@ from fedcore.engines.vectorized import VectorizedNetwork, unsupported
 from fedcore.errors import ConfigError
 from fedcore.setup.plan import build_topology
 from fedcore.setup.prepare import prepare_run
-from fedcore.simulation.simulate import RunObserver, choose_engine, run_vectorized
+from fedcore.simulation.results import RunObserver
+from fedcore.simulation.simulate import choose_engine, run_vectorized
 
 ROUNDS = 20
 

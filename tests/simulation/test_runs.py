@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from fedcore.setup import checkpoint
-from fedcore.simulation.simulate import run_name
+from fedcore.simulation.results import run_name
 from tests.clitools import assert_one_line_error, cli
 
 SMALL = ["--set", "run.rounds=120", "--set", "run.eval_every=40"]
@@ -203,7 +203,7 @@ def test_ctrl_c_in_a_flush_counts_no_round_twice(
 ) -> None:
     """Stopped half-way through reading back a batch of rounds: the partial summary counts
     each round once (the rest of the batch is left out, not replayed)."""
-    from fedcore.simulation.simulate import RunObserver
+    from fedcore.simulation.results import RunObserver
 
     real = RunObserver.end_round
     stops = []
@@ -232,12 +232,12 @@ def test_ctrl_c_in_a_flush_counts_no_round_twice(
 def test_ctrl_c_while_writing_the_results_leaves_a_summary(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    simulate = importlib.import_module("fedcore.simulation.simulate")
+    results = importlib.import_module("fedcore.simulation.results")
 
     def regret(*args: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(simulate, "add_regret", regret)
+    monkeypatch.setattr(results, "add_regret", regret)
     out = tmp_path / "run"
     status, _, err = cli(capsys, "simulate", "--set", "run.rounds=20", "--out", str(out), "-q")
     assert status == 130 and "while writing the results" in err

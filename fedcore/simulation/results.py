@@ -1,0 +1,589 @@
+"""A run's results folder and records, whatever ran it (``simulate`` on either engine,
+``launch`` and ``summarize`` over gRPC peers).
+
+The folder holds ``config.toml`` (the effective config), ``metrics.jsonl`` (one
+``"kind": "node"`` record per node per round and one ``"kind": "eval"`` record per
+evaluation round), ``summary.json``, ``curves.png`` and, with ``run.checkpoint_every``,
+``checkpoints/``. :class:`RunObserver` collects the records as rounds end;
+:func:`finish_run` adds the regret and writes the summary and the curves.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import re
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedcore.algorithms.user import is_import_path
+from fedcore.config import NODE_MAPS_NODES, Config
+from fedcore.data import Dataset
+from fedcore.errors import ConfigError
+from fedcore.ids import child_path
+from fedcore.metrics import (
+    JsonlWriter,
+    all_params_sha256,
+    evaluate_models,
+    params_sha256,
+    round_record,
+    to_json_text,
+    write_text_atomic,
+)
+from fedcore.models import Objective
+from fedcore.node import Node, RoundRecord
+from fedcore.progress import Progress
+from fedcore.setup.prepare import RunSetup
+from fedcore.simulation.regret import RegretTracker
+from fedcore.simulation.regret import applies as regret_applies
+from fedcore.topology import spectral_gap
+
+if TYPE_CHECKING:
+    from fedcore.engines.messages import Network
+
+__all__ = [
+    "CHECKPOINTS",
+    "MAX_GAP_NODES",
+    "RUN_FILES",
+    "RunObserver",
+    "add_regret",
+    "default_out_dir",
+    "finish_run",
+    "make_summary",
+    "name_part",
+    "open_run_dir",
+    "regret_tracker",
+    "run_name",
+    "write_results",
+]
+
+MAX_GAP_NODES = 2000
+"""Largest graph whose spectral gap the summary computes (a dense eigensolver is O(n^3))."""
+
+logger = logging.getLogger(__name__)
+
+
+NAME_SKIPS = ("run.name", "simulate.")
+"""Overrides that do not name a run: the name itself, and how a run is simulated."""
+
+
+def run_name(config: Config, setup: RunSetup, overrides: Sequence[str] = ()) -> str:
+    """The run's name: ``run.name`` when ``--set``/``--name`` gave it; otherwise the
+    file's ``run.name`` (or ``<algorithm>-<topology>``) followed by what ``--set``
+    changed, e.g. ``online-ops-social64-algorithm.name=dol``, so runs that differ by an
+    override can be told apart.
+    """
+    keys = [item.partition("=")[0].strip() for item in overrides]
+    if "run.name" in keys and config.run.name:
+        return config.run.name
+    base = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
+    changed = [
+        name_part(item, setup.algorithm.name)
+        for item, key in zip(overrides, keys, strict=True)
+        if not key.startswith(NAME_SKIPS)
+    ]
+    return "-".join([base, *changed])
+
+
+def name_part(item: str, algorithm: str) -> str:
+    """``--set`` ``item`` as part of a run's name: ``key=value``; a user's algorithm by its
+    own name, not its import path (``algorithm.name=momentum-gossip``, not
+    ``algorithm.name=momentum_gossip:MomentumGossip``)."""
+    key, value = (part.strip() for part in item.partition("=")[::2])
+    if key == "algorithm.name" and is_import_path(value):
+        value = algorithm
+    return f"{key}={value}"
+
+
+def default_out_dir(name: str) -> Path:
+    """``runs/<name>-<YYYYmmdd-HHMMSS>``, with ``name`` made a safe folder name.
+
+    The name comes from the run or the graph, and a graph file names itself: characters
+    other than ASCII letters, digits, ``.``, ``_``, ``=`` and ``-`` become ``_`` (so a
+    name such as ``"../../x"`` stays one folder inside ``runs/``), and it is cut to 100
+    characters.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", name).strip("._=-")[:100] or "run"
+    return child_path(Path("runs"), f"{safe}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+
+
+CHECKPOINTS = "checkpoints"
+"""The folder of a run's checkpoints (every ``run.checkpoint_every`` rounds)."""
+
+
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
+"""What a results folder holds; a folder with any of them holds a run."""
+
+
+def open_run_dir(out_dir: str | Path | None, name: str, *, force: bool = False) -> Path:
+    """The folder a run writes into, created.
+
+    Without ``out_dir``: ``default_out_dir(name)``, created atomically; if another run
+    took that name in the same second (two runs started together), ``-2``, ``-3``, ...
+    is appended, so two runs never share a folder. With ``out_dir``: that folder, which
+    must not hold another run's files unless ``force`` (then they are replaced).
+
+    Raises:
+        ConfigError: ``out_dir`` holds another run and ``force`` is false.
+    """
+    if out_dir is None:
+        base = default_out_dir(name)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for k in range(1, 10_000):
+            candidate = base if k == 1 else base.with_name(f"{base.name}-{k}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            return candidate
+        raise ConfigError(f"could not find a free results folder beside {base}; give --out.")
+    out = Path(out_dir)
+    held = [f for f in RUN_FILES if (out / f).exists()]
+    if held and not force:
+        raise ConfigError(
+            f"results folder {str(out)!r} holds another run ({', '.join(held)}); give another "
+            "--out, or --force to replace it."
+        )
+    for f in held:
+        (out / f).unlink()
+    if force:  # the replaced run's checkpoints and picture go with it
+        shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+        (out / "curves.png").unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class RunObserver:
+    """Collects node records into metrics, evaluation records and progress.
+
+    Evaluation happens at every ``eval_every``-th round and at the last round, once
+    every node has reported that round: models are snapshotted as each node finishes
+    the round, so nodes running ahead do not skew the evaluation.
+    """
+
+    def __init__(
+        self,
+        *,
+        nodes: Sequence[str],
+        config: Config,
+        evaluator: Objective,
+        dataset: Dataset,
+        writer: JsonlWriter | None,
+        progress: Progress | None,
+        records: str = "all",
+        server: str | None = None,
+        regret: RegretTracker | None = None,
+    ) -> None:
+        """Expect one record per node of ``nodes`` per round of ``config``; write them to
+        ``writer`` as ``records`` says (``all``, ``eval``: on evaluation rounds, ``none``).
+        ``server``: the server family's server, whose model is the one evaluated as the
+        average model (:func:`~fedcore.metrics.evaluate_models`). ``regret``: the run's
+        regret curve, brought up to each evaluation as it is recorded (see
+        :func:`regret_tracker`)."""
+        self.nodes = tuple(nodes)
+        self.regret = regret
+        self.server = server
+        self.records = records
+        self.n = len(self.nodes)
+        self.rounds = config.run.rounds
+        self.eval_every = config.run.eval_every
+        self.evaluator = evaluator
+        self.dataset = dataset
+        self.writer = writer
+        self.progress = progress
+        self.evals: list[dict[str, Any]] = []
+        self.totals = {
+            "messages_sent": 0,
+            "bytes_sent": 0,
+            "messages_received": 0,
+            "messages_missing": 0,
+            "messages_late": 0,
+            "messages_rejected": 0,
+            "messages_dropped": 0,
+            "fp32_bytes_sent": 0,
+        }
+        self.loss_sum = 0.0  # over completed rounds only, so it is exact at each evaluation
+        self.loss_count = 0
+        self.missing: dict[str, set[int]] = {}
+        # None: the node was down that round (a diverged node's NaN losses stay NaN)
+        # (grown as rounds arrive: a run of many rounds allocates nothing up front)
+        self.losses: dict[str, list[float | None]] = {n: [] for n in self.nodes}
+        self.missing_edges: dict[str, int] = {}
+        self.dropped_edges: dict[str, int] = {}
+        self.down: dict[str, list[int]] = {}
+        self._round_loss: dict[int, list[float | None]] = {}
+        self._round_bytes: dict[int, int] = {}
+        # messages sent, missing and dropped in each round not yet complete
+        self._round_counts: dict[int, list[int]] = {}
+        self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self._bytes_done = 0
+        self._last_acc: float | None = None
+        self.rounds_done = 0  # rounds every node has reported (they complete in order)
+
+    _STATE = (
+        "totals",
+        "loss_sum",
+        "loss_count",
+        "losses",
+        "missing_edges",
+        "dropped_edges",
+        "down",
+        "evals",
+        "_bytes_done",
+        "_last_acc",
+        "rounds_done",
+    )
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the observer has accounted (for a checkpoint, between rounds), as plain
+        containers: the observer's own, not copies, so serialize them before going on."""
+        if self._round_loss:
+            raise RuntimeError("a checkpoint of the observer must fall between rounds")
+        state = {key: getattr(self, key) for key in self._STATE}
+        state["missing"] = {sender: sorted(r) for sender, r in self.missing.items()}
+        return state
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`."""
+        for key in self._STATE:
+            setattr(self, key, copy.deepcopy(saved[key]))
+        self.missing = {sender: set(r) for sender, r in saved["missing"].items()}
+
+    def is_eval_round(self, t: int) -> bool:
+        """Whether round ``t`` (0-based) ends with an evaluation."""
+        return (t + 1) % self.eval_every == 0 or t + 1 == self.rounds
+
+    def attach(self, network: Network) -> None:
+        """Observe every node of an in-process network."""
+        for node in network.nodes.values():
+            node.observer = self._on_node
+
+    def _on_node(self, node: Node, record: RoundRecord) -> None:
+        model = node.model().detach().clone() if self.is_eval_round(record.round) else None
+        self.observe(record, model)
+
+    def observe(self, record: RoundRecord, model: torch.Tensor | None) -> None:
+        """Account one node's round; ``model`` is its parameters on evaluation rounds."""
+        t = record.round
+        if self.writer is not None and (
+            self.records == "all" or (self.records == "eval" and self.is_eval_round(t))
+        ):
+            self.writer.write(record.to_json())
+        for key in self.totals:
+            self.totals[key] += getattr(record, key)
+        for sender in record.missing:
+            self.missing.setdefault(sender, set()).add(t)
+            edge = f"{sender}->{record.node}"
+            self.missing_edges[edge] = self.missing_edges.get(edge, 0) + 1
+        for receiver in record.dropped_out:
+            edge = f"{record.node}->{receiver}"
+            self.dropped_edges[edge] = self.dropped_edges.get(edge, 0) + 1
+        if record.down:
+            self.down.setdefault(record.node, []).append(t)
+        losses = self.losses[record.node]
+        if len(losses) <= t:
+            losses.extend([None] * (t + 1 - len(losses)))
+        loss = None if record.down or record.idle else record.loss
+        losses[t] = loss
+        self._round_loss.setdefault(t, []).append(loss)
+        self._round_bytes[t] = self._round_bytes.get(t, 0) + record.bytes_sent
+        counts = self._round_counts.setdefault(t, [0, 0, 0])
+        counts[0] += record.messages_sent
+        counts[1] += record.messages_missing
+        counts[2] += record.messages_dropped
+        if model is not None:
+            self._snapshots.setdefault(t, {})[record.node] = model
+        if len(self._round_loss[t]) == self.n:
+            self._round_complete(t)
+
+    def _round_complete(self, t: int) -> None:
+        losses = [x for x in self._round_loss.pop(t) if x is not None]  # not down nodes
+        sent, missing, dropped = self._round_counts.pop(t)
+        train_loss = self.end_round(
+            t,
+            losses,
+            sent=sent,
+            bytes_sent=self._round_bytes.pop(t),
+            missing=missing,
+            dropped=dropped,
+        )
+        snapshots = self._snapshots.pop(t, None)
+        if snapshots is not None and len(snapshots) == self.n:
+            ordered = {nid: snapshots[nid] for nid in self.nodes}
+            result = evaluate_models(
+                self.evaluator,
+                ordered,
+                self.dataset.x_test,
+                self.dataset.y_test,
+                server=self.server,
+            )
+            self.add_eval(t, train_loss, result)
+        if self.progress is not None:
+            self.progress.update(t + 1, loss=train_loss, accuracy=self._last_acc)
+
+    def end_round(
+        self,
+        t: int,
+        losses: Sequence[float],
+        *,
+        sent: int,
+        bytes_sent: int,
+        missing: int,
+        dropped: int,
+    ) -> float:
+        """Account round ``t`` as complete, every node's record observed (the vectorized
+        engine's :class:`~fedcore.engines.vectorized.Flusher` calls this itself), and
+        write its ``"kind": "round"`` record; ``losses`` are the up nodes'. Returns the
+        round's training loss (NaN when every node was down)."""
+        train_loss = sum(losses) / len(losses) if losses else math.nan
+        self._bytes_done += bytes_sent
+        if self.writer is not None:
+            self.writer.write(
+                round_record(
+                    t,
+                    train_loss=train_loss,
+                    nodes_up=len(losses),
+                    messages_sent=sent,
+                    bytes_sent=bytes_sent,
+                    messages_missing=missing,
+                    messages_dropped=dropped,
+                )
+            )
+        self.loss_sum += sum(losses)
+        self.loss_count += len(losses)
+        self.rounds_done = t + 1
+        return train_loss
+
+    def add_eval(self, t: int, train_loss: float | None, result: Mapping[str, Any]) -> None:
+        """Record the evaluation of round ``t`` (``result``: the models' figures)."""
+        record: dict[str, Any] = {
+            "kind": "eval",
+            "round": t,
+            "train_loss": train_loss,
+            "average_loss": self.loss_sum / self.loss_count if self.loss_count else math.nan,
+            "bytes_sent_per_node": self._bytes_done / self.n,
+            **result,
+        }
+        self.evals.append(record)
+        if self.regret is not None:  # the rounds since the last evaluation, once
+            self.regret.update(self.losses, [e["round"] for e in self.evals])
+        self._last_acc = result["avg_model_accuracy"]
+        logger.debug("round %d evaluated: %s", t, _brief(record))
+        if self.writer is not None:
+            self.writer.write(record)
+            self.writer.flush()
+
+    @property
+    def last_accuracy(self) -> float | None:
+        """The average model's accuracy at the last evaluation (None before the first)."""
+        return self._last_acc
+
+
+def _brief(record: Mapping[str, Any]) -> str:
+    """An evaluation record's figures, for a debug line."""
+    return ", ".join(
+        f"{k} {v:.4g}" for k, v in record.items() if isinstance(v, float) and k != "round"
+    )
+
+
+def finish_run(
+    setup: RunSetup,
+    observer: RunObserver,
+    out: Path,
+    *,
+    name: str,
+    transport: str,
+    wall_seconds: float,
+    final_params: Mapping[str, torch.Tensor],
+    extra: Mapping[str, Any] | None = None,
+    status: str = "completed",
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The end of every run, whatever its transport: the regret (``run.regret``, of a
+    completed run only), ``summary.json`` (with ``extra`` keys) and ``curves.png``;
+    returns the summary.
+
+    ``status`` is ``completed``, ``interrupted`` (Ctrl-C, SIGTERM, peers stopped) or
+    ``failed`` (``error`` says why); the summary's ``rounds_completed`` says how far the
+    run got and its figures are those of the last evaluation reached.
+    """
+    regret = add_regret(setup, observer, out) if status == "completed" else None
+    summary = make_summary(
+        setup,
+        name=name,
+        transport=transport,
+        wall_seconds=wall_seconds,
+        observer=observer,
+        final_params=final_params,
+        regret=regret,
+    )
+    summary["status"] = status
+    summary["rounds_completed"] = observer.rounds_done
+    if error is not None:
+        summary["error"] = error
+    summary.update(extra or {})
+    write_results(out, summary)
+    return summary
+
+
+def regret_tracker(setup: RunSetup) -> RegretTracker | None:
+    """The tracker that computes a run's regret curve as it goes (``run.regret``, convex
+    models), or None where no curve is computed."""
+    if not (setup.config.run.regret and regret_applies(setup)):
+        return None
+    return RegretTracker(setup)
+
+
+def add_regret(setup: RunSetup, observer: RunObserver, out: Path) -> list[dict[str, Any]] | None:
+    """The regret curve of a finished run (``run.regret``, convex models), appended to
+    ``metrics.jsonl`` as ``"kind": "regret"`` records; None where it is not computed.
+
+    A simulated run's observer has brought its curve up to every evaluation already (this
+    accounts nothing twice); the runs of ``fedcore launch``, whose records are read back
+    after the run, compute it here, the same way."""
+    tracker = observer.regret if observer.regret is not None else regret_tracker(setup)
+    if tracker is None:
+        return None
+    began = time.perf_counter()
+    rounds = observer.rounds  # a round a node never reported counts as down, as before
+    losses = {n: row + [None] * (rounds - len(row)) for n, row in observer.losses.items()}
+    curve = list(tracker.update(losses, [e["round"] for e in observer.evals]))
+    writer = JsonlWriter(out / "metrics.jsonl", append=True)
+    try:
+        for record in curve:
+            writer.write(record)
+    finally:
+        writer.close()
+    logger.info(
+        "regret computed in %.1f s (%.1f s at the end of the run)",
+        tracker.seconds,
+        time.perf_counter() - began,
+    )
+    return curve
+
+
+def write_results(out: Path, summary: dict[str, Any]) -> None:
+    """Write ``summary.json`` and draw ``curves.png`` into a finished run's folder."""
+    write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
+    if not summary["final"]:
+        return  # no evaluation yet: nothing to draw
+    try:
+        from fedcore.plotting import plot_runs
+
+        plot_runs([out], out / "curves.png")
+    except Exception as exc:  # a missing picture must not lose a finished run
+        logger.warning("could not draw curves.png: %s", exc)
+
+
+def _digests(final: Mapping[str, torch.Tensor], nodes: Sequence[str]) -> dict[str, Any]:
+    """``params_sha256``: each node's final parameters' digest; above
+    :data:`~fedcore.config.NODE_MAPS_NODES` nodes, ``params_sha256_all`` instead: one digest
+    of every node's, in node order."""
+    if len(nodes) <= NODE_MAPS_NODES:
+        return {"params_sha256": {nid: params_sha256(final[nid]) for nid in nodes}}
+    return {"params_sha256_all": all_params_sha256(final[nid] for nid in nodes)}
+
+
+def _ranges(rounds: Sequence[int]) -> list[list[int]]:
+    """Sorted rounds as inclusive ``[first, last]`` runs: [3, 4, 5, 9] -> [[3, 5], [9, 9]]."""
+    out: list[list[int]] = []
+    for r in rounds:
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return out
+
+
+def make_summary(
+    setup: RunSetup,
+    *,
+    name: str,
+    transport: str,
+    wall_seconds: float,
+    observer: RunObserver,
+    final_params: Mapping[str, torch.Tensor],
+    regret: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The ``summary.json`` content of a finished run (the same for every transport)."""
+    config, graph = setup.config, setup.graph
+    n = observer.n
+    rounds = config.run.rounds
+    # The last round always evaluates; a run stopped early has the last evaluation it
+    # reached (or none).
+    final = dict(observer.evals[-1]) if observer.evals else {}
+    for key in ("kind", "round", "bytes_sent_per_node"):
+        final.pop(key, None)
+    if regret:
+        last = regret[-1]
+        for key in (
+            "static_regret",
+            "dynamic_regret",
+            "average_static_regret",
+            "average_dynamic_regret",
+        ):
+            final[key] = last[key]
+    totals = observer.totals
+    return {
+        "name": name,
+        "algorithm": setup.algorithm.name,
+        "transport": transport,
+        "nodes": n,
+        "rounds": rounds,
+        "wall_seconds": wall_seconds,
+        "run_id": setup.run_id,
+        # The step size as used: after algorithm.lr_scaling for the batch size.
+        "step_size": {
+            "lr": setup.options.lr,
+            "schedule": setup.options.lr_schedule,
+            "warmup_rounds": setup.options.warmup_rounds,
+            "lr_power": setup.options.lr_power,
+            "lr_scaling": config.algorithm.lr_scaling,
+        },
+        # The node optimizer and the options it took ("sgd" alone: the plain step).
+        "optimizer": {"name": config.optimizer.name, **config.optimizer.options()},
+        "topology": {
+            "name": setup.trust.name,
+            "communication_graph": graph.name,
+            # O(n^3): skipped (null) on graphs too large for a dense eigensolver.
+            "spectral_gap": spectral_gap(graph) if len(graph.nodes) <= MAX_GAP_NODES else None,
+            "period": graph.period,
+        },
+        "final": final,
+        "traffic": {
+            "bytes_sent": totals["bytes_sent"],
+            "messages_sent": totals["messages_sent"],
+            "messages_missing": totals["messages_missing"],
+            "messages_dropped": totals["messages_dropped"],
+            "messages_late": totals["messages_late"],
+            "messages_rejected": totals["messages_rejected"],
+            "bytes_per_node_per_round": totals["bytes_sent"] / (n * max(1, observer.rounds_done)),
+            # run.local_steps optimizer steps a round: the bytes each step costs.
+            "local_steps": config.run.local_steps,
+            "bytes_per_node_per_local_step": totals["bytes_sent"]
+            / (n * max(1, observer.rounds_done) * config.run.local_steps),
+            "codec": config.compression.codec,
+            # What float32 would have taken for the same tensors, over what was sent
+            # (payload bytes, headers excluded).
+            "compression_ratio_vs_fp32": (
+                totals["fp32_bytes_sent"] / totals["bytes_sent"] if totals["bytes_sent"] else None
+            ),
+        },
+        "missing_rounds": {
+            sender: _ranges(sorted(rounds)) for sender, rounds in sorted(observer.missing.items())
+        },
+        "faults": {
+            "lost_per_edge": dict(sorted(observer.dropped_edges.items())),
+            "missing_per_edge": dict(sorted(observer.missing_edges.items())),
+            "down_rounds": {n: _ranges(r) for n, r in sorted(observer.down.items())},
+        },
+        **_digests(final_params, observer.nodes),
+        "regret": [{k: v for k, v in r.items() if k != "kind"} for r in regret or []],
+    }
