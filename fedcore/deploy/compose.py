@@ -359,7 +359,8 @@ def write_compose(
     """Write a docker-compose deployment of ``config`` into ``out``; return the compose file.
 
     Args:
-        config: The experiment (validated here as ``launch`` would).
+        config: The experiment; its run plan is checked here (graph, weights, the cheap
+            checks), without loading its data or building its model.
         out: The folder to write (created; existing peer folders are kept).
         image: The image of every service.
         port: The port every peer listens on in its container (without ``roster``).

@@ -593,7 +593,8 @@ def write_k8s(
     """Write Kubernetes manifests of ``config`` into ``out``; return ``out/k8s``.
 
     Args:
-        config: The experiment (validated here as ``launch`` would).
+        config: The experiment; its run plan is checked here (graph, weights, the cheap
+            checks), without loading its data or building its model.
         out: The folder to write (created; gathered ``nodes/`` folders are kept, and
             manifests of nodes no longer in the graph are removed from ``out/k8s``).
         image: Every peer's image (``nodes/Dockerfile``), pulled if not present.

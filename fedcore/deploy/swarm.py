@@ -224,7 +224,8 @@ def write_stack(
     """Write a Docker Swarm stack of ``config`` into ``out``; return the stack file.
 
     Args:
-        config: The experiment (validated here as ``launch`` would).
+        config: The experiment; its run plan is checked here (graph, weights, the cheap
+            checks), without loading its data or building its model.
         out: The folder to write (created).
         image: The image of every service (it must exist on every host of the swarm).
         port: The port every peer listens on, on the overlay network.
