@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from fedcore import registry
 from fedcore.errors import ConfigError
 from fedcore.ids import check_node_id, clip, shorten
 
@@ -94,7 +95,7 @@ LR_SCHEDULES = ("constant", "sqrt", "cosine", "poly")
 """Step-size schedules (``algorithm.lr_schedule``)."""
 LR_SCALINGS = ("none", "linear", "sqrt")
 """How ``algorithm.lr`` scales with the batch size (``algorithm.lr_scaling``)."""
-OPTIMIZER_NAMES = ("sgd", "momentum", "adam", "adamw", "lars", "lamb")
+OPTIMIZER_NAMES = registry.OPTIMIZERS.names
 """Node optimizers (``optimizer.name``; :data:`fedcore.algorithms.optim.OPTIMIZERS`)."""
 TRANSPORTS = ("inproc", "grpc")
 """Transports (``transport.kind``)."""
@@ -107,10 +108,10 @@ NODE_RECORDS = ("auto", "all", "eval", "none")
 DEVICES = ("cpu", "cuda")
 """Device kinds ``simulate.device`` may name (``"cuda:1"`` picks a GPU)."""
 
-CONVEX_MODELS = ("logreg",)
+CONVEX_MODELS = registry.MODELS.tagged("convex")
 """Built-in models whose loss is convex in the parameters (``run.regret`` needs one)."""
 
-CODECS = ("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "fp8", "float", "s2fp8", "raw")
+CODECS = registry.CODECS.names
 """Codecs (``compression.codec``)."""
 
 # Bounds of the integer keys, so that a typo such as 10**23 is a clear ConfigError here and
@@ -342,14 +343,7 @@ class OptimizerConfig:
         return out
 
 
-_OPTIMIZER_KEYS: dict[str, tuple[str, ...]] = {
-    "sgd": ("weight_decay",),
-    "momentum": ("momentum", "nesterov", "weight_decay"),
-    "adam": ("betas", "eps", "weight_decay"),
-    "adamw": ("betas", "eps", "weight_decay"),
-    "lars": ("eta", "momentum", "weight_decay"),
-    "lamb": ("betas", "eps", "weight_decay", "trust_clip"),
-}
+_OPTIMIZER_KEYS: dict[str, tuple[str, ...]] = {e.name: e.keys for e in registry.OPTIMIZERS}
 """The ``[optimizer]`` keys each optimizer takes (its factory's keywords)."""
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedcore import registry
 from fedcore.config import ORDERS, PARTITIONS
 from fedcore.errors import DataError, FedcoreError
 from fedcore.ids import error_text
@@ -182,7 +183,7 @@ def mnist1d(*, seed: int = 0, test_fraction: float = 0.2, num_samples: int = 10_
     )
 
 
-DATASETS: dict[str, Callable[..., Dataset]] = {"digits": digits, "mnist1d": mnist1d}
+DATASETS: dict[str, Callable[..., Dataset]] = registry.DATASETS.factories()
 
 
 def load_object(path: str, *, what: str) -> object:

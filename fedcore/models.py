@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from fedcore import registry
 from fedcore.config import MAX_PARAMETERS
 from fedcore.data import refused_arguments, resolve_factory
 from fedcore.errors import DataError, FedcoreError
@@ -75,7 +76,7 @@ def cnn1d(*, input_dim: int, num_classes: int, hidden: int = 32) -> nn.Module:
     )
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {"logreg": logreg, "mlp": mlp, "cnn1d": cnn1d}
+MODELS: dict[str, Callable[..., nn.Module]] = registry.MODELS.factories()
 
 
 _BYTES_PER_PARAMETER = 3 * 4

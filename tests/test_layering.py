@@ -19,6 +19,7 @@ LAYERS = {
     "lazy": 0,
     "runtime": 0,
     "counter_random": 0,
+    "registry": 0,
     "faults": 1,
     "topology": 1,
     "data": 1,

@@ -11,6 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from fedcore import registry
 from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext
 from fedcore.algorithms.compressed import CHOCO, CHOCOState, DeepSqueeze, DeepSqueezeState
 from fedcore.algorithms.dpsgd import DPSGD, DPSGDState
@@ -65,20 +66,8 @@ __all__ = [
     "make_algorithm",
 ]
 
-ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
-    "ops": OPS,
-    "dpsgd": DPSGD,
-    "dog": DOG,
-    "dol": DOL,
-    "local": Local,
-    "central": Central,
-    "deepsqueeze": DeepSqueeze,
-    "choco": CHOCO,
-    "rps": RPS,
-    "fedavg": FedAvg,
-    "doublesqueeze": DoubleSqueeze,
-    "apmsqueeze": APMSqueeze,
-}
+ALGORITHMS: dict[str, Callable[..., Algorithm]] = registry.ALGORITHMS.factories()
+"""Name -> factory of every registered algorithm (:data:`fedcore.registry.ALGORITHMS`)."""
 
 
 def _unknown(name: str) -> ConfigError:

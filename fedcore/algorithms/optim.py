@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fedcore import registry
 from fedcore.errors import ConfigError
 
 __all__ = [
@@ -293,21 +294,16 @@ def lamb(
     return Optimizer("lamb", init, update)
 
 
-def _adamw(**options: Any) -> Optimizer:
+def adamw(**options: Any) -> Optimizer:
+    """AdamW: :func:`adam` with the weight decay decoupled from the gradient."""
     return adam(decoupled=True, **options)
 
 
-OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {
-    "sgd": sgd,
-    "momentum": momentum,
-    "adam": adam,
-    "adamw": _adamw,
-    "lars": lars,
-    "lamb": lamb,
-}
-"""Name -> factory taking the optimizer's options as keywords."""
+OPTIMIZERS: dict[str, Callable[..., Optimizer]] = registry.OPTIMIZERS.factories()
+"""Name -> factory taking the optimizer's options as keywords
+(:data:`fedcore.registry.OPTIMIZERS`)."""
 
-_PER_LAYER = ("lars", "lamb")
+_PER_LAYER = registry.OPTIMIZERS.tagged("per-layer")
 
 
 def make_optimizer(

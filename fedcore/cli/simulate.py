@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from fedcore.cli.common import RUN, SET, THREADS, VERBOSE, print_table, start_run
+from fedcore.config import ENGINES
 from fedcore.errors import ConfigError
 
 __all__ = ["add"]
@@ -24,7 +25,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     sim.add_argument(
         "--engine",
-        choices=("auto", "vectorized", "messages"),
+        choices=ENGINES,
         help="simulate.engine: 'vectorized' (every node's round at once), 'messages' (one "
         "node object per peer, exchanging encoded messages) or 'auto' (vectorized where "
         "it supports the config; the default)",

@@ -7,15 +7,16 @@ decodes any codec by name with :func:`get_codec`. Encoding is configured from th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from fedcore import registry
 from fedcore.compression.base import Codec, RawCodec, RowsCodec
 from fedcore.compression.codecs import CastCodec, QSGDCodec, RandKCodec, SignCodec, TopKCodec
 from fedcore.compression.floats import CustomFloatCodec, FP8Codec, S2FP8Codec
-from fedcore.config import CODECS as CODECS_IN_CONFIG
 from fedcore.config import CompressionConfig
 from fedcore.errors import CompressionError
 
@@ -29,22 +30,71 @@ __all__ = [
     "make_codec",
 ]
 
-CODEC_NAMES = CODECS_IN_CONFIG
-"""The codecs a config may name (``compression.codec``)."""
+CODEC_NAMES = registry.CODECS.names
+"""The codecs a config may name (``compression.codec``; :data:`fedcore.registry.CODECS`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """The ``[compression]`` options every codec factory is given (each reads its own)."""
+
+    bits: int
+    ratio: float
+    chunk: int
+    scaled: bool
+    format: str
+    exp_bits: int
+    man_bits: int
+    scaling: str
+    layers: Sequence[int]
+    generator: torch.Generator | None
+
+
+# Each codec's factory, as the registry names it: (name, options) -> its encoder.
+def _cast(name: str, o: _Options) -> RowsCodec:
+    return CastCodec(name)
+
+
+def _qsgd(name: str, o: _Options) -> RowsCodec:
+    return QSGDCodec(o.bits, chunk=o.chunk, scaled=o.scaled, generator=o.generator)
+
+
+def _sign(name: str, o: _Options) -> RowsCodec:
+    return SignCodec(o.chunk)
+
+
+def _topk(name: str, o: _Options) -> RowsCodec:
+    return TopKCodec(o.ratio)
+
+
+def _randk(name: str, o: _Options) -> RowsCodec:
+    return RandKCodec(o.ratio, generator=o.generator)
+
+
+def _fp8(name: str, o: _Options) -> RowsCodec:
+    return FP8Codec(o.format, chunk=o.chunk)
+
+
+def _float(name: str, o: _Options) -> RowsCodec:
+    return CustomFloatCodec(o.exp_bits, o.man_bits, scaling=o.scaling, layers=o.layers)
+
+
+def _s2fp8(name: str, o: _Options) -> RowsCodec:
+    return S2FP8Codec()
+
+
+def _raw(name: str, o: _Options) -> RowsCodec:
+    return RawCodec()
+
+
+_DECODING = _Options(8, 0.01, 0, False, "e4m3", 4, 3, "none", (), generator=None)
+"""Options of the decoders :func:`get_codec` hands out (decoding reads every parameter
+from the message's header; the defaults only build the objects)."""
 
 CODECS: dict[str, Codec] = {
-    "raw": RawCodec(),
-    "fp32": CastCodec("fp32"),
-    "fp16": CastCodec("fp16"),
-    "bf16": CastCodec("bf16"),
-    "qsgd": QSGDCodec(),
-    "sign": SignCodec(),
-    "topk": TopKCodec(),
-    "randk": RandKCodec(),
-    "fp8": FP8Codec(),
-    "float": CustomFloatCodec(),
-    "s2fp8": S2FP8Codec(),
+    name: registry.CODECS.load(name)(name, _DECODING) for name in CODEC_NAMES
 }
+"""Name -> a codec that decodes what it names (:func:`get_codec`)."""
 
 
 def get_codec(name: str) -> Codec:
@@ -83,28 +133,24 @@ def make_codec(
     Raises:
         CompressionError: an unknown name or an invalid option (naming both).
     """
-    generator = torch.Generator().manual_seed(seed)
-    if name in ("fp32", "fp16", "bf16"):
-        return CastCodec(name)
-    if name == "qsgd":
-        return QSGDCodec(bits, chunk=chunk, scaled=scaled, generator=generator)
-    if name == "sign":
-        return SignCodec(chunk)
-    if name == "topk":
-        return TopKCodec(ratio)
-    if name == "randk":
-        return RandKCodec(ratio, generator=generator)
-    if name == "fp8":
-        return FP8Codec(format, chunk=chunk)
-    if name == "float":
-        return CustomFloatCodec(exp_bits, man_bits, scaling=scaling, layers=layers)
-    if name == "s2fp8":
-        return S2FP8Codec()
-    if name == "raw":
-        return RawCodec()
-    raise CompressionError(
-        f"unknown codec {name!r}; use one of {', '.join(CODEC_NAMES)} (compression.codec)."
+    if name not in registry.CODECS:
+        raise CompressionError(
+            f"unknown codec {name!r}; use one of {', '.join(CODEC_NAMES)} (compression.codec)."
+        )
+    options = _Options(
+        bits,
+        ratio,
+        chunk,
+        scaled,
+        format,
+        exp_bits,
+        man_bits,
+        scaling,
+        layers,
+        generator=torch.Generator().manual_seed(seed),
     )
+    factory: Callable[[str, _Options], RowsCodec] = registry.CODECS.load(name)
+    return factory(name, options)
 
 
 def codec_options(compression: CompressionConfig) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedcore import registry
 from fedcore.config import Config
 from fedcore.data import (
     Dataset,
@@ -136,7 +137,10 @@ def make_objective(config: Config, dataset: Dataset, gradient_mode: str | None =
     computed; ``None`` decides it on the first training examples (once a run: every peer
     and engine then reuses the run's decision, :meth:`RunSetup.objective`)."""
     options = dict(config.model.options)
-    if config.model.name in ("mlp", "cnn1d"):
+    if (
+        config.model.name in registry.MODELS
+        and "hidden" in registry.MODELS.entry(config.model.name).keys
+    ):
         options["hidden"] = config.model.hidden
     module = build_model(
         config.model.name,

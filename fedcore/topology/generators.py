@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
+from fedcore import registry
 from fedcore.config import MAX_NODES, SEED_LIMIT
 from fedcore.errors import TopologyError
 from fedcore.ids import check_node_id
@@ -43,18 +44,8 @@ __all__ = [
     "torus",
 ]
 
-KINDS: tuple[str, ...] = (
-    "ring",
-    "directed-ring",
-    "exponential",
-    "torus",
-    "complete",
-    "erdos-renyi",
-    "social",
-    "random-regular",
-    "one-peer-exponential",
-    "star",
-)
+KINDS: tuple[str, ...] = registry.TOPOLOGY_KINDS.names
+"""Every topology kind a config or spec may name (:data:`fedcore.registry.TOPOLOGY_KINDS`)."""
 
 MAX_PAIRS = 10**8
 """Most ordered node pairs ``erdos_renyi`` may draw for (one random number each): 10,000
@@ -498,19 +489,45 @@ def _build_erdos_renyi(nodes: int, seed: int, params: dict[str, object]) -> Trus
     return erdos_renyi(nodes, float(p), seed=seed)
 
 
-_BUILDERS: Mapping[str, tuple[tuple[str, ...], Callable[[int, int, dict[str, object]], Topology]]]
-_BUILDERS = {
-    "ring": ((), lambda n, s, p: ring(n)),
-    "directed-ring": ((), lambda n, s, p: ring(n, directed=True)),
-    "exponential": ((), lambda n, s, p: exponential(n)),
-    "torus": (("rows", "cols"), lambda n, s, p: _build_torus(n, p)),
-    "complete": ((), lambda n, s, p: complete(n)),
-    "erdos-renyi": (("p",), _build_erdos_renyi),
-    "social": ((), lambda n, s, p: social(n, seed=s)),
-    "random-regular": (("degree",), _build_random_regular),
-    "one-peer-exponential": ((), lambda n, s, p: one_peer_exponential(n)),
-    "star": (("server",), lambda n, s, p: star(n, server=str(p.get("server", "server")))),
-}
+# Each kind's builder, as the registry names it: (nodes, seed, parameters) -> topology.
+def _kind_ring(n: int, s: int, p: dict[str, object]) -> Topology:
+    return ring(n)
+
+
+def _kind_directed_ring(n: int, s: int, p: dict[str, object]) -> Topology:
+    return ring(n, directed=True)
+
+
+def _kind_exponential(n: int, s: int, p: dict[str, object]) -> Topology:
+    return exponential(n)
+
+
+def _kind_torus(n: int, s: int, p: dict[str, object]) -> Topology:
+    return _build_torus(n, p)
+
+
+def _kind_complete(n: int, s: int, p: dict[str, object]) -> Topology:
+    return complete(n)
+
+
+def _kind_erdos_renyi(n: int, s: int, p: dict[str, object]) -> Topology:
+    return _build_erdos_renyi(n, s, p)
+
+
+def _kind_social(n: int, s: int, p: dict[str, object]) -> Topology:
+    return social(n, seed=s)
+
+
+def _kind_random_regular(n: int, s: int, p: dict[str, object]) -> Topology:
+    return _build_random_regular(n, s, p)
+
+
+def _kind_one_peer_exponential(n: int, s: int, p: dict[str, object]) -> Topology:
+    return one_peer_exponential(n)
+
+
+def _kind_star(n: int, s: int, p: dict[str, object]) -> Topology:
+    return star(n, server=str(p.get("server", "server")))
 
 
 def build(kind: str, *, nodes: int, seed: int = 0, **params: object) -> Topology:
@@ -529,9 +546,10 @@ def build(kind: str, *, nodes: int, seed: int = 0, **params: object) -> Topology
     Raises:
         TopologyError: On an unknown kind, an unknown parameter or a bad value.
     """
-    if kind not in _BUILDERS:
+    if kind not in registry.TOPOLOGY_KINDS:
         raise TopologyError(f"Unknown topology kind {kind!r}. Use one of: {', '.join(KINDS)}.")
-    allowed, builder = _BUILDERS[kind]
+    allowed = registry.TOPOLOGY_KINDS.entry(kind).keys
+    builder: Callable[[int, int, dict[str, object]], Topology] = registry.TOPOLOGY_KINDS.load(kind)
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         takes = ", ".join(allowed) if allowed else "no parameters besides nodes and seed"

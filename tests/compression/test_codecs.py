@@ -12,8 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcore.compression import (
-    CODEC_NAMES,
-    CODECS,
     CastCodec,
     Codec,
     QSGDCodec,
@@ -255,11 +253,6 @@ def test_registry_errors_name_the_codec() -> None:
         make_codec("qsgd", bits=3)
     with pytest.raises(CompressionError, match="ratio"):
         make_codec("topk", ratio=0.0)
-    assert set(CODEC_NAMES) == {
-        *("fp32", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "raw"),
-        *("fp8", "float", "s2fp8"),
-    }
-    assert set(CODEC_NAMES) <= set(CODECS)
     assert isinstance(get_codec("fp16"), CastCodec)
 
 

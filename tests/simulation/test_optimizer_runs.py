@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fedcore.algorithms.optim import OPTIMIZERS, Optimizer
-from fedcore.config import OPTIMIZER_NAMES, load_config
+from fedcore.config import load_config
 from fedcore.engines.messages import build_network
 from fedcore.engines.vectorized import VectorizedNetwork
 from fedcore.errors import ConfigError
@@ -46,8 +46,8 @@ def _with(name: str, *extra: str) -> list[str]:
     return [f"optimizer.name={name}", *OPTIONS[name], "model.name=mlp", *extra]
 
 
-def test_the_config_names_every_optimizer() -> None:
-    assert set(OPTIMIZER_NAMES) == set(OPTIMIZERS) == set(OPTIONS)
+def test_this_suite_covers_every_optimizer() -> None:
+    assert set(OPTIONS) == set(OPTIMIZERS)
 
 
 def test_plain_sgd_is_todays_step() -> None:

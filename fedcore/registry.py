@@ -1,0 +1,191 @@
+"""One list per family of names: the algorithms, codecs, node optimizers, topology kinds,
+datasets and models a config may name.
+
+Each family is listed here once, and only here. Every other place reads it: config
+validation (:mod:`fedcore.config`, which must answer a bad name without importing torch),
+the registries that build the objects (``fedcore.algorithms.ALGORITHMS``,
+``fedcore.compression.CODECS``, ``fedcore.algorithms.optim.OPTIMIZERS``,
+``fedcore.topology.generators.KINDS``, ``fedcore.data.DATASETS``,
+``fedcore.models.MODELS``), and the tests that hold the README's tables to them.
+
+An entry names its implementation by import path (``"module:attribute"``), loaded only when
+asked for (:meth:`Family.load`), so this module imports nothing heavy. To add a name, add
+its entry here and write the implementation it points to; ``docs/architecture.md`` says
+which contract suite then covers it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ALGORITHMS",
+    "CODECS",
+    "DATASETS",
+    "MODELS",
+    "OPTIMIZERS",
+    "TOPOLOGY_KINDS",
+    "Entry",
+    "Family",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One name of a family.
+
+    Attributes:
+        name: The name a config uses.
+        target: ``"module:attribute"``: the factory (class or function) behind the name.
+        keys: The options it takes by name (an optimizer's ``[optimizer]`` keys, a topology
+            kind's parameters, a model's config keys).
+        tags: What sets it apart within its family (``"convex"``: a model whose regret has
+            a comparator; ``"per-layer"``: an optimizer that needs the layer sizes).
+    """
+
+    name: str
+    target: str
+    keys: tuple[str, ...] = ()
+    tags: frozenset[str] = frozenset()
+
+
+class Family:
+    """The names of one family, in the order its documentation lists them."""
+
+    def __init__(self, what: str, entries: tuple[Entry, ...]) -> None:
+        self.what = what
+        self._entries = {e.name: e for e in entries}
+        if len(self._entries) != len(entries):
+            raise ValueError(f"a {what} is listed twice")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name, in listing order."""
+        return tuple(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries.values())
+
+    def entry(self, name: str) -> Entry:
+        """The entry of ``name`` (``KeyError`` if it is not one)."""
+        return self._entries[name]
+
+    def tagged(self, tag: str) -> tuple[str, ...]:
+        """The names that carry ``tag``."""
+        return tuple(e.name for e in self if tag in e.tags)
+
+    def load(self, name: str) -> Any:
+        """The factory behind ``name``, imported now."""
+        module, _, attribute = self.entry(name).target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def factories(self) -> dict[str, Any]:
+        """Name -> factory for every name (what the family's own registry holds)."""
+        return {name: self.load(name) for name in self.names}
+
+
+def _entries(module: str, *items: tuple[Any, ...]) -> tuple[Entry, ...]:
+    """Entries whose factories live in ``module``: ``(name, attribute, keys?, tags?)``."""
+    out = []
+    for name, attribute, *rest in items:
+        keys = tuple(rest[0]) if rest else ()
+        tags = frozenset(rest[1]) if len(rest) > 1 else frozenset()
+        out.append(Entry(name, f"{module}:{attribute}", keys, tags))
+    return tuple(out)
+
+
+_ALGORITHMS = "fedcore.algorithms"
+ALGORITHMS = Family(
+    "algorithm",
+    (
+        Entry("ops", f"{_ALGORITHMS}.ops:OPS"),
+        Entry("dpsgd", f"{_ALGORITHMS}.dpsgd:DPSGD"),
+        Entry("dog", f"{_ALGORITHMS}.online:DOG"),
+        Entry("dol", f"{_ALGORITHMS}.online:DOL"),
+        Entry("local", f"{_ALGORITHMS}.reference:Local"),
+        Entry("central", f"{_ALGORITHMS}.reference:Central"),
+        Entry("deepsqueeze", f"{_ALGORITHMS}.compressed:DeepSqueeze"),
+        Entry("choco", f"{_ALGORITHMS}.compressed:CHOCO"),
+        Entry("rps", f"{_ALGORITHMS}.rps:RPS"),
+        Entry("fedavg", f"{_ALGORITHMS}.server:FedAvg"),
+        Entry("doublesqueeze", f"{_ALGORITHMS}.squeeze:DoubleSqueeze"),
+        Entry("apmsqueeze", f"{_ALGORITHMS}.squeeze:APMSqueeze"),
+    ),
+)
+"""``algorithm.name``: the registered algorithms (a user's goes by import path)."""
+
+CODECS = Family(
+    "codec",
+    _entries(
+        "fedcore.compression.registry",
+        ("fp32", "_cast"),
+        ("fp16", "_cast"),
+        ("bf16", "_cast"),
+        ("qsgd", "_qsgd"),
+        ("sign", "_sign"),
+        ("topk", "_topk"),
+        ("randk", "_randk"),
+        ("fp8", "_fp8"),
+        ("float", "_float"),
+        ("s2fp8", "_s2fp8"),
+        ("raw", "_raw"),
+    ),
+)
+"""``compression.codec``: each name's factory builds its encoder from the ``[compression]``
+options (:func:`fedcore.compression.make_codec`)."""
+
+OPTIMIZERS = Family(
+    "optimizer",
+    _entries(
+        "fedcore.algorithms.optim",
+        ("sgd", "sgd", ("weight_decay",)),
+        ("momentum", "momentum", ("momentum", "nesterov", "weight_decay")),
+        ("adam", "adam", ("betas", "eps", "weight_decay")),
+        ("adamw", "adamw", ("betas", "eps", "weight_decay")),
+        ("lars", "lars", ("eta", "momentum", "weight_decay"), ("per-layer",)),
+        ("lamb", "lamb", ("betas", "eps", "weight_decay", "trust_clip"), ("per-layer",)),
+    ),
+)
+"""``optimizer.name``; ``keys`` are the ``[optimizer]`` keys each takes."""
+
+TOPOLOGY_KINDS = Family(
+    "topology kind",
+    _entries(
+        "fedcore.topology.generators",
+        ("ring", "_kind_ring"),
+        ("directed-ring", "_kind_directed_ring"),
+        ("exponential", "_kind_exponential"),
+        ("torus", "_kind_torus", ("rows", "cols")),
+        ("complete", "_kind_complete"),
+        ("erdos-renyi", "_kind_erdos_renyi", ("p",)),
+        ("social", "_kind_social"),
+        ("random-regular", "_kind_random_regular", ("degree",)),
+        ("one-peer-exponential", "_kind_one_peer_exponential"),
+        ("star", "_kind_star", ("server",)),
+    ),
+)
+"""``topology.kind``; ``keys`` are each kind's parameters besides nodes and seed."""
+
+DATASETS = Family(
+    "dataset",
+    _entries("fedcore.data", ("digits", "digits"), ("mnist1d", "mnist1d")),
+)
+"""``data.dataset``: the built-in datasets (a user's goes by import path)."""
+
+MODELS = Family(
+    "model",
+    _entries(
+        "fedcore.models",
+        ("logreg", "logreg", (), ("convex",)),
+        ("mlp", "mlp", ("hidden",)),
+        ("cnn1d", "cnn1d", ("hidden",)),
+    ),
+)
+"""``model.name``: the built-in models (a user's goes by import path); ``keys`` are the
+``[model]`` keys each takes (``model.hidden``); ``convex``: regret has a comparator."""
