@@ -127,10 +127,10 @@ CODECS = Family(
         ("fp32", "_cast"),
         ("fp16", "_cast"),
         ("bf16", "_cast"),
-        ("qsgd", "_qsgd"),
-        ("sign", "_sign"),
-        ("topk", "_topk"),
-        ("randk", "_randk"),
+        ("qsgd", "_qsgd", (), ("relative",)),
+        ("sign", "_sign", (), ("relative",)),
+        ("topk", "_topk", (), ("relative",)),
+        ("randk", "_randk", (), ("relative",)),
         ("fp8", "_fp8"),
         ("float", "_float"),
         ("s2fp8", "_s2fp8"),
@@ -138,21 +138,24 @@ CODECS = Family(
     ),
 )
 """``compression.codec``: each name's factory builds its encoder from the ``[compression]``
-options (:func:`fedcore.compression.make_codec`)."""
+options (:func:`fedcore.compression.make_codec`); ``relative``: an error that scales with
+the values sent (no use on running sums that grow without bound)."""
 
 OPTIMIZERS = Family(
     "optimizer",
     _entries(
         "fedcore.algorithms.optim",
-        ("sgd", "sgd", ("weight_decay",)),
-        ("momentum", "momentum", ("momentum", "nesterov", "weight_decay")),
-        ("adam", "adam", ("betas", "eps", "weight_decay")),
+        ("sgd", "sgd", ("weight_decay",), ("server",)),
+        ("momentum", "momentum", ("momentum", "nesterov", "weight_decay"), ("server",)),
+        ("adam", "adam", ("betas", "eps", "weight_decay"), ("server",)),
         ("adamw", "adamw", ("betas", "eps", "weight_decay")),
         ("lars", "lars", ("eta", "momentum", "weight_decay"), ("per-layer",)),
         ("lamb", "lamb", ("betas", "eps", "weight_decay", "trust_clip"), ("per-layer",)),
     ),
 )
-"""``optimizer.name``; ``keys`` are the ``[optimizer]`` keys each takes."""
+"""``optimizer.name``; ``keys`` are the ``[optimizer]`` keys each takes; ``server``: one the
+server family's server may run (``algorithm.server_optimizer``); ``per-layer``: one that
+needs the model's layer sizes."""
 
 TOPOLOGY_KINDS = Family(
     "topology kind",

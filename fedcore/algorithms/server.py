@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fedcore import registry
 from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.optim import Optimizer, keep_rows, make_optimizer
 from fedcore.algorithms.rule import Gathered, Rows, Send, per_peer
@@ -54,7 +55,7 @@ from fedcore.messages import MessageSchema, ScalarSpec
 
 __all__ = ["FedAvg", "FedAvgRule", "FedAvgState", "sample_workers"]
 
-SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
+SERVER_OPTIMIZERS = registry.OPTIMIZERS.tagged("server")
 """What ``algorithm.server_optimizer`` may name."""
 
 _SAMPLES = ScalarSpec(0.0, 2.0**53, "a worker's count of training examples")

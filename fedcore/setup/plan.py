@@ -22,7 +22,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from fedcore import topology
+from fedcore import registry, topology
 from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
 from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.algorithms.rule import NodeRule, is_rule
@@ -59,7 +59,7 @@ __all__ = [
     "size_text",
 ]
 
-LOSSY_SPARSE = ("qsgd", "sign", "topk", "randk")
+LOSSY_SPARSE = registry.CODECS.tagged("relative")
 """Codecs whose error scales with the values sent (no use on growing running sums)."""
 
 COPIES = 4
