@@ -114,7 +114,6 @@ def make_config(
             f"run.rounds={rounds}",
             f"run.eval_every={10**6}",
             "run.name=bench",
-            "transport.kind=grpc",
             "transport.startup_timeout_s=300",
         ],
     )

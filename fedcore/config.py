@@ -13,7 +13,7 @@ A config file has ten tables; every key is optional and defaults to the built-in
                  order, stream, features, adversarial, noise, drift
     [model]      name, hidden, dtype
     [compression] codec, bits, ratio, chunk, scaled
-    [transport]  kind, mode, deadline_s, strict_timeout_s, startup_timeout_s,
+    [transport]  mode, deadline_s, strict_timeout_s, startup_timeout_s,
                  call_timeout_s, max_message_mb, tls (a table: dir)
     [faults]     seed, drop, edge_drop, delay_s, partitions, crashes, announce
     [simulate]   engine, device, node_records  (how ``fedcore simulate`` runs; not part
@@ -62,7 +62,7 @@ __all__ = [
     "ORDERS",
     "PARTITIONS",
     "PATH_KEYS",
-    "TRANSPORTS",
+    "REMOVED_KEYS",
     "AlgorithmConfig",
     "CompressionConfig",
     "Config",
@@ -97,8 +97,11 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 """How ``algorithm.lr`` scales with the batch size (``algorithm.lr_scaling``)."""
 OPTIMIZER_NAMES = registry.OPTIMIZERS.names
 """Node optimizers (``optimizer.name``; :data:`fedcore.algorithms.optim.OPTIMIZERS`)."""
-TRANSPORTS = ("inproc", "grpc")
-"""Transports (``transport.kind``)."""
+REMOVED_KEYS = {
+    "transport.kind": "the command chooses the transport (fedcore simulate: in-process; "
+    "fedcore launch and fedcore node: gRPC). Delete the line.",
+}
+"""Keys a config may no longer set, each with what to do instead (one line, exit 2)."""
 ENGINES = ("auto", "vectorized", "messages")
 """Values of ``simulate.engine``."""
 
@@ -474,11 +477,11 @@ class CompressionConfig:
 class TransportConfig:
     """``[transport]``: how peers talk and how long a node waits for its inbox.
 
-    ``fedcore simulate`` always runs in-process and ``fedcore launch`` / ``fedcore node``
-    always over gRPC; ``kind`` records which one a config was written for.
+    The command chooses the transport: ``fedcore simulate`` runs in-process, ``fedcore
+    launch`` and ``fedcore node`` over gRPC (:data:`REMOVED_KEYS`: ``kind`` said so and did
+    nothing, and is refused).
     """
 
-    kind: str = "inproc"
     mode: str = "strict"
     deadline_s: float = 5.0
     strict_timeout_s: float = 300.0
@@ -521,12 +524,6 @@ class TransportConfig:
                 self.tls.get("dir"),
                 "must be the certificate folder (fedcore certs init --out DIR)",
             )
-        _require(
-            self.kind in TRANSPORTS,
-            "transport.kind",
-            self.kind,
-            f"must be one of {', '.join(TRANSPORTS)}",
-        )
         for key in (
             "startup_timeout_s",
             "call_timeout_s",
@@ -866,6 +863,9 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
         kwargs: dict[str, Any] = {}
         options: dict[str, Any] = {}
         for key, value in table.items():
+            removed = REMOVED_KEYS.get(f"{name}.{key}")
+            if removed is not None:
+                raise ConfigError(f"{name}.{key} was removed: {removed}")
             if key in known:
                 kwargs[key] = _coerce(f"{name}.{key}", value, getattr(defaults, key))
             elif takes_options:

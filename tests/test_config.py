@@ -56,7 +56,7 @@ def test_defaults_are_the_built_in_run() -> None:
     assert (c.data.batch_size, c.data.test_fraction, c.data.shards_per_node) == (32, 0.2, 2)
     assert (c.model.name, c.model.hidden, c.model.dtype) == ("logreg", 64, "float32")
     assert dict(c.model.options) == {}
-    assert (c.transport.kind, c.transport.mode) == ("inproc", "strict")
+    assert c.transport.mode == "strict"
 
 
 def test_load_config_without_file_or_overrides_is_the_default() -> None:
@@ -200,7 +200,6 @@ def test_bool_rejected_for_int_through_override() -> None:
         "data.test_fraction=0",
         "model.hidden=0",
         "model.dtype=float16",
-        "transport.kind=carrier-pigeon",
         "transport.mode=eager",
         "transport.deadline_s=0",
         "transport.strict_timeout_s=-1",
@@ -349,7 +348,7 @@ def test_section_classes_validate_directly() -> None:
     with pytest.raises(ConfigError):
         ModelConfig(dtype="int8")
     with pytest.raises(ConfigError):
-        TransportConfig(kind="carrier-pigeon")
+        TransportConfig(mode="eager")
 
 
 # --- fingerprint ------------------------------------------------------------------------
@@ -390,3 +389,14 @@ def test_undirected_topology_adds_reverse_edges() -> None:
     assert not one_way.at(0).is_symmetric() and both.at(0).is_symmetric()
     assert set(one_way.at(0).edges()) < set(both.at(0).edges())
     assert both.name == "exponential-16-undirected"
+
+
+def test_a_removed_key_is_refused_saying_what_to_do(tmp_path: Path) -> None:
+    """``transport.kind`` did nothing (the command chooses the transport): a config that
+    still sets it is refused in one line that says so, from a file or from --set."""
+    with pytest.raises(ConfigError, match=r"transport\.kind was removed: the command chooses"):
+        load_config(None, ["transport.kind=grpc"])
+    path = tmp_path / "old.toml"
+    path.write_text('[transport]\nkind = "inproc"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="Delete the line"):
+        load_config(path)

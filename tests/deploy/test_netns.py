@@ -274,7 +274,6 @@ def test_peers_in_their_own_namespaces_match_simulate(hosts: Hosts, tmp_path: Pa
             "topology.nodes=4",
             f"run.rounds={rounds}",
             "run.eval_every=10",
-            "transport.kind=grpc",
             "transport.startup_timeout_s=60",
             "transport.strict_timeout_s=60",
             "simulate.engine=messages",  # the reference gRPC peers equal bit for bit
@@ -311,7 +310,6 @@ def test_deadline_run_rides_out_a_cut_link(hosts: Hosts, tmp_path: Path) -> None
             "topology.nodes=4",
             f"run.rounds={rounds}",
             "run.eval_every=20",
-            "transport.kind=grpc",
             "transport.mode=deadline",
             "transport.deadline_s=1",
             # A push into the dead link gives up after 0.5 s, not the default 60 s, so the
