@@ -154,6 +154,17 @@ def _row_by_row(tensors: Mapping[str, torch.Tensor], name: str) -> bool:
     return source.device.type == "cpu" and source.dim() == 2 and source.shape[1] >= ROW_BY_ROW
 
 
+def _exact_in(kind: torch.dtype, source: torch.dtype, weights: torch.Tensor | None) -> bool:
+    """Whether ``float64 += float32 * w`` is exact in its product for every weight: float32
+    values (24-bit significands) times integers below ``2**29`` fit float64's 53 bits, so
+    one fused multiply-add rounds as the product-then-sum does."""
+    if kind != torch.float64 or source != torch.float32:
+        return False
+    if weights is None or weights.numel() == 0:
+        return True
+    return bool((weights == weights.round()).all()) and float(weights.abs().max()) < 2**29
+
+
 def add_slot(
     out: torch.Tensor,
     slot: Slot,
@@ -223,30 +234,52 @@ class Gathered:
     b: int
 
     def total(
-        self, name: str, weight: str | None = None, dtype: torch.dtype | None = None
+        self,
+        name: str,
+        weight: str | None = None,
+        dtype: torch.dtype | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[B, ...]``: per row, the sum of the tensors ``name`` that arrived, each times
-        its scalar ``weight`` if given, summed in ``dtype`` (default: the tensors')."""
+        its scalar ``weight`` if given, summed in ``dtype`` (default: the tensors').
+
+        ``rows`` (``[K]`` long, ascending): only those rows, as ``[K, ...]`` (each the same
+        bits as its row of the whole total): a server's row, where no other row heard."""
         tensors = self.tensors
         if _row_by_row(tensors, name):
             # A large model: each message added where its sender holds it, one after
             # another in message order, as index_add_ adds them.
             assert isinstance(tensors, SenderRows)
-            source, rows = tensors.source(name)
+            source, senders = tensors.source(name)
             kind = dtype or source.dtype
-            out = source.new_zeros((self.b, *source.shape[1:]), dtype=kind)
+            at = None if rows is None else {r: k for k, r in enumerate(rows.tolist())}
+            size = self.b if at is None else len(at)
+            out = source.new_zeros((size, *source.shape[1:]), dtype=kind)
             w = None if weight is None else self.scalars[weight].to(kind)
-            for m, (j, r) in enumerate(zip(rows, self.dst.tolist(), strict=True)):
+            fused = _exact_in(kind, source.dtype, w)
+            for m, (j, r) in enumerate(zip(senders, self.dst.tolist(), strict=True)):
+                k = r if at is None else at.get(r)
+                if k is None:
+                    continue
+                if fused:  # a float32 value times an integer is exact in float64
+                    out[k].add_(source[j], alpha=1 if w is None else float(w[m]))
+                    continue
                 value = source[j].to(kind)
-                out[r].add_(value if w is None else value * w[m])
+                out[k].add_(value if w is None else value * w[m])
             return out
         values = tensors[name]
+        dst = self.dst
+        b = self.b
+        if rows is not None:
+            keep = torch.isin(dst, rows)
+            values, dst, b = values[keep], torch.searchsorted(rows, dst[keep]), rows.numel()
         kind = dtype or values.dtype
         values = values.to(kind)
         if weight is not None:
-            values = values * self.scalars[weight].to(kind).reshape(-1, *[1] * (values.dim() - 1))
-        out = values.new_zeros((self.b, *values.shape[1:]))
-        return out.index_add_(0, self.dst, values)
+            scale = self.scalars[weight] if rows is None else self.scalars[weight][keep]
+            values = values * scale.to(kind).reshape(-1, *[1] * (values.dim() - 1))
+        out = values.new_zeros((b, *values.shape[1:]))
+        return out.index_add_(0, dst, values)
 
     def scalar_total(self, name: str) -> torch.Tensor:
         """``[B]`` float64: per row, the sum of the scalars ``name`` that arrived."""

@@ -42,6 +42,7 @@ it acts on the averaged difference ``x - xbar`` (Reddi et al., ICLR 2021).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -221,12 +222,16 @@ class FedAvgRule:
         Phase 1 at a worker: take the global model if it arrived."""
         heard = inbox.heard().unsqueeze(1)
         if phase == 1:
-            x = torch.where(heard, inbox.total("x"), state.x)
+            x = _where_heard(heard, state.x, lambda rows: inbox.total("x", rows=rows))
             return FedAvgState(x, state.server_opt), None
         x, opt = state.x, state.server_opt
         weight = inbox.scalar_total("samples").clamp(min=1.0).unsqueeze(1)
-        average = (inbox.total("x", weight="samples", dtype=torch.float64) / weight).to(x.dtype)
-        average = torch.where(heard, average, x)
+
+        def mean(rows: torch.Tensor | None) -> torch.Tensor:
+            total = inbox.total("x", weight="samples", dtype=torch.float64, rows=rows)
+            return (total / (weight if rows is None else weight[rows])).to(x.dtype)
+
+        average = _where_heard(heard, x, mean)
         if self._opt is None:
             x = average
         elif bool(heard.any()):
@@ -238,3 +243,20 @@ class FedAvgRule:
 
 
 FedAvg = per_peer(FedAvgRule)
+
+
+def _where_heard(
+    heard: torch.Tensor,
+    x: torch.Tensor,
+    value: Callable[[torch.Tensor | None], torch.Tensor],
+) -> torch.Tensor:
+    """``torch.where(heard, value(None), x)``, computing ``value`` only on the rows that
+    heard when some did not (``value(rows)``: those rows, the same bits): a server's one
+    row among its workers', or the sampled workers among all."""
+    rows = heard.squeeze(1).nonzero().squeeze(1)
+    if rows.numel() == heard.shape[0]:
+        return value(None)
+    out = x.clone()
+    if rows.numel():
+        out[rows] = value(rows)
+    return out

@@ -95,32 +95,41 @@ def test_add_slot_row_by_row_equals_the_gathered_op(
     assert torch.equal(by_rows, gathered)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(1, 6),
     m=st.integers(0, 12),
     b=st.integers(1, 4),
     d=st.integers(1, 40),
     weighted=st.booleans(),
+    integral=st.booleans(),
+    subset=st.integers(0, 15),
     seed=st.integers(0, 2**16),
 )
 def test_gathered_total_row_by_row_equals_index_add(
-    n: int, m: int, b: int, d: int, weighted: bool, seed: int
+    n: int, m: int, b: int, d: int, weighted: bool, integral: bool, subset: int, seed: int
 ) -> None:
+    """Row by row (with integer weights in float64: one fused multiply-add a message) and
+    on a subset of rows, the same bits as index_add_ over every row."""
     g = torch.Generator().manual_seed(seed)
     values = torch.randn(n, d, generator=g)
     src = torch.randint(0, n, (m,), generator=g)
     dst = torch.sort(torch.randint(0, b, (m,), generator=g)).values
-    scalars = {"w": torch.rand(m, generator=g, dtype=torch.float64) * 50}
+    w = torch.rand(m, generator=g, dtype=torch.float64) * 50
+    scalars = {"w": (w * 2**22).round() if integral else w}  # integers up to 2**28
     weight = "w" if weighted else None
     eager = Gathered({"x": values[src]}, scalars, dst, b)
     lazy = Gathered(SenderRows({"x": values}, src), scalars, dst, b)
+    rows = torch.tensor([r for r in range(b) if subset >> r & 1], dtype=torch.long)
     for dtype in (None, torch.float64):
         expected = eager.total("x", weight=weight, dtype=dtype)
         with _every_row_by_row():
             got = lazy.total("x", weight=weight, dtype=dtype)
+            got_rows = lazy.total("x", weight=weight, dtype=dtype, rows=rows)
         assert got.dtype == expected.dtype
         assert torch.equal(got, expected)
+        assert torch.equal(got_rows, expected[rows])
+        assert torch.equal(eager.total("x", weight=weight, dtype=dtype, rows=rows), expected[rows])
 
 
 def _round(codec: str = "fp32", n: int = 3) -> BatchRound:
