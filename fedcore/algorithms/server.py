@@ -203,7 +203,11 @@ class FedAvgRule:
         """A sampled worker's last local step, and its model and example count for the
         server (only sampled workers send: :meth:`talks`)."""
         training = self.trains(rows)
-        x = torch.where(training.unsqueeze(1), state.x - rows.lr * grad, state.x)
+        x = _where_heard(
+            training.unsqueeze(1),
+            state.x,
+            lambda r: state.x - rows.lr * grad if r is None else state.x[r] - rows.lr * grad[r],
+        )
         samples = rows.samples.clamp(min=1.0)
         return FedAvgState(x, state.server_opt), Send({"x": x}, {"samples": samples})
 
@@ -250,13 +254,21 @@ def _where_heard(
     x: torch.Tensor,
     value: Callable[[torch.Tensor | None], torch.Tensor],
 ) -> torch.Tensor:
-    """``torch.where(heard, value(None), x)``, computing ``value`` only on the rows that
-    heard when some did not (``value(rows)``: those rows, the same bits): a server's one
-    row among its workers', or the sampled workers among all."""
-    rows = heard.squeeze(1).nonzero().squeeze(1)
-    if rows.numel() == heard.shape[0]:
+    """``torch.where(heard, value(None), x)`` (``heard`` ``[B, 1]`` bool), without a pass
+    over the whole stack for the select: ``value(rows)`` is those rows of ``value(None)``,
+    the same bits. Few rows heard (a server's one row among its workers'): ``x`` with
+    those rows computed; most did (the workers a server answered): every row computed,
+    and the others put back from ``x``."""
+    mask = heard.squeeze(1)
+    rows = mask.nonzero().squeeze(1)
+    if rows.numel() == mask.numel():
         return value(None)
-    out = x.clone()
-    if rows.numel():
-        out[rows] = value(rows)
+    if 2 * rows.numel() <= mask.numel():
+        out = x.clone()
+        if rows.numel():
+            out[rows] = value(rows)
+        return out
+    out = value(None)
+    others = (~mask).nonzero().squeeze(1)
+    out[others] = x[others]
     return out

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedcore.algorithms.server import sample_workers
 from fedcore.config import load_config
@@ -185,3 +187,27 @@ def test_fedavg_runs_ten_thousand_workers_on_the_vectorized_engine() -> None:
         assert int(f.sent.sum()) == 1000 + len(sample_workers(workers, 0.1, 0, t + 1))
     server = net.model()[net.nodes.index("server")]
     assert bool(torch.isfinite(server).all()) and not torch.equal(server, start)
+
+
+@settings(max_examples=50, deadline=None)
+@given(b=st.integers(1, 9), pattern=st.integers(0, 2**9 - 1), seed=st.integers(0, 2**16))
+def test_where_heard_is_torch_where_computing_only_what_it_keeps(
+    b: int, pattern: int, seed: int
+) -> None:
+    """However many rows heard (none, few, most, all): the bits of ``torch.where``."""
+    from fedcore.algorithms.server import _where_heard
+
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(b, 7, generator=g), torch.randn(b, 7, generator=g)
+    heard = torch.tensor([bool(pattern >> i & 1) for i in range(b)]).unsqueeze(1)
+    asked: list[int] = []
+
+    def value(rows: torch.Tensor | None) -> torch.Tensor:
+        asked.append(b if rows is None else rows.numel())
+        return (x * 3 - y) if rows is None else (x[rows] * 3 - y[rows])
+
+    got = _where_heard(heard, x, value)
+    assert torch.equal(got, torch.where(heard, x * 3 - y, x))
+    assert got is not x
+    heard_rows = int(heard.sum())
+    assert sum(asked) == (heard_rows if 2 * heard_rows <= b else b)
