@@ -8,8 +8,8 @@ vectorized, messages, ...), each after one untimed round on a fresh build, the m
 ``--repeats``; builds are not timed. The models are ``mlp`` on digits with a hidden width
 chosen for ``d`` (``hidden = 64`` gives ``d = 4,810``; ``hidden = 13,333`` about
 1,000,000), trained with the config's defaults otherwise. The table gives both, their
-ratio, the engine ``auto`` picks (:func:`fedcore.simulation.simulate.choose_engine`, which
-applies :func:`fedcore.runners.cost.engine_costs`) and whether that pick is the faster one
+ratio, the engine ``auto`` picks (:func:`fedcore.simulation.simulate.choose_engine`: the
+vectorized engine wherever it can run the config) and whether that pick is the faster one
 within ``--tolerance`` (default 10%: timings on a shared 2-core machine move that much).
 
 Both engines run under ``torch.set_num_threads(1)`` (``fedcore simulate``'s default) with
