@@ -203,7 +203,7 @@ class FedAvgRule:
         """A sampled worker's last local step, and its model and example count for the
         server (only sampled workers send: :meth:`talks`)."""
         training = self.trains(rows)
-        x = _where_heard(
+        x = _where_rows(
             training.unsqueeze(1),
             state.x,
             lambda r: state.x - rows.lr * grad if r is None else state.x[r] - rows.lr * grad[r],
@@ -226,7 +226,7 @@ class FedAvgRule:
         Phase 1 at a worker: take the global model if it arrived."""
         heard = inbox.heard().unsqueeze(1)
         if phase == 1:
-            x = _where_heard(heard, state.x, lambda rows: inbox.total("x", rows=rows))
+            x = _where_rows(heard, state.x, lambda rows: inbox.total("x", rows=rows))
             return FedAvgState(x, state.server_opt), None
         x, opt = state.x, state.server_opt
         weight = inbox.scalar_total("samples").clamp(min=1.0).unsqueeze(1)
@@ -235,7 +235,7 @@ class FedAvgRule:
             total = inbox.total("x", weight="samples", dtype=torch.float64, rows=rows)
             return (total / (weight if rows is None else weight[rows])).to(x.dtype)
 
-        average = _where_heard(heard, x, mean)
+        average = _where_rows(heard, x, mean)
         if self._opt is None:
             x = average
         elif bool(heard.any()):
@@ -249,17 +249,17 @@ class FedAvgRule:
 FedAvg = per_peer(FedAvgRule)
 
 
-def _where_heard(
-    heard: torch.Tensor,
+def _where_rows(
+    selected: torch.Tensor,
     x: torch.Tensor,
     value: Callable[[torch.Tensor | None], torch.Tensor],
 ) -> torch.Tensor:
-    """``torch.where(heard, value(None), x)`` (``heard`` ``[B, 1]`` bool), without a pass
-    over the whole stack for the select: ``value(rows)`` is those rows of ``value(None)``,
-    the same bits. Few rows heard (a server's one row among its workers'): ``x`` with
-    those rows computed; most did (the workers a server answered): every row computed,
-    and the others put back from ``x``."""
-    mask = heard.squeeze(1)
+    """``torch.where(selected, value(None), x)`` (``selected`` ``[B, 1]`` bool: the rows
+    that heard, or that train), without a pass over the whole stack for the select:
+    ``value(rows)`` is those rows of ``value(None)``, the same bits. Few rows selected (a
+    server's one row among its workers'): ``x`` with those rows computed; most (the
+    workers): every row computed, and the others put back from ``x``."""
+    mask = selected.squeeze(1)
     rows = mask.nonzero().squeeze(1)
     if rows.numel() == mask.numel():
         return value(None)

@@ -84,9 +84,8 @@ DEPLOY.add_argument(
     "--port", type=int, default=7000, metavar="N", help="each peer's port (default 7000)"
 )
 
-RUN = _parent()
+RUN = argparse.ArgumentParser(add_help=False, parents=[CONFIG])
 """What ``simulate`` and ``launch`` both take: a run and its results folder."""
-RUN.add_argument("config", nargs="?", help="experiment TOML (default: built-in)")
 RUN.add_argument("--out", help="results folder (default: runs/<name>-<timestamp>)")
 RUN.add_argument(
     "--name", help="the run's name (run.name; default: algorithm-topology, plus what --set changed)"

@@ -167,6 +167,23 @@ def _check_node_ids(nodes: Sequence[str]) -> None:
         )
 
 
+def check_image_and_port(image: str, port: int) -> None:
+    """Refuse a port that is not one, or an image name with blanks in it."""
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port {port} is not a port number (1-65535).")
+    if not image or any(c.isspace() for c in image):
+        raise ConfigError(f"--image {image!r} is not an image name (e.g. {DEFAULT_IMAGE}).")
+
+
+def service_ids(config: Config) -> list[str]:
+    """The node ids of ``config``'s deployment, from its run plan (graph, weights,
+    fingerprint and the cheap checks; no data loaded, no model built), each a valid
+    compose service name and hostname."""
+    ids = list(plan_run(config).graph.nodes)
+    _check_node_ids(ids)
+    return ids
+
+
 def _port_of(address: str) -> int:
     return int(address.rpartition(":")[2])
 
@@ -375,15 +392,10 @@ def write_compose(
     Raises:
         ConfigError: an invalid config, a node id that is not a valid service name, a
             roster that misses a node, missing certificate files, a bad port or image.
-        TopologyError, DataError: as ``launch``.
+        TopologyError: an invalid graph (as the run plan checks it).
     """
-    if not 0 < port < 65536:
-        raise ConfigError(f"--port {port} is not a port number (1-65535).")
-    if not image or any(c.isspace() for c in image):
-        raise ConfigError(f"--image {image!r} is not an image name (e.g. {DEFAULT_IMAGE}).")
-    plan = plan_run(config)
-    ids = list(plan.graph.nodes)
-    _check_node_ids(ids)
+    check_image_and_port(image, port)
+    ids = service_ids(config)
     full_roster, chosen, publish = _plan_roster(ids, port, nodes, roster)
     listen = {n: _port_of(full_roster[n]) if publish else port for n in chosen}
     certs = _tls_files(config, ids, chosen)

@@ -104,6 +104,7 @@ from fedcore.deploy.compose import (
     DEFAULT_PORT,
     _container_config,
     _tls_files,
+    check_image_and_port,
     health_args,
     peer_args,
 )
@@ -294,10 +295,7 @@ def _check_names(
             f"--cluster-domain {clip(cluster_domain, 60)} is not a DNS domain "
             f"(e.g. {DEFAULT_CLUSTER_DOMAIN})."
         )
-    if not 0 < port < 65536:
-        raise ConfigError(f"--port {port} is not a port number (1-65535).")
-    if not image or any(c.isspace() for c in image):
-        raise ConfigError(f"--image {image!r} is not an image name (e.g. {DEFAULT_IMAGE}).")
+    check_image_and_port(image, port)
 
 
 def _labels(name: str, node: str | None = None) -> dict[str, str]:
@@ -453,7 +451,7 @@ def k8s_manifests(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Every manifest of a run (file name in ``DIR/k8s`` -> object) and its roster.
 
-    Validates first (the config as ``launch`` does, names, quantities, certificates);
+    Validates first (the config's run plan, names, quantities, certificates; no data);
     see :func:`write_k8s` for the arguments.
     """
     resources = resources or Resources()
@@ -609,7 +607,7 @@ def write_k8s(
     Raises:
         ConfigError: an invalid config, a node id that cannot name a StatefulSet, a bad
             name, namespace, port, image or quantity, missing or wrong certificates.
-        TopologyError, DataError: as ``launch``.
+        TopologyError: an invalid graph (as the run plan checks it).
     """
     manifests, roster = k8s_manifests(
         config,

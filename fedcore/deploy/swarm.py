@@ -59,17 +59,17 @@ from fedcore.deploy.compose import (
     CONTAINER_ROOT,
     DEFAULT_IMAGE,
     DEFAULT_PORT,
-    _check_node_ids,
     _container_config,
     _copy,
     _tls_files,
+    check_image_and_port,
     health_args,
     peer_args,
+    service_ids,
 )
 from fedcore.deploy.yamlout import dumps_yaml
 from fedcore.errors import ConfigError
 from fedcore.ids import child_path, clip
-from fedcore.setup.plan import plan_run
 
 __all__ = ["HOST_LABEL", "IMAGE_UID", "stack_document", "write_stack"]
 
@@ -234,15 +234,10 @@ def write_stack(
     Raises:
         ConfigError: an invalid config, a node id that is not a valid service name, missing
             certificate files, a bad port, image or placement.
-        TopologyError, DataError: as ``launch``.
+        TopologyError: an invalid graph (as the run plan checks it).
     """
-    if not 0 < port < 65536:
-        raise ConfigError(f"--port {port} is not a port number (1-65535).")
-    if not image or any(c.isspace() for c in image):
-        raise ConfigError(f"--image {image!r} is not an image name (e.g. {DEFAULT_IMAGE}).")
-    plan = plan_run(config)
-    ids = list(plan.graph.nodes)
-    _check_node_ids(ids)
+    check_image_and_port(image, port)
+    ids = service_ids(config)
     _check_placement(placement or {}, ids)
     certs = _tls_files(config, ids, ids)
     graph_file = Path(config.topology.file) if config.topology.file else None

@@ -41,6 +41,7 @@ __all__ = [
     "LOSSY_SPARSE",
     "Laps",
     "ModelSize",
+    "Outline",
     "RunPlan",
     "Shape",
     "algorithm_options",
@@ -49,7 +50,9 @@ __all__ = [
     "communication_graph",
     "configured_algorithm",
     "estimated_edges",
+    "finish_plan",
     "node_optimizer",
+    "outline_run",
     "plan_run",
     "planned_nodes",
     "read_trust",
@@ -408,6 +411,42 @@ class RunPlan:
     faults: FaultPlan | None
 
 
+@dataclass(frozen=True, slots=True)
+class Outline:
+    """What the cheap checks settle, before any data, model or graph.
+
+    Attributes:
+        algorithm: The algorithm (a bare rule wrapped to run on one peer per node).
+        trust: The trust graph if it was given or read from a file; ``None`` for a
+            generated one, which :func:`finish_plan` builds.
+        shape: Node count and the server's place.
+    """
+
+    algorithm: Algorithm
+    trust: Topology | None
+    shape: Shape
+
+
+def outline_run(
+    config: Config,
+    *,
+    algorithm: Algorithm | None = None,
+    trust: Topology | None = None,
+    laps: Laps | None = None,
+) -> Outline:
+    """The checks that need no graph, data or model: the algorithm, what the config's
+    tables cannot do together, a graph file's size, a server's place and the size of a
+    mixing over every pair of nodes.
+
+    Raises:
+        ConfigError, TopologyError: on anything invalid.
+    """
+    algorithm = resolve_algorithm(config, algorithm)
+    check_combinations(config, algorithm)
+    trust = read_trust(config, trust, laps)
+    return Outline(algorithm, trust, run_shape(config, algorithm, trust))
+
+
 def plan_run(
     config: Config,
     *,
@@ -430,10 +469,22 @@ def plan_run(
             the counts tell.
     """
     laps = Laps()
-    algorithm = resolve_algorithm(config, algorithm)
-    check_combinations(config, algorithm)
-    trust = read_trust(config, trust, laps)
-    shape = run_shape(config, algorithm, trust)
+    outline = outline_run(config, algorithm=algorithm, trust=trust, laps=laps)
+    return finish_plan(config, outline, model, laps)
+
+
+def finish_plan(
+    config: Config, outline: Outline, model: ModelSize | None = None, laps: Laps | None = None
+) -> RunPlan:
+    """The plan on top of ``outline``: the memory bound (with ``model``: every node's
+    model too), the graph, its weights, their checks, the fingerprint and the fault plan.
+
+    Raises:
+        ConfigError, TopologyError: on anything invalid, before the graph is built where
+            the counts tell.
+    """
+    laps = laps or Laps()
+    algorithm, trust, shape = outline.algorithm, outline.trust, outline.shape
     check_run_memory(config, algorithm, shape, trust, model)
     if trust is None:
         trust = build_topology(config.topology)

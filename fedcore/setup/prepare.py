@@ -26,16 +26,7 @@ from fedcore.data import BatchStream, Dataset, NoData
 from fedcore.faults import FaultPlan
 from fedcore.models import Objective
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
-from fedcore.setup.plan import (
-    Laps,
-    check_combinations,
-    node_optimizer,
-    plan_run,
-    read_trust,
-    resolve_algorithm,
-    round_drift,
-    run_shape,
-)
+from fedcore.setup.plan import Laps, finish_plan, node_optimizer, outline_run, round_drift
 from fedcore.setup.training import build_evaluator, load_training_data, make_objective, model_size
 from fedcore.streams import Batches, OnlineSource
 from fedcore.topology import Topology
@@ -183,16 +174,11 @@ def prepare_run(
         ConfigError, TopologyError, DataError: on anything invalid, before any work.
     """
     laps = Laps()
-    algorithm = resolve_algorithm(config, algorithm)
-    check_combinations(config, algorithm)
-    trust = read_trust(config, trust, laps)
-    data = load_training_data(
-        config, run_shape(config, algorithm, trust), dataset=dataset, laps=laps
-    )
+    outline = outline_run(config, algorithm=algorithm, trust=trust, laps=laps)
+    data = load_training_data(config, outline.shape, dataset=dataset, laps=laps)
     evaluator = build_evaluator(config, data.dataset)
     laps.done("built and probed model %s", config.model.name)
-    model = model_size(evaluator) if hosts_all else None
-    plan = plan_run(config, algorithm=algorithm, trust=trust, model=model)
+    plan = finish_plan(config, outline, model_size(evaluator) if hosts_all else None, laps)
     setup = RunSetup(
         config=config,
         dataset=data.dataset,

@@ -448,7 +448,8 @@ def _take_int(params: dict[str, object], key: str, kind: str) -> int | None:
     return value
 
 
-def _build_torus(nodes: int, params: dict[str, object]) -> TrustGraph:
+# Each kind's builder, as the registry names it: (nodes, seed, parameters) -> topology.
+def _kind_torus(nodes: int, seed: int, params: dict[str, object]) -> TrustGraph:
     rows = _take_int(params, "rows", "torus")
     cols = _take_int(params, "cols", "torus")
     if rows is None and cols is None:
@@ -477,19 +478,18 @@ def _build_torus(nodes: int, params: dict[str, object]) -> TrustGraph:
     return torus(rows, cols)
 
 
-def _build_random_regular(nodes: int, seed: int, params: dict[str, object]) -> TrustGraph:
+def _kind_random_regular(nodes: int, seed: int, params: dict[str, object]) -> TrustGraph:
     degree = _take_int(params, "degree", "random-regular")
     return random_regular(nodes, 4 if degree is None else degree, seed=seed)
 
 
-def _build_erdos_renyi(nodes: int, seed: int, params: dict[str, object]) -> TrustGraph:
+def _kind_erdos_renyi(nodes: int, seed: int, params: dict[str, object]) -> TrustGraph:
     p = params.pop("p", 0.3)
     if isinstance(p, bool) or not isinstance(p, int | float):
         raise TopologyError(f"Parameter p={p!r} of topology 'erdos-renyi' must be a number.")
     return erdos_renyi(nodes, float(p), seed=seed)
 
 
-# Each kind's builder, as the registry names it: (nodes, seed, parameters) -> topology.
 def _kind_ring(n: int, s: int, p: dict[str, object]) -> Topology:
     return ring(n)
 
@@ -502,24 +502,12 @@ def _kind_exponential(n: int, s: int, p: dict[str, object]) -> Topology:
     return exponential(n)
 
 
-def _kind_torus(n: int, s: int, p: dict[str, object]) -> Topology:
-    return _build_torus(n, p)
-
-
 def _kind_complete(n: int, s: int, p: dict[str, object]) -> Topology:
     return complete(n)
 
 
-def _kind_erdos_renyi(n: int, s: int, p: dict[str, object]) -> Topology:
-    return _build_erdos_renyi(n, s, p)
-
-
 def _kind_social(n: int, s: int, p: dict[str, object]) -> Topology:
     return social(n, seed=s)
-
-
-def _kind_random_regular(n: int, s: int, p: dict[str, object]) -> Topology:
-    return _build_random_regular(n, s, p)
 
 
 def _kind_one_peer_exponential(n: int, s: int, p: dict[str, object]) -> Topology:

@@ -191,11 +191,11 @@ def test_fedavg_runs_ten_thousand_workers_on_the_vectorized_engine() -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(b=st.integers(1, 9), pattern=st.integers(0, 2**9 - 1), seed=st.integers(0, 2**16))
-def test_where_heard_is_torch_where_computing_only_what_it_keeps(
+def test_where_rows_is_torch_where_computing_only_what_it_keeps(
     b: int, pattern: int, seed: int
 ) -> None:
     """However many rows heard (none, few, most, all): the bits of ``torch.where``."""
-    from fedcore.algorithms.server import _where_heard
+    from fedcore.algorithms.server import _where_rows
 
     g = torch.Generator().manual_seed(seed)
     x, y = torch.randn(b, 7, generator=g), torch.randn(b, 7, generator=g)
@@ -206,7 +206,7 @@ def test_where_heard_is_torch_where_computing_only_what_it_keeps(
         asked.append(b if rows is None else rows.numel())
         return (x * 3 - y) if rows is None else (x[rows] * 3 - y[rows])
 
-    got = _where_heard(heard, x, value)
+    got = _where_rows(heard, x, value)
     assert torch.equal(got, torch.where(heard, x * 3 - y, x))
     assert got is not x
     heard_rows = int(heard.sum())
