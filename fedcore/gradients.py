@@ -13,7 +13,10 @@ whatever ``M`` is (*batch-invariance*). Three ways to compute, chosen once per r
   - ``torch.matmul`` of ``[M, B, k] x [M, k, n]`` computes each row's product as its own
     GEMM, and with ``M >= 2`` torch splits the work over rows, so no GEMM is split across
     threads. A single row (``M = 1``) is therefore computed with one intra-op thread
-    (:func:`one_thread`): with two threads MKL splits one GEMM and rounds differently.
+    (:func:`one_thread`): with two threads MKL splits one GEMM and rounds differently. The
+    same holds only for a contiguous product: written into a strided slice (``out=``),
+    MKL's AVX2 kernels split a row's GEMM over two threads too, so with more than one
+    thread each layer's weight gradient is computed contiguous and then copied.
   - A batch of one example would make the products matrix-vector ones, which MKL's
     SSE4.2 kernels round differently by memory alignment; a batch of one is computed as
     two examples, the second a copy with weight 0, which adds exact zeros to every sum.
@@ -310,15 +313,22 @@ class RowGradient:
         g = logp.exp()
         g.scatter_add_(-1, y1, constants[1])
         g.mul_(constants[0])
-        # Each layer's gradient is written straight into its slice of the one [M, d] result
-        # (no per-layer tensors concatenated after: one stack, not two).
+        # Each layer's gradient goes into its slice of the one [M, d] result (no per-layer
+        # tensors concatenated after: one stack, not two). With one thread it is written
+        # there directly; with more, into a contiguous product first: a strided output lets
+        # MKL's AVX2 kernels split one row's GEMM over the threads (other bits than the
+        # row alone), where a contiguous one is split over rows.
         out = torch.empty_like(params)
+        direct = torch.get_num_threads() == 1
         linear = len(inputs)
         for prefix, layer in reversed(self._layers):
             if isinstance(layer, torch.nn.Linear):
                 linear -= 1
                 into = self._weight(out, prefix, layer)
-                torch.matmul(g.transpose(1, 2), inputs[linear], out=into)
+                if direct:
+                    torch.matmul(g.transpose(1, 2), inputs[linear], out=into)
+                else:
+                    into.copy_(torch.matmul(g.transpose(1, 2), inputs[linear]))
                 if layer.bias is not None:
                     start, n = self._where[f"{prefix}bias"]
                     torch.sum(g, dim=1, out=out[:, start : start + n])
