@@ -9,6 +9,10 @@ cost 2.5x the arithmetic done in it (``x + y`` 40 ms against 15 ms into an exist
 tensor), and the vectorized engine 1.5-2x slower than it needs to be at that shape. With
 mmap off and trimming raised, freed blocks stay in the heap and the next round reuses
 them; the process keeps its peak memory instead of returning it between rounds.
+
+:func:`auto_threads`: how many torch intra-op threads a run gets when it is given
+``--threads auto`` (the default of ``fedcore simulate``), from the bytes of its largest
+whole-state pass (see :data:`BYTES_PER_THREAD`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ import logging
 import os
 import sys
 
-__all__ = ["keep_freed_memory", "physical_memory"]
+__all__ = [
+    "BYTES_PER_THREAD",
+    "auto_threads",
+    "keep_freed_memory",
+    "physical_memory",
+    "usable_cores",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,3 +75,28 @@ def physical_memory() -> int | None:
     except (AttributeError, OSError, ValueError):
         return None
     return pages * size if pages > 0 and size > 0 else None
+
+
+BYTES_PER_THREAD = 2 << 20
+"""``--threads auto``'s cost model: one torch thread per 2 MiB of the run's largest
+whole-state pass (the ``[N, d]`` stack of the vectorized engine, one peer's ``[d]`` model on
+the message engine), up to the usable cores. An elementwise pass over 2 MiB takes about
+0.2 ms at memory speed, so a thread's fork and join (tens of microseconds) stay under a
+tenth of it; below that the work is too small to split, and a second thread only adds
+the wake-ups. Measured in ``benchmarks/auto_engine.py`` (its ``threads`` table)."""
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity masks (macOS)
+        return max(1, os.cpu_count() or 1)
+
+
+def auto_threads(pass_bytes: int, cores: int | None = None) -> int:
+    """Torch threads for a run whose largest whole-state pass covers ``pass_bytes``: one
+    per :data:`BYTES_PER_THREAD`, at least 1, at most ``cores`` (default
+    :func:`usable_cores`)."""
+    limit = usable_cores() if cores is None else max(1, cores)
+    return max(1, min(limit, pass_bytes // BYTES_PER_THREAD))

@@ -21,12 +21,14 @@ __all__ = [
     "EXIT_USAGE",
     "RUN",
     "SET",
+    "SIM_THREADS",
     "THREADS",
     "VERBOSE",
     "VERBOSE_HELP",
     "print_table",
     "set_threads",
     "start_run",
+    "thread_count",
 ]
 
 EXIT_USAGE = 2
@@ -74,6 +76,31 @@ THREADS.add_argument(
     help="torch intra-op threads (default 1: many small models gain nothing from more)",
 )
 
+
+def thread_count(text: str) -> int | str:
+    """``--threads`` of ``simulate``: a whole number >= 1, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1 or auto, got {text!r}")
+    return value
+
+
+SIM_THREADS = _parent()
+"""``simulate``'s ``--threads``: by default as many as the run's shape pays for."""
+SIM_THREADS.add_argument(
+    "--threads",
+    type=thread_count,
+    default="auto",
+    metavar="N|auto",
+    help="torch intra-op threads for the rounds (default auto: one per 2 MiB of the "
+    "largest whole-state pass, up to the usable cores; the summary's threads says how many)",
+)
+
 DEPLOY = _parent()
 """What every deployment writer takes: the folder, and the peers' image and port."""
 DEPLOY.add_argument("--out", required=True, metavar="DIR", help="folder to write")
@@ -106,10 +133,13 @@ def interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def set_threads(threads: int) -> None:
+def set_threads(threads: int | str) -> None:
     """``--threads``, and freed large blocks kept for reuse (:mod:`fedcore.runtime`): this
-    process runs the rounds."""
-    if threads < 1:
+    process runs the rounds. ``auto`` sets one thread here: the run picks its count once
+    its shape is known (:func:`fedcore.simulation.simulate.choose_threads`)."""
+    if threads == "auto":
+        threads = 1
+    if not isinstance(threads, int) or threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {threads}.")
     import torch
 
@@ -119,7 +149,7 @@ def set_threads(threads: int) -> None:
     keep_freed_memory()
 
 
-def start_run(threads: int) -> None:
+def start_run(threads: int | str) -> None:
     """What a process that runs rounds sets first: its torch threads, freed memory kept,
     and SIGTERM stopping a run as Ctrl-C does (its summary says so; it can be resumed)."""
     set_threads(threads)

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from fedcore.cli.common import RUN, SET, THREADS, VERBOSE, print_table, start_run
+from fedcore.cli.common import RUN, SET, SIM_THREADS, VERBOSE, print_table, start_run
 from fedcore.config import ENGINES
 from fedcore.errors import ConfigError
 
@@ -18,7 +18,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``fedcore simulate`` to ``sub``."""
     sim = sub.add_parser(
         "simulate",
-        parents=[RUN, SET, THREADS, VERBOSE],
+        parents=[RUN, SET, SIM_THREADS, VERBOSE],
         help="run every peer in this process",
         description="Run every peer of CONFIG in this process (default: the built-in run, "
         "OPS on a 16-node directed social trust graph with digits).",
@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         start_run(args.threads)
         from fedcore.simulation.simulate import resume
 
-        summary: dict[str, Any] | None = resume(args.resume, show_progress=not args.quiet)
+        summary: dict[str, Any] | None = resume(
+            args.resume, show_progress=not args.quiet, threads=args.threads
+        )
     elif args.jobs != 1 and args.seeds is None:
         raise ConfigError("--jobs runs the seeds of a sweep in parallel; give --seeds too.")
     else:
@@ -134,4 +136,5 @@ def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
         show_progress=not args.quiet,
         force=args.force,
         overrides=overrides,
+        threads=args.threads,
     )

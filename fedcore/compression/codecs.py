@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from fedcore.errors import CompressionError
+from fedcore.gradients import one_thread
 from fedcore.messages import EncodedTensor
 
 _CPU = torch.device("cpu")
@@ -134,10 +135,14 @@ def _reduce(
 
     ``values[r]`` holds row ``r``'s operands. A CPU reduction shorter than torch's grain
     is serial whatever the other dims; a longer one is split among threads by its own
-    length, so those rows are reduced one at a time, each as the lone message would be.
+    length (so its bits would depend on the thread count), so those rows are reduced one
+    at a time on one thread, each as the lone message is with any ``--threads``.
     """
     if values.device.type == "cpu" and length >= _GRAIN:
-        return torch.stack([op(row) for row in values]) if len(values) > 1 else op(values[0])[None]
+        with one_thread():
+            if len(values) == 1:
+                return op(values[0])[None]
+            return torch.stack([op(row) for row in values])
     return op(values)
 
 

@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -33,6 +33,7 @@ from fedcore.errors import ConfigError
 from fedcore.ids import first_line
 from fedcore.metrics import JsonlWriter
 from fedcore.progress import Progress, announce_if_slow
+from fedcore.runtime import auto_threads
 from fedcore.setup import checkpoint
 from fedcore.setup.plan import planned_nodes
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
@@ -45,7 +46,7 @@ from fedcore.simulation.results import (
     run_name,
 )
 
-__all__ = ["choose_engine", "resume", "run_vectorized", "simulate"]
+__all__ = ["choose_engine", "choose_threads", "resume", "run_vectorized", "simulate"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,21 @@ def choose_engine(setup: RunSetup, engine: str) -> tuple[str, str | None]:
     return "messages", reason
 
 
+def choose_threads(setup: RunSetup, engine: str, cores: int | None = None) -> tuple[int, str]:
+    """``(threads, why)``: the torch threads ``--threads auto`` gives a run of ``setup`` on
+    ``engine``, and why (one clause): one per :data:`~fedcore.runtime.BYTES_PER_THREAD` of
+    its largest whole-state pass (the vectorized engine's ``[N, d]`` stack, the message
+    engine's one model), up to ``cores`` (default: the usable cores)."""
+    model = setup.start.numel() * setup.start.element_size()
+    if engine == "vectorized":
+        nodes = len(setup.graph.nodes)
+        size, what = nodes * model, f"{nodes} peers' models"
+    else:
+        size, what = model, "one peer's model"
+    threads = auto_threads(size, cores)
+    return threads, f"{what}: {size / 2**20:.1f} MiB"
+
+
 def simulate(
     config: Config,
     *,
@@ -78,6 +94,7 @@ def simulate(
     show_progress: bool = True,
     force: bool = False,
     overrides: Sequence[str] = (),
+    threads: int | str | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` in one process; write the results folder; return the summary.
 
@@ -93,6 +110,9 @@ def simulate(
         force: Replace the run files an existing ``out_dir`` holds.
         overrides: The ``--set`` items ``config`` was loaded with: they name the run
             (:func:`run_name`) and the summary keeps them.
+        threads: torch intra-op threads for the rounds: a number, ``"auto"``
+            (:func:`choose_threads`, by the run's shape), or None to leave torch's setting
+            as it is. The process's setting is put back when the run ends.
 
     Raises:
         ConfigError, TopologyError, DataError: invalid experiment (before any work).
@@ -107,20 +127,42 @@ def simulate(
         logger.info("engine: messages (%s)", why)
         if show_progress:
             print(f"simulate: engine 'messages' ({why})", file=stream, flush=True)
-    built = _build(setup, engine)
-    name = run_name(config, setup, overrides)
-    out = open_run_dir(out_dir, name, force=force)
-    (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
-    return _execute(
-        setup,
-        built,
-        out,
-        name=name,
-        overrides=overrides,
-        stream=stream,
-        show_progress=show_progress,
-        saved=None,
-    )
+    with _threads_for(setup, engine, threads):
+        built = _build(setup, engine)
+        name = run_name(config, setup, overrides)
+        out = open_run_dir(out_dir, name, force=force)
+        (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
+        return _execute(
+            setup,
+            built,
+            out,
+            name=name,
+            overrides=overrides,
+            stream=stream,
+            show_progress=show_progress,
+            saved=None,
+        )
+
+
+@contextlib.contextmanager
+def _threads_for(setup: RunSetup, engine: str, threads: int | str | None) -> Iterator[None]:
+    """torch's intra-op threads for the run (see :func:`simulate`), put back after it."""
+    if threads is None:
+        yield
+        return
+    if threads == "auto":
+        count, why = choose_threads(setup, engine)
+        logger.info("threads: %d (%s)", count, why)
+    elif isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
+        count = threads
+    else:
+        raise ConfigError(f"threads must be a whole number >= 1 or 'auto', got {threads!r}.")
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def resume(
@@ -128,9 +170,11 @@ def resume(
     *,
     progress_stream: TextIO | None = None,
     show_progress: bool = True,
+    threads: int | str | None = None,
 ) -> dict[str, Any]:
     """Continue the interrupted ``fedcore simulate`` run in ``run_dir`` from its newest
-    good checkpoint (``run.checkpoint_every``); return the summary.
+    good checkpoint (``run.checkpoint_every``); return the summary. ``threads`` as for
+    :func:`simulate`.
 
     The run goes on in the same folder, on the engine it started on, and ends with the
     parameters, records and figures the uninterrupted run would have (only wall times
@@ -175,16 +219,17 @@ def resume(
         )
     elif show_progress:
         print(f"simulate: resuming {out} after round {saved['round']}", file=stream, flush=True)
-    return _execute(
-        setup,
-        _build(setup, engine),
-        out,
-        name=name,
-        overrides=overrides,
-        stream=stream,
-        show_progress=show_progress,
-        saved=saved,
-    )
+    with _threads_for(setup, engine, threads):
+        return _execute(
+            setup,
+            _build(setup, engine),
+            out,
+            name=name,
+            overrides=overrides,
+            stream=stream,
+            show_progress=show_progress,
+            saved=saved,
+        )
 
 
 def _build(setup: RunSetup, engine: str) -> Network | VectorizedNetwork:
@@ -348,6 +393,7 @@ def _finish(
         "engine": "messages",
         "device": "cpu",
         "gradients": "per-node",
+        "threads": torch.get_num_threads(),
         "overrides": list(overrides),
     }
     if isinstance(built, VectorizedNetwork):

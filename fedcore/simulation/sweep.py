@@ -203,6 +203,7 @@ class _RunSpec:
     overrides: tuple[str, ...]
     out_dir: str
     force: bool
+    threads: int | str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +229,7 @@ def _run_one(spec: _RunSpec) -> _Outcome:
             show_progress=False,
             force=spec.force,
             overrides=overrides,
+            threads=spec.threads,
         )
     except Exception as exc:  # torch, CUDA ...: one seed's failure, not the sweep's
         reason = first_line(str(exc)) or type(exc).__name__
@@ -269,7 +271,7 @@ def _execute(
     specs: Sequence[_RunSpec],
     *,
     jobs: int,
-    threads: int,
+    threads: int | str,
     on_done: Callable[[_Outcome], None],
 ) -> None:
     """Run ``specs``: in this process for ``jobs == 1``, else in up to ``jobs`` spawned
@@ -283,7 +285,8 @@ def _execute(
         max_workers=min(jobs, len(specs)),
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_init_worker,
-        initargs=(threads,),
+        # Parallel runs already share the cores: "auto" gives each worker one thread.
+        initargs=(threads if isinstance(threads, int) else 1,),
     )
     try:
         pending: dict[Future[_Outcome], _RunSpec] = {}
@@ -347,10 +350,16 @@ def _check_folder(folder: Path, seeds: Sequence[int], *, force: bool) -> None:
 
 
 def _validate(
-    config: str | None, overrides: Sequence[str], seeds: Sequence[int], jobs: int, threads: int
+    config: str | None,
+    overrides: Sequence[str],
+    seeds: Sequence[int],
+    jobs: int,
+    threads: int | str,
 ) -> Config:
     """Check everything that can be checked before any run; return the base config."""
     for value, option in ((jobs, "--jobs"), (threads, "--threads")):
+        if option == "--threads" and value == "auto":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{option} must be a whole number >= 1, got {value!r}.")
     if not seeds:
@@ -463,15 +472,26 @@ def _run_groups(
     groups: Sequence[_Group],
     *,
     jobs: int,
-    threads: int,
+    threads: int | str,
     force: bool,
     show_progress: bool,
     stream: TextIO,
     prefix: Callable[[_Group], str],
 ) -> list[dict[str, Any]]:
     """Run every seed of every group, writing each group's files as its runs end."""
+    # Runs in this process take ``threads`` for their rounds; worker processes keep the
+    # count :func:`_init_worker` set.
+    in_process = jobs == 1 or sum(len(group.seeds) for group in groups) <= 1
     specs = [
-        _RunSpec(g, seed, group.config, group.overrides, str(group.run_dir(seed)), force)
+        _RunSpec(
+            g,
+            seed,
+            group.config,
+            group.overrides,
+            str(group.run_dir(seed)),
+            force,
+            threads if in_process else None,
+        )
         for g, group in enumerate(groups)
         for seed in group.seeds
     ]
@@ -543,7 +563,7 @@ def run_sweep(
     out_dir: str | Path | None = None,
     force: bool = False,
     show_progress: bool = True,
-    threads: int = 1,
+    threads: int | str = 1,
     progress_stream: TextIO | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` with ``overrides`` once per seed; write the sweep folder.
@@ -557,8 +577,9 @@ def run_sweep(
         out_dir: The sweep folder (default ``runs/<name>-seeds<spec>-<timestamp>``).
         force: Replace the sweep an existing ``out_dir`` holds.
         show_progress: One line on ``progress_stream`` (default stderr) per run that ends.
-        threads: torch threads of each worker process (``jobs > 1``; an in-process sweep
-            keeps this process's setting).
+        threads: torch threads of each run: a number, or ``"auto"`` (by the run's shape,
+            :func:`~fedcore.simulation.simulate.choose_threads`; one per worker process
+            when ``jobs > 1``).
         progress_stream: Where the progress lines go.
 
     Returns:
@@ -616,7 +637,7 @@ def run_cases(
     jobs: int = 1,
     force: bool = False,
     show_progress: bool = True,
-    threads: int = 1,
+    threads: int | str = 1,
     progress_stream: TextIO | None = None,
 ) -> list[dict[str, Any]]:
     """Run each ``(label, overrides)`` case once per seed, all through one pool of
