@@ -88,7 +88,7 @@ def run_once(shape: str, threads: str, folder: Path) -> dict[str, Any]:
         "rounds_wall": summary["wall_seconds"],
         "threads": summary["threads"],
         "engine": summary["engine"],
-        "sha": summary.get("params_sha256") or summary.get("params_sha256_all"),
+        "sha": json.dumps(summary.get("params_sha256") or summary.get("params_sha256_all")),
         "loadavg": os.getloadavg()[0],
     }
 

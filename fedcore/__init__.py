@@ -8,6 +8,7 @@ talking only along a directed trust graph. See the README for the CLI and
 from __future__ import annotations
 
 import os
+import sys
 
 # MKL's conditional numerical reproducibility: without it, MKL's GEMM kernels round a
 # product by the memory address of its operands on some CPUs (AMD EPYC among them), and a
@@ -15,6 +16,17 @@ import os
 # vectorized engine's N rows. MKL reads this once, at its first computation, so it is set
 # before any fedcore module imports torch; fedcore.gradients checks it took effect.
 os.environ.setdefault("MKL_CBWR", "AUTO")
+
+# OpenMP threads that wait for work sleep rather than spin. Spinning threads steal the
+# cores of the threads with work once a machine runs more threads than it has cores
+# (another run, a sweep's workers): a run with two threads on a busy 2-core machine took
+# 10x as long per round as with one. Sleeping costs a wake-up per parallel pass, which is
+# nothing next to the passes `--threads auto` splits (benchmarks/threads.py). OpenMP reads
+# this when torch is first imported; fedcore.runtime.threads_sleep says whether it took.
+OPENMP_SLEEPS = os.environ.get("OMP_WAIT_POLICY", "PASSIVE").upper() == "PASSIVE" and (
+    "OMP_WAIT_POLICY" in os.environ or "torch" not in sys.modules
+)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 

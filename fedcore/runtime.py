@@ -28,6 +28,7 @@ __all__ = [
     "auto_threads",
     "keep_freed_memory",
     "physical_memory",
+    "threads_sleep",
     "usable_cores",
 ]
 
@@ -92,6 +93,14 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity masks (macOS)
         return max(1, os.cpu_count() or 1)
+
+
+def threads_sleep() -> bool:
+    """Whether OpenMP's idle threads sleep (``OMP_WAIT_POLICY=PASSIVE``, which importing
+    fedcore sets unless the environment says otherwise or torch was imported first)."""
+    import fedcore
+
+    return fedcore.OPENMP_SLEEPS
 
 
 def auto_threads(pass_bytes: int, cores: int | None = None) -> int:

@@ -33,7 +33,7 @@ from fedcore.errors import ConfigError
 from fedcore.ids import first_line
 from fedcore.metrics import JsonlWriter
 from fedcore.progress import Progress, announce_if_slow
-from fedcore.runtime import auto_threads
+from fedcore.runtime import auto_threads, threads_sleep
 from fedcore.setup import checkpoint
 from fedcore.setup.plan import planned_nodes
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
@@ -82,8 +82,13 @@ def choose_threads(setup: RunSetup, engine: str, cores: int | None = None) -> tu
         size, what = nodes * model, f"{nodes} peers' models"
     else:
         size, what = model, "one peer's model"
-    threads = auto_threads(size, cores)
-    return threads, f"{what}: {size / 2**20:.1f} MiB"
+    why = f"{what}: {size / 2**20:.1f} MiB"
+    if not threads_sleep():
+        return (
+            1,
+            f"{why}, but OpenMP threads spin (OMP_WAIT_POLICY) and would stall on a busy machine",
+        )
+    return auto_threads(size, cores), why
 
 
 def simulate(

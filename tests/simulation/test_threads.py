@@ -13,12 +13,16 @@ parameters, above the grain of 32,768.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+import fedcore
 from fedcore.cli.app import main
 from fedcore.config import load_config
 from fedcore.runtime import BYTES_PER_THREAD, auto_threads, usable_cores
@@ -31,7 +35,10 @@ LONG_ROWS = ["topology.nodes=8", "model.name=mlp", "model.hidden=700", "run.roun
 
 
 @pytest.fixture(autouse=True)
-def _restore_threads() -> Iterator[None]:
+def _restore_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # The test process imported torch before fedcore (conftest), so OpenMP read its wait
+    # policy before fedcore could set it; the choice is tested as in the CLI's processes.
+    monkeypatch.setattr(fedcore, "OPENMP_SLEEPS", True)
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
@@ -58,6 +65,35 @@ def test_choose_threads_on_both_sides_of_the_rule() -> None:
     assert threads == 4 and why == "16 peers' models: 13.7 MiB"
     assert choose_threads(big, "vectorized", cores=64)[0] == 16 * model // BYTES_PER_THREAD
     assert choose_threads(big, "messages", cores=4) == (1, "one peer's model: 0.9 MiB")
+
+
+def test_auto_keeps_one_thread_where_openmp_threads_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    big = prepare_run(load_config(None, ["model.name=mlp", "model.hidden=3000"]), hosts_all=True)
+    monkeypatch.setattr(fedcore, "OPENMP_SLEEPS", False)
+    threads, why = choose_threads(big, "vectorized", cores=4)
+    assert threads == 1 and "OMP_WAIT_POLICY" in why
+
+
+@pytest.mark.parametrize(
+    ("environment", "sleeps"), [(None, True), ("PASSIVE", True), ("active", False)]
+)
+def test_importing_fedcore_first_makes_openmp_threads_sleep(
+    environment: str | None, sleeps: bool
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if environment is not None:
+        env["OMP_WAIT_POLICY"] = environment
+    code = "import os, fedcore, torch; print(fedcore.OPENMP_SLEEPS, os.environ['OMP_WAIT_POLICY'])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == [str(sleeps), environment or "PASSIVE"]
+    torch_first = "import torch, fedcore; print(fedcore.OPENMP_SLEEPS)"
+    env.pop("OMP_WAIT_POLICY", None)
+    out = subprocess.run(
+        [sys.executable, "-c", torch_first], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["False"]
 
 
 def test_simulate_sets_the_count_for_the_run_and_puts_it_back(tmp_path: Path) -> None:
