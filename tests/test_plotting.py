@@ -17,6 +17,7 @@ import pytest
 from fedcore.config import config_to_dict, dumps_toml, load_config
 from fedcore.plotting import (
     LEGEND_OUTSIDE,
+    RunRecords,
     _mean_curve,
     expand_runs,
     plot_runs,
@@ -37,15 +38,31 @@ def fake_run(
     bytes_per_round: float = 1000.0,
     regret: bool = False,
     config: bool = True,
+    every_round: bool = False,
 ) -> Path:
     """A finished run's folder: evaluations at ``rounds`` whose figures depend on
-    ``seed``; the first evaluation at 0 bytes when ``bytes_per_round`` is 0 at round 1."""
+    ``seed``; the first evaluation at 0 bytes when ``bytes_per_round`` is 0 at round 1.
+    With ``every_round``, a ``"kind": "round"`` record for every round up to the last
+    evaluation (16 peers' bytes, the same loss as the evaluations') and two node
+    records a round."""
     folder.mkdir(parents=True)
     items = [*overrides, f"run.seed={seed}"]
     if config:
         text = dumps_toml(config_to_dict(load_config(None, items)))
         (folder / "config.toml").write_text(text, encoding="utf-8")
-    lines = []
+    lines: list[dict[str, Any]] = []
+    for t in range(max(rounds) + 1) if every_round else ():
+        for node in ("n0", "n1"):
+            lines.append({"node": node, "round": t, "loss": 9.0, "kind": "node"})
+        lines.append(
+            {
+                "kind": "round",
+                "round": t,
+                "train_loss": 1.0 / (t + 1) + 0.01 * seed,
+                "nodes_up": 16,
+                "bytes_sent": 16 * bytes_per_round if t else 0,
+            }
+        )
     for t in rounds:
         lines.append(
             {
@@ -273,12 +290,15 @@ def test_bands_are_the_mean_and_sample_std_at_the_common_rounds() -> None:
             for t in rounds
         ]
 
+    def run(evals: list[dict[str, Any]]) -> RunRecords:
+        return RunRecords(Path("r"), "r", evals, [], [], {})
+
     curve = _mean_curve(
         "g",
         [
-            (evals([1, 3, 5], 0.1), []),
-            (evals([1, 3], 0.2), []),  # stopped early: round 5 is not common
-            (evals([1, 3, 5], 0.6), []),
+            run(evals([1, 3, 5], 0.1)),
+            run(evals([1, 3], 0.2)),  # stopped early: round 5 is not common
+            run(evals([1, 3, 5], 0.6)),
         ],
     )
     assert curve.rounds == [2, 4]
