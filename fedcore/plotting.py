@@ -1,17 +1,23 @@
 """``fedcore plot``: compare runs at a glance.
 
-Four panels from each run's ``metrics.jsonl`` evaluation records: training loss and
-test accuracy, each against rounds and against bytes sent per node. One colour per run,
-labelled with the run's name (or, with ``label``, the value of a key of its
-``config.toml``); in the accuracy panels the solid line is the average model and the
-dashed line the mean of the peers' own models. Runs with regret records (``run.regret``)
-add two panels against rounds: the average static regret ``R_t / (n t)`` and the average
-dynamic regret (where the stream has a comparator).
+Four panels: training loss and test accuracy, each against rounds and against bytes sent
+per node. The training loss is every round's (the ``"kind": "round"`` records of
+``metrics.jsonl``: one a round, however many peers), the accuracy the evaluations'; in the
+accuracy panels the solid line is the average model and the dashed line the mean of the
+peers' own models. Runs with regret records (``run.regret``) add two panels against
+rounds: the average static regret ``R_t / (n t)`` and the average dynamic regret (where
+the stream has a comparator).
+
+Each curve has its own colour, marker and line style, and is labelled by what differs
+between the runs (:func:`default_labels`: algorithm, codec, graph, other config keys), or,
+with ``label``, by the value of a key of its ``config.toml``. The title names the runs'
+config, algorithm and graph (:func:`default_title`). The bytes axes go log by themselves
+when the runs' bytes differ more than ten times.
 
 A sweep folder (one holding ``sweep.json``, see :mod:`fedcore.simulation.sweep`) stands for
 its completed runs. With ``bands``, runs whose ``config.toml`` differ only in ``run.seed``
 (and ``run.name``) become one curve: their mean, in a band of +- one (sample) standard
-deviation, at the rounds every run of the group evaluated.
+deviation, at the rounds every run of the group reached.
 """
 
 from __future__ import annotations
@@ -32,10 +38,16 @@ from fedcore.ids import child_path, clip
 
 __all__ = [
     "LEGEND_OUTSIDE",
+    "RunRecords",
     "config_value",
+    "curve_labels",
+    "curve_style",
+    "default_labels",
+    "default_title",
     "expand_runs",
     "load_evals",
     "load_records",
+    "load_run",
     "load_run_config",
     "plot_runs",
     "seed_groups",
@@ -503,6 +515,41 @@ def _optional_config(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def curve_labels(
+    groups: Sequence[Sequence[int]],
+    runs: Sequence[RunRecords],
+    configs: Sequence[Mapping[str, Any] | None],
+    *,
+    label: str | None,
+    bands: bool,
+) -> list[str]:
+    """Each curve's label (a curve: a group of ``runs``, one run without ``bands``): the
+    value of config key ``label`` (several values of a group joined), else what differs
+    between the curves (:func:`default_labels`), else the runs' (common) name.
+
+    Raises:
+        ConfigError: a run without ``label`` in its config.
+    """
+    if label is not None:
+
+        def value(i: int) -> str:
+            return _label_text(label, config_value(configs[i] or {}, label, runs[i].path))
+
+        return [", ".join(dict.fromkeys(value(i) for i in group)) for group in groups]
+    names = [
+        _group_name([runs[i].name for i in g], [runs[i].path for i in g])
+        if len(g) > 1
+        else runs[g[0]].name
+        for g in groups
+    ]
+    return default_labels(
+        [configs[g[0]] for g in groups],
+        [_graph_name(runs[g[0]], configs[g[0]]) for g in groups],
+        names,
+        ignore=("run.name", "run.seed") if bands else ("run.name",),
+    )
+
+
 def _curves(
     run_dirs: Sequence[Path], label: str | None, bands: bool
 ) -> tuple[list[_Curve], bool, str]:
@@ -516,26 +563,7 @@ def _curves(
         configs = [_optional_config(d) for d in run_dirs]
     title = default_title(runs, configs)
     groups = seed_groups([c or {} for c in configs]) if bands else [[i] for i in range(len(runs))]
-
-    if label is not None:
-
-        def labelled(i: int) -> str:
-            return _label_text(label, config_value(configs[i] or {}, label, run_dirs[i]))
-
-        texts = [", ".join(dict.fromkeys(labelled(i) for i in group)) for group in groups]
-    else:
-        names = [
-            _group_name([runs[i].name for i in g], [run_dirs[i] for i in g])
-            if len(g) > 1
-            else runs[g[0]].name
-            for g in groups
-        ]
-        texts = default_labels(
-            [configs[g[0]] for g in groups],
-            [_graph_name(runs[g[0]], configs[g[0]]) for g in groups],
-            names,
-            ignore=("run.name", "run.seed") if bands else ("run.name",),
-        )
+    texts = curve_labels(groups, runs, configs, label=label, bands=bands)
     curves = []
     for group, text in zip(groups, texts, strict=True):
         if len(group) == 1:
@@ -574,7 +602,7 @@ def curve_style(i: int) -> dict[str, Any]:
     }
 
 
-def log_bytes_by_itself(curves: Sequence[_Curve]) -> bool:
+def _bytes_differ_tenfold(curves: Sequence[_Curve]) -> bool:
     """Whether the runs' bytes differ more than ten times (of runs that sent any)."""
     sent = [c.mb for c in curves if c.mb > 0]
     return len(sent) > 1 and max(sent) > 10 * min(sent)
@@ -645,7 +673,7 @@ def plot_runs(
 
     curves, with_regret, default = _curves(expand_runs([Path(d) for d in run_dirs]), label, bands)
     if log_bytes is None:
-        log_bytes = log_bytes_by_itself(curves)
+        log_bytes = _bytes_differ_tenfold(curves)
     labels = [c.label for c in curves]
     # Many curves, or long names, would hide the curves: the legend goes below instead.
     outside = len(curves) >= LEGEND_OUTSIDE or max(len(text) for text in labels) > 40
