@@ -391,7 +391,8 @@ def _loss(run: RunRecords, every_round: bool = True) -> _Loss:
     many peers) where it has them and ``every_round``, else from its evaluations.
 
     A round record counts the bytes all peers sent; the evaluations' bytes per node give
-    the divisor (the peer count, a server included).
+    the divisor (the peer count, a server included; ``summary.json``'s ``nodes`` where no
+    evaluation has bytes to go by).
     """
     if not (every_round and run.rounds):
         return _Loss(
