@@ -1,17 +1,23 @@
 """``fedcore plot``: compare runs at a glance.
 
-Four panels from each run's ``metrics.jsonl`` evaluation records: training loss and
-test accuracy, each against rounds and against bytes sent per node. One colour per run,
-labelled with the run's name (or, with ``label``, the value of a key of its
-``config.toml``); in the accuracy panels the solid line is the average model and the
-dashed line the mean of the peers' own models. Runs with regret records (``run.regret``)
-add two panels against rounds: the average static regret ``R_t / (n t)`` and the average
-dynamic regret (where the stream has a comparator).
+Four panels: training loss and test accuracy, each against rounds and against bytes sent
+per node. The training loss is every round's (the ``"kind": "round"`` records of
+``metrics.jsonl``: one a round, however many peers), the accuracy the evaluations'; in the
+accuracy panels the solid line is the average model and the dashed line the mean of the
+peers' own models. Runs with regret records (``run.regret``) add two panels against
+rounds: the average static regret ``R_t / (n t)`` and the average dynamic regret (where
+the stream has a comparator).
+
+Each curve has its own colour, marker and line style, and is labelled by what differs
+between the runs (:func:`default_labels`: algorithm, codec, graph, other config keys), or,
+with ``label``, by the value of a key of its ``config.toml``. The title names the runs'
+config, algorithm and graph (:func:`default_title`). The bytes axes go log by themselves
+when the runs' bytes differ more than ten times.
 
 A sweep folder (one holding ``sweep.json``, see :mod:`fedcore.simulation.sweep`) stands for
 its completed runs. With ``bands``, runs whose ``config.toml`` differ only in ``run.seed``
 (and ``run.name``) become one curve: their mean, in a band of +- one (sample) standard
-deviation, at the rounds every run of the group evaluated.
+deviation, at the rounds every run of the group reached.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import json
 import math
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +38,16 @@ from fedcore.ids import child_path, clip
 
 __all__ = [
     "LEGEND_OUTSIDE",
+    "RunRecords",
     "config_value",
+    "curve_labels",
+    "curve_style",
+    "default_labels",
+    "default_title",
     "expand_runs",
     "load_evals",
     "load_records",
+    "load_run",
     "load_run_config",
     "plot_runs",
     "seed_groups",
@@ -65,29 +78,73 @@ def load_records(run_dir: Path) -> tuple[str, list[dict[str, Any]], list[dict[st
     Raises:
         ConfigError: the folder has no readable ``metrics.jsonl`` with evaluations.
     """
+    run = load_run(run_dir)
+    return run.name, run.evals, run.regret
+
+
+@dataclass
+class RunRecords:
+    """What ``fedcore plot`` reads of one run folder."""
+
+    path: Path
+    name: str
+    """``summary.json``'s name (the folder's name without one)."""
+    evals: list[dict[str, Any]]
+    regret: list[dict[str, Any]]
+    rounds: list[dict[str, Any]]
+    """The ``"kind": "round"`` records, one a round, in round order (none in old runs)."""
+    summary: dict[str, Any]
+    """``summary.json`` (empty without one)."""
+
+
+_NODE_LINE = '{"node"'
+"""How a ``"kind": "node"`` record's line starts (``RoundRecord.to_json``): skipped unread,
+there may be a million a round."""
+
+
+def load_run(run_dir: Path) -> RunRecords:
+    """A run folder's records: evaluations, regret, rounds, and its summary.
+
+    Raises:
+        ConfigError: the folder has no readable ``metrics.jsonl`` with evaluations.
+    """
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a run folder: it has no metrics.jsonl.")
     evals: list[dict[str, Any]] = []
     regret: list[dict[str, Any]] = []
+    rounds: dict[int, dict[str, Any]] = {}
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
+            if line.startswith(_NODE_LINE):
+                continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 raise ConfigError(f"{path}: line {lineno} is not JSON.") from None
-            if record.get("kind") == "eval":
+            kind = record.get("kind")
+            if kind == "eval":
                 evals.append(record)
-            elif record.get("kind") == "regret":
+            elif kind == "regret":
                 regret.append(record)
+            elif kind == "round" and isinstance(record.get("round"), int):
+                rounds[record["round"]] = record  # a round written twice: the last one
     if not evals:
         raise ConfigError(f"{path} has no evaluation records to plot.")
-    name = run_dir.name
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        with contextlib.suppress(json.JSONDecodeError):
-            name = json.loads(summary.read_text(encoding="utf-8")).get("name", name)
-    return name, evals, regret
+    summary: dict[str, Any] = {}
+    with contextlib.suppress(OSError, UnicodeError, json.JSONDecodeError):
+        loaded = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        if isinstance(loaded, dict):
+            summary = loaded
+    name = summary.get("name")
+    return RunRecords(
+        run_dir,
+        name if isinstance(name, str) and name else run_dir.name,
+        evals,
+        regret,
+        [rounds[t] for t in sorted(rounds)],
+        summary,
+    )
 
 
 def expand_runs(paths: Sequence[Path]) -> list[Path]:
@@ -152,8 +209,122 @@ def _label_text(key: str, value: Any) -> str:
     """A config value as a legend label: strings as they are, others as ``key=value``."""
     if isinstance(value, str):
         return value
+    return _key_text(key, value)
+
+
+def _key_text(key: str, value: Any) -> str:
+    """``key=value``, as ``--set`` would give it."""
     shown = json.dumps(value) if isinstance(value, bool | list | dict) else str(value)
     return f"{key}={shown}"
+
+
+_PLAIN_KEYS = ("algorithm.name", "compression.codec")
+"""Config keys a default label shows by their value alone, first, in this order (then the
+graph, then every other key as ``key=value``)."""
+
+_GRAPH_KEYS = frozenset({"topology.kind", "topology.nodes", "topology.rows", "topology.cols"})
+"""Config keys that the graph's name (``summary.json``'s ``topology.name``, e.g.
+``torus-4x4``) stands for in a label."""
+
+
+def _flat(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config as ``table.key: value`` (inline tables such as ``transport.tls`` whole)."""
+    out: dict[str, Any] = {}
+    for table, keys in config.items():
+        if isinstance(keys, Mapping):
+            out.update({f"{table}.{key}": value for key, value in keys.items()})
+        else:
+            out[table] = keys
+    return out
+
+
+def default_labels(
+    configs: Sequence[Mapping[str, Any] | None],
+    graphs: Sequence[str],
+    names: Sequence[str],
+    *,
+    ignore: Collection[str] = ("run.name",),
+) -> list[str]:
+    """Curve labels that say what differs between the runs (one config each).
+
+    The algorithm and the codec by their value and the graph by its name (``graphs``),
+    where the runs differ in them; then every other config key whose value differs (a
+    ``--set`` key, say) as ``key=value``, in the config's order, on the runs whose value
+    is not the one most runs share (on all of them if no value has a majority, or if a
+    label would be left empty). Keys in ``ignore``, and keys that only some runs have (one
+    algorithm's own parameters), are left out. Where that tells the runs apart nothing,
+    or a run has no config, the labels are ``names``.
+    """
+    if len(configs) < 2 or any(c is None for c in configs):
+        return list(names)
+    flats = [_flat(c) for c in configs if c is not None]
+    texts = [{k: json.dumps(v, sort_keys=True, default=str) for k, v in f.items()} for f in flats]
+    differ = [
+        key
+        for key in flats[0]
+        if key not in ignore and all(key in t for t in texts) and len({t[key] for t in texts}) > 1
+    ]
+    graph = len(set(graphs)) > 1 or any(key in _GRAPH_KEYS for key in differ)
+    others = [k for k in differ if k not in _PLAIN_KEYS and not (graph and k in _GRAPH_KEYS)]
+    common: dict[str, str] = {}  # each other key's majority value, where one has it
+    for key in others:
+        value, count = Counter(t[key] for t in texts).most_common(1)[0]
+        if 2 * count > len(texts):
+            common[key] = value
+
+    def label(i: int, omit: Mapping[str, str]) -> str:
+        parts = [str(flats[i][key]) for key in _PLAIN_KEYS if key in differ]
+        if graph and graphs[i]:
+            parts.append(graphs[i])
+        parts += [_key_text(key, flats[i][key]) for key in others if omit.get(key) != texts[i][key]]
+        return ", ".join(parts)
+
+    for omit in (common, {}):
+        labels = [label(i, omit) for i in range(len(flats))]
+        if all(labels) and len(set(labels)) == len(labels):
+            return labels
+    return list(names)
+
+
+def _graph_name(run: RunRecords, config: Mapping[str, Any] | None) -> str:
+    """The run's graph: ``summary.json``'s ``topology.name`` (``torus-4x4``), else
+    ``<kind>-<nodes>`` from its config ("" when neither says)."""
+    topology = run.summary.get("topology")
+    if isinstance(topology, Mapping) and isinstance(topology.get("name"), str):
+        return str(topology["name"])
+    table = (config or {}).get("topology")
+    if isinstance(table, Mapping) and "kind" in table:
+        return f"{table['kind']}-{table.get('nodes', '?')}"
+    return ""
+
+
+def _some(values: Sequence[str], noun: str, most: int = 3) -> str:
+    """Distinct ``values`` joined, or how many there are when over ``most``."""
+    distinct = list(dict.fromkeys(v for v in values if v))
+    return ", ".join(distinct) if len(distinct) <= most else f"{len(distinct)} {noun}"
+
+
+def default_title(runs: Sequence[RunRecords], configs: Sequence[Mapping[str, Any] | None]) -> str:
+    """The figure's title: the runs' config name, algorithm and graph
+    (``dpsgd-torus16: dpsgd on torus-4x4``); several of each joined, or counted when many."""
+    names, algorithms, graphs = [], [], []
+    for run, config in zip(runs, configs, strict=True):
+        table = (config or {}).get("run")
+        name = table.get("name") if isinstance(table, Mapping) else strip_seed(run.name)
+        names.append(name if isinstance(name, str) else "")
+        algorithm = run.summary.get("algorithm")
+        if not isinstance(algorithm, str):
+            table = (config or {}).get("algorithm")
+            algorithm = table.get("name") if isinstance(table, Mapping) else None
+        algorithms.append(algorithm if isinstance(algorithm, str) else "")
+        graphs.append(_graph_name(run, config))
+    what = _some(algorithms, "algorithms", most=4)
+    where = _some(graphs, "graphs")
+    text = f"{what} on {where}" if what and where else what or where
+    if not 0 < len({n for n in names if n}) <= 3:
+        return text  # many configs: their algorithms and graphs say enough
+    name = _some(names, "configs")
+    return f"{name}: {text}" if text else name
 
 
 def seed_groups(configs: Sequence[Mapping[str, Any]]) -> list[list[int]]:
@@ -205,39 +376,109 @@ _REGRET_KEYS = ("average_static_regret", "average_dynamic_regret")
 
 
 @dataclass
+class _Loss:
+    """The training loss of every round (the evaluation rounds' in a run without round
+    records): 1-based rounds, loss, MB each node had sent by then, and the band."""
+
+    rounds: list[float]
+    loss: list[float]
+    mb: list[float]
+    spread: list[float] | None = None
+
+
+def _loss(run: RunRecords, every_round: bool = True) -> _Loss:
+    """The run's training loss, from its ``"kind": "round"`` records (one a round, however
+    many peers) where it has them and ``every_round``, else from its evaluations.
+
+    A round record counts the bytes all peers sent; the evaluations' bytes per node give
+    the divisor (the peer count, a server included; ``summary.json``'s ``nodes`` where no
+    evaluation has bytes to go by).
+    """
+    if not (every_round and run.rounds):
+        return _Loss(
+            [e["round"] + 1 for e in run.evals],
+            [_value(e.get("train_loss")) for e in run.evals],
+            [_value(e.get("bytes_sent_per_node")) / 1e6 for e in run.evals],
+        )
+    total = 0.0
+    sent: dict[int, float] = {}
+    for record in run.rounds:
+        total += float(record.get("bytes_sent") or 0)
+        sent[record["round"]] = total
+    nodes = run.summary.get("nodes")
+    per_node = 1.0 / nodes if isinstance(nodes, int) and nodes > 0 else 1.0
+    for e in run.evals:  # the evaluations' own figure, where there is one to go by
+        mine, theirs = sent.get(e["round"], 0.0), e.get("bytes_sent_per_node")
+        if mine > 0 and isinstance(theirs, int | float) and theirs > 0:
+            per_node = theirs / mine
+    return _Loss(
+        [r["round"] + 1 for r in run.rounds],
+        [_value(r.get("train_loss")) for r in run.rounds],
+        [sent[r["round"]] * per_node / 1e6 for r in run.rounds],
+    )
+
+
+@dataclass
 class _Curve:
     """One line (or mean with band) of every panel."""
 
     label: str
     rounds: list[float]
     series: dict[str, list[float]]
+    loss: _Loss
     spread: dict[str, list[float]] | None = None
     regret: dict[str, tuple[list[float], list[float], list[float] | None]] = field(
         default_factory=dict
     )
 
+    @property
+    def mb(self) -> float:
+        """The most MB a node sent (0 for a run that sent nothing)."""
+        sent = [*self.loss.mb, *(b / 1e6 for b in self.series["bytes_sent_per_node"])]
+        return max((x for x in sent if not math.isnan(x)), default=0.0)
 
-def _run_curve(label: str, evals: list[dict[str, Any]], regret: list[dict[str, Any]]) -> _Curve:
+
+def _run_curve(label: str, run: RunRecords) -> _Curve:
     curve = _Curve(
         label,
-        [r["round"] + 1 for r in evals],
-        {k: [_value(r.get(k)) for r in evals] for k in _EVAL_KEYS},
+        [r["round"] + 1 for r in run.evals],
+        {k: [_value(r.get(k)) for r in run.evals] for k in _EVAL_KEYS},
+        _loss(run),
     )
     for key in _REGRET_KEYS:
-        points = [(r["round"] + 1, float(r[key])) for r in regret if r.get(key) is not None]
+        points = [(r["round"] + 1, float(r[key])) for r in run.regret if r.get(key) is not None]
         if points:
             xs, ys = zip(*points, strict=True)
             curve.regret[key] = (list(xs), list(ys), None)
     return curve
 
 
-def _mean_curve(
-    label: str, runs: Sequence[tuple[list[dict[str, Any]], list[dict[str, Any]]]]
-) -> _Curve:
+def _mean_loss(runs: Sequence[RunRecords]) -> _Loss:
+    """Mean and sample standard deviation of the runs' training loss at the rounds all of
+    them have (every round where all have round records)."""
+    import numpy as np
+
+    every_round = all(run.rounds for run in runs)
+    losses = [_loss(run, every_round) for run in runs]
+    by_round = [
+        {t: (y, mb) for t, y, mb in zip(x.rounds, x.loss, x.mb, strict=True)} for x in losses
+    ]
+    common = sorted(set.intersection(*(set(b) for b in by_round)))
+    loss = np.array([[b[t][0] for t in common] for b in by_round]).reshape(len(runs), -1)
+    mb = np.array([[b[t][1] for t in common] for b in by_round]).reshape(len(runs), -1)
+    return _Loss(
+        common,
+        loss.mean(axis=0).tolist(),
+        mb.mean(axis=0).tolist(),
+        loss.std(axis=0, ddof=1).tolist(),
+    )
+
+
+def _mean_curve(label: str, runs: Sequence[RunRecords]) -> _Curve:
     """Mean and sample standard deviation over runs, at the rounds all of them reached."""
     import numpy as np
 
-    by_round = [{r["round"]: r for r in evals} for evals, _ in runs]
+    by_round = [{r["round"]: r for r in run.evals} for run in runs]
     common = sorted(set.intersection(*(set(b) for b in by_round)))
     if not common:
         raise ConfigError(
@@ -250,11 +491,11 @@ def _mean_curve(
         table = np.array([[_value(b[t].get(key)) for t in common] for b in by_round])
         series[key] = table.mean(axis=0).tolist()
         spread[key] = table.std(axis=0, ddof=1).tolist()
-    curve = _Curve(label, [t + 1 for t in common], series, spread)
+    curve = _Curve(label, [t + 1 for t in common], series, _mean_loss(runs), spread)
     for key in _REGRET_KEYS:
         per_run = [
-            {r["round"]: float(r[key]) for r in regret if r.get(key) is not None}
-            for _, regret in runs
+            {r["round"]: float(r[key]) for r in run.regret if r.get(key) is not None}
+            for run in runs
         ]
         rounds = sorted(set.intersection(*(set(p) for p in per_run)))
         if rounds:
@@ -267,34 +508,111 @@ def _mean_curve(
     return curve
 
 
-def _curves(run_dirs: Sequence[Path], label: str | None, bands: bool) -> tuple[list[_Curve], bool]:
-    """The curves to draw, and whether any run has regret records."""
-    loaded = [load_records(d) for d in run_dirs]
-    with_regret = any(regret for _, _, regret in loaded)
+def _optional_config(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``config.toml``, or None where it has no readable one."""
+    try:
+        return load_run_config(run_dir, "")
+    except ConfigError:
+        return None
+
+
+def curve_labels(
+    groups: Sequence[Sequence[int]],
+    runs: Sequence[RunRecords],
+    configs: Sequence[Mapping[str, Any] | None],
+    *,
+    label: str | None,
+    bands: bool,
+) -> list[str]:
+    """Each curve's label (a curve: a group of ``runs``, one run without ``bands``): the
+    value of config key ``label`` (several values of a group joined), else what differs
+    between the curves (:func:`default_labels`), else the runs' (common) name.
+
+    Raises:
+        ConfigError: a run without ``label`` in its config.
+    """
+    if label is not None:
+
+        def value(i: int) -> str:
+            return _label_text(label, config_value(configs[i] or {}, label, runs[i].path))
+
+        return [", ".join(dict.fromkeys(value(i) for i in group)) for group in groups]
+    names = [
+        _group_name([runs[i].name for i in g], [runs[i].path for i in g])
+        if len(g) > 1
+        else runs[g[0]].name
+        for g in groups
+    ]
+    return default_labels(
+        [configs[g[0]] for g in groups],
+        [_graph_name(runs[g[0]], configs[g[0]]) for g in groups],
+        names,
+        ignore=("run.name", "run.seed") if bands else ("run.name",),
+    )
+
+
+def _curves(
+    run_dirs: Sequence[Path], label: str | None, bands: bool
+) -> tuple[list[_Curve], bool, str]:
+    """The curves to draw, whether any run has regret records, and the default title."""
+    runs = [load_run(d) for d in run_dirs]
+    with_regret = any(run.regret for run in runs)
     why = f"fedcore plot --label {clip(label, 60)}" if label else "fedcore plot --bands"
-    configs = [load_run_config(d, why) for d in run_dirs] if label or bands else []
-
-    def labelled(i: int) -> str:
-        if label is None:
-            return loaded[i][0]
-        return _label_text(label, config_value(configs[i], label, run_dirs[i]))
-
-    if not bands:
-        curves = [_run_curve(labelled(i), evals, reg) for i, (_, evals, reg) in enumerate(loaded)]
-        return curves, with_regret
+    if label or bands:
+        configs: list[dict[str, Any] | None] = [load_run_config(d, why) for d in run_dirs]
+    else:
+        configs = [_optional_config(d) for d in run_dirs]
+    title = default_title(runs, configs)
+    groups = seed_groups([c or {} for c in configs]) if bands else [[i] for i in range(len(runs))]
+    texts = curve_labels(groups, runs, configs, label=label, bands=bands)
     curves = []
-    for group in seed_groups(configs):
-        if label is not None:
-            text = ", ".join(dict.fromkeys(labelled(i) for i in group))
-        else:
-            text = _group_name([loaded[i][0] for i in group], [run_dirs[i] for i in group])
+    for group, text in zip(groups, texts, strict=True):
         if len(group) == 1:
-            _, evals, reg = loaded[group[0]]
-            curves.append(_run_curve(text, evals, reg))
+            curves.append(_run_curve(text, runs[group[0]]))
         else:
             text += f" (mean ± std, {len(group)} seeds)"
-            curves.append(_mean_curve(text, [(loaded[i][1], loaded[i][2]) for i in group]))
-    return curves, with_regret
+            curves.append(_mean_curve(text, [runs[i] for i in group]))
+    return curves, with_regret, title
+
+
+_COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+"""matplotlib's ``tab10``, whatever the user's style says."""
+
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h")
+_LINESTYLES = ("-", "-.", ":")
+"""Solid for the first ten curves, then the next (dashed is the mean node accuracy's)."""
+
+
+def curve_style(i: int) -> dict[str, Any]:
+    """Curve ``i``'s colour, marker and line style: no two alike among the first 330."""
+    return {
+        "color": _COLORS[i % len(_COLORS)],
+        "marker": _MARKERS[i % len(_MARKERS)],
+        "linestyle": _LINESTYLES[i // len(_COLORS) % len(_LINESTYLES)],
+    }
+
+
+def _bytes_differ_tenfold(curves: Sequence[_Curve]) -> bool:
+    """Whether the runs' bytes differ more than ten times (of runs that sent any)."""
+    sent = [c.mb for c in curves if c.mb > 0]
+    return len(sent) > 1 and max(sent) > 10 * min(sent)
+
+
+def _legend_columns(labels: Sequence[str]) -> int:
+    """As many columns (up to 4) as labels this long fit across the figure (some 170
+    characters of the small font, less a handle of 8 a column)."""
+    return max(1, min(4, 170 // (max(len(text) for text in labels) + 8)))
 
 
 def _draw(
@@ -306,11 +624,13 @@ def _draw(
     positive_x: bool,
     **style: Any,
 ) -> Any:
-    """One line (and its band) on ``ax``; points at x <= 0 left out on a log axis."""
+    """One line (and its band) on ``ax``; points at x <= 0 left out on a log axis; markers
+    on every point of a short line, about a dozen along a long one."""
     keep = [i for i, x in enumerate(xs) if x > 0 or not positive_x]
     x = [xs[i] for i in keep]
     y = [ys[i] for i in keep]
-    (line,) = ax.plot(x, y, marker="." if len(x) < 60 else None, **style)
+    every = 0.08 if len(x) > 12 else None  # by distance: even on a log axis
+    (line,) = ax.plot(x, y, markevery=every, markersize=4, **style)
     if spread is not None and x:
         low = [y[j] - spread[i] for j, i in enumerate(keep)]
         high = [y[j] + spread[i] for j, i in enumerate(keep)]
@@ -325,7 +645,7 @@ def plot_runs(
     *,
     label: str | None = None,
     title: str | None = None,
-    log_bytes: bool = False,
+    log_bytes: bool | None = None,
     bands: bool = False,
 ) -> Path:
     """Draw the comparison panels for ``run_dirs`` into ``out`` (PNG, PDF or SVG).
@@ -334,9 +654,11 @@ def plot_runs(
         run_dirs: Run folders, or sweep folders (their completed runs).
         out: The picture to write (its format by its suffix).
         label: A dotted config key (``algorithm.name``): label each curve by its value
-            in the run's ``config.toml`` instead of the run's name.
-        title: The figure's title.
-        log_bytes: A log scale on the bytes-sent axes (points at 0 bytes left out).
+            in the run's ``config.toml`` instead of by what differs between the runs
+            (:func:`default_labels`).
+        title: The figure's title (default: :func:`default_title`).
+        log_bytes: A log scale on the bytes-sent axes (points at 0 bytes left out);
+            None: when the runs' bytes differ more than ten times.
         bands: One curve per group of runs that differ only in ``run.seed``: the mean
             over seeds in a band of +- one standard deviation.
 
@@ -350,50 +672,61 @@ def plot_runs(
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    curves, with_regret = _curves(expand_runs([Path(d) for d in run_dirs]), label, bands)
+    curves, with_regret, default = _curves(expand_runs([Path(d) for d in run_dirs]), label, bands)
+    if log_bytes is None:
+        log_bytes = _bytes_differ_tenfold(curves)
+    labels = [c.label for c in curves]
     # Many curves, or long names, would hide the curves: the legend goes below instead.
-    outside = len(curves) >= LEGEND_OUTSIDE or max(len(c.label) for c in curves) > 40
+    outside = len(curves) >= LEGEND_OUTSIDE or max(len(text) for text in labels) > 40
     fig, axes = plt.subplots(3 if with_regret else 2, 2, figsize=(11, 11 if with_regret else 7.5))
     mb = "MB sent per node" + (" (log)" if log_bytes else "")
-    panels = [
-        (axes[0][0], False, "train_loss", "training loss", "round"),
-        (axes[0][1], False, "avg_model_accuracy", "test accuracy", "round"),
-        (axes[1][0], True, "train_loss", "training loss", mb),
-        (axes[1][1], True, "avg_model_accuracy", "test accuracy", mb),
-    ]
+    styles = [curve_style(i) for i in range(len(curves))]
     handles: list[Any] = []
-    for ax, by_bytes, ykey, ylabel, xlabel in panels:
+    for ax, by_bytes in ((axes[0][0], False), (axes[1][0], True)):
         positive = by_bytes and log_bytes
-        for c in curves:
-            xs = [b / 1e6 for b in c.series["bytes_sent_per_node"]] if by_bytes else c.rounds
-            sd = c.spread
+        for c, style in zip(curves, styles, strict=True):
             line = _draw(
                 ax,
-                xs,
-                c.series[ykey],
-                sd[ykey] if sd else None,
+                c.loss.mb if by_bytes else c.loss.rounds,
+                c.loss.loss,
+                c.loss.spread,
                 positive_x=positive,
                 label=c.label,
+                **style,
             )
-            if ax is axes[0][0]:
+            if not by_bytes:
                 handles.append(line)
-            if ykey == "avg_model_accuracy":
+    for ax, by_bytes in ((axes[0][1], False), (axes[1][1], True)):
+        positive = by_bytes and log_bytes
+        for c, style in zip(curves, styles, strict=True):
+            xs = [b / 1e6 for b in c.series["bytes_sent_per_node"]] if by_bytes else c.rounds
+            sd = c.spread
+            for key, extra in (
+                ("avg_model_accuracy", {}),
+                ("mean_node_accuracy", {"linestyle": "--", "markerfacecolor": "none"}),
+            ):
                 _draw(
                     ax,
                     xs,
-                    c.series["mean_node_accuracy"],
-                    sd["mean_node_accuracy"] if sd else None,
+                    c.series[key],
+                    sd[key] if sd else None,
                     positive_x=positive,
-                    linestyle="--",
-                    color=line.get_color(),
-                    label=f"{c.label} (mean node)",
+                    label=c.label if not extra else f"{c.label} (mean node)",
+                    **{**style, **extra},
                 )
-        if positive and any(ln.get_xdata().size for ln in ax.get_lines()):
+    for ax, by_bytes, ylabel in (
+        (axes[0][0], False, "training loss"),
+        (axes[0][1], False, "test accuracy"),
+        (axes[1][0], True, "training loss"),
+        (axes[1][1], True, "test accuracy"),
+    ):
+        if by_bytes and log_bytes and any(ln.get_xdata().size for ln in ax.get_lines()):
             ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(mb if by_bytes else "round")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    dashed = Line2D([], [], color="grey", linestyle="--", label="dashed: mean node accuracy")
+    dashed_text = "dashed: mean node accuracy"
+    dashed = Line2D([], [], color="grey", linestyle="--", label=dashed_text)
     if not outside:
         axes[0][1].legend(handles=[*handles, dashed], loc="lower right", fontsize="small")
     if with_regret:
@@ -401,25 +734,23 @@ def plot_runs(
             (axes[2][0], "average_static_regret", "average static regret R_t / (n t)"),
             (axes[2][1], "average_dynamic_regret", "average dynamic regret"),
         ):
-            for c, handle in zip(curves, handles, strict=True):
+            for c, style in zip(curves, styles, strict=True):
                 if key in c.regret:
                     rx, ry, rsd = c.regret[key]
-                    color = handle.get_color()
-                    _draw(ax, rx, ry, rsd, positive_x=False, label=c.label, color=color)
+                    _draw(ax, rx, ry, rsd, positive_x=False, label=c.label, **style)
             ax.set_xlabel("round")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
         if not outside:
             axes[2][0].legend(fontsize="small")
-    if title:
-        fig.suptitle(title)
+    fig.suptitle(title or default)
     fig.tight_layout()
     if outside:
         fig.legend(
             handles=[*handles, dashed],
             loc="upper center",
             bbox_to_anchor=(0.5, 0.0),
-            ncol=1 if max(len(c.label) for c in curves) > 40 else min(3, len(handles) + 1),
+            ncol=_legend_columns([*labels, dashed_text]),
             fontsize="small",
             frameon=False,
         )

@@ -17,7 +17,10 @@ import pytest
 from fedcore.config import config_to_dict, dumps_toml, load_config
 from fedcore.plotting import (
     LEGEND_OUTSIDE,
+    RunRecords,
     _mean_curve,
+    curve_style,
+    default_labels,
     expand_runs,
     plot_runs,
     seed_groups,
@@ -37,15 +40,31 @@ def fake_run(
     bytes_per_round: float = 1000.0,
     regret: bool = False,
     config: bool = True,
+    every_round: bool = False,
 ) -> Path:
     """A finished run's folder: evaluations at ``rounds`` whose figures depend on
-    ``seed``; the first evaluation at 0 bytes when ``bytes_per_round`` is 0 at round 1."""
+    ``seed``; the first evaluation at 0 bytes when ``bytes_per_round`` is 0 at round 1.
+    With ``every_round``, a ``"kind": "round"`` record for every round up to the last
+    evaluation (16 peers' bytes, the same loss as the evaluations') and two node
+    records a round."""
     folder.mkdir(parents=True)
     items = [*overrides, f"run.seed={seed}"]
     if config:
         text = dumps_toml(config_to_dict(load_config(None, items)))
         (folder / "config.toml").write_text(text, encoding="utf-8")
-    lines = []
+    lines: list[dict[str, Any]] = []
+    for t in range(max(rounds) + 1) if every_round else ():
+        for node in ("n0", "n1"):
+            lines.append({"node": node, "round": t, "loss": 9.0, "kind": "node"})
+        lines.append(
+            {
+                "kind": "round",
+                "round": t,
+                "train_loss": 1.0 / (t + 1) + 0.01 * seed,
+                "nodes_up": 16,
+                "bytes_sent": 16 * bytes_per_round if t else 0,
+            }
+        )
     for t in rounds:
         lines.append(
             {
@@ -207,6 +226,160 @@ def test_regret_panels_get_bands_too(
     ]
 
 
+# --- what the default picture shows ------------------------------------------------------
+
+
+def test_the_training_loss_is_drawn_for_every_round(
+    tmp_path: Path, figures: list[matplotlib.figure.Figure]
+) -> None:
+    run = fake_run(tmp_path / "r", rounds=(4, 9), every_round=True)
+    old = fake_run(tmp_path / "old", seed=1, rounds=(4, 9))  # no round records: evaluations
+    sweep = fake_sweep(tmp_path / "sw", [0, 1], rounds=(4, 9), every_round=True)
+    plot_runs([run, old], tmp_path / "p.png")
+    plot_runs([sweep], tmp_path / "q.png", bands=True)
+    fig, banded = figures
+    by_round, by_bytes = fig.axes[0].get_lines(), fig.axes[2].get_lines()
+    assert list(by_round[0].get_xdata()) == list(range(1, 11))  # 10 rounds, 10 points
+    assert list(by_round[0].get_ydata()) == pytest.approx([1.0 / t for t in range(1, 11)])
+    # Each node's bytes by then (16 peers' bytes over 16): the evaluations' figure at theirs.
+    assert list(by_bytes[0].get_xdata()) == pytest.approx([1e-3 * t for t in range(10)])
+    assert list(by_round[1].get_xdata()) == [5, 10]
+    (mean,) = banded.axes[0].get_lines()
+    assert len(mean.get_xdata()) == 10
+    assert list(mean.get_ydata()) == pytest.approx([1.0 / t + 0.005 for t in range(1, 11)])
+    assert len(fig.axes[1].get_lines()[0].get_xdata()) == 2  # accuracy: evaluations only
+
+
+def test_the_default_title_names_config_algorithm_and_graph(
+    tmp_path: Path, figures: list[matplotlib.figure.Figure]
+) -> None:
+    one = fake_run(tmp_path / "one", overrides=["run.name=mine"])
+    two = fake_run(tmp_path / "two", overrides=["run.name=mine", "algorithm.name=dpsgd"])
+    ring = fake_run(tmp_path / "ring", overrides=["topology.kind=ring"])
+    plot_runs([one], tmp_path / "a.png")
+    plot_runs([one, two, ring], tmp_path / "b.png")
+    plot_runs([one], tmp_path / "c.png", title="mine")
+    assert [fig.get_suptitle() for fig in figures] == [
+        "mine: ops on social-16",
+        "mine: ops, dpsgd on social-16, ring-16",
+        "mine",
+    ]
+    # The graph's own name where the summary has it.
+    (one / "summary.json").write_text(
+        json.dumps({"name": "x", "algorithm": "ops", "topology": {"name": "social-16-s0"}}),
+        encoding="utf-8",
+    )
+    plot_runs([one], tmp_path / "d.png")
+    assert figures[-1].get_suptitle() == "mine: ops on social-16-s0"
+
+
+@pytest.mark.parametrize(
+    ("bytes_per_round", "log_bytes", "scale"),
+    [
+        (11_000.0, None, "log"),  # 11x: log by itself
+        (9_000.0, None, "linear"),  # 9x: linear
+        (9_000.0, True, "log"),  # --log-bytes forces it
+        (11_000.0, False, "linear"),
+    ],
+)
+def test_the_bytes_axes_go_log_when_the_runs_bytes_differ_over_10x(
+    bytes_per_round: float,
+    log_bytes: bool | None,
+    scale: str,
+    tmp_path: Path,
+    figures: list[matplotlib.figure.Figure],
+) -> None:
+    small = fake_run(tmp_path / "small", every_round=True)
+    big = fake_run(tmp_path / "big", seed=1, bytes_per_round=bytes_per_round, every_round=True)
+    silent = fake_run(tmp_path / "silent", seed=2, bytes_per_round=0.0)  # sends nothing
+    plot_runs([small, big, silent], tmp_path / "p.png", log_bytes=log_bytes)
+    (fig,) = figures
+    assert [fig.axes[k].get_xscale() for k in (2, 3)] == [scale, scale]
+    assert [fig.axes[k].get_xscale() for k in (0, 1)] == ["linear", "linear"]
+    assert fig.axes[2].get_xlabel().endswith("(log)") == (scale == "log")
+
+
+def test_the_cli_logs_the_bytes_axes_by_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], figures: list[matplotlib.figure.Figure]
+) -> None:
+    small = fake_run(tmp_path / "small")
+    big = fake_run(tmp_path / "big", seed=1, bytes_per_round=20_000.0)
+    status, _, err = cli(capsys, "plot", str(small), str(big), "--out", str(tmp_path / "p.png"))
+    assert status == 0, err
+    assert figures[0].axes[2].get_xscale() == "log"
+
+
+def loss_labels(fig: matplotlib.figure.Figure) -> list[str]:
+    return [str(line.get_label()) for line in fig.axes[0].get_lines()]
+
+
+def test_labels_show_the_codec_where_the_runs_differ_in_it(
+    tmp_path: Path, figures: list[matplotlib.figure.Figure]
+) -> None:
+    fp32 = fake_run(tmp_path / "fp32")
+    sign = fake_run(tmp_path / "sign", overrides=["compression.codec=sign"])
+    dpsgd = fake_run(tmp_path / "dpsgd", overrides=["algorithm.name=dpsgd"])
+    plot_runs([fp32, sign], tmp_path / "a.png")
+    plot_runs([fp32, sign, dpsgd], tmp_path / "b.png")
+    plot_runs([fp32, sign], tmp_path / "c.png", label="algorithm.name")  # --label overrides
+    sweeps = [
+        fake_sweep(tmp_path / "sw-fp32", [0, 1]),
+        fake_sweep(tmp_path / "sw-sign", [0, 1], overrides=["compression.codec=sign"]),
+    ]
+    plot_runs(sweeps, tmp_path / "d.png", bands=True)
+    assert [loss_labels(fig) for fig in figures] == [
+        ["fp32", "sign"],
+        ["ops, fp32", "ops, sign", "dpsgd, fp32"],
+        ["ops", "ops"],
+        ["fp32 (mean ± std, 2 seeds)", "sign (mean ± std, 2 seeds)"],
+    ]
+
+
+def test_labels_show_what_differs_between_the_runs(
+    tmp_path: Path, figures: list[matplotlib.figure.Figure]
+) -> None:
+    base = fake_run(tmp_path / "base")
+    ring = fake_run(tmp_path / "ring", overrides=["topology.kind=ring", "topology.nodes=8"])
+    lr = fake_run(tmp_path / "lr", overrides=["algorithm.lr=0.1"])
+    seed = fake_run(tmp_path / "seed", seed=1)
+    plot_runs([base, ring, lr], tmp_path / "a.png")
+    plot_runs([base, lr], tmp_path / "b.png")
+    plot_runs([base, seed], tmp_path / "c.png")
+    plot_runs([base, base], tmp_path / "d.png")  # nothing differs: the runs' names
+    assert [loss_labels(fig) for fig in figures] == [
+        # the value most runs share is left out of the key=value parts
+        ["social-16", "ring-8", "social-16, algorithm.lr=0.1"],
+        ["algorithm.lr=0.5", "algorithm.lr=0.1"],
+        ["run.seed=0", "run.seed=1"],
+        ["ops-social-16-run.seed=0", "ops-social-16-run.seed=0"],
+    ]
+
+
+def test_default_labels_leave_out_an_algorithms_own_keys() -> None:
+    def config(algorithm: str, **keys: Any) -> dict[str, Any]:
+        return {"run": {"name": algorithm}, "algorithm": {"name": algorithm, **keys}}
+
+    configs = [config("choco", gamma=0.5, lr=0.5), config("dpsgd", lr=0.5)]
+    assert default_labels(configs, ["g", "g"], ["a", "b"]) == ["choco", "dpsgd"]
+    assert default_labels([configs[0], None], ["g", "g"], ["a", "b"]) == ["a", "b"]
+
+
+def test_eight_runs_stay_readable(tmp_path: Path, figures: list[matplotlib.figure.Figure]) -> None:
+    runs = [fake_run(tmp_path / f"r{k}", overrides=[f"algorithm.lr={k / 10}"]) for k in range(8)]
+    plot_runs(runs, tmp_path / "p.png")
+    (fig,) = figures
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    (legend,) = fig.legends  # below the panels, off the curves
+    assert legend._ncols >= 2
+    assert len(legend.get_texts()) == 9
+    lines = fig.axes[0].get_lines()
+    looks = {(line.get_color(), line.get_linestyle(), line.get_marker()) for line in lines}
+    assert len(looks) == len({line.get_color() for line in lines}) == 8
+    styles = [curve_style(i) for i in range(40)]  # past ten colours: the next line style
+    assert len({tuple(sorted(style.items())) for style in styles}) == 40
+    assert all(style["linestyle"] != "--" for style in styles)  # the mean node's
+
+
 # --- sweep folders and groups -----------------------------------------------------------
 
 
@@ -273,12 +446,15 @@ def test_bands_are_the_mean_and_sample_std_at_the_common_rounds() -> None:
             for t in rounds
         ]
 
+    def run(evals: list[dict[str, Any]]) -> RunRecords:
+        return RunRecords(Path("r"), "r", evals, [], [], {})
+
     curve = _mean_curve(
         "g",
         [
-            (evals([1, 3, 5], 0.1), []),
-            (evals([1, 3], 0.2), []),  # stopped early: round 5 is not common
-            (evals([1, 3, 5], 0.6), []),
+            run(evals([1, 3, 5], 0.1)),
+            run(evals([1, 3], 0.2)),  # stopped early: round 5 is not common
+            run(evals([1, 3, 5], 0.6)),
         ],
     )
     assert curve.rounds == [2, 4]

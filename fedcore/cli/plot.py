@@ -24,11 +24,18 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--label",
         metavar="KEY",
         help="label each curve by this config key of its run (e.g. algorithm.name) "
-        "instead of the run's name",
+        "instead of by what differs between the runs",
     )
-    plot.add_argument("--title", help="the figure's title")
+    plot.add_argument(
+        "--title", help="the figure's title (default: the runs' config name, algorithm and graph)"
+    )
     plot.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
-    plot.add_argument("--log-bytes", action="store_true", help="a log scale on the bytes-sent axis")
+    plot.add_argument(
+        "--log-bytes",
+        action="store_true",
+        help="a log scale on the bytes-sent axes (the default when the runs' bytes differ "
+        "more than 10x)",
+    )
     plot.add_argument(
         "--bands",
         action="store_true",
@@ -52,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         target,
         label=args.label,
         title=args.title,
-        log_bytes=args.log_bytes,
+        log_bytes=True if args.log_bytes else None,  # None: log when bytes differ > 10x
         bands=args.bands,
     )
     if not args.quiet:
