@@ -11,7 +11,9 @@ dynamic regret (where the stream has a comparator).
 A sweep folder (one holding ``sweep.json``, see :mod:`fedcore.simulation.sweep`) stands for
 its completed runs. With ``bands``, runs whose ``config.toml`` differ only in ``run.seed``
 (and ``run.name``) become one curve: their mean, in a band of +- one (sample) standard
-deviation, at the rounds every run of the group evaluated.
+deviation, at the rounds every run of the group evaluated. A grid folder (its ``sweep.json``
+of kind ``grid``, see :mod:`fedcore.simulation.grid`) stands for its cells' runs, labelled
+by the grid's keys.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "LEGEND_OUTSIDE",
     "config_value",
     "expand_runs",
+    "grid_keys",
     "load_evals",
     "load_records",
     "load_run_config",
@@ -105,14 +108,33 @@ def expand_runs(paths: Sequence[Path]) -> list[Path]:
             continue
         try:
             record = json.loads(sweep.read_text(encoding="utf-8"))
-            runs = [r for r in record["runs"] if r.get("status") == "completed"]
-            found = [child_path(path, str(r["out_dir"]), ConfigError) for r in runs]
+            if record.get("kind") == "grid":  # a grid: the sweep folders of its cells
+                cells = [c for c in record["cells"] if c.get("completed")]
+                found = [child_path(path, str(c["out_dir"]), ConfigError) for c in cells]
+            else:
+                runs = [r for r in record["runs"] if r.get("status") == "completed"]
+                found = [child_path(path, str(r["out_dir"]), ConfigError) for r in runs]
         except (OSError, UnicodeError, ValueError, KeyError, TypeError, AttributeError):
             raise ConfigError(f"{sweep} is not a readable sweep file.") from None
+        if found and record.get("kind") == "grid":
+            out.extend(expand_runs(found))
+            continue
         if not found:
             raise ConfigError(f"sweep folder {str(path)!r} has no completed run to plot.")
         out.extend(found)
     return out
+
+
+def grid_keys(paths: Sequence[Path]) -> list[str]:
+    """The grid keys of the grid folders among ``paths`` (``sweep.json`` of kind
+    ``grid``), in order, each once; none for runs and seed sweeps."""
+    keys: list[str] = []
+    for path in paths:
+        with contextlib.suppress(OSError, UnicodeError, ValueError, AttributeError):
+            record = json.loads((path / SWEEP_FILE).read_text(encoding="utf-8"))
+            if record.get("kind") == "grid":
+                keys += [str(k) for k in record.get("grid", {}) if str(k) not in keys]
+    return keys
 
 
 def load_run_config(run_dir: Path, why: str) -> dict[str, Any]:
@@ -277,7 +299,8 @@ def _curves(run_dirs: Sequence[Path], label: str | None, bands: bool) -> tuple[l
     def labelled(i: int) -> str:
         if label is None:
             return loaded[i][0]
-        return _label_text(label, config_value(configs[i], label, run_dirs[i]))
+        keys = [k.strip() for k in label.split(",")]  # several keys: "k1=v1, v2"
+        return ", ".join(_label_text(k, config_value(configs[i], k, run_dirs[i])) for k in keys)
 
     if not bands:
         curves = [_run_curve(labelled(i), evals, reg) for i, (_, evals, reg) in enumerate(loaded)]
@@ -333,8 +356,10 @@ def plot_runs(
     Args:
         run_dirs: Run folders, or sweep folders (their completed runs).
         out: The picture to write (its format by its suffix).
-        label: A dotted config key (``algorithm.name``): label each curve by its value
-            in the run's ``config.toml`` instead of the run's name.
+        label: A dotted config key (``algorithm.name``), or several joined by commas:
+            label each curve by their values in the run's ``config.toml`` instead of the
+            run's name. Grid folders without ``label``: by the grid's keys (and
+            ``run.seed`` without ``bands``).
         title: The figure's title.
         log_bytes: A log scale on the bytes-sent axes (points at 0 bytes left out).
         bands: One curve per group of runs that differ only in ``run.seed``: the mean
@@ -350,6 +375,8 @@ def plot_runs(
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
+    if label is None and (keys := grid_keys([Path(d) for d in run_dirs])):
+        label = ",".join(keys if bands else [*keys, "run.seed"])  # a grid's runs by cell
     curves, with_regret = _curves(expand_runs([Path(d) for d in run_dirs]), label, bands)
     # Many curves, or long names, would hide the curves: the legend goes below instead.
     outside = len(curves) >= LEGEND_OUTSIDE or max(len(c.label) for c in curves) > 40

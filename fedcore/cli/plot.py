@@ -23,8 +23,8 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plot.add_argument(
         "--label",
         metavar="KEY",
-        help="label each curve by this config key of its run (e.g. algorithm.name) "
-        "instead of the run's name",
+        help="label each curve by this config key of its run (e.g. algorithm.name; several "
+        "joined by commas) instead of the run's name (a grid folder: by its grid keys)",
     )
     plot.add_argument("--title", help="the figure's title")
     plot.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
