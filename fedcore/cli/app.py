@@ -32,7 +32,19 @@ from fedcore.ids import first_line
 
 __all__ = ["main"]
 
-SUBCOMMANDS = (simulate, sweep, launch, node, compose, k8s, summarize, certs, health, topology, plot)
+SUBCOMMANDS = (
+    simulate,
+    sweep,
+    launch,
+    node,
+    compose,
+    k8s,
+    summarize,
+    certs,
+    health,
+    topology,
+    plot,
+)
 """In the order ``fedcore --help`` lists them; each adds its parser and handler."""
 
 

@@ -45,12 +45,15 @@ __all__ = [
     "GridAxis",
     "best_cell",
     "best_direction",
+    "best_line",
     "cell_cases",
+    "grid_name",
     "grid_table",
     "parse_grid",
     "read_grid",
     "run_grid",
     "split_values",
+    "table_rows",
     "validate_grid",
 ]
 
@@ -183,8 +186,7 @@ def validate_grid(
     """
     if best is not None and best not in _FIGURE_KEYS:
         raise ConfigError(
-            f"--best {clip(best, 40)} is not a final figure; give one of "
-            f"{', '.join(_FIGURE_KEYS)}."
+            f"--best {clip(best, 40)} is not a final figure; give one of {', '.join(_FIGURE_KEYS)}."
         )
     from fedcore.setup.plan import outline_run
 
@@ -195,8 +197,7 @@ def validate_grid(
     for axis in axes:
         if axis.key in given:
             raise ConfigError(
-                f"--grid {axis.key}=... and --set {axis.key}=... both set {axis.key}; "
-                "give it once."
+                f"--grid {axis.key}=... and --set {axis.key}=... both set {axis.key}; give it once."
             )
         for value in axis.values:  # one value at a time: the message names it
             try:
@@ -215,7 +216,9 @@ def validate_grid(
     return base
 
 
-def grid_name(config: Config, overrides: Sequence[str], axes: Sequence[GridAxis], seeds: Sequence[int]) -> str:
+def grid_name(
+    config: Config, overrides: Sequence[str], axes: Sequence[GridAxis], seeds: Sequence[int]
+) -> str:
     """``<name>-grid-<keys>-seeds<spec>`` (see :func:`~fedcore.simulation.sweep.sweep_name`)."""
     from fedcore.simulation.sweep import sweep_name
 
@@ -297,33 +300,43 @@ def _best_metric(cells: Sequence[Mapping[str, Any]], best: str | None) -> str:
     return _DEFAULT_BEST[0]
 
 
-def _csv_text(axes: Sequence[GridAxis], cells: Sequence[Mapping[str, Any]]) -> str:
-    """results.csv: one row per cell, the grid keys, then mean and std of each figure."""
+def table_rows(keys: Sequence[str], cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell (``results.csv``'s rows): each grid key's value, then
+    ``<figure>_mean`` and ``<figure>_std`` of each final figure some cell has, then
+    ``completed``, ``failed`` (run counts) and ``out_dir`` (the cell's folder)."""
     figures = [k for k in _FIGURE_KEYS if any(k in c["stats"] for c in cells)]
+    rows: list[dict[str, Any]] = []
+    for cell in cells:
+        row: dict[str, Any] = {k: cell["values"][k] for k in keys}
+        for figure in figures:
+            stats = cell["stats"].get(figure, {})
+            row[f"{figure}_mean"] = stats.get("mean")
+            row[f"{figure}_std"] = stats.get("std")
+        row.update(
+            completed=len(cell["completed"]), failed=len(cell["failed"]), out_dir=cell["out_dir"]
+        )
+        rows.append(row)
+    return rows
+
+
+def _csv_text(keys: Sequence[str], cells: Sequence[Mapping[str, Any]]) -> str:
+    """results.csv: :func:`table_rows` under a header (strings as they are, other grid
+    values as JSON, figures as floats, a missing one empty)."""
+    rows = table_rows(keys, cells)
+    columns = list(rows[0]) if rows else list(keys)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    columns = [f"{k}_{part}" for k in figures for part in ("mean", "std")]
-    writer.writerow([*(a.key for a in axes), *columns, "completed", "failed", "out_dir"])
+    writer.writerow(columns)
 
-    def shown(value: Any) -> str:
-        return value if isinstance(value, str) else json.dumps(value)
-
-    def number(value: Any) -> str:
+    def shown(column: str, value: Any) -> str:
+        if column in keys:
+            return value if isinstance(value, str) else json.dumps(value)
+        if column in ("completed", "failed", "out_dir"):
+            return str(value)
         return "" if value is None else repr(float(value))
 
-    for cell in cells:
-        stats = [
-            number(cell["stats"].get(k, {}).get(part)) for k in figures for part in ("mean", "std")
-        ]
-        writer.writerow(
-            [
-                *(shown(cell["values"][a.key]) for a in axes),
-                *stats,
-                len(cell["completed"]),
-                len(cell["failed"]),
-                cell["out_dir"],
-            ]
-        )
+    for row in rows:
+        writer.writerow([shown(c, row[c]) for c in columns])
     return buffer.getvalue()
 
 
@@ -346,7 +359,7 @@ def _write_grid(
         "wall_seconds": time.perf_counter() - began,
     }
     write_text_atomic(folder / _SWEEP_FILE, to_json_text(record, indent=2) + "\n")
-    write_text_atomic(folder / _RESULTS_CSV, _csv_text(axes, cells))
+    write_text_atomic(folder / _RESULTS_CSV, _csv_text([a.key for a in axes], cells))
     return {**record, "out_dir": str(folder)}
 
 
@@ -446,6 +459,9 @@ def run_grid(
     def update(status: str = "running") -> dict[str, Any]:
         return _write_grid(folder, head, axes, names, status, began)
 
+    def rewrite() -> None:
+        update()
+
     status = "failed"
     try:
         run_cases(
@@ -459,7 +475,7 @@ def run_grid(
             threads=threads,
             progress_stream=progress_stream if progress_stream is not None else sys.stderr,
             resume=resume,
-            on_update=update,
+            on_update=rewrite,
         )
         status = "completed"
     except KeyboardInterrupt:
@@ -498,9 +514,7 @@ def grid_table(result: Mapping[str, Any]) -> str:
         runs = f"{len(cell['completed'])}/{len(result['seeds'])}"
         if cell["failed"]:
             runs += f" ({len(cell['failed'])} failed)"
-        rows.append(
-            [cell["label"], f"{_fmt(stats.get('mean'))} ± {_fmt(stats.get('std'))}", runs]
-        )
+        rows.append([cell["label"], f"{_fmt(stats.get('mean'))} ± {_fmt(stats.get('std'))}", runs])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
     lines = [
         ("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))).rstrip()
