@@ -176,8 +176,9 @@ def validate_grid(
     seeds: Sequence[int],
     best: str | None,
 ) -> Config:
-    """Check every cell and seed as ``--set`` would, before any run; return the base
-    config.
+    """Check every value, cell and seed before any run, as ``--set`` and a run's plan
+    would (:func:`~fedcore.setup.plan.plan_run`: the algorithm, the graph, its weights;
+    no data or model); return the base config.
 
     Raises:
         ConfigError: a bad config, override, grid key or value (the message ``--set``
@@ -188,7 +189,7 @@ def validate_grid(
         raise ConfigError(
             f"--best {clip(best, 40)} is not a final figure; give one of {', '.join(_FIGURE_KEYS)}."
         )
-    from fedcore.setup.plan import outline_run
+    from fedcore.setup.plan import plan_run
 
     base = load_config(config, overrides)
     if any(parse_override(item)[0] == ["run", "seed"] for item in overrides):
@@ -201,14 +202,14 @@ def validate_grid(
             )
         for value in axis.values:  # one value at a time: the message names it
             try:
-                outline_run(load_config(config, [*overrides, f"{axis.key}={value}"]))
+                plan_run(load_config(config, [*overrides, f"{axis.key}={value}"]))
             except (ConfigError, TopologyError) as exc:
                 where = shorten(f"{axis.key}={value}", 60)
                 raise type(exc)(f"--grid {where}: {exc}") from None
     for label, items in cell_cases(axes):  # values that cannot go together
         try:
             if len(axes) > 1:
-                outline_run(load_config(config, [*overrides, *items]))
+                plan_run(load_config(config, [*overrides, *items]))
             for seed in seeds:
                 load_config(config, [*overrides, *items, f"run.seed={seed}"])
         except (ConfigError, TopologyError) as exc:
@@ -466,7 +467,7 @@ def run_grid(
     try:
         run_cases(
             path,
-            cases,
+            [(label, [*overrides, *items]) for label, items in cases],
             seeds,
             out_dir=folder,
             jobs=jobs,
