@@ -27,6 +27,7 @@ import io
 import itertools
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -421,7 +422,8 @@ def run_grid(
     from fedcore.simulation.results import open_run_dir
     from fedcore.simulation.sweep import _slug, run_cases
 
-    path = None if config is None else str(config)
+    # The config by its absolute path: --resume reads it from sweep.json, maybe elsewhere.
+    path = None if config is None else os.path.abspath(config)
     seeds = list(seeds)
     base = validate_grid(path, overrides, axes, seeds, best)
     if resume:

@@ -224,7 +224,9 @@ def _run_one(spec: _RunSpec) -> _Outcome:
     """Run one seed (in a worker process or in this one); an error is its outcome."""
     overrides = [*spec.overrides, f"run.seed={spec.seed}"]
     try:
-        if spec.resume and _has_checkpoint(Path(spec.out_dir)):
+        if spec.resume and (done := _completed_summary(Path(spec.out_dir))) is not None:
+            summary = done  # it ended, but the sweep was stopped before it said so
+        elif spec.resume and _has_checkpoint(Path(spec.out_dir)):
             summary = resume(spec.out_dir, show_progress=False, threads=spec.threads)
         else:
             config = load_config(spec.config, overrides)
@@ -241,6 +243,16 @@ def _run_one(spec: _RunSpec) -> _Outcome:
         kind = type(exc) if isinstance(exc, FedcoreError) else None
         return _Outcome(spec.group, spec.seed, "failed", {}, reason, kind)
     return _Outcome(spec.group, spec.seed, "completed", final_figures(summary))
+
+
+def _completed_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a run in ``run_dir`` that completed, else None."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, ValueError):
+        return None
+    ok = isinstance(summary, dict) and summary.get("status", "completed") == "completed"
+    return summary if ok else None
 
 
 def _has_checkpoint(run_dir: Path) -> bool:

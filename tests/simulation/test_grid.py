@@ -229,3 +229,46 @@ def test_split_values_keeps_lists_and_quoted_commas_whole() -> None:
     assert split_values("0.1, 0.3,1") == ["0.1", "0.3", "1"]
     assert split_values('[1,2],[3],"a,b"') == ["[1,2]", "[3]", '"a,b"']
     assert split_values("{ a = 1, b = 2 },x") == ["{ a = 1, b = 2 }", "x"]
+
+
+def test_a_resumed_run_continues_from_its_checkpoint_and_ends_as_if_never_stopped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedcore.simulation import sweep
+    from fedcore.simulation.results import RunObserver
+
+    real_end, real_resume = RunObserver.end_round, sweep.resume
+    stops: list[int] = []
+
+    def end_round(self: RunObserver, t: int, *args: Any, **kwargs: Any) -> float:
+        if t == 5 and not stops:  # Ctrl-C in round 5 of the first run
+            stops.append(t)
+            raise KeyboardInterrupt
+        return real_end(self, t, *args, **kwargs)
+
+    resumed: list[str] = []
+
+    def spy(run_dir: str, **kwargs: Any) -> dict[str, Any]:
+        resumed.append(Path(run_dir).parent.name)
+        return real_resume(run_dir, **kwargs)
+
+    monkeypatch.setattr(RunObserver, "end_round", end_round)
+    monkeypatch.setattr(sweep, "resume", spy)
+    argv = ["sweep", "--grid", "algorithm.lr=0.1,0.5", "--set", "run.checkpoint_every=2"]
+    argv += [*TINY, "--set", "run.rounds=8"]
+    out = tmp_path / "stopped"
+    assert cli(capsys, *argv, "--out", str(out), "-q")[0] == 130
+    assert read_json(out / "algorithm.lr=0.1" / "seed-0" / "summary.json")["status"] == (
+        "interrupted"
+    )
+    status, _, err = cli(capsys, "sweep", "--resume", str(out), "-q")
+    assert status == 0, err
+    assert resumed == ["algorithm.lr=0.1"]  # from its checkpoint; the other cell ran fresh
+    whole = tmp_path / "whole"
+    assert cli(capsys, *argv, "--out", str(whole), "-q")[0] == 0
+    for cell in ("algorithm.lr=0.1", "algorithm.lr=0.5"):
+        a = read_json(out / cell / "seed-0" / "summary.json")
+        b = read_json(whole / cell / "seed-0" / "summary.json")
+        assert a["status"] == "completed"
+        assert a["params_sha256"] == b["params_sha256"]
+        assert a["final"] == b["final"]
