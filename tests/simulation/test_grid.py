@@ -272,3 +272,24 @@ def test_a_resumed_run_continues_from_its_checkpoint_and_ends_as_if_never_stoppe
         assert a["status"] == "completed"
         assert a["params_sha256"] == b["params_sha256"]
         assert a["final"] == b["final"]
+
+
+def test_a_failed_cell_is_recorded_and_the_grid_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = "tests.simulation.test_sweep:broken_digits"
+    out = tmp_path / "g"
+    argv = ["sweep", "--grid", f"data.dataset=digits,{broken}", *TINY]
+    status, table, err = cli(capsys, *argv, "--out", str(out))
+    assert status == 0, err
+    assert "seed 0 [2/2]: failed: " in err and "no data at all" in err
+    record = read_json(out / "sweep.json")
+    assert [(c["completed"], c["failed"]) for c in record["cells"]] == [([0], []), ([], [0])]
+    assert record["best"]["values"] == {"data.dataset": "digits"}
+    assert "0/1 (1 failed)" in table
+    # every run failing is an error (exit 1: not the input's fault), and the files say so
+    status, _, err = cli(
+        capsys, "sweep", "--grid", f"data.dataset={broken}", *TINY, "--out", str(tmp_path / "b")
+    )
+    assert status == 1 and "every run of the grid failed" in err
+    assert read_json(tmp_path / "b" / "sweep.json")["status"] == "failed"
