@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
+from fedcore.lazy import lazy_names
+
 # MKL's conditional numerical reproducibility: without it, MKL's GEMM kernels round a
 # product by the memory address of its operands on some CPUs (AMD EPYC among them), and a
 # peer's gradient of its one row would differ in the last bits from the same row among the
@@ -30,4 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["RunResult", "SweepResult", "__version__", "run", "sweep"]
+
+# The Python API (fedcore/api.py), loaded on first use: `import fedcore` imports no torch.
+__getattr__ = lazy_names(__name__, {name: "api" for name in __all__ if name != "__version__"})

@@ -17,7 +17,9 @@ when the runs' bytes differ more than ten times.
 A sweep folder (one holding ``sweep.json``, see :mod:`fedcore.simulation.sweep`) stands for
 its completed runs. With ``bands``, runs whose ``config.toml`` differ only in ``run.seed``
 (and ``run.name``) become one curve: their mean, in a band of +- one (sample) standard
-deviation, at the rounds every run of the group reached.
+deviation, at the rounds every run of the group reached. A grid folder (its ``sweep.json``
+of kind ``grid``, see :mod:`fedcore.simulation.grid`) stands for its cells' runs, labelled
+by the grid's keys.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = [
     "default_labels",
     "default_title",
     "expand_runs",
+    "grid_keys",
     "load_evals",
     "load_records",
     "load_run",
@@ -162,14 +165,33 @@ def expand_runs(paths: Sequence[Path]) -> list[Path]:
             continue
         try:
             record = json.loads(sweep.read_text(encoding="utf-8"))
-            runs = [r for r in record["runs"] if r.get("status") == "completed"]
-            found = [child_path(path, str(r["out_dir"]), ConfigError) for r in runs]
+            if record.get("kind") == "grid":  # a grid: the sweep folders of its cells
+                cells = [c for c in record["cells"] if c.get("completed")]
+                found = [child_path(path, str(c["out_dir"]), ConfigError) for c in cells]
+            else:
+                runs = [r for r in record["runs"] if r.get("status") == "completed"]
+                found = [child_path(path, str(r["out_dir"]), ConfigError) for r in runs]
         except (OSError, UnicodeError, ValueError, KeyError, TypeError, AttributeError):
             raise ConfigError(f"{sweep} is not a readable sweep file.") from None
+        if found and record.get("kind") == "grid":
+            out.extend(expand_runs(found))
+            continue
         if not found:
             raise ConfigError(f"sweep folder {str(path)!r} has no completed run to plot.")
         out.extend(found)
     return out
+
+
+def grid_keys(paths: Sequence[Path]) -> list[str]:
+    """The grid keys of the grid folders among ``paths`` (``sweep.json`` of kind
+    ``grid``), in order, each once; none for runs and seed sweeps."""
+    keys: list[str] = []
+    for path in paths:
+        with contextlib.suppress(OSError, UnicodeError, ValueError, AttributeError):
+            record = json.loads((path / SWEEP_FILE).read_text(encoding="utf-8"))
+            if record.get("kind") == "grid":
+                keys += [str(k) for k in record.get("grid", {}) if str(k) not in keys]
+    return keys
 
 
 def load_run_config(run_dir: Path, why: str) -> dict[str, Any]:
@@ -532,9 +554,12 @@ def curve_labels(
         ConfigError: a run without ``label`` in its config.
     """
     if label is not None:
+        keys = [key.strip() for key in label.split(",")]  # several keys: "k1=v1, v2"
 
         def value(i: int) -> str:
-            return _label_text(label, config_value(configs[i] or {}, label, runs[i].path))
+            return ", ".join(
+                _label_text(key, config_value(configs[i] or {}, key, runs[i].path)) for key in keys
+            )
 
         return [", ".join(dict.fromkeys(value(i) for i in group)) for group in groups]
     names = [
@@ -653,9 +678,10 @@ def plot_runs(
     Args:
         run_dirs: Run folders, or sweep folders (their completed runs).
         out: The picture to write (its format by its suffix).
-        label: A dotted config key (``algorithm.name``): label each curve by its value
-            in the run's ``config.toml`` instead of by what differs between the runs
-            (:func:`default_labels`).
+        label: A dotted config key (``algorithm.name``), or several joined by commas:
+            label each curve by their values in the run's ``config.toml`` instead of by
+            what differs between the runs (:func:`default_labels`). Grid folders without
+            ``label``: by the grid's keys (and ``run.seed`` without ``bands``).
         title: The figure's title (default: :func:`default_title`).
         log_bytes: A log scale on the bytes-sent axes (points at 0 bytes left out);
             None: when the runs' bytes differ more than ten times.
@@ -672,6 +698,8 @@ def plot_runs(
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
+    if label is None and (keys := grid_keys([Path(d) for d in run_dirs])):
+        label = ",".join(keys if bands else [*keys, "run.seed"])  # a grid's runs by cell
     curves, with_regret, default = _curves(expand_runs([Path(d) for d in run_dirs]), label, bands)
     if log_bytes is None:
         log_bytes = _bytes_differ_tenfold(curves)

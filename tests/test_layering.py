@@ -40,6 +40,7 @@ LAYERS = {
     "simulation": 7,
     "deploy": 8,
     "testing": 8,
+    "api": 8,
     "cli": 9,
     "__main__": 9,
     "__init__": 0,

@@ -23,6 +23,7 @@ from fedcore.cli import (
     plot,
     simulate,
     summarize,
+    sweep,
     topology,
 )
 from fedcore.cli.common import EXIT_RUNTIME, EXIT_USAGE, VERBOSE_HELP
@@ -31,7 +32,19 @@ from fedcore.ids import first_line
 
 __all__ = ["main"]
 
-SUBCOMMANDS = (simulate, launch, node, compose, k8s, summarize, certs, health, topology, plot)
+SUBCOMMANDS = (
+    simulate,
+    sweep,
+    launch,
+    node,
+    compose,
+    k8s,
+    summarize,
+    certs,
+    health,
+    topology,
+    plot,
+)
 """In the order ``fedcore --help`` lists them; each adds its parser and handler."""
 
 

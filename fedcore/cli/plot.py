@@ -23,8 +23,9 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plot.add_argument(
         "--label",
         metavar="KEY",
-        help="label each curve by this config key of its run (e.g. algorithm.name) "
-        "instead of by what differs between the runs",
+        help="label each curve by this config key of its run (e.g. algorithm.name; several "
+        "joined by commas) instead of by what differs between the runs (a grid folder: by "
+        "its grid keys)",
     )
     plot.add_argument(
         "--title", help="the figure's title (default: the runs' config name, algorithm and graph)"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import logging
 import math
 import multiprocessing
@@ -45,8 +46,8 @@ from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import child_path, clip, first_line
 from fedcore.metrics import to_json_text, write_text_atomic
 from fedcore.setup.plan import configured_algorithm
-from fedcore.simulation.results import RUN_FILES, name_part, open_run_dir
-from fedcore.simulation.simulate import simulate
+from fedcore.simulation.results import CHECKPOINTS, RUN_FILES, name_part, open_run_dir
+from fedcore.simulation.simulate import resume, simulate
 
 __all__ = [
     "FIGURES",
@@ -204,6 +205,7 @@ class _RunSpec:
     out_dir: str
     force: bool
     threads: int | str | None = None
+    resume: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,20 +224,41 @@ def _run_one(spec: _RunSpec) -> _Outcome:
     """Run one seed (in a worker process or in this one); an error is its outcome."""
     overrides = [*spec.overrides, f"run.seed={spec.seed}"]
     try:
-        config = load_config(spec.config, overrides)
-        summary = simulate(
-            config,
-            out_dir=spec.out_dir,
-            show_progress=False,
-            force=spec.force,
-            overrides=overrides,
-            threads=spec.threads,
-        )
+        if spec.resume and (done := _completed_summary(Path(spec.out_dir))) is not None:
+            summary = done  # it ended, but the sweep was stopped before it said so
+        elif spec.resume and _has_checkpoint(Path(spec.out_dir)):
+            summary = resume(spec.out_dir, show_progress=False, threads=spec.threads)
+        else:
+            config = load_config(spec.config, overrides)
+            summary = simulate(
+                config,
+                out_dir=spec.out_dir,
+                show_progress=False,
+                force=spec.force or spec.resume,
+                overrides=overrides,
+                threads=spec.threads,
+            )
     except Exception as exc:  # torch, CUDA ...: one seed's failure, not the sweep's
         reason = first_line(str(exc)) or type(exc).__name__
         kind = type(exc) if isinstance(exc, FedcoreError) else None
         return _Outcome(spec.group, spec.seed, "failed", {}, reason, kind)
     return _Outcome(spec.group, spec.seed, "completed", final_figures(summary))
+
+
+def _completed_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a run in ``run_dir`` that completed, else None."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, ValueError):
+        return None
+    ok = isinstance(summary, dict) and summary.get("status", "completed") == "completed"
+    return summary if ok else None
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    """Whether a stopped run in ``run_dir`` left a config and checkpoints to resume from."""
+    folder = run_dir / CHECKPOINTS
+    return (run_dir / "config.toml").is_file() and folder.is_dir() and any(folder.iterdir())
 
 
 def _init_worker(threads: int) -> None:
@@ -261,6 +284,7 @@ class _Group:
     config: str | None
     outcomes: dict[int, _Outcome] = field(default_factory=dict)
     began: float = field(default_factory=time.perf_counter)
+    resumed: bool = False
 
     def run_dir(self, seed: int) -> Path:
         """The folder of one seed's run."""
@@ -477,11 +501,14 @@ def _run_groups(
     show_progress: bool,
     stream: TextIO,
     prefix: Callable[[_Group], str],
+    on_update: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every seed of every group, writing each group's files as its runs end."""
+    """Run every seed of every group that has no outcome yet (a resumed sweep keeps its
+    completed runs), writing each group's files as its runs end; ``on_update`` is called
+    after each write."""
     # Runs in this process take ``threads`` for their rounds; worker processes keep the
     # count :func:`_init_worker` set.
-    in_process = jobs == 1 or sum(len(group.seeds) for group in groups) <= 1
+    in_process = jobs == 1 or sum(len(g.seeds) - len(g.outcomes) for g in groups) <= 1
     specs = [
         _RunSpec(
             g,
@@ -491,14 +518,18 @@ def _run_groups(
             str(group.run_dir(seed)),
             force,
             threads if in_process else None,
+            group.resumed,
         )
         for g, group in enumerate(groups)
         for seed in group.seeds
+        if seed not in group.outcomes
     ]
     total = len(specs)
     finished = 0
     for group in groups:
         _write(group, status="running", jobs=jobs)
+    if on_update is not None:
+        on_update()
 
     def on_done(outcome: _Outcome) -> None:
         nonlocal finished
@@ -506,6 +537,8 @@ def _run_groups(
         group = groups[outcome.group]
         group.outcomes[outcome.seed] = outcome
         _write(group, status="running", jobs=jobs)
+        if on_update is not None:
+            on_update()
         if not show_progress:
             return
         head = f"{prefix(group)}seed {outcome.seed} [{finished}/{total}]"
@@ -639,6 +672,8 @@ def run_cases(
     show_progress: bool = True,
     threads: int | str = 1,
     progress_stream: TextIO | None = None,
+    resume: bool = False,
+    on_update: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run each ``(label, overrides)`` case once per seed, all through one pool of
     ``jobs`` workers; one sweep folder per case, ``out_dir/<label as a folder name>``.
@@ -646,12 +681,17 @@ def run_cases(
     Unlike :func:`run_sweep`, a case whose runs all fail is a result (status
     ``failed``), not an error: a method that diverges is a finding.
 
+    With ``resume``, a case folder that already holds this case's ``sweep.json`` keeps
+    its completed runs; every other run (interrupted, failed, never started) runs again,
+    continuing from its checkpoints where it left some (``run.checkpoint_every``).
+    ``on_update`` is called each time a case's files are rewritten (a run ended).
+
     Returns:
         Per case, in order, its ``sweep.json`` content plus ``label`` and ``out_dir``.
 
     Raises:
         ConfigError: an invalid case, seeds, ``jobs``, or a case folder that holds
-            another sweep without ``force`` (before any run).
+            another sweep without ``force`` or ``resume`` (before any run).
     """
     path = None if config is None else str(config)
     seeds = list(seeds)
@@ -667,8 +707,12 @@ def run_cases(
         name = name if k == 1 else f"{name}-{k}"
         used.add(name)
         folder = child_path(parent, name, ConfigError)
-        _check_folder(folder, seeds, force=force)
-        groups.append(_Group(label, tuple(overrides), folder, seeds, path))
+        group = _Group(label, tuple(overrides), folder, seeds, path, resumed=resume)
+        if resume and (folder / SWEEP_FILE).is_file():
+            _keep_completed(group)
+        else:
+            _check_folder(folder, seeds, force=force)
+        groups.append(group)
     for group in groups:
         group.folder.mkdir(parents=True, exist_ok=True)
         group.began = time.perf_counter()
@@ -680,8 +724,30 @@ def run_cases(
         show_progress=show_progress,
         stream=progress_stream if progress_stream is not None else sys.stderr,
         prefix=lambda g: f"{g.label}: ",
+        on_update=on_update,
     )
     return [{**r, "label": g.label} for g, r in zip(groups, results, strict=True)]
+
+
+def _keep_completed(group: _Group) -> None:
+    """Take the completed runs of the case's ``sweep.json`` (a resumed sweep) as done.
+
+    Raises:
+        ConfigError: the file is unreadable or records another case.
+    """
+    where = group.folder / SWEEP_FILE
+    try:
+        record = json.loads(where.read_text(encoding="utf-8"))
+        same = list(record["overrides"]) == list(group.overrides)
+        runs = [r for r in record["runs"] if r.get("status") == "completed"]
+        done = {int(r["seed"]): dict(r.get("final") or {}) for r in runs}
+    except (OSError, UnicodeError, ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(f"{where} is not a readable sweep file; cannot resume it.") from None
+    if not same:
+        raise ConfigError(f"{where} records another case than {group.label!r}; cannot resume.")
+    for seed, figures in done.items():
+        if seed in group.seeds:
+            group.outcomes[seed] = _Outcome(-1, seed, "completed", figures)
 
 
 # --- the console table -----------------------------------------------------------------
