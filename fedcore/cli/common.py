@@ -156,6 +156,19 @@ def start_run(threads: int | str) -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def _engine(summary: dict[str, Any]) -> str:
+    """What ran the run: an in-process engine (``messages``, ``vectorized``), or gRPC
+    peers (``grpc peers (4 processes)`` for a ``launch``; peers that ran elsewhere and
+    were merged by ``summarize`` have no process count)."""
+    if summary.get("transport") != "grpc":
+        return str(summary.get("engine", "messages"))
+    per = summary.get("peers_per_process")
+    if not isinstance(per, int) or per < 1:
+        return "grpc peers"
+    processes = -(-int(summary["nodes"]) // per)
+    return f"grpc peers ({processes} process{'es' if processes != 1 else ''})"
+
+
 def print_table(summary: dict[str, Any]) -> None:
     # Figures that are not numbers (a diverged run) are null in summary.json.
     final = {k: math.nan if v is None else v for k, v in summary.get("final", {}).items()}
@@ -199,7 +212,7 @@ def print_table(summary: dict[str, Any]) -> None:
             f"{traffic.get('messages_dropped', 0)} at their senders)",
         ),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
-        ("engine", summary.get("engine", "messages")),
+        ("engine", _engine(summary)),
         ("results", summary.get("out_dir", "")),
     ]
     width = max(len(k) for k, _ in rows)
