@@ -29,6 +29,7 @@ __all__ = [
     "set_threads",
     "start_run",
     "thread_count",
+    "tracking_overrides",
 ]
 
 EXIT_USAGE = 2
@@ -121,11 +122,27 @@ RUN.add_argument(
     "--force", action="store_true", help="replace the run an existing --out folder holds"
 )
 RUN.add_argument(
+    "--tensorboard",
+    action="store_true",
+    help="run.tensorboard: also write TensorBoard event files into <results>/tensorboard/ "
+    "(needs pip install 'fedcore[tensorboard]')",
+)
+RUN.add_argument(
+    "--csv",
+    action="store_true",
+    help="run.csv: also write <results>/rounds.csv, one row of round aggregates a round",
+)
+RUN.add_argument(
     "-q",
     "--quiet",
     action="store_true",
     help="no progress or table; print only where the results are",
 )
+
+
+def tracking_overrides(args: argparse.Namespace) -> list[str]:
+    """``--tensorboard`` and ``--csv`` as the ``--set`` items they stand for."""
+    return [f"run.{key}=true" for key in ("tensorboard", "csv") if getattr(args, key, False)]
 
 
 def interrupt(signum: int, frame: object) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedcore.algorithms.user import is_import_path
-from fedcore.config import NODE_MAPS_NODES, Config
+from fedcore.config import NODE_MAPS_NODES, TRACKING_KEYS, Config
 from fedcore.data import Dataset
 from fedcore.errors import ConfigError
 from fedcore.ids import child_path
@@ -43,6 +43,7 @@ from fedcore.progress import Progress
 from fedcore.setup.prepare import RunSetup
 from fedcore.simulation.regret import RegretTracker
 from fedcore.simulation.regret import applies as regret_applies
+from fedcore.simulation.tracking import CSV_FILE, TENSORBOARD_DIR, Tracker
 from fedcore.topology import spectral_gap
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINTS",
+    "DIVERGING_FACTOR",
+    "DIVERGING_WINDOW",
     "MAX_GAP_NODES",
     "RUN_FILES",
     "RunObserver",
@@ -69,9 +72,16 @@ MAX_GAP_NODES = 2000
 
 logger = logging.getLogger(__name__)
 
+DIVERGING_FACTOR = 100.0
+"""A run is diverging when the mean training loss of its last rounds is more than this
+many times its first round's (or is not finite): see :meth:`RunObserver.diverging`."""
+DIVERGING_WINDOW = 10
+"""The last rounds whose mean training loss :meth:`RunObserver.diverging` compares."""
 
-NAME_SKIPS = ("run.name", "simulate.")
-"""Overrides that do not name a run: the name itself, and how a run is simulated."""
+
+NAME_SKIPS = ("run.name", "simulate.", *(f"run.{key}" for key in TRACKING_KEYS))
+"""Overrides that do not name a run: the name itself, how a run is simulated, and what it
+writes beside its records (``run.tensorboard``, ``run.csv``)."""
 
 
 def run_name(config: Config, setup: RunSetup, overrides: Sequence[str] = ()) -> str:
@@ -153,9 +163,11 @@ def open_run_dir(out_dir: str | Path | None, name: str, *, force: bool = False) 
         )
     for f in held:
         (out / f).unlink()
-    if force:  # the replaced run's checkpoints and picture go with it
+    if force:  # the replaced run's checkpoints, picture and tracking files go with it
         shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+        shutil.rmtree(out / TENSORBOARD_DIR, ignore_errors=True)
         (out / "curves.png").unlink(missing_ok=True)
+        (out / CSV_FILE).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -180,14 +192,18 @@ class RunObserver:
         records: str = "all",
         server: str | None = None,
         regret: RegretTracker | None = None,
+        tracker: Tracker | None = None,
     ) -> None:
         """Expect one record per node of ``nodes`` per round of ``config``; write them to
         ``writer`` as ``records`` says (``all``, ``eval``: on evaluation rounds, ``none``).
         ``server``: the server family's server, whose model is the one evaluated as the
         average model (:func:`~fedcore.metrics.evaluate_models`). ``regret``: the run's
         regret curve, brought up to each evaluation as it is recorded (see
-        :func:`regret_tracker`)."""
+        :func:`regret_tracker`). ``tracker``: where the round, evaluation and regret records
+        also go (``run.tensorboard``, ``run.csv``; :mod:`fedcore.simulation.tracking`),
+        closed by :func:`finish_run`."""
         self.nodes = tuple(nodes)
+        self.tracker = tracker
         self.regret = regret
         self.server = server
         self.records = records
@@ -226,6 +242,10 @@ class RunObserver:
         self._bytes_done = 0
         self._last_acc: float | None = None
         self.rounds_done = 0  # rounds every node has reported (they complete in order)
+        # The divergence check's figures: the first round's training loss (None before
+        # it, or while no node ran a round), the last DIVERGING_WINDOW rounds' losses.
+        self.first_loss: float | None = None
+        self.recent_losses: list[float] = []
 
     _STATE = (
         "totals",
@@ -239,6 +259,8 @@ class RunObserver:
         "_bytes_done",
         "_last_acc",
         "rounds_done",
+        "first_loss",
+        "recent_losses",
     )
 
     def state_dict(self) -> dict[str, Any]:
@@ -251,9 +273,11 @@ class RunObserver:
         return state
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`."""
+        """Continue from a :meth:`state_dict` (one written before the divergence check
+        existed starts it over from the next round)."""
         for key in self._STATE:
-            setattr(self, key, copy.deepcopy(saved[key]))
+            if key in saved:
+                setattr(self, key, copy.deepcopy(saved[key]))
         self.missing = {sender: set(r) for sender, r in saved["missing"].items()}
 
     def is_eval_round(self, t: int) -> bool:
@@ -344,22 +368,52 @@ class RunObserver:
         round's training loss (NaN when every node was down)."""
         train_loss = sum(losses) / len(losses) if losses else math.nan
         self._bytes_done += bytes_sent
-        if self.writer is not None:
-            self.writer.write(
-                round_record(
-                    t,
-                    train_loss=train_loss,
-                    nodes_up=len(losses),
-                    messages_sent=sent,
-                    bytes_sent=bytes_sent,
-                    messages_missing=missing,
-                    messages_dropped=dropped,
-                )
+        if self.writer is not None or self.tracker is not None:
+            record = round_record(
+                t,
+                train_loss=train_loss,
+                nodes_up=len(losses),
+                messages_sent=sent,
+                bytes_sent=bytes_sent,
+                messages_missing=missing,
+                messages_dropped=dropped,
             )
+            if self.writer is not None:
+                self.writer.write(record)
+            if self.tracker is not None:
+                self.tracker.round(record)
         self.loss_sum += sum(losses)
         self.loss_count += len(losses)
         self.rounds_done = t + 1
+        if losses:  # a round no node ran says nothing of the loss
+            if self.first_loss is None:
+                self.first_loss = train_loss
+            self.recent_losses = [*self.recent_losses[-(DIVERGING_WINDOW - 1) :], train_loss]
         return train_loss
+
+    def diverging(self) -> tuple[bool, str]:
+        """``(diverging, why)``: whether the run blew up, and the figures that say so.
+
+        The rule: the mean training loss of the last :data:`DIVERGING_WINDOW` rounds that
+        some node ran (fewer in a shorter run) is not finite, or exceeds
+        :data:`DIVERGING_FACTOR` times the first such round's (compared only where the
+        first is finite and positive). The training loss of a round is the mean, over the
+        nodes that ran it, of each node's loss before its update (``metrics.jsonl``'s
+        ``"kind": "round"`` ``train_loss``), the same on every engine and over gRPC.
+        """
+        if self.first_loss is None or not self.recent_losses:
+            return False, ""
+        recent = sum(self.recent_losses) / len(self.recent_losses)
+        window = f"the mean training loss of the last {len(self.recent_losses)} rounds"
+        if not math.isfinite(recent):
+            return True, f"{window} is not finite ({recent})"
+        first = self.first_loss
+        if math.isfinite(first) and first > 0 and recent > DIVERGING_FACTOR * first:
+            return True, (
+                f"{window}, {recent:.4g}, is {recent / first:.3g} times the first round's "
+                f"({first:.4g}); more than {DIVERGING_FACTOR:g} times"
+            )
+        return False, ""
 
     def add_eval(self, t: int, train_loss: float | None, result: Mapping[str, Any]) -> None:
         """Record the evaluation of round ``t`` (``result``: the models' figures)."""
@@ -379,6 +433,8 @@ class RunObserver:
         if self.writer is not None:
             self.writer.write(record)
             self.writer.flush()
+        if self.tracker is not None:
+            self.tracker.evaluation(record)
 
     @property
     def last_accuracy(self) -> float | None:
@@ -415,6 +471,10 @@ def finish_run(
     run got and its figures are those of the last evaluation reached.
     """
     regret = add_regret(setup, observer, out) if status == "completed" else None
+    if observer.tracker is not None:
+        for record in regret or []:
+            observer.tracker.regret(record)
+        observer.tracker.close()
     summary = make_summary(
         setup,
         name=name,
@@ -426,6 +486,14 @@ def finish_run(
     )
     summary["status"] = status
     summary["rounds_completed"] = observer.rounds_done
+    diverging, why = observer.diverging()
+    summary["diverging"] = diverging
+    if diverging:
+        logger.warning(
+            "the run is diverging: %s; try a smaller algorithm.lr (it was %g).",
+            why,
+            setup.config.algorithm.lr,
+        )
     if error is not None:
         summary["error"] = error
     summary.update(extra or {})
