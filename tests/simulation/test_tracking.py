@@ -235,3 +235,20 @@ def test_a_batch_larger_than_a_peers_data_says_so_once(
     said = [r.getMessage() for r in caplog.records if "data.batch_size" in r.getMessage()]
     assert len(said) == 1, said
     assert "100000" in said[0] and "smallest peer" in said[0] and "used" in said[0]
+
+
+@pytest.mark.grpc
+def test_launch_tracks_its_merged_rounds_and_says_it_diverged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``fedcore launch --tensorboard --csv`` of a run that blows up: the merged records'
+    tracking, ``diverging`` true, and the table names the gRPC peers, not ``messages``."""
+    out = tmp_path / "launch"
+    argv = ["launch", *TINY, "--set", "algorithm.lr=1e6", "--peers-per-process", "4"]
+    with caplog.at_level(logging.WARNING, logger="fedcore"):
+        status, table, err = cli(capsys, *argv, "--tensorboard", "--csv", "--out", str(out))
+    assert status == 0, err
+    assert_tracking_matches_metrics(out)
+    assert _summary(out)["diverging"] is True
+    assert sum("diverging" in r.getMessage() for r in caplog.records) == 1
+    assert "  engine                grpc peers (1 process)" in table.splitlines()
