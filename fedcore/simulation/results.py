@@ -73,8 +73,9 @@ MAX_GAP_NODES = 2000
 logger = logging.getLogger(__name__)
 
 DIVERGING_FACTOR = 100.0
-"""A run is diverging when the mean training loss of its last rounds is more than this
-many times its first round's (or is not finite): see :meth:`RunObserver.diverging`."""
+"""A run is diverging when the mean training loss of its last rounds, or its average
+training loss, is more than this many times its first round's (or is not finite): see
+:meth:`RunObserver.diverging`."""
 DIVERGING_WINDOW = 10
 """The last rounds whose mean training loss :meth:`RunObserver.diverging` compares."""
 
@@ -394,25 +395,41 @@ class RunObserver:
     def diverging(self) -> tuple[bool, str]:
         """``(diverging, why)``: whether the run blew up, and the figures that say so.
 
-        The rule: the mean training loss of the last :data:`DIVERGING_WINDOW` rounds that
-        some node ran (fewer in a shorter run) is not finite, or exceeds
-        :data:`DIVERGING_FACTOR` times the first such round's (compared only where the
-        first is finite and positive). The training loss of a round is the mean, over the
-        nodes that ran it, of each node's loss before its update (``metrics.jsonl``'s
-        ``"kind": "round"`` ``train_loss``), the same on every engine and over gRPC.
+        The rule: with ``first`` the training loss of the first round some node ran, the
+        run is diverging when either figure below is not finite, or exceeds
+        :data:`DIVERGING_FACTOR` times ``first`` (compared only where ``first`` is finite
+        and positive):
+
+        * the mean training loss of the last :data:`DIVERGING_WINDOW` rounds some node
+          ran (fewer in a shorter run): a run blowing up as it ends;
+        * the run's average training loss (over every node and round, the summary's
+          ``average_loss``): a run that blew up on its way. A minibatch loss of a model
+          with huge weights swings between 0 and 1e5 from round to round, so the last
+          rounds alone can miss it.
+
+        A round's training loss is the mean, over the nodes that ran it, of each node's
+        loss before its update (``metrics.jsonl``'s ``"kind": "round"`` ``train_loss``),
+        the same on every engine and over gRPC.
         """
-        if self.first_loss is None or not self.recent_losses:
+        if self.first_loss is None or not self.recent_losses or not self.loss_count:
             return False, ""
-        recent = sum(self.recent_losses) / len(self.recent_losses)
-        window = f"the mean training loss of the last {len(self.recent_losses)} rounds"
-        if not math.isfinite(recent):
-            return True, f"{window} is not finite ({recent})"
         first = self.first_loss
-        if math.isfinite(first) and first > 0 and recent > DIVERGING_FACTOR * first:
-            return True, (
-                f"{window}, {recent:.4g}, is {recent / first:.3g} times the first round's "
-                f"({first:.4g}); more than {DIVERGING_FACTOR:g} times"
-            )
+        figures = (
+            (
+                f"the mean training loss of the last {len(self.recent_losses)} rounds",
+                sum(self.recent_losses) / len(self.recent_losses),
+            ),
+            ("the average training loss of the run", self.loss_sum / self.loss_count),
+        )
+        for what, value in figures:
+            if not math.isfinite(value):
+                return True, f"{what} is not finite ({value})"
+        for what, value in figures:
+            if math.isfinite(first) and first > 0 and value > DIVERGING_FACTOR * first:
+                return True, (
+                    f"{what}, {value:.4g}, is {value / first:.3g} times the first round's "
+                    f"({first:.4g}); more than {DIVERGING_FACTOR:g} times"
+                )
         return False, ""
 
     def add_eval(self, t: int, train_loss: float | None, result: Mapping[str, Any]) -> None:
