@@ -3,9 +3,12 @@
 
 The folder holds ``config.toml`` (the effective config), ``metrics.jsonl`` (one
 ``"kind": "node"`` record per node per round and one ``"kind": "eval"`` record per
-evaluation round), ``summary.json``, ``curves.png`` and, with ``run.checkpoint_every``,
-``checkpoints/``. :class:`RunObserver` collects the records as rounds end;
-:func:`finish_run` adds the regret and writes the summary and the curves.
+evaluation round), ``summary.json``, ``curves.png``, with ``run.checkpoint_every``
+``checkpoints/``, and with ``run.tensorboard`` / ``run.csv`` ``tensorboard/`` /
+``rounds.csv`` (:mod:`fedcore.simulation.tracking`). :class:`RunObserver` collects the
+records as rounds end (every round of every engine and of ``launch`` passes through its
+:meth:`~RunObserver.end_round`); :func:`finish_run` adds the regret, says whether the run
+is diverging (:meth:`RunObserver.diverging`) and writes the summary and the curves.
 """
 
 from __future__ import annotations
