@@ -463,8 +463,9 @@ async def _peer(
         # missing); strict mode would only wait for it in vain.
         def waiting() -> str:
             left = transport.connecting
-            if left:
-                return f"{node_id}: connecting; no handshake yet with {', '.join(left)}"
+            if left:  # at most 6 names, then how many more
+                names = ", ".join(left[:6]) + (f" +{len(left) - 6}" if len(left) > 6 else "")
+                return f"{node_id}: connecting; no handshake yet with {names}"
             return f"{node_id}: connecting; waiting for in-neighbours to say hello"
 
         with Ticker(stream, waiting, every_s=TICK_S):
