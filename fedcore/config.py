@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -63,6 +64,7 @@ __all__ = [
     "PARTITIONS",
     "PATH_KEYS",
     "REMOVED_KEYS",
+    "TRACKING_KEYS",
     "AlgorithmConfig",
     "CompressionConfig",
     "Config",
@@ -84,6 +86,10 @@ __all__ = [
     "parse_override",
 ]
 
+
+TRACKING_KEYS = ("tensorboard", "csv")
+"""``[run]`` keys that say what a run writes beside its records (experiment tracking), not
+what runs: left out of the run fingerprint and of a run's name."""
 
 PARTITIONS = ("iid", "dirichlet", "shards")
 """How training data is split across nodes (``data.partition``)."""
@@ -153,6 +159,11 @@ class RunConfig:
     ``local_steps``: K steps of the node's optimizer on K local minibatches a round, the
     last of them the algorithm's own step before it communicates (local SGD; local D-SGD
     for the gossip algorithms); 1 is one step a round.
+    ``tensorboard``: also write TensorBoard event files into ``<run>/tensorboard/`` (the
+    round aggregates, evaluations, bytes, regret and the config as text; needs the
+    ``tensorboard`` package: ``pip install 'fedcore[tensorboard]'``). ``csv``: also write
+    ``<run>/rounds.csv``, one row of round aggregates a round. Neither changes the run
+    (they are not part of its fingerprint).
     """
 
     name: str = ""
@@ -162,6 +173,8 @@ class RunConfig:
     regret: bool = False
     checkpoint_every: int = 0
     local_steps: int = 1
+    tensorboard: bool = False
+    csv: bool = False
 
     def __post_init__(self) -> None:
         """Validate ranges."""
@@ -187,6 +200,12 @@ class RunConfig:
             self.name,
             "must not contain path separators",
         )
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(
+                "run.tensorboard = true needs the tensorboard package, which is not "
+                "installed; install it with: pip install 'fedcore[tensorboard]' (or pip "
+                "install tensorboard), or set run.tensorboard = false."
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -999,6 +1018,8 @@ def fingerprint_json(config: Config, edges_json: Iterable[bytes]) -> str:
     (:func:`fedcore.topology.digest.edges_json` writes them from a graph's arrays)."""
     tables = config_to_dict(config)
     tables.pop("simulate", None)  # how one process runs it, not what runs
+    for key in TRACKING_KEYS:  # what is written beside the records, not what runs
+        tables["run"].pop(key, None)
     tables["transport"].pop("tls", None)
     tables["topology"].pop("file", None)
     # json.dumps({"config": tables, "edges": edges}, sort_keys=True), written in parts.

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
@@ -30,6 +30,7 @@ __all__ = [
     "STATUS_FILE",
     "Progress",
     "StatusLine",
+    "Ticker",
     "announce_if_slow",
     "read_stage",
     "write_stage",
@@ -50,6 +51,10 @@ STAGES = ("importing", "preparing", "connecting", "running", "done", "failed", "
 ``connecting`` (serving, and reaching its out-neighbours), ``running`` (its rounds), then
 one of ``done``, ``failed`` (an error) or ``stopped`` (a signal, or another peer of its
 process failed). Before its first stage a peer's process is still starting Python."""
+
+
+def _perf_counter() -> float:
+    return time.perf_counter()
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -112,26 +117,35 @@ class StatusLine:
     """One line of changing text (and the seconds since it was made).
 
     On a terminal it is redrawn in place whenever the text changes (or the elapsed
-    second); elsewhere a changed text is printed at most every ``every_s`` seconds, so a
-    log gets a few lines rather than one per change. :meth:`finish` always prints.
+    second); elsewhere it is printed every ``every_s`` seconds, changed or not (a log
+    shows that the wait goes on, and for how long), and no more often, so a log gets a
+    line every ``every_s`` rather than one per change. :meth:`finish` always prints.
     """
 
-    def __init__(self, stream: TextIO | None = None, *, every_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        every_s: float = 5.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """Print on ``stream`` (default stderr); ``clock`` (default ``time.perf_counter``)
+        is for tests."""
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty()
         self.every_s = every_s
-        self.start = time.perf_counter()
+        self.clock = clock if clock is not None else _perf_counter
+        self.start = self.clock()
         self._shown = ""  # the last text drawn or printed, with its elapsed seconds
-        self._text = ""
         self._printed_at = -float("inf")
 
     def elapsed(self) -> float:
         """Seconds since the line was made."""
-        return time.perf_counter() - self.start
+        return self.clock() - self.start
 
     def show(self, text: str) -> None:
-        """Show ``text`` (redrawn on a terminal; printed now and then elsewhere)."""
-        now = time.perf_counter()
+        """Show ``text`` (redrawn on a terminal; printed every ``every_s`` elsewhere)."""
+        now = self.clock()
         line = f"{text}  {_fmt_seconds(now - self.start)}"
         if self.tty:
             if line != self._shown:
@@ -139,16 +153,57 @@ class StatusLine:
                 self.stream.flush()
                 self._shown = line
             return
-        if text != self._text and now - self._printed_at >= self.every_s:
+        if now - self._printed_at >= self.every_s:
             self.stream.write(line + "\n")
             self.stream.flush()
-            self._text, self._printed_at = text, now
+            self._printed_at = now
 
     def finish(self, text: str) -> None:
         """Show ``text`` as the line's last state and end the line."""
         line = f"{text}  {_fmt_seconds(self.elapsed())}"
         self.stream.write(("\r" + line + "\033[K" if self.tty else line) + "\n")
         self.stream.flush()
+
+
+class Ticker:
+    """A line every ``every_s`` seconds while a block runs, from a thread of its own:
+    ``text()`` and the seconds since the block began (``n3: preparing (data and model)
+    10s``). A step that blocks its caller (a data set's load, a wait for neighbours)
+    still tells a log, at least every ``every_s``, that it goes on. Nothing is printed
+    after the block ends."""
+
+    def __init__(
+        self, stream: TextIO | None, text: Callable[[], str], *, every_s: float = 5.0
+    ) -> None:
+        self.stream = stream
+        self.text = text
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.start = time.perf_counter()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with self._lock:
+                if self._stop.is_set() or self.stream is None:
+                    return
+                line = f"{self.text()}  {_fmt_seconds(time.perf_counter() - self.start)}"
+                self.stream.write(line + "\n")
+                self.stream.flush()
+
+    def __enter__(self) -> Ticker:
+        self.start = time.perf_counter()
+        if self.stream is not None:
+            self._thread = threading.Thread(target=self._run, name="ticker", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:  # a line being written ends before the block's next words
+            self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def write_stage(folder: Path, stage: str) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "set_threads",
     "start_run",
     "thread_count",
+    "tracking_overrides",
 ]
 
 EXIT_USAGE = 2
@@ -121,11 +122,27 @@ RUN.add_argument(
     "--force", action="store_true", help="replace the run an existing --out folder holds"
 )
 RUN.add_argument(
+    "--tensorboard",
+    action="store_true",
+    help="run.tensorboard: also write TensorBoard event files into <results>/tensorboard/ "
+    "(needs pip install 'fedcore[tensorboard]')",
+)
+RUN.add_argument(
+    "--csv",
+    action="store_true",
+    help="run.csv: also write <results>/rounds.csv, one row of round aggregates a round",
+)
+RUN.add_argument(
     "-q",
     "--quiet",
     action="store_true",
     help="no progress or table; print only where the results are",
 )
+
+
+def tracking_overrides(args: argparse.Namespace) -> list[str]:
+    """``--tensorboard`` and ``--csv`` as the ``--set`` items they stand for."""
+    return [f"run.{key}=true" for key in ("tensorboard", "csv") if getattr(args, key, False)]
 
 
 def interrupt(signum: int, frame: object) -> None:
@@ -154,6 +171,19 @@ def start_run(threads: int | str) -> None:
     and SIGTERM stopping a run as Ctrl-C does (its summary says so; it can be resumed)."""
     set_threads(threads)
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def _engine(summary: dict[str, Any]) -> str:
+    """What ran the run: an in-process engine (``messages``, ``vectorized``), or gRPC
+    peers (``grpc peers (4 processes)`` for a ``launch``; peers that ran elsewhere and
+    were merged by ``summarize`` have no process count)."""
+    if summary.get("transport") != "grpc":
+        return str(summary.get("engine", "messages"))
+    per = summary.get("peers_per_process")
+    if not isinstance(per, int) or per < 1:
+        return "grpc peers"
+    processes = -(-int(summary["nodes"]) // per)
+    return f"grpc peers ({processes} process{'es' if processes != 1 else ''})"
 
 
 def print_table(summary: dict[str, Any]) -> None:
@@ -199,7 +229,7 @@ def print_table(summary: dict[str, Any]) -> None:
             f"{traffic.get('messages_dropped', 0)} at their senders)",
         ),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
-        ("engine", summary.get("engine", "messages")),
+        ("engine", _engine(summary)),
         ("results", summary.get("out_dir", "")),
     ]
     width = max(len(k) for k, _ in rows)

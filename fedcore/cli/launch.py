@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from fedcore.cli.common import RUN, SET, THREADS, VERBOSE, print_table, start_run
+from fedcore.cli.common import (
+    RUN,
+    SET,
+    THREADS,
+    VERBOSE,
+    print_table,
+    start_run,
+    tracking_overrides,
+)
 
 __all__ = ["add"]
 
@@ -35,7 +43,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
 
-    overrides = list(args.overrides)
+    overrides = [*args.overrides, *tracking_overrides(args)]
     if args.name is not None:
         overrides.append(f"run.name={json.dumps(args.name)}")
     config = load_config(args.config, overrides)

@@ -7,7 +7,15 @@ import argparse
 import json
 from typing import Any
 
-from fedcore.cli.common import RUN, SET, SIM_THREADS, VERBOSE, print_table, start_run
+from fedcore.cli.common import (
+    RUN,
+    SET,
+    SIM_THREADS,
+    VERBOSE,
+    print_table,
+    start_run,
+    tracking_overrides,
+)
 from fedcore.config import ENGINES
 from fedcore.errors import ConfigError
 
@@ -68,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
                 ("--engine", args.engine),
                 ("--device", args.device),
                 ("--force", args.force),
+                ("--tensorboard", args.tensorboard),
+                ("--csv", args.csv),
                 ("--jobs", args.jobs != 1),
             )
             if value
@@ -99,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
     from fedcore.config import load_config
 
-    overrides = list(args.overrides)
+    overrides = [*args.overrides, *tracking_overrides(args)]
     if args.engine:
         overrides.append(f"simulate.engine={args.engine}")
     if args.device:

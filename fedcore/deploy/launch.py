@@ -48,6 +48,7 @@ from fedcore.progress import STATUS_FILE, Progress, StatusLine, announce_if_slow
 from fedcore.setup.plan import planned_nodes, round_drift
 from fedcore.setup.prepare import RunSetup, prepare_run
 from fedcore.simulation.results import RunObserver, finish_run, open_run_dir, run_name
+from fedcore.simulation.tracking import make_tracker
 
 __all__ = ["free_ports", "launch", "peer_dir", "read_params", "summarize", "user_code_roots"]
 
@@ -500,6 +501,7 @@ def _merge(
         writer=writer,
         progress=None,
         server=getattr(setup.algorithm, "server", None),
+        tracker=make_tracker(config, out, dumps_toml(config_to_dict(config))),
     )
     dtype = setup.evaluator.dtype
     models: dict[str, torch.Tensor] = dict.fromkeys(nodes, setup.start)

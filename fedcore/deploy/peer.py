@@ -45,7 +45,7 @@ from fedcore.config import Config
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.metrics import JsonlWriter, params_sha256
 from fedcore.node import DecodeCache, Node, RoundRecord
-from fedcore.progress import Progress, write_stage
+from fedcore.progress import Progress, Ticker, write_stage
 from fedcore.setup import checkpoint
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.transport.grpc import GrpcTransport
@@ -98,6 +98,11 @@ def write_params(path: Path, params: torch.Tensor) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(params.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes())
     tmp.replace(path)
+
+
+TICK_S = 5.0
+"""Seconds between a peer's start-up lines while it prepares or connects (a data set's
+load, neighbours that are not up yet): a log is never silent longer while it starts."""
 
 
 class _ShowsRounds(Protocol):
@@ -227,13 +232,18 @@ def _prepare(
     outs: Mapping[str, Path],
     roster: Mapping[str, str],
     listen: Mapping[str, str],
+    *,
+    stream: TextIO | None = None,
 ) -> RunSetup:
     """The run's set-up for the peers ``node_ids`` (checked by :func:`_check_peers`); each
-    peer's stage (in ``outs[id]``) is ``preparing`` meanwhile, ``failed`` if it fails."""
+    peer's stage (in ``outs[id]``) is ``preparing`` meanwhile, ``failed`` if it fails.
+    With ``stream``, a line there every :data:`TICK_S` seconds while it prepares."""
     for n in node_ids:
         write_stage(outs[n], "preparing")
+    who = ",".join(node_ids) if len(node_ids) <= 4 else f"{node_ids[0]}..{node_ids[-1]}"
     try:
-        setup = prepare_run(config)
+        with Ticker(stream, lambda: f"{who}: preparing (data and model)", every_s=TICK_S):
+            setup = prepare_run(config)
         _check_peers(setup, node_ids, roster, listen)
         seed_torch(config)
     except BaseException:
@@ -260,7 +270,14 @@ async def run_peer(
     say there what it does: where it serves, whom it waits for, its rounds (a progress
     line) and where its results are.
     """
-    setup = _prepare(config, [node_id], {node_id: out}, roster, {node_id: listen} if listen else {})
+    setup = _prepare(
+        config,
+        [node_id],
+        {node_id: out},
+        roster,
+        {node_id: listen} if listen else {},
+        stream=progress_stream,
+    )
     return await _serve_and_run(
         setup, node_id, roster, out=out, listen=listen, resume=resume, stream=progress_stream
     )
@@ -306,7 +323,7 @@ async def run_peers(
             progress_stream=progress_stream,
         )
         return {only: info}
-    setup = _prepare(config, ids, outs, roster, chosen)
+    setup = _prepare(config, ids, outs, roster, chosen, stream=progress_stream)
     group = (
         _GroupProgress(config.run.rounds, ids, progress_stream)
         if progress_stream is not None
@@ -441,13 +458,22 @@ async def _peer(
             f"{setup.run_id[:12]}, {config.run.rounds} rounds; connecting to "
             f"{', '.join(sorted(outs)) or 'nobody'}"
         )
+
         # Deadline mode goes on without a peer that never answers (its messages go
         # missing); strict mode would only wait for it in vain.
-        await transport.connect(
-            sorted(outs),
-            timeout_s=config.transport.startup_timeout_s,
-            required=config.transport.mode == "strict",
-        )
+        def waiting() -> str:
+            left = transport.connecting
+            if left:  # at most 6 names, then how many more
+                names = ", ".join(left[:6]) + (f" +{len(left) - 6}" if len(left) > 6 else "")
+                return f"{node_id}: connecting; no handshake yet with {names}"
+            return f"{node_id}: connecting; waiting for in-neighbours to say hello"
+
+        with Ticker(stream, waiting, every_s=TICK_S):
+            await transport.connect(
+                sorted(outs),
+                timeout_s=config.transport.startup_timeout_s,
+                required=config.transport.mode == "strict",
+            )
         write_stage(out, "running")
         say(f"connected; running from round {node.round}")
         await node.run(config.run.rounds)

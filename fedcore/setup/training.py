@@ -115,15 +115,17 @@ def _split(config: Config, dataset: Dataset, shape: Shape) -> list[Any]:
     )
     smallest = min(len(p) for p in parts)
     if data.batch_size > smallest:
-        # Under lr_scaling the step size assumes batches of data.batch_size: say so.
+        # Said once a set-up (a warning: the batches are not the size asked for). Under
+        # lr_scaling the step size assumes batches of data.batch_size: say that too.
         scaled = config.algorithm.lr_scaling != "none"
-        logger.log(
-            logging.WARNING if scaled else logging.INFO,
-            "data.batch_size = %d is larger than the %d training examples of the "
-            "smallest node: its batches hold all of them%s",
+        logger.warning(
+            "data.batch_size = %d is larger than the %d training examples of the smallest "
+            "peer; a peer with fewer examples than that uses all of its own as its batch "
+            "(used: %d for the smallest)%s",
             data.batch_size,
             smallest,
-            " (algorithm.lr_scaling still scales by data.batch_size)" if scaled else "",
+            smallest,
+            "; algorithm.lr_scaling still scales by data.batch_size" if scaled else "",
         )
     if shape.server_at is not None:
         parts.insert(shape.server_at, np.zeros(0, dtype=np.int64))

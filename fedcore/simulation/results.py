@@ -3,9 +3,12 @@
 
 The folder holds ``config.toml`` (the effective config), ``metrics.jsonl`` (one
 ``"kind": "node"`` record per node per round and one ``"kind": "eval"`` record per
-evaluation round), ``summary.json``, ``curves.png`` and, with ``run.checkpoint_every``,
-``checkpoints/``. :class:`RunObserver` collects the records as rounds end;
-:func:`finish_run` adds the regret and writes the summary and the curves.
+evaluation round), ``summary.json``, ``curves.png``, with ``run.checkpoint_every``
+``checkpoints/``, and with ``run.tensorboard`` / ``run.csv`` ``tensorboard/`` /
+``rounds.csv`` (:mod:`fedcore.simulation.tracking`). :class:`RunObserver` collects the
+records as rounds end (every round of every engine and of ``launch`` passes through its
+:meth:`~RunObserver.end_round`); :func:`finish_run` adds the regret, says whether the run
+is diverging (:meth:`RunObserver.diverging`) and writes the summary and the curves.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedcore.algorithms.user import is_import_path
-from fedcore.config import NODE_MAPS_NODES, Config
+from fedcore.config import NODE_MAPS_NODES, TRACKING_KEYS, Config
 from fedcore.data import Dataset
 from fedcore.errors import ConfigError
 from fedcore.ids import child_path
@@ -43,6 +46,7 @@ from fedcore.progress import Progress
 from fedcore.setup.prepare import RunSetup
 from fedcore.simulation.regret import RegretTracker
 from fedcore.simulation.regret import applies as regret_applies
+from fedcore.simulation.tracking import CSV_FILE, TENSORBOARD_DIR, Tracker
 from fedcore.topology import spectral_gap
 
 if TYPE_CHECKING:
@@ -50,6 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINTS",
+    "DIVERGING_FACTOR",
+    "DIVERGING_WINDOW",
     "MAX_GAP_NODES",
     "RUN_FILES",
     "RunObserver",
@@ -69,9 +75,17 @@ MAX_GAP_NODES = 2000
 
 logger = logging.getLogger(__name__)
 
+DIVERGING_FACTOR = 100.0
+"""A run is diverging when the mean training loss of its last rounds, or its average
+training loss, is more than this many times its first round's (or is not finite): see
+:meth:`RunObserver.diverging`."""
+DIVERGING_WINDOW = 10
+"""The last rounds whose mean training loss :meth:`RunObserver.diverging` compares."""
 
-NAME_SKIPS = ("run.name", "simulate.")
-"""Overrides that do not name a run: the name itself, and how a run is simulated."""
+
+NAME_SKIPS = ("run.name", "simulate.", *(f"run.{key}" for key in TRACKING_KEYS))
+"""Overrides that do not name a run: the name itself, how a run is simulated, and what it
+writes beside its records (``run.tensorboard``, ``run.csv``)."""
 
 
 def run_name(config: Config, setup: RunSetup, overrides: Sequence[str] = ()) -> str:
@@ -153,9 +167,11 @@ def open_run_dir(out_dir: str | Path | None, name: str, *, force: bool = False) 
         )
     for f in held:
         (out / f).unlink()
-    if force:  # the replaced run's checkpoints and picture go with it
+    if force:  # the replaced run's checkpoints, picture and tracking files go with it
         shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+        shutil.rmtree(out / TENSORBOARD_DIR, ignore_errors=True)
         (out / "curves.png").unlink(missing_ok=True)
+        (out / CSV_FILE).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -180,14 +196,18 @@ class RunObserver:
         records: str = "all",
         server: str | None = None,
         regret: RegretTracker | None = None,
+        tracker: Tracker | None = None,
     ) -> None:
         """Expect one record per node of ``nodes`` per round of ``config``; write them to
         ``writer`` as ``records`` says (``all``, ``eval``: on evaluation rounds, ``none``).
         ``server``: the server family's server, whose model is the one evaluated as the
         average model (:func:`~fedcore.metrics.evaluate_models`). ``regret``: the run's
         regret curve, brought up to each evaluation as it is recorded (see
-        :func:`regret_tracker`)."""
+        :func:`regret_tracker`). ``tracker``: where the round, evaluation and regret records
+        also go (``run.tensorboard``, ``run.csv``; :mod:`fedcore.simulation.tracking`),
+        closed by :func:`finish_run`."""
         self.nodes = tuple(nodes)
+        self.tracker = tracker
         self.regret = regret
         self.server = server
         self.records = records
@@ -226,6 +246,10 @@ class RunObserver:
         self._bytes_done = 0
         self._last_acc: float | None = None
         self.rounds_done = 0  # rounds every node has reported (they complete in order)
+        # The divergence check's figures: the first round's training loss (None before
+        # it, or while no node ran a round), the last DIVERGING_WINDOW rounds' losses.
+        self.first_loss: float | None = None
+        self.recent_losses: list[float] = []
 
     _STATE = (
         "totals",
@@ -239,6 +263,8 @@ class RunObserver:
         "_bytes_done",
         "_last_acc",
         "rounds_done",
+        "first_loss",
+        "recent_losses",
     )
 
     def state_dict(self) -> dict[str, Any]:
@@ -251,9 +277,11 @@ class RunObserver:
         return state
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`."""
+        """Continue from a :meth:`state_dict` (one written before the divergence check
+        existed starts it over from the next round)."""
         for key in self._STATE:
-            setattr(self, key, copy.deepcopy(saved[key]))
+            if key in saved:
+                setattr(self, key, copy.deepcopy(saved[key]))
         self.missing = {sender: set(r) for sender, r in saved["missing"].items()}
 
     def is_eval_round(self, t: int) -> bool:
@@ -344,22 +372,68 @@ class RunObserver:
         round's training loss (NaN when every node was down)."""
         train_loss = sum(losses) / len(losses) if losses else math.nan
         self._bytes_done += bytes_sent
-        if self.writer is not None:
-            self.writer.write(
-                round_record(
-                    t,
-                    train_loss=train_loss,
-                    nodes_up=len(losses),
-                    messages_sent=sent,
-                    bytes_sent=bytes_sent,
-                    messages_missing=missing,
-                    messages_dropped=dropped,
-                )
+        if self.writer is not None or self.tracker is not None:
+            record = round_record(
+                t,
+                train_loss=train_loss,
+                nodes_up=len(losses),
+                messages_sent=sent,
+                bytes_sent=bytes_sent,
+                messages_missing=missing,
+                messages_dropped=dropped,
             )
+            if self.writer is not None:
+                self.writer.write(record)
+            if self.tracker is not None:
+                self.tracker.round(record)
         self.loss_sum += sum(losses)
         self.loss_count += len(losses)
         self.rounds_done = t + 1
+        if losses:  # a round no node ran says nothing of the loss
+            if self.first_loss is None:
+                self.first_loss = train_loss
+            self.recent_losses = [*self.recent_losses[-(DIVERGING_WINDOW - 1) :], train_loss]
         return train_loss
+
+    def diverging(self) -> tuple[bool, str]:
+        """``(diverging, why)``: whether the run blew up, and the figures that say so.
+
+        The rule: with ``first`` the training loss of the first round some node ran, the
+        run is diverging when either figure below is not finite, or exceeds
+        :data:`DIVERGING_FACTOR` times ``first`` (compared only where ``first`` is finite
+        and positive):
+
+        * the mean training loss of the last :data:`DIVERGING_WINDOW` rounds some node
+          ran (fewer in a shorter run): a run blowing up as it ends;
+        * the run's average training loss (over every node and round, the summary's
+          ``average_loss``): a run that blew up on its way. A minibatch loss of a model
+          with huge weights swings between 0 and 1e5 from round to round, so the last
+          rounds alone can miss it.
+
+        A round's training loss is the mean, over the nodes that ran it, of each node's
+        loss before its update (``metrics.jsonl``'s ``"kind": "round"`` ``train_loss``),
+        the same on every engine and over gRPC.
+        """
+        if self.first_loss is None or not self.recent_losses or not self.loss_count:
+            return False, ""
+        first = self.first_loss
+        figures = (
+            (
+                f"the mean training loss of the last {len(self.recent_losses)} rounds",
+                sum(self.recent_losses) / len(self.recent_losses),
+            ),
+            ("the average training loss of the run", self.loss_sum / self.loss_count),
+        )
+        for what, value in figures:
+            if not math.isfinite(value):
+                return True, f"{what} is not finite ({value})"
+        for what, value in figures:
+            if math.isfinite(first) and first > 0 and value > DIVERGING_FACTOR * first:
+                return True, (
+                    f"{what}, {value:.4g}, is {value / first:.3g} times the first round's "
+                    f"({first:.4g}); more than {DIVERGING_FACTOR:g} times"
+                )
+        return False, ""
 
     def add_eval(self, t: int, train_loss: float | None, result: Mapping[str, Any]) -> None:
         """Record the evaluation of round ``t`` (``result``: the models' figures)."""
@@ -379,6 +453,8 @@ class RunObserver:
         if self.writer is not None:
             self.writer.write(record)
             self.writer.flush()
+        if self.tracker is not None:
+            self.tracker.evaluation(record)
 
     @property
     def last_accuracy(self) -> float | None:
@@ -415,6 +491,10 @@ def finish_run(
     run got and its figures are those of the last evaluation reached.
     """
     regret = add_regret(setup, observer, out) if status == "completed" else None
+    if observer.tracker is not None:
+        for record in regret or []:
+            observer.tracker.regret(record)
+        observer.tracker.close()
     summary = make_summary(
         setup,
         name=name,
@@ -426,6 +506,14 @@ def finish_run(
     )
     summary["status"] = status
     summary["rounds_completed"] = observer.rounds_done
+    diverging, why = observer.diverging()
+    summary["diverging"] = diverging
+    if diverging:
+        logger.warning(
+            "the run is diverging: %s; try a smaller algorithm.lr (it was %g).",
+            why,
+            setup.config.algorithm.lr,
+        )
     if error is not None:
         summary["error"] = error
     summary.update(extra or {})

@@ -45,6 +45,7 @@ from fedcore.simulation.results import (
     regret_tracker,
     run_name,
 )
+from fedcore.simulation.tracking import make_tracker
 
 __all__ = ["choose_engine", "choose_threads", "resume", "run_vectorized", "simulate"]
 
@@ -290,6 +291,9 @@ def _execute(
         records=node_records_mode(config, len(nodes)),
         server=getattr(setup.algorithm, "server", None),
         regret=regret_tracker(setup),
+        tracker=make_tracker(
+            config, out, (out / "config.toml").read_text(encoding="utf-8"), first_round=first
+        ),
     )
     engine = "vectorized" if vectorized is not None else "messages"
     wall_before = float(saved["wall_seconds"]) if saved is not None else 0.0
@@ -297,6 +301,8 @@ def _execute(
 
     def save(round: int, state: dict[str, Any]) -> None:
         writer.flush()
+        if observer.tracker is not None:
+            observer.tracker.flush()
         logger.debug("checkpoint of round %d in %s", round, out / CHECKPOINTS)
         checkpoint.write(
             out / CHECKPOINTS,

@@ -356,6 +356,8 @@ class GrpcTransport:
         self._stubs: dict[str, Any] = {}
         self._push: dict[str, Any] = {}
         self._closed = False
+        # The out-neighbours connect() has not had a handshake with yet (for progress lines).
+        self.connecting: tuple[str, ...] = ()
 
     async def start(self) -> int:
         """Start serving; return the bound port."""
@@ -429,6 +431,7 @@ class GrpcTransport:
         hello = pb.Hello(node_id=self.node_id, protocol_version=PROTOCOL_VERSION, run=self.run_id)
         why: dict[str, str] = {}
         while pending:
+            self.connecting = tuple(pending)
             still: list[str] = []
             for peer in pending:
                 try:
@@ -442,6 +445,7 @@ class GrpcTransport:
                     why[peer] = exc.details() or code.name
                     still.append(peer)
             pending = still
+            self.connecting = tuple(pending)
             if pending:
                 if time.monotonic() > deadline:
                     where = "; ".join(f"{p} at {self.roster[p]} ({why[p]})" for p in pending)
