@@ -46,7 +46,13 @@ from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import child_path, clip, first_line
 from fedcore.metrics import to_json_text, write_text_atomic
 from fedcore.setup.plan import configured_algorithm
-from fedcore.simulation.results import CHECKPOINTS, RUN_FILES, name_part, open_run_dir
+from fedcore.simulation.results import (
+    CHECKPOINTS,
+    NAME_SKIPS,
+    RUN_FILES,
+    name_part,
+    open_run_dir,
+)
 from fedcore.simulation.simulate import resume, simulate
 
 __all__ = [
@@ -418,7 +424,7 @@ def sweep_name(config: Config, overrides: Sequence[str], seeds: Sequence[int]) -
         changed = [
             name_part(item, algorithm)
             for item, key in zip(overrides, keys, strict=True)
-            if key != "run.name" and not key.startswith("simulate.")
+            if key != "run.name" and not key.startswith(NAME_SKIPS)
         ]
         base = "-".join([config.run.name or f"{algorithm}-{graph}", *changed])
     suffix = f"-seeds{format_seeds(seeds)}"

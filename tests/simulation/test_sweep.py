@@ -290,3 +290,14 @@ def test_final_figures_are_those_the_table_shows() -> None:
     assert figures["bytes_per_node_per_round"] == 10.0
     assert figures["wall_seconds"] == 1.5
     assert set(figures) <= {key for key, _, _ in FIGURES}
+
+
+def test_a_sweep_is_named_as_a_run_is_whatever_it_writes_beside_its_records() -> None:
+    """``run.tensorboard`` and ``run.csv`` do not name a sweep, as they do not name a run."""
+    from fedcore.config import load_config
+    from fedcore.simulation.sweep import sweep_name
+
+    overrides = ["algorithm.lr=0.1", "run.csv=true", "simulate.engine=messages"]
+    name = sweep_name(load_config(None, overrides), overrides, [0, 1])
+    assert name.endswith("-algorithm.lr=0.1-seeds0-1")
+    assert "csv" not in name and "engine" not in name
