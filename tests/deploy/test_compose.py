@@ -550,6 +550,35 @@ def test_plain_pip_install_builds_the_image_from_its_checkout(
     assert {Path(s["build"]["context"]) for s in normalized.values()} == {REPO}
 
 
+def test_pip_install_then_compose_from_the_checkout_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 27 item 5: `pip install .` leaves `fedcore.egg-info` in the checkout, and
+    `fedcore compose` run from there puts the checkout first on sys.path; that egg-info
+    (no direct_url.json, another copy of the package) must not hide the installed
+    distribution's record of where it came from."""
+    checkout = tmp_path / "checkout"
+    egg = checkout / "fedcore.egg-info"
+    egg.mkdir(parents=True)
+    (egg / "PKG-INFO").write_text(
+        "Metadata-Version: 2.1\nName: fedcore\nVersion: 0.1.0\n", encoding="utf-8"
+    )
+    (egg / "top_level.txt").write_text("fedcore\n", encoding="utf-8")
+    site = tmp_path / "site"
+    _site_install(site, {"url": REPO.as_uri(), "dir_info": {}})
+    monkeypatch.setattr(fedcore, "__file__", str(site / "fedcore" / "__init__.py"))
+    monkeypatch.chdir(checkout)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(checkout))  # what `fedcore` does with its working folder
+    assert metadata.distribution("fedcore").read_text("PKG-INFO") is not None  # the egg-info
+    assert source_root() == REPO
+    status = main(["compose", "--out", str(tmp_path / "deploy"), *SMALL])
+    assert status == 0, capsys.readouterr().err
+    services = own_reading(tmp_path / "deploy" / "docker-compose.yml")["services"]
+    deploy = tmp_path / "deploy"
+    assert {(deploy / s["build"]["context"]).resolve() for s in services.values()} == {REPO}
+
+
 @pytest.mark.parametrize("origin", ["gone", "not-fedcore", "archive"])
 def test_without_a_source_tree_the_image_is_built_first(
     tmp_path: Path,
