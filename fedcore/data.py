@@ -30,6 +30,7 @@ from fedcore import registry
 from fedcore.config import ORDERS, PARTITIONS
 from fedcore.errors import DataError, FedcoreError
 from fedcore.ids import error_text
+from fedcore.registry import did_you_mean
 
 __all__ = [
     "DATASETS",
@@ -221,9 +222,12 @@ def resolve_factory(
     if factory is not None:
         return factory
     if ":" not in name:
+        hint = did_you_mean(name, registry)
         raise DataError(
-            f"unknown {what} {name!r}; built-in {what}s: {', '.join(sorted(registry))}, "
-            "or give your own as 'pkg.module:factory'."
+            f"unknown {what} {name!r}"
+            + (f"; {hint}" if hint else "")
+            + f" (built-in {what}s: {', '.join(sorted(registry))}, or give your own as "
+            "'pkg.module:factory')."
         )
     loaded = load_object(name, what=what)
     if not callable(loaded):

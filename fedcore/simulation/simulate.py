@@ -68,6 +68,12 @@ def choose_engine(setup: RunSetup, engine: str) -> tuple[str, str | None]:
             f"simulate.engine = 'vectorized' cannot run this config: {reason}. Use "
             "simulate.engine = 'messages' (or 'auto')."
         )
+    device = setup.config.simulate.device
+    if device != "cpu":  # the message engine would run on the CPU, the device unused
+        raise ConfigError(
+            f"simulate.device = {device!r} needs the vectorized engine, which cannot run this "
+            f"config: {reason}. Use simulate.device = 'cpu'."
+        )
     return "messages", reason
 
 
