@@ -397,6 +397,9 @@ class DataConfig:
         _int_range("data.batch_size", self.batch_size, 1, MAX_BATCH)
         _int_range("data.shards_per_node", self.shards_per_node, 1, MAX_BATCH)
         _int_range("data.features", self.features, 1, MAX_FEATURES)
+        for key in ("adversarial", "noise", "drift"):  # checked here, stream or not
+            value = getattr(self, key)
+            _require(math.isfinite(value) and value >= 0, f"data.{key}", value, "must be >= 0")
         _require(
             0 < self.test_fraction < 1,
             "data.test_fraction",

@@ -7,7 +7,8 @@ kind, dataset, model, and the other choices) is answered with "did you mean `x`?
 
 Item 7: names with whitespace around them, a device the engine would not use (or an
 empty GPU number), an ``optimizer.eps`` of 0 and a step size or weight decay beyond
-float32 (each diverged at round 0), and unknown algorithm, model, dataset, stream and
+float32 (each diverged at round 0), a synthetic stream's shape that was checked only
+when the stream is used, and unknown algorithm, model, dataset, stream and
 topology kind names: refused by :func:`fedcore.config.load_config`, one line, exit 2.
 """
 
@@ -89,6 +90,7 @@ AT_LOAD = {
         ["simulate.engine=messages", "simulate.device=cuda"],
         "simulate.device = 'cuda' is invalid: it needs the vectorized engine",
     ),
+    "noise-without-stream": (["data.noise=-1"], "data.noise = -1.0 is invalid"),
     "eps-zero": (["optimizer.name=adam", "optimizer.eps=0"], "optimizer.eps = 0.0 is invalid"),
     "lr-beyond-float32": (["algorithm.lr=1e300"], "algorithm.lr = 1e+300 is invalid"),
     "decay-beyond-float32": (
