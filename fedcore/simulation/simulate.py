@@ -200,7 +200,7 @@ def resume(
         raise ConfigError(f"the run in {str(out)!r} completed; there is nothing to resume.")
     if prior.get("transport", "inproc") != "inproc" or (out / "roster.json").exists():
         raise ConfigError(
-            f"{str(out)!r} is a `fedcore launch` run; its peers resume with `fedcore node "
+            f"{str(out)!r} is a `fedcore launch` run; resume it with `fedcore launch "
             "--resume`, not `fedcore simulate --resume`."
         )
     config = load_config(out / "config.toml")
