@@ -32,6 +32,10 @@ TYPOS = {
     "algorithm-option": (["algorithm.robsut=true"], "robsut (did you mean `robust`?)"),
     "algorithm": (["algorithm.name=dpgsd"], "unknown algorithm 'dpgsd'; did you mean `dpsgd`?"),
     "codec": (["compression.codec=qsdg"], "did you mean `qsgd`?"),
+    "server-optimizer": (
+        ["algorithm.name=fedavg", "topology.kind=star", "algorithm.server_optimizer=adma"],
+        "got 'adma'; did you mean `adam`?",
+    ),
     "optimizer": (["optimizer.name=lmab"], "did you mean `lamb`?"),
     "topology-kind": (["topology.kind=rign"], "unknown topology kind 'rign'; did you mean `ring`?"),
     "dataset": (["data.dataset=digts"], "unknown dataset 'digts'; did you mean `digits`?"),
@@ -63,8 +67,15 @@ def test_a_typo_of_a_table_names_the_table(
 
 
 def test_did_you_mean_is_difflibs_closest_names() -> None:
+    from fedcore.algorithms.optim import make_optimizer
+    from fedcore.compression import make_codec
+    from fedcore.errors import CompressionError
     from fedcore.registry import did_you_mean
 
+    with pytest.raises(CompressionError, match="did you mean `qsgd`"):
+        make_codec("qsdg")
+    with pytest.raises(ConfigError, match="did you mean `adam` or `adamw`"):
+        make_optimizer("adma")
     assert did_you_mean("lrr", ["name", "lr", "robust"]) == "did you mean `lr`?"
     assert did_you_mean(" ops", ALGORITHMS.names).startswith("did you mean `ops`")
     assert did_you_mean("zzzz", ALGORITHMS.names) == ""
