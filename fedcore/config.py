@@ -22,7 +22,10 @@ A config file has ten tables; every key is optional and defaults to the built-in
 ``--set KEY=VALUE`` overrides any key by dotted path; VALUE is read as a TOML value
 (``--set run.rounds=50``, ``--set algorithm.name=dpsgd``; a bare word is a string).
 Unknown tables or keys, wrong types and unknown names raise
-:class:`~fedcore.errors.ConfigError` naming the key.
+:class:`~fedcore.errors.ConfigError` naming the key and the closest names ("did you mean
+`rounds`?", :func:`fedcore.registry.did_you_mean`); so do values that could only fail once
+the rounds start (whitespace around a name, ``optimizer.eps = 0``, a step beyond float32,
+a device the engine would not use).
 
 Paths (``topology.file``, ``transport.tls.dir``; see ``PATH_KEYS``) written in a config file
 are relative to the folder of that file, and paths given with ``--set`` or in no file at

@@ -16,6 +16,9 @@ without them, and the summary's ``peer_exits`` and ``faults.down_rounds`` name e
 its peers and when it died); Ctrl-C stops every child. At the end it merges the peers'
 records and evaluation-round models into the same ``metrics.jsonl``, ``summary.json``
 (with ``"transport": "grpc"``) and ``curves.png`` that ``simulate`` writes.
+
+A stopped launch continues with :func:`resume_launch` (``fedcore launch --resume``): every
+peer restarts from its checkpoint of the newest round all of them have one of.
 """
 
 from __future__ import annotations
