@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         force=args.force,
         overrides=overrides,
-        peers_per_process=args.peers_per_process or 1,
+        peers_per_process=1 if args.peers_per_process is None else args.peers_per_process,
     )
     return _show(args, summary)
 

@@ -331,7 +331,7 @@ def resume_launch(
         )  # fmt: skip
     if prior.get("status", "completed") == "completed" and prior:
         raise ConfigError(f"the launch in {str(out)!r} completed; there is nothing to resume.")
-    k = peers_per_process or int(prior.get("peers_per_process") or 1)
+    k = int(prior.get("peers_per_process") or 1) if peers_per_process is None else peers_per_process
     _check_per_process(k)
     config = load_config(out / "config.toml")
     setup = _prepare(config, show_progress, progress_stream)
