@@ -8,6 +8,7 @@ Docker cannot run here; ``docker-compose config`` validates a file without a dae
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -577,6 +578,41 @@ def test_pip_install_then_compose_from_the_checkout_itself(
     services = own_reading(tmp_path / "deploy" / "docker-compose.yml")["services"]
     deploy = tmp_path / "deploy"
     assert {(deploy / s["build"]["context"]).resolve() for s in services.values()} == {REPO}
+
+
+def test_real_pip_install_then_compose_from_its_checkout(tmp_path: Path) -> None:
+    """Issue 27 item 5 with a real ``pip install .`` (of a copy of this checkout, offline:
+    no dependencies, this environment's setuptools), then the installed ``fedcore``
+    console script run in that checkout, which holds the build's ``fedcore.egg-info``."""
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("no setuptools here to build fedcore with")
+    src, site = tmp_path / "checkout", tmp_path / "site"
+    src.mkdir()
+    for name in ("fedcore", "nodes"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    done = subprocess.run(
+        [*pip, "--no-index", "--target", str(site), "."],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (src / "fedcore.egg-info").is_dir()  # what the build leaves in the checkout
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    for cwd in (src, tmp_path):  # the checkout itself, and another folder
+        out = tmp_path / f"deploy-{cwd.name}"
+        argv = [sys.executable, str(site / "bin" / "fedcore"), "compose", "--out", str(out)]
+        done = subprocess.run(
+            [*argv, *SMALL], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        services = own_reading(out / "docker-compose.yml")["services"]
+        contexts = {(out / s["build"]["context"]).resolve() for s in services.values()}
+        assert contexts == {src.resolve()}, cwd
 
 
 @pytest.mark.parametrize("origin", ["gone", "not-fedcore", "archive"])
