@@ -565,6 +565,15 @@ def _edge(key: str, text: object) -> tuple[str, str]:
     return sender, receiver
 
 
+def _entry_hint(item: object, keys: tuple[str, ...]) -> str:
+    """``"; bakc: did you mean `back`?."`` for the unknown keys of a fault entry (else ".")."""
+    if not isinstance(item, Mapping):
+        return "."
+    hints = [(k, did_you_mean(k, keys)) for k in item if k not in keys]
+    shown = [f"{k}: {h}" for k, h in hints if h]
+    return f" ({'; '.join(shown)})." if shown else "."
+
+
 def _round(key: str, value: object) -> int:
     if not _is_int(value) or not 0 <= value <= MAX_ROUNDS:  # type: ignore[operator]
         raise ConfigError(
@@ -662,7 +671,10 @@ class FaultsConfig:
             return item
         key = "faults.partitions"
         if not isinstance(item, Mapping) or set(item) != {"nodes", "start", "end"}:
-            raise ConfigError(f"{key}: each entry is {{ nodes = [...], start = R, end = R }}.")
+            raise ConfigError(
+                f"{key}: each entry is {{ nodes = [...], start = R, end = R }}"
+                + _entry_hint(item, ("nodes", "start", "end"))
+            )
         nodes = item["nodes"]
         if not isinstance(nodes, list | tuple) or not nodes:
             raise ConfigError(f"{key}: nodes must be a non-empty list of node ids.")
@@ -682,7 +694,10 @@ class FaultsConfig:
             "at",
             "back",
         }:
-            raise ConfigError(f"{key}: each entry is {{ node = ID, at = R, back = R }}.")
+            raise ConfigError(
+                f"{key}: each entry is {{ node = ID, at = R, back = R }}"
+                + _entry_hint(item, ("node", "at", "back"))
+            )
         node = check_node_id(item["node"], f"{key}.node", ConfigError)
         at = _round(f"{key}.at", item["at"])
         back = item.get("back", -1)

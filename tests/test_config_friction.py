@@ -45,6 +45,7 @@ TYPOS = {
     "choice": (["data.partition=iidd"], "data.partition = 'iidd' is invalid"),
     "schedule": (["algorithm.lr_schedule=cosin"], "did you mean `cosine`?"),
     "tls-key": (["transport.tls.dri=certs"], "transport.tls.dri; did you mean `dir`?"),
+    "crash-key": (['faults.crashes=[{node="n1", at=1, bakc=2}]'], "bakc: did you mean `back`?"),
 }
 
 
