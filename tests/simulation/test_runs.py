@@ -375,6 +375,8 @@ def test_a_stopped_launch_resumes_to_the_uninterrupted_launchs_parameters(
     assert f"continue with: fedcore launch --resume {out}" in err and "Traceback" not in err
     stopped = _summary(out)
     assert stopped["status"] == "interrupted" and 45 <= stopped["rounds_completed"] < 400
+    line = assert_one_line_error(*cli(capsys, "simulate", "--resume", str(out)), "launch` run")
+    assert "resume it with `fedcore launch --resume`" in line
     status, _, err = cli(capsys, "launch", "--resume", str(out), "-q")
     assert status == 0, err
     assert cli(capsys, "launch", "-q", "--out", str(tmp_path / "whole"), *LAUNCH)[0] == 0
