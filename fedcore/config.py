@@ -22,7 +22,10 @@ A config file has ten tables; every key is optional and defaults to the built-in
 ``--set KEY=VALUE`` overrides any key by dotted path; VALUE is read as a TOML value
 (``--set run.rounds=50``, ``--set algorithm.name=dpsgd``; a bare word is a string).
 Unknown tables or keys, wrong types and unknown names raise
-:class:`~fedcore.errors.ConfigError` naming the key.
+:class:`~fedcore.errors.ConfigError` naming the key and the closest names ("did you mean
+`rounds`?", :func:`fedcore.registry.did_you_mean`); so do values that could only fail once
+the rounds start (whitespace around a name, ``optimizer.eps = 0``, a step beyond float32,
+a device the engine would not use).
 
 Paths (``topology.file``, ``transport.tls.dir``; see ``PATH_KEYS``) written in a config file
 are relative to the folder of that file, and paths given with ``--set`` or in no file at
@@ -48,12 +51,14 @@ from typing import Any
 from fedcore import registry
 from fedcore.errors import ConfigError
 from fedcore.ids import check_node_id, clip, shorten
+from fedcore.registry import close_matches, did_you_mean
 
 __all__ = [
     "AUTO_RECORDS_NODES",
     "CODECS",
     "CONVEX_MODELS",
     "DEVICES",
+    "DTYPES",
     "ENGINES",
     "LR_SCALINGS",
     "LR_SCHEDULES",
@@ -64,6 +69,7 @@ __all__ = [
     "PARTITIONS",
     "PATH_KEYS",
     "REMOVED_KEYS",
+    "STREAMS",
     "TRACKING_KEYS",
     "AlgorithmConfig",
     "CompressionConfig",
@@ -84,6 +90,7 @@ __all__ = [
     "fingerprint_json",
     "load_config",
     "parse_override",
+    "table_keys",
 ]
 
 
@@ -114,6 +121,12 @@ ENGINES = ("auto", "vectorized", "messages")
 NODE_RECORDS = ("auto", "all", "eval", "none")
 """Values of ``simulate.node_records``."""
 
+STREAMS = ("", "synthetic")
+"""Values of ``data.stream`` besides a user's ``"pkg.module:factory"``."""
+
+DTYPES = ("float32", "float64")
+"""Values of ``model.dtype``."""
+
 DEVICES = ("cpu", "cuda")
 """Device kinds ``simulate.device`` may name (``"cuda:1"`` picks a GPU)."""
 
@@ -143,6 +156,8 @@ MAX_BATCH = 10**6
 """Largest ``data.batch_size``."""
 MAX_FEATURES = 100_000
 """Largest ``data.features`` (the synthetic stream's dimension)."""
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: a larger step size or weight decay is inf on a float32 model."""
 MAX_CHUNK = 2**40
 """Largest ``compression.chunk``: the bound every codec header accepts."""
 
@@ -239,6 +254,7 @@ class TopologyConfig:
         _int_range("topology.cols", self.cols, 0, MAX_NODES)
         _int_range("topology.degree", self.degree, 1, MAX_NODES - 1)
         _require(0.0 < self.p <= 1.0, "topology.p", self.p, "must be in (0, 1]")
+        _name("topology.kind", self.kind, registry.TOPOLOGY_KINDS, user=False)
         check_node_id(self.server, "topology.server", ConfigError)
 
 
@@ -267,12 +283,7 @@ class AlgorithmConfig:
     def __post_init__(self) -> None:
         """Validate ranges."""
         _require(math.isfinite(self.lr) and self.lr >= 0, "algorithm.lr", self.lr, "must be >= 0")
-        _require(
-            self.lr_schedule in LR_SCHEDULES,
-            "algorithm.lr_schedule",
-            self.lr_schedule,
-            f"must be one of {', '.join(LR_SCHEDULES)}",
-        )
+        _choice("algorithm.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _int_range("algorithm.warmup_rounds", self.warmup_rounds, 0, MAX_ROUNDS)
         _require(
             math.isfinite(self.lr_power) and self.lr_power > 0,
@@ -280,12 +291,7 @@ class AlgorithmConfig:
             self.lr_power,
             "must be > 0",
         )
-        _require(
-            self.lr_scaling in LR_SCALINGS,
-            "algorithm.lr_scaling",
-            self.lr_scaling,
-            f"must be one of {', '.join(LR_SCALINGS)}",
-        )
+        _choice("algorithm.lr_scaling", self.lr_scaling, LR_SCALINGS)
         _int_range("algorithm.base_batch_size", self.base_batch_size, 0, MAX_BATCH)
         _require(
             self.lr_scaling == "none" or self.base_batch_size > 0,
@@ -329,12 +335,7 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         """Validate names and ranges."""
-        _require(
-            self.name in OPTIMIZER_NAMES,
-            "optimizer.name",
-            self.name,
-            f"must be one of {', '.join(OPTIMIZER_NAMES)}",
-        )
+        _choice("optimizer.name", self.name, OPTIMIZER_NAMES)
         betas = self.betas
         ok = (
             isinstance(betas, list | tuple)
@@ -348,6 +349,13 @@ class OptimizerConfig:
             value = getattr(self, key)
             _require(math.isfinite(value) and value >= 0, f"optimizer.{key}", value, "must be >= 0")
         _require(self.momentum < 1, "optimizer.momentum", self.momentum, "must be below 1")
+        _require(
+            self.eps > 0,
+            "optimizer.eps",
+            self.eps,
+            "must be > 0 (the optimizers that take it divide by sqrt(v) + eps, which is 0 "
+            "for a weight whose gradient is 0: the run would diverge at round 0)",
+        )
 
     def options(self) -> dict[str, Any]:
         """The keyword options of :func:`~fedcore.algorithms.optim.make_optimizer`: every
@@ -395,21 +403,25 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         """Validate ranges."""
-        _require(
-            self.order in ORDERS, "data.order", self.order, f"must be one of {', '.join(ORDERS)}"
-        )
-        _require(
-            self.partition in PARTITIONS,
-            "data.partition",
-            self.partition,
-            f"must be one of {', '.join(PARTITIONS)}",
-        )
+        _choice("data.order", self.order, ORDERS)
+        _choice("data.partition", self.partition, PARTITIONS)
+        _name("data.dataset", self.dataset, registry.DATASETS)
+        if self.stream not in STREAMS and ":" not in self.stream:
+            hint = did_you_mean(self.stream, [s for s in STREAMS if s])
+            raise ConfigError(
+                f'data.stream = {_shown(self.stream)} is invalid: it must be "synthetic", '
+                '"" (batches of data.dataset) or a stream of your own as "pkg.module:factory"'
+                + (f"; {hint}" if hint else ".")
+            )
         _require(
             math.isfinite(self.alpha) and self.alpha > 0, "data.alpha", self.alpha, "must be > 0"
         )
         _int_range("data.batch_size", self.batch_size, 1, MAX_BATCH)
         _int_range("data.shards_per_node", self.shards_per_node, 1, MAX_BATCH)
         _int_range("data.features", self.features, 1, MAX_FEATURES)
+        for key in ("adversarial", "noise", "drift"):  # checked here, stream or not
+            value = getattr(self, key)
+            _require(math.isfinite(value) and value >= 0, f"data.{key}", value, "must be >= 0")
         _require(
             0 < self.test_fraction < 1,
             "data.test_fraction",
@@ -433,12 +445,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         """Validate ranges."""
         _int_range("model.hidden", self.hidden, 1, MAX_PARAMETERS)
-        _require(
-            self.dtype in ("float32", "float64"),
-            "model.dtype",
-            self.dtype,
-            "must be 'float32' or 'float64'",
-        )
+        _choice("model.dtype", self.dtype, DTYPES)
+        _name("model.name", self.name, registry.MODELS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -467,29 +475,14 @@ class CompressionConfig:
 
     def __post_init__(self) -> None:
         """Validate names and ranges."""
-        _require(
-            self.codec in CODECS,
-            "compression.codec",
-            self.codec,
-            f"must be one of {', '.join(CODECS)}",
-        )
+        _choice("compression.codec", self.codec, CODECS)
         _require(self.bits in (2, 4, 8), "compression.bits", self.bits, "must be 2, 4 or 8")
         _require(0 < self.ratio <= 1, "compression.ratio", self.ratio, "must be in (0, 1]")
         _int_range("compression.chunk", self.chunk, 0, MAX_CHUNK)
-        _require(
-            self.format in ("e4m3", "e5m2"),
-            "compression.format",
-            self.format,
-            "must be e4m3 or e5m2",
-        )
+        _choice("compression.format", self.format, ("e4m3", "e5m2"))
         _int_range("compression.exp_bits", self.exp_bits, 2, 8)
         _int_range("compression.man_bits", self.man_bits, 0, 23)
-        _require(
-            self.scaling in ("none", "aps"),
-            "compression.scaling",
-            self.scaling,
-            "must be 'none' or 'aps'",
-        )
+        _choice("compression.scaling", self.scaling, ("none", "aps"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -535,7 +528,12 @@ class TransportConfig:
             raise ConfigError(f"transport.tls must be a table (dir = ...), got {self.tls!r}.")
         unknown = sorted(set(self.tls) - {"dir"})
         if unknown:
-            raise ConfigError(f"unknown key transport.tls.{unknown[0]}; keys of it: dir.")
+            hint = did_you_mean(unknown[0], ["dir"])
+            raise ConfigError(
+                f"unknown key transport.tls.{unknown[0]}"
+                + (f"; {hint}" if hint else "")
+                + " (keys of [transport.tls]: dir)."
+            )
         if self.tls:
             _require(
                 isinstance(self.tls.get("dir"), str) and bool(self.tls["dir"]),
@@ -559,12 +557,7 @@ class TransportConfig:
             )
         _int_range("transport.round_window", self.round_window, 0, 10**6)
         _int_range("transport.max_streams_per_sender", self.max_streams_per_sender, 1, 1024)
-        _require(
-            self.mode in MODES,
-            "transport.mode",
-            self.mode,
-            f"must be one of {', '.join(MODES)}",
-        )
+        _choice("transport.mode", self.mode, MODES)
         _require(self.deadline_s > 0, "transport.deadline_s", self.deadline_s, "must be > 0")
         _require(
             self.strict_timeout_s > 0,
@@ -589,6 +582,15 @@ def _edge(key: str, text: object) -> tuple[str, str]:
             "faults.crashes to take the node down."
         )
     return sender, receiver
+
+
+def _entry_hint(item: object, keys: tuple[str, ...]) -> str:
+    """``"; bakc: did you mean `back`?."`` for the unknown keys of a fault entry (else ".")."""
+    if not isinstance(item, Mapping):
+        return "."
+    hints = [(k, did_you_mean(k, keys)) for k in item if k not in keys]
+    shown = [f"{k}: {h}" for k, h in hints if h]
+    return f" ({'; '.join(shown)})." if shown else "."
 
 
 def _round(key: str, value: object) -> int:
@@ -688,7 +690,10 @@ class FaultsConfig:
             return item
         key = "faults.partitions"
         if not isinstance(item, Mapping) or set(item) != {"nodes", "start", "end"}:
-            raise ConfigError(f"{key}: each entry is {{ nodes = [...], start = R, end = R }}.")
+            raise ConfigError(
+                f"{key}: each entry is {{ nodes = [...], start = R, end = R }}"
+                + _entry_hint(item, ("nodes", "start", "end"))
+            )
         nodes = item["nodes"]
         if not isinstance(nodes, list | tuple) or not nodes:
             raise ConfigError(f"{key}: nodes must be a non-empty list of node ids.")
@@ -708,7 +713,10 @@ class FaultsConfig:
             "at",
             "back",
         }:
-            raise ConfigError(f"{key}: each entry is {{ node = ID, at = R, back = R }}.")
+            raise ConfigError(
+                f"{key}: each entry is {{ node = ID, at = R, back = R }}"
+                + _entry_hint(item, ("node", "at", "back"))
+            )
         node = check_node_id(item["node"], f"{key}.node", ConfigError)
         at = _round(f"{key}.at", item["at"])
         back = item.get("back", -1)
@@ -739,21 +747,23 @@ class SimulateConfig:
 
     def __post_init__(self) -> None:
         """Validate names."""
+        _choice("simulate.engine", self.engine, ENGINES)
+        _choice("simulate.node_records", self.node_records, NODE_RECORDS)
+        kind, colon, index = self.device.partition(":")
+        hint = did_you_mean(kind, DEVICES) if kind not in DEVICES else ""
         _require(
-            self.engine in ENGINES, "simulate.engine", self.engine, f"must be one of {ENGINES}"
-        )
-        _require(
-            self.node_records in NODE_RECORDS,
-            "simulate.node_records",
-            self.node_records,
-            f"must be one of {NODE_RECORDS}",
-        )
-        kind, _, index = self.device.partition(":")
-        _require(
-            kind in DEVICES and (not index or (index.isdigit() and kind == "cuda")),
+            kind in DEVICES
+            and (not colon or (kind == "cuda" and index.isascii() and index.isdigit())),
             "simulate.device",
             self.device,
-            "must be 'cpu', 'cuda' or 'cuda:K'",
+            "must be 'cpu', 'cuda' or 'cuda:K' (K a GPU's number)" + (f"; {hint}" if hint else ""),
+        )
+        _require(
+            self.engine != "messages" or kind == "cpu",
+            "simulate.device",
+            self.device,
+            "needs the vectorized engine (simulate.engine = 'messages' runs on the CPU): set "
+            "simulate.engine = 'vectorized', or simulate.device = 'cpu'",
         )
 
 
@@ -784,6 +794,18 @@ class Config:
 
     def __post_init__(self) -> None:
         """Refuse what the tables cannot do together."""
+        if self.model.dtype == "float32":
+            for key, value in (
+                ("algorithm.lr", self.algorithm.lr),
+                ("optimizer.weight_decay", self.optimizer.weight_decay),
+            ):
+                _require(
+                    value <= FLOAT32_MAX,
+                    key,
+                    value,
+                    f"must be at most {FLOAT32_MAX:.4g} with model.dtype = 'float32' (a "
+                    "larger step is inf in float32: the run would diverge at round 0)",
+                )
         if self.run.regret and self.model.name not in CONVEX_MODELS:
             raise ConfigError(
                 f"run.regret = true needs a model whose loss is convex in its parameters "
@@ -807,9 +829,32 @@ _SECTIONS: dict[str, type[Any]] = {
 }
 
 
+def table_keys(name: str) -> tuple[str, ...]:
+    """The keys table ``[name]`` has of its own (sorted), without the options it passes on
+    (``[algorithm]``'s to the algorithm, ``[model]``'s to a user's model)."""
+    return tuple(sorted(f.name for f in fields(_SECTIONS[name]) if f.name != "options"))
+
+
 def _require(ok: bool, key: str, value: object, why: str) -> None:
     if not ok:
         raise ConfigError(f"{key} = {_shown(value)} is invalid: it {why}.")
+
+
+def _choice(key: str, value: object, choices: tuple[str, ...]) -> None:
+    """Refuse a value that is not one of ``choices``, suggesting the closest ones."""
+    if value not in choices:
+        hint = did_you_mean(value, choices)
+        raise ConfigError(
+            f"{key} = {_shown(value)} is invalid: it must be one of {', '.join(choices)}"
+            + (f"; {hint}" if hint else ".")
+        )
+
+
+def _name(key: str, value: str, family: registry.Family, *, user: bool = True) -> None:
+    """Refuse a name that is not one of ``family`` (nor, with ``user``, an import path
+    ``"pkg.module:factory"``, checked when it is loaded), suggesting the closest names."""
+    if value not in family and not (user and ":" in value):
+        raise ConfigError(f"{key}: {family.unknown(value, user=user)}.")
 
 
 def _shown(value: object) -> str:
@@ -832,6 +877,10 @@ def _int_range(key: str, value: object, low: int, high: int) -> None:
     )
 
 
+_KEEPS_SPACES = frozenset({"topology.file"})
+"""String keys whose value may start or end with whitespace (a file's name may)."""
+
+
 def _coerce(key: str, value: object, default: object) -> object:
     """Check ``value`` against the type of the field's default (int accepted for float)."""
     if isinstance(default, bool):
@@ -849,6 +898,11 @@ def _coerce(key: str, value: object, default: object) -> object:
                 ) from None
     elif isinstance(default, str):
         ok = isinstance(value, str)
+        if isinstance(value, str) and value != value.strip() and key not in _KEEPS_SPACES:
+            raise ConfigError(
+                f"{key} = {_shown(value)} has whitespace around it, which no name or choice "
+                f"has; write {_shown(value.strip())}."
+            )
     else:
         ok = True
     if not ok:
@@ -867,8 +921,11 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
     """
     unknown = sorted(set(raw) - set(_SECTIONS))
     if unknown:
+        near = close_matches(unknown[0], _SECTIONS)
         raise ConfigError(
-            f"unknown config table [{unknown[0]}]; tables are: {', '.join(_SECTIONS)}."
+            f"unknown config table [{unknown[0]}]"
+            + (f"; did you mean {' or '.join(f'[{t}]' for t in near)}?" if near else "")
+            + f" (tables: {', '.join(_SECTIONS)})."
         )
     sections: dict[str, Any] = {}
     for name, cls in _SECTIONS.items():
@@ -890,8 +947,11 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
             elif takes_options:
                 options[key] = value
             else:
+                hint = did_you_mean(key, known)
                 raise ConfigError(
-                    f"unknown key {name}.{key}; keys of [{name}]: {', '.join(sorted(known))}."
+                    f"unknown key {name}.{key}"
+                    + (f"; {hint}" if hint else "")
+                    + f" (keys of [{name}]: {', '.join(sorted(known))})."
                 )
         if takes_options:
             kwargs["options"] = options
@@ -999,7 +1059,10 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
                 raise ConfigError(f"[{'.'.join(keys[: depth + 1])}] must be a table.")
         section[keys[-1]] = value
     _absolute_paths(raw, os.getcwd())  # what the file left relative came from --set
-    return config_from_dict(raw)
+    config = config_from_dict(raw)
+    # Here, not in AlgorithmConfig: fedcore.testing names a run after an algorithm object.
+    _name("algorithm.name", config.algorithm.name, registry.ALGORITHMS)
+    return config
 
 
 def fingerprint(config: Config, graph_edges: Iterable[tuple[str, str, float]]) -> str:

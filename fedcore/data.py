@@ -30,6 +30,7 @@ from fedcore import registry
 from fedcore.config import ORDERS, PARTITIONS
 from fedcore.errors import DataError, FedcoreError
 from fedcore.ids import error_text
+from fedcore.registry import did_you_mean
 
 __all__ = [
     "DATASETS",
@@ -187,7 +188,8 @@ DATASETS: dict[str, Callable[..., Dataset]] = registry.DATASETS.factories()
 
 
 def load_object(path: str, *, what: str) -> object:
-    """Import ``"pkg.module:attribute"`` and return the attribute.
+    """Import ``"pkg.module:attribute"`` (or a plain ``"module:attribute"``: a module
+    file, no package) and return the attribute.
 
     Raises:
         DataError: naming the path and what went wrong (bad form, import, attribute).
@@ -198,8 +200,16 @@ def load_object(path: str, *, what: str) -> object:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        missing = getattr(exc, "name", None) or ""
+        where = ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            where = (
+                f" (fedcore looks in the folder it runs from and on PYTHONPATH: run it from "
+                f"the folder that holds {missing.replace('.', '/')}.py or "
+                f"{missing.replace('.', '/')}/, or put that folder on PYTHONPATH)"
+            )
         raise DataError(
-            f"cannot import module {module_name!r} for {what} {path!r}: {exc}."
+            f"cannot import module {module_name!r} for {what} {path!r}: {exc}{where}."
         ) from exc
     try:
         return getattr(module, attr)
@@ -221,9 +231,12 @@ def resolve_factory(
     if factory is not None:
         return factory
     if ":" not in name:
+        hint = did_you_mean(name, registry)
         raise DataError(
-            f"unknown {what} {name!r}; built-in {what}s: {', '.join(sorted(registry))}, "
-            "or give your own as 'pkg.module:factory'."
+            f"unknown {what} {name!r}"
+            + (f"; {hint}" if hint else "")
+            + f" (built-in {what}s: {', '.join(sorted(registry))}, or give your own as "
+            "'pkg.module:factory')."
         )
     loaded = load_object(name, what=what)
     if not callable(loaded):

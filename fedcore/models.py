@@ -23,11 +23,12 @@ from torch import nn
 from torch.nn import functional
 
 from fedcore import registry
-from fedcore.config import MAX_PARAMETERS
+from fedcore.config import MAX_PARAMETERS, table_keys
 from fedcore.data import refused_arguments, resolve_factory
 from fedcore.errors import DataError, FedcoreError
 from fedcore.gradients import RowGradient
 from fedcore.ids import error_text
+from fedcore.registry import did_you_mean
 from fedcore.runtime import physical_memory
 
 __all__ = [
@@ -139,6 +140,23 @@ def _check_size(name: str, input_dim: int, num_classes: int, options: dict[str, 
         )
 
 
+def _option_hints(factory: Callable[..., Any], options: dict[str, Any]) -> str:
+    """``" (hiden: did you mean `hidden`?)"``: for each option ``factory`` does not take that is
+    close to one it takes or to a ``[model]`` key."""
+    try:
+        takes = [
+            n
+            for n, p in inspect.signature(factory).parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+    except (TypeError, ValueError):
+        return ""
+    near = [n for n in takes if n not in ("input_dim", "num_classes")] + list(table_keys("model"))
+    hints = [(key, did_you_mean(key, near)) for key in options if key not in takes]
+    shown = [f"{key}: {hint}" for key, hint in hints if hint]
+    return f" ({'; '.join(shown)})" if shown else ""
+
+
 def build_model(
     name: str, *, input_dim: int, num_classes: int, seed: int, **options: Any
 ) -> nn.Module:
@@ -157,7 +175,11 @@ def build_model(
         _check_size(name, input_dim, num_classes, options)
     refused = refused_arguments(factory, input_dim=input_dim, num_classes=num_classes, **options)
     if refused is not None:
-        raise DataError(f"model {name!r} does not accept these options {options}: {refused}.")
+        raise DataError(
+            f"model {name!r} does not accept these options {options}: {refused}"
+            + _option_hints(factory, options)
+            + "."
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:

@@ -16,8 +16,9 @@ which contract suite then covers it.
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,29 @@ __all__ = [
     "TOPOLOGY_KINDS",
     "Entry",
     "Family",
+    "close_matches",
+    "did_you_mean",
 ]
+
+
+def close_matches(word: object, choices: Iterable[str]) -> list[str]:
+    """The few ``choices`` closest to ``word`` (:func:`difflib.get_close_matches`), best
+    first; a word with whitespace around it matches its stripped self first."""
+    if not isinstance(word, str):
+        return []
+    options = list(dict.fromkeys(choices))
+    found = [word.strip()] if word.strip() in options and word.strip() != word else []
+    found += difflib.get_close_matches(word.strip() or word, options, n=3, cutoff=0.6)
+    return list(dict.fromkeys(found))
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """``"did you mean `lr`?"`` (or ``"`lr` or `lr_power`"``) for the ``choices`` close to
+    ``word``; ``""`` when none is. Every "unknown name" answer appends it."""
+    found = close_matches(word, choices)
+    if not found:
+        return ""
+    return "did you mean " + " or ".join(f"`{m}`" for m in found) + "?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +94,22 @@ class Family:
 
     def __iter__(self) -> Iterator[Entry]:
         return iter(self._entries.values())
+
+    def did_you_mean(self, name: object) -> str:
+        """``"did you mean `ops`?"`` for a name close to one of this family's (else ``""``)."""
+        return did_you_mean(name, self.names)
+
+    def unknown(self, name: object, *, user: bool = False) -> str:
+        """The answer to a name that is not one of this family's: the closest names, then
+        every name (and, with ``user``, that a user's goes by import path)."""
+        hint = self.did_you_mean(name)
+        own = ", or your own as 'pkg.module:factory'" if user else ""
+        shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
+        return (
+            f"unknown {self.what} {shown}"
+            + (f"; {hint}" if hint else "")
+            + f" (known {self.what}s: {', '.join(self.names)}{own})"
+        )
 
     def entry(self, name: str) -> Entry:
         """The entry of ``name`` (``KeyError`` if it is not one)."""

@@ -27,7 +27,12 @@ from fedcore.algorithms.squeeze import (
     DoubleSqueeze,
     DoubleSqueezeState,
 )
-from fedcore.algorithms.user import is_import_path, load_factory, make_user_algorithm
+from fedcore.algorithms.user import (
+    is_import_path,
+    load_factory,
+    make_user_algorithm,
+    unknown_options,
+)
 from fedcore.errors import ConfigError
 
 __all__ = [
@@ -71,10 +76,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = registry.ALGORITHMS.factories(
 
 
 def _unknown(name: str) -> ConfigError:
-    return ConfigError(
-        f"unknown algorithm {name!r}; known algorithms: {', '.join(sorted(ALGORITHMS))}, "
-        "or your own as 'pkg.module:factory'."
-    )
+    return ConfigError(registry.ALGORITHMS.unknown(name, user=True) + ".")
 
 
 def algorithm_factory(name: str) -> Callable[..., Any]:
@@ -111,6 +113,7 @@ def make_algorithm(name: str, **options: Any) -> Algorithm:
     if unknown:
         allowed = ", ".join(sorted(accepted)) or "none"
         raise ConfigError(
-            f"algorithm {name!r} has no option {', '.join(unknown)} (its options: {allowed})."
+            f"algorithm {name!r} has no option {unknown_options(unknown, sorted(accepted))}; "
+            f"its options: {allowed}."
         )
     return factory(**options)

@@ -316,7 +316,7 @@ def make_optimizer(
     """
     factory = OPTIMIZERS.get(name)
     if factory is None:
-        raise ConfigError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}.")
+        raise ConfigError(registry.OPTIMIZERS.unknown(name) + ".")
     for key, value in options.items():
         number = isinstance(value, float | int) and not isinstance(value, bool)
         if number and (not math.isfinite(value) or value < 0):

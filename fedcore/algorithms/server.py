@@ -117,9 +117,10 @@ class FedAvgRule:
         if not 0 < fraction <= 1:
             raise ConfigError(f"algorithm.fraction must be in (0, 1], got {fraction}.")
         if server_optimizer not in SERVER_OPTIMIZERS:
+            hint = registry.did_you_mean(server_optimizer, SERVER_OPTIMIZERS)
             raise ConfigError(
                 f"algorithm.server_optimizer must be one of {', '.join(SERVER_OPTIMIZERS)}, "
-                f"got {server_optimizer!r}."
+                f"got {server_optimizer!r}" + (f"; {hint}" if hint else ".")
             )
         if isinstance(server_lr, bool) or not isinstance(server_lr, int | float):
             raise ConfigError(f"algorithm.server_lr must be a number, got {server_lr!r}.")

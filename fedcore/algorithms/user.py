@@ -28,10 +28,18 @@ from typing import Any
 
 from fedcore.algorithms.base import Algorithm
 from fedcore.algorithms.rule import NodeRule, is_rule
+from fedcore.config import table_keys
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import clip, error_text
+from fedcore.registry import did_you_mean
 
-__all__ = ["PATTERNS", "is_import_path", "load_factory", "make_user_algorithm"]
+__all__ = [
+    "PATTERNS",
+    "is_import_path",
+    "load_factory",
+    "make_user_algorithm",
+    "unknown_options",
+]
 
 PATTERNS = ("neighbours", "chosen", "edges", "none")
 """What a rule's ``pattern`` may say."""
@@ -45,6 +53,18 @@ _FIX_PATH = (
     "run fedcore from the folder that holds the module, or put that folder on PYTHONPATH "
     "(in a container: install the module in the image or put it on the image's PYTHONPATH)"
 )
+
+
+def unknown_options(unknown: list[str], accepted: list[str]) -> str:
+    """``"nmae (did you mean `name`?), lrr (did you mean `lr`?)"``: the ``[algorithm]`` keys
+    an algorithm does not take, each with the closest of its options and of the table's
+    own keys (``name``, ``lr``, ...), where one is close."""
+    near = [*accepted, *table_keys("algorithm")]
+    parts = []
+    for key in unknown:
+        hint = did_you_mean(key, near)
+        parts.append(f"{key} ({hint})" if hint else key)
+    return ", ".join(parts)
 
 
 def is_import_path(name: str) -> bool:
@@ -139,7 +159,8 @@ def make_user_algorithm(path: str, **options: Any) -> Algorithm:
     unknown = sorted(set(options) - set(accepted)) if accepted is not None else []
     if unknown:
         raise ConfigError(
-            f"algorithm {path!r} has no option {', '.join(unknown)} (its options: "
+            f"algorithm {path!r} has no option {unknown_options(unknown, accepted or [])} "
+            "(its options: "
             f"{', '.join(accepted or ()) or 'none'}); remove the other keys of [algorithm]."
         )
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from fedcore.cli.common import (
     RUN,
@@ -14,6 +15,7 @@ from fedcore.cli.common import (
     start_run,
     tracking_overrides,
 )
+from fedcore.errors import ConfigError
 
 __all__ = ["add"]
 
@@ -31,16 +33,25 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lau.add_argument(
         "--peers-per-process",
         type=int,
-        default=1,
+        default=None,
         metavar="K",
         help="peers each process hosts (default 1): ceil(N/K) processes, each one torch "
         "(about 350 MB) and one event loop, every peer still its own gRPC server, port and "
         "nodes/<id>/ folder; the same results. Process logs go to procs/<i>.log",
     )
+    lau.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the stopped launch in RUN_DIR: every peer restarts from its "
+        "checkpoint (run.checkpoint_every) of the newest round all of them have; it ends "
+        "as the uninterrupted launch would",
+    )
     lau.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume is not None:
+        return _resume(args)
     from fedcore.config import load_config
 
     overrides = [*args.overrides, *tracking_overrides(args)]
@@ -58,8 +69,43 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         force=args.force,
         overrides=overrides,
+        peers_per_process=1 if args.peers_per_process is None else args.peers_per_process,
+    )
+    return _show(args, summary)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    given = [
+        flag
+        for flag, value in (
+            ("CONFIG", args.config),
+            ("--set", args.overrides),
+            ("--out", args.out),
+            ("--name", args.name),
+            ("--force", args.force),
+            ("--tensorboard", args.tensorboard),
+            ("--csv", args.csv),
+        )
+        if value
+    ]
+    if given:
+        raise ConfigError(
+            f"--resume continues the launch in its folder as it was configured; drop "
+            f"{', '.join(given)}."
+        )
+    start_run(args.threads)
+    from fedcore.deploy.launch import resume_launch
+
+    summary = resume_launch(
+        args.resume,
+        show_progress=not args.quiet,
+        threads=args.threads,
         peers_per_process=args.peers_per_process,
     )
+    return _show(args, summary)
+
+
+def _show(args: argparse.Namespace, summary: dict[str, Any]) -> int:
     if args.quiet:
         print(f"results: {summary['out_dir']}")
     else:

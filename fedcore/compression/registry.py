@@ -134,9 +134,7 @@ def make_codec(
         CompressionError: an unknown name or an invalid option (naming both).
     """
     if name not in registry.CODECS:
-        raise CompressionError(
-            f"unknown codec {name!r}; use one of {', '.join(CODEC_NAMES)} (compression.codec)."
-        )
+        raise CompressionError(f"compression.codec: {registry.CODECS.unknown(name)}.")
     options = _Options(
         bits,
         ratio,

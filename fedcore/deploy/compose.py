@@ -117,13 +117,30 @@ def installed_from(dist: metadata.Distribution | None = None) -> Path | None:
     only if its files are the running package (not another copy on ``sys.path``).
     """
     try:
-        dist = metadata.distribution("fedcore") if dist is None else dist
+        dist = _own_distribution() if dist is None else dist
+        if dist is None:
+            return None
         package = Path(str(dist.locate_file("fedcore/__init__.py"))).resolve()
         if package != Path(fedcore.__file__).resolve():
             return None
         return _local_folder(dist.read_text("direct_url.json"))
     except (metadata.PackageNotFoundError, OSError):
         return None
+
+
+def _own_distribution() -> metadata.Distribution | None:
+    """The record of the installed ``fedcore`` that holds the running package: the one in
+    the folder the package was imported from (``site-packages``).
+
+    Not :func:`importlib.metadata.distribution`, which takes the first ``fedcore`` record
+    on ``sys.path``: run from the checkout it was ``pip install``-ed from, that is the
+    ``fedcore.egg-info`` the build leaves in the checkout (the current folder comes first
+    on ``sys.path``), which has no ``direct_url.json``.
+    """
+    site = Path(fedcore.__file__).resolve().parents[1]
+    for dist in metadata.distributions(name="fedcore", path=[str(site)]):
+        return dist
+    return None
 
 
 def _local_folder(direct_url: str | None) -> Path | None:

@@ -16,6 +16,9 @@ without them, and the summary's ``peer_exits`` and ``faults.down_rounds`` name e
 its peers and when it died); Ctrl-C stops every child. At the end it merges the peers'
 records and evaluation-round models into the same ``metrics.jsonl``, ``summary.json``
 (with ``"transport": "grpc"``) and ``curves.png`` that ``simulate`` writes.
+
+A stopped launch continues with :func:`resume_launch` (``fedcore launch --resume``): every
+peer restarts from its checkpoint of the newest round all of them have one of.
 """
 
 from __future__ import annotations
@@ -45,12 +48,21 @@ from fedcore.ids import child_path
 from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
 from fedcore.progress import STATUS_FILE, Progress, StatusLine, announce_if_slow, read_stage
+from fedcore.setup import checkpoint
 from fedcore.setup.plan import planned_nodes, round_drift
 from fedcore.setup.prepare import RunSetup, prepare_run
 from fedcore.simulation.results import RunObserver, finish_run, open_run_dir, run_name
 from fedcore.simulation.tracking import make_tracker
 
-__all__ = ["free_ports", "launch", "peer_dir", "read_params", "summarize", "user_code_roots"]
+__all__ = [
+    "free_ports",
+    "launch",
+    "peer_dir",
+    "read_params",
+    "resume_launch",
+    "summarize",
+    "user_code_roots",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -246,6 +258,24 @@ def launch(
         ConfigError, TopologyError, DataError: invalid experiment (before any process starts).
         TransportError: a peer process failed (its peers, exit status and log are named).
     """
+    _check_per_process(peers_per_process)
+    setup = _prepare(config, show_progress, progress_stream)
+    name = run_name(config, setup, overrides)
+    out = open_run_dir(out_dir, name, force=force)  # see simulate's: never a shared folder
+    (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
+    return _supervise(
+        setup,
+        out,
+        name,
+        show_progress=show_progress,
+        progress_stream=progress_stream,
+        threads=threads,
+        overrides=overrides,
+        peers_per_process=peers_per_process,
+    )
+
+
+def _check_per_process(peers_per_process: object) -> None:
     if isinstance(peers_per_process, bool) or not isinstance(peers_per_process, int):
         raise ConfigError(f"peers_per_process must be an integer, got {peers_per_process!r}.")
     if peers_per_process < 1:
@@ -253,22 +283,137 @@ def launch(
             f"--peers-per-process must be at least 1, got {peers_per_process}: each process "
             "hosts that many peers (1, the default: a process each)."
         )
+
+
+def _prepare(config: Config, show_progress: bool, progress_stream: TextIO | None) -> RunSetup:
+    """The run's set-up (every check, before any process starts)."""
     stream = (progress_stream or sys.stderr) if show_progress else None
     with announce_if_slow(stream, planned_nodes(config)):
         setup = prepare_run(config, hosts_all=True)
-    nodes = setup.graph.nodes
     if config.transport.tls_dir is not None:  # before any peer starts (and fails on it)
-        check_tls_dir(config.transport.tls_dir, nodes)
-    name = run_name(config, setup, overrides)
-    out = open_run_dir(out_dir, name, force=force)  # see simulate's: never a shared folder
+        check_tls_dir(config.transport.tls_dir, setup.graph.nodes)
+    return setup
+
+
+def resume_launch(
+    run_dir: str | Path,
+    *,
+    show_progress: bool = True,
+    progress_stream: TextIO | None = None,
+    threads: int = 1,
+    peers_per_process: int | None = None,
+) -> dict[str, Any]:
+    """Continue the stopped ``fedcore launch`` in ``run_dir``; return the summary.
+
+    Every peer starts again (``fedcore node --resume``, on new ports) from the newest round
+    that every peer has a good checkpoint of (``run.checkpoint_every``); their newer
+    checkpoints are dropped, and the rounds after it run again, the same. Without such a
+    round the peers start again from round 0, with a warning. The records are merged as
+    :func:`summarize` does, and the run ends with the parameters of the launch that was
+    never stopped. ``peers_per_process`` (default: the launch's own) and ``threads`` are
+    how it runs, not what.
+
+    Raises:
+        ConfigError: ``run_dir`` holds no launch (a ``simulate`` run, or nothing), or one
+            that completed.
+    """
+    out = Path(run_dir)
+    prior: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        prior = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    if not (out / "config.toml").is_file():
+        raise ConfigError(f"{str(out)!r} holds no launch to resume: it has no config.toml.")
+    if prior.get("transport") == "inproc" or not (out / "roster.json").is_file():
+        raise ConfigError(
+            f"{str(out)!r} is not a `fedcore launch` run (it has no roster.json"
+            + ("; it is a `fedcore simulate` run: resume it with `fedcore simulate --resume`"
+               if prior.get("transport") == "inproc" else "")
+            + ")."
+        )  # fmt: skip
+    if prior.get("status", "completed") == "completed" and prior:
+        raise ConfigError(f"the launch in {str(out)!r} completed; there is nothing to resume.")
+    k = int(prior.get("peers_per_process") or 1) if peers_per_process is None else peers_per_process
+    _check_per_process(k)
+    config = load_config(out / "config.toml")
+    setup = _prepare(config, show_progress, progress_stream)
+    nodes = setup.graph.nodes
+    absent = [n for n in nodes if not peer_dir(out, n).is_dir()]
+    if absent:
+        raise ConfigError(
+            f"{out / 'nodes'} has no folder for {', '.join(_names(absent))}: it is not the "
+            "launch of its config.toml."
+        )
+    held = [set(checkpoint.good_rounds(peer_dir(out, n) / "checkpoints")) for n in nodes]
+    common = set.intersection(*held) if held else set()
+    start = max(common) if common else None
+    for n in nodes:
+        folder = peer_dir(out, n)
+        checkpoint.drop_after(folder / "checkpoints", start)
+        (folder / "node.json").unlink(missing_ok=True)  # a finished peer's
+        _keep_records(folder / "metrics.jsonl", start or 0)
+    stream = progress_stream or sys.stderr
+    if start is None:
+        logger.warning(
+            "%s has no round that every peer has a checkpoint of (run.checkpoint_every = %d); "
+            "starting again from round 0",
+            out,
+            config.run.checkpoint_every,
+        )
+    elif show_progress:
+        print(f"launch: resuming {out} after round {start}", file=stream, flush=True)
+    overrides = list(prior.get("overrides", []))
+    name = str(prior.get("name") or run_name(config, setup, overrides))
+    return _supervise(
+        setup,
+        out,
+        name,
+        show_progress=show_progress,
+        progress_stream=progress_stream,
+        threads=threads,
+        overrides=overrides,
+        peers_per_process=k,
+        first=start or 0,
+        wall_before=float(prior.get("wall_seconds") or 0.0) if start is not None else 0.0,
+    )
+
+
+def _keep_records(path: Path, first: int) -> None:
+    """Keep the records of rounds before ``first`` in a peer's ``metrics.jsonl`` (as the
+    peer itself does when it resumes), so that the launcher counts its rounds from there."""
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as fh:
+        kept = [ln for ln in fh if ln.endswith("\n") and json.loads(ln)["round"] < first]
+    path.write_text("".join(kept), encoding="utf-8")
+
+
+def _supervise(
+    setup: RunSetup,
+    out: Path,
+    name: str,
+    *,
+    show_progress: bool,
+    progress_stream: TextIO | None,
+    threads: int,
+    overrides: Sequence[str],
+    peers_per_process: int,
+    first: int | None = None,
+    wall_before: float = 0.0,
+) -> dict[str, Any]:
+    """Start the peers of ``setup`` in ``out`` (which holds its ``config.toml``), supervise
+    them and merge their records. ``first`` (a resumed launch's): every peer continues
+    from its checkpoint of that round (``fedcore node --resume``); ``wall_before``: the
+    time the launch ran before."""
+    config = setup.config
+    nodes = setup.graph.nodes
     config_path = out / "config.toml"
-    config_path.write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
     roster = {n: f"127.0.0.1:{p}" for n, p in zip(nodes, free_ports(len(nodes)), strict=True)}
     roster_path = out / "roster.json"
     roster_path.write_text(json.dumps(roster, indent=2) + "\n", encoding="utf-8")
 
     k = peers_per_process
     groups = [list(nodes[i : i + k]) for i in range(0, len(nodes), k)]
+    (out / "procs.json").unlink(missing_ok=True)  # a resumed launch's, of another K
     if k > 1:
         (out / "procs").mkdir(exist_ok=True)
         procs = [{"log": f"procs/{i}.log", "peers": g} for i, g in enumerate(groups)]
@@ -298,6 +443,7 @@ def launch(
                 "--roster", str(roster_path), "--threads", str(threads),
                 # One peer: its folder; several: the folder of their folders nodes/<id>/.
                 "--out", str(peer_dir(out, group[0]) if k == 1 else out / "nodes"),
+                *(["--resume"] if first is not None else []),
             ]  # fmt: skip
             folders = {n: peer_dir(out, n) for n in group}
             log_path = folders[group[0]] / "node.log" if k == 1 else out / "procs" / f"{i}.log"
@@ -334,7 +480,9 @@ def launch(
                 text = _startup_text(stages, dead)
                 if all(stages[n] in _UP for n in nodes if n not in dead):
                     startup.finish(text)
-                    progress = Progress(config.run.rounds, label="launch", stream=stream)
+                    progress = Progress(
+                        config.run.rounds, label="launch", stream=stream, first=first or 0
+                    )
                 else:
                     startup.show(text)
             if progress is not None and done != shown:
@@ -345,7 +493,9 @@ def launch(
             time.sleep(0.1)
         if show_progress and shown != config.run.rounds:
             if progress is None:
-                progress = Progress(config.run.rounds, label="launch", stream=stream)
+                progress = Progress(
+                    config.run.rounds, label="launch", stream=stream, first=first or 0
+                )
             progress.update(config.run.rounds)
     except KeyboardInterrupt:
         outcome = "interrupted"
@@ -365,7 +515,7 @@ def launch(
                     setup,
                     out,
                     name,
-                    time.perf_counter() - began,
+                    wall_before + time.perf_counter() - began,
                     {**unfinished, **dead},
                     status=outcome,
                     error=error,
@@ -376,11 +526,19 @@ def launch(
                 logger.warning("could not write the summary of the %s run: %s", outcome, exc)
             else:
                 if outcome == "interrupted":
+                    done, every = summary["rounds_completed"], config.run.checkpoint_every
                     raise KeyboardInterrupt(
-                        f"after round {summary['rounds_completed']} of {config.run.rounds}; "
-                        f"the results so far are in {out}"
+                        f"after round {done} of {config.run.rounds}; the results so far are "
+                        f"in {out}"
+                        + (
+                            f"; continue with: fedcore launch --resume {out}"
+                            if every and done >= every
+                            else " (set run.checkpoint_every to make a launch resumable)"
+                            if not every
+                            else ""
+                        )
                     ) from None
-    wall = time.perf_counter() - began
+    wall = wall_before + time.perf_counter() - began
     summary = _merge(
         setup, out, name, wall, dead, overrides=overrides, peers_per_process=peers_per_process
     )

@@ -31,7 +31,9 @@ from fedcore.errors import ConfigError
 from fedcore.node import Node
 
 __all__ = [
+    "drop_after",
     "from_tree",
+    "good_rounds",
     "latest",
     "restore",
     "restore_state",
@@ -201,6 +203,28 @@ def latest(folder: Path) -> dict[str, Any] | None:
         except Exception as exc:  # any damage: fall back to the previous one
             logger.warning("skipping checkpoint %s: %s", path, exc)
     return None
+
+
+def good_rounds(folder: Path) -> list[int]:
+    """The rounds of the good checkpoints in ``folder``, oldest first (damaged ones are
+    left out, with a warning, as :func:`latest` skips them)."""
+    rounds = []
+    for path in sorted(folder.glob("round-*.ckpt")):
+        try:
+            rounds.append(int(_read(path)["round"]))
+        except Exception as exc:
+            logger.warning("skipping checkpoint %s: %s", path, exc)
+    return rounds
+
+
+def drop_after(folder: Path, round: int | None) -> None:
+    """Delete the checkpoints in ``folder`` of rounds after ``round`` (None: all of them),
+    so that :func:`latest` reads the one of ``round``: a launch resumes every peer from
+    the same round, and the later rounds run again, the same."""
+    for path in folder.glob("round-*.ckpt"):
+        stem = path.stem.removeprefix("round-")
+        if not stem.isdigit() or round is None or int(stem) > round:
+            path.unlink()
 
 
 def restore(node: Node, checkpoint: dict[str, Any]) -> None:

@@ -69,6 +69,12 @@ def choose_engine(setup: RunSetup, engine: str) -> tuple[str, str | None]:
             f"simulate.engine = 'vectorized' cannot run this config: {reason}. Use "
             "simulate.engine = 'messages' (or 'auto')."
         )
+    device = setup.config.simulate.device
+    if device != "cpu":  # the message engine would run on the CPU, the device unused
+        raise ConfigError(
+            f"simulate.device = {device!r} needs the vectorized engine, which cannot run this "
+            f"config: {reason}. Use simulate.device = 'cpu'."
+        )
     return "messages", reason
 
 
@@ -200,7 +206,7 @@ def resume(
         raise ConfigError(f"the run in {str(out)!r} completed; there is nothing to resume.")
     if prior.get("transport", "inproc") != "inproc" or (out / "roster.json").exists():
         raise ConfigError(
-            f"{str(out)!r} is a `fedcore launch` run; its peers resume with `fedcore node "
+            f"{str(out)!r} is a `fedcore launch` run; resume it with `fedcore launch "
             "--resume`, not `fedcore simulate --resume`."
         )
     config = load_config(out / "config.toml")

@@ -535,12 +535,19 @@ def build(kind: str, *, nodes: int, seed: int = 0, **params: object) -> Topology
         TopologyError: On an unknown kind, an unknown parameter or a bad value.
     """
     if kind not in registry.TOPOLOGY_KINDS:
-        raise TopologyError(f"Unknown topology kind {kind!r}. Use one of: {', '.join(KINDS)}.")
+        hint = registry.TOPOLOGY_KINDS.did_you_mean(kind)
+        raise TopologyError(
+            f"Unknown topology kind {kind!r}"
+            + (f"; {hint}" if hint else "")
+            + f" Use one of: {', '.join(KINDS)}."
+        )
     allowed = registry.TOPOLOGY_KINDS.entry(kind).keys
     builder: Callable[[int, int, dict[str, object]], Topology] = registry.TOPOLOGY_KINDS.load(kind)
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         takes = ", ".join(allowed) if allowed else "no parameters besides nodes and seed"
+        hints = [registry.did_you_mean(u, allowed) for u in unknown]
+        takes += "".join(f" ({h})" for h in hints if h)
         raise TopologyError(
             f"Unknown parameter(s) {', '.join(unknown)} for topology kind '{kind}'; it takes "
             f"{takes}."

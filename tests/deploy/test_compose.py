@@ -8,6 +8,7 @@ Docker cannot run here; ``docker-compose config`` validates a file without a dae
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -548,6 +549,70 @@ def test_plain_pip_install_builds_the_image_from_its_checkout(
         assert service["build"]["dockerfile"] == "nodes/Dockerfile"
     normalized = compose_config(out / "docker-compose.yml")["services"]
     assert {Path(s["build"]["context"]) for s in normalized.values()} == {REPO}
+
+
+def test_pip_install_then_compose_from_the_checkout_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 27 item 5: `pip install .` leaves `fedcore.egg-info` in the checkout, and
+    `fedcore compose` run from there puts the checkout first on sys.path; that egg-info
+    (no direct_url.json, another copy of the package) must not hide the installed
+    distribution's record of where it came from."""
+    checkout = tmp_path / "checkout"
+    egg = checkout / "fedcore.egg-info"
+    egg.mkdir(parents=True)
+    (egg / "PKG-INFO").write_text(
+        "Metadata-Version: 2.1\nName: fedcore\nVersion: 0.1.0\n", encoding="utf-8"
+    )
+    (egg / "top_level.txt").write_text("fedcore\n", encoding="utf-8")
+    site = tmp_path / "site"
+    _site_install(site, {"url": REPO.as_uri(), "dir_info": {}})
+    monkeypatch.setattr(fedcore, "__file__", str(site / "fedcore" / "__init__.py"))
+    monkeypatch.chdir(checkout)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(checkout))  # what `fedcore` does with its working folder
+    assert metadata.distribution("fedcore").read_text("PKG-INFO") is not None  # the egg-info
+    assert source_root() == REPO
+    status = main(["compose", "--out", str(tmp_path / "deploy"), *SMALL])
+    assert status == 0, capsys.readouterr().err
+    services = own_reading(tmp_path / "deploy" / "docker-compose.yml")["services"]
+    deploy = tmp_path / "deploy"
+    assert {(deploy / s["build"]["context"]).resolve() for s in services.values()} == {REPO}
+
+
+def test_real_pip_install_then_compose_from_its_checkout(tmp_path: Path) -> None:
+    """Issue 27 item 5 with a real ``pip install .`` (of a copy of this checkout, offline:
+    no dependencies, this environment's setuptools), then the installed ``fedcore``
+    console script run in that checkout, which holds the build's ``fedcore.egg-info``."""
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("no setuptools here to build fedcore with")
+    src, site = tmp_path / "checkout", tmp_path / "site"
+    src.mkdir()
+    for name in ("fedcore", "nodes"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    done = subprocess.run(
+        [*pip, "--no-index", "--target", str(site), "."],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (src / "fedcore.egg-info").is_dir()  # what the build leaves in the checkout
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    for cwd in (src, tmp_path):  # the checkout itself, and another folder
+        out = tmp_path / f"deploy-{cwd.name}"
+        argv = [sys.executable, str(site / "bin" / "fedcore"), "compose", "--out", str(out)]
+        done = subprocess.run(
+            [*argv, *SMALL], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        services = own_reading(out / "docker-compose.yml")["services"]
+        contexts = {(out / s["build"]["context"]).resolve() for s in services.values()}
+        assert contexts == {src.resolve()}, cwd
 
 
 @pytest.mark.parametrize("origin", ["gone", "not-fedcore", "archive"])

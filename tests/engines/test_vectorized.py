@@ -445,6 +445,7 @@ def test_a_diverged_message_stops_either_engine(engine: str, tmp_path: Any) -> N
     from fedcore.errors import ProtocolError
     from fedcore.simulation.simulate import simulate
 
-    config = _config("dpsgd", "fp32", False, "algorithm.lr=1e39", f"simulate.engine={engine}")
+    # 1e38: the largest order a float32 model takes (1e39 is refused at load).
+    config = _config("dpsgd", "fp32", False, "algorithm.lr=1e38", f"simulate.engine={engine}")
     with pytest.raises(ProtocolError, match="non-finite"):
         simulate(config, out_dir=tmp_path, show_progress=False)

@@ -167,3 +167,20 @@ def _toml(overrides: list[str]) -> list[str]:
         quoted = value if value.replace(".", "").isdigit() else f'"{value}"'
         tables.setdefault(table, []).append(f"{name} = {quoted}")
     return [line for t, lines in tables.items() for line in (f"[{t}]", *lines)]
+
+
+def test_a_launch_keeps_every_peers_checkpoint_of_one_round(tmp_path: Path) -> None:
+    """``fedcore launch --resume`` restarts the peers from the newest round all of them
+    have a good checkpoint of: ``good_rounds`` skips a damaged one, ``drop_after`` leaves
+    ``latest`` at that round (issue 27 item 4)."""
+    folder = tmp_path / "checkpoints"
+    for t in (20, 40, 60):
+        checkpoint.write(folder, t, {"round": t})
+    (folder / "round-000060.ckpt").write_bytes(b"torn")
+    assert checkpoint.good_rounds(folder) == [20, 40]
+    checkpoint.drop_after(folder, 20)
+    assert [p.name for p in folder.iterdir()] == ["round-000020.ckpt"]
+    latest = checkpoint.latest(folder)
+    assert latest is not None and latest["round"] == 20
+    checkpoint.drop_after(folder, None)
+    assert checkpoint.latest(folder) is None

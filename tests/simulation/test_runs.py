@@ -350,6 +350,79 @@ def test_a_launch_whose_peer_dies_says_failed(tmp_path: Path) -> None:
     assert 20 <= summary["rounds_completed"] < 100000
 
 
+LAUNCH = ["--set", "topology.kind=ring", "--set", "topology.nodes=3"]
+LAUNCH += ["--set", "algorithm.name=dpsgd", "--set", "run.rounds=400"]
+LAUNCH += ["--set", "run.eval_every=100", "--set", "run.checkpoint_every=20"]
+# 10 ms of delay a message (the fault plan's, the same in both runs: it changes no number)
+# keeps the run going for seconds, so that the stop comes in the middle of it.
+LAUNCH += ["--set", "faults.delay_s=0.01", "--peers-per-process", "3"]
+
+
+@pytest.mark.grpc
+def test_a_stopped_launch_resumes_to_the_uninterrupted_launchs_parameters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 27 item 4: Ctrl-C to ``fedcore launch`` names ``fedcore launch --resume``,
+    which restarts every peer from its checkpoint and ends with the parameters, figures and
+    records of the launch that was never stopped."""
+    out = tmp_path / "stopped"
+    err = _stop_when(
+        ["launch", "-q", "--out", str(out), *LAUNCH],
+        lambda: min(_lines(out / "nodes" / p / "metrics.jsonl") for p in ("n0", "n1", "n2")) >= 45,
+        lambda pid: os.kill(pid, signal.SIGINT),
+    )
+    assert err.startswith("exit 130\n"), err
+    assert f"continue with: fedcore launch --resume {out}" in err and "Traceback" not in err
+    stopped = _summary(out)
+    assert stopped["status"] == "interrupted" and 45 <= stopped["rounds_completed"] < 400
+    line = assert_one_line_error(*cli(capsys, "simulate", "--resume", str(out)), "launch` run")
+    assert "resume it with `fedcore launch --resume`" in line
+    status, _, err = cli(capsys, "launch", "--resume", str(out), "-q")
+    assert status == 0, err
+    assert cli(capsys, "launch", "-q", "--out", str(tmp_path / "whole"), *LAUNCH)[0] == 0
+    whole, resumed = _summary(tmp_path / "whole"), _summary(out)
+    assert resumed["status"] == "completed" and resumed["rounds_completed"] == 400
+    assert resumed["params_sha256"] == whole["params_sha256"]
+    assert resumed["final"] == whole["final"]
+    assert resumed["traffic"] == whole["traffic"]
+    assert resumed["name"] == whole["name"]
+    evals = [r for r in _records(out) if r.get("kind") == "eval"]
+    assert evals == [r for r in _records(tmp_path / "whole") if r.get("kind") == "eval"]
+    # A completed launch is not resumed again.
+    assert_one_line_error(*cli(capsys, "launch", "--resume", str(out)), "completed")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--set", "run.rounds=5"], "drop --set"),
+        (["examples/ops.toml"], "drop CONFIG"),
+        (["--out", "x"], "drop --out"),
+        (["--name", "x"], "drop --name"),
+        (["--force"], "drop --force"),
+    ],
+)
+def test_launch_resume_takes_no_other_run_settings(
+    argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_one_line_error(*cli(capsys, "launch", "--resume", str(tmp_path), *argv), needle)
+
+
+def test_launch_resume_needs_a_launch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_one_line_error(
+        *cli(capsys, "launch", "--resume", str(tmp_path / "nothing")), "no config.toml"
+    )
+    out = tmp_path / "sim"
+    argv = ["simulate", "-q", "--out", str(out), "--set", "run.rounds=3"]
+    assert cli(capsys, *argv, "--set", "topology.nodes=3")[0] == 0
+    (out / "summary.json").unlink()  # as if stopped before its summary: still not a launch
+    line = assert_one_line_error(*cli(capsys, "launch", "--resume", str(out)), "not a")
+    assert "`fedcore launch` run" in line
+    assert cli(capsys, *argv, "--set", "topology.nodes=3", "--force")[0] == 0
+    line = assert_one_line_error(*cli(capsys, "launch", "--resume", str(out)), "not a")
+    assert "fedcore simulate --resume" in line
+
+
 def test_debug_lines_are_fedcores_not_every_librarys(tmp_path: Path) -> None:
     """``-vv`` shows fedcore's debug lines (evaluations, checkpoints), not matplotlib's."""
     argv = [sys.executable, "-m", "fedcore", "-vv", "simulate", "-q", "--out", str(tmp_path)]
