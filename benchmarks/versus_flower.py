@@ -146,7 +146,7 @@ def _fedcore_child(spec: dict[str, Any]) -> None:
     vec.VectorizedNetwork.run_round = timed_run_round  # type: ignore[method-assign]
     out_dir = Path(spec["out_dir"])
     argv = ["simulate", str(EXAMPLE), "--quiet", "--force", "--out", str(out_dir)]
-    argv += ["--engine", spec["engine"], "--threads", str(spec.get("threads", 1))]
+    argv += ["--engine", spec["engine"], "--threads", str(spec.get("threads", "auto"))]
     for item in spec["overrides"]:
         argv += ["--set", item]
 
@@ -163,7 +163,12 @@ def _fedcore_child(spec: dict[str, Any]) -> None:
         run()
     summary = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
     engine = summary.get("engine", "messages")
-    result = {"engine": engine, "stamps": ends[engine], "wall_seconds": summary["wall_seconds"]}
+    result = {
+        "engine": engine,
+        "threads": summary.get("threads"),
+        "stamps": ends[engine],
+        "wall_seconds": summary["wall_seconds"],
+    }
     Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
 
 
@@ -261,7 +266,7 @@ def _fedcore_run(
     tmp: Path,
     tag: str,
     env: dict[str, str],
-    threads: int,
+    threads: str,
 ) -> dict[str, Any]:
     result = tmp / f"fedcore-{tag}.json"
     result.unlink(missing_ok=True)
@@ -328,6 +333,7 @@ def _summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "per_round": _median([r["per_round"] for r in ok]),
         "per_round_min": min((r["per_round"] for r in ok if r["per_round"]), default=None),
         "startup_to_round1": _median([r["startup_to_round1"] for r in ok]),
+        "threads": sorted({r["threads"] for r in ok if r.get("threads")}),
         "failed": len(runs) - len(ok),
     }
 
@@ -356,6 +362,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
                 _ratio(flower["startup_to_round1"], s["startup_to_round1"]) if flower else None
             )
             shown = side if side != "fedcore-auto" else f"fedcore auto ({row['auto_engine']})"
+            if s.get("threads"):
+                shown += f", {'/'.join(map(str, s['threads']))} thread(s)"
             if side == "flower":
                 ratio_round = ratio_start = None
             lines.append(
@@ -398,7 +406,9 @@ def main() -> int:
     parser.add_argument("--profile", choices=list(WORKLOADS), help="cProfile fedcore's side")
     parser.add_argument("--engine", default="auto", help="with --profile: the engine")
     parser.add_argument(
-        "--fedcore-threads", type=int, default=1, help="fedcore simulate --threads (default 1)"
+        "--fedcore-threads",
+        default="auto",
+        help="fedcore simulate --threads: N or auto (default auto, fedcore's own default)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
