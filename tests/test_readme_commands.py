@@ -1,0 +1,61 @@
+"""The README's commands for grid sweeps and experiment tracking run as written.
+
+Each command is read from the README itself (so an edit there is what is tested) and run
+through the CLI's ``main`` in a scratch folder; ``launch --resume`` has its own end-to-end
+test (``tests/simulation/test_runs.py``), as it needs a launch stopped mid-run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from fedcore.cli.app import main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _command(prefix: str) -> list[str]:
+    """The README's one line that starts with ``prefix``, as argv (without ``fedcore``)."""
+    lines = [line.strip().lstrip("$ ") for line in README.splitlines()]
+    found = [line for line in lines if line.startswith(prefix)]
+    assert len(found) == 1, f"the README has {len(found)} lines starting {prefix!r}"
+    argv = shlex.split(found[0])
+    assert argv[0] == "fedcore"
+    return argv[1:]
+
+
+def test_the_grid_sweep_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _command("fedcore sweep examples/dpsgd.toml --grid")
+    argv[1] = str(ROOT / argv[1])  # the example, from the scratch folder
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "[18/18]" in out.err
+    assert "best avg_model_accuracy (max): " in out.out
+    (grid,) = (tmp_path / "runs").iterdir()
+    rows = list(csv.DictReader((grid / "results.csv").read_text(encoding="utf-8").splitlines()))
+    assert [(r["algorithm.lr"], r["compression.codec"]) for r in rows] == [
+        (lr, codec) for lr in ("0.1", "0.3", "1") for codec in ("fp32", "sign")
+    ]
+    assert all(r["completed"] == "3" for r in rows)
+
+
+def test_the_tracked_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("tensorboard")
+    argv = _command("fedcore simulate --tensorboard --csv --out runs/tracked")
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--quiet"]) == 0
+    run = tmp_path / "runs" / "tracked"
+    rounds = json.loads((run / "summary.json").read_text(encoding="utf-8"))["rounds"]
+    table = (run / "rounds.csv").read_text(encoding="utf-8").splitlines()
+    assert len(list(csv.DictReader(table))) == rounds
+    assert any((run / "tensorboard").iterdir())
+    assert "tensorboard --logdir runs/tracked/tensorboard" in README
