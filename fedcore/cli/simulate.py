@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from fedcore.cli.common import (
@@ -58,13 +59,17 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--resume",
         metavar="RUN_DIR",
         help="continue the interrupted run in RUN_DIR from its last checkpoint "
-        "(run.checkpoint_every); it ends as the uninterrupted run would",
+        "(run.checkpoint_every); it ends as the uninterrupted run would. A seed sweep's "
+        "folder: run the seeds that did not complete (--jobs allowed)",
     )
     sim.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.resume is not None:
+        from fedcore.simulation.sweep import SWEEP_FILE
+
+        sweep = (Path(args.resume) / SWEEP_FILE).is_file()
         given = [
             flag
             for flag, value in (
@@ -78,16 +83,24 @@ def run(args: argparse.Namespace) -> int:
                 ("--force", args.force),
                 ("--tensorboard", args.tensorboard),
                 ("--csv", args.csv),
-                ("--jobs", args.jobs != 1),
+                ("--jobs", args.jobs != 1 and not sweep),
             )
             if value
         ]
         if given:
             raise ConfigError(
-                f"--resume continues the run in its folder as it was configured; drop "
-                f"{', '.join(given)}."
+                f"--resume continues the {'sweep' if sweep else 'run'} in its folder as it "
+                f"was configured; drop {', '.join(given)}."
             )
         start_run(args.threads)
+        if sweep:
+            from fedcore.simulation.sweep import resume_sweep, sweep_table
+
+            result = resume_sweep(
+                args.resume, jobs=args.jobs, show_progress=not args.quiet, threads=args.threads
+            )
+            print(f"results: {result['out_dir']}" if args.quiet else sweep_table(result))
+            return 0
         from fedcore.simulation.simulate import resume
 
         summary: dict[str, Any] | None = resume(

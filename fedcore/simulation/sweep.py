@@ -64,6 +64,7 @@ __all__ = [
     "format_seeds",
     "mean_std",
     "parse_seeds",
+    "resume_sweep",
     "run_cases",
     "run_sweep",
     "sweep_name",
@@ -631,22 +632,104 @@ def run_sweep(
         KeyboardInterrupt: Ctrl-C; the workers are stopped and ``sweep.json`` says which
             seeds completed.
     """
-    path = None if config is None else str(config)
+    # The config by its absolute path: --resume reads it from sweep.json, maybe elsewhere.
+    path = None if config is None else str(Path(config).resolve())
     seeds = list(seeds)
     base = _validate(path, overrides, seeds, jobs, threads)
     name = sweep_name(base, overrides, seeds)
     folder = open_run_dir(out_dir, name, force=force)
     _check_folder(folder, seeds, force=force)
     group = _Group(name, tuple(overrides), folder, seeds, path)
-    (result,) = _run_groups(
-        [group],
+    return _run_sweep_group(
+        group,
         jobs=jobs,
         threads=threads,
         force=force,
         show_progress=show_progress,
-        stream=progress_stream if progress_stream is not None else sys.stderr,
-        prefix=lambda _: "sweep: ",
+        progress_stream=progress_stream,
     )
+
+
+def resume_sweep(
+    folder: str | Path,
+    *,
+    jobs: int = 1,
+    show_progress: bool = True,
+    threads: int | str = 1,
+    progress_stream: TextIO | None = None,
+) -> dict[str, Any]:
+    """Continue the stopped seed sweep in ``folder``: its completed runs are kept, a run
+    stopped with checkpoints continues from them (it ends as if never stopped), the rest
+    run from round 0; as configured (the config, overrides and seeds ``sweep.json``
+    records). Returns and raises as :func:`run_sweep`.
+
+    Raises:
+        ConfigError: ``folder`` holds no seed sweep, a completed one, or its config file
+            is gone.
+    """
+    folder = Path(folder)
+    where = folder / SWEEP_FILE
+    try:
+        record = json.loads(where.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{str(folder)!r} holds no sweep to resume (no {SWEEP_FILE}).") from None
+    except (OSError, UnicodeError, ValueError):
+        raise ConfigError(f"{where} is not a readable sweep file; cannot resume it.") from None
+    if not isinstance(record, dict) or record.get("kind") != "sweep":
+        kind = record.get("kind") if isinstance(record, dict) else None
+        hint = f"; continue it with: fedcore sweep --resume {folder}" if kind == "grid" else ""
+        raise ConfigError(f"{where} is not a seed sweep's{hint}.")
+    if record.get("status") == "completed":
+        raise ConfigError(f"the sweep in {str(folder)!r} completed; there is nothing to resume.")
+    try:
+        config = record["config"]
+        overrides = [str(item) for item in record["overrides"]]
+        seeds = [int(seed) for seed in record["seeds"]]
+        name = str(record["name"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{where} is not a readable sweep file; cannot resume it.") from None
+    if config is not None and not Path(config).is_file():
+        raise ConfigError(
+            f"the sweep's config {config!r} is not there any more; the sweep cannot resume."
+        )
+    _validate(config, overrides, seeds, jobs, threads)
+    group = _Group(name, tuple(overrides), folder, seeds, config, resumed=True)
+    _keep_completed(group)
+    return _run_sweep_group(
+        group,
+        jobs=jobs,
+        threads=threads,
+        force=False,
+        show_progress=show_progress,
+        progress_stream=progress_stream,
+    )
+
+
+def _run_sweep_group(
+    group: _Group,
+    *,
+    jobs: int,
+    threads: int | str,
+    force: bool,
+    show_progress: bool,
+    progress_stream: TextIO | None,
+) -> dict[str, Any]:
+    """Run a seed sweep's group; its result, or its error when every run failed."""
+    folder, seeds = group.folder, group.seeds
+    try:
+        (result,) = _run_groups(
+            [group],
+            jobs=jobs,
+            threads=threads,
+            force=force,
+            show_progress=show_progress,
+            stream=progress_stream if progress_stream is not None else sys.stderr,
+            prefix=lambda _: "sweep: ",
+        )
+    except KeyboardInterrupt as stop:
+        raise KeyboardInterrupt(
+            f"{stop}; continue with: fedcore simulate --resume {folder}"
+        ) from None
     if result["status"] == "failed":
         first = group.outcomes[seeds[0]]
         message = (

@@ -37,6 +37,17 @@ def interrupted_digits(*, seed: int, test_fraction: float) -> Dataset:
     return digits(seed=seed, test_fraction=test_fraction)
 
 
+_STOPS = [1]  # how many more times interrupted_once_digits stops the sweep
+
+
+def interrupted_once_digits(*, seed: int, test_fraction: float) -> Dataset:
+    """The digits; the first time seed 1 asks for them, the user presses Ctrl-C."""
+    if seed == 1 and _STOPS:
+        _STOPS.pop()
+        raise KeyboardInterrupt
+    return digits(seed=seed, test_fraction=test_fraction)
+
+
 @pytest.fixture(autouse=True)
 def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
@@ -202,6 +213,39 @@ def test_ctrl_c_leaves_sweep_json_saying_which_seeds_completed(
     assert sweep["status"] == "interrupted"
     assert sweep["completed"] == [0]
     assert [r["status"] for r in sweep["runs"]] == ["completed", "interrupted", "interrupted"]
+
+
+def test_a_stopped_seed_sweep_resumes_with_the_seeds_that_did_not_complete(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "stopped"
+    argv = ["simulate", "--seeds", "0-2", "--out", str(out), *TINY]
+    argv += ["--set", "data.dataset=tests.simulation.test_sweep:interrupted_once_digits"]
+    _STOPS[:] = [1]
+    status, _, err = cli(capsys, *argv)
+    assert status == 130
+    assert f"continue with: fedcore simulate --resume {out}" in err
+    first = (out / "seed-0" / "summary.json").read_bytes()
+    one_line_error(capsys, ["simulate", "--resume", str(out), "--seeds", "0-3"], "drop --seeds")
+    status, table, err = cli(capsys, "simulate", "--resume", str(out), "--jobs", "1")
+    assert status == 0, err
+    assert "[2/2]" in err and "seed 0" not in err  # seed 0 completed before: kept, not rerun
+    assert (out / "seed-0" / "summary.json").read_bytes() == first
+    sweep = read_json(out / "sweep.json")
+    assert sweep["status"] == "completed" and sweep["completed"] == [0, 1, 2]
+    assert "avg-model accuracy" in table
+    one_line_error(capsys, ["simulate", "--resume", str(out)], "nothing to resume")
+
+
+def test_resume_refuses_a_grid_folder_with_the_command_that_resumes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "grid"
+    folder.mkdir()
+    (folder / "sweep.json").write_text('{"kind": "grid"}', encoding="utf-8")
+    one_line_error(
+        capsys, ["simulate", "--resume", str(folder)], f"fedcore sweep --resume {folder}"
+    )
 
 
 # --- seeds and other input --------------------------------------------------------------
