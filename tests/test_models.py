@@ -183,7 +183,15 @@ def test_initial_params_are_the_modules_and_a_copy() -> None:
 
 
 def test_builtin_registry() -> None:
-    assert sorted(MODELS) == ["cnn1d", "logreg", "mlp"]
+    assert sorted(MODELS) == [
+        "char-lstm",
+        "cnn1d",
+        "cnn32",
+        "femnist-cnn",
+        "logreg",
+        "mlp",
+        "resnet20",
+    ]
     assert MODELS["logreg"] is logreg and MODELS["mlp"] is mlp
 
 
