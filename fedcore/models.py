@@ -276,6 +276,11 @@ def char_lstm(*, input_dim: int, num_classes: int) -> nn.Module:
 MODELS: dict[str, Callable[..., nn.Module]] = registry.MODELS.factories()
 
 
+_SIZED = ("logreg", "mlp", "cnn1d")
+"""The built-in models whose size grows with the input and ``model.hidden`` (counted by
+formula, and bounded before they are built); the others are fixed architectures that check
+their input size themselves."""
+
 _BYTES_PER_PARAMETER = 3 * 4
 """Memory a parameter of a built-in model needs while it is built: the module's float32
 copy, then the flat parameters and gradients of :class:`Objective` (a lower bound: an
@@ -294,7 +299,7 @@ def parameter_count(
     if name not in MODELS:
         raise DataError(f"unknown built-in model {name!r}; they are {', '.join(MODELS)}.")
     d, c = input_dim, num_classes
-    if name not in ("logreg", "mlp", "cnn1d"):  # a fixed architecture: counted without memory
+    if name not in _SIZED:  # a fixed architecture: counted without memory
         with torch.device("meta"):
             module = MODELS[name](input_dim=d, num_classes=c, **options)
         return sum(p.numel() for p in module.parameters())
@@ -324,7 +329,7 @@ def _check_size(name: str, input_dim: int, num_classes: int, options: dict[str, 
         for v in (input_dim, num_classes, hidden)
     ):
         return  # the factory reports bad values itself
-    if "hidden" not in registry.MODELS.entry(name).keys:
+    if name not in _SIZED:
         return  # a fixed architecture: the factory checks its inputs (and it is small)
     count = parameter_count(name, input_dim=input_dim, num_classes=num_classes, hidden=hidden)
     shape = f"model {name!r}" + (f" with model.hidden = {hidden:,}" if hidden else "")
