@@ -140,3 +140,13 @@ def test_the_fallback_to_one_module_per_node_is_said_once(
     assert "aten::mkldnn_rnn_layer" in notes[0].getMessage()
     assert "\n" not in notes[0].getMessage()
     assert not [r for r in caplog.records if "performance drop" in r.getMessage()]
+
+
+def test_fedcore_simulate_runs_char_lstm_and_says_how(tmp_path: Path) -> None:
+    """A whole ``fedcore simulate`` run on int64 character data: the summary names the
+    engine and the gradient mode it ran."""
+    from fedcore.simulation.simulate import simulate
+
+    summary = simulate(config("char-lstm"), out_dir=tmp_path, show_progress=False)
+    assert summary["engine"] == "vectorized" and summary["gradients"] == "module"
+    assert 0.0 <= summary["final"]["avg_model_accuracy"] <= 1.0
