@@ -227,6 +227,9 @@ MODELS = Family(
         ("logreg", "logreg", (), ("convex",)),
         ("mlp", "mlp", ("hidden",)),
         ("cnn1d", "cnn1d", ("hidden",)),
+    )
+    + _entries(
+        "fedcore.architectures",
         ("resnet20", "resnet20", ("norm",)),
         ("femnist-cnn", "femnist_cnn"),
         ("char-lstm", "char_lstm"),
