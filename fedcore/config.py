@@ -62,8 +62,10 @@ __all__ = [
     "ENGINES",
     "LR_SCALINGS",
     "LR_SCHEDULES",
+    "MODEL_CHOICES",
     "MODES",
     "NODE_RECORDS",
+    "NORMS",
     "OPTIMIZER_NAMES",
     "ORDERS",
     "PARTITIONS",
@@ -126,6 +128,13 @@ STREAMS = ("", "synthetic")
 
 DTYPES = ("float32", "float64")
 """Values of ``model.dtype``."""
+
+NORMS = ("group", "none", "batch")
+"""Values of ``model.norm`` (``resnet20``: GroupNorm, none, BatchNorm)."""
+
+MODEL_CHOICES: dict[str, tuple[str, ...]] = {"norm": NORMS}
+"""The values a built-in model's ``[model]`` option may take, checked when the config is
+read (the option's own name: the models that take it, :data:`fedcore.registry.MODELS`)."""
 
 DEVICES = ("cpu", "cuda")
 """Device kinds ``simulate.device`` may name (``"cuda:1"`` picks a GPU)."""
@@ -447,6 +456,8 @@ class ModelConfig:
         _int_range("model.hidden", self.hidden, 1, MAX_PARAMETERS)
         _choice("model.dtype", self.dtype, DTYPES)
         _name("model.name", self.name, registry.MODELS)
+        if self.name in registry.MODELS:
+            _model_options(self.name, self.options)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -855,6 +866,20 @@ def _name(key: str, value: str, family: registry.Family, *, user: bool = True) -
     ``"pkg.module:factory"``, checked when it is loaded), suggesting the closest names."""
     if value not in family and not (user and ":" in value):
         raise ConfigError(f"{key}: {family.unknown(value, user=user)}.")
+
+
+def _model_options(name: str, options: Mapping[str, Any]) -> None:
+    """Refuse a built-in model's option with a value it cannot take, or one misspelt (close
+    to an option it takes); other keys are refused when the model is built (with the same
+    hints), as a user's factory's are."""
+    takes = registry.MODELS.entry(name).keys
+    for key, value in options.items():
+        if key in takes and key in MODEL_CHOICES:
+            _choice(f"model.{key}", value, MODEL_CHOICES[key])
+        elif key not in takes:
+            hint = did_you_mean(key, takes)
+            if hint:
+                raise ConfigError(f"model {name!r} has no option {key!r}; {hint}")
 
 
 def _shown(value: object) -> str:

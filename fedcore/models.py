@@ -7,7 +7,11 @@ evaluating the loss and gradient at a point is one copy in and one backward pass
 
 Built-in models: ``logreg`` (multinomial logistic regression), ``mlp`` (one hidden
 ReLU layer, ``model.hidden`` units) and ``cnn1d`` (two strided 1-D convolutions with
-``model.hidden`` channels, for signals like MNIST-1D). A user's model loads by import path:
+``model.hidden`` channels, for signals like MNIST-1D), and the models the field publishes
+on: ``resnet20`` (ResNet-20 for 32x32x3 images, ``model.norm`` group, batch or none),
+``femnist-cnn`` (LEAF's FEMNIST CNN, 1x28x28), ``char-lstm`` (LEAF's Shakespeare LSTM, on
+int64 character indices) and ``cnn32`` (a small CNN for 32x32x3 images), in
+:mod:`fedcore.architectures`. A user's model loads by import path:
 ``"pkg.module:factory"`` is called as ``factory(input_dim=..., num_classes=..., **options)``
 and returns an ``nn.Module`` mapping a batch of inputs to class logits.
 """
@@ -26,7 +30,7 @@ from fedcore import registry
 from fedcore.config import MAX_PARAMETERS, table_keys
 from fedcore.data import refused_arguments, resolve_factory
 from fedcore.errors import DataError, FedcoreError
-from fedcore.gradients import RowGradient
+from fedcore.gradients import RowGradient, model_input
 from fedcore.ids import error_text
 from fedcore.registry import did_you_mean
 from fedcore.runtime import physical_memory
@@ -80,21 +84,33 @@ def cnn1d(*, input_dim: int, num_classes: int, hidden: int = 32) -> nn.Module:
 MODELS: dict[str, Callable[..., nn.Module]] = registry.MODELS.factories()
 
 
+_SIZED = ("logreg", "mlp", "cnn1d")
+"""The built-in models whose size grows with the input and ``model.hidden`` (counted by
+formula, and bounded before they are built); the others are fixed architectures that check
+their input size themselves."""
+
 _BYTES_PER_PARAMETER = 3 * 4
 """Memory a parameter of a built-in model needs while it is built: the module's float32
 copy, then the flat parameters and gradients of :class:`Objective` (a lower bound: an
 algorithm's state and a simulation's many nodes need more)."""
 
 
-def parameter_count(name: str, *, input_dim: int, num_classes: int, hidden: int = 0) -> int:
-    """Parameters of the built-in model ``name`` (``hidden`` 0: its default width).
+def parameter_count(
+    name: str, *, input_dim: int, num_classes: int, hidden: int = 0, **options: Any
+) -> int:
+    """Parameters of the built-in model ``name`` (``hidden`` 0: its default width; other
+    ``options`` as ``[model]`` gives them, such as ``norm``).
 
     Raises:
-        DataError: ``name`` is not a built-in model.
+        DataError: ``name`` is not a built-in model, or does not take these inputs.
     """
     if name not in MODELS:
         raise DataError(f"unknown built-in model {name!r}; they are {', '.join(MODELS)}.")
     d, c = input_dim, num_classes
+    if name not in _SIZED:  # a fixed architecture: counted without memory
+        with torch.device("meta"):
+            module = MODELS[name](input_dim=d, num_classes=c, **options)
+        return sum(p.numel() for p in module.parameters())
     if name == "logreg":
         return (d + 1) * c
     h = hidden or int(inspect.signature(MODELS[name]).parameters["hidden"].default)
@@ -121,6 +137,8 @@ def _check_size(name: str, input_dim: int, num_classes: int, options: dict[str, 
         for v in (input_dim, num_classes, hidden)
     ):
         return  # the factory reports bad values itself
+    if name not in _SIZED:
+        return  # a fixed architecture: the factory checks its inputs (and it is small)
     count = parameter_count(name, input_dim=input_dim, num_classes=num_classes, hidden=hidden)
     shape = f"model {name!r}" + (f" with model.hidden = {hidden:,}" if hidden else "")
     shape += f" on {input_dim:,} input features and {num_classes:,} classes"
@@ -282,7 +300,7 @@ class Objective:
         if not self._training:
             self.module.train()
             self._training = True
-        loss = functional.cross_entropy(self.module(x.to(self.dtype)), y)
+        loss = functional.cross_entropy(self.module(model_input(x, self.dtype)), y)
         loss.backward()  # type: ignore[no-untyped-call]
         return float(loss.item()), self._grad.clone()
 
@@ -295,7 +313,7 @@ class Objective:
         if self._training:
             self.module.eval()
             self._training = False
-        logits = self.module(x.to(self.dtype))
+        logits = self.module(model_input(x, self.dtype))
         loss = functional.cross_entropy(logits, y)
         acc = (logits.argmax(dim=1) == y).to(torch.float64).mean()
         return float(loss.item()), float(acc.item())

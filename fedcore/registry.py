@@ -227,7 +227,15 @@ MODELS = Family(
         ("logreg", "logreg", (), ("convex",)),
         ("mlp", "mlp", ("hidden",)),
         ("cnn1d", "cnn1d", ("hidden",)),
+    )
+    + _entries(
+        "fedcore.architectures",
+        ("resnet20", "resnet20", ("norm",)),
+        ("femnist-cnn", "femnist_cnn"),
+        ("char-lstm", "char_lstm"),
+        ("cnn32", "cnn32"),
     ),
 )
 """``model.name``: the built-in models (a user's goes by import path); ``keys`` are the
-``[model]`` keys each takes (``model.hidden``); ``convex``: regret has a comparator."""
+``[model]`` keys each takes (``model.hidden``, ``model.norm``); ``convex``: regret has a
+comparator."""

@@ -25,6 +25,7 @@ LAYERS = {
     "data": 1,
     "streams": 1,
     "models": 1,
+    "architectures": 1,
     "gradients": 1,
     "stacked_training": 1,
     "evaluation": 1,

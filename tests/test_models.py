@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from torch import nn
 from torch.nn import functional
 
 from fedcore.errors import DataError
-from fedcore.models import MODELS, Objective, build_model, logreg, mlp
+from fedcore.models import MODELS, Objective, build_model, logreg, mlp, parameter_count
 
 REPO = Path(__file__).resolve().parents[1]
 CUSTOM = "examples.custom.my_experiment"
@@ -183,7 +184,15 @@ def test_initial_params_are_the_modules_and_a_copy() -> None:
 
 
 def test_builtin_registry() -> None:
-    assert sorted(MODELS) == ["cnn1d", "logreg", "mlp"]
+    assert sorted(MODELS) == [
+        "char-lstm",
+        "cnn1d",
+        "cnn32",
+        "femnist-cnn",
+        "logreg",
+        "mlp",
+        "resnet20",
+    ]
     assert MODELS["logreg"] is logreg and MODELS["mlp"] is mlp
 
 
@@ -247,3 +256,118 @@ def test_build_model_errors(name: str, options: dict[str, object], match: str) -
     with pytest.raises(DataError, match=match) as info:
         build_model(name, input_dim=DIM, num_classes=CLASSES, seed=0, **options)
     assert isinstance(info.value, ValueError)
+
+
+# --- the models the field publishes on ------------------------------------------------------
+
+PUBLISHED = {
+    # name: (input_dim, classes, options, parameters)
+    "resnet20": (3 * 32 * 32, 10, {}, 269_722),
+    "femnist-cnn": (28 * 28, 62, {}, 6_603_710),
+    "char-lstm": (80, 80, {}, 819_920),
+    "cnn32": (3 * 32 * 32, 10, {}, 579_402),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_models_have_their_parameter_counts(name: str) -> None:
+    d, c, options, count = PUBLISHED[name]
+    module = build_model(name, input_dim=d, num_classes=c, seed=0, **options)
+    assert sum(p.numel() for p in module.parameters()) == count
+    assert parameter_count(name, input_dim=d, num_classes=c, **options) == count
+
+
+@pytest.mark.parametrize(
+    ("norm", "count", "layer"),
+    [("group", 269_722, nn.GroupNorm), ("batch", 269_722, nn.BatchNorm2d), ("none", 269_034, None)],
+)
+def test_resnet20_norms(norm: str, count: int, layer: type[nn.Module] | None) -> None:
+    module = build_model("resnet20", input_dim=3072, num_classes=10, seed=0, norm=norm)
+    assert sum(p.numel() for p in module.parameters()) == count
+    norms = [m for m in module.modules() if isinstance(m, nn.GroupNorm | nn.BatchNorm2d)]
+    assert len(norms) == (19 if layer else 0) and all(
+        isinstance(m, layer or nn.Module) for m in norms
+    )
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    module.eval()
+    # Image-shaped or flat examples alike.
+    assert torch.equal(module(x), module(x.reshape(2, -1)))
+    assert module(x).shape == (2, 10)
+
+
+@pytest.mark.parametrize(
+    ("name", "input_dim", "needle"),
+    [
+        ("resnet20", 64, "resnet20 takes 32x32 images of 3 channels (3,072 values an example)"),
+        ("cnn32", 784, "cnn32 takes 32x32 images of 3 channels"),
+        ("femnist-cnn", 3072, "femnist-cnn takes 28x28 images of 1 channel (784 values"),
+    ],
+)
+def test_image_models_refuse_other_sizes_in_one_line(
+    name: str, input_dim: int, needle: str
+) -> None:
+    with pytest.raises(DataError, match=r"^" + needle.replace("(", r"\(").replace(")", r"\)")) as e:
+        build_model(name, input_dim=input_dim, num_classes=10, seed=0)
+    assert "\n" not in str(e.value) and f"have {input_dim:,}" in str(e.value)
+
+
+def test_a_published_model_on_the_wrong_dataset_stops_the_run_in_one_line() -> None:
+    from fedcore.config import load_config
+    from fedcore.setup.prepare import prepare_run
+
+    with pytest.raises(DataError, match="resnet20 takes 32x32 images") as e:
+        prepare_run(load_config(None, ["model.name=resnet20"]))  # digits: 64 features
+    assert "\n" not in str(e.value) and "64" in str(e.value)
+    with pytest.raises(DataError, match="char-lstm takes int64 character indices") as e:
+        prepare_run(load_config(None, ["model.name=char-lstm", "data.dataset=mnist1d"]))
+    assert "\n" not in str(e.value)
+
+
+def test_model_norm_is_checked_when_the_config_is_read() -> None:
+    from fedcore.config import load_config
+    from fedcore.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="did you mean `batch`"):
+        load_config(None, ["model.name=resnet20", "model.norm=btach"])
+    with pytest.raises(ConfigError, match="has no option 'nrom'; did you mean `norm`"):
+        load_config(None, ["model.name=resnet20", "model.nrom=group"])
+    assert load_config(None, ["model.name=resnet20", "model.norm=none"]).model.options == {
+        "norm": "none"
+    }
+    with pytest.raises(DataError, match="must be one of group, none, batch"):
+        build_model("resnet20", input_dim=3072, num_classes=10, seed=0, norm="layer")
+    with pytest.raises(DataError, match="does not accept"):
+        build_model("cnn32", input_dim=3072, num_classes=10, seed=0, norm="group")
+
+
+def test_char_lstm_takes_int64_indices() -> None:
+    module = build_model("char-lstm", input_dim=80, num_classes=80, seed=0)
+    x = torch.randint(0, 80, (3, 80), generator=torch.Generator().manual_seed(0))
+    assert module(x).shape == (3, 80)
+    with pytest.raises(DataError, match="int64 character indices"):
+        module(x.float())
+    obj = Objective(module, sample=(torch.cat([x, x]), torch.arange(6)))
+    assert obj.rows.mode == "module" and "aten::mkldnn_rnn_layer" in obj.rows.why
+    loss, grad = obj.loss_and_grad(obj.initial_params(), x, torch.tensor([1, 2, 3]))
+    assert math.isfinite(loss) and grad.shape == (819_920,) and bool(grad.isfinite().all())
+    assert obj.evaluate(obj.initial_params(), x, torch.tensor([1, 2, 3]))[1] >= 0.0
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "classes", "mode"),
+    [
+        ("resnet20", (3, 32, 32), 10, "vmap"),
+        ("femnist-cnn", (1, 28, 28), 62, "vmap"),
+        ("cnn32", (3, 32, 32), 10, "vmap"),
+    ],
+)
+def test_image_models_are_mapped_by_vmap(
+    name: str, shape: tuple[int, ...], classes: int, mode: str
+) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, *shape, generator=gen), torch.randint(0, classes, (6,), generator=gen)
+    size = 1
+    for v in shape:
+        size *= v
+    obj = Objective(build_model(name, input_dim=size, num_classes=classes, seed=0), sample=(x, y))
+    assert obj.rows.mode == mode, obj.rows.why

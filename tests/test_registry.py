@@ -45,3 +45,32 @@ def test_a_family_refuses_a_name_listed_twice() -> None:
     entry = registry.Entry("x", "fedcore.models:logreg")
     with pytest.raises(ValueError, match="listed twice"):
         registry.Family("model", (entry, entry))
+
+
+def test_the_readme_model_table_is_the_registry() -> None:
+    """The README's models table: a row for every built-in model, each parameter count the
+    one the model has on the input and classes its row names."""
+    from fedcore.models import parameter_count
+
+    section = README[README.index("## Models") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \|.*?\| ([^|]+) \| ([^|]+) \| [^|]+ \|$", section, re.M)
+    assert sorted(name for name, _, _ in rows) == sorted(registry.MODELS.names)
+    for name, shape, count in rows:
+        dims, classes = shape.rsplit(",", 1)
+        found = re.search(r"\((?:\w+: )?(\d+)\)", dims)
+        sizes = [int(found.group(1))] if found else [int(v) for v in re.findall(r"\d+", dims)]
+        input_dim = 1
+        for v in sizes if found else sizes[:3]:
+            input_dim *= v
+        if name == "char-lstm":
+            input_dim = sizes[0]
+        counts = [int(v.replace(",", "")) for v in re.findall(r"\d[\d,]*\d|\d", count)]
+        width = {"mlp": 64, "cnn1d": 32}.get(name, 0)
+        options = {"hidden": width} if width else {}
+        expected = parameter_count(name, input_dim=input_dim, num_classes=int(classes), **options)
+        assert counts[0] == expected, (name, counts, expected)
+        if name == "resnet20":
+            none = parameter_count(name, input_dim=input_dim, num_classes=10, norm="none")
+            batch = parameter_count(name, input_dim=input_dim, num_classes=10, norm="batch")
+            assert counts[1] == none and batch == expected

@@ -108,6 +108,17 @@ def unsupported(setup: RunSetup) -> str | None:
     )
 
 
+_SAID: set[str] = set()
+"""The fallback notes this process has logged (a sweep of many runs says each once)."""
+
+
+def _say_once(note: str) -> None:
+    """Log ``note`` as a warning, once a process."""
+    if note not in _SAID:
+        _SAID.add(note)
+        logger.warning("%s", note)
+
+
 def _codec_seeds(seed: int, n: int) -> range:
     """Every node's :func:`codec_seed`, as a range (consecutive seeds): no list of a
     million ints to build for a deterministic codec that never reads them."""
@@ -203,9 +214,9 @@ class VectorizedNetwork:
         ]
         self.objective = StackedObjective(setup.objective, device, setup.evaluator)
         if self.objective.mode == "module":
-            logger.warning(
-                "vectorized engine: the model's gradients are computed node by node (%s)",
-                self.objective.why,
+            _say_once(
+                "vectorized engine: torch.func cannot map this model; its gradients are "
+                f"computed one module per node ({self.objective.why})"
             )
         if setup.source is not None:
             self.batches: StackedBatches | None = None

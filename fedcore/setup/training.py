@@ -25,6 +25,7 @@ from fedcore.data import (
     training_examples,
 )
 from fedcore.errors import DataError
+from fedcore.gradients import model_input
 from fedcore.ids import error_text
 from fedcore.models import Objective, build_model
 from fedcore.setup.plan import Laps, ModelSize, Shape
@@ -175,7 +176,7 @@ def _probe(objective: Objective, dataset: Dataset, name: str) -> None:
     """Run the model once on two examples so a broken model fails here, clearly."""
     x, y = dataset.x_train[:2], dataset.y_train[:2]
     try:
-        logits = objective.module(x.to(objective.dtype))
+        logits = objective.module(model_input(x, objective.dtype))
     except Exception as exc:  # a user model can raise anything; report it as a config error
         raise DataError(
             f"model {name!r} failed on a batch of dataset {dataset.name!r}: {error_text(exc)}"
