@@ -100,7 +100,7 @@ TRACKING_KEYS = ("tensorboard", "csv")
 """``[run]`` keys that say what a run writes beside its records (experiment tracking), not
 what runs: left out of the run fingerprint and of a run's name."""
 
-PARTITIONS = ("iid", "dirichlet", "shards")
+PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "natural")
 """How training data is split across nodes (``data.partition``)."""
 MODES = ("strict", "deadline")
 """How a node waits for its in-neighbours (``transport.mode``)."""
@@ -394,10 +394,16 @@ class DataConfig:
     classes one after another). ``stream``: ``""`` (batches of ``dataset``),
     ``"synthetic"`` (the drifting stream of :mod:`fedcore.streams`, shaped by
     ``features``, ``adversarial`` (G), ``noise`` (sigma) and ``drift`` (M)) or a user's
-    ``"pkg.module:factory"``.
+    ``"pkg.module:factory"``. ``root``: the folder of the datasets read from files
+    (``cifar10``, ``femnist``, ...; :func:`fedcore.localdata.data_root`: ``""`` is
+    ``$FEDCORE_DATA``, else ``~/.cache/fedcore/data``). ``partition``: ``iid``,
+    ``dirichlet`` (label skew, ``alpha``), ``shards`` (``shards_per_node`` classes a node),
+    ``quantity`` (size skew, ``alpha``) or ``natural`` (whole writers a node; per-node test
+    sets where every test writer has training data).
     """
 
     dataset: str = "digits"
+    root: str = ""
     partition: str = "dirichlet"
     alpha: float = 0.3
     shards_per_node: int = 2
@@ -414,7 +420,22 @@ class DataConfig:
         """Validate ranges."""
         _choice("data.order", self.order, ORDERS)
         _choice("data.partition", self.partition, PARTITIONS)
-        _name("data.dataset", self.dataset, registry.DATASETS)
+        if not self.dataset.startswith("folder:") or not self.dataset[len("folder:") :].strip():
+            _name("data.dataset", self.dataset, registry.DATASETS)
+        _require(
+            self.root == self.root.strip(),
+            "data.root",
+            self.root,
+            "has whitespace around it",
+        )
+        if self.partition == "natural" and self.dataset in registry.DATASETS:
+            _require(
+                "writers" in registry.DATASETS.entry(self.dataset).tags,
+                "data.partition",
+                self.partition,
+                f"needs a dataset with writers ({', '.join(registry.DATASETS.tagged('writers'))});"
+                f" {self.dataset!r} has none",
+            )
         if self.stream not in STREAMS and ":" not in self.stream:
             hint = did_you_mean(self.stream, [s for s in STREAMS if s])
             raise ConfigError(

@@ -19,7 +19,7 @@ import importlib
 import inspect
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,8 @@ __all__ = [
     "load_dataset",
     "load_object",
     "mnist1d",
+    "natural_owners",
+    "own_test_parts",
     "partition",
     "refused_arguments",
     "resolve_factory",
@@ -58,11 +60,17 @@ class Dataset:
 
     Attributes:
         name: Human-readable name.
-        x_train: Float features, shape ``(n_train, ...)``.
+        x_train: Features, shape ``(n_train, ...)``: floats, or int64 indices (a character
+            model's sequences).
         y_train: Int64 labels in ``[0, num_classes)``, shape ``(n_train,)``.
-        x_test: Float features of the held-out split.
+        x_test: Features of the held-out split.
         y_test: Labels of the held-out split.
         num_classes: Number of classes.
+        groups_train: Where the data has writers (LEAF's users): each training example's
+            writer, an index into ``writers`` (int64, ``(n_train,)``); ``None`` otherwise.
+            The ``natural`` partition keeps each writer on one peer.
+        groups_test: Each test example's writer, as ``groups_train``.
+        writers: The writers' names (sorted).
     """
 
     name: str
@@ -71,6 +79,9 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    groups_train: np.ndarray | None = None
+    groups_test: np.ndarray | None = None
+    writers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Check shapes and label ranges once, so models fail with a clear message."""
@@ -88,6 +99,21 @@ class Dataset:
                     f"dataset {self.name!r}: {split} labels must be int64 in "
                     f"[0, {self.num_classes})."
                 )
+        for split, groups, y in (
+            ("train", self.groups_train, self.y_train),
+            ("test", self.groups_test, self.y_test),
+        ):
+            if groups is None:
+                continue
+            if groups.shape != (len(y),) or (
+                len(groups) and (int(groups.min()) < 0 or int(groups.max()) >= len(self.writers))
+            ):
+                raise DataError(
+                    f"dataset {self.name!r}: the {split} split's writers must be one index "
+                    f"into its {len(self.writers)} writers per example."
+                )
+        if (self.groups_train is None) != (self.groups_test is None):
+            raise DataError(f"dataset {self.name!r}: writers are given for one split only.")
 
     @property
     def input_dim(self) -> int:
@@ -184,7 +210,25 @@ def mnist1d(*, seed: int = 0, test_fraction: float = 0.2, num_samples: int = 10_
     )
 
 
-DATASETS: dict[str, Callable[..., Dataset]] = registry.DATASETS.factories()
+class _Factories(Mapping[str, Callable[..., Dataset]]):
+    """The built-in datasets' factories by name, each imported when first asked for (the
+    datasets read from files live in :mod:`fedcore.localdata`, which imports this module)."""
+
+    def __getitem__(self, name: str) -> Callable[..., Dataset]:
+        if name not in registry.DATASETS:
+            raise KeyError(name)
+        factory: Callable[..., Dataset] = registry.DATASETS.load(name)
+        return factory
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(registry.DATASETS.names)
+
+    def __len__(self) -> int:
+        return len(registry.DATASETS.names)
+
+
+DATASETS: Mapping[str, Callable[..., Dataset]] = _Factories()
+"""``data.dataset``'s built-in names -> their factories."""
 
 
 def load_object(path: str, *, what: str) -> object:
@@ -259,8 +303,16 @@ def refused_arguments(factory: Callable[..., Any], **kwargs: Any) -> TypeError |
     return None
 
 
-def load_dataset(name: str, *, seed: int, test_fraction: float = 0.2) -> Dataset:
+FOLDER = "folder:"
+"""The prefix of ``data.dataset = "folder:PATH"`` (:func:`fedcore.localdata.folder`)."""
+
+
+def load_dataset(name: str, *, seed: int, test_fraction: float = 0.2, root: str = "") -> Dataset:
     """Return the built-in dataset ``name`` or call a user factory given by import path.
+
+    The datasets read from files (:mod:`fedcore.localdata`) look in ``root``
+    (``data.root``; :func:`fedcore.localdata.data_root` says the default);
+    ``"folder:PATH"`` reads ``PATH`` as written.
 
     Whatever a factory raises becomes a :class:`DataError` naming it and its error,
     chained to the original (whose traceback ``fedcore -v`` shows).
@@ -269,7 +321,13 @@ def load_dataset(name: str, *, seed: int, test_fraction: float = 0.2) -> Dataset
         DataError: unknown name, a factory with the wrong signature, one that fails or
             returns no :class:`Dataset`.
     """
+    if name.startswith(FOLDER):
+        from fedcore.localdata import folder
+
+        return folder(name[len(FOLDER) :], seed=seed, test_fraction=test_fraction)
     factory = resolve_factory(name, DATASETS, what="dataset")
+    if name in registry.DATASETS and "root" in registry.DATASETS.entry(name).keys:
+        return factory(seed=seed, test_fraction=test_fraction, root=root)  # type: ignore[no-any-return]
     refused = refused_arguments(factory, seed=seed, test_fraction=test_fraction)
     if refused is not None:
         raise DataError(
@@ -333,17 +391,24 @@ def partition(
     alpha: float = 0.5,
     shards_per_node: int = 2,
     min_size: int = MIN_EXAMPLES,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Split example indices ``0..len(labels)-1`` into ``n_parts`` disjoint parts.
 
     Args:
         labels: Integer class labels.
         n_parts: Number of nodes.
-        scheme: ``"iid"``, ``"dirichlet"`` or ``"shards"``.
+        scheme: ``"iid"``; ``"dirichlet"`` (label skew); ``"shards"`` (pathological: sort
+            by label, deal ``shards_per_node`` contiguous shards to each node, so a node
+            sees about that many classes); ``"quantity"`` (quantity skew: node sizes in
+            Dirichlet(``alpha``) shares of the examples beyond ``min_size`` each, labels
+            iid); ``"natural"`` (one node per writer, or per group of writers: see
+            :func:`natural_owners`).
         seed: Seed of the split.
-        alpha: Dirichlet concentration (``dirichlet`` only); must be > 0.
+        alpha: Dirichlet concentration (``dirichlet``, ``quantity``); must be > 0.
         shards_per_node: Shards per node (``shards`` only).
         min_size: Every part gets at least this many examples.
+        groups: Each example's writer (``natural`` only).
 
     Returns:
         One sorted index array per node; together they cover every example once.
@@ -371,8 +436,33 @@ def partition(
             )
             for i in range(n_parts)
         ]
+    elif scheme == "quantity":
+        if not alpha > 0:
+            raise DataError(f"data.alpha must be > 0 for a quantity partition, got {alpha}.")
+        shares = rng.dirichlet(np.full(n_parts, alpha))
+        extra = n - n_parts * min_size
+        exact = shares * extra
+        sizes = min_size + np.floor(exact).astype(np.int64)
+        short = n - int(sizes.sum())  # the largest remainders take one more each
+        sizes[np.argsort(-(exact - np.floor(exact)), kind="stable")[:short]] += 1
+        parts = np.split(rng.permutation(n), np.cumsum(sizes)[:-1])
+    elif scheme == "natural":
+        if groups is None:
+            raise DataError(
+                "data.partition = 'natural' needs a dataset with writers (femnist, "
+                "shakespeare); use iid, dirichlet, shards or quantity for this one."
+            )
+        owners = natural_owners(groups, n_parts, seed=seed)
+        node = owners[np.asarray(groups, dtype=np.int64)]
+        order = np.argsort(node, kind="stable")
+        parts = np.split(order, np.searchsorted(node[order], np.arange(1, n_parts)))
     else:
-        raise DataError(f"unknown partition {scheme!r}; use one of {', '.join(PARTITIONS)}.")
+        hint = did_you_mean(scheme, PARTITIONS)
+        raise DataError(
+            f"unknown partition {scheme!r}"
+            + (f"; {hint}" if hint else "")
+            + f" (use one of {', '.join(PARTITIONS)})."
+        )
     smallest = min(len(p) for p in parts)
     if smallest < min_size:
         raise DataError(
@@ -380,6 +470,44 @@ def partition(
             f"{min_size}); use fewer nodes, fewer shards per node or more data."
         )
     return [np.sort(p) for p in parts]
+
+
+def natural_owners(groups: np.ndarray, n_parts: int, *, seed: int) -> np.ndarray:
+    """The node of each writer (``-1`` for writers with no example in ``groups``): the
+    writers that have examples, in a seeded random order, dealt round-robin to the nodes (so
+    with more writers than nodes each node holds about ``writers / nodes`` whole writers).
+
+    Raises:
+        DataError: fewer writers than nodes.
+    """
+    g = np.asarray(groups, dtype=np.int64)
+    present = np.unique(g)
+    if len(present) < n_parts:
+        raise DataError(
+            f"a natural partition gives each node whole writers, but the data has "
+            f"{len(present)} writers for {n_parts} nodes; use at most {len(present)} nodes."
+        )
+    owners = np.full(int(present.max()) + 1 if len(present) else 0, -1, dtype=np.int64)
+    dealt = np.random.default_rng(seed).permutation(present)
+    owners[dealt] = np.arange(len(dealt)) % n_parts
+    return owners
+
+
+def own_test_parts(
+    train_groups: np.ndarray, test_groups: np.ndarray, n_parts: int, *, seed: int
+) -> list[np.ndarray] | None:
+    """Each node's own test examples under a ``natural`` partition: those of the writers it
+    holds (:func:`natural_owners` of the training split, so the same writers on both
+    splits). ``None`` when some test writer has no training example (LEAF's split by user,
+    ``-t user``: no node owns it) or some node has no test example: the run then evaluates
+    every node on the whole test split."""
+    owners = natural_owners(train_groups, n_parts, seed=seed)
+    g = np.asarray(test_groups, dtype=np.int64)
+    if len(g) and (int(g.max()) >= len(owners) or bool((owners[g] < 0).any())):
+        return None
+    node = owners[g]
+    parts = [np.flatnonzero(node == i) for i in range(n_parts)]
+    return parts if all(len(p) for p in parts) else None
 
 
 _HOPELESS = 50

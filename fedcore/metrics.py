@@ -49,6 +49,7 @@ __all__ = [
     "evaluate_models",
     "evaluation_record",
     "minimize",
+    "own_test_accuracy",
     "params_sha256",
     "round_record",
     "static_regret",
@@ -71,8 +72,13 @@ def evaluate_models(
     y: torch.Tensor,
     *,
     server: str | None = None,
+    own_tests: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Accuracy and loss of the average model and of every node's model on ``(x, y)``.
+
+    With ``own_tests`` (node id -> indices into ``(x, y)``: per-node test sets), each
+    node's accuracy is on its own test examples (:func:`own_test_accuracy`); the average
+    model's is on all of them.
 
     With a ``server`` (the server family), the "average model" is the server's (the global
     model) and the per-node figures are the workers' alone. The nodes' models are evaluated
@@ -86,6 +92,11 @@ def evaluate_models(
     if server is None:
         average = torch.stack(tensors).mean(dim=0)
     avg_loss, avg_acc = objective.evaluate(average, x, y)
+    if own_tests is not None:
+        mine = own_test_accuracy(objective, tensors, x, y, [own_tests[nid] for nid in models])
+        return evaluation_record(
+            avg_acc, avg_loss, list(models), mine, consensus_distance(tensors), own=True
+        )
     if objective.rows.mode == "module":
         node_acc = {nid: objective.evaluate(m, x, y)[1] for nid, m in models.items()}
         distance = consensus_distance(tensors)
@@ -102,6 +113,8 @@ def evaluation_record(
     nodes: Sequence[str],
     accuracy: Sequence[float],
     distance: float,
+    *,
+    own: bool = False,
 ) -> dict[str, Any]:
     """An evaluation's figures (both engines' record): the average model's accuracy and
     loss, the nodes' mean and worst accuracy (``accuracy[i]`` is ``nodes[i]``'s), the
@@ -114,8 +127,26 @@ def evaluation_record(
         "min_node_accuracy": min(accuracy),
         "consensus_distance": distance,
     }
+    if own:
+        out["node_test_sets"] = "own"
     if len(accuracy) <= NODE_MAPS_NODES:
         out["node_accuracy"] = dict(zip(nodes, accuracy, strict=True))
+    return out
+
+
+def own_test_accuracy(
+    objective: Objective,
+    models: Sequence[torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    parts: Sequence[Any],
+) -> list[float]:
+    """Each model's accuracy on its own test examples ``(x[parts[i]], y[parts[i]])`` (one
+    node's small test set at a time: no model's predictions outlive its turn)."""
+    out = []
+    for params, idx in zip(models, parts, strict=True):
+        at = torch.as_tensor(idx, dtype=torch.int64)
+        out.append(objective.evaluate(params, x[at], y[at])[1])
     return out
 
 

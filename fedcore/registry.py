@@ -216,9 +216,20 @@ TOPOLOGY_KINDS = Family(
 
 DATASETS = Family(
     "dataset",
-    _entries("fedcore.data", ("digits", "digits"), ("mnist1d", "mnist1d")),
+    _entries("fedcore.data", ("digits", "digits"), ("mnist1d", "mnist1d"))
+    + _entries(
+        "fedcore.localdata",
+        ("cifar10", "cifar10", ("root",), ("images", "files")),
+        ("cifar100", "cifar100", ("root",), ("images", "files")),
+        ("fashion-mnist", "fashion_mnist", ("root",), ("images", "files")),
+        ("emnist", "emnist", ("root",), ("images", "files")),
+        ("femnist", "femnist", ("root",), ("images", "files", "writers")),
+        ("shakespeare", "shakespeare", ("root",), ("files", "writers")),
+    ),
 )
-"""``data.dataset``: the built-in datasets (a user's goes by import path)."""
+"""``data.dataset``: the built-in datasets (a user's goes by import path, a folder of files
+as ``"folder:PATH"``); ``keys``: ``root`` for those read from files under ``data.root``;
+``writers``: data with writers (the ``natural`` partition, per-peer test sets)."""
 
 MODELS = Family(
     "model",

@@ -659,6 +659,7 @@ def _merge(
         writer=writer,
         progress=None,
         server=getattr(setup.algorithm, "server", None),
+        own_tests=setup.own_tests(),
         tracker=make_tracker(config, out, dumps_toml(config_to_dict(config))),
     )
     dtype = setup.evaluator.dtype

@@ -57,7 +57,12 @@ from fedcore.compression.batched import RowCodec, make_row_codec
 from fedcore.config import AUTO_RECORDS_NODES, Config
 from fedcore.errors import CompressionError, ConfigError, DataError
 from fedcore.evaluation import stacked_figures
-from fedcore.metrics import JsonlWriter, evaluation_record
+from fedcore.metrics import (
+    JsonlWriter,
+    consensus_distance,
+    evaluation_record,
+    own_test_accuracy,
+)
 from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runtime import physical_memory
@@ -574,6 +579,11 @@ def evaluate_stacked(net: VectorizedNetwork, params: torch.Tensor) -> dict[str, 
     else:
         average = params.mean(dim=0).cpu()
     avg_loss, avg_acc = setup.evaluator.evaluate(average, x, y)
+    own = setup.own_tests()
+    if own is not None:  # per-node test sets: as evaluate_models, node by node
+        rows = list(params.cpu())
+        mine = own_test_accuracy(setup.evaluator, rows, x, y, [own[n] for n in nodes])
+        return evaluation_record(avg_acc, avg_loss, nodes, mine, consensus_distance(rows), own=True)
     xd, yd = x.to(net.device), y.to(net.device)
     if net.objective.mode == "module":
         acc = net.objective.accuracy(params, xd, yd).cpu().tolist()

@@ -58,6 +58,14 @@ class RunSetup:
     evaluator: Objective
     faults: FaultPlan | None = None
     source: OnlineSource | None = None
+    test_parts: list[Any] | None = None
+
+    def own_tests(self) -> dict[str, Any] | None:
+        """Each worker's own test example indices by node id (a ``natural`` partition with
+        per-node test sets; :class:`~fedcore.setup.training.TrainingData`), else ``None``."""
+        if self.test_parts is None:
+            return None
+        return {n: self.test_parts[i] for i, n in enumerate(self.graph.nodes)}
 
     def objective(self) -> Objective:
         """A fresh model (same initialization on every call) as a flat-parameter objective,
@@ -192,6 +200,7 @@ def prepare_run(
         evaluator=evaluator,
         faults=plan.faults,
         source=data.source,
+        test_parts=data.test_parts,
     )
     logger.info(
         "prepared %d nodes in %.2f s", len(plan.graph.nodes), time.perf_counter() - laps.began

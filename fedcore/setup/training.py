@@ -21,6 +21,7 @@ from fedcore.data import (
     Dataset,
     check_partition_size,
     load_dataset,
+    own_test_parts,
     partition,
     training_examples,
 )
@@ -47,11 +48,16 @@ class TrainingData:
         parts: Per node in graph order, the indices of its training examples (empty for
             a server, and for every node of a stream, which holds its own data).
         source: The online stream of ``data.stream``, or ``None``.
+        test_parts: Per node in graph order, the indices of its own test examples (a
+            ``natural`` partition of data whose every test writer has training data:
+            :func:`~fedcore.data.own_test_parts`), or ``None``: every node is evaluated on
+            the whole test split.
     """
 
     dataset: Dataset
     parts: list[Any]
     source: OnlineSource | None
+    test_parts: list[Any] | None = None
 
 
 def load_training_data(
@@ -76,11 +82,33 @@ def load_training_data(
             check_partition_size(
                 known, shape.holders, data.partition, shards_per_node=data.shards_per_node
             )
-        dataset = load_dataset(data.dataset, seed=config.run.seed, test_fraction=data.test_fraction)
+        dataset = load_dataset(
+            data.dataset, seed=config.run.seed, test_fraction=data.test_fraction, root=data.root
+        )
         laps.done("loaded dataset %s: %d training examples", dataset.name, len(dataset.y_train))
     parts = _split(config, dataset, shape)
     laps.done("split the data %s across %d nodes", config.data.partition, shape.holders)
-    return TrainingData(dataset, parts, None)
+    return TrainingData(dataset, parts, None, _own_tests(config, dataset, shape))
+
+
+def _own_tests(config: Config, dataset: Dataset, shape: Shape) -> list[Any] | None:
+    """Each node's own test examples (see :class:`TrainingData`), the server's empty."""
+    if config.data.partition != "natural" or dataset.groups_train is None:
+        return None
+    assert dataset.groups_test is not None
+    parts = own_test_parts(
+        dataset.groups_train, dataset.groups_test, shape.holders, seed=config.run.seed
+    )
+    if parts is None:
+        logger.info(
+            "some test writers of %s have no training data (a split by writer), or some "
+            "node has no test example: every node is evaluated on the whole test split",
+            dataset.name,
+        )
+        return None
+    if shape.server_at is not None:
+        parts.insert(shape.server_at, np.zeros(0, dtype=np.int64))
+    return parts
 
 
 def _stream(config: Config, nodes: int) -> OnlineSource:
@@ -113,6 +141,7 @@ def _split(config: Config, dataset: Dataset, shape: Shape) -> list[Any]:
         seed=config.run.seed,
         alpha=data.alpha,
         shards_per_node=data.shards_per_node,
+        groups=dataset.groups_train,
     )
     smallest = min(len(p) for p in parts)
     if data.batch_size > smallest:

@@ -197,6 +197,7 @@ class RunObserver:
         server: str | None = None,
         regret: RegretTracker | None = None,
         tracker: Tracker | None = None,
+        own_tests: Mapping[str, Any] | None = None,
     ) -> None:
         """Expect one record per node of ``nodes`` per round of ``config``; write them to
         ``writer`` as ``records`` says (``all``, ``eval``: on evaluation rounds, ``none``).
@@ -205,8 +206,10 @@ class RunObserver:
         regret curve, brought up to each evaluation as it is recorded (see
         :func:`regret_tracker`). ``tracker``: where the round, evaluation and regret records
         also go (``run.tensorboard``, ``run.csv``; :mod:`fedcore.simulation.tracking`),
-        closed by :func:`finish_run`."""
+        closed by :func:`finish_run`. ``own_tests``: each node's own test examples
+        (:meth:`~fedcore.setup.prepare.RunSetup.own_tests`), where the run has them."""
         self.nodes = tuple(nodes)
+        self.own_tests = own_tests
         self.tracker = tracker
         self.regret = regret
         self.server = server
@@ -351,6 +354,7 @@ class RunObserver:
                 self.dataset.x_test,
                 self.dataset.y_test,
                 server=self.server,
+                own_tests=self.own_tests,
             )
             self.add_eval(t, train_loss, result)
         if self.progress is not None:

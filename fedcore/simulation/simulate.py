@@ -296,6 +296,7 @@ def _execute(
         progress=progress,
         records=node_records_mode(config, len(nodes)),
         server=getattr(setup.algorithm, "server", None),
+        own_tests=setup.own_tests(),
         regret=regret_tracker(setup),
         tracker=make_tracker(
             config, out, (out / "config.toml").read_text(encoding="utf-8"), first_round=first

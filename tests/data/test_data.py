@@ -187,6 +187,11 @@ def test_load_object() -> None:
 SCHEMES = list(PARTITIONS)
 
 
+def writers_of(n: int) -> np.ndarray:
+    """37 made-up writers of ``n`` examples, interleaved (the natural scheme's groups)."""
+    return (np.arange(n) * 7919) % 37
+
+
 def check_split(parts: list[np.ndarray], n: int, n_parts: int, min_size: int) -> None:
     assert len(parts) == n_parts
     joined = np.concatenate(parts)
@@ -202,23 +207,34 @@ def check_split(parts: list[np.ndarray], n: int, n_parts: int, min_size: int) ->
 @pytest.mark.parametrize("n_parts", [1, 4, 16])
 def test_partition_covers_every_index_once(ds: Dataset, scheme: str, n_parts: int) -> None:
     y = ds.y_train.numpy()
-    parts = partition(y, n_parts, scheme, seed=0, alpha=0.5, shards_per_node=2, min_size=5)
+    parts = partition(
+        y,
+        n_parts,
+        scheme,
+        seed=0,
+        alpha=0.5,
+        shards_per_node=2,
+        min_size=5,
+        groups=writers_of(len(y)),
+    )
     check_split(parts, len(y), n_parts, 5)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_partition_accepts_a_tensor(ds: Dataset, scheme: str) -> None:
-    a = partition(ds.y_train, 4, scheme, seed=2)
-    b = partition(ds.y_train.numpy(), 4, scheme, seed=2)
+    groups = writers_of(len(ds.y_train))
+    a = partition(ds.y_train, 4, scheme, seed=2, groups=groups)
+    b = partition(ds.y_train.numpy(), 4, scheme, seed=2, groups=groups)
     assert all(np.array_equal(x, z) for x, z in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_partition_is_deterministic_per_seed(ds: Dataset, scheme: str) -> None:
     y = ds.y_train.numpy()
-    a = partition(y, 8, scheme, seed=1)
-    b = partition(y, 8, scheme, seed=1)
-    c = partition(y, 8, scheme, seed=2)
+    groups = writers_of(len(y))
+    a = partition(y, 8, scheme, seed=1, groups=groups)
+    b = partition(y, 8, scheme, seed=1, groups=groups)
+    c = partition(y, 8, scheme, seed=2, groups=groups)
     assert all(np.array_equal(x, z) for x, z in zip(a, b, strict=True))
     assert not all(np.array_equal(x, z) for x, z in zip(a, c, strict=True))
 

@@ -156,6 +156,7 @@ def _observer(config: Config, setup: Any, nodes: Any) -> RunObserver:
         writer=None,
         progress=None,
         server=getattr(setup.algorithm, "server", None),  # as simulate's
+        own_tests=setup.own_tests(),
     )
 
 
