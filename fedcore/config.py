@@ -1115,8 +1115,8 @@ def fingerprint(config: Config, graph_edges: Iterable[tuple[str, str, float]]) -
     """SHA-256 over the config and the weighted graph: peers of other runs differ.
 
     Local paths that peers may keep in different places are left out: the certificate
-    folder (``transport.tls``) and the graph file's name (``topology.file``; its edges
-    and weights are in).
+    folder (``transport.tls``), the graph file's name (``topology.file``; its edges
+    and weights are in) and the datasets' folder (``data.root``).
     """
     edges = json.dumps(sorted(graph_edges), sort_keys=True, default=str)
     return fingerprint_json(config, [edges.encode()])
@@ -1131,6 +1131,7 @@ def fingerprint_json(config: Config, edges_json: Iterable[bytes]) -> str:
         tables["run"].pop(key, None)
     tables["transport"].pop("tls", None)
     tables["topology"].pop("file", None)
+    tables["data"].pop("root", None)
     # json.dumps({"config": tables, "edges": edges}, sort_keys=True), written in parts.
     digest = hashlib.sha256(b'{"config": ')
     digest.update(json.dumps(tables, sort_keys=True, default=str).encode())

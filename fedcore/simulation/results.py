@@ -83,9 +83,10 @@ DIVERGING_WINDOW = 10
 """The last rounds whose mean training loss :meth:`RunObserver.diverging` compares."""
 
 
-NAME_SKIPS = ("run.name", "simulate.", *(f"run.{key}" for key in TRACKING_KEYS))
-"""Overrides that do not name a run: the name itself, how a run is simulated, and what it
-writes beside its records (``run.tensorboard``, ``run.csv``)."""
+NAME_SKIPS = ("run.name", "simulate.", "data.root", *(f"run.{key}" for key in TRACKING_KEYS))
+"""Overrides that do not name a run: the name itself, how a run is simulated, where its
+data's files are, and what it writes beside its records (``run.tensorboard``,
+``run.csv``)."""
 
 
 def run_name(config: Config, setup: RunSetup, overrides: Sequence[str] = ()) -> str:
