@@ -138,7 +138,7 @@ def _leaf(root: Path, rng: np.random.Generator, samples: int, writers: int, text
         else:
             labels = rng.integers(0, 62, size)
             pixels = _pixels(rng, labels, (784,), 62).astype(np.float64) / 255.0
-            x = [[round(float(v), 4) for v in row] for row in pixels]
+            x = np.round(pixels, 4).tolist()
             y = labels.tolist()
         cut = max(1, round(size * 0.9))
         split["train"][user] = {"x": x[:cut], "y": y[:cut]}

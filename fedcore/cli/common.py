@@ -191,6 +191,7 @@ def print_table(summary: dict[str, Any]) -> None:
     final = {k: math.nan if v is None else v for k, v in summary.get("final", {}).items()}
     traffic = summary.get("traffic", {})
     gap = summary["topology"]["spectral_gap"]
+    own = " (own test sets)" if final.get("node_test_sets") == "own" else ""
     rows = [
         ("algorithm", summary["algorithm"]),
         (
@@ -205,8 +206,8 @@ def print_table(summary: dict[str, Any]) -> None:
             else []
         ),
         ("avg-model accuracy", f"{final.get('avg_model_accuracy', float('nan')):.4f}"),
-        ("mean node accuracy", f"{final.get('mean_node_accuracy', float('nan')):.4f}"),
-        ("min node accuracy", f"{final.get('min_node_accuracy', float('nan')):.4f}"),
+        ("mean node accuracy", f"{final.get('mean_node_accuracy', float('nan')):.4f}{own}"),
+        ("min node accuracy", f"{final.get('min_node_accuracy', float('nan')):.4f}{own}"),
         ("consensus distance", f"{final.get('consensus_distance', float('nan')):.4g}"),
         ("average loss", f"{final.get('average_loss', float('nan')):.4f}"),
         *(
