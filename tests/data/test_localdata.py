@@ -326,3 +326,50 @@ def test_a_folder_with_nothing_readable_says_what_it_needs(tmp_path: Path) -> No
         load_dataset(f"folder:{tmp_path}", seed=0)
     with pytest.raises(DataError, match=r"neither a \.npz file nor a folder"):
         load_dataset(f"folder:{tmp_path / 'nothing'}", seed=0)
+
+
+def test_leaf_json_is_decoded_once_and_kept_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedcore import localdata
+
+    folder = write_standin("femnist", tmp_path, samples=60, writers=6)
+    first = load_dataset("femnist", seed=0, root=str(tmp_path))
+    kept = list((folder / localdata.LEAF_CACHE).glob("femnist-*.npz"))
+    assert len(kept) == 1
+
+    def never(*_: object) -> None:
+        raise AssertionError("decoded again")
+
+    with monkeypatch.context() as m:
+        m.setattr(localdata, "_leaf_decoded", never)
+        again = load_dataset("femnist", seed=0, root=str(tmp_path))
+    assert torch.equal(first.x_train, again.x_train) and first.writers == again.writers
+    assert np.array_equal(first.groups_test, again.groups_test)
+    # a changed file makes a new key (the old decoded file goes); a cut-short one is redone
+    path = sorted((folder / "train").glob("*.json"))[0]
+    blob = json.loads(path.read_text())
+    user = blob["users"][0]
+    blob["user_data"][user]["y"][0] = (blob["user_data"][user]["y"][0] + 1) % 62
+    path.write_text(json.dumps(blob))
+    changed = load_dataset("femnist", seed=0, root=str(tmp_path))
+    assert not torch.equal(changed.y_train, first.y_train)
+    (now,) = (folder / localdata.LEAF_CACHE).glob("femnist-*.npz")
+    assert now != kept[0]
+    now.write_bytes(now.read_bytes()[:100])
+    assert torch.equal(load_dataset("femnist", seed=0, root=str(tmp_path)).y_train, changed.y_train)
+
+
+def test_leaf_in_a_folder_that_cannot_be_written_is_decoded_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedcore import localdata
+
+    write_standin("shakespeare", tmp_path, samples=60, writers=6)
+
+    def refuse(*_: object, **__: object) -> None:
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(localdata.tempfile, "NamedTemporaryFile", refuse)
+    dataset = load_dataset("shakespeare", seed=0, root=str(tmp_path))
+    assert len(dataset.writers) == 6
