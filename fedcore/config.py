@@ -57,9 +57,11 @@ __all__ = [
     "AUTO_RECORDS_NODES",
     "CODECS",
     "CONVEX_MODELS",
+    "DATA_ENV",
     "DEVICES",
     "DTYPES",
     "ENGINES",
+    "FOLDER",
     "LR_SCALINGS",
     "LR_SCHEDULES",
     "MODEL_CHOICES",
@@ -122,6 +124,12 @@ ENGINES = ("auto", "vectorized", "messages")
 
 NODE_RECORDS = ("auto", "all", "eval", "none")
 """Values of ``simulate.node_records``."""
+
+DATA_ENV = "FEDCORE_DATA"
+"""The environment variable that sets the default ``data.root``."""
+
+FOLDER = "folder:"
+"""The prefix of ``data.dataset = "folder:PATH"`` (:func:`fedcore.localdata.folder`)."""
 
 STREAMS = ("", "synthetic")
 """Values of ``data.stream`` besides a user's ``"pkg.module:factory"``."""
@@ -420,7 +428,7 @@ class DataConfig:
         """Validate ranges."""
         _choice("data.order", self.order, ORDERS)
         _choice("data.partition", self.partition, PARTITIONS)
-        if not self.dataset.startswith("folder:") or not self.dataset[len("folder:") :].strip():
+        if not self.dataset.startswith(FOLDER) or not self.dataset[len(FOLDER) :].strip():
             _name("data.dataset", self.dataset, registry.DATASETS)
         _require(
             self.root == self.root.strip(),

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from fedcore import registry
-from fedcore.config import ORDERS, PARTITIONS
+from fedcore.config import FOLDER, ORDERS, PARTITIONS
 from fedcore.errors import DataError, FedcoreError
 from fedcore.ids import error_text
 from fedcore.registry import did_you_mean
@@ -301,10 +301,6 @@ def refused_arguments(factory: Callable[..., Any], **kwargs: Any) -> TypeError |
     except TypeError as exc:
         return exc
     return None
-
-
-FOLDER = "folder:"
-"""The prefix of ``data.dataset = "folder:PATH"`` (:func:`fedcore.localdata.folder`)."""
 
 
 def load_dataset(name: str, *, seed: int, test_fraction: float = 0.2, root: str = "") -> Dataset:

@@ -53,6 +53,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from fedcore.config import DATA_ENV
 from fedcore.data import Dataset
 from fedcore.errors import DataError
 
@@ -74,9 +75,6 @@ __all__ = [
     "read_idx",
     "shakespeare",
 ]
-
-DATA_ENV = "FEDCORE_DATA"
-"""The environment variable that sets the default ``data.root``."""
 
 SHAKESPEARE_LETTERS = (
     "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"

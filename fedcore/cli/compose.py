@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from fedcore import registry
 from fedcore.cli.common import CONFIG, DEPLOY, SET, VERBOSE
+from fedcore.config import DATA_ENV, FOLDER
 from fedcore.errors import ConfigError
 from fedcore.ids import check_node_id
 
@@ -132,6 +134,27 @@ def deployment_notes(config: Config, image: str, unit: str) -> None:
             "set it (--set run.checkpoint_every=25) to resume from checkpoints."
         )
     user_code_note(config, image)
+    data_files_note(config, image)
+
+
+def data_files_note(config: Config, image: str) -> None:
+    """Say where the peers in ``image`` read a dataset that comes from files
+    (``data.root``, or ``"folder:PATH"``): inside each of them, not on this machine."""
+    data = config.data
+    if data.stream:
+        return
+    if data.dataset.startswith(FOLDER):
+        where = data.dataset[len(FOLDER) :]
+        fix = "mount it there (a volume)"
+    elif data.dataset in registry.DATASETS.tagged("files"):
+        where = data.root or f"${DATA_ENV} (else ~/.cache/fedcore/data)"
+        fix = "mount the folder there (a volume), or set data.root to where it is mounted"
+    else:
+        return
+    print(
+        f"note: data.dataset = {data.dataset!r} is read from files at {where} inside each "
+        f"peer of image {image}: {fix}."
+    )
 
 
 def user_code_note(config: Config, image: str) -> None:
@@ -145,7 +168,7 @@ def user_code_note(config: Config, image: str) -> None:
             ("data.dataset", config.data.dataset),
             ("data.stream", config.data.stream),
         )
-        if ":" in value
+        if ":" in value and not (key == "data.dataset" and value.startswith(FOLDER))
     ]
     if named:
         print(

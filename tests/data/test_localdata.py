@@ -26,7 +26,7 @@ from fedcore.localdata import (
     read_idx,
 )
 from fedcore.standin import STANDINS, main, write_standin
-from tests.clitools import one_line_error
+from tests.clitools import cli, one_line_error
 
 SHAPES = {
     "cifar10": ((3, 32, 32), 10, torch.float32),
@@ -373,3 +373,24 @@ def test_leaf_in_a_folder_that_cannot_be_written_is_decoded_each_time(
     monkeypatch.setattr(localdata.tempfile, "NamedTemporaryFile", refuse)
     dataset = load_dataset("shakespeare", seed=0, root=str(tmp_path))
     assert len(dataset.writers) == 6
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["data.dataset=cifar10", "data.root=/mnt/data"], "at /mnt/data inside each peer"),
+        (["data.dataset=femnist", "data.partition=natural"], "at $FEDCORE_DATA (else"),
+        (["data.dataset=folder:/data/set.npz"], "at /data/set.npz inside each peer"),
+    ],
+)
+def test_deployments_say_where_the_peers_read_the_files(
+    overrides: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The peers read the files in their containers; nothing is loaded where it is written."""
+    argv = ["compose", "--out", str(tmp_path / "d")]
+    for item in overrides:
+        argv += ["--set", item]
+    status, out, err = cli(capsys, *argv)
+    assert status == 0, err
+    assert says in out and "mount" in out
+    assert "must import your code" not in out
