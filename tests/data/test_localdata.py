@@ -394,3 +394,32 @@ def test_deployments_say_where_the_peers_read_the_files(
     assert status == 0, err
     assert says in out and "mount" in out
     assert "must import your code" not in out
+
+
+@pytest.mark.parametrize("hundred", [False, True])
+def test_the_cifar_binary_release_reads(tmp_path: Path, hundred: bool) -> None:
+    """A label byte (CIFAR-100: coarse then fine) before each image's 3,072 bytes."""
+    rng = np.random.default_rng(0)
+    folder = tmp_path / ("cifar-100-binary" if hundred else "cifar-10-batches-bin")
+    folder.mkdir()
+    files = (
+        ["train.bin", "test.bin"]
+        if hundred
+        else [
+            *(f"data_batch_{i}.bin" for i in range(1, 6)),
+            "test_batch.bin",
+        ]
+    )
+    expected: list[int] = []
+    for name in files:
+        labels = rng.integers(0, 100 if hundred else 10, 3)
+        head = [labels // 5, labels] if hundred else [labels]
+        rows = np.concatenate(
+            [np.stack(head, axis=1), rng.integers(0, 256, (3, 3072))], axis=1
+        ).astype(np.uint8)
+        (folder / name).write_bytes(rows.tobytes())
+        if "test" not in name:
+            expected += labels.tolist()
+    dataset = load_dataset("cifar100" if hundred else "cifar10", seed=0, root=str(tmp_path))
+    assert dataset.y_train.tolist() == expected
+    assert tuple(dataset.x_test.shape) == (3, 3, 32, 32)
