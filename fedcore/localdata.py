@@ -13,8 +13,8 @@ Nothing here downloads anything. Each dataset is read from ``data.root``
                           idx files, plain or ``.gz``
 ``emnist``                ``ROOT/EMNIST/raw/`` (torchvision's ``EMNIST(root, split=...)``):
                           the ``balanced`` split's idx files (47 classes)
-``femnist``               LEAF's per-user JSON: ``train/`` and ``test/`` in ``ROOT``,
-                          ``ROOT/femnist/data`` or ``ROOT/femnist`` (LEAF writes them in
+``femnist``               LEAF's per-user JSON: ``train/`` and ``test/`` in ``ROOT/femnist``,
+                          ``ROOT/femnist/data`` or ``ROOT`` (LEAF writes them in
                           ``leaf/data/femnist/data/``); 62 classes, one group per writer
 ``shakespeare``           the same for LEAF's Shakespeare: 80-character lines, the next
                           character as the label, one group per speaking role
@@ -357,7 +357,7 @@ def emnist(*, seed: int = 0, test_fraction: float = 0.2, root: str = "") -> Data
 
 def _leaf_folder(name: str, root: str) -> Path:
     base = data_root(root)
-    looked = [base, base / name / "data", base / name]
+    looked = [base / name, base / name / "data", base]  # the dataset's own folder first
     for folder in looked:
         if (folder / "train").is_dir() and (folder / "test").is_dir():
             return folder
@@ -409,9 +409,9 @@ def _leaf_key(folder: Path) -> str:
 
 def _leaf(name: str, root: str, encode: Any, classes: int) -> Dataset:
     """A LEAF dataset, decoded from its JSON once: the arrays are kept in
-    ``LEAF_CACHE/<name>-<key>.npz`` beside the JSON folders (:func:`_leaf_key`; 60x faster
-    to read back at FEMNIST's size) where that folder is writable, and decoded again where
-    it is not."""
+    ``LEAF_CACHE/<name>-<key>.npz`` beside the JSON folders (:func:`_leaf_key`; read back
+    about 20x faster than the JSON is decoded) where that folder is writable, and decoded
+    again where it is not."""
     folder = _leaf_folder(name, root)
     cached = folder / LEAF_CACHE / f"{name}-{_leaf_key(folder)}.npz"
     arrays = _read_cache(cached)
