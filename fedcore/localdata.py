@@ -416,6 +416,7 @@ def _leaf(name: str, root: str, encode: Any, classes: int) -> Dataset:
     cached = folder / LEAF_CACHE / f"{name}-{_leaf_key(folder)}.npz"
     arrays = _read_cache(cached)
     if arrays is None:
+        logger.info("decoding the JSON of %s in %s (once: kept in %s)", name, folder, cached.parent)
         arrays = _leaf_decoded(folder, encode)
         _write_cache(cached, arrays)
     x_tr, y_tr, g_tr = arrays["x_train"], arrays["y_train"], arrays["g_train"]
