@@ -27,7 +27,8 @@ Unknown tables or keys, wrong types and unknown names raise
 the rounds start (whitespace around a name, ``optimizer.eps = 0``, a step beyond float32,
 a device the engine would not use).
 
-Paths (``topology.file``, ``transport.tls.dir``; see ``PATH_KEYS``) written in a config file
+Paths (``topology.file``, ``transport.tls.dir``, ``data.root``, the ``PATH`` of
+``data.dataset = "folder:PATH"``; see ``PATH_KEYS``) written in a config file
 are relative to the folder of that file, and paths given with ``--set`` or in no file at
 all are relative to the current directory: :func:`load_config` makes both absolute, so a
 config (and the ``config.toml`` a run saves) works from any directory. User code is named
@@ -1051,9 +1052,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return path, value
 
 
-PATH_KEYS: tuple[tuple[str, ...], ...] = (("topology", "file"), ("transport", "tls", "dir"))
+PATH_KEYS: tuple[tuple[str, ...], ...] = (
+    ("topology", "file"),
+    ("transport", "tls", "dir"),
+    ("data", "root"),
+)
 """The keys that hold a local path (as dotted paths split): :func:`load_config` makes them
-absolute. The data, stream and model keys name user code by import path, not by file."""
+absolute, and the ``PATH`` of ``data.dataset = "folder:PATH"``. The data, stream and model
+keys otherwise name user code by import path, not by file."""
 
 
 def _absolute_paths(raw: dict[str, Any], base: str) -> None:
@@ -1062,6 +1068,10 @@ def _absolute_paths(raw: dict[str, Any], base: str) -> None:
     A leading ``~`` is the user's home folder. A value that is not a non-empty string is
     left for validation to report; an empty one means "none".
     """
+
+    def absolute(value: str) -> str:
+        return os.path.abspath(os.path.join(base, os.path.expanduser(value)))
+
     for keys in PATH_KEYS:
         table: object = raw
         for name in keys[:-1]:
@@ -1069,8 +1079,14 @@ def _absolute_paths(raw: dict[str, Any], base: str) -> None:
         if not isinstance(table, dict):
             continue
         value = table.get(keys[-1])
-        if isinstance(value, str) and value:
-            table[keys[-1]] = os.path.abspath(os.path.join(base, os.path.expanduser(value)))
+        if isinstance(value, str) and value and value == value.strip():
+            table[keys[-1]] = absolute(value)
+    data = raw.get("data")
+    dataset = data.get("dataset") if isinstance(data, dict) else None
+    if isinstance(dataset, str) and dataset.startswith(FOLDER):
+        path = dataset[len(FOLDER) :]
+        if path and path == path.strip():
+            data["dataset"] = FOLDER + absolute(path)  # type: ignore[index]
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:

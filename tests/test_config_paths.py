@@ -91,7 +91,7 @@ def test_absolute_home_and_absent_paths(tmp_path: Path, monkeypatch: pytest.Monk
     assert plain.topology.file == "" and plain.transport.tls_dir is None
     with pytest.raises(ConfigError, match=r"topology\.file must be of type str"):
         load_config(write(tmp_path / "bad.toml", "[topology]\nfile = 3\n"))
-    assert PATH_KEYS == (("topology", "file"), ("transport", "tls", "dir"))
+    assert PATH_KEYS == (("topology", "file"), ("transport", "tls", "dir"), ("data", "root"))
 
 
 def test_the_fingerprint_does_not_depend_on_where_the_files_are(
@@ -166,3 +166,27 @@ def test_a_compose_config_finds_its_graph_from_any_directory(
     assert same(inside.topology.file, out / "topology" / "graph.json")
     assert prepare_run(inside).run_id == prepare_run(config).run_id
     assert os.path.isfile(inside.topology.file)
+
+
+def test_data_paths_are_relative_to_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """data.root and folder:PATH: beside the config in a file, the current folder in --set."""
+    from fedcore.standin import write_standin
+
+    exp = tmp_path / "exp"
+    write_standin("fashion-mnist", exp / "data", samples=200)
+    text = '[topology]\nnodes = 4\n[data]\ndataset = "fashion-mnist"\nroot = "data"\n'
+    path = write(exp / "run.toml", text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_config(path)
+    assert config.data.root == str(exp / "data")
+    assert prepare_run(config).dataset.name == "fashion-mnist"
+    assert load_config(path, ["data.root=mine"]).data.root == str(elsewhere / "mine")
+    folder = load_config(None, ["data.dataset=folder:sets/a.npz"]).data.dataset
+    assert folder == f"folder:{elsewhere / 'sets' / 'a.npz'}"
+    written = write(exp / "folder.toml", '[data]\ndataset = "folder:sets/a.npz"\n')
+    assert load_config(written).data.dataset == f"folder:{exp / 'sets' / 'a.npz'}"
+    assert load_config(None).data.root == ""  # the default stays the default
