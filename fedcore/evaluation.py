@@ -28,8 +28,10 @@ from fedcore.gradients import RowGradient
 
 __all__ = [
     "CHUNK_BYTES",
+    "EVAL_INPUT_BYTES",
     "VMAP_CHUNK_VALUES",
     "chunk_rows",
+    "example_chunk",
     "hits",
     "row_accuracy",
     "stacked_figures",
@@ -41,6 +43,18 @@ CHUNK_BYTES = 1 << 20
 VMAP_CHUNK_VALUES = 1 << 22
 """Logits one chunk of a ``vmap`` model makes (its hidden layers are unknown here: the
 bound that keeps evaluation memory in check, as before)."""
+
+EVAL_INPUT_BYTES = 64 << 20
+"""Bytes of input examples (rows x examples x bytes an example) one forward pass of a model
+whose layers are unknown here takes (modes ``vmap`` and ``module``): a deep model's
+activations are a few times its inputs a layer, so this bounds its evaluation memory
+(ResNet-20 on CIFAR-10's 10,000 test images at once would take over 2 GiB a model). The
+small datasets (digits, MNIST-1D) fit whole in one pass, as before."""
+
+
+def example_chunk(examples: int, example_bytes: int, *, rows: int = 1) -> int:
+    """Examples per forward pass of ``rows`` models, within :data:`EVAL_INPUT_BYTES`."""
+    return max(1, min(examples, EVAL_INPUT_BYTES // max(1, rows * example_bytes)))
 
 
 def chunk_rows(examples: int, width: int, itemsize: int, *, chunk_bytes: int = CHUNK_BYTES) -> int:
@@ -144,17 +158,27 @@ def stacked_figures(
     norms = torch.empty(total if distance else 0, dtype=torch.float64, device=params.device)
     batched = rows.mode == "batched" and rows._layers is not None
     step = chunk_rows(examples, _widest(rows), params.element_size(), chunk_bytes=chunk_bytes)
+    part = examples  # examples a pass: all of them, but for a deep model's many
     if not batched:
         step = 1  # one row first, to learn the number of classes
+        example_bytes = x[:1].numel() * max(params.element_size(), x.element_size())
+        part = example_chunk(examples, example_bytes)
     start = 0
     while start < total:
         chunk = params[start : start + step]
         end = start + chunk.shape[0]
-        logits = _batched_logits(rows, chunk, x) if batched else rows.logits(chunk, x)
-        acc[start:end] = hits(logits, y).to(torch.float64) / examples
+        if batched:
+            correct = hits(_batched_logits(rows, chunk, x), y)
+        else:
+            correct = torch.zeros(chunk.shape[0], dtype=torch.int64, device=params.device)
+            for first in range(0, examples, part):
+                logits = rows.logits(chunk, x[first : first + part])
+                correct += hits(logits, y[first : first + part])
+        acc[start:end] = correct.to(torch.float64) / examples
         if mean is not None:
             norms[start:end] = (chunk.to(torch.float64) - mean).norm(dim=1)
         start = end
         if not batched:
-            step = max(1, VMAP_CHUNK_VALUES // max(1, examples * int(logits.shape[-1])))
+            step = max(1, VMAP_CHUNK_VALUES // max(1, part * int(logits.shape[-1])))
+            step = min(step, max(1, EVAL_INPUT_BYTES // (part * example_bytes)))
     return acc, float(norms.mean()) if distance else float("nan")

@@ -30,6 +30,7 @@ from fedcore import registry
 from fedcore.config import MAX_PARAMETERS, table_keys
 from fedcore.data import refused_arguments, resolve_factory
 from fedcore.errors import DataError, FedcoreError
+from fedcore.evaluation import example_chunk
 from fedcore.gradients import RowGradient, model_input
 from fedcore.ids import error_text
 from fedcore.registry import did_you_mean
@@ -308,12 +309,26 @@ class Objective:
     def evaluate(
         self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[float, float]:
-        """Mean cross-entropy and accuracy on ``(x, y)`` at ``params``."""
+        """Mean cross-entropy and accuracy on ``(x, y)`` at ``params``, in passes of at most
+        :data:`~fedcore.evaluation.EVAL_INPUT_BYTES` of examples (one pass for the small
+        datasets)."""
         self._load(params)
         if self._training:
             self.module.eval()
             self._training = False
-        logits = self.module(model_input(x, self.dtype))
-        loss = functional.cross_entropy(logits, y)
-        acc = (logits.argmax(dim=1) == y).to(torch.float64).mean()
-        return float(loss.item()), float(acc.item())
+        n = len(y)
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        part = example_chunk(n, x[:1].numel() * max(x.element_size(), itemsize))
+        if part >= n:
+            logits = self.module(model_input(x, self.dtype))
+            loss = functional.cross_entropy(logits, y)
+            acc = (logits.argmax(dim=1) == y).to(torch.float64).mean()
+            return float(loss.item()), float(acc.item())
+        loss_sum = 0.0
+        correct = 0
+        for first in range(0, n, part):
+            xs, ys = x[first : first + part], y[first : first + part]
+            logits = self.module(model_input(xs, self.dtype))
+            loss_sum += float(functional.cross_entropy(logits, ys, reduction="sum").double())
+            correct += int((logits.argmax(dim=1) == ys).sum())
+        return loss_sum / n, correct / n

@@ -247,3 +247,35 @@ def test_a_resumed_run_has_the_regret_of_the_run_that_never_stopped(
     assert [r["round"] for r in whole["regret"]] == [8, 17, 26, 35, 39]
     assert resumed["regret"] == whole["regret"]
     assert _records(stopped) == _records(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("model", ["cnn1d", "mlp"])
+def test_a_large_test_set_is_evaluated_in_passes(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deep model on many test examples runs in passes of EVAL_INPUT_BYTES of inputs (not
+    ResNet-20 on 10,000 images at once): the same predictions, the loss to float rounding."""
+    evaluation = importlib.import_module("fedcore.evaluation")
+    objective = _objective(model, 40, 10, "vmap" if model == "cnn1d" else None)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(300, 40, generator=gen), torch.randint(0, 10, (300,), generator=gen)
+    params = torch.stack([objective.initial_params() + 0.1 * i for i in range(5)])
+    whole_loss, whole_acc = objective.evaluate(params[2], x, y)
+    whole_rows = stacked_figures(objective.rows, params, x, y)[0]
+    monkeypatch.setattr(evaluation, "EVAL_INPUT_BYTES", 40 * 4 * 37)  # 37 examples a pass
+    calls: list[int] = []
+    forward = objective.module.forward
+
+    def counted(inputs: torch.Tensor) -> torch.Tensor:
+        calls.append(len(inputs))
+        return forward(inputs)
+
+    monkeypatch.setattr(objective.module, "forward", counted)
+    loss, acc = objective.evaluate(params[2], x, y)
+    assert max(calls) == 37 and sum(calls) == 300
+    assert acc == whole_acc and math.isclose(loss, whole_loss, rel_tol=1e-6)
+    calls.clear()
+    rows = stacked_figures(objective.rows, params, x, y)[0]
+    assert torch.equal(rows, whole_rows)
+    if model == "cnn1d":  # vmap: the rows' passes go through the module's forward too
+        assert calls and max(calls) <= 37
