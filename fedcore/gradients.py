@@ -250,22 +250,18 @@ class RowGradient:
         return out
 
     def _forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        params = self._unflatten(flat)
+        return self._call(self._unflatten(flat), x)
+
+    def _call(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         result: torch.Tensor = torch.func.functional_call(
             self.module, (params, self._buffers), (model_input(x, self.dtype),)
         )
         return result
 
-    def _loss(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return functional.cross_entropy(self._forward(flat, x), y)
-
     def _layer_loss(
         self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
-        result: torch.Tensor = torch.func.functional_call(
-            self.module, (params, self._buffers), (model_input(x, self.dtype),)
-        )
-        return functional.cross_entropy(result, y)
+        return functional.cross_entropy(self._call(params, x), y)
 
     def _vmap_grad(
         self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
