@@ -74,10 +74,11 @@ def dataset(model: str, peers: int, batch: int) -> Dataset:
     )
 
 
-_COPIES = 10
-"""Copies of its model a peer of the message engine holds at its peak (parameters, gradient,
-the algorithm's state, messages encoded and decoded): 100 peers of ``femnist-cnn`` (26 MiB a
-copy) were killed by the kernel at 24 GB resident, more than 9 copies a peer."""
+_COPIES = 6
+"""Copies of its model a peer of the message engine holds at its peak (its model, the
+gradient step waiting for the mix, the model it sent, which its receivers decode as a view
+of the same bytes, and the allocator's slack): ``femnist-cnn`` (26 MiB a copy) measured
+105 MiB a peer at 100 peers, about 4 copies (10 before the i28-memory changes)."""
 
 
 def _rss() -> int:

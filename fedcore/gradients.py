@@ -224,7 +224,7 @@ class RowGradient:
         self._layers = _batchable_layers(module)
         self._padding: dict[tuple[int, int, int], bool] = {}
         self._grad = torch.func.vmap(
-            torch.func.grad_and_value(self._loss), in_dims=(0, 0, 0), randomness="error"
+            torch.func.grad_and_value(self._layer_loss), in_dims=(0, 0, 0), randomness="error"
         )
         self._logits = torch.func.vmap(self._forward, in_dims=(0, None), randomness="error")
         self.why = ""
@@ -250,14 +250,41 @@ class RowGradient:
         return out
 
     def _forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        params = self._unflatten(flat)
+        return self._call(self._unflatten(flat), x)
+
+    def _call(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         result: torch.Tensor = torch.func.functional_call(
             self.module, (params, self._buffers), (model_input(x, self.dtype),)
         )
         return result
 
-    def _loss(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return functional.cross_entropy(self._forward(flat, x), y)
+    def _layer_loss(
+        self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        return functional.cross_entropy(self._call(params, x), y)
+
+    def _vmap_grad(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """vmap's losses and gradients of rows ``params [M, d]``, taken per layer (views of
+        ``params``) and written into one ``[M, d]`` result. Taken with respect to the flat
+        rows, autograd would add each layer's gradient zero-padded to ``[M, d]``: several
+        stacks at once, for a large model the round's peak. The bits are those sums':
+        each value once, plus exact zeros, which turn a ``-0.0`` into ``+0.0`` (hence the
+        ``+ 0.0`` pass where there is more than one layer)."""
+        m = params.shape[0]
+        layers = {
+            name: params[:, start : start + n].view(m, *shape)
+            for (name, shape, n), (_, start, _) in zip(self._layout, self._slices, strict=True)
+        }
+        grads, losses = self._grad(layers, x, y)
+        del layers
+        out = torch.empty_like(params)
+        for name, start, n in self._slices:
+            out[:, start : start + n].copy_(grads.pop(name).reshape(m, n))
+        if len(self._slices) > 1:
+            out.add_(0.0)
+        return losses.detach(), out
 
     # -- choosing the mode ------------------------------------------------------------
 
@@ -397,8 +424,7 @@ class RowGradient:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mode == "vmap":
             self.module.train()
-            grads, losses = self._grad(params, x, y)
-            return losses.detach(), grads.detach()
+            return self._vmap_grad(params, x, y)
         if x.shape[1] == 1:  # never a matrix-vector product (see the module docstring)
             x = torch.cat([x, x], dim=1)
             y = torch.cat([y, y], dim=1)

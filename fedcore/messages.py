@@ -26,7 +26,7 @@ __all__ = ["EncodedTensor", "Message", "MessageSchema", "Payload", "ScalarSpec"]
 _EMPTY: Mapping[str, float] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class EncodedTensor:
     """One tensor as a wire carries it.
 

@@ -251,7 +251,9 @@ class Objective:
             start = self.segments[-1][1] + self.segments[-1][2] if self.segments else 0
             self.segments.append((name, start, p.numel()))
         self._flat = torch.empty(self.numel, dtype=dtype)
-        self._grad = torch.zeros(self.numel, dtype=dtype)
+        # The module's own gradients (module_loss_and_grad), made on its first call: the
+        # row path (vmap, batched) never needs them, and a large model's copy a peer counts.
+        self._grad: torch.Tensor | None = None
         module.train()
         self._training = True  # module.train()/eval() walk every submodule: switch only on change
         offset = 0
@@ -260,7 +262,6 @@ class Objective:
                 n = p.numel()
                 self._flat[offset : offset + n].copy_(p.reshape(-1))
                 p.data = self._flat[offset : offset + n].view_as(p)
-                p.grad = self._grad[offset : offset + n].view_as(p)
                 offset += n
         initial = self._flat.clone()  # the mode probe loads other parameters
         self.rows = RowGradient(
@@ -297,13 +298,26 @@ class Objective:
         """The same through the module's own forward and backward (the reference the row
         path is checked against, and the row path of a model vmap cannot map)."""
         self._load(params)
-        self._grad.zero_()
+        grad = self._gradients()
+        grad.zero_()
         if not self._training:
             self.module.train()
             self._training = True
         loss = functional.cross_entropy(self.module(model_input(x, self.dtype)), y)
         loss.backward()  # type: ignore[no-untyped-call]
-        return float(loss.item()), self._grad.clone()
+        return float(loss.item()), grad.clone()
+
+    def _gradients(self) -> torch.Tensor:
+        """The flat buffer the module's ``.grad`` views (made on first use)."""
+        if self._grad is None:
+            self._grad = torch.zeros(self.numel, dtype=self.dtype)
+            params = [p for p in self.module.parameters() if p.requires_grad]
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad = self._grad[offset : offset + n].view_as(p)
+                offset += n
+        return self._grad
 
     @torch.no_grad()
     def evaluate(

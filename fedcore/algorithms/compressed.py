@@ -44,7 +44,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import RoundContext, model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, per_peer, pull, received
+from fedcore.algorithms.rule import Rows, Send, Slot, per_peer, pull, received, spent
 from fedcore.compression import Codec, RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import EncodedTensor, MessageSchema
@@ -142,7 +142,7 @@ class DeepSqueezeRule:
     ) -> tuple[DeepSqueezeState, None]:
         """``x = x_half + eta * sum_j W_ji (c_j - c)``; a missing ``c_j`` counts as ``c``."""
         x = state.x + self.eta * pull(state.c, inbox, "c")
-        return DeepSqueezeState(x, state.delta, state.c[:, :0]), None
+        return DeepSqueezeState(x, state.delta, spent(state.c)), None
 
 
 DeepSqueeze = per_peer(DeepSqueezeRule)
@@ -210,7 +210,7 @@ class CHOCORule:
         s = state.s + rows.self_weight.to(state.q.dtype).unsqueeze(1) * state.q
         s = received(s, inbox, "q")
         x = state.x + self.gamma * (s - state.xhat)
-        return CHOCOState(x, state.xhat, s, state.q[:, :0]), None
+        return CHOCOState(x, state.xhat, s, spent(state.q)), None
 
 
 CHOCO = per_peer(CHOCORule)

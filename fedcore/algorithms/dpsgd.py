@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, gossip, per_peer
+from fedcore.algorithms.rule import Rows, Send, Slot, gossip, per_peer, spent
 from fedcore.messages import MessageSchema
 
 __all__ = ["DPSGD", "DPSGDRule", "DPSGDState"]
@@ -70,7 +70,7 @@ class DPSGDRule:
         """Average with the neighbours' pre-step models, then apply the gradient step."""
         x = gossip(state.x, rows.self_weight, inbox)
         x.sub_(state.pending)
-        return DPSGDState(x, state.pending[:, :0]), None
+        return DPSGDState(x, spent(state.pending)), None
 
 
 DPSGD = per_peer(DPSGDRule)

@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Send, per_peer
+from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Send, per_peer, spent
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema
 
@@ -254,7 +254,7 @@ class RPSRule:
         got = torch.nonzero(inbox.arrived).squeeze(1)  # a lost block keeps x_half
         senders = edges.in_row.index_select(0, got) * layout.n + edges.in_peer.index_select(0, got)
         blocks.index_copy_(0, senders, inbox.tensors["avg"].index_select(0, got))
-        return RPSState(layout.model(blocks.view(rows.b, layout.n, -1)), state.y[:, :0]), None
+        return RPSState(layout.model(blocks.view(rows.b, layout.n, -1)), spent(state.y)), None
 
 
 RPS = per_peer(RPSRule)

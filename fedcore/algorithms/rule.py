@@ -80,6 +80,7 @@ __all__ = [
     "pull",
     "received",
     "schema_of",
+    "spent",
     "widths_of",
 ]
 
@@ -641,6 +642,13 @@ def is_rule(obj: object) -> bool:
 
 
 # -- helpers rules share ---------------------------------------------------------------
+
+
+def spent(buffer: torch.Tensor) -> torch.Tensor:
+    """A ``[B, 0]`` stand-in for a ``[B, ...]`` buffer a round used up (the gradient step a
+    mix applied, the messages it sent): a new empty tensor, not ``buffer[:, :0]``, a view
+    that would keep the whole buffer alive until the next round (a model's copy a peer)."""
+    return buffer.new_empty((buffer.shape[0], 0))
 
 
 def gossip(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -89,6 +90,33 @@ class RawCodec:
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
         """Rebuild the tensor, checking codec, dtype, shape and byte count."""
+        array = self._array(encoded)
+        data = encoded.data
+        owned = isinstance(data, memoryview) and not data.readonly
+        if owned and array.ctypes.data % array.dtype.itemsize == 0:
+            # A received message's own buffer (a writable memoryview, see EncodedTensor):
+            # the tensor views it, no copy; inbox tensors are read-only to algorithms.
+            return torch.from_numpy(array)
+        # Copy: frombuffer views immutable bytes (or misaligned ones); the receiver owns a
+        # writable tensor.
+        return torch.from_numpy(array.copy())
+
+    def view(self, encoded: EncodedTensor) -> torch.Tensor:
+        """:meth:`decode` without a copy wherever the bytes are aligned, the sender's
+        immutable ``bytes`` included: for receivers that only read the tensor (those of
+        :class:`~fedcore.node.DecodeCache`, which share one tensor anyway), so that a sent
+        model and what its receivers decode are one buffer, not two. The same checks and
+        the same values as :meth:`decode`."""
+        array = self._array(encoded)
+        if len(encoded.data) < _VIEW_FROM or array.ctypes.data % array.dtype.itemsize:
+            return self.decode(encoded)  # small: a copy costs less than the warning filter
+        with warnings.catch_warnings():
+            # torch warns that the array is not writable: nothing writes it.
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(array)
+
+    def _array(self, encoded: EncodedTensor) -> np.ndarray[tuple[int, ...], np.dtype[np.generic]]:
+        """``encoded``'s values as an array over its bytes, after every check."""
         if encoded.codec != self.name:
             raise CompressionError(
                 f"codec 'raw' was handed a tensor encoded with {encoded.codec!r}."
@@ -107,13 +135,8 @@ class RawCodec:
                 f"a 'raw' {encoded.dtype} tensor of shape {encoded.shape} needs {expected} "
                 f"bytes but {len(encoded.data)} arrived (truncated or corrupt data)."
             )
-        data = encoded.data
-        array = np.frombuffer(data, dtype=np_dtype).reshape(encoded.shape)
-        owned = isinstance(data, memoryview) and not data.readonly
-        if owned and array.ctypes.data % np_dtype.itemsize == 0:
-            # A received message's own buffer (a writable memoryview, see EncodedTensor):
-            # the tensor views it, no copy; inbox tensors are read-only to algorithms.
-            return torch.from_numpy(array)
-        # Copy: frombuffer views immutable bytes (or misaligned ones); the receiver owns a
-        # writable tensor.
-        return torch.from_numpy(array.copy())
+        return np.frombuffer(encoded.data, dtype=np_dtype).reshape(encoded.shape)
+
+
+_VIEW_FROM = 1 << 16
+"""Bytes from which :meth:`RawCodec.view` views rather than copies."""

@@ -14,13 +14,14 @@ state. Its round must lie within the node's window.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from fedcore.algorithms.base import Algorithm, RoundContext
-from fedcore.compression import Codec, get_codec
+from fedcore.compression import Codec, RawCodec, get_codec
 from fedcore.errors import AlgorithmError, CompressionError, OutOfWindowError, ProtocolError
 from fedcore.ids import clip
 from fedcore.messages import EncodedTensor, Message, MessageSchema, Payload
@@ -35,29 +36,43 @@ class DecodeCache:
 
     In one process, a payload a sender pushes to several out-neighbours is one
     :class:`EncodedTensor` object; decoding and checking its bytes once for every receiver
-    saves most of the receive cost of a simulation. Each entry holds the encoded tensor
-    itself, so its ``id`` cannot be reused while the entry lives; entries more than two
-    rounds older than the newest are dropped. Receivers get the same tensor, which is why
-    algorithms must treat inbox tensors as read-only.
+    saves most of the receive cost of a simulation. An entry lasts as long as its encoded
+    tensor does (the messages that carry it, until their last receiver collected them),
+    and at most two rounds past the newest: it holds the tensor by a weak reference, so
+    the decoded copy of a model is not kept for rounds after its receivers mixed it, and
+    an ``id`` is never mistaken for a reused one. Receivers get the same tensor, which is
+    why algorithms must treat inbox tensors as read-only; a ``raw`` tensor is a view of the
+    sender's bytes (:meth:`~fedcore.compression.RawCodec.view`), not a copy.
     """
 
     def __init__(self) -> None:
         """Start empty."""
-        self._rounds: dict[int, dict[int, tuple[EncodedTensor, torch.Tensor]]] = {}
+        self._rounds: dict[int, dict[int, tuple[weakref.ref[EncodedTensor], torch.Tensor]]] = {}
 
     def get(self, round: int, encoded: EncodedTensor) -> torch.Tensor | None:
         """The tensor decoded from this very object in ``round``, if any."""
         entry = self._rounds.get(round, {}).get(id(encoded))
-        return entry[1] if entry is not None and entry[0] is encoded else None
+        return entry[1] if entry is not None and entry[0]() is encoded else None
 
     def put(self, round: int, encoded: EncodedTensor, tensor: torch.Tensor) -> None:
-        """Remember ``tensor`` as the decoding of ``encoded``."""
+        """Remember ``tensor`` as the decoding of ``encoded`` while ``encoded`` lives."""
         entries = self._rounds.get(round)
         if entries is None:
             entries = self._rounds[round] = {}
             for old in [r for r in self._rounds if r < round - 2]:
                 del self._rounds[old]
-        entries[id(encoded)] = (encoded, tensor)
+        key = id(encoded)
+
+        def forget(ref: weakref.ref[EncodedTensor]) -> None:
+            if entries.get(key, (None,))[0] is ref:
+                del entries[key]
+
+        entries[key] = (weakref.ref(encoded, forget), tensor)
+
+    def decode(self, codec: Codec, encoded: EncodedTensor) -> torch.Tensor:
+        """``codec``'s decoding of ``encoded`` for the cache's receivers, who only read
+        it: a ``raw`` tensor views its bytes."""
+        return codec.view(encoded) if isinstance(codec, RawCodec) else codec.decode(encoded)
 
 
 class MessageIntake:
@@ -173,7 +188,8 @@ class MessageIntake:
                 )
             tensor = cache.get(message.round, enc) if cache is not None else None
             if tensor is None:
-                tensor = self.codec_for(enc).decode(enc)
+                codec = self.codec_for(enc)
+                tensor = codec.decode(enc) if cache is None else cache.decode(codec, enc)
                 # Fast path: a finite sum means finite values; only a non-finite sum (NaN,
                 # inf, or an overflow of huge finite values) needs the element-wise check.
                 if not math.isfinite(float(tensor.sum())) and not bool(

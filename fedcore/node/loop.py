@@ -190,16 +190,15 @@ class Node(MessageIntake):
         for k in range(0 if idle else self.options.local_steps):  # the last: the algorithm's
             x, y = self.stream.next_batch()
             self.batches_read += 1
-            params = self.algorithm.model(self.state)
-            loss, grad = self.objective.loss_and_grad(params, x, y)
-            losses.append(loss)
-            if self.optimizer is not None:
-                grad, self.opt_state = self.optimizer.update(grad, self.opt_state, params, ctx.lr)
+            grad = self._gradient(x, y, ctx, losses)
             if k + 1 < self.options.local_steps:
                 self.state = local_step(self.algorithm, self.state, grad, step_ctx)
         loss = losses[0] if len(losses) == 1 else math.fsum(losses) / len(losses)
         assert grad is not None
         self.state, outbox = self.algorithm.step(self.state, grad, step_ctx)
+        # The state keeps what it needs of the gradient (a large model's copy a peer, held
+        # through the exchange otherwise).
+        del grad
         missing: list[str] = []
         dropped_in: list[str] = []
         rejected = [0]
@@ -238,6 +237,19 @@ class Node(MessageIntake):
         if self.observer is not None:
             self.observer(self, record)
         return record
+
+    def _gradient(
+        self, x: torch.Tensor, y: torch.Tensor, ctx: RoundContext, losses: list[float]
+    ) -> torch.Tensor:
+        """The gradient (or the node optimizer's direction) of the current model on ``(x,
+        y)``; its loss goes to ``losses``. A method of its own so that neither the model it
+        was taken at nor the raw gradient outlives it in the round's frame."""
+        params = self.algorithm.model(self.state)
+        loss, grad = self.objective.loss_and_grad(params, x, y)
+        losses.append(loss)
+        if self.optimizer is not None:
+            grad, self.opt_state = self.optimizer.update(grad, self.opt_state, params, ctx.lr)
+        return grad
 
     def _skip_round(self, t: int, lr: float, began: float) -> RoundRecord:
         """A crashed round: no step, no message; the state waits for the node's return."""

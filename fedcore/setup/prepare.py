@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,6 +59,8 @@ class RunSetup:
     faults: FaultPlan | None = None
     source: OnlineSource | None = None
     test_parts: list[Any] | None = None
+    shared_objective: Objective | None = field(default=None, repr=False)
+    """The objective the nodes of this process share (:meth:`node_objective`), once made."""
 
     def own_tests(self) -> dict[str, Any] | None:
         """Each worker's own test example indices by node id (a ``natural`` partition with
@@ -71,6 +73,21 @@ class RunSetup:
         """A fresh model (same initialization on every call) as a flat-parameter objective,
         computing its gradients as the run decided (:attr:`evaluator`'s mode)."""
         return make_objective(self.config, self.dataset, self.evaluator.rows.mode)
+
+    def node_objective(self) -> Objective:
+        """A node's objective: one shared by every node this set-up makes where the model
+        holds no state of its own (no buffers: BatchNorm's running statistics are a
+        node's), else a fresh one (:meth:`objective`). Nodes run their rounds one at a
+        time and every call loads the parameters it is given (the row path never reads the
+        module's), so a shared model computes each node's bits; a large model's module
+        parameters and gradients are then one copy a process, not two a peer."""
+        shared = self.shared_objective
+        if shared is not None:
+            return shared
+        objective = self.objective()
+        if next(objective.module.buffers(), None) is None:
+            self.shared_objective = objective
+        return objective
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -117,7 +134,7 @@ class RunSetup:
             node_id,
             algorithm=self.algorithm,
             graph=self.graph,
-            objective=self.objective(),
+            objective=self.node_objective(),
             stream=self.stream(i),
             transport=transport,
             options=self.options,
