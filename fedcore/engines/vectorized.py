@@ -26,6 +26,7 @@ Results are the same ``summary.json`` and ``metrics.jsonl`` as the message engin
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn import functional
 
 from fedcore.algorithms.base import local_step
 from fedcore.algorithms.batched import (
@@ -55,8 +57,9 @@ from fedcore.algorithms.optim import keep_rows
 from fedcore.compression import codec_options, codec_seed
 from fedcore.compression.batched import RowCodec, make_row_codec
 from fedcore.config import AUTO_RECORDS_NODES, Config
-from fedcore.errors import CompressionError, ConfigError, DataError
+from fedcore.errors import CompressionError, ConfigError
 from fedcore.evaluation import stacked_figures
+from fedcore.gradients import model_input
 from fedcore.metrics import (
     JsonlWriter,
     consensus_distance,
@@ -67,6 +70,7 @@ from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runtime import physical_memory
 from fedcore.setup import checkpoint
+from fedcore.setup.plan import size_text
 from fedcore.setup.prepare import RunSetup
 from fedcore.stacked_training import StackedBatches, StackedObjective
 
@@ -108,9 +112,10 @@ def unsupported(setup: RunSetup) -> str | None:
     if config.faults.active and not config.faults.announce:
         return "faults.announce = false loses messages silently, which needs deadline mode"
     codec = _row_codec(setup)
-    return algorithm_unsupported(
+    why = algorithm_unsupported(
         setup.algorithm, period=setup.graph.period, codec=codec, faults=config.faults.active
     )
+    return why if why is not None else memory_shortfall(setup)
 
 
 _SAID: set[str] = set()
@@ -177,8 +182,8 @@ class VectorizedNetwork:
     """Every node of ``setup`` as stacked tensors on ``device`` (see the module docstring).
 
     Raises:
-        ConfigError: :func:`unsupported` names a reason, or the device is unusable.
-        DataError: the stacked state would not fit in memory.
+        ConfigError: :func:`unsupported` names a reason (the stacked state would not fit
+            in memory, say), or the device is unusable.
     """
 
     def __init__(self, setup: RunSetup, *, device: torch.device) -> None:
@@ -203,7 +208,10 @@ class VectorizedNetwork:
         if isinstance(self.form, BatchedRule):  # what a rule's Rows.samples say
             held = [0 if setup.source is not None else len(p) for p in setup.parts]
             self.form.samples = torch.tensor(held, dtype=torch.float64, device=device)
-        _check_memory(self.n, self.d, self.start.element_size(), len(union), setup)
+        if len(graphs) > 1:  # a schedule: robust push-sum's totals are the union's edges
+            short = memory_shortfall(setup, edges=len(union))
+            if short is not None:
+                raise ConfigError(f"the vectorized engine cannot run this config: {short}.")
         self.graphs = [
             stack_graph(g, union=union if len(graphs) > 1 else None, device=device) for g in graphs
         ]
@@ -544,21 +552,81 @@ class _Counter:
         )
 
 
-def _check_memory(n: int, d: int, itemsize: int, union_edges: int, setup: RunSetup) -> None:
-    """Refuse a network whose stacked state would not fit in this machine's memory."""
+STATE_COPIES = 6
+"""Copies of the ``[N, d]`` stack a vectorized round holds at its peak, besides the
+activations: the parameters, an algorithm's state and step, the gradient, and the round's
+temporaries (measured: about 3 stacks over the state for ``femnist-cnn``; 14 for the MLP at
+10,000 peers, activations included: ``benchmarks/README.md``)."""
+
+ACTIVATION_COPIES = 3
+"""Copies of a batch's saved activations a gradient pass holds: those autograd keeps, their
+gradients in the backward pass, and the forward's temporaries."""
+
+PEER_OVERHEAD = 4 << 10
+"""Bytes a peer of the vectorized engine holds besides its rows: its stacked graph rows and
+per-edge tensors, per-node figures (3.3 KiB measured for logreg at 10,000 peers)."""
+
+
+def saved_bytes_per_example(setup: RunSetup) -> int:
+    """What one training example makes the model keep for its backward pass (the tensors
+    autograd saves, less the parameters), measured on two examples of the run's data: the
+    activations that grow with the batch and the peers."""
+    objective = setup.evaluator
+    module = copy.deepcopy(objective.module)  # its running statistics stay the evaluator's
+    module.train()
+    params = {p.data_ptr() for p in module.parameters()}
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        if t.data_ptr() not in params:
+            saved += t.numel() * t.element_size()
+        return t
+
+    x, y = setup.dataset.x_train[:2], setup.dataset.y_train[:2]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        functional.cross_entropy(module(model_input(x, objective.dtype)), y)
+    return -(-saved // max(1, len(y)))
+
+
+def memory_need(setup: RunSetup, *, edges: int | None = None) -> int:
+    """Bytes the vectorized engine needs for ``setup``: per peer, :data:`STATE_COPIES` of its
+    row and :data:`PEER_OVERHEAD`, and :data:`ACTIVATION_COPIES` of a batch's activations
+    (:func:`saved_bytes_per_example`) for every peer at once, or for one where the gradients
+    are one module per peer (mode ``module``); robust push-sum adds two float64 totals an
+    edge (``edges``: the graphs' union, default the graph's edges). An upper bound of the
+    measured peaks (``benchmarks/README.md``, models.py): 171 MiB a peer for femnist-cnn
+    (116 measured), 223 for resnet20 (149)."""
+    n = len(setup.graph.nodes)
+    row = setup.start.numel() * setup.start.element_size()
+    active = ACTIVATION_COPIES * setup.config.data.batch_size * saved_bytes_per_example(setup)
+    at_once = 1 if setup.evaluator.rows.mode == "module" else n
+    need = n * (STATE_COPIES * row + PEER_OVERHEAD) + at_once * active
+    if getattr(setup.algorithm, "robust", False):
+        count = edges if edges is not None else len(setup.graph.union().index_edges()[0])
+        need += 2 * count * setup.start.numel() * 8 * 2  # float64 totals at both ends, a copy
+    return need
+
+
+def memory_shortfall(setup: RunSetup, *, edges: int | None = None) -> str | None:
+    """Why the vectorized engine's state would not fit this machine's memory (one clause),
+    or None."""
     memory = physical_memory()
     if memory is None:
-        return
-    copies = 24  # parameters, gradients, state, decoded messages, temporaries (21 measured)
-    need = n * d * itemsize * copies
-    if getattr(setup.algorithm, "robust", False):
-        need += 2 * union_edges * d * 8 * 2  # float64 totals at both ends, and a copy
-    if need > memory:
-        raise DataError(
-            f"{n} stacked nodes of a {d:,}-parameter model need about {need / 2**30:.1f} GiB "
-            f"(robust push-sum adds two float64 totals per edge), more than this machine's "
-            f"{memory / 2**30:.1f} GiB. Use a smaller model or fewer nodes."
-        )
+        return None
+    need = memory_need(setup, edges=edges)
+    if need <= memory:
+        return None
+    d = setup.start.numel()
+    robust = (
+        " (robust push-sum adds two float64 totals an edge)"
+        if getattr(setup.algorithm, "robust", False)
+        else ""
+    )
+    return (
+        f"{len(setup.graph.nodes)} stacked peers of a {d:,}-parameter model need about "
+        f"{size_text(need)}{robust}, more than this machine's {size_text(memory)}"
+    )
 
 
 def evaluate_stacked(net: VectorizedNetwork, params: torch.Tensor) -> dict[str, Any]:
