@@ -57,6 +57,7 @@ from fedcore.registry import close_matches, did_you_mean
 __all__ = [
     "AUTO_RECORDS_NODES",
     "CODECS",
+    "COMPUTE_TIMES",
     "CONVEX_MODELS",
     "DATA_ENV",
     "DEVICES",
@@ -85,6 +86,7 @@ __all__ = [
     "OptimizerConfig",
     "RunConfig",
     "SimulateConfig",
+    "TimeConfig",
     "TopologyConfig",
     "TransportConfig",
     "config_from_dict",
@@ -99,9 +101,13 @@ __all__ = [
 ]
 
 
-TRACKING_KEYS = ("tensorboard", "csv")
-"""``[run]`` keys that say what a run writes beside its records (experiment tracking), not
-what runs: left out of the run fingerprint and of a run's name."""
+TRACKING_KEYS = ("tensorboard", "csv", "target_accuracy")
+"""``[run]`` keys that say what a run writes beside its records (experiment tracking and
+what the summary reports), not what runs: left out of the run fingerprint and of a run's
+name."""
+
+COMPUTE_TIMES = ("fixed", "lognormal", "pareto")
+"""How a peer's compute time of a local step is drawn (``time.compute``)."""
 
 PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "natural")
 """How training data is split across nodes (``data.partition``)."""
@@ -195,8 +201,9 @@ class RunConfig:
     ``tensorboard``: also write TensorBoard event files into ``<run>/tensorboard/`` (the
     round aggregates, evaluations, bytes, regret and the config as text; needs the
     ``tensorboard`` package: ``pip install 'fedcore[tensorboard]'``). ``csv``: also write
-    ``<run>/rounds.csv``, one row of round aggregates a round. Neither changes the run
-    (they are not part of its fingerprint).
+    ``<run>/rounds.csv``, one row of round aggregates a round. ``target_accuracy``: the
+    summary says when the average model first reached it. None of the three changes the
+    run (they are not part of its fingerprint).
     """
 
     name: str = ""
@@ -208,9 +215,18 @@ class RunConfig:
     local_steps: int = 1
     tensorboard: bool = False
     csv: bool = False
+    target_accuracy: float = 0.0
+    """The summary's ``time_to_target``: the first evaluation whose average-model accuracy
+    reaches it (round, and virtual seconds with ``[time]``); 0: not reported."""
 
     def __post_init__(self) -> None:
         """Validate ranges."""
+        _require(
+            0.0 <= self.target_accuracy <= 1.0,
+            "run.target_accuracy",
+            self.target_accuracy,
+            "must be an accuracy in [0, 1] (0: none)",
+        )
         _require(
             _is_int(self.seed) and 0 <= self.seed < 2**32,
             "run.seed",
@@ -767,6 +783,125 @@ class FaultsConfig:
         return Crash(node, at, back)
 
 
+
+def _seconds_table(key: str, table: object, *, positive: bool) -> None:
+    """Refuse a per-edge table of seconds or rates that is not ``{"u->v" = number}``."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{key} must be a table {{ \"u->v\" = number }}, got {_shown(table)}.")
+    for edge, value in table.items():
+        _edge(key, edge)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value) and (value > 0 if positive else value >= 0)
+        _require(ok, f"{key}.{edge!r}", value, "must be a number " + ("> 0" if positive else ">= 0"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeConfig:
+    """``[time]``: how long things take, in virtual seconds (:mod:`fedcore.timing`).
+
+    Compute: one local step of a peer takes ``step_s`` times the peer's speed factor times a
+    draw of ``compute`` (``"fixed"``: 1; ``"lognormal"``: mean 1, log-spread ``sigma``;
+    ``"pareto"``: mean 1, tail index ``alpha`` > 1, heavy-tailed). Speed factors: a share
+    ``slow_fraction`` of the peers (drawn by the keyed hash) is ``slow_factor`` times
+    slower, and ``speeds = { n3 = 4.0 }`` sets a peer's factor outright. ``compute_trace``:
+    a CSV file of ``node,seconds`` rows, each node's successive step times (cycled),
+    instead of the draws.
+
+    Links: a message takes ``latency_s`` plus its encoded bytes over ``bandwidth_mb_s``
+    (MiB/s; 0: unlimited), per edge ``edge_latency_s`` / ``edge_bandwidth_mb_s``
+    (``{ "n0->n1" = 0.5 }``); ``faults.delay_s`` adds its delay.
+
+    Availability: each peer alternates on and off periods of exponential length with means
+    ``on_s`` and ``off_s`` (both > 0 to switch it on), or the off windows of
+    ``availability_trace`` (a CSV of ``node,start_s,end_s`` rows). A peer starts a
+    computation only while on.
+
+    Every draw is a keyed hash of ``(run.seed, time.seed, node, step)``, so both engines
+    and every process see the same times. Unset (the default), time is not simulated
+    (every duration 0), except that ``fedcore simulate`` in deadline mode keeps a virtual
+    clock for its deadlines.
+    """
+
+    seed: int = 0
+    step_s: float = 0.0
+    compute: str = "fixed"
+    sigma: float = 1.0
+    alpha: float = 2.0
+    slow_fraction: float = 0.0
+    slow_factor: float = 10.0
+    speeds: Mapping[str, float] = field(default_factory=dict)
+    compute_trace: str = ""
+    latency_s: float = 0.0
+    bandwidth_mb_s: float = 0.0
+    edge_latency_s: Mapping[str, float] = field(default_factory=dict)
+    edge_bandwidth_mb_s: Mapping[str, float] = field(default_factory=dict)
+    on_s: float = 0.0
+    off_s: float = 0.0
+    availability_trace: str = ""
+
+    def __post_init__(self) -> None:
+        """Validate ranges."""
+        _int_range("time.seed", self.seed, 0, SEED_LIMIT - 1)
+        _choice("time.compute", self.compute, COMPUTE_TIMES)
+        for key in ("step_s", "latency_s", "bandwidth_mb_s", "on_s", "off_s"):
+            value = getattr(self, key)
+            _require(math.isfinite(value) and value >= 0, f"time.{key}", value, "must be >= 0")
+        _require(
+            math.isfinite(self.sigma) and 0 < self.sigma <= 10,
+            "time.sigma",
+            self.sigma,
+            "must be in (0, 10]",
+        )
+        _require(
+            math.isfinite(self.alpha) and 1 < self.alpha <= 100,
+            "time.alpha",
+            self.alpha,
+            "must be in (1, 100] (a Pareto tail with a finite mean)",
+        )
+        _require(
+            0 <= self.slow_fraction <= 1,
+            "time.slow_fraction",
+            self.slow_fraction,
+            "must be a share in [0, 1]",
+        )
+        _require(
+            math.isfinite(self.slow_factor) and self.slow_factor > 0,
+            "time.slow_factor",
+            self.slow_factor,
+            "must be > 0",
+        )
+        _require(
+            (self.on_s > 0) == (self.off_s > 0),
+            "time.off_s" if self.on_s > 0 else "time.on_s",
+            self.off_s if self.on_s > 0 else self.on_s,
+            "must be set with the other (time.on_s and time.off_s, both > 0: mean on and "
+            "off periods)",
+        )
+        _require(
+            not (self.on_s > 0 and self.availability_trace),
+            "time.availability_trace",
+            self.availability_trace,
+            "cannot be set with time.on_s and time.off_s (one source of availability)",
+        )
+        if not isinstance(self.speeds, Mapping):
+            raise ConfigError(f"time.speeds must be a table {{ node = factor }}, got {self.speeds!r}.")
+        for node, factor in self.speeds.items():
+            check_node_id(node, "time.speeds", ConfigError)
+            ok = isinstance(factor, int | float) and not isinstance(factor, bool)
+            _require(
+                ok and math.isfinite(factor) and factor > 0,
+                f"time.speeds.{node}",
+                factor,
+                "must be a number > 0 (the peer's compute time multiplier)",
+            )
+        _seconds_table("time.edge_latency_s", self.edge_latency_s, positive=False)
+        _seconds_table("time.edge_bandwidth_mb_s", self.edge_bandwidth_mb_s, positive=True)
+
+    @property
+    def active(self) -> bool:
+        """Whether any duration is set (a run then keeps a virtual clock)."""
+        return self != TimeConfig(seed=self.seed)
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimulateConfig:
     """``[simulate]``: how ``fedcore simulate`` runs a config in one process.
@@ -831,6 +966,7 @@ class Config:
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    time: TimeConfig = field(default_factory=TimeConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
 
     def __post_init__(self) -> None:
@@ -866,6 +1002,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "compression": CompressionConfig,
     "transport": TransportConfig,
     "faults": FaultsConfig,
+    "time": TimeConfig,
     "simulate": SimulateConfig,
 }
 
@@ -1025,6 +1162,9 @@ def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
                 part["nodes"] = sorted(part["nodes"])
             table["partitions"] = list(table["partitions"])
             table["crashes"] = list(table["crashes"])
+        if name == "time":
+            for key in ("speeds", "edge_latency_s", "edge_bandwidth_mb_s"):
+                table[key] = dict(sorted(table[key].items()))
         options = table.pop("options", None)
         if options:
             table.update(options)
@@ -1056,6 +1196,8 @@ PATH_KEYS: tuple[tuple[str, ...], ...] = (
     ("topology", "file"),
     ("transport", "tls", "dir"),
     ("data", "root"),
+    ("time", "compute_trace"),
+    ("time", "availability_trace"),
 )
 """The keys that hold a local path (as dotted paths split): :func:`load_config` makes them
 absolute, and the ``PATH`` of ``data.dataset = "folder:PATH"``. The data, stream and model
@@ -1156,6 +1298,11 @@ def fingerprint_json(config: Config, edges_json: Iterable[bytes]) -> str:
     tables["transport"].pop("tls", None)
     tables["topology"].pop("file", None)
     tables["data"].pop("root", None)
+    if not config.time.active:  # fingerprints of runs without [time] as they were
+        tables.pop("time", None)
+    else:  # the traces' contents are in the run's times, not where a host keeps them
+        tables["time"].pop("compute_trace", None)
+        tables["time"].pop("availability_trace", None)
     # json.dumps({"config": tables, "edges": edges}, sort_keys=True), written in parts.
     digest = hashlib.sha256(b'{"config": ')
     digest.update(json.dumps(tables, sort_keys=True, default=str).encode())

@@ -1,0 +1,401 @@
+"""Virtual time: how long each computation and message takes, and a run's clock.
+
+A :class:`TimeModel` answers, as pure functions of ``[time]`` and the keyed hash
+(:mod:`fedcore.counter_random`), the three durations a simulation needs:
+
+* :meth:`~TimeModel.compute_seconds`: one local step of a peer, ``step_s`` x the peer's
+  speed factor x a draw (fixed, lognormal or Pareto, each of mean 1), or a step time of
+  the user's trace;
+* :meth:`~TimeModel.transfer_seconds`: a message's latency plus its encoded bytes over
+  the link's bandwidth (plus the fault plan's delay, drawn by the plan);
+* :meth:`~TimeModel.available_from`: the first moment, from a given one, at which a peer
+  is on (alternating exponential on/off periods, or the off windows of a trace).
+
+Every draw is ``hash64(key, kind, node, step)`` with ``key = make_key("fedcore.time",
+run.seed, time.seed)``, never shared random state, so the vectorized engine (every peer at
+once), the message engine and an asynchronous event loop see the same durations.
+
+A :class:`RoundClock` turns them into the clock of a synchronous run (every peer's
+virtual time, a round at a time). A peer starts round ``t`` at its clock, waits until it
+is available, computes its local steps, then each phase sends at the time it is ready and
+waits for the messages it expects (the announced-lost ones excepted); a message arrives at
+its sender's ready time plus its transfer time. In deadline mode a receiver waits at most
+``deadline_s`` a phase: a message arriving later is *late* (it was sent, its bytes count,
+but the round goes on without it), and a receiver missing any expected message waits the
+whole deadline. So the lateness of every message is a function of the config alone, the
+same on both engines. A crashed peer's clock moves on with the latest peer of the round.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from fedcore import counter_random as keyed
+from fedcore.config import TimeConfig
+from fedcore.errors import ConfigError
+
+__all__ = ["PhaseTraffic", "RoundClock", "RoundTimes", "TimeModel", "read_trace"]
+
+_COMPUTE = keyed.string_id("compute")
+_SLOW = keyed.string_id("slow")
+_ON = keyed.string_id("on")
+_OFF = keyed.string_id("off")
+_F64 = torch.float64
+_MIB = float(2**20)
+
+
+def read_trace(path: str, columns: int, what: str) -> dict[str, list[tuple[float, ...]]]:
+    """The rows of a CSV trace, ``node,number[,number]`` (a header line is skipped), by
+    node in file order.
+
+    Raises:
+        ConfigError: the file is missing or a row is not a node id and ``columns`` finite
+            numbers >= 0.
+    """
+    try:
+        with Path(path).open(newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as exc:
+        raise ConfigError(f"{what} {path!r} cannot be read: {exc.strerror or exc}.") from None
+    out: dict[str, list[tuple[float, ...]]] = {}
+    for line, row in enumerate(rows, 1):
+        if not row or (line == 1 and not _numbers(row[1:])):
+            continue  # a blank line, or the header
+        values = _numbers(row[1:])
+        if len(row) != columns + 1 or values is None or any(v < 0 for v in values):
+            raise ConfigError(
+                f"{what} {path!r}, line {line}: expected node,{','.join(['seconds'] * columns)} "
+                f"(numbers >= 0), got {','.join(row)!r}."
+            )
+        out.setdefault(row[0].strip(), []).append(values)
+    if not out:
+        raise ConfigError(f"{what} {path!r} has no rows.")
+    return out
+
+
+def _numbers(cells: Sequence[str]) -> tuple[float, ...] | None:
+    try:
+        values = tuple(float(c) for c in cells)
+    except ValueError:
+        return None
+    return values if all(math.isfinite(v) for v in values) else None
+
+
+class TimeModel:
+    """The durations of one run (see the module docstring), over node indices into
+    ``nodes``."""
+
+    def __init__(self, time: TimeConfig, *, run_seed: int, nodes: Sequence[str]) -> None:
+        """Bind ``[time]`` to ``run_seed`` and the node order.
+
+        Raises:
+            ConfigError: ``[time]`` names a node that is not in ``nodes``, or a trace is
+                unreadable or misses a node.
+        """
+        self.time = time
+        self.nodes = tuple(nodes)
+        n = len(self.nodes)
+        self.n = n
+        index = {v: i for i, v in enumerate(self.nodes)}
+        self._index = index
+        self._key = keyed.make_key("fedcore.time", run_seed, time.seed)
+        self._words = keyed.string_ids(self.nodes, "cpu")
+        named = set(time.speeds)
+        for table in (time.edge_latency_s, time.edge_bandwidth_mb_s):
+            named |= {v.strip() for edge in table for v in edge.split("->")}
+        unknown = sorted(named - set(index))
+        if unknown:
+            raise ConfigError(f"[time] names nodes that are not in the graph: {', '.join(unknown)}.")
+        speed = torch.ones(n, dtype=_F64)
+        if time.slow_fraction > 0:
+            slow = keyed.uniform_tensor(self._key, _SLOW, self._words) < time.slow_fraction
+            speed[slow] = time.slow_factor
+        for node, factor in time.speeds.items():
+            speed[index[node]] = float(factor)
+        self.speed = speed
+        """``[N]`` float64: each peer's compute time multiplier."""
+        self._trace: tuple[torch.Tensor, torch.Tensor] | None = None
+        if time.compute_trace:
+            rows = read_trace(time.compute_trace, 1, "time.compute_trace")
+            absent = [v for v in self.nodes if v not in rows]
+            if absent:
+                raise ConfigError(
+                    f"time.compute_trace {time.compute_trace!r} has no rows of "
+                    f"{', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}; it needs "
+                    "every node's step times."
+                )
+            width = max(len(rows[v]) for v in self.nodes)
+            table = torch.zeros(n, width, dtype=_F64)
+            lengths = torch.zeros(n, dtype=torch.int64)
+            for i, v in enumerate(self.nodes):
+                seconds = [r[0] for r in rows[v]]
+                table[i, : len(seconds)] = torch.tensor(seconds, dtype=_F64)
+                lengths[i] = len(seconds)
+            self._trace = (table, lengths)
+        self._windows: torch.Tensor | None = None  # [N, W, 2] off windows of the trace
+        if time.availability_trace:
+            rows = read_trace(time.availability_trace, 2, "time.availability_trace")
+            extra = sorted(set(rows) - set(index))
+            if extra:
+                raise ConfigError(
+                    f"time.availability_trace names nodes that are not in the graph: "
+                    f"{', '.join(extra[:5])}."
+                )
+            merged = {v: _merge([(a, b) for a, b in rows[v] if b > a]) for v in rows}
+            width = max((len(w) for w in merged.values()), default=0)
+            windows = torch.full((n, max(width, 1), 2), math.inf, dtype=_F64)
+            for v, spans in merged.items():
+                if spans:
+                    windows[index[v], : len(spans)] = torch.tensor(spans, dtype=_F64)
+            self._windows = windows
+        # Alternating on/off periods: each node's current on period [start, end) and index.
+        self._cycle = torch.zeros(n, dtype=torch.int64)
+        self._on_start = torch.zeros(n, dtype=_F64)
+        self._on_end = self._period(_ON, torch.arange(n), self._cycle) if time.on_s > 0 else None
+        edge_tables = (time.edge_latency_s, time.edge_bandwidth_mb_s)
+        self._edges = [self._edge_table(t) for t in edge_tables]
+
+    @property
+    def timed(self) -> bool:
+        """Whether any duration can be non-zero."""
+        return self.time.active
+
+    def _edge_table(self, table: object) -> tuple[torch.Tensor, torch.Tensor] | None:
+        assert isinstance(table, dict) or hasattr(table, "items")
+        items = sorted(
+            (self._index[s.strip()] * self.n + self._index[r.strip()], float(v))
+            for s, r, v in ((*k.split("->"), v) for k, v in table.items())  # type: ignore[attr-defined]
+        )
+        if not items:
+            return None
+        codes = torch.tensor([c for c, _ in items], dtype=torch.int64)
+        return codes, torch.tensor([v for _, v in items], dtype=_F64)
+
+    def _per_edge(self, which: int, default: float, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        out = torch.full(src.shape, default, dtype=_F64)
+        table = self._edges[which]
+        if table is None or src.numel() == 0:
+            return out
+        codes, values = table
+        edges = src.to(torch.int64) * self.n + dst.to(torch.int64)
+        at = torch.searchsorted(codes, edges).clamp_(max=len(codes) - 1)
+        return torch.where(codes[at] == edges, values[at], out)
+
+    # --- durations ------------------------------------------------------------------------
+
+    def step_seconds(self, nodes: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """``[B]`` float64: the seconds of step ``steps[b]`` (each peer's own count of the
+        local steps it took) of the peer ``nodes[b]``."""
+        nodes = nodes.to(torch.int64)
+        steps = steps.to(torch.int64)
+        if self._trace is not None:
+            table, lengths = self._trace
+            at = torch.remainder(steps, lengths[nodes])
+            return table[nodes, at] * self.speed[nodes]
+        base = torch.full(nodes.shape, self.time.step_s, dtype=_F64) * self.speed[nodes]
+        kind = self.time.compute
+        if kind == "fixed" or self.time.step_s == 0:
+            return base
+        words = self._words[nodes]
+        if kind == "lognormal":
+            s = self.time.sigma
+            z = keyed.gaussian_tensor(self._key, _COMPUTE, words, steps)
+            return base * torch.exp(z * s - 0.5 * s * s)
+        # Pareto of mean 1: x_m u^(-1/alpha), x_m = (alpha - 1) / alpha, u in (0, 1].
+        a = self.time.alpha
+        u = 1.0 - keyed.uniform_tensor(self._key, _COMPUTE, words, steps)
+        return base * ((a - 1.0) / a) * torch.pow(u, -1.0 / a)
+
+    def compute_seconds(self, nodes: torch.Tensor, first: torch.Tensor, count: int) -> torch.Tensor:
+        """``[B]`` float64: the seconds of ``count`` local steps of each peer, from its step
+        ``first[b]`` on."""
+        total = torch.zeros(nodes.shape, dtype=_F64)
+        for k in range(count):
+            total += self.step_seconds(nodes, first + k)
+        return total
+
+    def transfer_seconds(
+        self, src: torch.Tensor, dst: torch.Tensor, nbytes: torch.Tensor
+    ) -> torch.Tensor:
+        """``[E]`` float64: each message's latency plus ``nbytes`` over its bandwidth."""
+        t = self.time
+        latency = self._per_edge(0, t.latency_s, src, dst)
+        bandwidth = self._per_edge(1, t.bandwidth_mb_s, src, dst)
+        seconds = nbytes.to(_F64) / (bandwidth * _MIB)
+        return latency + torch.where(bandwidth > 0, seconds, 0.0)
+
+    def available_from(self, nodes: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """``[B]`` float64: the first moment ``>= at[b]`` at which peer ``nodes[b]`` is on.
+
+        On/off periods are kept per peer as they are reached; a peer asked about an earlier
+        moment than before starts over from its first period (so the answers are a pure
+        function of the arguments)."""
+        at = at.to(_F64)
+        if self._windows is not None:
+            windows = self._windows[nodes.to(torch.int64)]
+            for w in range(windows.shape[1]):  # sorted, merged: one pass
+                inside = (windows[:, w, 0] <= at) & (at < windows[:, w, 1])
+                at = torch.where(inside, windows[:, w, 1], at)
+            return at
+        if self._on_end is None:
+            return at
+        nodes = nodes.to(torch.int64)
+        back = at < self._on_start[nodes]
+        if bool(back.any()):  # asked about the past: that peer starts over
+            again = nodes[back]
+            self._cycle[again] = 0
+            self._on_start[again] = 0.0
+            self._on_end[again] = self._period(_ON, again, self._cycle[again])
+        while True:
+            end = self._on_end[nodes]  # the end of the current on period
+            behind = at >= end
+            if not bool(behind.any()):
+                break
+            moving = torch.unique(nodes[behind])
+            k = self._cycle[moving]
+            start = self._on_end[moving] + self._period(_OFF, moving, k)
+            self._cycle[moving] = k + 1
+            self._on_start[moving] = start
+            self._on_end[moving] = start + self._period(_ON, moving, k + 1)
+        return torch.maximum(at, self._on_start[nodes])
+
+    def _period(self, kind: int, nodes: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Exponential on (``kind`` ``_ON``) or off durations of the peers' ``k``-th period."""
+        mean = self.time.on_s if kind == _ON else self.time.off_s
+        u = keyed.uniform_tensor(self._key, kind, self._words[nodes], k)
+        return -mean * keyed.log_tensor(1.0 - u)
+
+
+def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+class PhaseTraffic(NamedTuple):
+    """One phase's messages of a round, as :meth:`RoundClock.advance` reads them.
+
+    ``src``, ``dst``, ``nbytes``: every message the algorithm could send (``[M]``);
+    ``sent``: those that went on the wire (active, sender up, not lost by the fault plan);
+    ``expected``: those their receiver waits for (active, both ends up, not announced as
+    lost). A message expected but not sent is one lost silently (``faults.announce =
+    false``); ``delay``: the fault plan's extra seconds of each message (or ``None``).
+    """
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    nbytes: torch.Tensor
+    sent: torch.Tensor
+    expected: torch.Tensor
+    delay: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoundTimes:
+    """A round's clock: every peer's ``start``, ``compute`` and ``end`` seconds (``[N]``
+    float64) and, per phase, which messages were late (``[M]`` bool)."""
+
+    round: int
+    start: torch.Tensor
+    compute: torch.Tensor
+    end: torch.Tensor
+    late: tuple[torch.Tensor, ...]
+
+
+class RoundClock:
+    """The virtual clock of a synchronous run (see the module docstring)."""
+
+    def __init__(
+        self, model: TimeModel, *, steps: int = 1, deadline_s: float | None = None
+    ) -> None:
+        """Every peer at time 0; ``steps`` local steps a round; ``deadline_s``: deadline
+        mode's per-phase wait (``None``: strict mode, a peer waits for every expected
+        message)."""
+        self.model = model
+        self.steps = steps
+        self.deadline_s = deadline_s
+        n = model.n
+        self.clock = torch.zeros(n, dtype=_F64)
+        """``[N]``: each peer's time at the end of the last round advanced."""
+        self.busy = torch.zeros(n, dtype=_F64)
+        """``[N]``: each peer's seconds of computing so far."""
+        self.taken = torch.zeros(n, dtype=torch.int64)
+        """``[N]``: each peer's local steps so far (its step counter of the draws)."""
+        self.round = 0
+        """The next round to advance."""
+        self._all = torch.arange(n)
+
+    def advance(
+        self, t: int, up: torch.Tensor, training: torch.Tensor, phases: Sequence[PhaseTraffic]
+    ) -> RoundTimes:
+        """Advance every peer through round ``t`` (``up`` and ``training``: ``[N]`` bool)."""
+        if t != self.round:
+            raise ValueError(f"the clock is at round {self.round}, not {t}")
+        up = up.cpu()
+        training = training.cpu() & up
+        start = self.clock
+        model = self.model
+        compute = torch.zeros_like(start)
+        ready = start.clone()
+        rows = torch.nonzero(training).squeeze(1)
+        if rows.numel():
+            if model.timed:
+                began = model.available_from(rows, start[rows])
+                compute[rows] = model.compute_seconds(rows, self.taken[rows], self.steps)
+                ready[rows] = began + compute[rows]
+            self.taken[rows] += self.steps
+        late_masks: list[torch.Tensor] = []
+        deadline = self.deadline_s
+        for phase in phases:
+            src, dst = phase.src.cpu().to(torch.int64), phase.dst.cpu().to(torch.int64)
+            sent, expected = phase.sent.cpu(), phase.expected.cpu()
+            arrival = ready[src] + model.transfer_seconds(src, dst, phase.nbytes.cpu())
+            if phase.delay is not None:
+                arrival = arrival + phase.delay.cpu()
+            if deadline is None:
+                late = torch.zeros_like(sent)
+                waited = sent & expected
+            else:
+                limit = ready + deadline
+                late = sent & expected & (arrival > limit[dst])
+                waited = sent & expected & ~late
+            until = ready.clone()
+            if bool(waited.any()):
+                until.scatter_reduce_(0, dst[waited], arrival[waited], "amax")
+            if deadline is not None:
+                short = expected & ~(sent & ~late)  # a receiver without an expected message
+                if bool(short.any()):
+                    stuck = torch.zeros_like(up)
+                    stuck[dst[short]] = True
+                    until = torch.where(stuck, torch.maximum(until, ready + deadline), until)
+            ready = torch.where(up, until, ready)
+            late_masks.append(late)
+        if not bool(up.all()) and bool(up.any()):
+            ready = torch.where(up, ready, torch.maximum(ready, ready[up].max()))
+        self.clock = ready
+        self.busy = self.busy + compute
+        self.round = t + 1
+        return RoundTimes(t, start, compute, ready, tuple(late_masks))
+
+    def state_dict(self) -> dict[str, torch.Tensor | int]:
+        """The clock, for a checkpoint."""
+        return {"round": self.round, "clock": self.clock, "busy": self.busy, "taken": self.taken}
+
+    def load_state_dict(self, saved: dict[str, torch.Tensor | int]) -> None:
+        """Continue from :meth:`state_dict`."""
+        self.round = int(saved["round"])  # type: ignore[arg-type]
+        for key in ("clock", "busy", "taken"):
+            value = saved[key]
+            assert isinstance(value, torch.Tensor)
+            setattr(self, key, value.clone())
