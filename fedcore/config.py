@@ -783,16 +783,16 @@ class FaultsConfig:
         return Crash(node, at, back)
 
 
-
 def _seconds_table(key: str, table: object, *, positive: bool) -> None:
     """Refuse a per-edge table of seconds or rates that is not ``{"u->v" = number}``."""
     if not isinstance(table, Mapping):
-        raise ConfigError(f"{key} must be a table {{ \"u->v\" = number }}, got {_shown(table)}.")
+        raise ConfigError(f'{key} must be a table {{ "u->v" = number }}, got {_shown(table)}.')
     for edge, value in table.items():
         _edge(key, edge)
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         ok = ok and math.isfinite(value) and (value > 0 if positive else value >= 0)
-        _require(ok, f"{key}.{edge!r}", value, "must be a number " + ("> 0" if positive else ">= 0"))
+        bound = "> 0" if positive else ">= 0"
+        _require(ok, f"{key}.{edge!r}", value, f"must be a number {bound}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -884,7 +884,9 @@ class TimeConfig:
             "cannot be set with time.on_s and time.off_s (one source of availability)",
         )
         if not isinstance(self.speeds, Mapping):
-            raise ConfigError(f"time.speeds must be a table {{ node = factor }}, got {self.speeds!r}.")
+            raise ConfigError(
+                f"time.speeds must be a table {{ node = factor }}, got {_shown(self.speeds)}."
+            )
         for node, factor in self.speeds.items():
             check_node_id(node, "time.speeds", ConfigError)
             ok = isinstance(factor, int | float) and not isinstance(factor, bool)
@@ -901,6 +903,7 @@ class TimeConfig:
     def active(self) -> bool:
         """Whether any duration is set (a run then keeps a virtual clock)."""
         return self != TimeConfig(seed=self.seed)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimulateConfig:

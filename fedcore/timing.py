@@ -112,7 +112,9 @@ class TimeModel:
             named |= {v.strip() for edge in table for v in edge.split("->")}
         unknown = sorted(named - set(index))
         if unknown:
-            raise ConfigError(f"[time] names nodes that are not in the graph: {', '.join(unknown)}.")
+            raise ConfigError(
+                f"[time] names nodes that are not in the graph: {', '.join(unknown)}."
+            )
         speed = torch.ones(n, dtype=_F64)
         if time.slow_fraction > 0:
             slow = keyed.uniform_tensor(self._key, _SLOW, self._words) < time.slow_fraction
@@ -178,7 +180,9 @@ class TimeModel:
         codes = torch.tensor([c for c, _ in items], dtype=torch.int64)
         return codes, torch.tensor([v for _, v in items], dtype=_F64)
 
-    def _per_edge(self, which: int, default: float, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    def _per_edge(
+        self, which: int, default: float, src: torch.Tensor, dst: torch.Tensor
+    ) -> torch.Tensor:
         out = torch.full(src.shape, default, dtype=_F64)
         table = self._edges[which]
         if table is None or src.numel() == 0:
