@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -108,8 +108,8 @@ class TimeModel:
         self._key = keyed.make_key("fedcore.time", run_seed, time.seed)
         self._words = keyed.string_ids(self.nodes, "cpu")
         named = set(time.speeds)
-        for table in (time.edge_latency_s, time.edge_bandwidth_mb_s):
-            named |= {v.strip() for edge in table for v in edge.split("->")}
+        for per_edge in (time.edge_latency_s, time.edge_bandwidth_mb_s):
+            named |= {v.strip() for edge in per_edge for v in edge.split("->")}
         unknown = sorted(named - set(index))
         if unknown:
             raise ConfigError(
@@ -169,11 +169,10 @@ class TimeModel:
         """Whether any duration can be non-zero."""
         return self.time.active
 
-    def _edge_table(self, table: object) -> tuple[torch.Tensor, torch.Tensor] | None:
-        assert isinstance(table, dict) or hasattr(table, "items")
+    def _edge_table(self, table: Mapping[str, float]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        pairs = ((k.split("->"), float(v)) for k, v in table.items())
         items = sorted(
-            (self._index[s.strip()] * self.n + self._index[r.strip()], float(v))
-            for s, r, v in ((*k.split("->"), v) for k, v in table.items())  # type: ignore[attr-defined]
+            (self._index[s.strip()] * self.n + self._index[r.strip()], v) for (s, r), v in pairs
         )
         if not items:
             return None
@@ -398,7 +397,7 @@ class RoundClock:
 
     def load_state_dict(self, saved: dict[str, torch.Tensor | int]) -> None:
         """Continue from :meth:`state_dict`."""
-        self.round = int(saved["round"])  # type: ignore[arg-type]
+        self.round = int(saved["round"])
         for key in ("clock", "busy", "taken"):
             value = saved[key]
             assert isinstance(value, torch.Tensor)
