@@ -219,11 +219,13 @@ def round_record(
     bytes_sent: int,
     messages_missing: int,
     messages_dropped: int,
+    vtime: float | None = None,
 ) -> dict[str, Any]:
     """The network-wide line of one round in ``metrics.jsonl`` (``"kind": "round"``): mean
     loss over the nodes that ran it (``null`` when none did), nodes up, messages and bytes
-    that went, messages missing at receivers and lost by the fault plan."""
-    return {
+    that went, messages missing at receivers and lost by the fault plan, and (with a
+    virtual clock) ``vtime``, the virtual seconds at which the last node ended the round."""
+    record: dict[str, Any] = {
         "kind": "round",
         "round": round,
         "train_loss": None if math.isnan(train_loss) else train_loss,
@@ -233,6 +235,9 @@ def round_record(
         "messages_missing": messages_missing,
         "messages_dropped": messages_dropped,
     }
+    if vtime is not None:
+        record["vtime"] = vtime
+    return record
 
 
 def strict_json(value: Any) -> Any:

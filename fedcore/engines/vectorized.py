@@ -54,8 +54,6 @@ from fedcore.algorithms.batched import (
     unsupported as algorithm_unsupported,
 )
 from fedcore.algorithms.optim import keep_rows
-from fedcore.compression import codec_options, codec_seed
-from fedcore.compression.batched import RowCodec, make_row_codec
 from fedcore.config import AUTO_RECORDS_NODES, Config
 from fedcore.errors import CompressionError, ConfigError
 from fedcore.evaluation import stacked_figures
@@ -72,7 +70,9 @@ from fedcore.runtime import physical_memory
 from fedcore.setup import checkpoint
 from fedcore.setup.plan import size_text
 from fedcore.setup.prepare import RunSetup
+from fedcore.setup.virtual import phase_traffic, row_codec
 from fedcore.stacked_training import StackedBatches, StackedObjective
+from fedcore.timing import RoundTimes
 
 __all__ = ["VectorizedNetwork", "node_records_mode", "resolve_device", "unsupported"]
 
@@ -107,11 +107,12 @@ def node_records_mode(config: Config, nodes: int) -> str:
 def unsupported(setup: RunSetup) -> str | None:
     """Why the vectorized engine cannot run ``setup`` (one short clause), or None."""
     config = setup.config
-    if config.transport.mode == "deadline":
+    virtual = setup.clock is not None and setup.clock.deadline
+    if config.transport.mode == "deadline" and not virtual:
         return "deadline mode waits on wall-clock deadlines, which only the message engine models"
-    if config.faults.active and not config.faults.announce:
+    if config.faults.active and not config.faults.announce and not virtual:
         return "faults.announce = false loses messages silently, which needs deadline mode"
-    codec = _row_codec(setup)
+    codec = row_codec(setup)
     why = algorithm_unsupported(
         setup.algorithm, period=setup.graph.period, codec=codec, faults=config.faults.active
     )
@@ -127,26 +128,6 @@ def _say_once(note: str) -> None:
     if note not in _SAID:
         _SAID.add(note)
         logger.warning("%s", note)
-
-
-def _codec_seeds(seed: int, n: int) -> range:
-    """Every node's :func:`codec_seed`, as a range (consecutive seeds): no list of a
-    million ints to build for a deterministic codec that never reads them."""
-    first = codec_seed(seed, 0)
-    seeds = range(first, first + n)
-    assert n < 2 or codec_seed(seed, n - 1) == seeds[-1]
-    return seeds
-
-
-def _row_codec(setup: RunSetup) -> RowCodec:
-    c = setup.config.compression
-    seed = setup.config.run.seed
-    return make_row_codec(
-        c.codec,
-        seeds=_codec_seeds(seed, len(setup.graph.nodes)),
-        layers=setup.layers,
-        **codec_options(c),
-    )
 
 
 @dataclass(slots=True)
@@ -175,7 +156,10 @@ class RoundFigures:
     fp32: torch.Tensor
     missing_senders: torch.Tensor  # [N] bool: some message of the sender was missing
     idle: torch.Tensor  # [N] bool: up, but the algorithm had it compute no gradient
-    lost: tuple[tuple[Messages, torch.Tensor], ...] = ()  # per phase, with a fault plan
+    late: torch.Tensor  # [N] at the receiver: past the virtual deadline
+    vtime: torch.Tensor  # [N] float64: the virtual clock at the round's end (NaN: none)
+    compute: torch.Tensor  # [N] float64: virtual seconds computing
+    lost: tuple[tuple[Messages, torch.Tensor, bool], ...] = ()  # per phase: lost (or late)
 
 
 class VectorizedNetwork:
@@ -201,7 +185,7 @@ class VectorizedNetwork:
         self.start = setup.start.to(device)
         self.d = int(self.start.numel())
         self.dtype = self.start.dtype
-        self.codec = _row_codec(setup)
+        self.codec = row_codec(setup)
         self.form: BatchedAlgorithm = batched_form(
             setup.algorithm, codec=self.codec.name, itemsize=self.start.element_size()
         )
@@ -255,6 +239,7 @@ class VectorizedNetwork:
         self.read = np.zeros(self.n, dtype=np.int64)  # batches each node read (online streams)
         self.round = 0
         self.plan = setup.faults
+        self.clock = setup.clock
 
     def _size(self, n: int) -> int:
         """Bytes one encoded tensor of ``n`` values puts on the wire."""
@@ -367,23 +352,38 @@ class VectorizedNetwork:
         figures = _Counter(self.n, self.device)
         actives: list[torch.Tensor | None] = []
         by_round = getattr(self.form, "by_round", False)
+        sent: list[tuple[Messages, torch.Tensor | None, torch.Tensor | None]] = []
         for p, phase in enumerate(phases):
             m = phase.messages
             if by_round:  # the sizes of this round's messages
                 m = self.form.messages(p, graph, self._size, self.d, round=t)  # type: ignore[call-arg]
             active = self._active(p, t, graph)
             actives.append(active)
-            if self.plan is None:
-                ok = torch.ones_like(m.src, dtype=torch.bool) if active is None else active
-            else:
-                lost = self.plan.lost_mask(m.src, m.dst, t, len(arrived))
+            lost = None
+            if self.plan is not None:
+                lost = self.plan.lost_mask(m.src, m.dst, t, p)
                 if active is not None:
                     lost = lost & active
+            sent.append((m, active, lost))
+        times = None
+        if self.clock is not None:  # every phase's times first: a late message is missing
+            traffic = [phase_traffic(self.plan, *entry, up, t, p) for p, entry in enumerate(sent)]
+            times = self.clock.advance(t, up, training, traffic)
+        for p, (phase, (m, active, lost)) in enumerate(zip(phases, sent, strict=True)):
+            if lost is None:
+                ok = torch.ones_like(m.src, dtype=torch.bool) if active is None else active
+            else:
                 ok = ~lost if active is None else active & ~lost
                 phase.dropped += lost & up[m.src]
                 phase.missing += lost & up[m.dst]
                 figures.faults(m, lost & up[m.src], lost & up[m.dst])
-            if self.plan is None and active is None and not by_round:
+            late = None if times is None else times.late[p].to(self.device)
+            if late is not None and bool(late.any()):
+                phase.missing += late
+                figures.faults(m, torch.zeros_like(late), late, late=True)
+                figures.traffic(m, ok, received=ok & ~late)
+                ok = ok & ~late
+            elif lost is None and active is None and not by_round:
                 figures.add(phase.full)  # the same every round: counted once
             else:
                 figures.traffic(m, ok)
@@ -408,7 +408,7 @@ class VectorizedNetwork:
             raise
         self._checks.extend((t, *check) for check in ctx.deferred)
         self.round = t + 1
-        return figures.done(t, up, loss, idle)
+        return figures.done(t, up, loss, idle, times)
 
     def _trains(self, t: int) -> torch.Tensor | None:
         """``[N]`` bool: the nodes the algorithm has compute a gradient in round ``t``."""
@@ -498,22 +498,26 @@ class _Counter:
         z = torch.zeros(n, dtype=torch.long, device=device)
         self.n = n
         self.sent, self.bytes_sent, self.received, self.bytes_received = z, z, z, z
-        self.missing, self.dropped, self.fp32 = z, z, z
+        self.missing, self.dropped, self.fp32, self.late = z, z, z, z
         self.missing_senders = torch.zeros(n, dtype=torch.bool, device=device)
-        self.lost: list[tuple[Messages, torch.Tensor]] = []
+        self.lost: list[tuple[Messages, torch.Tensor, bool]] = []
 
     def _count(self, index: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         return torch.bincount(index, weights=weight, minlength=self.n).to(torch.long)
 
-    def traffic(self, m: Messages, ok: torch.Tensor | None) -> None:
-        """Count the messages ``ok`` marks as delivered (``None``: all of them)."""
+    def traffic(
+        self, m: Messages, ok: torch.Tensor | None, received: torch.Tensor | None = None
+    ) -> None:
+        """Count the messages ``ok`` marks as delivered (``None``: all of them), of which
+        ``received`` (default: the same) reached their receiver in time."""
         okl = torch.ones_like(m.src) if ok is None else ok.to(torch.long)
+        inl = okl if received is None else received.to(torch.long)
         self.sent = self.sent + self._count(m.src, okl.to(torch.float64))
         self.bytes_sent = self.bytes_sent + self._count(m.src, (m.nbytes * okl).to(torch.float64))
         self.fp32 = self.fp32 + self._count(m.src, (m.fp32 * okl).to(torch.float64))
-        self.received = self.received + self._count(m.dst, okl.to(torch.float64))
+        self.received = self.received + self._count(m.dst, inl.to(torch.float64))
         self.bytes_received = self.bytes_received + self._count(
-            m.dst, (m.nbytes * okl).to(torch.float64)
+            m.dst, (m.nbytes * inl).to(torch.float64)
         )
 
     def add(self, counts: _Counter) -> None:
@@ -524,18 +528,36 @@ class _Counter:
         self.received = self.received + counts.received
         self.bytes_received = self.bytes_received + counts.bytes_received
 
-    def faults(self, m: Messages, dropped: torch.Tensor, missing: torch.Tensor) -> None:
-        self.lost.append((m, dropped | missing))
+    def faults(
+        self, m: Messages, dropped: torch.Tensor, missing: torch.Tensor, *, late: bool = False
+    ) -> None:
+        """Count lost messages (``late``: messages past the virtual deadline, missing at
+        their receiver but sent)."""
+        self.lost.append((m, dropped | missing, late))
         self.dropped = self.dropped + self._count(m.src, dropped.to(torch.float64))
         self.missing = self.missing + self._count(m.dst, missing.to(torch.float64))
+        if late:
+            self.late = self.late + self._count(m.dst, missing.to(torch.float64))
         self.missing_senders = self.missing_senders | (
             self._count(m.src, missing.to(torch.float64)) > 0
         )
 
     def done(
-        self, t: int, up: torch.Tensor, loss: torch.Tensor, idle: torch.Tensor
+        self,
+        t: int,
+        up: torch.Tensor,
+        loss: torch.Tensor,
+        idle: torch.Tensor,
+        times: RoundTimes | None = None,
     ) -> RoundFigures:
+        if times is None:
+            vtime = compute = torch.full((self.n,), math.nan, dtype=torch.float64)
+        else:
+            vtime, compute = times.end, times.compute
         return RoundFigures(
+            late=self.late,
+            vtime=vtime,
+            compute=compute,
             round=t,
             up=up,
             loss=loss,
@@ -675,6 +697,9 @@ _COLUMNS = (
     "fp32",
     "missing_senders",
     "idle",
+    "late",
+    "vtime",
+    "compute",
 )
 
 
@@ -754,14 +779,16 @@ class Flusher:
                 for i, node in enumerate(nodes):
                     record = _node_record(node, t, i, lr, wall, stacked, k)
                     if i in lists and not record.down:
-                        missing, dropped_out = lists[i]
+                        missing, dropped_in, dropped_out = lists[i]
                         record = replace(
                             record,
                             missing=tuple(missing),
-                            dropped_in=tuple(missing),
+                            dropped_in=tuple(dropped_in),
                             dropped_out=tuple(dropped_out),
                         )
                     self.writer.write(record.to_json())
+            vtimes = stacked["vtime"][k]
+            timed = not bool(torch.isnan(vtimes[0]))
             self.last_loss = obs.end_round(
                 t,
                 live,
@@ -769,7 +796,11 @@ class Flusher:
                 bytes_sent=int(stacked["bytes_sent"][k].sum()),
                 missing=int(stacked["missing"][k].sum()),
                 dropped=int(stacked["dropped"][k].sum()),
+                vtime=float(vtimes.max()) if timed else None,
             )
+            if timed:
+                for node, c in zip(nodes, stacked["compute"][k].tolist(), strict=True):
+                    obs.busy[node] = obs.busy.get(node, 0.0) + c
             # Accounted once the round is complete: a run stopped before counts none of it.
             for key, column in (
                 ("messages_sent", "sent"),
@@ -777,6 +808,7 @@ class Flusher:
                 ("messages_received", "received"),
                 ("messages_missing", "missing"),
                 ("messages_dropped", "dropped"),
+                ("messages_late", "late"),
                 ("fp32_bytes_sent", "fp32"),
             ):
                 obs.totals[key] += int(stacked[column][k].sum())
@@ -790,29 +822,38 @@ class Flusher:
 
 def _fault_lists(
     figures: RoundFigures, up: torch.Tensor, nodes: tuple[str, ...]
-) -> dict[int, tuple[list[str], list[str]]]:
-    """Node index -> (senders missing at it, receivers it lost messages to) in one round,
-    phase by phase, each in node order (what a node record lists)."""
-    lists: dict[int, tuple[list[str], list[str]]] = {}
-    for messages, lost in figures.lost:
+) -> dict[int, tuple[list[str], list[str], list[str]]]:
+    """Node index -> (senders missing at it, those the fault plan lost, receivers it lost
+    messages to) in one round, phase by phase, each in node order (what a node record
+    lists); a late message is missing, not lost."""
+    lists: dict[int, tuple[list[str], list[str], list[str]]] = {}
+    for messages, lost, late in figures.lost:
         src, dst = messages.src.cpu(), messages.dst.cpu()
         hit = torch.nonzero(lost.cpu()).flatten()
         pairs = sorted(zip(src[hit].tolist(), dst[hit].tolist(), strict=True))
         for u, v in sorted(pairs, key=lambda p: (p[1], p[0])):
             if up[v]:
-                lists.setdefault(v, ([], []))[0].append(nodes[u])
+                entry = lists.setdefault(v, ([], [], []))
+                entry[0].append(nodes[u])
+                if not late:
+                    entry[1].append(nodes[u])
         for u, v in pairs:
-            if up[u]:
-                lists.setdefault(u, ([], []))[1].append(nodes[v])
+            if up[u] and not late:
+                lists.setdefault(u, ([], [], []))[2].append(nodes[v])
     return lists
 
 
 def _node_record(
     node: str, t: int, i: int, lr: float, wall: float, stacked: Mapping[str, Any], k: int
 ) -> RoundRecord:
+    vtime = float(stacked["vtime"][k][i])
     if not bool(stacked["up"][k][i]):
-        return RoundRecord.down_round(node, t, lr=lr, wall_s=wall)
+        down = RoundRecord.down_round(node, t, lr=lr, wall_s=wall)
+        return down if math.isnan(vtime) else replace(down, vtime=vtime)
     return RoundRecord(
+        messages_late=int(stacked["late"][k][i]),
+        vtime=None if math.isnan(vtime) else vtime,
+        compute_s=float(stacked["compute"][k][i]),
         node=node,
         round=t,
         loss=float(stacked["loss"][k][i]),
@@ -822,7 +863,6 @@ def _node_record(
         messages_received=int(stacked["received"][k][i]),
         bytes_received=int(stacked["bytes_received"][k][i]),
         messages_missing=int(stacked["missing"][k][i]),
-        messages_late=0,
         messages_rejected=0,
         missing=(),
         wall_s=wall,

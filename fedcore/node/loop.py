@@ -9,7 +9,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -53,6 +53,17 @@ def _retrieve(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
+class VirtualClock(Protocol):
+    """What a node asks of a simulation's virtual clock
+    (:class:`~fedcore.setup.virtual.SharedClock`)."""
+
+    def late(self, receiver: str, t: int, phase: int) -> frozenset[str]:
+        """The senders whose message of ``(t, phase)`` reaches ``receiver`` too late."""
+
+    def node_times(self, node: str, t: int) -> tuple[float, float]:
+        """``(clock at the end of round t, seconds computing in it)`` of ``node``."""
+
+
 class Node(MessageIntake):
     """One peer: its algorithm state, data, model and transport endpoint.
 
@@ -93,8 +104,11 @@ class Node(MessageIntake):
         observer: Callable[[Node, RoundRecord], None] | None = None,
         decode_cache: DecodeCache | None = None,
         faults: FaultPlan | None = None,
+        clock: VirtualClock | None = None,
     ) -> None:
-        """Initialise the algorithm state from ``params``."""
+        """Initialise the algorithm state from ``params``. ``clock``: a simulation's virtual
+        clock; the node then waits for exactly the messages the fault plan did not lose
+        and leaves out those the clock says came after the deadline (no wall-clock waits)."""
         self.id = node_id
         self.algorithm = algorithm
         self.graph = graph
@@ -117,6 +131,7 @@ class Node(MessageIntake):
         self.batches_read = 0  # from the stream (a crashed round reads none); for checkpoints
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
         self.faults = faults
+        self.clock = clock
         self._unreachable: set[str] = set()  # peers whose last send failed (logged once)
         # Deadline mode: the send on its way to each receiver (task, message, its fp32
         # size, 0 if the fault plan lost it).
@@ -205,14 +220,27 @@ class Node(MessageIntake):
         fp32 = 0
         unreachable: list[str] = []
         dropped_out: list[str] = []
+        late = 0
         for phase in range(self.algorithm.phases):
             fp32 += await self._send(outbox, t, phase, unreachable, dropped_out)
             expected = self.algorithm.expected_senders(phase, ctx)
-            lost = [] if faults is None else faults.announced_lost(self.id, t, phase, expected)
+            if faults is None:
+                lost = []
+            elif self.clock is not None:  # the simulation knows every loss, announced or not
+                lost = [s for s in expected if faults.lost(s, self.id, t, phase) is not None]
+            else:
+                lost = faults.announced_lost(self.id, t, phase, expected)
             dropped_in.extend(lost)
             inbox = await self._collect(t, phase, expected, lost, ctx, missing, rejected)
+            if self.clock is not None:
+                after = self.clock.late(self.id, t, phase)
+                for sender in [s for s in expected if s in after and s in inbox]:
+                    del inbox[sender]  # sent, but past the deadline: missing, and late
+                    missing.append(sender)
+                    late += 1
             self.state, outbox = self.algorithm.mix(self.state, phase, inbox, step_ctx)
         self.round = t + 1
+        vtime, compute_s = (None, 0.0) if self.clock is None else self.clock.node_times(self.id, t)
         record = RoundRecord(
             node=self.id,
             round=t,
@@ -223,7 +251,7 @@ class Node(MessageIntake):
             messages_received=stats.messages_received - before[2],
             bytes_received=stats.bytes_received - before[3],
             messages_missing=len(missing),
-            messages_late=stats.messages_late - before[4],
+            messages_late=stats.messages_late - before[4] + late,
             messages_rejected=stats.messages_rejected - before[5] + rejected[0],
             missing=tuple(missing),
             wall_s=time.perf_counter() - began,
@@ -233,6 +261,8 @@ class Node(MessageIntake):
             fp32_bytes_sent=fp32,
             unreachable=tuple(dict.fromkeys(unreachable)),
             idle=idle,
+            vtime=vtime,
+            compute_s=compute_s,
         )
         if self.observer is not None:
             self.observer(self, record)
@@ -255,6 +285,8 @@ class Node(MessageIntake):
         """A crashed round: no step, no message; the state waits for the node's return."""
         self.round = t + 1
         record = RoundRecord.down_round(self.id, t, lr=lr, wall_s=time.perf_counter() - began)
+        if self.clock is not None:
+            record = dataclasses.replace(record, vtime=self.clock.node_times(self.id, t)[0])
         if self.observer is not None:
             self.observer(self, record)
         return record
@@ -299,7 +331,7 @@ class Node(MessageIntake):
                 nbytes=entry[1],
             )
             messages.append((message, sum(4 * math.prod(e.shape) for e in entry[0].values())))
-        if self.options.mode == "strict":
+        if self.options.mode == "strict" or self.clock is not None:
             fp32 = 0
             for message, size in messages:
                 went = self._went(message, size, dropped_out)
@@ -384,6 +416,8 @@ class Node(MessageIntake):
         """The decoded inbox; ``lost``: senders fault injection lost (not waited for)."""
         strict = self.options.mode == "strict"
         timeout = self.options.strict_timeout_s if strict else self.options.deadline_s
+        if self.clock is not None:  # every message not lost arrives in a simulation
+            timeout = self.options.strict_timeout_s
         awaited = [s for s in expected if s not in lost] if lost else expected
         messages = await self.transport.collect(t, phase, awaited, timeout)
         inbox: dict[str, Payload] = {}

@@ -42,12 +42,20 @@ class RoundRecord:
     idle: bool = False
     """The node took no training step this round (a server, or a worker the round did not
     sample: its algorithm's ``trains`` said no); ``loss`` is NaN. Written only when set."""
+    vtime: float | None = None
+    """The node's virtual clock at the end of the round, in seconds (a simulation's
+    :class:`~fedcore.timing.RoundClock`, or the event engine's); None: no virtual time (a
+    run over gRPC). Written only when set, with ``compute_s``."""
+    compute_s: float = 0.0
+    """Virtual seconds the node computed in the round (it waited for the rest)."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as one ``metrics.jsonl`` line (``kind = "node"``; strict JSON)."""
         line = asdict(self)
         if not self.idle:
             del line["idle"]
+        if self.vtime is None:
+            del line["vtime"], line["compute_s"]
         for key in ("missing", "dropped_out", "dropped_in", "unreachable"):
             line[key] = list(line[key])
         if math.isnan(self.loss):

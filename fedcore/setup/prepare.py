@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from fedcore.streams import Batches, OnlineSource
 from fedcore.topology import Topology
 from fedcore.transport import Transport
 from fedcore.transport.faults import FaultyTransport
+
+if TYPE_CHECKING:
+    from fedcore.setup.virtual import SharedClock
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,9 @@ class RunSetup:
     faults: FaultPlan | None = None
     source: OnlineSource | None = None
     test_parts: list[Any] | None = None
+    clock: SharedClock | None = field(default=None, repr=False)
+    """A simulation's virtual clock (:func:`~fedcore.setup.virtual.virtual_clock`), which
+    :meth:`make_node` gives every node; None on a gRPC peer and without ``[time]``."""
     shared_objective: Objective | None = field(default=None, repr=False)
     """The objective the nodes of this process share (:meth:`node_objective`), once made."""
 
@@ -128,7 +134,7 @@ class RunSetup:
         a :class:`FaultyTransport` of it (which loses the plan's messages on the wire).
         """
         if self.faults is not None:
-            transport = FaultyTransport(transport, self.faults)
+            transport = FaultyTransport(transport, self.faults, delays=self.clock is None)
         i = self.graph.index(node_id)
         return Node(
             node_id,
@@ -148,6 +154,7 @@ class RunSetup:
             observer=observer,
             decode_cache=decode_cache,
             faults=self.faults,
+            clock=self.clock,
         )
 
 

@@ -254,6 +254,13 @@ class RunObserver:
         # it, or while no node ran a round), the last DIVERGING_WINDOW rounds' losses.
         self.first_loss: float | None = None
         self.recent_losses: list[float] = []
+        # Virtual time (a simulation's clock): the run's, each node's seconds computing,
+        # each pending round's latest end, and the first evaluation at the target accuracy.
+        self.vtime: float | None = None
+        self.busy: dict[str, float] = {}
+        self._round_vtime: dict[int, float] = {}
+        self.target = config.run.target_accuracy
+        self.target_hit: dict[str, Any] | None = None
 
     _STATE = (
         "totals",
@@ -269,6 +276,9 @@ class RunObserver:
         "rounds_done",
         "first_loss",
         "recent_losses",
+        "vtime",
+        "busy",
+        "target_hit",
     )
 
     def state_dict(self) -> dict[str, Any]:
@@ -330,6 +340,9 @@ class RunObserver:
         counts[0] += record.messages_sent
         counts[1] += record.messages_missing
         counts[2] += record.messages_dropped
+        if record.vtime is not None:
+            self._round_vtime[t] = max(self._round_vtime.get(t, record.vtime), record.vtime)
+            self.busy[record.node] = self.busy.get(record.node, 0.0) + record.compute_s
         if model is not None:
             self._snapshots.setdefault(t, {})[record.node] = model
         if len(self._round_loss[t]) == self.n:
@@ -345,6 +358,7 @@ class RunObserver:
             bytes_sent=self._round_bytes.pop(t),
             missing=missing,
             dropped=dropped,
+            vtime=self._round_vtime.pop(t, None),
         )
         snapshots = self._snapshots.pop(t, None)
         if snapshots is not None and len(snapshots) == self.n:
@@ -370,13 +384,17 @@ class RunObserver:
         bytes_sent: int,
         missing: int,
         dropped: int,
+        vtime: float | None = None,
     ) -> float:
         """Account round ``t`` as complete, every node's record observed (the vectorized
         engine's :class:`~fedcore.engines.vectorized.Flusher` calls this itself), and
-        write its ``"kind": "round"`` record; ``losses`` are the up nodes'. Returns the
-        round's training loss (NaN when every node was down)."""
+        write its ``"kind": "round"`` record; ``losses`` are the up nodes'; ``vtime``: the
+        virtual time at which the round ended (a simulation's clock). Returns the round's
+        training loss (NaN when every node was down)."""
         train_loss = sum(losses) / len(losses) if losses else math.nan
         self._bytes_done += bytes_sent
+        if vtime is not None:
+            self.vtime = vtime
         if self.writer is not None or self.tracker is not None:
             record = round_record(
                 t,
@@ -386,6 +404,7 @@ class RunObserver:
                 bytes_sent=bytes_sent,
                 messages_missing=missing,
                 messages_dropped=dropped,
+                vtime=vtime,
             )
             if self.writer is not None:
                 self.writer.write(record)
@@ -450,6 +469,16 @@ class RunObserver:
             "bytes_sent_per_node": self._bytes_done / self.n,
             **result,
         }
+        if self.vtime is not None:
+            record["vtime"] = self.vtime
+        accuracy = result.get("avg_model_accuracy")
+        if (
+            self.target > 0
+            and self.target_hit is None
+            and accuracy is not None
+            and accuracy >= self.target
+        ):
+            self.target_hit = {"round": t, "vtime": self.vtime, "accuracy": accuracy}
         self.evals.append(record)
         if self.regret is not None:  # the rounds since the last evaluation, once
             self.regret.update(self.losses, [e["round"] for e in self.evals])
@@ -584,6 +613,30 @@ def _digests(final: Mapping[str, torch.Tensor], nodes: Sequence[str]) -> dict[st
     return {"params_sha256_all": all_params_sha256(final[nid] for nid in nodes)}
 
 
+def _time_figures(config: Config, observer: RunObserver) -> dict[str, Any]:
+    """The summary's virtual time (``virtual_seconds``, each node's ``utilisation``: the
+    share of the run's virtual time it computed) and ``time_to_target`` (the first
+    evaluation at ``run.target_accuracy``: round, virtual seconds, accuracy; ``null`` if
+    never reached); each only where the run has it."""
+    out: dict[str, Any] = {}
+    if observer.vtime is not None:
+        span = observer.vtime
+        shares = {
+            n: (observer.busy.get(n, 0.0) / span if span > 0 else None) for n in observer.nodes
+        }
+        known = [v for v in shares.values() if v is not None]
+        out["time"] = {
+            "virtual_seconds": span,
+            "mean_utilisation": sum(known) / len(known) if known else None,
+            "min_utilisation": min(known) if known else None,
+        }
+        if len(observer.nodes) <= NODE_MAPS_NODES:
+            out["time"]["utilisation"] = shares
+    if config.run.target_accuracy > 0:
+        out["time_to_target"] = observer.target_hit
+    return out
+
+
 def _ranges(rounds: Sequence[int]) -> list[list[int]]:
     """Sorted rounds as inclusive ``[first, last]`` runs: [3, 4, 5, 9] -> [[3, 5], [9, 9]]."""
     out: list[list[int]] = []
@@ -677,6 +730,7 @@ def make_summary(
             "missing_per_edge": dict(sorted(observer.missing_edges.items())),
             "down_rounds": {n: _ranges(r) for n, r in sorted(observer.down.items())},
         },
+        **_time_figures(config, observer),
         **_digests(final_params, observer.nodes),
         "regret": [{k: v for k, v in r.items() if k != "kind"} for r in regret or []],
     }

@@ -37,6 +37,7 @@ from fedcore.runtime import auto_threads, threads_sleep
 from fedcore.setup import checkpoint
 from fedcore.setup.plan import planned_nodes
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
+from fedcore.setup.virtual import virtual_clock
 from fedcore.simulation.results import (
     CHECKPOINTS,
     RunObserver,
@@ -133,6 +134,7 @@ def simulate(
     stream = progress_stream if progress_stream is not None else sys.stderr
     with announce_if_slow(stream if show_progress else None, planned_nodes(config)):
         setup = prepare_run(config, hosts_all=True)
+    setup.clock = virtual_clock(setup)
     seed_torch(config)
     engine, why = choose_engine(setup, config.simulate.engine)
     if why is not None:
@@ -211,6 +213,7 @@ def resume(
         )
     config = load_config(out / "config.toml")
     setup = prepare_run(config, hosts_all=True)
+    setup.clock = virtual_clock(setup)
     seed_torch(config)
     saved = checkpoint.latest(out / CHECKPOINTS)
     if saved is not None and saved.get("kind") != "simulate":

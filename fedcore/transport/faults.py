@@ -34,10 +34,12 @@ class FaultyTransport:
     Counts into the inner transport's ``stats`` (one set of counters for the metrics).
     """
 
-    def __init__(self, inner: Transport, plan: FaultPlan) -> None:
-        """Wrap ``inner`` (this node's endpoint)."""
+    def __init__(self, inner: Transport, plan: FaultPlan, *, delays: bool = True) -> None:
+        """Wrap ``inner`` (this node's endpoint); ``delays``: wait out the plan's delays
+        (a simulation's virtual clock counts them instead)."""
         self.inner = inner
         self.plan = plan
+        self.delays = delays
         self.node_id = inner.node_id
         self.stats: TransportStats = inner.stats
 
@@ -47,7 +49,7 @@ class FaultyTransport:
         if self.plan.lost(*coords) is not None:
             self.stats.messages_dropped += 1
             return
-        wait = self.plan.delay(*coords)
+        wait = self.plan.delay(*coords) if self.delays else 0.0
         if wait > 0:
             await asyncio.sleep(wait)
         await self.inner.send(message)

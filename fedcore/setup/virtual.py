@@ -1,0 +1,223 @@
+"""A simulated run's virtual clock, shared by both engines (:class:`SharedClock`).
+
+``fedcore simulate`` keeps one :class:`~fedcore.timing.RoundClock` for the whole network
+when the config has ``[time]`` or runs in deadline mode (:func:`virtual_clock`). The
+vectorized engine advances it with the traffic it computes anyway (:func:`phase_traffic`
+of its messages and masks); the message engine's nodes ask it, one row at a time, which of
+their in-neighbours' messages are late (:meth:`SharedClock.late`) and what their clock
+says (:meth:`SharedClock.node_times`), and it advances itself with the same traffic,
+derived from the algorithm's batched form exactly as the vectorized engine derives it. So
+both engines see the same times and the same late messages, by construction.
+
+In deadline mode the clock replaces wall-clock waits in a simulation: a message later than
+``transport.deadline_s`` (virtual seconds) is late, deterministically, so deadline mode runs
+on the vectorized engine too. Real peers (``fedcore node``) keep wall-clock deadlines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from fedcore.algorithms.batched import (
+    BatchedRule,
+    Messages,
+    batched_form,
+    has_batched_form,
+    stack_graph,
+)
+from fedcore.compression import codec_options, codec_seed
+from fedcore.compression.batched import RowCodec, make_row_codec
+from fedcore.errors import ConfigError
+from fedcore.faults import FaultPlan
+from fedcore.timing import PhaseTraffic, RoundClock, RoundTimes, TimeModel
+
+if TYPE_CHECKING:
+    from fedcore.setup.prepare import RunSetup
+
+__all__ = ["SharedClock", "phase_traffic", "row_codec", "virtual_clock"]
+
+_KEPT = 4
+"""Rounds of times the clock keeps for the nodes' questions (they run at most a round or
+two apart in the message engine)."""
+
+
+def row_codec(setup: RunSetup) -> RowCodec:
+    """Every node's codec of ``setup``, batched (whose ``nbytes`` sizes the messages)."""
+    c = setup.config.compression
+    n = len(setup.graph.nodes)
+    first = codec_seed(setup.config.run.seed, 0)
+    seeds = range(first, first + n)  # consecutive seeds: no list of a million ints
+    assert n < 2 or codec_seed(setup.config.run.seed, n - 1) == seeds[-1]
+    return make_row_codec(c.codec, seeds=seeds, layers=setup.layers, **codec_options(c))
+
+
+def phase_traffic(
+    plan: FaultPlan | None,
+    m: Messages,
+    active: torch.Tensor | None,
+    lost: torch.Tensor | None,
+    up: torch.Tensor,
+    t: int,
+    phase: int,
+) -> PhaseTraffic:
+    """One phase's :class:`~fedcore.timing.PhaseTraffic` from what an engine knows of it:
+    the messages, the algorithm's ``active`` mask (``None``: all), the fault plan's
+    ``lost`` mask (``None``: no plan) and the nodes that are ``up``."""
+    every = torch.ones_like(m.src, dtype=torch.bool) if active is None else active
+    if lost is None:
+        return PhaseTraffic(m.src, m.dst, m.nbytes, every, every)
+    assert plan is not None
+    sent = every & ~lost
+    # Announced: a receiver waits for no lost message. Silent: it waits for every message
+    # of an up sender it would have heard (it cannot tell a crashed one either).
+    expected = sent if plan.announce else every & up[m.dst]
+    delay = None
+    if plan.faults.delay_s > 0:
+        delay = plan.faults.delay_s * plan.uniform_edges("delay", m.src, m.dst, t, phase)
+    return PhaseTraffic(m.src, m.dst, m.nbytes, sent, expected, delay)
+
+
+def virtual_clock(setup: RunSetup) -> SharedClock | None:
+    """The clock of a simulation of ``setup``: with ``[time]`` or in deadline mode, else
+    None (no virtual time).
+
+    Raises:
+        ConfigError: the algorithm has no batched form (a user's per-message algorithm),
+            whose messages the clock cannot size.
+    """
+    config = setup.config
+    if not (config.time.active or config.transport.mode == "deadline"):
+        return None
+    if not has_batched_form(setup.algorithm):
+        raise ConfigError(
+            f"virtual time ([time], or deadline mode in a simulation) needs an algorithm "
+            f"written as an update rule; {setup.algorithm.name!r} follows the per-message "
+            "protocol. Drop [time] and use transport.mode = 'strict'."
+        )
+    return SharedClock(setup)
+
+
+@dataclass(slots=True)
+class _Round:
+    times: RoundTimes
+    edges: list[tuple[torch.Tensor, torch.Tensor]]  # per phase: the messages' ends
+
+
+class SharedClock:
+    """The virtual clock of one simulated network (see the module docstring)."""
+
+    def __init__(self, setup: RunSetup) -> None:
+        """Size the run's messages as the vectorized engine does."""
+        config = setup.config
+        self.nodes = setup.graph.nodes
+        self.n = len(self.nodes)
+        self._index = {v: i for i, v in enumerate(self.nodes)}
+        self.plan = setup.faults
+        deadline = config.transport.deadline_s if config.transport.mode == "deadline" else None
+        self.model = TimeModel(config.time, run_seed=config.run.seed, nodes=self.nodes)
+        self.clock = RoundClock(self.model, steps=config.run.local_steps, deadline_s=deadline)
+        self.codec = row_codec(setup)
+        self.d = int(setup.start.numel())
+        self.dtype = setup.start.dtype
+        form = batched_form(
+            setup.algorithm, codec=self.codec.name, itemsize=setup.start.element_size()
+        )
+        assert isinstance(form, BatchedRule)
+        held = [0 if setup.source is not None else len(p) for p in setup.parts]
+        form.samples = torch.tensor(held, dtype=torch.float64)
+        cpu = torch.device("cpu")
+        period = setup.graph.period
+        self.graphs = [stack_graph(setup.graph.at(t), device=cpu) for t in range(period)]
+        form.use_graphs(self.graphs)
+        self.form = form
+        self._rounds: dict[int, _Round] = {}
+        self._late: dict[tuple[int, int], dict[str, frozenset[str]]] = {}
+
+    @property
+    def deadline(self) -> bool:
+        """Whether the clock decides lateness (deadline mode)."""
+        return self.clock.deadline_s is not None
+
+    def _size(self, n: int) -> int:
+        return self.codec.nbytes(n, self.dtype)
+
+    def traffic(self, t: int) -> tuple[torch.Tensor, torch.Tensor, list[PhaseTraffic]]:
+        """``(up, training, phases)`` of round ``t``, as the vectorized engine derives them."""
+        plan = self.plan
+        up = torch.ones(self.n, dtype=torch.bool) if plan is None else ~plan.down_mask(t)
+        trains = self.form.trains(t, self.nodes, torch.device("cpu"))
+        training = up if trains is None else up & trains
+        graph = self.graphs[t % len(self.graphs)]
+        phases = []
+        for p in range(self.form.phases):
+            m = self.form.messages(p, graph, self._size, self.d, round=t)
+            active = self.form.active(p, t, graph, self.nodes)
+            lost = None if plan is None else plan.lost_mask(m.src, m.dst, t, p)
+            if lost is not None and active is not None:
+                lost = lost & active
+            phases.append(phase_traffic(plan, m, active, lost, up, t, p))
+        return up, training, phases
+
+    def advance(
+        self, t: int, up: torch.Tensor, training: torch.Tensor, phases: Sequence[PhaseTraffic]
+    ) -> RoundTimes:
+        """Round ``t``'s times, given its traffic (the vectorized engine's); the rounds
+        before it first, from :meth:`traffic` (a resumed run)."""
+        self._reach(t)
+        return self._advance(t, up, training, phases)
+
+    def _advance(
+        self, t: int, up: torch.Tensor, training: torch.Tensor, phases: Sequence[PhaseTraffic]
+    ) -> RoundTimes:
+        times = self.clock.advance(t, up, training, phases)
+        edges = [(p.src.cpu(), p.dst.cpu()) for p in phases]
+        self._rounds[t] = _Round(times, edges)
+        for old in [r for r in self._rounds if r <= t - _KEPT]:
+            del self._rounds[old]
+        return times
+
+    def _reach(self, t: int) -> None:
+        """Advance the clock from its own traffic up to (not including) round ``t``."""
+        if t < self.clock.round:
+            raise ValueError(f"the clock is past round {t} (at {self.clock.round})")
+        while self.clock.round < t:
+            r = self.clock.round
+            self._advance(r, *self.traffic(r))
+
+    def times(self, t: int) -> RoundTimes:
+        """Round ``t``'s times (advancing the clock as far as that)."""
+        kept = self._rounds.get(t)
+        if kept is None:
+            self._reach(t + 1)
+            kept = self._rounds.get(t)
+            if kept is None:
+                raise ValueError(f"round {t} is older than the clock keeps")
+        return kept.times
+
+    def late(self, receiver: str, t: int, phase: int) -> frozenset[str]:
+        """The senders whose message of ``(t, phase)`` reaches ``receiver`` after its
+        deadline."""
+        if not self.deadline:
+            return frozenset()
+        table = self._late.get((t, phase))
+        if table is None:
+            times = self.times(t)
+            src, dst = self._rounds[t].edges[phase]
+            late = times.late[phase]
+            found: dict[str, set[str]] = {}
+            for s, r in zip(src[late].tolist(), dst[late].tolist(), strict=True):
+                found.setdefault(self.nodes[r], set()).add(self.nodes[s])
+            if len(self._late) >= 4 * _KEPT:
+                self._late.clear()
+            self._late[(t, phase)] = table = {k: frozenset(v) for k, v in found.items()}
+        return table.get(receiver, frozenset())
+
+    def node_times(self, node: str, t: int) -> tuple[float, float]:
+        """``(clock at the end of round t, seconds computing in it)`` of ``node``."""
+        times = self.times(t)
+        i = self._index[node]
+        return float(times.end[i]), float(times.compute[i])
