@@ -1,8 +1,9 @@
 """``fedcore plot``: compare runs at a glance.
 
 Four panels: training loss and test accuracy, each against rounds and against bytes sent
-per node. The training loss is every round's (the ``"kind": "round"`` records of
-``metrics.jsonl``: one a round, however many peers), the accuracy the evaluations'; in the
+per node, and two against virtual seconds where the runs have virtual time (``[time]``).
+The training loss is every round's (the ``"kind": "round"`` records of ``metrics.jsonl``:
+one a round, however many peers), the accuracy the evaluations'; in the
 accuracy panels the solid line is the average model and the dashed line the mean of the
 peers' own models. Runs with regret records (``run.regret``) add two panels against
 rounds: the average static regret ``R_t / (n t)`` and the average dynamic regret (where
@@ -393,19 +394,27 @@ def _value(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
-_EVAL_KEYS = ("train_loss", "avg_model_accuracy", "mean_node_accuracy", "bytes_sent_per_node")
+_EVAL_KEYS = (
+    "train_loss",
+    "avg_model_accuracy",
+    "mean_node_accuracy",
+    "bytes_sent_per_node",
+    "vtime",
+)
 _REGRET_KEYS = ("average_static_regret", "average_dynamic_regret")
 
 
 @dataclass
 class _Loss:
     """The training loss of every round (the evaluation rounds' in a run without round
-    records): 1-based rounds, loss, MB each node had sent by then, and the band."""
+    records): 1-based rounds, loss, MB each node had sent by then, the band, and the
+    virtual seconds of each point (NaN: a run without virtual time)."""
 
     rounds: list[float]
     loss: list[float]
     mb: list[float]
     spread: list[float] | None = None
+    vtime: list[float] = field(default_factory=list)
 
 
 def _loss(run: RunRecords, every_round: bool = True) -> _Loss:
@@ -421,6 +430,7 @@ def _loss(run: RunRecords, every_round: bool = True) -> _Loss:
             [e["round"] + 1 for e in run.evals],
             [_value(e.get("train_loss")) for e in run.evals],
             [_value(e.get("bytes_sent_per_node")) / 1e6 for e in run.evals],
+            vtime=[_value(e.get("vtime")) for e in run.evals],
         )
     total = 0.0
     sent: dict[int, float] = {}
@@ -437,6 +447,7 @@ def _loss(run: RunRecords, every_round: bool = True) -> _Loss:
         [r["round"] + 1 for r in run.rounds],
         [_value(r.get("train_loss")) for r in run.rounds],
         [sent[r["round"]] * per_node / 1e6 for r in run.rounds],
+        vtime=[_value(r.get("vtime")) for r in run.rounds],
     )
 
 
@@ -483,16 +494,20 @@ def _mean_loss(runs: Sequence[RunRecords]) -> _Loss:
     every_round = all(run.rounds for run in runs)
     losses = [_loss(run, every_round) for run in runs]
     by_round = [
-        {t: (y, mb) for t, y, mb in zip(x.rounds, x.loss, x.mb, strict=True)} for x in losses
+        {t: (y, mb, v) for t, y, mb, v in zip(x.rounds, x.loss, x.mb, x.vtime, strict=True)}
+        for x in losses
     ]
     common = sorted(set.intersection(*(set(b) for b in by_round)))
-    loss = np.array([[b[t][0] for t in common] for b in by_round]).reshape(len(runs), -1)
-    mb = np.array([[b[t][1] for t in common] for b in by_round]).reshape(len(runs), -1)
+    loss, mb, vtime = (
+        np.array([[b[t][k] for t in common] for b in by_round]).reshape(len(runs), -1)
+        for k in range(3)
+    )
     return _Loss(
         common,
         loss.mean(axis=0).tolist(),
         mb.mean(axis=0).tolist(),
         loss.std(axis=0, ddof=1).tolist(),
+        vtime=vtime.mean(axis=0).tolist(),
     )
 
 
@@ -672,6 +687,7 @@ def plot_runs(
     title: str | None = None,
     log_bytes: bool | None = None,
     bands: bool = False,
+    time: bool | None = None,
 ) -> Path:
     """Draw the comparison panels for ``run_dirs`` into ``out`` (PNG, PDF or SVG).
 
@@ -687,6 +703,8 @@ def plot_runs(
             None: when the runs' bytes differ more than ten times.
         bands: One curve per group of runs that differ only in ``run.seed``: the mean
             over seeds in a band of +- one standard deviation.
+        time: Two more panels, loss and accuracy against virtual seconds (``[time]``);
+            None: when every run has virtual time.
 
     Raises:
         ConfigError: a folder that is not a run, a run without ``config.toml`` or
@@ -703,10 +721,18 @@ def plot_runs(
     curves, with_regret, default = _curves(expand_runs([Path(d) for d in run_dirs]), label, bands)
     if log_bytes is None:
         log_bytes = _bytes_differ_tenfold(curves)
+    timed = all(_timed(c) for c in curves)
+    if time and not timed:
+        raise ConfigError(
+            "fedcore plot --time: some of the runs have no virtual time (runs with [time], "
+            "or deadline mode in fedcore simulate, have it); leave out --time."
+        )
+    time = timed if time is None else time
     labels = [c.label for c in curves]
     # Many curves, or long names, would hide the curves: the legend goes below instead.
     outside = len(curves) >= LEGEND_OUTSIDE or max(len(text) for text in labels) > 40
-    fig, axes = plt.subplots(3 if with_regret else 2, 2, figsize=(11, 11 if with_regret else 7.5))
+    rows = 2 + int(with_regret) + int(time)
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 3.75 * rows))
     mb = "MB sent per node" + (" (log)" if log_bytes else "")
     styles = [curve_style(i) for i in range(len(curves))]
     handles: list[Any] = []
@@ -757,10 +783,13 @@ def plot_runs(
     dashed = Line2D([], [], color="grey", linestyle="--", label=dashed_text)
     if not outside:
         axes[0][1].legend(handles=[*handles, dashed], loc="lower right", fontsize="small")
+    if time:
+        _time_panels(axes[2], curves, styles)
     if with_regret:
+        row = axes[3 if time else 2]
         for ax, key, ylabel in (
-            (axes[2][0], "average_static_regret", "average static regret R_t / (n t)"),
-            (axes[2][1], "average_dynamic_regret", "average dynamic regret"),
+            (row[0], "average_static_regret", "average static regret R_t / (n t)"),
+            (row[1], "average_dynamic_regret", "average dynamic regret"),
         ):
             for c, style in zip(curves, styles, strict=True):
                 if key in c.regret:
@@ -770,7 +799,7 @@ def plot_runs(
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
         if not outside:
-            axes[2][0].legend(fontsize="small")
+            row[0].legend(fontsize="small")
     fig.suptitle(title or default)
     fig.tight_layout()
     if outside:
@@ -786,3 +815,43 @@ def plot_runs(
     fig.savefig(out, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return out
+
+
+def _timed(curve: _Curve) -> bool:
+    """Whether a curve has virtual times (every evaluation's)."""
+    times = curve.series["vtime"]
+    return bool(times) and not any(math.isnan(v) for v in times)
+
+
+def _time_panels(row: Any, curves: Sequence[_Curve], styles: Sequence[dict[str, Any]]) -> None:
+    """Training loss and test accuracy against virtual seconds."""
+    for c, style in zip(curves, styles, strict=True):
+        loss = c.loss
+        keep = [i for i, v in enumerate(loss.vtime) if not math.isnan(v)]
+        _draw(
+            row[0],
+            [loss.vtime[i] for i in keep],
+            [loss.loss[i] for i in keep],
+            [loss.spread[i] for i in keep] if loss.spread else None,
+            positive_x=False,
+            label=c.label,
+            **style,
+        )
+        sd = c.spread
+        for key, extra in (
+            ("avg_model_accuracy", {}),
+            ("mean_node_accuracy", {"linestyle": "--", "markerfacecolor": "none"}),
+        ):
+            _draw(
+                row[1],
+                c.series["vtime"],
+                c.series[key],
+                sd[key] if sd else None,
+                positive_x=False,
+                label=c.label,
+                **{**style, **extra},
+            )
+    for ax, ylabel in ((row[0], "training loss"), (row[1], "test accuracy")):
+        ax.set_xlabel("virtual seconds")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)

@@ -335,6 +335,7 @@ def test_config_to_dict_flattens_options_into_their_table() -> None:
         "compression",
         "transport",
         "faults",
+        "time",
         "simulate",
     ]
 

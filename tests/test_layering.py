@@ -21,6 +21,7 @@ LAYERS = {
     "counter_random": 0,
     "registry": 0,
     "faults": 1,
+    "timing": 1,
     "topology": 1,
     "data": 1,
     "localdata": 1,

@@ -43,6 +43,13 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="one curve per group of runs that differ only in run.seed: the mean, with a "
         "band of +- one standard deviation",
     )
+    plot.add_argument(
+        "--time",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="panels of loss and accuracy against virtual seconds (default: when every run "
+        "has virtual time, i.e. [time] or deadline mode in fedcore simulate)",
+    )
     plot.set_defaults(handler=run)
 
 
@@ -62,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         title=args.title,
         log_bytes=True if args.log_bytes else None,  # None: log when bytes differ > 10x
         bands=args.bands,
+        time=args.time,
     )
     if not args.quiet:
         print(f"wrote {out}")

@@ -551,7 +551,9 @@ class _Counter:
         times: RoundTimes | None = None,
     ) -> RoundFigures:
         if times is None:
-            vtime = compute = torch.full((self.n,), math.nan, dtype=torch.float64)
+            vtime = compute = torch.full(
+                (self.n,), math.nan, dtype=torch.float64, device=self.late.device
+            )
         else:
             vtime, compute = times.end, times.compute
         return RoundFigures(
