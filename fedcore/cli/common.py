@@ -173,6 +173,29 @@ def start_run(threads: int | str) -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def _time_rows(summary: dict[str, Any], traffic: dict[str, Any]) -> list[tuple[str, str]]:
+    """The results table's virtual time, late messages and time to the target accuracy."""
+    rows = []
+    time = summary.get("time")
+    if time:
+        mean = time.get("mean_utilisation")
+        use = f" (mean utilisation {mean:.0%})" if isinstance(mean, float) else ""
+        rows.append(("virtual time", f"{time['virtual_seconds']:.4g} s{use}"))
+    if traffic.get("messages_late"):
+        rows.append(("messages late", str(traffic["messages_late"])))
+    if "time_to_target" in summary:
+        hit = summary["time_to_target"]
+        target = summary.get("target_accuracy")
+        if hit is None:
+            text = "not reached" + (f" ({target:g})" if target else "")
+        else:
+            text = f"round {hit['round'] + 1}, accuracy {hit['accuracy']:.4f}"
+            if hit.get("vtime") is not None:
+                text += f", {hit['vtime']:.4g} virtual s"
+        rows.append(("time to target", text))
+    return rows
+
+
 def _engine(summary: dict[str, Any]) -> str:
     """What ran the run: an in-process engine (``messages``, ``vectorized``), or gRPC
     peers (``grpc peers (4 processes)`` for a ``launch``; peers that ran elsewhere and
@@ -229,6 +252,7 @@ def print_table(summary: dict[str, Any]) -> None:
             f"{traffic.get('messages_missing', 0)} (the fault plan lost "
             f"{traffic.get('messages_dropped', 0)} at their senders)",
         ),
+        *_time_rows(summary, traffic),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
         ("engine", _engine(summary)),
         ("results", summary.get("out_dir", "")),

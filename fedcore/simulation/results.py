@@ -633,6 +633,7 @@ def _time_figures(config: Config, observer: RunObserver) -> dict[str, Any]:
         if len(observer.nodes) <= NODE_MAPS_NODES:
             out["time"]["utilisation"] = shares
     if config.run.target_accuracy > 0:
+        out["target_accuracy"] = config.run.target_accuracy
         out["time_to_target"] = observer.target_hit
     return out
 
