@@ -160,6 +160,7 @@ class TimeModel:
         # Alternating on/off periods: each node's current on period [start, end) and index.
         self._cycle = torch.zeros(n, dtype=torch.int64)
         self._on_start = torch.zeros(n, dtype=_F64)
+        self._off_start = torch.zeros(n, dtype=_F64)  # the end of the period before
         self._on_end = self._period(_ON, torch.arange(n), self._cycle) if time.on_s > 0 else None
         edge_tables = (time.edge_latency_s, time.edge_bandwidth_mb_s)
         self._edges = [self._edge_table(t) for t in edge_tables]
@@ -235,7 +236,8 @@ class TimeModel:
         return latency + torch.where(bandwidth > 0, seconds, 0.0)
 
     def available_from(self, nodes: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """``[B]`` float64: the first moment ``>= at[b]`` at which peer ``nodes[b]`` is on.
+        """``[B]`` float64: the first moment ``>= at[b]`` at which peer ``nodes[b]`` is on
+        (each peer at most once a call).
 
         On/off periods are kept per peer as they are reached; a peer asked about an earlier
         moment than before starts over from its first period (so the answers are a pure
@@ -250,11 +252,12 @@ class TimeModel:
         if self._on_end is None:
             return at
         nodes = nodes.to(torch.int64)
-        back = at < self._on_start[nodes]
+        back = at < self._off_start[nodes]
         if bool(back.any()):  # asked about the past: that peer starts over
             again = nodes[back]
             self._cycle[again] = 0
             self._on_start[again] = 0.0
+            self._off_start[again] = 0.0
             self._on_end[again] = self._period(_ON, again, self._cycle[again])
         while True:
             end = self._on_end[nodes]  # the end of the current on period
@@ -263,6 +266,7 @@ class TimeModel:
                 break
             moving = torch.unique(nodes[behind])
             k = self._cycle[moving]
+            self._off_start[moving] = self._on_end[moving]
             start = self._on_end[moving] + self._period(_OFF, moving, k)
             self._cycle[moving] = k + 1
             self._on_start[moving] = start
@@ -273,7 +277,7 @@ class TimeModel:
         """Exponential on (``kind`` ``_ON``) or off durations of the peers' ``k``-th period."""
         mean = self.time.on_s if kind == _ON else self.time.off_s
         u = keyed.uniform_tensor(self._key, kind, self._words[nodes], k)
-        return -mean * keyed.log_tensor(1.0 - u)
+        return -mean * torch.log1p(-u)
 
 
 def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
