@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["SharedClock", "phase_traffic", "row_codec", "virtual_clock"]
 
 _KEPT = 4
-"""Rounds of times the clock keeps for the nodes' questions (they run at most a round or
-two apart in the message engine)."""
+"""Rounds of times the clock keeps at least; it keeps every round some node may still
+ask about."""
 
 
 def row_codec(setup: RunSetup) -> RowCodec:
@@ -135,6 +135,7 @@ class SharedClock:
         form.use_graphs(self.graphs)
         self.form = form
         self._rounds: dict[int, _Round] = {}
+        self._asked: dict[str, int] = {}  # each node's last round asked of node_times
         self._late: dict[tuple[int, int], dict[str, frozenset[str]]] = {}
 
     @property
@@ -176,9 +177,18 @@ class SharedClock:
         times = self.clock.advance(t, up, training, phases)
         edges = [(p.src.cpu(), p.dst.cpu()) for p in phases]
         self._rounds[t] = _Round(times, edges)
-        for old in [r for r in self._rounds if r <= t - _KEPT]:
-            del self._rounds[old]
         return times
+
+    def _forget(self) -> None:
+        """Drop the rounds every node is past (the message engine's nodes drift apart
+        as far as the algorithm lets them: without messages, a whole run)."""
+        if len(self._asked) < self.n or len(self._rounds) <= _KEPT:
+            return
+        done = min(self._asked.values())
+        for old in [r for r in self._rounds if r < done]:
+            del self._rounds[old]
+        for key in [k for k in self._late if k[0] < done]:
+            del self._late[key]
 
     def _reach(self, t: int) -> None:
         """Advance the clock from its own traffic up to (not including) round ``t``."""
@@ -195,7 +205,7 @@ class SharedClock:
             self._reach(t + 1)
             kept = self._rounds.get(t)
             if kept is None:
-                raise ValueError(f"round {t} is older than the clock keeps")
+                raise ValueError(f"round {t} is older than the clock keeps (every node is past it)")
         return kept.times
 
     def late(self, receiver: str, t: int, phase: int) -> frozenset[str]:
@@ -211,8 +221,6 @@ class SharedClock:
             found: dict[str, set[str]] = {}
             for s, r in zip(src[late].tolist(), dst[late].tolist(), strict=True):
                 found.setdefault(self.nodes[r], set()).add(self.nodes[s])
-            if len(self._late) >= 4 * _KEPT:
-                self._late.clear()
             self._late[(t, phase)] = table = {k: frozenset(v) for k, v in found.items()}
         return table.get(receiver, frozenset())
 
@@ -220,4 +228,6 @@ class SharedClock:
         """``(clock at the end of round t, seconds computing in it)`` of ``node``."""
         times = self.times(t)
         i = self._index[node]
+        self._asked[node] = t + 1  # a node asks at the end of its round: done with t
+        self._forget()
         return float(times.end[i]), float(times.compute[i])
