@@ -479,11 +479,15 @@ def test_auto_says_in_one_line_why_it_takes_the_message_engine(
         str(tmp_path / "d"),
         *TINY,
         "--set",
-        "transport.mode=deadline",
+        "algorithm.name=rps",
+        "--set",
+        "topology.kind=complete",
+        "--set",
+        "compression.codec=qsgd",
     )
     assert status == 0
     notes = [line for line in err.splitlines() if "engine 'messages'" in line]
-    assert len(notes) == 1 and "deadline" in notes[0]
+    assert len(notes) == 1 and "stochastic codec" in notes[0]
 
 
 def test_vectorized_refuses_what_it_cannot_run_in_one_line(
@@ -499,9 +503,13 @@ def test_vectorized_refuses_what_it_cannot_run_in_one_line(
         "--engine",
         "vectorized",
         "--set",
-        "transport.mode=deadline",
+        "algorithm.name=rps",
+        "--set",
+        "topology.kind=complete",
+        "--set",
+        "compression.codec=qsgd",
     )
-    assert_one_line_error(status, out, err, "vectorized", "deadline")
+    assert_one_line_error(status, out, err, "vectorized", "stochastic codec")
     status, out, err = cli(capsys, "simulate", "-q", *TINY, "--device", "cuda:x")
     assert_one_line_error(status, out, err, "simulate.device")
 

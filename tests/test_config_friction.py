@@ -131,10 +131,12 @@ def test_float64_models_keep_their_range() -> None:
 def test_a_device_the_fallback_engine_would_not_use_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``auto`` falls back to the message engine (deadline mode): the GPU asked for would
-    go unused, silently; it is refused, naming why the vectorized engine cannot run."""
-    argv = ["simulate", "-q", *TINY, "--set", "transport.mode=deadline", "--device", "cuda"]
+    """``auto`` falls back to the message engine (RPS with a stochastic codec): the GPU
+    asked for would go unused, silently; it is refused, naming why the vectorized engine
+    cannot run."""
+    rps = ["algorithm.name=rps", "topology.kind=complete", "compression.codec=qsgd"]
+    argv = ["simulate", "-q", *TINY, *(f"--set={item}" for item in rps), "--device", "cuda"]
     status, out, err = cli(capsys, *argv)
     assert status == 2, (out, err)
     assert "simulate.device = 'cuda' needs the vectorized engine" in err
-    assert "deadline" in err and "Traceback" not in err
+    assert "stochastic codec" in err and "Traceback" not in err
