@@ -91,7 +91,13 @@ def test_absolute_home_and_absent_paths(tmp_path: Path, monkeypatch: pytest.Monk
     assert plain.topology.file == "" and plain.transport.tls_dir is None
     with pytest.raises(ConfigError, match=r"topology\.file must be of type str"):
         load_config(write(tmp_path / "bad.toml", "[topology]\nfile = 3\n"))
-    assert PATH_KEYS == (("topology", "file"), ("transport", "tls", "dir"), ("data", "root"))
+    assert PATH_KEYS == (
+        ("topology", "file"),
+        ("transport", "tls", "dir"),
+        ("data", "root"),
+        ("time", "compute_trace"),
+        ("time", "availability_trace"),
+    )
 
 
 def test_the_fingerprint_does_not_depend_on_where_the_files_are(
