@@ -230,6 +230,11 @@ class TimeModel:
     ) -> torch.Tensor:
         """``[E]`` float64: each message's latency plus ``nbytes`` over its bandwidth."""
         t = self.time
+        if self._edges[0] is None and self._edges[1] is None:  # the same on every link
+            if t.bandwidth_mb_s > 0:
+                seconds = nbytes.to(_F64) / (t.bandwidth_mb_s * _MIB)
+                return seconds.add_(t.latency_s) if t.latency_s else seconds
+            return torch.full(src.shape, t.latency_s, dtype=_F64)
         latency = self._per_edge(0, t.latency_s, src, dst)
         bandwidth = self._per_edge(1, t.bandwidth_mb_s, src, dst)
         seconds = nbytes.to(_F64) / (bandwidth * _MIB)
@@ -367,25 +372,30 @@ class RoundClock:
         for phase in phases:
             src, dst = phase.src.cpu().to(torch.int64), phase.dst.cpu().to(torch.int64)
             sent, expected = phase.sent.cpu(), phase.expected.cpu()
-            arrival = ready[src] + model.transfer_seconds(src, dst, phase.nbytes.cpu())
+            wire = model.transfer_seconds(src, dst, phase.nbytes.cpu())
+            arrival = ready.index_select(0, src) + wire
             if phase.delay is not None:
                 arrival = arrival + phase.delay.cpu()
+            heard = sent & expected
             if deadline is None:
                 late = torch.zeros_like(sent)
-                waited = sent & expected
+                waited = heard
             else:
                 limit = ready + deadline
-                late = sent & expected & (arrival > limit[dst])
-                waited = sent & expected & ~late
+                late = heard & (arrival > limit.index_select(0, dst))
+                waited = heard & ~late
             until = ready.clone()
-            if bool(waited.any()):
-                until.scatter_reduce_(0, dst[waited], arrival[waited], "amax")
+            if bool(waited.all()):  # every message (the usual round): no selection
+                until.scatter_reduce_(0, dst, arrival, "amax")
+            elif bool(waited.any()):
+                # Messages not waited for arrive at once: they change no maximum.
+                until.scatter_reduce_(0, dst, torch.where(waited, arrival, 0.0), "amax")
             if deadline is not None:
-                short = expected & ~(sent & ~late)  # a receiver without an expected message
+                short = expected & ~waited  # a receiver without an expected message
                 if bool(short.any()):
                     stuck = torch.zeros_like(up)
                     stuck[dst[short]] = True
-                    until = torch.where(stuck, torch.maximum(until, ready + deadline), until)
+                    until = torch.where(stuck, torch.maximum(until, limit), until)
             ready = torch.where(up, until, ready)
             late_masks.append(late)
         if not bool(up.all()) and bool(up.any()):

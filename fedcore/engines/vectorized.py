@@ -800,9 +800,7 @@ class Flusher:
                 dropped=int(stacked["dropped"][k].sum()),
                 vtime=float(vtimes.max()) if timed else None,
             )
-            if timed:
-                for node, c in zip(nodes, stacked["compute"][k].tolist(), strict=True):
-                    obs.busy[node] = obs.busy.get(node, 0.0) + c
+
             # Accounted once the round is complete: a run stopped before counts none of it.
             for key, column in (
                 ("messages_sent", "sent"),
@@ -820,6 +818,13 @@ class Flusher:
                 obs.down.setdefault(nodes[i], []).append(t)
             for node, v, a in zip(nodes, values, trained, strict=True):
                 obs.losses[node].append(v if a else None)
+        compute = stacked["compute"]
+        if not bool(torch.isnan(compute[0, 0])):  # virtual time: the seconds each computed
+            # Added round by round, as the message engine's records add up.
+            busy = torch.tensor([obs.busy.get(node, 0.0) for node in nodes], dtype=torch.float64)
+            for row in compute:
+                busy += row
+            obs.busy.update(zip(nodes, busy.tolist(), strict=True))
 
 
 def _fault_lists(
