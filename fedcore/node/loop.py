@@ -36,6 +36,7 @@ from fedcore.faults import FaultPlan
 from fedcore.messages import EncodedTensor, Message, Payload
 from fedcore.models import Objective
 from fedcore.node.intake import DecodeCache, MessageIntake
+from fedcore.node.pace import Pace
 from fedcore.node.records import RoundRecord
 from fedcore.node.schedule import NodeOptions
 from fedcore.streams import Batches
@@ -105,6 +106,7 @@ class Node(MessageIntake):
         decode_cache: DecodeCache | None = None,
         faults: FaultPlan | None = None,
         clock: VirtualClock | None = None,
+        pace: Pace | None = None,
     ) -> None:
         """Initialise the algorithm state from ``params``. ``clock``: a simulation's virtual
         clock; the node then waits for exactly the messages the fault plan did not lose
@@ -132,6 +134,7 @@ class Node(MessageIntake):
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
         self.faults = faults
         self.clock = clock
+        self.pace = pace  # a real peer slowed on purpose ([time] without a virtual clock)
         self._unreachable: set[str] = set()  # peers whose last send failed (logged once)
         # Deadline mode: the send on its way to each receiver (task, message, its fp32
         # size, 0 if the fault plan lost it).
@@ -202,6 +205,9 @@ class Node(MessageIntake):
         idle = self._trains is not None and not self._trains(ctx)
         losses = [math.nan] if idle else []
         grad = torch.zeros(self._shape, dtype=self._dtype) if idle else None
+        if self.pace is not None and not idle:
+            await self.pace.available()
+        computing = time.perf_counter()
         for k in range(0 if idle else self.options.local_steps):  # the last: the algorithm's
             x, y = self.stream.next_batch()
             self.batches_read += 1
@@ -211,6 +217,8 @@ class Node(MessageIntake):
         loss = losses[0] if len(losses) == 1 else math.fsum(losses) / len(losses)
         assert grad is not None
         self.state, outbox = self.algorithm.step(self.state, grad, step_ctx)
+        if self.pace is not None and not idle:
+            await self.pace.computed(time.perf_counter() - computing)
         # The state keeps what it needs of the gradient (a large model's copy a peer, held
         # through the exchange otherwise).
         del grad

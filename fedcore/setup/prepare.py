@@ -26,12 +26,15 @@ from fedcore.data import BatchStream, Dataset, NoData
 from fedcore.faults import FaultPlan
 from fedcore.models import Objective
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
+from fedcore.node.pace import Pace
 from fedcore.setup.plan import Laps, finish_plan, node_optimizer, outline_run, round_drift
 from fedcore.setup.training import build_evaluator, load_training_data, make_objective, model_size
 from fedcore.streams import Batches, OnlineSource
+from fedcore.timing import TimeModel
 from fedcore.topology import Topology
 from fedcore.transport import Transport
 from fedcore.transport.faults import FaultyTransport
+from fedcore.transport.paced import PacedTransport
 
 if TYPE_CHECKING:
     from fedcore.setup.virtual import SharedClock
@@ -65,6 +68,8 @@ class RunSetup:
     clock: SharedClock | None = field(default=None, repr=False)
     """A simulation's virtual clock (:func:`~fedcore.setup.virtual.virtual_clock`), which
     :meth:`make_node` gives every node; None on a gRPC peer and without ``[time]``."""
+    timing: TimeModel | None = field(default=None, repr=False)
+    """The durations of ``[time]`` (:meth:`time_model`), once made."""
     shared_objective: Objective | None = field(default=None, repr=False)
     """The objective the nodes of this process share (:meth:`node_objective`), once made."""
 
@@ -135,6 +140,11 @@ class RunSetup:
         """
         if self.faults is not None:
             transport = FaultyTransport(transport, self.faults, delays=self.clock is None)
+        pace = None
+        if self.config.time.active and self.clock is None:  # real peers: real sleeps
+            model = self.time_model()
+            transport = PacedTransport(transport, model)
+            pace = Pace(model, node_id, steps=self.config.run.local_steps)
         i = self.graph.index(node_id)
         return Node(
             node_id,
@@ -155,7 +165,15 @@ class RunSetup:
             decode_cache=decode_cache,
             faults=self.faults,
             clock=self.clock,
+            pace=pace,
         )
+
+    def time_model(self) -> TimeModel:
+        """The run's :class:`~fedcore.timing.TimeModel` (one a set-up: traces read once)."""
+        if self.timing is None:
+            config = self.config
+            self.timing = TimeModel(config.time, run_seed=config.run.seed, nodes=self.graph.nodes)
+        return self.timing
 
 
 def node_options(config: Config, run_id: str) -> NodeOptions:
