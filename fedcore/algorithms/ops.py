@@ -217,6 +217,9 @@ class PushSumRule:
     phases = 1
     pattern = "neighbours"
     robust = False
+    holds_in_deadline_mode = True
+    """A silent peer holds its pushes in deadline mode (``Send.to``), which only the
+    message engine models (:func:`fedcore.engines.vectorized.unsupported`)."""
 
     def __init__(self, step_scale: str = "none") -> None:
         """Check and keep the option."""

@@ -112,6 +112,12 @@ def unsupported(setup: RunSetup) -> str | None:
         return "deadline mode waits on wall-clock deadlines, which only the message engine models"
     if config.faults.active and not config.faults.announce and not virtual:
         return "faults.announce = false loses messages silently, which needs deadline mode"
+    rule = getattr(setup.algorithm, "rule", None)
+    if config.transport.mode == "deadline" and getattr(rule, "holds_in_deadline_mode", False):
+        return (
+            f"{setup.algorithm.name} holds a silent peer's pushes in deadline mode, which only "
+            "the message engine models"
+        )
     codec = row_codec(setup)
     why = algorithm_unsupported(
         setup.algorithm, period=setup.graph.period, codec=codec, faults=config.faults.active

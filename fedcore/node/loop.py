@@ -64,6 +64,12 @@ class VirtualClock(Protocol):
     def node_times(self, node: str, t: int) -> tuple[float, float]:
         """``(clock at the end of round t, seconds computing in it)`` of ``node``."""
 
+    def record_sent(self, sender: str, t: int, phase: int, receivers: frozenset[str]) -> None:
+        """``sender`` sent its ``(t, phase)`` messages to ``receivers``."""
+
+    def sent_to(self, sender: str, t: int, phase: int) -> frozenset[str] | None:
+        """Whom ``sender`` sent its ``(t, phase)`` messages to (None: not yet)."""
+
 
 class Node(MessageIntake):
     """One peer: its algorithm state, data, model and transport endpoint.
@@ -231,6 +237,8 @@ class Node(MessageIntake):
         late = 0
         for phase in range(self.algorithm.phases):
             fp32 += await self._send(outbox, t, phase, unreachable, dropped_out)
+            if self.clock is not None:
+                self.clock.record_sent(self.id, t, phase, frozenset(outbox))
             expected = self.algorithm.expected_senders(phase, ctx)
             if faults is None:
                 lost = []
@@ -239,6 +247,8 @@ class Node(MessageIntake):
             else:
                 lost = faults.announced_lost(self.id, t, phase, expected)
             dropped_in.extend(lost)
+            if self.clock is not None:  # nor wait for a message its sender never sent
+                lost = lost + await self._withheld(t, phase, [s for s in expected if s not in lost])
             inbox = await self._collect(t, phase, expected, lost, ctx, missing, rejected)
             if self.clock is not None:
                 after = self.clock.late(self.id, t, phase)
@@ -410,6 +420,20 @@ class Node(MessageIntake):
         if tasks:
             await asyncio.wait(tasks)
         self._harvest(self.round, [])
+
+    async def _withheld(self, t: int, phase: int, senders: list[str]) -> list[str]:
+        """Of ``senders``, those that sent this node no ``(t, phase)`` message (a simulation
+        with a virtual clock: the rule chose not to, as a holding push-sum peer does),
+        once each has sent its messages of the phase."""
+        clock = self.clock
+        assert clock is not None
+        withheld = []
+        for sender in senders:
+            while (receivers := clock.sent_to(sender, t, phase)) is None:
+                await asyncio.sleep(0)  # the sender's turn (in-process peers, one loop)
+            if self.id not in receivers:
+                withheld.append(sender)
+        return withheld
 
     async def _collect(
         self,

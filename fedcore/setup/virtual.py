@@ -136,6 +136,7 @@ class SharedClock:
         self.form = form
         self._rounds: dict[int, _Round] = {}
         self._asked: dict[str, int] = {}  # each node's last round asked of node_times
+        self._sent: dict[tuple[str, int, int], frozenset[str]] = {}
         self._late: dict[tuple[int, int], dict[str, frozenset[str]]] = {}
 
     @property
@@ -189,6 +190,8 @@ class SharedClock:
             del self._rounds[old]
         for key in [k for k in self._late if k[0] < done]:
             del self._late[key]
+        for sent in [k for k in self._sent if k[1] < done - 1]:
+            del self._sent[sent]
 
     def _reach(self, t: int) -> None:
         """Advance the clock from its own traffic up to (not including) round ``t``."""
@@ -223,6 +226,16 @@ class SharedClock:
                 found.setdefault(self.nodes[r], set()).add(self.nodes[s])
             self._late[(t, phase)] = table = {k: frozenset(v) for k, v in found.items()}
         return table.get(receiver, frozenset())
+
+    def record_sent(self, sender: str, t: int, phase: int, receivers: frozenset[str]) -> None:
+        """The message engine: ``sender`` sent its ``(t, phase)`` messages to ``receivers``
+        (a rule may send to fewer than its out-neighbours, as a holding push-sum peer
+        does: its receivers then know not to wait)."""
+        self._sent[(sender, t, phase)] = receivers
+
+    def sent_to(self, sender: str, t: int, phase: int) -> frozenset[str] | None:
+        """Whom ``sender`` sent its ``(t, phase)`` messages to; None: it has not sent yet."""
+        return self._sent.get((sender, t, phase))
 
     def node_times(self, node: str, t: int) -> tuple[float, float]:
         """``(clock at the end of round t, seconds computing in it)`` of ``node``."""

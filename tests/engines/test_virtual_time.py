@@ -13,7 +13,11 @@ import pytest
 from fedcore.algorithms import ALGORITHMS
 from fedcore.algorithms.batched import has_batched_form
 from fedcore.config import load_config
+from fedcore.errors import ConfigError
 from fedcore.simulation.simulate import simulate
+
+HOLDS = ("ops",)
+"""Push-sum rules, whose silent peers hold their pushes in deadline mode."""
 
 SYNCHRONOUS = sorted(name for name, factory in ALGORITHMS.items() if has_batched_form(factory()))
 
@@ -70,6 +74,11 @@ def test_both_engines_keep_the_same_clock(algorithm: str, tmp_path: Path) -> Non
     extra = [*TIMED, "transport.mode=deadline", "transport.deadline_s=0.15"]
     if algorithm != "choco":  # it needs every message
         extra.append("faults.drop=0.1")
+    if algorithm in HOLDS:  # a silent peer's hold: only the message engine models it
+        with pytest.raises(ConfigError, match="holds a silent peer's pushes"):
+            load_and_run = _overrides(algorithm, *extra, "simulate.engine=vectorized")
+            _run(tmp_path / "refused", load_and_run)
+        extra = [e for e in extra if not e.startswith("transport.")]  # strict mode
     runs = [
         _run(tmp_path / engine, _overrides(algorithm, *extra, f"simulate.engine={engine}"))
         for engine in ("vectorized", "messages")
@@ -187,3 +196,30 @@ def test_deadline_mode_with_silent_losses_runs_on_the_vectorized_engine(tmp_path
             assert record["vtime"] - (nodes[(node, t - 1)]["vtime"] if t else 0.0) >= 3.0
     messages, _ = _run(tmp_path / "messages", [*overrides[:-1], "simulate.engine=messages"])
     assert messages["params_sha256"] == summary["params_sha256"]
+
+
+def test_a_holding_push_sum_peer_is_not_waited_for(tmp_path: Path) -> None:
+    """OPS in deadline mode: n0, cut off for 12 rounds, holds its pushes (it heard no share
+    for 8 rounds) until a share reaches it again; with a virtual clock its out-neighbours
+    learn that it sent them nothing instead of waiting for the message (which would be
+    transport.strict_timeout_s a round)."""
+    overrides = [
+        "algorithm.name=ops",
+        "topology.kind=exponential",
+        "topology.nodes=6",
+        "run.rounds=20",
+        "run.eval_every=20",
+        "data.batch_size=16",
+        "transport.mode=deadline",
+        "transport.strict_timeout_s=30",
+        "time.step_s=0.1",
+        "faults.partitions=[{nodes=['n0'], start=2, end=14}]",
+    ]
+    summary, records = _run(tmp_path / "run", overrides)
+    assert summary["engine"] == "messages" and summary["status"] == "completed"
+    assert summary["wall_seconds"] < 20
+    nodes = _nodes(records)
+    # Round 14: the partition is over, but n0 still holds: its receivers miss its share,
+    # which no fault plan lost (so it is not in dropped_in).
+    held = [v for (v, t), r in nodes.items() if t == 14 and "n0" in r["missing"]]
+    assert held and all("n0" not in nodes[(v, 14)]["dropped_in"] for v in held)

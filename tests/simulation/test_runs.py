@@ -89,13 +89,31 @@ def test_run_name_keeps_the_files_name_and_adds_overrides() -> None:
     assert run_name(config, setup, ["simulate.device=cpu"]) == "online-ops"
 
 
+TIMED = [
+    *("--set", "time.step_s=0.1", "--set", "time.compute='pareto'"),
+    *("--set", "time.latency_s=0.02", "--set", "time.on_s=5", "--set", "time.off_s=1"),
+    *("--set", "transport.mode=deadline", "--set", "transport.deadline_s=0.1"),
+    *("--set", "algorithm.name=dpsgd", "--set", "topology.undirected=true"),
+]
+"""Virtual time with stragglers, availability and late messages (D-PSGD: plain OPS loses
+the mass of every late share and diverges)."""
+
+
 @pytest.mark.parametrize(
-    ("engine", "optimizer"),
-    [("vectorized", "sgd"), ("messages", "sgd"), ("vectorized", "adam"), ("messages", "lars")],
+    ("engine", "optimizer", "timed"),
+    [
+        ("vectorized", "sgd", False),
+        ("messages", "sgd", False),
+        ("vectorized", "adam", False),
+        ("messages", "lars", False),
+        ("vectorized", "sgd", True),
+        ("messages", "sgd", True),
+    ],
 )
 def test_interrupted_run_resumes_bit_identical(
     engine: str,
     optimizer: str,
+    timed: bool,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -103,6 +121,7 @@ def test_interrupted_run_resumes_bit_identical(
     """Stopped by SIGINT after its 2nd checkpoint and resumed, a run ends as the run that
     never stopped did: parameters, figures and every record (the optimizer's state too)."""
     args = [*SMALL, "--engine", engine, "-q", "--set", f"optimizer.name={optimizer}"]
+    args += TIMED if timed else []
     assert cli(capsys, "simulate", *args, "--out", str(tmp_path / "whole"))[0] == 0
     _interrupt_after_checkpoints(monkeypatch, 2)
     stopped = tmp_path / "stopped"
@@ -121,6 +140,8 @@ def test_interrupted_run_resumes_bit_identical(
     assert resumed["params_sha256"] == whole["params_sha256"]
     assert resumed["final"] == whole["final"]
     assert resumed["traffic"] == whole["traffic"]
+    assert resumed.get("time") == whole.get("time")
+    assert ("time" in resumed) == timed and (resumed["traffic"]["messages_late"] > 0) == timed
     assert _records(stopped) == _records(tmp_path / "whole")
     # A completed run is not resumed again.
     assert_one_line_error(*cli(capsys, "simulate", "--resume", str(stopped)), "completed")
