@@ -169,10 +169,13 @@ def report(
                     ratio = _ratio(by[(setting, sync)].get("to_target"), row.get("to_target"))
                     row["speedup_to_target"] = ratio
                 target = row["to_target"]
+                reached = _fmt(target, ".1f") if target is not None else "not reached"
+                if target is None:
+                    reached += f" ({row['reached']})"
                 lines.append(
                     f"| {method} | {row['engine']} | {_fmt(row['accuracy'])} | "
                     f"{_fmt(row['virtual_seconds'], '.1f')} | "
-                    f"{_fmt(target, '.1f') if target is not None else 'not reached ' + row['reached']} | "
+                    f"{reached} | "
                     f"{_fmt(ratio, '.2f') + 'x' if ratio is not None else '-'} |"
                 )
         lines.append("")
