@@ -19,7 +19,7 @@ from typing import Protocol
 
 from fedcore.messages import Message
 
-__all__ = ["Transport", "TransportStats"]
+__all__ = ["AsyncTransport", "Transport", "TransportStats"]
 
 
 @dataclass(slots=True)
@@ -54,4 +54,22 @@ class Transport(Protocol):
 
     async def close(self) -> None:
         """Release resources; later calls raise TransportClosedError."""
+        ...
+
+
+class AsyncTransport(Transport, Protocol):
+    """A :class:`Transport` for asynchronous peers, who take what arrived, not a round's
+    inbox (every transport of fedcore is one; see :class:`~fedcore.transport.mailbox.Mailbox`
+    for what a receiver keeps)."""
+
+    def keep_newest(self) -> None:
+        """Keep each sender's newest message only, from now on."""
+        ...
+
+    def take(self, senders: Collection[str]) -> dict[str, Message]:
+        """Each of ``senders``' newest message not taken yet."""
+        ...
+
+    async def wait_any(self, timeout: float | None) -> bool:
+        """Wait until a message is pending, up to ``timeout`` s; return whether one is."""
         ...

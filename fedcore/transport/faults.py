@@ -23,7 +23,7 @@ from collections.abc import Collection
 
 from fedcore.faults import FaultPlan
 from fedcore.messages import Message
-from fedcore.transport.base import Transport, TransportStats
+from fedcore.transport.base import AsyncTransport, Transport, TransportStats
 
 __all__ = ["FaultPlan", "FaultyTransport"]
 
@@ -60,6 +60,26 @@ class FaultyTransport:
         """The inner inbox (the node leaves out the senders the plan announced lost)."""
         return await self.inner.collect(round, phase, senders, timeout)
 
+    def keep_newest(self) -> None:
+        """Asynchronous peers: the inner transport keeps each sender's newest message."""
+        _asynchronous(self.inner).keep_newest()
+
+    def take(self, senders: Collection[str]) -> dict[str, Message]:
+        """Asynchronous peers: the inner transport's newest messages."""
+        taken: dict[str, Message] = _asynchronous(self.inner).take(senders)
+        return taken
+
+    async def wait_any(self, timeout: float | None) -> bool:
+        """Asynchronous peers: wait for a message at the inner transport."""
+        return bool(await _asynchronous(self.inner).wait_any(timeout))
+
     async def close(self) -> None:
         """Close the inner transport."""
         await self.inner.close()
+
+
+def _asynchronous(inner: Transport) -> AsyncTransport:
+    """``inner`` as an asynchronous peer's transport (every transport of fedcore is one)."""
+    if not hasattr(inner, "take"):
+        raise TypeError(f"{type(inner).__name__} cannot serve an asynchronous peer")
+    return inner  # type: ignore[return-value]

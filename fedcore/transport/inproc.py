@@ -79,6 +79,19 @@ class InProcessTransport:
             raise TransportClosedError(f"node {self.node_id!r}: collect after close().")
         return await self._mailbox.collect(round, phase, senders, timeout)
 
+    def keep_newest(self) -> None:
+        """Asynchronous peers: keep each sender's newest message (see
+        :class:`~fedcore.transport.mailbox.Mailbox`)."""
+        self._mailbox.keep_newest()
+
+    def take(self, senders: Collection[str]) -> dict[str, Message]:
+        """Asynchronous peers: each of ``senders``' newest message not taken yet."""
+        return self._mailbox.take(senders)
+
+    async def wait_any(self, timeout: float | None) -> bool:
+        """Asynchronous peers: wait until a message is pending (up to ``timeout`` s)."""
+        return await self._mailbox.wait_any(timeout)
+
     async def close(self) -> None:
         """Close the endpoint; messages sent to it afterwards fail."""
         self.closed = True

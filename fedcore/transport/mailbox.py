@@ -29,6 +29,13 @@ mode every sender delivers every round, so a later message first can only be hos
 and the node waits for the one it needs instead. How far ahead a message may be at all is
 the node's round window (:meth:`fedcore.node.Node.round_window`), checked before a message
 is filed, so one message mutes its sender for at most that many rounds.
+
+Asynchronous peers (:meth:`Mailbox.keep_newest`) have no rounds to collect: a message's
+``round`` is its sender's own count of the messages it sent, and the mailbox keeps each
+sender's newest message only (:meth:`Mailbox.take` hands them over, :meth:`Mailbox.wait_any`
+waits for one). A message no newer than one already kept or taken is stale: dropped and
+counted late; one replaced before it was taken counts late too. So whatever a sender
+floods, a receiver holds at most one message of each of its in-neighbours.
 """
 
 from __future__ import annotations
@@ -78,6 +85,14 @@ class Mailbox:
         self._last_collected: _Key = (-1, -1)
         self._late_at: dict[str, float] = {}  # when a sender's last message came late
         self._waiting: tuple[_Key, frozenset[str], asyncio.Future[None]] | None = None
+        # Asynchronous peers: each sender's newest message, and the newest round taken.
+        self._newest: dict[str, Message] | None = None
+        self._taken: dict[str, int] = {}
+        self._any: asyncio.Future[None] | None = None
+
+    def keep_newest(self) -> None:
+        """Switch to the asynchronous peers' mode (see the module docstring)."""
+        self._newest = {}
 
     def hello(self, sender: str) -> None:
         """``sender`` is up and about to start its rounds (it has not sent anything yet)."""
@@ -106,6 +121,8 @@ class Mailbox:
 
     def put(self, message: Message) -> bool:
         """File ``message``; return False (and count it) if it came too late."""
+        if self._newest is not None:
+            return self._put_newest(message)
         key = (message.round, message.phase)
         self._hello_at.pop(message.sender, None)
         if key <= self._last_collected:
@@ -128,6 +145,58 @@ class Mailbox:
         ):
             waiting[2].set_result(None)
         return True
+
+    def _put_newest(self, message: Message) -> bool:
+        assert self._newest is not None
+        sender = message.sender
+        self._hello_at.pop(sender, None)
+        self._latest[sender] = (message.round, message.phase)
+        kept = self._newest.get(sender)
+        newest = max(self._taken.get(sender, -1), -1 if kept is None else kept.round)
+        if message.round <= newest:
+            self.stats.messages_late += 1
+            return False
+        if kept is not None:  # superseded before it was taken
+            self.stats.messages_late += 1
+        self._newest[sender] = message
+        if self._any is not None and not self._any.done():
+            self._any.set_result(None)
+        return True
+
+    def take(self, senders: Collection[str]) -> dict[str, Message]:
+        """Asynchronous peers: every sender's newest message not taken yet (those of
+        ``senders``; any other's is dropped as rejected)."""
+        if self._newest is None:
+            raise RuntimeError("take() needs keep_newest() first")
+        pending, self._newest = self._newest, {}
+        inbox: dict[str, Message] = {}
+        for sender, message in pending.items():
+            self._taken[sender] = message.round
+            if sender in senders:
+                inbox[sender] = message
+                self.stats.messages_received += 1
+                self.stats.bytes_received += message.nbytes
+            else:
+                self.stats.messages_rejected += 1
+        return inbox
+
+    async def wait_any(self, timeout: float | None) -> bool:
+        """Asynchronous peers: wait until some message is pending, up to ``timeout`` s;
+        return whether one is."""
+        if self._newest is None:
+            raise RuntimeError("wait_any() needs keep_newest() first")
+        if self._newest:
+            return True
+        loop = asyncio.get_running_loop()
+        self._any = future = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, future) if timeout is not None else None
+        try:
+            await future
+        finally:
+            self._any = None
+            if timer is not None:
+                timer.cancel()
+        return bool(self._newest)
 
     def _outstanding(self, key: _Key, expected: frozenset[str]) -> set[str]:
         """Expected senders whose ``key`` message may still come.
@@ -208,3 +277,5 @@ class Mailbox:
     def clear(self) -> None:
         """Drop everything pending."""
         self._boxes.clear()
+        if self._newest is not None:
+            self._newest.clear()

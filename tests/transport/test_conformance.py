@@ -142,3 +142,39 @@ def test_unknown_receiver(kind: Any) -> None:
             await ends["a"].send(_msg("a", "zz"))
 
     _run(kind, body)
+
+
+def test_asynchronous_peers_take_each_senders_newest_message(kind: Any) -> None:
+    """keep_newest: a receiver holds one message a sender, the newest; older and stale ones
+    count late; wait_any wakes on a message and times out without one."""
+
+    async def body(ends: Endpoints) -> None:
+        c = ends["c"]
+        c.keep_newest()
+        assert await c.wait_any(0.05) is False
+        for r in range(5):  # a fast sender floods: only its newest is kept
+            await ends["a"].send(_msg("a", "c", round=r, value=float(r)))
+        await ends["b"].send(_msg("b", "c", round=7, value=7.0))
+        assert await c.wait_any(5) is True
+        for _ in range(100):  # gRPC: the last pushes may still be on their way
+            if c.stats.messages_late == 4:
+                break
+            await asyncio.sleep(0.02)
+        inbox = c.take({"a", "b"})
+        assert {s: RawCodec().decode(m.tensors["x"])[0].item() for s, m in inbox.items()} == {
+            "a": 4.0,
+            "b": 7.0,
+        }
+        assert c.stats.messages_late == 4 and c.stats.messages_received == 2
+        assert c.take({"a", "b"}) == {}
+        await ends["a"].send(_msg("a", "c", round=3))  # older than one taken: stale
+        await ends["a"].send(_msg("a", "c", round=9, value=9.0))
+        assert await c.wait_any(5)
+        for _ in range(100):
+            if c.stats.messages_late == 5:
+                break
+            await asyncio.sleep(0.02)
+        assert c.stats.messages_late == 5
+        assert RawCodec().decode(c.take({"a"})["a"].tensors["x"])[0].item() == 9.0
+
+    _run(kind, body)

@@ -519,6 +519,19 @@ class GrpcTransport:
             raise TransportClosedError(f"node {self.node_id!r}: collect after close().")
         return await self.mailbox.collect(round, phase, senders, timeout)
 
+    def keep_newest(self) -> None:
+        """Asynchronous peers: keep each sender's newest message (see
+        :class:`~fedcore.transport.mailbox.Mailbox`)."""
+        self.mailbox.keep_newest()
+
+    def take(self, senders: Collection[str]) -> dict[str, Message]:
+        """Asynchronous peers: each of ``senders``' newest message not taken yet."""
+        return self.mailbox.take(senders)
+
+    async def wait_any(self, timeout: float | None) -> bool:
+        """Asynchronous peers: wait until a message is pending (up to ``timeout`` s)."""
+        return await self.mailbox.wait_any(timeout)
+
     async def close(self, grace_s: float = 2.0) -> None:
         """Close channels, then stop the server after ``grace_s`` for in-flight calls."""
         if self._closed:
