@@ -802,8 +802,8 @@ class TimeConfig:
     Compute: one local step of a peer takes ``step_s`` times the peer's speed factor times a
     draw of ``compute`` (``"fixed"``: 1; ``"lognormal"``: mean 1, log-spread ``sigma``;
     ``"pareto"``: mean 1, tail index ``alpha`` > 1, heavy-tailed). Speed factors: a share
-    ``slow_fraction`` of the peers (drawn by the keyed hash) is ``slow_factor`` times
-    slower, and ``speeds = { n3 = 4.0 }`` sets a peer's factor outright. ``compute_trace``:
+    ``slow_fraction`` of the peers (``round(slow_fraction * N)`` of them, chosen by the
+    keyed hash) is ``slow_factor`` times slower, and ``speeds = { n3 = 4.0 }`` sets a peer's factor outright. ``compute_trace``:
     a CSV file of ``node,seconds`` rows, each node's successive step times (cycled),
     instead of the draws.
 

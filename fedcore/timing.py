@@ -116,9 +116,10 @@ class TimeModel:
                 f"[time] names nodes that are not in the graph: {', '.join(unknown)}."
             )
         speed = torch.ones(n, dtype=_F64)
-        if time.slow_fraction > 0:
-            slow = keyed.uniform_tensor(self._key, _SLOW, self._words) < time.slow_fraction
-            speed[slow] = time.slow_factor
+        slow = round(time.slow_fraction * n)
+        if slow:  # exactly that share: the peers of the smallest draws
+            draws = keyed.uniform_tensor(self._key, _SLOW, self._words)
+            speed[torch.argsort(draws)[:slow]] = time.slow_factor
         for node, factor in time.speeds.items():
             speed[index[node]] = float(factor)
         self.speed = speed
