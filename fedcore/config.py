@@ -803,9 +803,9 @@ class TimeConfig:
     draw of ``compute`` (``"fixed"``: 1; ``"lognormal"``: mean 1, log-spread ``sigma``;
     ``"pareto"``: mean 1, tail index ``alpha`` > 1, heavy-tailed). Speed factors: a share
     ``slow_fraction`` of the peers (``round(slow_fraction * N)`` of them, chosen by the
-    keyed hash) is ``slow_factor`` times slower, and ``speeds = { n3 = 4.0 }`` sets a peer's factor outright. ``compute_trace``:
-    a CSV file of ``node,seconds`` rows, each node's successive step times (cycled),
-    instead of the draws.
+    keyed hash) is ``slow_factor`` times slower, and ``speeds = { n3 = 4.0 }`` sets a peer's
+    factor outright. ``compute_trace``: a CSV file of ``node,seconds`` rows, each node's
+    successive step times (cycled), instead of the draws.
 
     Links: a message takes ``latency_s`` plus its encoded bytes over ``bandwidth_mb_s``
     (MiB/s; 0: unlimited), per edge ``edge_latency_s`` / ``edge_bandwidth_mb_s``

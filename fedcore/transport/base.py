@@ -19,7 +19,7 @@ from typing import Protocol
 
 from fedcore.messages import Message
 
-__all__ = ["AsyncTransport", "Transport", "TransportStats"]
+__all__ = ["AsyncTransport", "Transport", "TransportStats", "TransportWrapper"]
 
 
 @dataclass(slots=True)
@@ -73,3 +73,46 @@ class AsyncTransport(Transport, Protocol):
     async def wait_any(self, timeout: float | None) -> bool:
         """Wait until a message is pending, up to ``timeout`` s; return whether one is."""
         ...
+
+
+class TransportWrapper:
+    """A transport around another (``inner``) that changes how messages are sent and
+    passes everything else through: its counters, its inbox, its asynchronous peers'
+    methods, its closing. Wrappers override :meth:`send`."""
+
+    def __init__(self, inner: Transport) -> None:
+        """Wrap ``inner`` (this node's endpoint); count into its ``stats``."""
+        self.inner = inner
+        self.node_id = inner.node_id
+        self.stats: TransportStats = inner.stats
+
+    async def send(self, message: Message) -> None:
+        """Send through ``inner``."""
+        await self.inner.send(message)
+
+    async def collect(
+        self, round: int, phase: int, senders: Collection[str], timeout: float | None
+    ) -> dict[str, Message]:
+        """The inner inbox."""
+        return await self.inner.collect(round, phase, senders, timeout)
+
+    def _asynchronous(self) -> AsyncTransport:
+        if not hasattr(self.inner, "take"):
+            raise TypeError(f"{type(self.inner).__name__} cannot serve an asynchronous peer")
+        return self.inner  # type: ignore[return-value]
+
+    def keep_newest(self) -> None:
+        """Asynchronous peers: the inner transport keeps each sender's newest message."""
+        self._asynchronous().keep_newest()
+
+    def take(self, senders: Collection[str]) -> dict[str, Message]:
+        """Asynchronous peers: the inner transport's newest messages."""
+        return self._asynchronous().take(senders)
+
+    async def wait_any(self, timeout: float | None) -> bool:
+        """Asynchronous peers: wait for a message at the inner transport."""
+        return await self._asynchronous().wait_any(timeout)
+
+    async def close(self) -> None:
+        """Close the inner transport."""
+        await self.inner.close()

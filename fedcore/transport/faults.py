@@ -19,16 +19,15 @@ without it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
 
 from fedcore.faults import FaultPlan
 from fedcore.messages import Message
-from fedcore.transport.base import AsyncTransport, Transport, TransportStats
+from fedcore.transport.base import Transport, TransportWrapper
 
 __all__ = ["FaultPlan", "FaultyTransport"]
 
 
-class FaultyTransport:
+class FaultyTransport(TransportWrapper):
     """``inner`` with a :class:`~fedcore.faults.FaultPlan` applied to what this node sends.
 
     Counts into the inner transport's ``stats`` (one set of counters for the metrics).
@@ -37,11 +36,9 @@ class FaultyTransport:
     def __init__(self, inner: Transport, plan: FaultPlan, *, delays: bool = True) -> None:
         """Wrap ``inner`` (this node's endpoint); ``delays``: wait out the plan's delays
         (a simulation's virtual clock counts them instead)."""
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan
         self.delays = delays
-        self.node_id = inner.node_id
-        self.stats: TransportStats = inner.stats
 
     async def send(self, message: Message) -> None:
         """Send ``message`` after its delay, or lose it."""
@@ -53,33 +50,3 @@ class FaultyTransport:
         if wait > 0:
             await asyncio.sleep(wait)
         await self.inner.send(message)
-
-    async def collect(
-        self, round: int, phase: int, senders: Collection[str], timeout: float | None
-    ) -> dict[str, Message]:
-        """The inner inbox (the node leaves out the senders the plan announced lost)."""
-        return await self.inner.collect(round, phase, senders, timeout)
-
-    def keep_newest(self) -> None:
-        """Asynchronous peers: the inner transport keeps each sender's newest message."""
-        _asynchronous(self.inner).keep_newest()
-
-    def take(self, senders: Collection[str]) -> dict[str, Message]:
-        """Asynchronous peers: the inner transport's newest messages."""
-        taken: dict[str, Message] = _asynchronous(self.inner).take(senders)
-        return taken
-
-    async def wait_any(self, timeout: float | None) -> bool:
-        """Asynchronous peers: wait for a message at the inner transport."""
-        return bool(await _asynchronous(self.inner).wait_any(timeout))
-
-    async def close(self) -> None:
-        """Close the inner transport."""
-        await self.inner.close()
-
-
-def _asynchronous(inner: Transport) -> AsyncTransport:
-    """``inner`` as an asynchronous peer's transport (every transport of fedcore is one)."""
-    if not hasattr(inner, "take"):
-        raise TypeError(f"{type(inner).__name__} cannot serve an asynchronous peer")
-    return inner  # type: ignore[return-value]
