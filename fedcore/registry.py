@@ -155,9 +155,19 @@ ALGORITHMS = Family(
         Entry("fedavg", f"{_ALGORITHMS}.server:FedAvg"),
         Entry("doublesqueeze", f"{_ALGORITHMS}.squeeze:DoubleSqueeze"),
         Entry("apmsqueeze", f"{_ALGORITHMS}.squeeze:APMSqueeze"),
+        Entry("adpsgd", f"{_ALGORITHMS}.asynchronous:ADPSGD", (), frozenset({"asynchronous"})),
+        Entry(
+            "async-push-sum",
+            f"{_ALGORITHMS}.asynchronous:AsyncPushSum",
+            (),
+            frozenset({"asynchronous"}),
+        ),
+        Entry("fedbuff", f"{_ALGORITHMS}.asynchronous:FedBuff", (), frozenset({"asynchronous"})),
+        Entry("fedasync", f"{_ALGORITHMS}.asynchronous:FedAsync", (), frozenset({"asynchronous"})),
     ),
 )
-"""``algorithm.name``: the registered algorithms (a user's goes by import path)."""
+"""``algorithm.name``: the registered algorithms (a user's goes by import path);
+``asynchronous``: one without rounds, which runs on the event engine."""
 
 CODECS = Family(
     "codec",

@@ -20,7 +20,9 @@ from typing import Any, TextIO
 
 import torch
 
+from fedcore.algorithms.asynchronous import is_asynchronous
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
+from fedcore.engines.events import EventNetwork
 from fedcore.engines.messages import Network, build_network
 from fedcore.engines.vectorized import (
     Flusher,
@@ -60,6 +62,14 @@ def choose_engine(setup: RunSetup, engine: str) -> tuple[str, str | None]:
     Raises:
         ConfigError: ``vectorized`` was asked for and cannot run the config.
     """
+    if is_asynchronous(setup.algorithm):
+        if engine != "auto":
+            raise ConfigError(
+                f"simulate.engine = {engine!r} cannot run the asynchronous algorithm "
+                f"{setup.algorithm.name!r}, which runs on the event engine; set "
+                "simulate.engine = 'auto'."
+            )
+        return "events", None
     if engine == "messages":
         return "messages", None
     reason = unsupported(setup)
@@ -247,7 +257,9 @@ def resume(
         )
 
 
-def _build(setup: RunSetup, engine: str) -> Network | VectorizedNetwork:
+def _build(setup: RunSetup, engine: str) -> Network | VectorizedNetwork | EventNetwork:
+    if engine == "events":
+        return EventNetwork(setup)
     if engine == "vectorized":
         return VectorizedNetwork(setup, device=resolve_device(setup.config.simulate.device))
     return build_network(setup.config, setup=setup)
@@ -255,7 +267,7 @@ def _build(setup: RunSetup, engine: str) -> Network | VectorizedNetwork:
 
 def _execute(
     setup: RunSetup,
-    built: Network | VectorizedNetwork,
+    built: Network | VectorizedNetwork | EventNetwork,
     out: Path,
     *,
     name: str,
@@ -274,7 +286,8 @@ def _execute(
     rounds = config.run.rounds
     vectorized = built if isinstance(built, VectorizedNetwork) else None
     network = built if isinstance(built, Network) else None
-    nodes: Sequence[str] = vectorized.nodes if vectorized is not None else list(built.nodes)
+    events = built if isinstance(built, EventNetwork) else None
+    nodes: Sequence[str] = list(built.nodes)
     metrics = out / "metrics.jsonl"
     if saved is not None:
         kept = int(saved["metrics_bytes"])
@@ -306,6 +319,7 @@ def _execute(
         ),
     )
     engine = "vectorized" if vectorized is not None else "messages"
+    engine = "events" if events is not None else engine
     wall_before = float(saved["wall_seconds"]) if saved is not None else 0.0
     began = time.perf_counter()
 
@@ -352,6 +366,8 @@ def _execute(
                     checkpoint.restore(node, saved["nodes"][nid])
             observer.attach(network)
             asyncio.run(_run_messages(network, rounds, config.run.checkpoint_every, save))
+        elif events is not None:
+            final = run_events(events, observer)
         else:
             assert vectorized is not None
             final = run_vectorized(vectorized, observer, writer, progress, save=save, saved=saved)
@@ -396,7 +412,7 @@ def _execute(
 
 def _finish(
     setup: RunSetup,
-    built: Network | VectorizedNetwork,
+    built: Network | VectorizedNetwork | EventNetwork,
     observer: RunObserver,
     out: Path,
     name: str,
@@ -417,7 +433,12 @@ def _finish(
         "threads": torch.get_num_threads(),
         "overrides": list(overrides),
     }
-    if isinstance(built, VectorizedNetwork):
+    if isinstance(built, EventNetwork):
+        extra.update(engine="events", gradients=built.objective.mode)
+        if final is None:
+            models = built.models()
+            final = {nid: models[i] for i, nid in enumerate(built.nodes)}
+    elif isinstance(built, VectorizedNetwork):
         extra.update(engine="vectorized", device=str(built.device))
         extra["gradients"] = built.objective.mode
         if final is None:
@@ -513,6 +534,20 @@ def run_vectorized(
         raise
     flusher.flush()
     return _vectorized_final(net, observer)
+
+
+def run_events(net: EventNetwork, observer: RunObserver) -> dict[str, torch.Tensor]:
+    """Run an asynchronous network's rounds (see :mod:`fedcore.engines.events`) into
+    ``observer``; every node's final parameters."""
+    lr = net.setup.options.lr
+    while net.round < observer.rounds:
+        figures = net.run_round()
+        evaluating = observer.is_eval_round(figures.round)
+        models = net.models() if evaluating else None
+        for i, record in enumerate(net.records(figures, lr)):
+            observer.observe(record, None if models is None else models[i].clone())
+    models = net.models()
+    return {nid: models[i] for i, nid in enumerate(net.nodes)}
 
 
 def _vectorized_final(net: VectorizedNetwork, observer: RunObserver) -> dict[str, torch.Tensor]:

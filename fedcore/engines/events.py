@@ -1,0 +1,509 @@
+"""The event engine: asynchronous algorithms in virtual time (``fedcore simulate``).
+
+Every peer's state is a row of stacked tensors, as on the vectorized engine, but no round
+is shared: each worker computes for the time ``[time]`` gives it
+(:class:`~fedcore.timing.TimeModel`: its compute draws, its links' transfer times of the
+messages' real encoded sizes, its on/off periods) and acts when its computation ends, by
+its algorithm's rule (:mod:`fedcore.algorithms.asynchronous`). Time advances tick by
+tick: a tick starts at the earliest pending event and lasts :data:`TICK_SHARE` of a local
+step (``time.step_s``; an instant without compute times), and every worker whose
+computation ends within it acts together, in node order: one batched gradient call for
+the group, one tensor operation per rule step. So an event is handled at most one tick
+after its time, and the run is a function of the config (the keyed draws, node order),
+the same bits every time.
+
+What each algorithm does at an event:
+
+* ``adpsgd``: the worker averages with its partner (drawn by the keyed hash among its
+  neighbours; the request and the reply each take the link's transfer time, inside the
+  event's time), then applies the gradient it computed when its computation began. Pairs
+  of one tick that share a peer are averaged one after another in node order (a peer is
+  in one averaging at a time, as AD-PSGD's atomic averaging has it); the gradients follow.
+* ``async-push-sum``: the worker steps and pushes running sums to its out-neighbours;
+  each message arrives after its transfer time and is applied at the tick it arrives in.
+* ``fedbuff``, ``fedasync``: the worker's upload reaches the server (after downloading,
+  ``run.local_steps`` local steps and uploading); the server buffers or mixes it, and the
+  worker downloads the current model and starts again.
+
+A fault plan's drops apply (the tick's index is the message's round coordinate): a lost
+exchange, push or upload is lost as each rule says. Crashes and partitions are by round,
+which an asynchronous run has none of (use ``time.on_s``/``off_s``). For the records, a
+*round* is ``W`` computations in all (``W``: the workers), one a worker on average, so
+``run.rounds`` and ``run.eval_every`` mean what they mean for the synchronous algorithms
+(the same number of gradient steps); a node record's ``vtime`` is the round's end.
+Checkpoints are not written for asynchronous runs yet.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedcore import counter_random as keyed
+from fedcore.algorithms.asynchronous import ADPSGD, AsyncPushSum, FedAsync, FedBuff
+from fedcore.algorithms.batched import stack_graph
+from fedcore.errors import ConfigError
+from fedcore.node import RoundRecord
+from fedcore.setup.prepare import RunSetup
+from fedcore.setup.virtual import row_codec
+from fedcore.stacked_training import StackedBatches, StackedObjective
+
+__all__ = ["TICK_SHARE", "EventNetwork", "RoundEvents"]
+
+TICK_SHARE = 0.01
+"""A tick's length as a share of one local step's mean time (``time.step_s``)."""
+
+_PARTNER = keyed.string_id("partner")
+_F64 = torch.float64
+
+
+@dataclass(frozen=True, slots=True)
+class RoundEvents:
+    """What happened in one round of an asynchronous run (host values, node order)."""
+
+    round: int
+    vtime: float
+    loss: list[float]  # mean loss of each node's computations that ended (NaN: none)
+    compute: list[float]
+    sent: list[int]
+    bytes_sent: list[int]
+    received: list[int]
+    bytes_received: list[int]
+    dropped: list[int]
+    events: int
+
+
+class EventNetwork:
+    """Every peer of an asynchronous ``setup`` as rows, run in virtual time (see the
+    module docstring).
+
+    Raises:
+        ConfigError: what an asynchronous run cannot do (an online stream, a schedule, a
+            node optimizer, crashes or partitions, checkpoints, several local steps for a
+            decentralized algorithm).
+    """
+
+    def __init__(self, setup: RunSetup) -> None:
+        """Build the rows, batches and timing of ``setup``."""
+        config = setup.config
+        algorithm = setup.algorithm
+        name = algorithm.name
+        why = _unsupported(setup)
+        if why is not None:
+            raise ConfigError(f"the asynchronous algorithm {name!r} cannot run this config: {why}.")
+        self.setup = setup
+        self.algorithm: Any = algorithm
+        self.nodes = setup.graph.nodes
+        n = self.n = len(self.nodes)
+        self.device = torch.device("cpu")
+        self.graph = stack_graph(setup.graph.at(0), device=self.device)
+        self.timing = setup.time_model()
+        self.plan = setup.faults
+        self.steps = config.run.local_steps
+        self.lr = setup.options.lr
+        start = setup.start
+        self.x = start.unsqueeze(0).repeat(n, 1)
+        self.d = int(start.numel())
+        codec = row_codec(setup)
+        self.model_bytes = codec.nbytes(self.d, start.dtype)
+        self.objective = StackedObjective(setup.objective, self.device, setup.evaluator)
+        server = getattr(algorithm, "server", None)
+        self.server = None if server is None else self.nodes.index(server)
+        parts = [p if len(p) else np.zeros(1, dtype=np.int64) for p in setup.parts]
+        self.batches = StackedBatches(
+            setup.dataset.x_train,
+            setup.dataset.y_train,
+            parts,
+            batch_size=config.data.batch_size,
+            seeds=[config.run.seed * 1_000_003 + i for i in range(n)],
+            order=config.data.order,
+            device=self.device,
+        )
+        workers = torch.ones(n, dtype=torch.bool)
+        if self.server is not None:
+            workers[self.server] = False
+        self.workers = workers
+        self.count = int(workers.sum())
+        step = config.time.step_s * self.steps
+        self.tick = TICK_SHARE * step if config.time.step_s > 0 else 0.0
+        self.now = 0.0
+        self.ticks = 0
+        self.taken = torch.zeros(n, dtype=torch.int64)  # local steps, the draws' coordinate
+        self.done = torch.zeros(n, dtype=torch.int64)  # computations ended
+        self.ends = torch.full((n,), math.inf, dtype=_F64)  # when each computation ends
+        self.pending = torch.zeros_like(self.x)  # the gradient (or update) being computed
+        self.pending_loss = torch.full((n,), math.nan, dtype=_F64)
+        self.pending_compute = torch.zeros(n, dtype=_F64)
+        self.completed = 0
+        self.round = 0
+        self._key = keyed.make_key("fedcore.events", config.run.seed)
+        self._words = keyed.string_ids(self.nodes, "cpu")
+        self._reset_round()
+        if isinstance(algorithm, AsyncPushSum):
+            e = self.graph.src.numel()
+            self.w = torch.ones(n, dtype=_F64)
+            self.sums = torch.zeros(e, self.d + 1, dtype=_F64)  # running sums (x, w) per edge
+            self.applied = torch.zeros_like(self.sums)
+            self.last = torch.full((e,), -1, dtype=torch.int64)  # newest message applied
+            self.flight: list[tuple[float, int, int]] = []  # (arrival, seq, edge)
+            self.payloads: dict[int, torch.Tensor] = {}
+            self.seq = 0
+            self.push_bytes = self.model_bytes + 8
+        if isinstance(algorithm, ADPSGD):
+            order = torch.argsort(self.graph.src * n + self.graph.dst)
+            src, dst = self.graph.src[order], self.graph.dst[order]
+            self.nbr_dst = dst
+            self.nbr_start = torch.searchsorted(src, torch.arange(n))
+            self.degree = torch.bincount(src, minlength=n)
+            self._partner_of = torch.zeros(n, dtype=torch.int64)
+        if isinstance(algorithm, FedBuff | FedAsync):
+            buffer = algorithm.buffer if isinstance(algorithm, FedBuff) else 1
+            self.buffer: int = buffer or self.count
+        self.version: int = 0  # the server's model's version (the server family)
+        self.versions = torch.zeros(n, dtype=torch.int64)  # the one each worker downloaded
+        self.total = torch.zeros(self.d, dtype=_F64)  # FedBuff's buffer, and its count
+        self.buffered: int = 0
+        # Each worker's examples over the workers' mean: FedBuff weighs its update by it,
+        # as FedAvg weighs a worker's model (1 for equal parts).
+        held = torch.tensor([float(len(p)) for p in setup.parts], dtype=_F64) * workers
+        self.share = held * self.count / held.sum().clamp(min=1.0)
+        self._start(torch.nonzero(workers).squeeze(1), torch.zeros(self.count, dtype=_F64))
+
+    # --- records --------------------------------------------------------------------------
+
+    def _reset_round(self) -> None:
+        n = self.n
+        self._loss_sum = np.zeros(n)
+        self._loss_count = np.zeros(n, dtype=np.int64)
+        self._compute = np.zeros(n)
+        self._sent = np.zeros(n, dtype=np.int64)
+        self._bytes = np.zeros(n, dtype=np.int64)
+        self._received = np.zeros(n, dtype=np.int64)
+        self._bytes_in = np.zeros(n, dtype=np.int64)
+        self._dropped = np.zeros(n, dtype=np.int64)
+        self._events = 0
+
+    def _traffic(self, src: torch.Tensor, dst: torch.Tensor, nbytes: int, ok: torch.Tensor) -> None:
+        """Count messages ``src -> dst`` (``ok``: not lost)."""
+        s, d, k = src.numpy(), dst.numpy(), ok.numpy()
+        np.add.at(self._sent, s[k], 1)
+        np.add.at(self._bytes, s[k], nbytes)
+        np.add.at(self._received, d[k], 1)
+        np.add.at(self._bytes_in, d[k], nbytes)
+        np.add.at(self._dropped, s[~k], 1)
+
+    def _lost(self, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        if self.plan is None:
+            return torch.zeros(src.shape, dtype=torch.bool)
+        return self.plan.lost_mask(src, dst, self.ticks, 0)
+
+    def records(self, figures: RoundEvents, lr: float) -> list[RoundRecord]:
+        """Every node's record of a round."""
+        return [
+            RoundRecord(
+                node=node,
+                round=figures.round,
+                loss=figures.loss[i],
+                lr=lr,
+                messages_sent=figures.sent[i],
+                bytes_sent=figures.bytes_sent[i],
+                messages_received=figures.received[i],
+                bytes_received=figures.bytes_received[i],
+                messages_missing=0,
+                messages_late=0,
+                messages_rejected=0,
+                missing=(),
+                wall_s=0.0,
+                messages_dropped=figures.dropped[i],
+                idle=not bool(self.workers[i]),
+                vtime=figures.vtime,
+                compute_s=figures.compute[i],
+            )
+            for i, node in enumerate(self.nodes)
+        ]
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def models(self) -> torch.Tensor:
+        """``[N, d]``: every node's model (push-sum: its de-biased ``x / w``)."""
+        if isinstance(self.algorithm, AsyncPushSum):
+            return AsyncPushSum.debiased(self.x, self.w)
+        return self.x
+
+    def run_round(self) -> RoundEvents:
+        """Handle events until ``W`` more computations ended; the round's figures."""
+        goal = (self.round + 1) * self.count
+        while self.completed < goal:
+            self._tick()
+        mean = np.where(
+            self._loss_count > 0, self._loss_sum / np.maximum(self._loss_count, 1), np.nan
+        )
+        figures = RoundEvents(
+            round=self.round,
+            vtime=self.now,
+            loss=mean.tolist(),
+            compute=self._compute.tolist(),
+            sent=self._sent.tolist(),
+            bytes_sent=self._bytes.tolist(),
+            received=self._received.tolist(),
+            bytes_received=self._bytes_in.tolist(),
+            dropped=self._dropped.tolist(),
+            events=self._events,
+        )
+        self.round += 1
+        self._reset_round()
+        return figures
+
+    def _tick(self) -> None:
+        """Handle every event of the next tick."""
+        first = float(self.ends.min())
+        if isinstance(self.algorithm, AsyncPushSum) and self.flight:
+            first = min(first, self.flight[0][0])
+        if not math.isfinite(first):
+            raise ConfigError("no worker can compute: every peer is off for good.")
+        end = first + self.tick
+        self.now = first
+        if isinstance(self.algorithm, AsyncPushSum):
+            self._arrivals(end)
+        group = torch.nonzero(self.ends <= end).squeeze(1)
+        if group.numel():
+            times = self.ends[group]
+            self.now = float(times.max())
+            self._act(group)
+            self.done[group] += 1
+            self.completed += int(group.numel())
+            self._events += int(group.numel())
+            g = group.numpy()
+            losses = self.pending_loss[group].numpy()
+            self._loss_sum[g] += losses
+            self._loss_count[g] += 1
+            self._compute[g] += self.pending_compute[group].numpy()
+            self._start(group, times)
+        self.ticks += 1
+
+    def _start(self, rows: torch.Tensor, at: torch.Tensor) -> None:
+        """``rows`` begin their next computation at ``at`` (once on): the gradient (or
+        the local steps) on the model they read now, and when it ends."""
+        timing = self.timing
+        began = timing.available_from(rows, at) if timing.timed else at.clone()
+        compute = timing.compute_seconds(rows, self.taken[rows], self.steps)
+        self.taken[rows] += self.steps
+        algorithm = self.algorithm
+        wire = torch.zeros_like(compute)
+        if isinstance(algorithm, AsyncPushSum):
+            params = AsyncPushSum.debiased(self.x[rows], self.w[rows])
+            loss, grad = self._gradient(rows, params)
+            self.pending[rows] = grad
+        elif isinstance(algorithm, ADPSGD):
+            loss, grad = self._gradient(rows, self.x[rows])
+            self.pending[rows] = grad
+            partners = self._partners(rows)
+            nbytes = torch.full(rows.shape, self.model_bytes)
+            there = timing.transfer_seconds(rows, partners, nbytes)
+            back = timing.transfer_seconds(partners, rows, nbytes)
+            wire = there + back
+            self._partner_of[rows] = partners
+        else:  # the server family: download, local steps, upload
+            server = self.server
+            assert server is not None
+            self.x[rows] = self.x[server].clone()
+            self.versions[rows] = self.version
+            start = self.x[rows].clone()
+            losses = []
+            x = start
+            for _ in range(self.steps):
+                step_loss, grad = self._gradient(rows, x)
+                losses.append(step_loss)
+                x = x - self.lr * grad
+            loss = torch.stack(losses).mean(dim=0)
+            self.pending[rows] = start - x  # the update (FedBuff) ...
+            self.x[rows] = x  # ... and the worker's model (FedAsync mixes it)
+            nbytes = torch.full(rows.shape, self.model_bytes)
+            s = torch.full(rows.shape, server)
+            wire = timing.transfer_seconds(s, rows, nbytes) + timing.transfer_seconds(
+                rows, s, nbytes
+            )
+        self.pending_loss[rows] = loss
+        self.pending_compute[rows] = compute
+        self.ends[rows] = began + compute + wire
+
+    def _gradient(
+        self, rows: torch.Tensor, params: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's loss and gradient on its next batch, at ``params``."""
+        up = np.zeros(self.n, dtype=np.bool_)
+        up[rows.numpy()] = True
+        got, x, y, mask = self.batches.next(up)
+        assert torch.equal(got, rows)  # both in node order
+        losses, grads = self.objective.loss_and_grad(params, x, y, mask)
+        return losses.to(_F64), grads
+
+    def _partners(self, rows: torch.Tensor) -> torch.Tensor:
+        """Each row's AD-PSGD partner: uniform among its neighbours (the keyed hash of the
+        node and its count of computations)."""
+        u = keyed.uniform_tensor(self._key, _PARTNER, self._words[rows], self.done[rows])
+        k = torch.floor(u * self.degree[rows].to(_F64)).to(torch.int64)
+        return self.nbr_dst[self.nbr_start[rows] + k]
+
+    def _act(self, group: torch.Tensor) -> None:
+        """What ``group`` (node order) does as its computations end."""
+        algorithm = self.algorithm
+        if isinstance(algorithm, ADPSGD):
+            self._average(group)
+            self.x[group] = ADPSGD.apply(self.x[group], self.pending[group], self.lr)
+        elif isinstance(algorithm, AsyncPushSum):
+            self._push(group)
+        else:
+            self._upload(group)
+
+    def _average(self, group: torch.Tensor) -> None:
+        """AD-PSGD's pairwise averages of ``group``, in layers of pairs that share no peer
+        (applied one layer after another, node order deciding the layers)."""
+        partners = self._partner_of[group]
+        nbytes = self.model_bytes
+        lost = self._lost(group, partners) | self._lost(partners, group)
+        self._traffic(group, partners, nbytes, ~lost)
+        self._traffic(partners, group, nbytes, ~lost)
+        layers: list[list[int]] = []
+        busy: list[set[int]] = []
+        for k, (i, j) in enumerate(zip(group.tolist(), partners.tolist(), strict=True)):
+            if bool(lost[k]):
+                continue
+            for layer, used in zip(layers, busy, strict=True):
+                if i not in used and j not in used:
+                    layer.append(k)
+                    used.update((i, j))
+                    break
+            else:
+                layers.append([k])
+                busy.append({i, j})
+        for layer in layers:
+            pick = torch.tensor(layer, dtype=torch.int64)
+            a, b = group[pick], partners[pick]
+            mean = ADPSGD.average(self.x[a], self.x[b])
+            self.x[a] = mean
+            self.x[b] = mean
+
+    def _push(self, group: torch.Tensor) -> None:
+        """Asynchronous push-sum: step, keep the self share, push running sums."""
+        g = self.graph
+        x = self.x[group] - self.lr * self.pending[group]
+        w = self.w[group]
+        out = torch.nonzero(torch.isin(g.src, group)).squeeze(1)
+        self.x[group] = x
+        if out.numel():
+            src = g.src[out]
+            share = g.weight[out].unsqueeze(1)
+            mass = torch.cat([self.x[src].to(_F64), self.w[src].unsqueeze(1)], dim=1)
+            self.sums[out] += share * mass
+            lost = self._lost(src, g.dst[out])
+            self._traffic(src, g.dst[out], self.push_bytes, ~lost)
+            nbytes = torch.full(out.shape, self.push_bytes)
+            arrive = self.ends[src] + self.timing.transfer_seconds(src, g.dst[out], nbytes)
+            for e, when in zip(out[~lost].tolist(), arrive[~lost].tolist(), strict=True):
+                self.seq += 1
+                self.payloads[self.seq] = self.sums[e].clone()
+                heapq.heappush(self.flight, (when, self.seq, e))
+        x_kept, w_kept = AsyncPushSum.push(self.x[group], w, g.self_weight[group])
+        self.x[group] = x_kept
+        self.w[group] = w_kept
+
+    def _arrivals(self, end: float) -> None:
+        """Apply every push-sum message arriving by ``end`` (per edge the newest)."""
+        newest: dict[int, int] = {}
+        while self.flight and self.flight[0][0] <= end:
+            _, seq, e = heapq.heappop(self.flight)
+            if seq > newest.get(e, -1):
+                if e in newest:
+                    del self.payloads[newest[e]]
+                newest[e] = seq
+            else:
+                del self.payloads[seq]
+        if not newest:
+            return
+        edges = torch.tensor(sorted(newest), dtype=torch.int64)
+        seqs = torch.tensor([newest[e] for e in edges.tolist()], dtype=torch.int64)
+        fresh = seqs > self.last[edges]
+        edges, seqs = edges[fresh], seqs[fresh]
+        sums = torch.stack([self.payloads.pop(s) for s in seqs.tolist()]) if edges.numel() else None
+        for s in [s for e, s in newest.items() if s in self.payloads]:
+            del self.payloads[s]
+        if sums is None:
+            return
+        dst = self.graph.dst[edges]
+        gain = sums - self.applied[edges]
+        self.x.index_add_(0, dst, gain[:, : self.d].to(self.x.dtype))
+        self.w.index_add_(0, dst, gain[:, self.d])
+        self.applied[edges] = sums
+        self.last[edges] = seqs
+
+    def _upload(self, group: torch.Tensor) -> None:
+        """The server family: each upload of ``group`` reaches the server, in node order."""
+        algorithm = self.algorithm
+        server = self.server
+        assert server is not None
+        s = torch.full(group.shape, server)
+        lost = self._lost(group, s)
+        self._traffic(group, s, self.model_bytes, ~lost)
+        self._traffic(s, group, self.model_bytes, torch.ones_like(lost))  # the downloads
+        for k, i in enumerate(group.tolist()):
+            if bool(lost[k]):
+                continue
+            staleness = self.version - int(self.versions[i])
+            if isinstance(algorithm, FedAsync):
+                self.x[server] = algorithm.mix(self.x[server], self.x[i], staleness)
+                self.version += 1
+                continue
+            weight = float(FedBuff.weight(torch.tensor(staleness))) * float(self.share[i])
+            self.total += weight * self.pending[i].to(_F64)
+            self.buffered += 1
+            if self.buffered == self.buffer:
+                x = algorithm.step(self.x[server].to(_F64), self.total, self.buffered)
+                self.x[server] = x.to(self.x.dtype)
+                self.total.zero_()
+                self.buffered = 0
+                self.version += 1
+
+    # --- checks -----------------------------------------------------------------------------
+
+    @property
+    def mass(self) -> float:
+        """Asynchronous push-sum: ``sum_i w_i`` plus the weight in flight (``N``)."""
+        flight = float((self.sums[:, self.d] - self.applied[:, self.d]).sum())
+        return float(self.w.sum()) + flight
+
+
+def _unsupported(setup: RunSetup) -> str | None:
+    """Why the event engine cannot run ``setup`` (one clause), or None."""
+    config = setup.config
+    if setup.source is not None:
+        return "online streams (data.stream) run on the synchronous engines only"
+    if setup.graph.period > 1:
+        return "a time-varying schedule has rounds, which an asynchronous run has none of"
+    if setup.optimizer() is not None:
+        return "node optimizers (optimizer.name) are for the synchronous algorithms"
+    if config.faults.crashes or config.faults.partitions:
+        return (
+            "faults.crashes and faults.partitions are by round; give peers that come and go "
+            "with time.on_s and time.off_s"
+        )
+    if config.run.checkpoint_every:
+        return "checkpoints of asynchronous runs are not written yet; set run.checkpoint_every = 0"
+    if config.run.regret:
+        return "run.regret counts one loss a node a round"
+    if config.run.local_steps > 1 and getattr(setup.algorithm, "server", None) is None:
+        return (
+            f"{setup.algorithm.name} takes one gradient step an event; run.local_steps is "
+            "for fedbuff and fedasync"
+        )
+    if config.time.step_s <= 0 and config.time.compute_trace == "":
+        return (
+            "an asynchronous run needs compute times: set time.step_s (e.g. 0.1), or "
+            "time.compute_trace"
+        )
+    return None
