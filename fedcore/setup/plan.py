@@ -56,6 +56,7 @@ __all__ = [
     "plan_run",
     "planned_nodes",
     "read_trust",
+    "refuse_asynchronous_peers",
     "resolve_algorithm",
     "round_drift",
     "run_shape",
@@ -447,6 +448,21 @@ def outline_run(
     return Outline(algorithm, trust, run_shape(config, algorithm, trust))
 
 
+def refuse_asynchronous_peers(algorithm: Algorithm) -> None:
+    """Refuse an asynchronous algorithm where peers would run it as processes (``fedcore
+    launch``, ``fedcore node``, the deployment writers): its real peers are not built yet.
+
+    Raises:
+        ConfigError: ``algorithm`` is asynchronous.
+    """
+    if getattr(algorithm, "asynchronous", False):
+        raise ConfigError(
+            f"the asynchronous algorithm {algorithm.name!r} runs in fedcore simulate (the event "
+            "engine, in virtual time); peers over gRPC do not run it yet. Simulate it, or run "
+            "a synchronous algorithm as peers."
+        )
+
+
 def plan_run(
     config: Config,
     *,
@@ -470,6 +486,7 @@ def plan_run(
     """
     laps = Laps()
     outline = outline_run(config, algorithm=algorithm, trust=trust, laps=laps)
+    refuse_asynchronous_peers(outline.algorithm)
     return finish_plan(config, outline, model, laps)
 
 
