@@ -227,7 +227,7 @@ def main() -> None:
     runs = run_grid(
         {label: [*shared, *overrides] for label, (_, _, _, overrides) in grid.items()},
         args.seeds,
-        out / f"time-{args.dataset}-runs",
+        out / "runs" / f"time-{args.dataset}",
         args.jobs,
     )
     text, rows = report(runs, grid, args)

@@ -96,3 +96,20 @@ def test_federated_results_tiny(tmp_path: Path) -> None:
     assert abs(acc["FedAvg C=1 K=1"] - acc["CENTRAL"]) < 0.05
     assert acc["FedAvg C=0.25 K=5"] > 0.5
     assert rows["FedAvg C=0.25 K=5"]["mb_per_node"] < rows["FedAvg C=1 K=1"]["mb_per_node"] / 3
+
+
+@pytest.mark.slow  # about 20 s: 18 short runs
+def test_time_results_tiny(tmp_path: Path) -> None:
+    """Claims (a)-(c) at CI size: with homogeneous peers each asynchronous method ends
+    within a few points of its synchronous counterpart; with 10% of the peers 10x slower,
+    AD-PSGD, asynchronous push-sum and FedBuff reach the target in less virtual time."""
+    _run(["scripts/time_results.py", "--tiny", "--jobs", "2", "--out", str(tmp_path)], 600)
+    stem = tmp_path / "time-digits"
+    assert stem.with_suffix(".png").stat().st_size > 0
+    rows = {r["case"]: r for r in json.loads(stem.with_suffix(".json").read_text("utf-8"))}
+    assert not [case for case, r in rows.items() if "failed" in r]
+    for sync, asyn in (("D-PSGD", "AD-PSGD"), ("OPS", "async push-sum"), ("FedAvg", "FedBuff")):
+        same = rows[f"homogeneous: {sync}"]["accuracy"] - rows[f"homogeneous: {asyn}"]["accuracy"]
+        assert abs(same) < 0.06, (sync, asyn)
+        slow = rows[f"heavy-tailed: {asyn}"]
+        assert slow["engine"] == "events" and slow["speedup_to_target"] > 2, (asyn, slow)
