@@ -666,7 +666,11 @@ def _draw(
 ) -> Any:
     """One line (and its band) on ``ax``; points at x <= 0 left out on a log axis; markers
     on every point of a short line, about a dozen along a long one."""
-    keep = [i for i, x in enumerate(xs) if x > 0 or not positive_x]
+    keep = [
+        i
+        for i, x in enumerate(xs)
+        if (x > 0 or not positive_x) and not math.isnan(x) and not math.isnan(ys[i])
+    ]
     x = [xs[i] for i in keep]
     y = [ys[i] for i in keep]
     every = 0.08 if len(x) > 12 else None  # by distance: even on a log axis

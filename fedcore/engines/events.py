@@ -68,7 +68,8 @@ class RoundEvents:
 
     round: int
     vtime: float
-    loss: list[float]  # mean loss of each node's computations that ended (NaN: none)
+    loss: list[float]  # mean loss of each node's computations that ended (NaN: none:
+    # the node's record says idle, as a synchronous round's unsampled worker's does)
     compute: list[float]
     sent: list[int]
     bytes_sent: list[int]
@@ -220,7 +221,7 @@ class EventNetwork:
                 missing=(),
                 wall_s=0.0,
                 messages_dropped=figures.dropped[i],
-                idle=not bool(self.workers[i]),
+                idle=not bool(self.workers[i]) or math.isnan(figures.loss[i]),
                 vtime=figures.vtime,
                 compute_s=figures.compute[i],
             )
