@@ -81,6 +81,7 @@ def overrides(algorithm: str, graph: list[str], peers: int, rounds: int) -> list
         f"topology.nodes={peers}",
         "data.dataset=events:blobs",
         "data.batch_size=4",
+        "data.partition=iid",
         "model.name=logreg",
         f"run.rounds={rounds}",
         *TIME,
