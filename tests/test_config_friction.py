@@ -30,7 +30,7 @@ TYPOS = {
     "algorithm-key-name": (["algorithm.nmae=ops"], "nmae (did you mean `name`?)"),
     "algorithm-key-lr": (["algorithm.lrr=0.1"], "lrr (did you mean `lr`?)"),
     "algorithm-option": (["algorithm.robsut=true"], "robsut (did you mean `robust`?)"),
-    "algorithm": (["algorithm.name=dpgsd"], "unknown algorithm 'dpgsd'; did you mean `dpsgd`?"),
+    "algorithm": (["algorithm.name=dpgsd"], "unknown algorithm 'dpgsd'; did you mean `dpsgd`"),
     "codec": (["compression.codec=qsdg"], "did you mean `qsgd`?"),
     "server-optimizer": (
         ["algorithm.name=fedavg", "topology.kind=star", "algorithm.server_optimizer=adma"],

@@ -47,11 +47,12 @@ import torch
 from fedcore import counter_random as keyed
 from fedcore.algorithms.asynchronous import ADPSGD, AsyncPushSum, FedAsync, FedBuff
 from fedcore.algorithms.batched import stack_graph
+from fedcore.engines.vectorized import stacked_batches
 from fedcore.errors import ConfigError
 from fedcore.node import RoundRecord
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
-from fedcore.stacked_training import StackedBatches, StackedObjective
+from fedcore.stacked_training import StackedObjective
 
 __all__ = ["TICK_SHARE", "EventNetwork", "RoundEvents"]
 
@@ -115,16 +116,7 @@ class EventNetwork:
         self.objective = StackedObjective(setup.objective, self.device, setup.evaluator)
         server = getattr(algorithm, "server", None)
         self.server = None if server is None else self.nodes.index(server)
-        parts = [p if len(p) else np.zeros(1, dtype=np.int64) for p in setup.parts]
-        self.batches = StackedBatches(
-            setup.dataset.x_train,
-            setup.dataset.y_train,
-            parts,
-            batch_size=config.data.batch_size,
-            seeds=[config.run.seed * 1_000_003 + i for i in range(n)],
-            order=config.data.order,
-            device=self.device,
-        )
+        self.batches = stacked_batches(setup, self.device)
         workers = torch.ones(n, dtype=torch.bool)
         if self.server is not None:
             workers[self.server] = False

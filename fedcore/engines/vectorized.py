@@ -183,7 +183,6 @@ class VectorizedNetwork:
             raise ConfigError(f"the vectorized engine cannot run this config: {reason}.")
         self.setup = setup
         self.device = device
-        config = setup.config
         self.nodes = setup.graph.nodes
         self.n = len(self.nodes)
         graphs = [setup.graph.at(t) for t in range(setup.graph.period)]
@@ -229,18 +228,7 @@ class VectorizedNetwork:
                 [] if self._batched_source else [setup.source.stream(i) for i in range(self.n)]
             )
         else:
-            # A node that holds no data (the server family's server) never trains, so it
-            # never reads: a stand-in part of one example keeps the stacked batches simple.
-            parts = [p if len(p) else np.zeros(1, dtype=np.int64) for p in setup.parts]
-            self.batches = StackedBatches(
-                setup.dataset.x_train,
-                setup.dataset.y_train,
-                parts,
-                batch_size=config.data.batch_size,
-                seeds=[config.run.seed * 1_000_003 + i for i in range(self.n)],
-                order=config.data.order,
-                device=device,
-            )
+            self.batches = stacked_batches(setup, device)
         self._checks: list[tuple[int, torch.Tensor, str, type[Exception]]] = []
         self.read = np.zeros(self.n, dtype=np.int64)  # batches each node read (online streams)
         self.round = 0
@@ -495,6 +483,23 @@ class VectorizedNetwork:
                         key = f"{self.nodes[src[e]]}->{self.nodes[dst[e]]}"
                         table[key] = table.get(key, 0) + int(counts[e])
         return missing, dropped
+
+
+def stacked_batches(setup: RunSetup, device: torch.device) -> StackedBatches:
+    """Every node's batches of ``setup``, drawn as each node's stream draws them."""
+    config = setup.config
+    # A node that holds no data (the server family's server) never trains, so it never
+    # reads: a stand-in part of one example keeps the stacked batches simple.
+    parts = [p if len(p) else np.zeros(1, dtype=np.int64) for p in setup.parts]
+    return StackedBatches(
+        setup.dataset.x_train,
+        setup.dataset.y_train,
+        parts,
+        batch_size=config.data.batch_size,
+        seeds=[config.run.seed * 1_000_003 + i for i in range(len(parts))],
+        order=config.data.order,
+        device=device,
+    )
 
 
 class _Counter:
