@@ -18,14 +18,16 @@ which messages arrive and which are lost.
   it.
 * :class:`AsyncPushSum` (asynchronous gradient-push: Assran and Rabbat, "Asynchronous
   Gradient-Push", IEEE TAC 2021): a peer holds a numerator ``x_i`` and a weight ``w_i``
-  and computes its gradient at ``z_i = x_i / w_i``; when that ends it steps, ``x_i <- x_i -
-  lr g_i``, then keeps ``p_ii`` of ``(x_i, w_i)`` and pushes ``p_ji (x_i, w_i)`` to each
-  out-neighbour (column-stochastic weights, any strongly connected digraph). Messages
-  carry running sums per edge (fedcore's robust push-sum, reference section 10): a
-  receiver adds the difference to the last sum it applied from that edge, so a lost
-  message's mass arrives with the next one, and one overtaken by a newer one (or older
-  than one applied) is ignored. ``sum_i w_i`` plus the mass in flight is ``N`` at every
-  moment.
+  and computes its gradient at ``z_i = x_i / w_i``; when that ends it steps by ``lr`` on
+  ``z``, ``x_i <- x_i - lr w_i g_i`` (as OPS's ``step_scale = "omega"``: peers that
+  compute at different rates hold very different weights, and a step of ``lr`` on the
+  numerator would move a peer of small weight by ``lr / w_i``), then keeps ``p_ii`` of
+  ``(x_i, w_i)`` and pushes ``p_ji (x_i, w_i)`` to each out-neighbour (column-stochastic
+  weights, any strongly connected digraph). Messages carry running sums per edge
+  (fedcore's robust push-sum, reference section 10): a receiver adds the difference to
+  the last sum it applied from that edge, so a lost message's mass arrives with the next
+  one, and one overtaken by a newer one (or older than one applied) is ignored. ``sum_i
+  w_i`` plus the mass in flight is ``N`` at every moment.
 * :class:`FedBuff` (Nguyen et al., "Federated Learning with Buffered Asynchronous
   Aggregation", AISTATS 2022): a worker downloads the server's model and its version,
   runs ``run.local_steps`` local steps and uploads ``delta = x_start - x_end``; the
@@ -102,6 +104,11 @@ class AsyncPushSum:
     def debiased(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``z = x / w`` of each row (``w``: ``[B]`` float64)."""
         return x / w.to(x.dtype).unsqueeze(1)
+
+    @staticmethod
+    def step(x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
+        """A step of ``lr`` on ``z = x / w``: ``x - lr w g`` (``w``: ``[B]`` float64)."""
+        return x - (lr * w).to(x.dtype).unsqueeze(1) * grad
 
     @staticmethod
     def push(

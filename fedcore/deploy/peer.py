@@ -40,6 +40,7 @@ from typing import Any, Protocol, TextIO
 
 import torch
 
+from fedcore.algorithms.asynchronous import is_asynchronous
 from fedcore.certs import load_tls
 from fedcore.config import Config
 from fedcore.errors import ConfigError, FedcoreError
@@ -446,7 +447,16 @@ async def _peer(
     try:
         # The servicer validates (decodes) every message on arrival; the cache hands the
         # same tensors to the node's own decode at collect time: each is decoded once.
-        node = setup.make_node(node_id, transport, observer=log, decode_cache=DecodeCache())
+        node: Any
+        if is_asynchronous(setup.algorithm):
+            if saved is not None:
+                raise ConfigError(
+                    f"{node_id}: an asynchronous peer writes no checkpoints to resume from; "
+                    "start it again without --resume."
+                )
+            node = setup.make_async_peer(node_id, transport, observer=log)
+        else:
+            node = setup.make_node(node_id, transport, observer=log, decode_cache=DecodeCache())
         if saved is not None:
             checkpoint.restore(node, saved)
             transport.mailbox.start_at(node.round)

@@ -139,14 +139,17 @@ class EventNetwork:
         self._reset_round()
         if isinstance(algorithm, AsyncPushSum):
             e = self.graph.src.numel()
-            self.w = torch.ones(n, dtype=_F64)
-            self.sums = torch.zeros(e, self.d + 1, dtype=_F64)  # running sums (x, w) per edge
-            self.applied = torch.zeros_like(self.sums)
-            self.last = torch.full((e,), -1, dtype=torch.int64)  # newest message applied
+            self.w: torch.Tensor = torch.ones(n, dtype=_F64)
+            # running sums (x, w) per edge
+            self.sums: torch.Tensor = torch.zeros(e, self.d + 1, dtype=_F64)
+            self.applied: torch.Tensor = torch.zeros_like(self.sums)
+            self.last: torch.Tensor = torch.full(
+                (e,), -1, dtype=torch.int64
+            )  # newest message applied
             self.flight: list[tuple[float, int, int]] = []  # (arrival, seq, edge)
             self.payloads: dict[int, torch.Tensor] = {}
-            self.seq = 0
-            self.push_bytes = self.model_bytes + 8
+            self.seq: int = 0
+            self.push_bytes: int = int(self.model_bytes) + 8
         if isinstance(algorithm, ADPSGD):
             order = torch.argsort(self.graph.src * n + self.graph.dst)
             src, dst = self.graph.src[order], self.graph.dst[order]
@@ -385,8 +388,8 @@ class EventNetwork:
     def _push(self, group: torch.Tensor) -> None:
         """Asynchronous push-sum: step, keep the self share, push running sums."""
         g = self.graph
-        x = self.x[group] - self.lr * self.pending[group]
         w = self.w[group]
+        x = AsyncPushSum.step(self.x[group], w, self.pending[group], self.lr)
         out = torch.nonzero(torch.isin(g.src, group)).squeeze(1)
         self.x[group] = x
         if out.numel():

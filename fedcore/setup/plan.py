@@ -449,17 +449,17 @@ def outline_run(
 
 
 def refuse_asynchronous_peers(algorithm: Algorithm) -> None:
-    """Refuse an asynchronous algorithm where peers would run it as processes (``fedcore
-    launch``, ``fedcore node``, the deployment writers): its real peers are not built yet.
+    """Refuse an asynchronous algorithm without a real-peer form (AD-PSGD) where peers
+    would run it as processes (``fedcore launch``, ``fedcore node``, the writers).
 
     Raises:
-        ConfigError: ``algorithm`` is asynchronous.
+        ConfigError: ``algorithm`` is AD-PSGD.
     """
-    if getattr(algorithm, "asynchronous", False):
+    if getattr(algorithm, "asynchronous", False) and algorithm.name == "adpsgd":
         raise ConfigError(
-            f"the asynchronous algorithm {algorithm.name!r} runs in fedcore simulate (the event "
-            "engine, in virtual time); peers over gRPC do not run it yet. Simulate it, or run "
-            "a synchronous algorithm as peers."
+            "adpsgd's atomic pairwise averaging has no real-peer form yet: it runs in fedcore "
+            "simulate (the event engine, in virtual time). As peers, run async-push-sum, "
+            "fedbuff or fedasync, or a synchronous algorithm."
         )
 
 

@@ -26,6 +26,7 @@ from fedcore.data import BatchStream, Dataset, NoData
 from fedcore.faults import FaultPlan
 from fedcore.models import Objective
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
+from fedcore.node.asynchronous import AsyncPeer
 from fedcore.node.pace import Pace
 from fedcore.setup.plan import Laps, finish_plan, node_optimizer, outline_run, round_drift
 from fedcore.setup.training import build_evaluator, load_training_data, make_objective, model_size
@@ -33,6 +34,7 @@ from fedcore.streams import Batches, OnlineSource
 from fedcore.timing import TimeModel
 from fedcore.topology import Topology
 from fedcore.transport import Transport
+from fedcore.transport.base import AsyncTransport
 from fedcore.transport.faults import FaultyTransport
 from fedcore.transport.paced import PacedTransport
 
@@ -166,6 +168,44 @@ class RunSetup:
             faults=self.faults,
             clock=self.clock,
             pace=pace,
+        )
+
+    def make_async_peer(
+        self,
+        node_id: str,
+        transport: AsyncTransport,
+        *,
+        observer: Callable[[Any, RoundRecord], None] | None = None,
+    ) -> AsyncPeer:
+        """The asynchronous peer ``node_id`` (an asynchronous algorithm's real peer; see
+        :mod:`fedcore.node.asynchronous`), its transport wrapped as :meth:`make_node`'s."""
+        wrapped: Any = transport
+        if self.faults is not None:
+            wrapped = FaultyTransport(wrapped, self.faults)
+        pace = None
+        if self.config.time.active:
+            model = self.time_model()
+            wrapped = PacedTransport(wrapped, model)
+            pace = Pace(model, node_id, steps=self.config.run.local_steps)
+        i = self.graph.index(node_id)
+        server = getattr(self.algorithm, "server", None)
+        return AsyncPeer(
+            node_id,
+            algorithm=self.algorithm,
+            graph=self.graph,
+            objective=self.node_objective(),
+            stream=self.stream(i),
+            transport=wrapped,
+            options=self.options,
+            params=self.start,
+            codec=configured_codec(
+                self.config.compression,
+                seed=codec_seed(self.config.run.seed, i),
+                layers=self.layers,
+            ),
+            workers=len(self.graph.nodes) - (server is not None),
+            pace=pace,
+            observer=observer,
         )
 
     def time_model(self) -> TimeModel:

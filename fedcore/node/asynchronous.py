@@ -1,0 +1,336 @@
+"""An asynchronous peer over a real transport: no lockstep (:class:`AsyncPeer`).
+
+``fedcore node`` and ``fedcore launch`` run the asynchronous algorithms with one of these a
+peer instead of a :class:`~fedcore.node.Node`: each peer computes and pushes at its own
+pace and takes whatever has arrived (:meth:`~fedcore.transport.base.AsyncTransport.take`,
+each sender's newest message: a flooding sender holds one message at its receiver, and a
+message no newer than one already taken is stale, dropped and counted late). The update
+steps are the algorithms' own (:mod:`fedcore.algorithms.asynchronous`, on one row), so a
+peer does what the event engine's rows do; ``[time]`` slows it on purpose (its pace and
+paced sends), so a launch shows the straggler effect for real.
+
+* ``async-push-sum``: every computation steps on ``z = x / w`` and pushes running sums of
+  ``(x, w)`` shares (float64, raw) to the out-neighbours; it applies what arrived between
+  computations. Each peer runs ``run.rounds`` computations and stops; messages to a peer
+  that stopped are dropped (its mass stays with it).
+* ``fedbuff``, ``fedasync``: a worker runs ``run.rounds`` computations of
+  ``run.local_steps`` steps, each from the last model the server sent it, uploads the
+  update (FedBuff) or its model (FedAsync) with the version it started from, and waits for
+  the server's answer at most ``transport.deadline_s`` (then it goes on from its own
+  model). The server answers every upload with its current model and version; it records a
+  round for every ``W`` uploads and stops after ``run.rounds`` of them, or when no upload
+  came for ``transport.strict_timeout_s``.
+
+A message's ``round`` is its sender's count of computations (the staleness the receivers
+see); validation checks the tensor's shape, dtype and values and the scalars' range, not a
+round window. AD-PSGD's atomic pairwise averaging has no real-peer form yet (refused).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fedcore.algorithms.asynchronous import AsyncPushSum, FedAsync, FedBuff
+from fedcore.compression import Codec, RawCodec
+from fedcore.errors import CompressionError, PeerUnavailableError, ProtocolError, TransportError
+from fedcore.messages import EncodedTensor, Message
+from fedcore.models import Objective
+from fedcore.node.pace import Pace
+from fedcore.node.records import RoundRecord
+from fedcore.node.schedule import NodeOptions
+from fedcore.streams import Batches
+from fedcore.topology import Topology
+from fedcore.transport.base import AsyncTransport, TransportStats
+
+__all__ = ["AsyncPeer"]
+
+logger = logging.getLogger(__name__)
+
+_RAW = RawCodec()
+
+
+class AsyncPeer:
+    """One asynchronous peer (see the module docstring)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        algorithm: Any,
+        graph: Topology,
+        objective: Objective,
+        stream: Batches,
+        transport: AsyncTransport,
+        options: NodeOptions,
+        params: torch.Tensor,
+        codec: Codec,
+        workers: int,
+        pace: Pace | None = None,
+        observer: Callable[[Any, RoundRecord], None] | None = None,
+    ) -> None:
+        """A peer of ``algorithm`` starting from ``params``; ``workers``: how many peers
+        train (the server's round is that many uploads)."""
+        self.id = node_id
+        self.algorithm = algorithm
+        self.graph = graph.at(0)
+        self.objective = objective
+        self.stream = stream
+        self.transport = transport
+        self.options = options
+        self.codec = codec
+        self.workers = workers
+        self.pace = pace
+        self.observer = observer
+        self.round = 0
+        self.x = params.clone()
+        self.w = 1.0
+        self.d = int(params.numel())
+        self._dtype = params.dtype
+        self.server: str | None = getattr(algorithm, "server", None)
+        self.ins = tuple(sorted(self.graph.in_weights(node_id)))
+        self._sums: dict[str, torch.Tensor] = {}  # push-sum: running sums per out-neighbour
+        self._applied: dict[str, torch.Tensor] = {}  # and the last applied per in-neighbour
+        self.version = 0
+        transport.keep_newest()
+
+    def model(self) -> torch.Tensor:
+        """The parameters this peer predicts with."""
+        if isinstance(self.algorithm, AsyncPushSum):
+            return AsyncPushSum.debiased(self.x.unsqueeze(0), torch.tensor([self.w]))[0]
+        return self.x
+
+    # --- validation (the gRPC servicer calls it on arrival) -------------------------------
+
+    def validate(self, message: Message) -> None:
+        """Refuse a message whose tensor or scalars are not what the algorithm sends.
+
+        Raises:
+            ProtocolError: a wrong tensor name, shape, dtype or a value out of range.
+        """
+        x = message.tensors.get("x")
+        if set(message.tensors) != {"x"} or x is None:
+            raise ProtocolError(
+                f"an asynchronous message holds tensor 'x' only, got {sorted(message.tensors)}."
+            )
+        if isinstance(self.algorithm, AsyncPushSum):
+            value = self._decode(x, torch.float64, (self.d + 1,))
+            if not bool(torch.isfinite(value).all()) or float(value[-1]) < 0:
+                raise ProtocolError("a push-sum running sum is not finite, or its weight < 0.")
+            return
+        value = self._decode(x, self._dtype, (self.d,))
+        if not bool(torch.isfinite(value).all()):
+            raise ProtocolError("a model or update holds non-finite values.")
+        version = message.scalars.get("version", -1.0)
+        if not (math.isfinite(version) and version >= 0 and version == int(version)):
+            raise ProtocolError(f"scalar 'version' must be a whole number >= 0, got {version!r}.")
+
+    def _decode(
+        self, encoded: EncodedTensor, dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        codec = _RAW if dtype == torch.float64 else self.codec
+        try:
+            value = codec.decode(encoded)
+        except CompressionError as exc:
+            raise ProtocolError(f"the tensor cannot be decoded: {exc}") from exc
+        if tuple(value.shape) != shape or value.dtype != dtype:
+            raise ProtocolError(
+                f"expected a {dtype} tensor of shape {shape}, got {value.dtype} "
+                f"{tuple(value.shape)}."
+            )
+        return value
+
+    # --- the run ---------------------------------------------------------------------------
+
+    async def run(self, rounds: int) -> None:
+        """Run this peer's part of the run."""
+        if self.id == self.server:
+            await self._serve(rounds)
+            return
+        while self.round < rounds:
+            await self._compute_and_push()
+
+    async def _compute_and_push(self) -> None:
+        k = self.round
+        began = time.perf_counter()
+        stats = self.transport.stats
+        before = (
+            stats.messages_sent,
+            stats.bytes_sent,
+            stats.messages_received,
+            stats.bytes_received,
+        )
+        if self.pace is not None:
+            await self.pace.available()
+        computing = time.perf_counter()
+        steps = self.options.local_steps if self.server is not None else 1
+        losses = []
+        start = self.x.clone()
+        lr = self.options.lr_at(k)
+        for _ in range(steps):
+            x, y = self.stream.next_batch()
+            if isinstance(self.algorithm, AsyncPushSum):
+                loss, grad = self.objective.loss_and_grad(self.model(), x, y)
+                w = torch.tensor([self.w], dtype=torch.float64)
+                self.x = AsyncPushSum.step(self.x.unsqueeze(0), w, grad.unsqueeze(0), lr)[0]
+            else:
+                loss, grad = self.objective.loss_and_grad(self.x, x, y)
+                self.x = self.x - lr * grad
+            losses.append(loss)
+        if self.pace is not None:
+            await self.pace.computed(time.perf_counter() - computing)
+        if isinstance(self.algorithm, AsyncPushSum):
+            await self._push(k)
+            self._absorb()
+        else:
+            await self._upload(k, start)
+        self.round = k + 1
+        self._record(k, math.fsum(losses) / len(losses), began, before)
+
+    async def _send(
+        self, receiver: str, k: int, tensor: torch.Tensor, scalars: dict[str, float]
+    ) -> None:
+        codec = _RAW if tensor.dtype == torch.float64 else self.codec
+        encoded = codec.encode(tensor)
+        message = Message(
+            run=self.options.run_id,
+            round=k,
+            phase=0,
+            sender=self.id,
+            receiver=receiver,
+            tensors={"x": encoded},
+            scalars=scalars,
+            nbytes=encoded.nbytes + 8 * len(scalars),
+        )
+        try:
+            await self.transport.send(message)
+        except (PeerUnavailableError, TransportError) as exc:  # it stopped, or is gone
+            logger.debug("%s: no message to %s (round %d): %s", self.id, receiver, k, exc)
+
+    async def _push(self, k: int) -> None:
+        g = self.graph
+        mass = torch.cat([self.x.to(torch.float64), torch.tensor([self.w], dtype=torch.float64)])
+        for receiver, share in sorted(g.out_weights(self.id).items()):
+            total = self._sums.get(receiver, torch.zeros(self.d + 1, dtype=torch.float64))
+            self._sums[receiver] = total = total + share * mass
+            await self._send(receiver, k, total, {})
+        own = torch.tensor([g.self_weight(self.id)], dtype=torch.float64)
+        x, w = AsyncPushSum.push(self.x.unsqueeze(0), torch.tensor([self.w]), own)
+        self.x, self.w = x[0], float(w[0])
+
+    def _absorb(self) -> None:
+        """Apply the running sums that arrived (the newest of each in-neighbour)."""
+        for sender, message in sorted(self.transport.take(self.ins).items()):
+            sums = _RAW.decode(message.tensors["x"])
+            zero = torch.zeros(self.d + 1, dtype=torch.float64)
+            applied = self._applied.get(sender, zero)
+            x, w = AsyncPushSum.receive(
+                self.x.unsqueeze(0).to(torch.float64),
+                torch.tensor([self.w], dtype=torch.float64),
+                (sums[: self.d].unsqueeze(0), sums[self.d :]),
+                (applied[: self.d].unsqueeze(0), applied[self.d :]),
+            )
+            self.x, self.w = x[0].to(self._dtype), float(w[0])
+            self._applied[sender] = sums
+
+    async def _upload(self, k: int, start: torch.Tensor) -> None:
+        """A worker of the server family: upload, then take the server's answer."""
+        server = self.server
+        assert server is not None
+        sent = start - self.x if isinstance(self.algorithm, FedBuff) else self.x
+        await self._send(server, k, sent, {"version": float(self.version)})
+        if await self.transport.wait_any(self.options.deadline_s):
+            answer = self.transport.take({server}).get(server)
+            if answer is not None:
+                self.x = self.codec.decode(answer.tensors["x"])
+                self.version = int(answer.scalars["version"])
+
+    async def _serve(self, rounds: int) -> None:
+        """The server: answer every upload; a round every ``workers`` uploads."""
+        algorithm = self.algorithm
+        buffer = getattr(algorithm, "buffer", 1) or self.workers
+        total = torch.zeros(self.d, dtype=torch.float64)
+        buffered = uploads = 0
+        began = time.perf_counter()
+        stats = self.transport.stats
+        before = (
+            stats.messages_sent,
+            stats.bytes_sent,
+            stats.messages_received,
+            stats.bytes_received,
+        )
+        ins = set(self.ins)
+        while self.round < rounds:
+            if not await self.transport.wait_any(self.options.strict_timeout_s):
+                logger.warning(
+                    "%s: no upload for %g s; stopping", self.id, self.options.strict_timeout_s
+                )
+                break
+            for worker, message in sorted(self.transport.take(ins).items()):
+                value = self.codec.decode(message.tensors["x"])
+                staleness = self.version - int(message.scalars["version"])
+                if isinstance(algorithm, FedAsync):
+                    self.x = algorithm.mix(self.x, value, staleness)
+                    self.version += 1
+                else:
+                    weight = float(FedBuff.weight(torch.tensor(staleness)))
+                    total += weight * value.to(torch.float64)
+                    buffered += 1
+                    if buffered == buffer:
+                        self.x = algorithm.step(self.x.to(torch.float64), total, buffered).to(
+                            self._dtype
+                        )
+                        total.zero_()
+                        buffered = 0
+                        self.version += 1
+                await self._send(worker, uploads, self.x, {"version": float(self.version)})
+                uploads += 1
+                if uploads % self.workers == 0 and self.round < rounds:
+                    self._record(self.round, math.nan, began, before, idle=True)
+                    self.round += 1
+                    began = time.perf_counter()
+                    before = (
+                        stats.messages_sent,
+                        stats.bytes_sent,
+                        stats.messages_received,
+                        stats.bytes_received,
+                    )
+
+    def _record(
+        self,
+        k: int,
+        loss: float,
+        began: float,
+        before: tuple[int, int, int, int],
+        *,
+        idle: bool = False,
+    ) -> None:
+        stats = self.transport.stats
+        record = RoundRecord(
+            node=self.id,
+            round=k,
+            loss=loss,
+            lr=self.options.lr_at(k),
+            messages_sent=stats.messages_sent - before[0],
+            bytes_sent=stats.bytes_sent - before[1],
+            messages_received=stats.messages_received - before[2],
+            bytes_received=stats.bytes_received - before[3],
+            messages_missing=0,
+            messages_late=0,
+            messages_rejected=0,
+            missing=(),
+            wall_s=time.perf_counter() - began,
+            idle=idle,
+        )
+        if self.observer is not None:
+            self.observer(self, record)
+
+
+def _counts(stats: TransportStats) -> tuple[int, int, int, int]:
+    """Messages and bytes sent and received so far."""
+    return stats.messages_sent, stats.bytes_sent, stats.messages_received, stats.bytes_received
