@@ -20,7 +20,7 @@ import torch
 
 from fedcore.algorithms import Algorithm
 from fedcore.algorithms.optim import Optimizer
-from fedcore.compression import codec_seed, configured_codec
+from fedcore.compression import Codec, codec_seed, configured_codec
 from fedcore.config import Config, effective_lr
 from fedcore.data import BatchStream, Dataset, NoData
 from fedcore.faults import FaultPlan
@@ -140,13 +140,7 @@ class RunSetup:
         With a ``[faults]`` plan, the node is given the plan and ``transport`` is wrapped in
         a :class:`FaultyTransport` of it (which loses the plan's messages on the wire).
         """
-        if self.faults is not None:
-            transport = FaultyTransport(transport, self.faults, delays=self.clock is None)
-        pace = None
-        if self.config.time.active and self.clock is None:  # real peers: real sleeps
-            model = self.time_model()
-            transport = PacedTransport(transport, model)
-            pace = Pace(model, node_id, steps=self.config.run.local_steps)
+        transport, pace = self._wrap(node_id, transport)
         i = self.graph.index(node_id)
         return Node(
             node_id,
@@ -157,11 +151,7 @@ class RunSetup:
             transport=transport,
             options=self.options,
             params=self.start,
-            codec=configured_codec(
-                self.config.compression,
-                seed=codec_seed(self.config.run.seed, i),
-                layers=self.layers,
-            ),
+            codec=self._codec(i),
             optimizer=self.optimizer(),
             observer=observer,
             decode_cache=decode_cache,
@@ -179,14 +169,7 @@ class RunSetup:
     ) -> AsyncPeer:
         """The asynchronous peer ``node_id`` (an asynchronous algorithm's real peer; see
         :mod:`fedcore.node.asynchronous`), its transport wrapped as :meth:`make_node`'s."""
-        wrapped: Any = transport
-        if self.faults is not None:
-            wrapped = FaultyTransport(wrapped, self.faults)
-        pace = None
-        if self.config.time.active:
-            model = self.time_model()
-            wrapped = PacedTransport(wrapped, model)
-            pace = Pace(model, node_id, steps=self.config.run.local_steps)
+        wrapped, pace = self._wrap(node_id, transport)
         i = self.graph.index(node_id)
         server = getattr(self.algorithm, "server", None)
         return AsyncPeer(
@@ -195,17 +178,31 @@ class RunSetup:
             graph=self.graph,
             objective=self.node_objective(),
             stream=self.stream(i),
-            transport=wrapped,
+            transport=wrapped,  # type: ignore[arg-type]
             options=self.options,
             params=self.start,
-            codec=configured_codec(
-                self.config.compression,
-                seed=codec_seed(self.config.run.seed, i),
-                layers=self.layers,
-            ),
+            codec=self._codec(i),
             workers=len(self.graph.nodes) - (server is not None),
             pace=pace,
             observer=observer,
+        )
+
+    def _wrap(self, node_id: str, transport: Transport) -> tuple[Transport, Pace | None]:
+        """``transport`` wrapped in the fault plan's losses (its delays waited out unless a
+        virtual clock counts them) and, on a real peer with ``[time]``, its links' times;
+        and the peer's pace (``[time]`` as real sleeps), if any."""
+        if self.faults is not None:
+            transport = FaultyTransport(transport, self.faults, delays=self.clock is None)
+        if not self.config.time.active or self.clock is not None:
+            return transport, None
+        model = self.time_model()  # a real peer: real sleeps
+        pace = Pace(model, node_id, steps=self.config.run.local_steps)
+        return PacedTransport(transport, model), pace
+
+    def _codec(self, i: int) -> Codec:
+        """The codec of the node at graph index ``i`` (its own seed)."""
+        return configured_codec(
+            self.config.compression, seed=codec_seed(self.config.run.seed, i), layers=self.layers
         )
 
     def time_model(self) -> TimeModel:
