@@ -49,7 +49,7 @@ from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
 from fedcore.progress import STATUS_FILE, Progress, StatusLine, announce_if_slow, read_stage
 from fedcore.setup import checkpoint
-from fedcore.setup.plan import planned_nodes, refuse_asynchronous_peers, round_drift
+from fedcore.setup.plan import planned_nodes, round_drift
 from fedcore.setup.prepare import RunSetup, prepare_run
 from fedcore.simulation.results import RunObserver, finish_run, open_run_dir, run_name
 from fedcore.simulation.tracking import make_tracker
@@ -290,7 +290,6 @@ def _prepare(config: Config, show_progress: bool, progress_stream: TextIO | None
     stream = (progress_stream or sys.stderr) if show_progress else None
     with announce_if_slow(stream, planned_nodes(config)):
         setup = prepare_run(config, hosts_all=True)
-    refuse_asynchronous_peers(setup.algorithm)
     if config.transport.tls_dir is not None:  # before any peer starts (and fails on it)
         check_tls_dir(config.transport.tls_dir, setup.graph.nodes)
     return setup

@@ -48,7 +48,6 @@ from fedcore.metrics import JsonlWriter, params_sha256
 from fedcore.node import DecodeCache, Node, RoundRecord
 from fedcore.progress import Progress, Ticker, write_stage
 from fedcore.setup import checkpoint
-from fedcore.setup.plan import refuse_asynchronous_peers
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.transport.grpc import GrpcTransport
 
@@ -246,7 +245,6 @@ def _prepare(
     try:
         with Ticker(stream, lambda: f"{who}: preparing (data and model)", every_s=TICK_S):
             setup = prepare_run(config)
-        refuse_asynchronous_peers(setup.algorithm)
         _check_peers(setup, node_ids, roster, listen)
         seed_torch(config)
     except BaseException:

@@ -23,11 +23,23 @@ paced sends), so a launch shows the straggler effect for real.
 
 A message's ``round`` is its sender's count of computations (the staleness the receivers
 see); validation checks the tensor's shape, dtype and values and the scalars' range, not a
-round window. AD-PSGD's atomic pairwise averaging has no real-peer form yet (refused).
+round window.
+
+* ``adpsgd``: each computation ends with an averaging: the peer sends its model to its
+  partner (phase 0) and, on the partner's reply (phase 1: the partner's model before it
+  averaged), both hold the pair's mean; then the stale gradient. A background task answers
+  the partners' requests while the peer computes (its compute time is a sleep under
+  ``[time]``), so a slow peer still averages promptly; a reply that does not come within
+  ``transport.deadline_s`` skips the averaging. A peer that finished its rounds goes on
+  answering while its partners ask (until ``transport.deadline_s`` without a request).
+  Atomic in the sense of AD-PSGD's implementation only as far as one event loop goes: a
+  peer's answer and its own averaging never interleave, but a model can change between a
+  request and its reply.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -36,7 +48,8 @@ from typing import Any
 
 import torch
 
-from fedcore.algorithms.asynchronous import AsyncPushSum, FedAsync, FedBuff
+from fedcore import counter_random as keyed
+from fedcore.algorithms.asynchronous import ADPSGD, AsyncPushSum, FedAsync, FedBuff
 from fedcore.compression import Codec, RawCodec
 from fedcore.errors import CompressionError, PeerUnavailableError, ProtocolError, TransportError
 from fedcore.messages import EncodedTensor, Message
@@ -97,6 +110,9 @@ class AsyncPeer:
         self._sums: dict[str, torch.Tensor] = {}  # push-sum: running sums per out-neighbour
         self._applied: dict[str, torch.Tensor] = {}  # and the last applied per in-neighbour
         self.version = 0
+        self._asked = 0.0  # AD-PSGD: when a partner last asked this peer
+        self._key = keyed.hash64(keyed.string_id(options.run_id), keyed.string_id(node_id))
+        self.partners = tuple(sorted(self.graph.out_weights(node_id)))
         transport.keep_newest()
 
     def model(self) -> torch.Tensor:
@@ -126,6 +142,10 @@ class AsyncPeer:
         value = self._decode(x, self._dtype, (self.d,))
         if not bool(torch.isfinite(value).all()):
             raise ProtocolError("a model or update holds non-finite values.")
+        if isinstance(self.algorithm, ADPSGD):
+            if message.phase not in (0, 1):
+                raise ProtocolError(f"an AD-PSGD message is phase 0 or 1, got {message.phase}.")
+            return
         version = message.scalars.get("version", -1.0)
         if not (math.isfinite(version) and version >= 0 and version == int(version)):
             raise ProtocolError(f"scalar 'version' must be a whole number >= 0, got {version!r}.")
@@ -152,8 +172,18 @@ class AsyncPeer:
         if self.id == self.server:
             await self._serve(rounds)
             return
-        while self.round < rounds:
-            await self._compute_and_push()
+        answering = None
+        if isinstance(self.algorithm, ADPSGD):
+            answering = asyncio.create_task(self._answer())
+        try:
+            while self.round < rounds:
+                await self._compute_and_push()
+            if answering is not None:  # partners still running may still ask
+                while time.monotonic() - self._asked < self.options.deadline_s:
+                    await asyncio.sleep(0.05)
+        finally:
+            if answering is not None:
+                answering.cancel()
 
     async def _compute_and_push(self) -> None:
         k = self.round
@@ -172,6 +202,16 @@ class AsyncPeer:
         losses = []
         start = self.x.clone()
         lr = self.options.lr_at(k)
+        if isinstance(self.algorithm, ADPSGD):
+            x, y = self.stream.next_batch()
+            loss, grad = self.objective.loss_and_grad(self.x.clone(), x, y)  # the model read
+            if self.pace is not None:
+                await self.pace.computed(time.perf_counter() - computing)
+            await self._pair(k)
+            self.x = ADPSGD.apply(self.x, grad, lr)
+            self.round = k + 1
+            self._record(k, loss, began, before)
+            return
         for _ in range(steps):
             x, y = self.stream.next_batch()
             if isinstance(self.algorithm, AsyncPushSum):
@@ -192,15 +232,52 @@ class AsyncPeer:
         self.round = k + 1
         self._record(k, math.fsum(losses) / len(losses), began, before)
 
+    async def _pair(self, k: int) -> None:
+        """AD-PSGD: average with a partner (uniform among the neighbours by the keyed hash
+        of the run, the node and ``k``): send it this model, take its reply (its model
+        before it averaged), average; no reply within ``transport.deadline_s``: none."""
+        if not self.partners:
+            return
+        partner = self.partners[keyed.hash64(self._key, k) % len(self.partners)]
+        if not await self._send(partner, k, self.x, {}):
+            return  # the partner is gone
+        deadline = time.monotonic() + self.options.deadline_s
+        while time.monotonic() < deadline:
+            reply = self.transport.take({partner}, phase=1).get(partner)
+            if reply is not None and reply.round == k:
+                self.x = ADPSGD.average(self.x, self.codec.decode(reply.tensors["x"]))
+                return
+            await asyncio.sleep(0.002)
+        logger.debug("%s: no reply from %s (round %d); no averaging", self.id, partner, k)
+
+    async def _answer(self) -> None:
+        """AD-PSGD: answer every request, while this peer computes too: reply with this
+        model, then take the pair's average (a peer in one averaging at a time: the
+        event loop runs one answer, or one of its own averagings, at once)."""
+        while True:
+            for sender, message in sorted(self.transport.take(self.partners, phase=0).items()):
+                self._asked = time.monotonic()
+                theirs = self.codec.decode(message.tensors["x"])
+                mine = self.x
+                self.x = ADPSGD.average(mine, theirs)
+                await self._send(sender, message.round, mine, {}, phase=1)
+            await asyncio.sleep(0.002)
+
     async def _send(
-        self, receiver: str, k: int, tensor: torch.Tensor, scalars: dict[str, float]
-    ) -> None:
+        self,
+        receiver: str,
+        k: int,
+        tensor: torch.Tensor,
+        scalars: dict[str, float],
+        *,
+        phase: int = 0,
+    ) -> bool:
         codec = _RAW if tensor.dtype == torch.float64 else self.codec
         encoded = codec.encode(tensor)
         message = Message(
             run=self.options.run_id,
             round=k,
-            phase=0,
+            phase=phase,
             sender=self.id,
             receiver=receiver,
             tensors={"x": encoded},
@@ -211,6 +288,8 @@ class AsyncPeer:
             await self.transport.send(message)
         except (PeerUnavailableError, TransportError) as exc:  # it stopped, or is gone
             logger.debug("%s: no message to %s (round %d): %s", self.id, receiver, k, exc)
+            return False
+        return True
 
     async def _push(self, k: int) -> None:
         g = self.graph

@@ -56,7 +56,6 @@ __all__ = [
     "plan_run",
     "planned_nodes",
     "read_trust",
-    "refuse_asynchronous_peers",
     "resolve_algorithm",
     "round_drift",
     "run_shape",
@@ -448,21 +447,6 @@ def outline_run(
     return Outline(algorithm, trust, run_shape(config, algorithm, trust))
 
 
-def refuse_asynchronous_peers(algorithm: Algorithm) -> None:
-    """Refuse an asynchronous algorithm without a real-peer form (AD-PSGD) where peers
-    would run it as processes (``fedcore launch``, ``fedcore node``, the writers).
-
-    Raises:
-        ConfigError: ``algorithm`` is AD-PSGD.
-    """
-    if getattr(algorithm, "asynchronous", False) and algorithm.name == "adpsgd":
-        raise ConfigError(
-            "adpsgd's atomic pairwise averaging has no real-peer form yet: it runs in fedcore "
-            "simulate (the event engine, in virtual time). As peers, run async-push-sum, "
-            "fedbuff or fedasync, or a synchronous algorithm."
-        )
-
-
 def plan_run(
     config: Config,
     *,
@@ -486,7 +470,6 @@ def plan_run(
     """
     laps = Laps()
     outline = outline_run(config, algorithm=algorithm, trust=trust, laps=laps)
-    refuse_asynchronous_peers(outline.algorithm)
     return finish_plan(config, outline, model, laps)
 
 

@@ -66,8 +66,8 @@ class AsyncTransport(Transport, Protocol):
         """Keep each sender's newest message only, from now on."""
         ...
 
-    def take(self, senders: Collection[str]) -> dict[str, Message]:
-        """Each of ``senders``' newest message not taken yet."""
+    def take(self, senders: Collection[str], phase: int = 0) -> dict[str, Message]:
+        """Each of ``senders``' newest message of ``phase`` not taken yet."""
         ...
 
     async def wait_any(self, timeout: float | None) -> bool:
@@ -105,9 +105,9 @@ class TransportWrapper:
         """Asynchronous peers: the inner transport keeps each sender's newest message."""
         self._asynchronous().keep_newest()
 
-    def take(self, senders: Collection[str]) -> dict[str, Message]:
-        """Asynchronous peers: the inner transport's newest messages."""
-        return self._asynchronous().take(senders)
+    def take(self, senders: Collection[str], phase: int = 0) -> dict[str, Message]:
+        """Asynchronous peers: the inner transport's newest messages of ``phase``."""
+        return self._asynchronous().take(senders, phase)
 
     async def wait_any(self, timeout: float | None) -> bool:
         """Asynchronous peers: wait for a message at the inner transport."""

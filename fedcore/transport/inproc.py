@@ -84,9 +84,10 @@ class InProcessTransport:
         :class:`~fedcore.transport.mailbox.Mailbox`)."""
         self._mailbox.keep_newest()
 
-    def take(self, senders: Collection[str]) -> dict[str, Message]:
-        """Asynchronous peers: each of ``senders``' newest message not taken yet."""
-        return self._mailbox.take(senders)
+    def take(self, senders: Collection[str], phase: int = 0) -> dict[str, Message]:
+        """Asynchronous peers: each of ``senders``' newest message of ``phase`` not taken
+        yet."""
+        return self._mailbox.take(senders, phase)
 
     async def wait_any(self, timeout: float | None) -> bool:
         """Asynchronous peers: wait until a message is pending (up to ``timeout`` s)."""

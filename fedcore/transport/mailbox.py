@@ -32,10 +32,11 @@ is filed, so one message mutes its sender for at most that many rounds.
 
 Asynchronous peers (:meth:`Mailbox.keep_newest`) have no rounds to collect: a message's
 ``round`` is its sender's own count of the messages it sent, and the mailbox keeps each
-sender's newest message only (:meth:`Mailbox.take` hands them over, :meth:`Mailbox.wait_any`
-waits for one). A message no newer than one already kept or taken is stale: dropped and
-counted late; one replaced before it was taken counts late too. So whatever a sender
-floods, a receiver holds at most one message of each of its in-neighbours.
+sender's newest message of each phase only (:meth:`Mailbox.take` hands them over,
+:meth:`Mailbox.wait_any` waits for one). A message no newer than one already kept or
+taken is stale: dropped and counted late; one replaced before it was taken counts late
+too. So whatever a sender floods, a receiver holds at most one message of each phase of
+each of its in-neighbours.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ class Mailbox:
         self._late_at: dict[str, float] = {}  # when a sender's last message came late
         self._waiting: tuple[_Key, frozenset[str], asyncio.Future[None]] | None = None
         # Asynchronous peers: each sender's newest message, and the newest round taken.
-        self._newest: dict[str, Message] | None = None
-        self._taken: dict[str, int] = {}
+        self._newest: dict[tuple[str, int], Message] | None = None  # by (sender, phase)
+        self._taken: dict[tuple[str, int], int] = {}
         self._any: asyncio.Future[None] | None = None
 
     def keep_newest(self) -> None:
@@ -148,32 +149,32 @@ class Mailbox:
 
     def _put_newest(self, message: Message) -> bool:
         assert self._newest is not None
-        sender = message.sender
+        sender, key = message.sender, (message.sender, message.phase)
         self._hello_at.pop(sender, None)
         self._latest[sender] = (message.round, message.phase)
-        kept = self._newest.get(sender)
-        newest = max(self._taken.get(sender, -1), -1 if kept is None else kept.round)
+        kept = self._newest.get(key)
+        newest = max(self._taken.get(key, -1), -1 if kept is None else kept.round)
         if message.round <= newest:
             self.stats.messages_late += 1
             return False
         if kept is not None:  # superseded before it was taken
             self.stats.messages_late += 1
-        self._newest[sender] = message
+        self._newest[key] = message
         if self._any is not None and not self._any.done():
             self._any.set_result(None)
         return True
 
-    def take(self, senders: Collection[str]) -> dict[str, Message]:
-        """Asynchronous peers: every sender's newest message not taken yet (those of
-        ``senders``; any other's is dropped as rejected)."""
+    def take(self, senders: Collection[str], phase: int = 0) -> dict[str, Message]:
+        """Asynchronous peers: every sender's newest message of ``phase`` not taken yet
+        (those of ``senders``; any other's is dropped as rejected)."""
         if self._newest is None:
             raise RuntimeError("take() needs keep_newest() first")
-        pending, self._newest = self._newest, {}
         inbox: dict[str, Message] = {}
-        for sender, message in pending.items():
-            self._taken[sender] = message.round
-            if sender in senders:
-                inbox[sender] = message
+        for key in [k for k in self._newest if k[1] == phase]:
+            message = self._newest.pop(key)
+            self._taken[key] = message.round
+            if key[0] in senders:
+                inbox[key[0]] = message
                 self.stats.messages_received += 1
                 self.stats.bytes_received += message.nbytes
             else:

@@ -13,7 +13,7 @@ import torch
 from fedcore.compression import RawCodec
 from fedcore.config import load_config
 from fedcore.deploy.launch import launch
-from fedcore.errors import ConfigError, ProtocolError
+from fedcore.errors import ProtocolError
 from fedcore.messages import Message
 from fedcore.setup.prepare import prepare_run
 from fedcore.transport import InProcessNetwork
@@ -30,6 +30,7 @@ def _busy(folder: Path, node: str) -> tuple[int, float]:
 @pytest.mark.parametrize(
     ("algorithm", "graph"),
     [
+        ("adpsgd", ["topology.kind=ring", "topology.undirected=true", "topology.nodes=4"]),
         ("async-push-sum", ["topology.kind=exponential", "topology.nodes=4"]),
         ("fedbuff", ["topology.kind=star", "topology.nodes=4", "algorithm.buffer=2"]),
     ],
@@ -102,17 +103,3 @@ def test_an_asynchronous_peer_refuses_malformed_messages() -> None:
             worker.validate(message(model, codec, **scalars))  # type: ignore[attr-defined]
     with pytest.raises(ProtocolError, match="decoded"):  # a raw float64 sum, not a model
         worker.validate(message(torch.ones(5, dtype=torch.float64), version=1.0))  # type: ignore[attr-defined]
-
-
-def test_adpsgd_has_no_real_peers_yet(tmp_path: Path) -> None:
-    config = load_config(
-        None,
-        [
-            "algorithm.name=adpsgd",
-            "topology.kind=ring",
-            "topology.undirected=true",
-            "time.step_s=0.1",
-        ],
-    )
-    with pytest.raises(ConfigError, match="no real-peer form"):
-        launch(config, out_dir=tmp_path / "run", show_progress=False)
