@@ -405,15 +405,3 @@ class RoundClock:
         self.busy = self.busy + compute
         self.round = t + 1
         return RoundTimes(t, start, compute, ready, tuple(late_masks))
-
-    def state_dict(self) -> dict[str, torch.Tensor | int]:
-        """The clock, for a checkpoint."""
-        return {"round": self.round, "clock": self.clock, "busy": self.busy, "taken": self.taken}
-
-    def load_state_dict(self, saved: dict[str, torch.Tensor | int]) -> None:
-        """Continue from :meth:`state_dict`."""
-        self.round = int(saved["round"])
-        for key in ("clock", "busy", "taken"):
-            value = saved[key]
-            assert isinstance(value, torch.Tensor)
-            setattr(self, key, value.clone())

@@ -45,13 +45,21 @@ which messages arrive and which are lost.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from fedcore.errors import ConfigError
 
-__all__ = ["ADPSGD", "AsyncPushSum", "FedAsync", "FedBuff", "is_asynchronous"]
+__all__ = [
+    "ADPSGD",
+    "AsyncPushSum",
+    "FedAsync",
+    "FedBuff",
+    "ServerState",
+    "example_shares",
+    "is_asynchronous",
+]
 
 
 def is_asynchronous(algorithm: Any) -> bool:
@@ -128,6 +136,16 @@ class AsyncPushSum:
         return x + (sums[0] - applied[0]), w + (sums[1] - applied[1])
 
 
+class ServerState(NamedTuple):
+    """The server family's server: its model, its version, and FedBuff's buffer (the
+    weighted sum of the updates it holds, float64, and how many)."""
+
+    x: torch.Tensor
+    version: int = 0
+    total: torch.Tensor | None = None
+    held: int = 0
+
+
 class FedBuff:
     """FedBuff (see the module docstring).
 
@@ -154,13 +172,29 @@ class FedBuff:
         self.server_lr = _number("server_lr", server_lr, 0.0, 1e6)
 
     @staticmethod
-    def weight(staleness: torch.Tensor) -> torch.Tensor:
-        """``s(tau) = 1 / sqrt(1 + tau)`` (float64)."""
-        return 1.0 / torch.sqrt(1.0 + staleness.to(torch.float64))
+    def upload(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        """What a worker sends: its update ``x_start - x_end``."""
+        return start - end
 
-    def step(self, x: torch.Tensor, total: torch.Tensor, count: int) -> torch.Tensor:
-        """The server's step on the buffer: ``x - server_lr * total / count``."""
-        return x - (self.server_lr / count) * total
+    @staticmethod
+    def weight(staleness: int) -> float:
+        """``s(tau) = 1 / sqrt(1 + tau)``."""
+        return 1.0 / math.sqrt(1.0 + staleness)
+
+    def receive(
+        self, state: ServerState, update: torch.Tensor, staleness: int, share: float, workers: int
+    ) -> ServerState:
+        """One upload at the server: buffered with weight ``s(tau) * share`` (``share``:
+        the worker's examples over the workers' mean), and once the buffer holds
+        ``buffer`` (0: ``workers``) of them, the step ``x - server_lr * total / count`` and
+        a new version."""
+        weighted = (self.weight(staleness) * share) * update.to(torch.float64)
+        total = weighted if state.total is None else state.total + weighted
+        held = state.held + 1
+        if held < (self.buffer or workers):
+            return state._replace(total=total, held=held)
+        x = state.x.to(torch.float64) - (self.server_lr / held) * total
+        return ServerState(x.to(state.x.dtype), state.version + 1)
 
 
 class FedAsync:
@@ -185,8 +219,23 @@ class FedAsync:
         self.alpha = _number("alpha", alpha, 0.0, 1.0)
         self.power = _number("staleness_power", staleness_power, 0.0, 100.0, open_low=False)
 
-    def mix(self, x: torch.Tensor, worker: torch.Tensor, staleness: int) -> torch.Tensor:
-        """``(1 - a) x + a x_worker``, ``a = alpha (1 + tau)^-staleness_power``."""
+    @staticmethod
+    def upload(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        """What a worker sends: its model ``x_end``."""
+        return end
+
+    def receive(
+        self, state: ServerState, model: torch.Tensor, staleness: int, share: float, workers: int
+    ) -> ServerState:
+        """One upload at the server: ``(1 - a) x + a x_worker``, ``a = alpha (1 +
+        tau)^-staleness_power``, and a new version (``share`` and ``workers`` unused:
+        FedAsync weighs by staleness alone)."""
         a = float(self.alpha * (1.0 + staleness) ** -self.power)
-        mixed: torch.Tensor = (1.0 - a) * x + a * worker
-        return mixed
+        return ServerState((1.0 - a) * state.x + a * model, state.version + 1)
+
+
+def example_shares(parts: Any, workers: torch.Tensor) -> torch.Tensor:
+    """``[N]`` float64: each worker's examples over the workers' mean (0 for a server):
+    FedBuff weighs an update by it, as FedAvg weighs a worker's model (1 for equal parts)."""
+    held = torch.tensor([float(len(p)) for p in parts], dtype=torch.float64) * workers
+    return held * int(workers.sum()) / held.sum().clamp(min=1.0)

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from fedcore import counter_random as keyed
-from fedcore.algorithms.asynchronous import ADPSGD, AsyncPushSum, FedAsync, FedBuff
+from fedcore.algorithms.asynchronous import ADPSGD, AsyncPushSum, ServerState, example_shares
 from fedcore.algorithms.batched import stack_graph
 from fedcore.engines.vectorized import stacked_batches
 from fedcore.errors import ConfigError
@@ -157,17 +157,11 @@ class EventNetwork:
             self.nbr_start = torch.searchsorted(src, torch.arange(n))
             self.degree = torch.bincount(src, minlength=n)
             self._partner_of = torch.zeros(n, dtype=torch.int64)
-        if isinstance(algorithm, FedBuff | FedAsync):
-            buffer = algorithm.buffer if isinstance(algorithm, FedBuff) else 1
-            self.buffer: int = buffer or self.count
-        self.version: int = 0  # the server's model's version (the server family)
-        self.versions = torch.zeros(n, dtype=torch.int64)  # the one each worker downloaded
-        self.total = torch.zeros(self.d, dtype=_F64)  # FedBuff's buffer, and its count
-        self.buffered: int = 0
-        # Each worker's examples over the workers' mean: FedBuff weighs its update by it,
-        # as FedAvg weighs a worker's model (1 for equal parts).
-        held = torch.tensor([float(len(p)) for p in setup.parts], dtype=_F64) * workers
-        self.share = held * self.count / held.sum().clamp(min=1.0)
+        # The server family: the server's model, version and buffer; the version each
+        # worker downloaded; each worker's examples over the workers' mean.
+        self.served = ServerState(self.x[self.server if self.server is not None else 0].clone())
+        self.versions = torch.zeros(n, dtype=torch.int64)
+        self.share = example_shares(setup.parts, workers)
         self._start(torch.nonzero(workers).squeeze(1), torch.zeros(self.count, dtype=_F64))
 
     # --- records --------------------------------------------------------------------------
@@ -308,7 +302,7 @@ class EventNetwork:
             server = self.server
             assert server is not None
             self.x[rows] = self.x[server].clone()
-            self.versions[rows] = self.version
+            self.versions[rows] = self.served.version
             start = self.x[rows].clone()
             losses = []
             x = start
@@ -317,8 +311,8 @@ class EventNetwork:
                 losses.append(step_loss)
                 x = x - self.lr * grad
             loss = torch.stack(losses).mean(dim=0)
-            self.pending[rows] = start - x  # the update (FedBuff) ...
-            self.x[rows] = x  # ... and the worker's model (FedAsync mixes it)
+            self.pending[rows] = start  # the model it started from ...
+            self.x[rows] = x  # ... and the one it ends with (each rule uploads what it does)
             nbytes = torch.full(rows.shape, self.model_bytes)
             s = torch.full(rows.shape, server)
             wire = timing.transfer_seconds(s, rows, nbytes) + timing.transfer_seconds(
@@ -450,20 +444,11 @@ class EventNetwork:
         for k, i in enumerate(group.tolist()):
             if bool(lost[k]):
                 continue
-            staleness = self.version - int(self.versions[i])
-            if isinstance(algorithm, FedAsync):
-                self.x[server] = algorithm.mix(self.x[server], self.x[i], staleness)
-                self.version += 1
-                continue
-            weight = float(FedBuff.weight(torch.tensor(staleness))) * float(self.share[i])
-            self.total += weight * self.pending[i].to(_F64)
-            self.buffered += 1
-            if self.buffered == self.buffer:
-                x = algorithm.step(self.x[server].to(_F64), self.total, self.buffered)
-                self.x[server] = x.to(self.x.dtype)
-                self.total.zero_()
-                self.buffered = 0
-                self.version += 1
+            staleness = self.served.version - int(self.versions[i])
+            sent = algorithm.upload(self.pending[i], self.x[i])
+            share = float(self.share[i])
+            self.served = algorithm.receive(self.served, sent, staleness, share, self.count)
+            self.x[server] = self.served.x
 
     # --- checks -----------------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from fedcore import counter_random as keyed
-from fedcore.algorithms.asynchronous import ADPSGD, AsyncPushSum, FedAsync, FedBuff
+from fedcore.algorithms.asynchronous import ADPSGD, AsyncPushSum, ServerState
 from fedcore.compression import Codec, RawCodec
 from fedcore.errors import CompressionError, PeerUnavailableError, ProtocolError, TransportError
 from fedcore.messages import EncodedTensor, Message
@@ -83,12 +83,13 @@ class AsyncPeer:
         options: NodeOptions,
         params: torch.Tensor,
         codec: Codec,
-        workers: int,
+        shares: dict[str, float],
         pace: Pace | None = None,
         observer: Callable[[Any, RoundRecord], None] | None = None,
     ) -> None:
-        """A peer of ``algorithm`` starting from ``params``; ``workers``: how many peers
-        train (the server's round is that many uploads)."""
+        """A peer of ``algorithm`` starting from ``params``; ``shares``: each worker's
+        examples over the workers' mean (the server weighs uploads by them; how many
+        workers there are is the server's round, in uploads)."""
         self.id = node_id
         self.algorithm = algorithm
         self.graph = graph.at(0)
@@ -97,7 +98,8 @@ class AsyncPeer:
         self.transport = transport
         self.options = options
         self.codec = codec
-        self.workers = workers
+        self.shares = shares
+        self.workers = len(shares)
         self.pace = pace
         self.observer = observer
         self.round = 0
@@ -153,7 +155,7 @@ class AsyncPeer:
     def _decode(
         self, encoded: EncodedTensor, dtype: torch.dtype, shape: tuple[int, ...]
     ) -> torch.Tensor:
-        codec = _RAW if dtype == torch.float64 else self.codec
+        codec = _RAW if isinstance(self.algorithm, AsyncPushSum) else self.codec
         try:
             value = codec.decode(encoded)
         except CompressionError as exc:
@@ -189,12 +191,7 @@ class AsyncPeer:
         k = self.round
         began = time.perf_counter()
         stats = self.transport.stats
-        before = (
-            stats.messages_sent,
-            stats.bytes_sent,
-            stats.messages_received,
-            stats.bytes_received,
-        )
+        before = _counts(stats)
         if self.pace is not None:
             await self.pace.available()
         computing = time.perf_counter()
@@ -272,7 +269,9 @@ class AsyncPeer:
         *,
         phase: int = 0,
     ) -> bool:
-        codec = _RAW if tensor.dtype == torch.float64 else self.codec
+        # Push-sum's running sums go raw (float64, lossless); models and updates through
+        # the run's codec.
+        codec = _RAW if isinstance(self.algorithm, AsyncPushSum) else self.codec
         encoded = codec.encode(tensor)
         message = Message(
             run=self.options.run_id,
@@ -321,7 +320,7 @@ class AsyncPeer:
         """A worker of the server family: upload, then take the server's answer."""
         server = self.server
         assert server is not None
-        sent = start - self.x if isinstance(self.algorithm, FedBuff) else self.x
+        sent = self.algorithm.upload(start, self.x)
         await self._send(server, k, sent, {"version": float(self.version)})
         if await self.transport.wait_any(self.options.deadline_s):
             answer = self.transport.take({server}).get(server)
@@ -330,62 +329,39 @@ class AsyncPeer:
                 self.version = int(answer.scalars["version"])
 
     async def _serve(self, rounds: int) -> None:
-        """The server: answer every upload; a round every ``workers`` uploads."""
-        algorithm = self.algorithm
-        buffer = getattr(algorithm, "buffer", 1) or self.workers
-        total = torch.zeros(self.d, dtype=torch.float64)
-        buffered = uploads = 0
+        """The server: each upload taken by the rule, and answered with the server's model
+        and version; a round every ``workers`` uploads."""
+        state = ServerState(self.x)
+        uploads = 0
         began = time.perf_counter()
         stats = self.transport.stats
-        before = (
-            stats.messages_sent,
-            stats.bytes_sent,
-            stats.messages_received,
-            stats.bytes_received,
-        )
+        before = _counts(stats)
         ins = set(self.ins)
         while self.round < rounds:
-            if not await self.transport.wait_any(self.options.strict_timeout_s):
-                logger.warning(
-                    "%s: no upload for %g s; stopping", self.id, self.options.strict_timeout_s
-                )
+            wait = self.options.strict_timeout_s
+            if not await self.transport.wait_any(wait):
+                logger.warning("%s: no upload for %g s; stopping", self.id, wait)
                 break
             for worker, message in sorted(self.transport.take(ins).items()):
+                staleness = state.version - int(message.scalars["version"])
                 value = self.codec.decode(message.tensors["x"])
-                staleness = self.version - int(message.scalars["version"])
-                if isinstance(algorithm, FedAsync):
-                    self.x = algorithm.mix(self.x, value, staleness)
-                    self.version += 1
-                else:
-                    weight = float(FedBuff.weight(torch.tensor(staleness)))
-                    total += weight * value.to(torch.float64)
-                    buffered += 1
-                    if buffered == buffer:
-                        self.x = algorithm.step(self.x.to(torch.float64), total, buffered).to(
-                            self._dtype
-                        )
-                        total.zero_()
-                        buffered = 0
-                        self.version += 1
+                share = self.shares[worker]
+                state = self.algorithm.receive(state, value, staleness, share, self.workers)
+                self.x, self.version = state.x, state.version
                 await self._send(worker, uploads, self.x, {"version": float(self.version)})
                 uploads += 1
                 if uploads % self.workers == 0 and self.round < rounds:
                     self._record(self.round, math.nan, began, before, idle=True)
                     self.round += 1
                     began = time.perf_counter()
-                    before = (
-                        stats.messages_sent,
-                        stats.bytes_sent,
-                        stats.messages_received,
-                        stats.bytes_received,
-                    )
+                    before = _counts(stats)
 
     def _record(
         self,
         k: int,
         loss: float,
         began: float,
-        before: tuple[int, int, int, int],
+        before: tuple[int, ...],
         *,
         idle: bool = False,
     ) -> None:
@@ -400,8 +376,8 @@ class AsyncPeer:
             messages_received=stats.messages_received - before[2],
             bytes_received=stats.bytes_received - before[3],
             messages_missing=0,
-            messages_late=0,
-            messages_rejected=0,
+            messages_late=stats.messages_late - before[4],
+            messages_rejected=stats.messages_rejected - before[5],
             missing=(),
             wall_s=time.perf_counter() - began,
             idle=idle,
@@ -410,6 +386,14 @@ class AsyncPeer:
             self.observer(self, record)
 
 
-def _counts(stats: TransportStats) -> tuple[int, int, int, int]:
-    """Messages and bytes sent and received so far."""
-    return stats.messages_sent, stats.bytes_sent, stats.messages_received, stats.bytes_received
+def _counts(stats: TransportStats) -> tuple[int, ...]:
+    """Messages and bytes sent and received, and messages late (stale) and rejected, so
+    far."""
+    return (
+        stats.messages_sent,
+        stats.bytes_sent,
+        stats.messages_received,
+        stats.bytes_received,
+        stats.messages_late,
+        stats.messages_rejected,
+    )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedcore.algorithms import Algorithm
+from fedcore.algorithms.asynchronous import example_shares
 from fedcore.algorithms.optim import Optimizer
 from fedcore.compression import Codec, codec_seed, configured_codec
 from fedcore.config import Config, effective_lr
@@ -172,6 +173,8 @@ class RunSetup:
         wrapped, pace = self._wrap(node_id, transport)
         i = self.graph.index(node_id)
         server = getattr(self.algorithm, "server", None)
+        workers = torch.tensor([v != server for v in self.graph.nodes])
+        shares = example_shares(self.parts, workers).tolist()
         return AsyncPeer(
             node_id,
             algorithm=self.algorithm,
@@ -182,7 +185,7 @@ class RunSetup:
             options=self.options,
             params=self.start,
             codec=self._codec(i),
-            workers=len(self.graph.nodes) - (server is not None),
+            shares={v: x for v, x in zip(self.graph.nodes, shares, strict=True) if v != server},
             pace=pace,
             observer=observer,
         )

@@ -110,7 +110,7 @@ def test_fedbuff_with_every_worker_and_no_staleness_is_fedavg() -> None:
         buff.run_round()
         avg.run_round()
     server = buff.server
-    assert server is not None and buff.version == 10
+    assert server is not None and buff.served.version == 10
     assert torch.allclose(buff.x[server], avg.model()[server], atol=1e-6, rtol=1e-5)
     assert not torch.equal(buff.x[server], buff.setup.start)
 
