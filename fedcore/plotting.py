@@ -666,14 +666,12 @@ def _draw(
 ) -> Any:
     """One line (and its band) on ``ax``; points at x <= 0 left out on a log axis; markers
     on every point of a short line, about a dozen along a long one."""
-    keep = [
-        i
-        for i, x in enumerate(xs)
-        if (x > 0 or not positive_x) and not math.isnan(x) and not math.isnan(ys[i])
-    ]
+    keep = [i for i, x in enumerate(xs) if x > 0 or not positive_x]
     x = [xs[i] for i in keep]
     y = [ys[i] for i in keep]
-    every = 0.08 if len(x) > 12 else None  # by distance: even on a log axis
+    drawn = sum(not (math.isnan(a) or math.isnan(b)) for a, b in zip(x, y, strict=True))
+    # By distance: even on a log axis (matplotlib cannot place them on a line of no point).
+    every = 0.08 if drawn > 12 else None
     (line,) = ax.plot(x, y, markevery=every, markersize=4, **style)
     if spread is not None and x:
         low = [y[j] - spread[i] for j, i in enumerate(keep)]
