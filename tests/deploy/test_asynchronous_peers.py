@@ -20,10 +20,11 @@ from fedcore.transport import InProcessNetwork
 
 
 def _busy(folder: Path, node: str) -> tuple[int, float]:
-    """A peer's records and the wall seconds its rounds took."""
+    """A peer's records and the wall seconds its rounds after the first took (the first
+    may wait for a partner still connecting: start-up skew, not the slow peer)."""
     lines = (folder / "nodes" / node / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
-    return len(records), sum(r["wall_s"] for r in records)
+    return len(records), sum(r["wall_s"] for r in records[1:])
 
 
 @pytest.mark.grpc
@@ -36,7 +37,7 @@ def _busy(folder: Path, node: str) -> tuple[int, float]:
     ],
 )
 def test_no_peer_waits_for_a_slow_one(algorithm: str, graph: list[str], tmp_path: Path) -> None:
-    """n1 computes 10x slower (``[time]`` as real sleeps); the others run their rounds at
+    """n1 computes 15x slower (``[time]`` as real sleeps); the others run their rounds at
     their own pace and finish long before it, and the run completes."""
     config = load_config(
         None,
@@ -46,7 +47,7 @@ def test_no_peer_waits_for_a_slow_one(algorithm: str, graph: list[str], tmp_path
             "run.rounds=8",
             "run.eval_every=4",
             "time.step_s=0.04",
-            "time.speeds={n1=10.0}",
+            "time.speeds={n1=15.0}",
         ],
     )
     summary = launch(config, out_dir=tmp_path / "run", show_progress=False)
@@ -55,7 +56,7 @@ def test_no_peer_waits_for_a_slow_one(algorithm: str, graph: list[str], tmp_path
     slow_records, slow = _busy(tmp_path / "run", "n1")
     fast_records, fast = _busy(tmp_path / "run", "n0")
     assert slow_records == fast_records == 8
-    assert slow > 8 * 0.4 * 0.9  # its own 8 slow computations
+    assert slow > 7 * 0.6 * 0.9  # its own slow computations
     assert fast < slow / 3, (fast, slow)  # n0 never waited for n1
 
 
