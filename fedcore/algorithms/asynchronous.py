@@ -95,6 +95,32 @@ class ADPSGD:
         return (x_i + x_j) * 0.5
 
     @staticmethod
+    def average_pairs(x: torch.Tensor, first: list[int], second: list[int]) -> None:
+        """Average the pairs ``(first[k], second[k])`` of the rows of ``x`` in place, as if
+        one after another in ``k`` order (each averaging atomic), batched: pair ``k`` goes
+        in the layer after the last one holding either of its peers, so a layer's pairs
+        share no peer and every peer's averagings keep their order (bit-identical to the
+        sequential loop: the average is elementwise)."""
+        layers: list[list[int]] = []
+        last: dict[int, int] = {}
+        for k, (i, j) in enumerate(zip(first, second, strict=True)):
+            if i == j:
+                raise ValueError(f"pair {k} averages peer {i} with itself")
+            layer = max(last.get(i, -1), last.get(j, -1)) + 1
+            if layer == len(layers):
+                layers.append([])
+            layers[layer].append(k)
+            last[i] = last[j] = layer
+        a_all = torch.tensor(first, dtype=torch.int64)
+        b_all = torch.tensor(second, dtype=torch.int64)
+        for pairs in layers:
+            pick = torch.tensor(pairs, dtype=torch.int64)
+            a, b = a_all[pick], b_all[pick]
+            mean = ADPSGD.average(x[a], x[b])
+            x[a] = mean
+            x[b] = mean
+
+    @staticmethod
     def apply(x: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
         """The stale gradient step, ``x - lr g``."""
         return x - lr * grad

@@ -352,32 +352,15 @@ class EventNetwork:
             self._upload(group)
 
     def _average(self, group: torch.Tensor) -> None:
-        """AD-PSGD's pairwise averages of ``group``, in layers of pairs that share no peer
-        (applied one layer after another, node order deciding the layers)."""
+        """AD-PSGD's pairwise averages of ``group``, one after another in node order
+        (batched in layers of pairs that share no peer: :meth:`ADPSGD.average_pairs`)."""
         partners = self._partner_of[group]
         nbytes = self.model_bytes
         lost = self._lost(group, partners) | self._lost(partners, group)
         self._traffic(group, partners, nbytes, ~lost)
         self._traffic(partners, group, nbytes, ~lost)
-        layers: list[list[int]] = []
-        busy: list[set[int]] = []
-        for k, (i, j) in enumerate(zip(group.tolist(), partners.tolist(), strict=True)):
-            if bool(lost[k]):
-                continue
-            for layer, used in zip(layers, busy, strict=True):
-                if i not in used and j not in used:
-                    layer.append(k)
-                    used.update((i, j))
-                    break
-            else:
-                layers.append([k])
-                busy.append({i, j})
-        for layer in layers:
-            pick = torch.tensor(layer, dtype=torch.int64)
-            a, b = group[pick], partners[pick]
-            mean = ADPSGD.average(self.x[a], self.x[b])
-            self.x[a] = mean
-            self.x[b] = mean
+        kept = ~lost
+        ADPSGD.average_pairs(self.x, group[kept].tolist(), partners[kept].tolist())
 
     def _push(self, group: torch.Tensor) -> None:
         """Asynchronous push-sum: step, keep the self share, push running sums."""

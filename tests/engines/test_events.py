@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from fedcore.algorithms.asynchronous import ADPSGD
 from fedcore.config import load_config
 from fedcore.engines.events import EventNetwork
 from fedcore.engines.vectorized import VectorizedNetwork
@@ -94,6 +97,41 @@ def test_adpsgd_pairwise_averaging_keeps_the_mean_at_zero_step() -> None:
         net.run_round()
         assert torch.allclose(net.x.to(torch.float64).mean(dim=0), mean, atol=1e-5)
     assert float((net.x - net.x.mean(dim=0)).norm()) < spread / 2  # and it mixes
+
+
+@st.composite
+def _pairs(draw: st.DrawFn) -> tuple[int, list[int], list[int]]:
+    n = draw(st.integers(2, 8))
+    pairs = draw(
+        st.lists(
+            st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)).filter(lambda p: p[0] != p[1]),
+            max_size=24,
+        )
+    )
+    return n, [i for i, _ in pairs], [j for _, j in pairs]
+
+
+@settings(max_examples=150, deadline=None)
+@given(_pairs(), st.integers(0, 2**31 - 1))
+def test_adpsgd_batched_pair_layers_equal_the_averagings_one_by_one(
+    case: tuple[int, list[int], list[int]], seed: int
+) -> None:
+    """The event engine averages a tick's pairs in layers; the result is bit for bit the
+    sequential order (pairs sharing a peer keep their order)."""
+    n, first, second = case
+    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(seed))
+    one_by_one = x.clone()
+    for i, j in zip(first, second, strict=True):
+        mean = ADPSGD.average(one_by_one[i], one_by_one[j])
+        one_by_one[i] = mean
+        one_by_one[j] = mean
+    ADPSGD.average_pairs(x, first, second)
+    assert torch.equal(x, one_by_one)
+
+
+def test_adpsgd_refuses_a_pair_of_one_peer() -> None:
+    with pytest.raises(ValueError, match="with itself"):
+        ADPSGD.average_pairs(torch.zeros(3, 2), [0, 1], [2, 1])
 
 
 def test_fedbuff_with_every_worker_and_no_staleness_is_fedavg() -> None:
