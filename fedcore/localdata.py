@@ -43,7 +43,7 @@ import io
 import json
 import logging
 import os
-import pickle  # the CIFAR python release; read through _ArraysOnly only
+import pickle  # CIFAR's python release, local files only (never sent); via _ArraysOnly
 import tempfile
 import zipfile
 from collections.abc import Iterable

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import pickle  # the CIFAR python release's format, written as CIFAR's own files are
+import pickle  # CIFAR's python release format, local stand-in files only; never sent
 import sys
 from collections.abc import Sequence
 from pathlib import Path

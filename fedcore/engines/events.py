@@ -143,9 +143,8 @@ class EventNetwork:
             # running sums (x, w) per edge
             self.sums: torch.Tensor = torch.zeros(e, self.d + 1, dtype=_F64)
             self.applied: torch.Tensor = torch.zeros_like(self.sums)
-            self.last: torch.Tensor = torch.full(
-                (e,), -1, dtype=torch.int64
-            )  # newest message applied
+            # the newest message applied per edge
+            self.last: torch.Tensor = torch.full((e,), -1, dtype=torch.int64)
             self.flight: list[tuple[float, int, int]] = []  # (arrival, seq, edge)
             self.payloads: dict[int, torch.Tensor] = {}
             self.seq: int = 0
