@@ -483,6 +483,7 @@ async def _peer(
                 sorted(outs),
                 timeout_s=config.transport.startup_timeout_s,
                 required=config.transport.mode == "strict",
+                together=is_asynchronous(setup.algorithm),
             )
         write_stage(out, "running")
         say(f"connected; running from round {node.round}")

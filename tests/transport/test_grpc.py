@@ -206,6 +206,32 @@ def test_unreachable_peer_is_named() -> None:
 
 
 @pytest.mark.grpc
+def test_peers_that_start_together_wait_for_their_in_neighbours() -> None:
+    """``together`` (asynchronous peers): a peer that sends to nobody still waits until the
+    peer that sends to it said hello, so it cannot finish and stop before that one came;
+    without it, strict mode starts at once."""
+
+    async def main() -> None:
+        a = GrpcTransport("a", listen="127.0.0.1:0", roster={}, run_id=RUN, trusted={"b"})
+        b = GrpcTransport("b", listen="127.0.0.1:0", roster={}, run_id=RUN, trusted=set())
+        await a.start()
+        await b.start()
+        b.roster = {"a": f"127.0.0.1:{a.port}"}
+        try:
+            assert await asyncio.wait_for(a.connect([], timeout_s=5.0), 1.0) == []
+            waiting = asyncio.create_task(a.connect([], timeout_s=5.0, together=True))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()  # b has not said hello yet
+            await b.connect(["a"], timeout_s=5.0)
+            assert await asyncio.wait_for(waiting, 1.0) == []
+        finally:
+            await a.close(0.1)
+            await b.close(0.1)
+
+    asyncio.run(main())
+
+
+@pytest.mark.grpc
 def test_100_mb_model_crosses() -> None:
     async def main() -> None:
         b = GrpcTransport("b", listen="127.0.0.1:0", roster={}, run_id=RUN, trusted={"a"})

@@ -403,15 +403,22 @@ class GrpcTransport:
         return port
 
     async def connect(
-        self, peers: Collection[str], *, timeout_s: float = 60.0, required: bool = True
+        self,
+        peers: Collection[str],
+        *,
+        timeout_s: float = 60.0,
+        required: bool = True,
+        together: bool = False,
     ) -> list[str]:
         """Open a channel to each peer and handshake, retrying until ``timeout_s``.
 
         With ``required`` false (deadline mode) the peers still unreachable at the deadline
         (down, or failing the TLS handshake) are logged and returned instead: their channels
         stay open and reconnect by themselves, and sends to them fail until they answer.
-        Then it also waits, within the same ``timeout_s``, until every trusted in-neighbour
-        has said hello (or sent), so that peers start their rounds together.
+        Then, and with ``together`` (asynchronous peers, which no round holds back), it also
+        waits, within the same ``timeout_s``, until every trusted in-neighbour has said
+        hello (or sent), so that peers start together: no peer starts (or finishes and
+        stops) before the peers that send to it have reached it.
 
         Raises:
             PeerUnavailableError: naming the peers still unreachable at the deadline.
@@ -464,10 +471,10 @@ class GrpcTransport:
                     )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
-        if not required:
-            # Deadline mode: start the first round only when the in-neighbours are up too
-            # (said hello, or already sent), or the time is up; otherwise a peer that starts
-            # later than this one misses its first deadlines.
+        if together or not required:
+            # Start only when the in-neighbours are up too (said hello, or already sent), or
+            # the time is up; otherwise a peer that starts later than this one misses its
+            # first deadlines (deadline mode), or finds it gone (asynchronous peers).
             silent = await self.mailbox.await_greetings(
                 self.trusted, max(0.0, deadline - time.monotonic())
             )
