@@ -10,17 +10,20 @@ rounds: the average static regret ``R_t / (n t)`` and the average dynamic regret
 the stream has a comparator).
 
 Each curve has its own colour, marker and line style, and is labelled by what differs
-between the runs (:func:`default_labels`: algorithm, codec, graph, other config keys), or,
-with ``label``, by the value of a key of its ``config.toml``. The title names the runs'
-config, algorithm and graph (:func:`default_title`). The bytes axes go log by themselves
-when the runs' bytes differ more than ten times.
+between the runs (:func:`default_labels`: algorithm, codec, graph, engine, other config
+keys), or, with ``label``, by the value of a key of its ``config.toml``. Runs of one config
+on different engines (the message and the vectorized engine, ``simulate`` and ``launch``)
+never share a label: where theirs would be the same, each says its engine
+(:func:`run_engine`). The title names the runs' config, algorithm and graph
+(:func:`default_title`). The bytes axes go log by themselves when the runs' bytes differ
+more than ten times.
 
 A sweep folder (one holding ``sweep.json``, see :mod:`fedcore.simulation.sweep`) stands for
 its completed runs. With ``bands``, runs whose ``config.toml`` differ only in ``run.seed``
-(and ``run.name``) become one curve: their mean, in a band of +- one (sample) standard
-deviation, at the rounds every run of the group reached. A grid folder (its ``sweep.json``
-of kind ``grid``, see :mod:`fedcore.simulation.grid`) stands for its cells' runs, labelled
-by the grid's keys.
+(and ``run.name``), and that ran on the same engine, become one curve: their mean, in a
+band of +- one (sample) standard deviation, at the rounds every run of the group reached.
+A grid folder (its ``sweep.json`` of kind ``grid``, see :mod:`fedcore.simulation.grid`)
+stands for its cells' runs, labelled by the grid's keys.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.errors import ConfigError
-from fedcore.ids import child_path, clip
+from fedcore.ids import child_path, clip, shorten
 
 __all__ = [
     "LEGEND_OUTSIDE",
@@ -54,6 +57,7 @@ __all__ = [
     "load_run",
     "load_run_config",
     "plot_runs",
+    "run_engine",
     "seed_groups",
     "strip_seed",
 ]
@@ -80,7 +84,8 @@ def load_records(run_dir: Path) -> tuple[str, list[dict[str, Any]], list[dict[st
     """The run's name, its evaluation records and its regret records (maybe none).
 
     Raises:
-        ConfigError: the folder has no readable ``metrics.jsonl`` with evaluations.
+        ConfigError: no such folder, or it has no readable ``metrics.jsonl`` with
+            evaluations.
     """
     run = load_run(run_dir)
     return run.name, run.evals, run.regret
@@ -110,9 +115,20 @@ def load_run(run_dir: Path) -> RunRecords:
     """A run folder's records: evaluations, regret, rounds, and its summary.
 
     Raises:
-        ConfigError: the folder has no readable ``metrics.jsonl`` with evaluations.
+        ConfigError: no such folder, or it has no readable ``metrics.jsonl`` with
+            evaluations.
     """
     path = run_dir / "metrics.jsonl"
+    if not run_dir.exists():
+        raise ConfigError(
+            f"{str(run_dir)!r} does not exist; give a run folder (one holding metrics.jsonl) "
+            "or a sweep folder."
+        )
+    if not run_dir.is_dir():
+        raise ConfigError(
+            f"{str(run_dir)!r} is a file, not a run folder; give the folder that holds its "
+            "metrics.jsonl."
+        )
     if not path.is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a run folder: it has no metrics.jsonl.")
     evals: list[dict[str, Any]] = []
@@ -250,6 +266,25 @@ _GRAPH_KEYS = frozenset({"topology.kind", "topology.nodes", "topology.rows", "to
 ``torus-4x4``) stands for in a label."""
 
 
+_ENGINE_KEYS = frozenset({"simulate.engine"})
+"""Config keys that the engine a run ran on (:func:`run_engine`) stands for in a label: the
+config may say ``auto``, the summary says what ran."""
+
+
+def run_engine(summary: Mapping[str, Any]) -> str:
+    """What ran a run, by its ``summary.json``: an in-process engine of ``fedcore simulate``
+    (``messages``, ``vectorized``, ``events``), or ``grpc peers`` (``fedcore launch``, and
+    ``fedcore summarize`` of peers that ran elsewhere); "" where the summary does not say."""
+    if summary.get("transport") == "grpc":
+        return "grpc peers"
+    engine = summary.get("engine")
+    if isinstance(engine, str) and engine.strip():
+        return shorten(" ".join(engine.split()), 40)  # a file's text: one short line
+    # Summaries from before the engine was recorded: the in-process runs were the message
+    # engine's.
+    return "messages" if summary.get("transport") == "inproc" else ""
+
+
 def _flat(config: Mapping[str, Any]) -> dict[str, Any]:
     """A config as ``table.key: value`` (inline tables such as ``transport.tls`` whole)."""
     out: dict[str, Any] = {}
@@ -267,10 +302,12 @@ def default_labels(
     names: Sequence[str],
     *,
     ignore: Collection[str] = ("run.name",),
+    engines: Sequence[str] | None = None,
 ) -> list[str]:
     """Curve labels that say what differs between the runs (one config each).
 
-    The algorithm and the codec by their value and the graph by its name (``graphs``),
+    The algorithm and the codec by their value, the graph by its name (``graphs``) and the
+    engine each ran on (``engines``, :func:`run_engine`; it stands for ``simulate.engine``),
     where the runs differ in them; then every other config key whose value differs (a
     ``--set`` key, say) as ``key=value``, in the config's order, on the runs whose value
     is not the one most runs share (on all of them if no value has a majority, or if a
@@ -288,7 +325,14 @@ def default_labels(
         if key not in ignore and all(key in t for t in texts) and len({t[key] for t in texts}) > 1
     ]
     graph = len(set(graphs)) > 1 or any(key in _GRAPH_KEYS for key in differ)
-    others = [k for k in differ if k not in _PLAIN_KEYS and not (graph and k in _GRAPH_KEYS)]
+    engine = engines is not None and len(set(engines)) > 1
+    others = [
+        k
+        for k in differ
+        if k not in _PLAIN_KEYS
+        and not (graph and k in _GRAPH_KEYS)
+        and not (engine and k in _ENGINE_KEYS)
+    ]
     common: dict[str, str] = {}  # each other key's majority value, where one has it
     for key in others:
         value, count = Counter(t[key] for t in texts).most_common(1)[0]
@@ -299,6 +343,8 @@ def default_labels(
         parts = [str(flats[i][key]) for key in _PLAIN_KEYS if key in differ]
         if graph and graphs[i]:
             parts.append(graphs[i])
+        if engine and engines is not None and engines[i]:
+            parts.append(engines[i])
         parts += [_key_text(key, flats[i][key]) for key in others if omit.get(key) != texts[i][key]]
         return ", ".join(parts)
 
@@ -350,16 +396,21 @@ def default_title(runs: Sequence[RunRecords], configs: Sequence[Mapping[str, Any
     return f"{name}: {text}" if text else name
 
 
-def seed_groups(configs: Sequence[Mapping[str, Any]]) -> list[list[int]]:
-    """Indices of ``configs`` grouped by config, ``run.seed`` and ``run.name`` left out;
-    groups in order of their first run, runs in their given order."""
+def seed_groups(
+    configs: Sequence[Mapping[str, Any]], engines: Sequence[str] | None = None
+) -> list[list[int]]:
+    """Indices of ``configs`` grouped by config, ``run.seed`` and ``run.name`` left out,
+    and by engine (``engines``, one a config: runs of one config on the message engine and
+    over gRPC are two curves); groups in order of their first run, runs in their given
+    order."""
     groups: dict[str, list[int]] = {}
     for i, config in enumerate(configs):
         reduced = dict(config)
         run = reduced.get("run")
         if isinstance(run, Mapping):
             reduced["run"] = {k: v for k, v in run.items() if k not in _SEED_KEYS}
-        key = json.dumps(reduced, sort_keys=True, default=str)
+        engine = engines[i] if engines is not None else ""
+        key = json.dumps([reduced, engine], sort_keys=True, default=str)
         groups.setdefault(key, []).append(i)
     return list(groups.values())
 
@@ -563,11 +614,14 @@ def curve_labels(
 ) -> list[str]:
     """Each curve's label (a curve: a group of ``runs``, one run without ``bands``): the
     value of config key ``label`` (several values of a group joined), else what differs
-    between the curves (:func:`default_labels`), else the runs' (common) name.
+    between the curves (:func:`default_labels`), else the runs' (common) name. A label
+    that curves of different engines would share says each one's engine too (the same
+    config on the message and the vectorized engine, or ``simulate`` and ``launch``).
 
     Raises:
         ConfigError: a run without ``label`` in its config.
     """
+    engines = [run_engine(runs[g[0]].summary) for g in groups]
     if label is not None:
         keys = [key.strip() for key in label.split(",")]  # several keys: "k1=v1, v2"
 
@@ -576,19 +630,34 @@ def curve_labels(
                 _label_text(key, config_value(configs[i] or {}, key, runs[i].path)) for key in keys
             )
 
-        return [", ".join(dict.fromkeys(value(i) for i in group)) for group in groups]
+        texts = [", ".join(dict.fromkeys(value(i) for i in group)) for group in groups]
+        return _tell_engines(texts, engines)
     names = [
         _group_name([runs[i].name for i in g], [runs[i].path for i in g])
         if len(g) > 1
         else runs[g[0]].name
         for g in groups
     ]
-    return default_labels(
+    texts = default_labels(
         [configs[g[0]] for g in groups],
         [_graph_name(runs[g[0]], configs[g[0]]) for g in groups],
         names,
         ignore=("run.name", "run.seed") if bands else ("run.name",),
+        engines=engines,
     )
+    return _tell_engines(texts, engines)
+
+
+def _tell_engines(labels: Sequence[str], engines: Sequence[str]) -> list[str]:
+    """``labels`` with ``, <engine>`` added to each that a curve of another engine shares
+    (one label the same config's runs on two engines would otherwise both have)."""
+    shared: dict[str, set[str]] = {}
+    for text, engine in zip(labels, engines, strict=True):
+        shared.setdefault(text, set()).add(engine)
+    return [
+        f"{text}, {engine}" if len(shared[text]) > 1 and engine else text
+        for text, engine in zip(labels, engines, strict=True)
+    ]
 
 
 def _curves(
@@ -603,7 +672,12 @@ def _curves(
     else:
         configs = [_optional_config(d) for d in run_dirs]
     title = default_title(runs, configs)
-    groups = seed_groups([c or {} for c in configs]) if bands else [[i] for i in range(len(runs))]
+    engines = [run_engine(run.summary) for run in runs]
+    groups = (
+        seed_groups([c or {} for c in configs], engines)
+        if bands
+        else [[i] for i in range(len(runs))]
+    )
     texts = curve_labels(groups, runs, configs, label=label, bands=bands)
     curves = []
     for group, text in zip(groups, texts, strict=True):

@@ -23,6 +23,7 @@ from fedcore.plotting import (
     default_labels,
     expand_runs,
     plot_runs,
+    run_engine,
     seed_groups,
     strip_seed,
 )
@@ -41,12 +42,13 @@ def fake_run(
     regret: bool = False,
     config: bool = True,
     every_round: bool = False,
+    summary: dict[str, Any] | None = None,
 ) -> Path:
     """A finished run's folder: evaluations at ``rounds`` whose figures depend on
     ``seed``; the first evaluation at 0 bytes when ``bytes_per_round`` is 0 at round 1.
     With ``every_round``, a ``"kind": "round"`` record for every round up to the last
     evaluation (16 peers' bytes, the same loss as the evaluations') and two node
-    records a round."""
+    records a round. ``summary``: more keys of ``summary.json`` (its engine, say)."""
     folder.mkdir(parents=True)
     items = [*overrides, f"run.seed={seed}"]
     if config:
@@ -90,7 +92,8 @@ def fake_run(
     text = "".join(json.dumps(line) + "\n" for line in lines)
     (folder / "metrics.jsonl").write_text(text, encoding="utf-8")
     name = "-".join(["ops-social-16", *items])
-    (folder / "summary.json").write_text(json.dumps({"name": name}), encoding="utf-8")
+    record = {"name": name, **(summary or {})}
+    (folder / "summary.json").write_text(json.dumps(record), encoding="utf-8")
     return folder
 
 
@@ -355,6 +358,65 @@ def test_labels_show_what_differs_between_the_runs(
     ]
 
 
+MESSAGES = {"transport": "inproc", "engine": "messages"}
+VECTORIZED = {"transport": "inproc", "engine": "vectorized"}
+LAUNCHED = {"transport": "grpc", "peers_per_process": 1}  # fedcore launch's summary
+"""The ``summary.json`` keys that say what ran a run."""
+
+
+def test_runs_of_one_config_on_different_engines_are_told_apart(
+    tmp_path: Path, figures: list[matplotlib.figure.Figure]
+) -> None:
+    """The same config on the message engine, the vectorized engine and over gRPC: the
+    config.toml files are the same, so without the engine the three labels were one."""
+    messages = fake_run(tmp_path / "m", summary=MESSAGES)
+    vectorized = fake_run(tmp_path / "v", summary=VECTORIZED)
+    launched = fake_run(tmp_path / "g", summary=LAUNCHED)
+    sign = fake_run(tmp_path / "s", overrides=["compression.codec=sign"], summary=MESSAGES)
+    # The config says which engine: the engine that ran stands for simulate.engine.
+    chosen = fake_run(tmp_path / "c", overrides=["simulate.engine=vectorized"], summary=VECTORIZED)
+    plot_runs([messages, vectorized, launched], tmp_path / "a.png")
+    plot_runs([messages, launched], tmp_path / "b.png", label="algorithm.name")
+    plot_runs([messages, sign, vectorized], tmp_path / "c.png")
+    plot_runs([messages, chosen], tmp_path / "d.png")
+    plot_runs([messages, sign], tmp_path / "e.png")  # one engine: not named
+    assert [loss_labels(fig) for fig in figures] == [
+        ["messages", "vectorized", "grpc peers"],
+        ["ops, messages", "ops, grpc peers"],
+        ["fp32, messages", "sign, messages", "fp32, vectorized"],
+        ["messages", "vectorized"],
+        ["fp32", "sign"],
+    ]
+    for fig in figures:  # every panel's legend says the same
+        labels = loss_labels(fig)
+        assert len(set(labels)) == len(labels), labels
+
+
+def test_bands_keep_the_engines_apart(
+    tmp_path: Path, figures: list[matplotlib.figure.Figure]
+) -> None:
+    simulated = fake_sweep(tmp_path / "sim", [0, 1], summary=MESSAGES)
+    launched = fake_sweep(tmp_path / "launch", [0, 1], summary=LAUNCHED)
+    plot_runs([simulated, launched], tmp_path / "p.png", bands=True)
+    (fig,) = figures
+    assert loss_labels(fig) == [
+        "messages (mean ± std, 2 seeds)",
+        "grpc peers (mean ± std, 2 seeds)",
+    ]
+
+
+def test_run_engine_reads_what_ran_the_run() -> None:
+    assert run_engine(MESSAGES) == "messages"
+    assert run_engine(VECTORIZED) == "vectorized"
+    assert run_engine({"transport": "inproc", "engine": "events"}) == "events"
+    assert run_engine(LAUNCHED) == "grpc peers"
+    assert run_engine({"transport": "inproc"}) == "messages"  # before the engine was kept
+    assert run_engine({}) == ""
+    assert run_engine({"engine": ["not", "a", "name"]}) == ""
+    long = run_engine({"engine": "x\n" * 100})  # a file's text: one short line
+    assert "\n" not in long and len(long) < 80
+
+
 def test_default_labels_leave_out_an_algorithms_own_keys() -> None:
     def config(algorithm: str, **keys: Any) -> dict[str, Any]:
         return {"run": {"name": algorithm}, "algorithm": {"name": algorithm, **keys}}
@@ -387,6 +449,22 @@ def test_a_sweep_folder_stands_for_its_completed_runs(tmp_path: Path) -> None:
     sweep = fake_sweep(tmp_path / "sw", [0, 2])
     other = fake_run(tmp_path / "other")
     assert expand_runs([sweep, other]) == [sweep / "seed-0", sweep / "seed-2", other]
+
+
+def test_a_folder_that_does_not_exist_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "runs" / "nonexistent"
+    out = tmp_path / "p.png"
+    line = one_line_error(capsys, ["plot", str(missing), "--out", str(out)], str(missing))
+    assert "does not exist" in line and "metrics.jsonl" not in line.split(";")[0], line
+    afile = tmp_path / "notes.txt"
+    afile.write_text("x", encoding="utf-8")
+    one_line_error(capsys, ["plot", str(afile), "--out", str(out)], "is a file")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    one_line_error(capsys, ["plot", str(empty), "--out", str(out)], "has no metrics.jsonl")
+    assert not out.exists()
 
 
 def test_a_sweep_without_completed_runs_is_one_line(
