@@ -189,7 +189,8 @@ def _time_rows(summary: dict[str, Any], traffic: dict[str, Any]) -> list[tuple[s
         if hit is None:
             text = "not reached" + (f" ({target:g})" if target else "")
         else:
-            text = f"round {hit['round'] + 1}, accuracy {hit['accuracy']:.4f}"
+            # summary.json's round, as metrics.jsonl counts rounds: from 0.
+            text = f"round {hit['round']}, accuracy {hit['accuracy']:.4f}"
             if hit.get("vtime") is not None:
                 text += f", {hit['vtime']:.4g} virtual s"
         rows.append(("time to target", text))
