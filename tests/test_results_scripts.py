@@ -1,4 +1,5 @@
-"""The results scripts and benchmarks run end to end at a tiny size.
+"""The results scripts and benchmarks run end to end at a tiny size, and the results
+table says what ``summary.json`` says.
 
 Only what is robust at that size is checked: the script completes and writes its files,
 every method reports a finite accuracy, and the ones that should learn at all do.
@@ -13,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.clitools import TINY, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CHANCE = 0.1  # ten classes
@@ -113,3 +116,24 @@ def test_time_results_tiny(tmp_path: Path) -> None:
         assert abs(same) < 0.06, (sync, asyn)
         slow = rows[f"heavy-tailed: {asyn}"]
         assert slow["engine"] == "events" and slow["speedup_to_target"] > 2, (asyn, slow)
+
+
+def test_the_table_and_the_summary_give_one_time_to_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``time to target`` in the table is ``summary.json``'s ``time_to_target`` round: the
+    ``round`` of the first evaluation record at the target (counted from 0, as every record
+    of ``metrics.jsonl``), not one more (the table said 25 where the summary said 24)."""
+    out = tmp_path / "run"
+    target = ["--set", "run.target_accuracy=0.01", "--set", "run.rounds=4"]
+    status, printed, err = cli(capsys, "simulate", *TINY, *target, "--out", str(out))
+    assert status == 0, err
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    hit = summary["time_to_target"]
+    lines = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    records = (json.loads(line) for line in lines)
+    first = next(r for r in records if r.get("kind") == "eval")
+    assert first["avg_model_accuracy"] >= 0.01  # so the first evaluation is the hit
+    assert hit["round"] == first["round"] == 1  # rounds 0 and 1 ran: evaluated after round 1
+    (line,) = [row for row in printed.splitlines() if "time to target" in row]
+    assert f"round {hit['round']}, accuracy {hit['accuracy']:.4f}" in line, line

@@ -616,8 +616,9 @@ def _digests(final: Mapping[str, torch.Tensor], nodes: Sequence[str]) -> dict[st
 def _time_figures(config: Config, observer: RunObserver) -> dict[str, Any]:
     """The summary's virtual time (``virtual_seconds``, each node's ``utilisation``: the
     share of the run's virtual time it computed) and ``time_to_target`` (the first
-    evaluation at ``run.target_accuracy``: round, virtual seconds, accuracy; ``null`` if
-    never reached); each only where the run has it."""
+    evaluation at ``run.target_accuracy``: its round, counted from 0 as in the records,
+    virtual seconds, accuracy; ``null`` if never reached; the results table prints the
+    same round); each only where the run has it."""
     out: dict[str, Any] = {}
     if observer.vtime is not None:
         span = observer.vtime
