@@ -10,6 +10,7 @@ inherits the builtin exception it refines, so callers that catch ``ValueError`` 
     ├── DataError(ValueError)             dataset, partition or model that cannot be built
     ├── CompressionError(ValueError)      bytes that do not decode under their codec header
     ├── AlgorithmError(RuntimeError)      an algorithm got input it cannot use
+    │   └── UserCodeError                 a user's rule raised, or returned what no engine can use
     └── TransportError(RuntimeError)      a message could not be delivered or received
         ├── PeerUnavailableError(ConnectionError)   a peer cannot be reached
         ├── TransportTimeoutError(TimeoutError)     strict-mode wait for in-neighbours ran out
@@ -28,6 +29,9 @@ The CLI turns any of these into one line on stderr and a non-zero exit status.
 """
 
 from __future__ import annotations
+
+import traceback
+from pathlib import Path
 
 __all__ = [
     "AlgorithmError",
@@ -48,6 +52,7 @@ __all__ = [
     "TransportError",
     "TransportTimeoutError",
     "UntrustedPeerError",
+    "UserCodeError",
 ]
 
 
@@ -73,6 +78,47 @@ class CompressionError(FedcoreError, ValueError):
 
 class AlgorithmError(FedcoreError, RuntimeError):
     """An algorithm received state or messages it cannot use."""
+
+
+class UserCodeError(AlgorithmError):
+    """A user's rule (``algorithm.name = "pkg.module:factory"``) raised, or returned
+    something the engines cannot use: the message names the rule, the method and what was
+    expected. Its traceback (the user's frames) is for the rule's author:
+    :meth:`keep_traceback` writes it into the run's folder and says where in the message.
+
+    Attributes:
+        trace: The traceback of the user's error, as text (kept when pickled).
+        log: Where :meth:`keep_traceback` wrote it (``None``: not written).
+    """
+
+    LOG = "error.log"
+    """The file in a run's (or peer's) folder that holds the traceback."""
+
+    def __init__(self, message: str, trace: str = "") -> None:
+        """``message``: one sentence; ``trace``: the user's traceback, if there is one."""
+        super().__init__(message)
+        self.trace = trace
+        self.log: Path | None = None
+
+    def keep_traceback(self, folder: Path) -> Path | None:
+        """Append the full traceback to ``folder/error.log`` and end the message with
+        where it is; the file's path, or ``None`` if it cannot be written (the message
+        is then left as it was). Once only: a second call returns the first file."""
+        if self.log is not None:
+            return self.log
+        text = "".join(traceback.format_exception(self)) if self.__traceback__ else ""
+        if self.trace and self.__cause__ is None:  # re-raised "from None" on its way here
+            text = f"{self.trace}\nwhich fedcore reported as:\n\n{text}" if text else self.trace
+        path = Path(folder) / self.LOG
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(text if text.endswith("\n") else text + "\n")
+        except OSError:
+            return None
+        self.log = path
+        said = str(self.args[0]).rstrip(".") if self.args else ""
+        self.args = (f"{said}; the traceback is in {path}.", *self.args[1:])
+        return path
 
 
 class TransportError(FedcoreError, RuntimeError):

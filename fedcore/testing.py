@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from fedcore.algorithms import Algorithm, NodeRule, Outbox, RoundContext
+from fedcore.algorithms import Algorithm, Outbox, RoundContext
 from fedcore.algorithms.base import unions
-from fedcore.algorithms.rule import is_rule
+from fedcore.algorithms.user import as_algorithm
 from fedcore.compression import Codec, get_codec
 from fedcore.config import Config, config_from_dict, config_to_dict
 from fedcore.data import Dataset
@@ -196,8 +196,11 @@ def make_network(
     raw["model"]["name"] = model
     if isinstance(dataset, str):
         raw["data"]["dataset"] = dataset
-    if not isinstance(algorithm, str | NodeRule) and is_rule(algorithm):
-        algorithm = NodeRule(algorithm)
+    if not isinstance(algorithm, str):
+        # Declared rules are checked and run through NodeRule; a per-message algorithm
+        # (one that hands its attributes on to a built-in one included) runs as it is.
+        kind = type(algorithm)
+        algorithm = as_algorithm(algorithm, f"{kind.__module__}:{kind.__qualname__}")
     raw["algorithm"]["name"] = algorithm if isinstance(algorithm, str) else algorithm.name
     for key, value in (settings or {}).items():
         table, _, name = key.partition(".")

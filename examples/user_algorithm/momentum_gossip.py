@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, gossip
+from fedcore.algorithms.rule import Rows, Rule, Send, Slot, gossip
 from fedcore.errors import ConfigError
 from fedcore.messages import MessageSchema
 
@@ -45,7 +45,7 @@ class MomentumState(NamedTuple):
     pending: torch.Tensor
 
 
-class MomentumGossip:
+class MomentumGossip(Rule):  # subclassing Rule declares it an update rule
     """Gossip averaging with local heavy-ball momentum (see the module docstring)."""
 
     name = "momentum-gossip"  # names runs and checkpoints

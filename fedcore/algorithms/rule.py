@@ -42,7 +42,8 @@ rule that must know exactly what receivers decode (error feedback: DeepSqueeze, 
 calls ``rows.compress(v)``, which returns the decoded ``C(v)``; sending that same tensor sends the
 already-encoded bytes, not a second encoding.
 
-Writing one: see ``examples/user_algorithm/`` and the README's "Write your own algorithm".
+Writing one: subclass :class:`Rule` (the declaration that makes an object a rule); see
+``examples/user_algorithm/`` and the README's "Write your own algorithm".
 The registry (:data:`fedcore.algorithms.ALGORITHMS`) holds a :class:`NodeRule` around each
 built-in rule; ``algorithm.name = "pkg.module:factory"`` loads a user's.
 """
@@ -73,6 +74,7 @@ __all__ = [
     "SenderRows",
     "Slot",
     "add_slot",
+    "declare_rule",
     "gossip",
     "is_rule",
     "lossless",
@@ -553,6 +555,11 @@ def _fail_first(bad: torch.Tensor, why: str) -> None:
 class Rule(Protocol):
     """An algorithm written once over ``B`` stacked peers (see the module docstring).
 
+    A rule says it is one by subclassing this class (``class MyRule(Rule):``): fedcore
+    runs an object as a rule only when its class declares it so (:func:`is_rule`), never
+    because it happens to have these attributes. The built-in rules are declared by their
+    registry entries (:func:`declare_rule`).
+
     Attributes:
         name: Registry name.
         mixing: The weights it needs on the trust graph (as
@@ -634,11 +641,36 @@ def widths_of(rule: Any, phase: int, rows: Rows) -> tuple[torch.Tensor, torch.Te
     return out, into
 
 
+RULE_MEMBERS = ("name", "mixing", "phases", "init", "model", "step", "mix", "schema", "pattern")
+"""What every rule has (the optional methods aside)."""
+
+_DECLARED: set[type] = set()
+"""Built-in rule classes, declared by :func:`declare_rule` (their registry entries)."""
+
+_IS_RULE: dict[type, bool] = {}
+"""Class -> whether it is declared a rule (read once per class)."""
+
+
+def declare_rule(kind: type) -> type:
+    """Declare ``kind`` (and its subclasses) an update rule without subclassing
+    :class:`Rule`: what the registry does for the built-in rules (:func:`per_peer`).
+    Returns ``kind``, so it also reads as a class decorator."""
+    _DECLARED.add(kind)
+    _IS_RULE.clear()
+    return kind
+
+
 def is_rule(obj: object) -> bool:
-    """Whether ``obj`` is a :class:`Rule` (not an adapter around one)."""
-    if isinstance(obj, NodeRule):
-        return False
-    return all(hasattr(obj, a) for a in ("init", "model", "step", "mix", "schema", "pattern"))
+    """Whether ``obj`` is declared a :class:`Rule`: its class subclasses :class:`Rule` or a
+    built-in rule (:func:`declare_rule`). Declared, never guessed from attributes: an
+    object that hands unknown attributes on to another (``__getattr__``) has them all, and
+    is still whatever its own class says (a per-message algorithm, say)."""
+    kind = type(obj)
+    known = _IS_RULE.get(kind)
+    if known is None:
+        known = any(c is Rule or c in _DECLARED for c in kind.__mro__)
+        _IS_RULE[kind] = known
+    return known
 
 
 # -- helpers rules share ---------------------------------------------------------------
@@ -749,10 +781,13 @@ class NodeRule:
 
     def __init__(self, rule: Any) -> None:
         """Wrap ``rule``."""
-        if not is_rule(rule):
+        if isinstance(rule, NodeRule):
+            raise AlgorithmError(f"{rule!r} is already a rule on one peer; wrap its .rule.")
+        missing = [a for a in RULE_MEMBERS if not hasattr(rule, a)]
+        if missing:  # the caller wrapping it says it is a rule; this names what it lacks
             raise AlgorithmError(
-                f"{rule!r} is not an update rule: it needs init, model, step, mix, schema and "
-                "pattern (fedcore.algorithms.rule.Rule)."
+                f"{rule!r} is not an update rule: it lacks {', '.join(missing)} of "
+                "fedcore.algorithms.rule.Rule."
             )
         self.rule = rule
         self.name: str = rule.name
@@ -1184,6 +1219,9 @@ def per_peer(rule: Callable[..., Any]) -> Callable[..., NodeRule]:
     """A factory of ``rule``'s form on one peer: ``per_peer(DPSGDRule)(**options)`` is
     ``NodeRule(DPSGDRule(**options))``, with the rule's signature and docstring (the
     registry reads a factory's options from its signature)."""
+
+    if isinstance(rule, type):
+        declare_rule(rule)  # its registry entry declares it a rule
 
     def make(*args: Any, **kwargs: Any) -> NodeRule:
         return NodeRule(rule(*args, **kwargs))

@@ -4,6 +4,7 @@ line with an exit status."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -26,8 +27,8 @@ from fedcore.cli import (
     sweep,
     topology,
 )
-from fedcore.cli.common import EXIT_RUNTIME, EXIT_USAGE, VERBOSE_HELP
-from fedcore.errors import FedcoreError
+from fedcore.cli.common import EXIT_RUNTIME, EXIT_USAGE, EXIT_USER_CODE, VERBOSE_HELP
+from fedcore.errors import FedcoreError, UserCodeError
 from fedcore.ids import first_line
 
 __all__ = ["main"]
@@ -48,11 +49,27 @@ SUBCOMMANDS = (
 """In the order ``fedcore --help`` lists them; each adds its parser and handler."""
 
 
+_WRITE_ERRORS = frozenset(
+    getattr(errno, name)
+    for name in ("EEXIST", "EROFS", "ENOSPC", "EDQUOT", "EFBIG", "ENOTEMPTY")
+    if hasattr(errno, name)
+)
+"""OSError numbers only writing gives (an OSError with another may be a read's)."""
+
+EXIT_STATUSES = (
+    f"exit status: 0 done; {EXIT_USAGE} invalid input (config, names, files, paths); "
+    f"{EXIT_RUNTIME} a run that failed on its way; {EXIT_USER_CODE} your own algorithm's code "
+    "failed (the traceback is in the run's error.log); 130 interrupted"
+)
+"""What ``fedcore --help`` says of exit statuses."""
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``fedcore`` parser: each subcommand's parser sets ``handler``."""
     top = argparse.ArgumentParser(
         prog="fedcore",
         description="Decentralized learning over directed trust graphs.",
+        epilog=EXIT_STATUSES,
     )
     top.add_argument("--version", action="version", version=f"fedcore {__version__}")
     top.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
@@ -66,6 +83,8 @@ def _error_line(exc: BaseException, verbose: int) -> str:
     """One line for ``exc``: its message's first line, and a pointer to ``-v`` when a
     traceback (of code that raised inside a user's factory, torch ...) stands behind it."""
     text = first_line(str(exc)) or type(exc).__name__
+    if isinstance(exc, UserCodeError) and exc.log is not None:
+        return text  # it says where its traceback is
     cause = exc.__cause__
     foreign = cause is not None and not isinstance(
         cause,
@@ -109,6 +128,8 @@ def _dispatch(args: argparse.Namespace, verbose: int) -> int:
         if verbose:
             traceback.print_exception(exc, file=sys.stderr)
         print(f"fedcore: error: {_error_line(exc, verbose)}", file=sys.stderr)
+        if isinstance(exc, UserCodeError):
+            return EXIT_USER_CODE
         return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_RUNTIME
     except MemoryError as exc:  # a size no bound caught: say so, without a traceback
         if verbose:
@@ -119,9 +140,10 @@ def _dispatch(args: argparse.Namespace, verbose: int) -> int:
             file=sys.stderr,
         )
         return EXIT_RUNTIME
-    except OSError as exc:  # an output path that cannot be written
+    except OSError as exc:  # a path that cannot be read or written
         where = f" {exc.filename!r}" if exc.filename else ""
-        print(f"fedcore: error: cannot write{where}: {exc.strerror or exc}.", file=sys.stderr)
+        what = "write" if exc.errno in _WRITE_ERRORS else "read or write"
+        print(f"fedcore: error: cannot {what}{where}: {exc.strerror or exc}.", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         print(f"fedcore: interrupted {exc}".rstrip(), file=sys.stderr)

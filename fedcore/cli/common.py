@@ -19,6 +19,7 @@ __all__ = [
     "DEPLOY",
     "EXIT_RUNTIME",
     "EXIT_USAGE",
+    "EXIT_USER_CODE",
     "RUN",
     "SET",
     "SIM_THREADS",
@@ -36,6 +37,9 @@ EXIT_USAGE = 2
 """Invalid input: a bad config, an unknown name, an invalid graph file, an unwritable path."""
 EXIT_RUNTIME = 1
 """A run that failed on its way (a strict-mode peer that never answered)."""
+EXIT_USER_CODE = 3
+"""A user's algorithm failed at run time: its code raised, or returned what no engine can
+use (:class:`~fedcore.errors.UserCodeError`; the traceback is in the run's ``error.log``)."""
 
 VERBOSE_HELP = (
     "more logging: -v fedcore's steps and the traceback behind an error, -vv fedcore's "

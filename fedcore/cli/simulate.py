@@ -66,6 +66,11 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.device is not None and not args.device.strip():
+        raise ConfigError(
+            f"--device {args.device!r} names no device; give cpu, cuda or cuda:K, or leave "
+            "--device out (simulate.device, default cpu)."
+        )
     if args.resume is not None:
         from fedcore.simulation.sweep import SWEEP_FILE
 
@@ -125,8 +130,8 @@ def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
     overrides = [*args.overrides, *tracking_overrides(args)]
     if args.engine:
         overrides.append(f"simulate.engine={args.engine}")
-    if args.device:
-        overrides.append(f"simulate.device={args.device}")
+    if args.device is not None:
+        overrides.append(f"simulate.device={json.dumps(args.device)}")
     if args.name is not None:
         overrides.append(f"run.name={json.dumps(args.name)}")
     # The config first: a bad file or --set answers before torch is imported.

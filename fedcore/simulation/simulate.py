@@ -31,7 +31,7 @@ from fedcore.engines.vectorized import (
     resolve_device,
     unsupported,
 )
-from fedcore.errors import ConfigError
+from fedcore.errors import ConfigError, UserCodeError
 from fedcore.ids import first_line
 from fedcore.metrics import JsonlWriter
 from fedcore.progress import Progress, announce_if_slow
@@ -391,6 +391,8 @@ def _execute(
         ) from None
     except BaseException as exc:
         writer.close()
+        if isinstance(exc, UserCodeError):  # its traceback is for the rule's author
+            exc.keep_traceback(out)
         why = first_line(str(exc)) or type(exc).__name__
         try:
             _finish(*args, wall_before + time.perf_counter() - began, "failed", why)
