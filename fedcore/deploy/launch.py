@@ -332,7 +332,7 @@ def resume_launch(
         )  # fmt: skip
     if prior.get("status", "completed") == "completed" and prior:
         raise ConfigError(f"the launch in {str(out)!r} completed; there is nothing to resume.")
-    k = int(prior.get("peers_per_process") or 1) if peers_per_process is None else peers_per_process
+    k = _launched_per_process(out, prior) if peers_per_process is None else peers_per_process
     _check_per_process(k)
     config = load_config(out / "config.toml")
     setup = _prepare(config, show_progress, progress_stream)
@@ -346,12 +346,36 @@ def resume_launch(
     held = [set(checkpoint.good_rounds(peer_dir(out, n) / "checkpoints")) for n in nodes]
     common = set.intersection(*held) if held else set()
     start = max(common) if common else None
+    stream = progress_stream or sys.stderr
+    overrides = list(prior.get("overrides", []))
+    name = str(prior.get("name") or run_name(config, setup, overrides))
+    unfinished = [n for n in nodes if not (peer_dir(out, n) / "node.json").is_file()]
+    if not unfinished or (start is not None and start >= config.run.rounds):
+        # The launcher stopped (killed, say) after its peers had run every round: nothing
+        # is left to run (restarted peers with no round to run would stop at once, and the
+        # others would wait for them in vain). Merge what they wrote, as summarize does.
+        if show_progress:
+            print(
+                f"launch: every peer of {out} had finished its rounds; writing the results",
+                file=stream,
+                flush=True,
+            )
+        summary = _merge(
+            setup,
+            out,
+            name,
+            None,
+            dict.fromkeys(unfinished),
+            overrides=overrides,
+            peers_per_process=k,
+        )
+        summary["out_dir"] = str(out)
+        return summary
     for n in nodes:
         folder = peer_dir(out, n)
         checkpoint.drop_after(folder / "checkpoints", start)
         (folder / "node.json").unlink(missing_ok=True)  # a finished peer's
         _keep_records(folder / "metrics.jsonl", start or 0)
-    stream = progress_stream or sys.stderr
     if start is None:
         logger.warning(
             "%s has no round that every peer has a checkpoint of (run.checkpoint_every = %d); "
@@ -361,8 +385,6 @@ def resume_launch(
         )
     elif show_progress:
         print(f"launch: resuming {out} after round {start}", file=stream, flush=True)
-    overrides = list(prior.get("overrides", []))
-    name = str(prior.get("name") or run_name(config, setup, overrides))
     return _supervise(
         setup,
         out,
@@ -375,6 +397,20 @@ def resume_launch(
         first=start or 0,
         wall_before=float(prior.get("wall_seconds") or 0.0) if start is not None else 0.0,
     )
+
+
+def _launched_per_process(out: Path, prior: Mapping[str, Any]) -> int:
+    """The ``peers_per_process`` of the launch in ``out``: its summary's, else (a launcher
+    stopped before it wrote one) the size of the first group in its ``procs.json``, else 1."""
+    given = prior.get("peers_per_process")
+    if isinstance(given, int) and not isinstance(given, bool) and given >= 1:
+        return given
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError, IndexError):
+        procs = json.loads((out / "procs.json").read_text(encoding="utf-8"))
+        peers = procs[0]["peers"]
+        if isinstance(peers, list) and peers:
+            return len(peers)
+    return 1
 
 
 def _keep_records(path: Path, first: int) -> None:
@@ -521,6 +557,7 @@ def _supervise(
                     error=error,
                     overrides=overrides,
                     peers_per_process=peers_per_process,
+                    threads=threads,
                 )
             except Exception as exc:  # the run's own error says more
                 logger.warning("could not write the summary of the %s run: %s", outcome, exc)
@@ -540,7 +577,14 @@ def _supervise(
                     ) from None
     wall = wall_before + time.perf_counter() - began
     summary = _merge(
-        setup, out, name, wall, dead, overrides=overrides, peers_per_process=peers_per_process
+        setup,
+        out,
+        name,
+        wall,
+        dead,
+        overrides=overrides,
+        peers_per_process=peers_per_process,
+        threads=threads,
     )
     summary["out_dir"] = str(out)
     return summary
@@ -605,10 +649,14 @@ def _merge(
     error: str | None = None,
     overrides: Sequence[str] = (),
     peers_per_process: int | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Replay the peers' records into the same metrics and summary as ``simulate``.
 
-    ``peers_per_process`` (a ``launch``'s; None for peers that ran elsewhere) is recorded.
+    ``peers_per_process`` and ``threads`` (each process's torch threads) of a ``launch``
+    are recorded (None: not known, peers that ran elsewhere). As ``simulate`` says which
+    engine ran, the summary says ``"engine": "peers"`` (with ``"transport": "grpc"``):
+    every peer its own node loop, module and server, on the CPU.
 
     A peer that died or stopped (``dead``: id -> exit status, None where unknown) is
     counted as down from the round after its last record up to the last round any peer
@@ -685,6 +733,10 @@ def _merge(
         wall_seconds=spent if wall is None else wall,
         final_params=models,
         extra={
+            "engine": "peers",
+            "device": "cpu",
+            "gradients": "per-node",
+            **({} if threads is None else {"threads": threads}),
             "peer_exits": exits,
             "overrides": list(overrides),
             **({} if peers_per_process is None else {"peers_per_process": peers_per_process}),

@@ -349,3 +349,50 @@ def test_peers_survive_kill_9_of_a_neighbour(tmp_path: Path) -> None:
         info = json.loads((out / "nodes" / node / "node.json").read_text(encoding="utf-8"))
         assert info["rounds"] == 40
     assert summary["final"]["avg_model_accuracy"] > 0.5
+
+
+def test_resume_of_a_launch_whose_peers_had_finished_writes_its_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 40: the launcher killed after its peers had run every round left no summary;
+    ``fedcore launch --resume`` restarted peers with nothing to run, which waited for each
+    other until ``could not reach n3``. Now it starts no peer and merges what they wrote,
+    as ``fedcore summarize`` does: the summary of the launch that was never stopped."""
+    from fedcore.cli import main
+    from fedcore.deploy import launch as launch_module
+
+    overrides = ["algorithm.name=dpsgd", "topology.kind=ring", "topology.nodes=3"]
+    overrides += ["run.rounds=6", "run.eval_every=3", "run.checkpoint_every=3"]
+    out = tmp_path / "run"
+    whole = launch(load_config(None, overrides), out_dir=out, show_progress=False,
+                   peers_per_process=3)  # fmt: skip
+    assert whole["engine"] == "peers" and whole["transport"] == "grpc"
+    merged = (out / "metrics.jsonl").read_text(encoding="utf-8")
+    for name in ("summary.json", "metrics.jsonl", "curves.png"):  # the launcher died first
+        (out / name).unlink()
+
+    def no_peers(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a peer was started again")
+
+    monkeypatch.setattr(launch_module, "_supervise", no_peers)
+    began = time.monotonic()
+    status = main(["launch", "--resume", str(out)])
+    _, err = capsys.readouterr()
+    assert status == 0, err
+    assert time.monotonic() - began < 30
+    assert f"every peer of {out} had finished its rounds" in err
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 6
+    assert summary["params_sha256"] == whole["params_sha256"]
+    assert summary["final"] == whole["final"] and summary["name"] == whole["name"]
+    assert summary["peers_per_process"] == 3 and summary["engine"] == "peers"
+    assert (out / "metrics.jsonl").read_text(encoding="utf-8") == merged
+    assert all((out / "nodes" / n / "node.json").is_file() for n in ("n0", "n1", "n2"))
+    # Peers that checkpointed the last round but never wrote node.json (killed just then)
+    # ran every round too: the same.
+    (out / "nodes" / "n1" / "node.json").unlink()
+    (out / "summary.json").unlink()
+    assert main(["launch", "--resume", str(out), "-q"]) == 0
+    again = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert again["params_sha256"] == whole["params_sha256"] and again["status"] == "completed"
+    assert capsys.readouterr().err == ""
