@@ -5,7 +5,8 @@ address ``(run, round, phase, sender, receiver)``, a few named scalars (such as 
 push-sum weight) and named tensors already encoded by a codec into the bytes a wire
 carries. Messages are immutable snapshots: the bytes are copied out of the sender's
 tensors when the message is built, so later in-place updates at the sender can never
-leak into what a receiver mixes (the FedML bug named in reference/algorithms.md).
+leak into what a receiver mixes (a bug of FedML's decentralized simulation, whose
+messages were live references that receivers then updated in place).
 
 :class:`Payload` is the decoded, algorithm-facing view of the same content, and
 :class:`MessageSchema` the exact content an algorithm sends in one phase: what a receiver

@@ -110,7 +110,8 @@ class DeepSqueezeRule:
     pattern = "neighbours"
 
     def __init__(self, eta: float = 0.2) -> None:
-        """``eta`` in (0, 1]: 0.1-0.2 suits 1-bit codecs (reference/algorithms.md)."""
+        """``eta`` in (0, 1]: 0.1-0.2 suits 1-bit codecs (the analysis of DeepSqueeze,
+        Tang et al. 2019, asks for a small enough consensus step)."""
         _check_step(self.name, eta, "eta")
         self.eta = eta
 

@@ -21,7 +21,7 @@ are doubly stochastic, or Metropolis–Hastings weights supplied with the graph)
 :class:`DOL` equals plain ``"ops"`` step for step, as the push-sum weight stays 1.
 
 The difference between :class:`DOG` and :class:`DOL` on a doubly stochastic ``W`` is only
-the order of the two halves of a round (reference/algorithms.md section 7, pitfall 1):
+the order of the two halves of a round (combine-then-adapt against adapt-then-combine):
 DOG combines, then adapts with the gradient taken at the node's own *pre-mix* model; DOL
 adapts, then combines the post-step models. Their means move identically (by ``-lr``
 times the mean gradient); their iterates do not.

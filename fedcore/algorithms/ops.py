@@ -18,8 +18,9 @@ push-sum then no longer reaches the true average. Works on any strongly connecte
 with self-loops, and on a time-varying schedule (the weights of each round's graph are
 used, and each round's inbox holds only that round's messages).
 
-**Robust push-sum** (``robust=True``; reference/algorithms.md section 10, after
-Hadjicostis, Vaidya and Dominguez-Garcia's running sums). Node ``i`` also keeps, per
+**Robust push-sum** (``robust=True``; a fedcore extension, after Hadjicostis, Vaidya and
+Dominguez-Garcia, "Robust distributed average consensus via exchange of running sums",
+IEEE TAC 2016). Node ``i`` also keeps, per
 out-edge ``i -> j``, the running totals ``sigma_ij`` of every x- and omega-share it ever
 pushed on that edge, and per in-edge ``k -> i`` the last totals ``rho_ki`` it applied
 (both start at 0, an edge's when it is first used)::
@@ -98,7 +99,7 @@ the mass). A small relative tolerance covers rounding.
 instead of the paper's ``x_i - lr * g``, which moves ``z_i`` by ``lr * g / omega_i``. This
 is fedcore's stabilization choice, not the paper's rule: under message loss a node whose
 in-messages are lost several rounds in a row can see ``omega_i`` fall to ~1e-4, and the
-unscaled step then throws its model far off (section 10 of reference/algorithms.md: one
+unscaled step then throws its model far off (measured when robust push-sum came in: one
 seed collapsed to 46% accuracy at lr 0.3; scaled, 96.4% at 30% loss against 96.5% with no
 loss). The price: ``sum_i x_i`` then moves by ``lr * sum_i omega_i * g_i``, so a fixed point
 minimises the omega-weighted objective ``sum_i omega_i f_i``. Where the weights settle away

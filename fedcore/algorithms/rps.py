@@ -14,8 +14,8 @@ into ``n`` contiguous blocks ``B_1..B_n`` (sizes as ``numpy.array_split``: the f
     phase 1 (gather):  owner j sends y_j to every i != j
     worker i: x_i[B_j] = y_j if it arrived (and for its own block), else x_half_i[B_j]
 
-The block-level form above is the one reconstructed in ``reference/algorithms.md``
-(section 4.2, partly [unverified]); the invariants I-RPS-1..5 hold for it.
+The block-level form above is a reconstruction of the paper's (partly unverified against
+it); the invariants I-RPS-1..5 (``tests/algorithms/test_rps.py``) hold for it.
 
 A missing message is a legal input. A lost scatter message just leaves that worker's
 block out of the owner's average (the owner's own block is always in it, so ``|S_j| >= 1``

@@ -5,7 +5,7 @@ workers ``n0 .. n{N-1}`` and a server (``topology.server``) with edges both ways
 worker. The server holds no data and never trains (its ``trains`` is false, so its node
 computes no gradient); the model it holds is the global model, which is what a run's
 "average model" figures report. Every round has two phases: workers to the server (phase
-0), the server to workers (phase 1). reference/algorithms.md section 13.
+0), the server to workers (phase 1). Each rule below names its paper.
 
 **FedAvg** (McMahan, Moore, Ramage, Hampson, Aguera y Arcas, AISTATS 2017)::
 

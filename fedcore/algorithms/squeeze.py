@@ -7,8 +7,8 @@ workers to the server (phase 0), the server to every worker (phase 1). Every nod
 server included, holds the model; the server's is the global model. Everything that is
 compressed goes through the node's codec (``RoundContext.codec``, ``compression.codec``)
 inside the algorithm, which keeps exactly the value receivers decode, so the error
-memories account for every bit the codec drops. reference/algorithms.md sections 5.1,
-5.2 and 13.
+memories account for every bit the codec drops. Each rule below names its paper; the
+star and its two phases are :mod:`fedcore.algorithms.server`'s.
 
 **DoubleSqueeze** (Tang, Lian, Yu, Zhang, Liu, ICML 2019)::
 
