@@ -1,8 +1,10 @@
 """Large batches: LARS and LAMB against linearly scaled SGD, at equal epochs.
 
-The claim (``shared/reference/algorithms.md`` section 11, You et al.): at a large batch,
-plain SGD with the linearly scaled learning rate loses the small-batch accuracy, while
-LARS or LAMB with warm-up keeps it. This script checks it on D-PSGD with an MLP.
+The claim (You et al.: LARS, "Large Batch Training of Convolutional Networks", 2017; LAMB,
+"Large Batch Optimization for Deep Learning: Training BERT in 76 Minutes", ICLR 2020): at
+a large batch, plain SGD with the linearly scaled learning rate loses the small-batch
+accuracy, while LARS or LAMB with warm-up keeps it. This script checks it on D-PSGD with an
+MLP.
 
 Setup: ``--nodes`` (default 4) nodes on a ring, an iid partition, so every node holds
 ``P = floor(train / nodes)`` examples (digits: 1437 / 4 -> 359). Three per-node batch

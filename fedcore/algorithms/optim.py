@@ -18,7 +18,12 @@ the same bits.
 Per-layer rules (LARS, LAMB) use the model's parameter segments: ``(name, offset, numel)``
 triples covering the flat vector; without them the whole vector is one layer.
 
-Update rules: ``../shared/reference/algorithms.md`` section 11.
+Update rules (below): momentum and Adam/AdamW as usual; LARS after You, Gitman and
+Ginsburg, "Large Batch Training of Convolutional Networks" (2017); LAMB after You, Li,
+Reddi et al., "Large Batch Optimization for Deep Learning: Training BERT in 76 Minutes"
+(ICLR 2020), its Algorithm 2. The warm-up and batch-size scaling that go with them
+(:mod:`fedcore.node.schedule`, ``algorithm.lr_scaling``) follow LEGW (You et al.,
+"Large-Batch Training for LSTM and Beyond", SC 2019).
 
 - ``sgd``: ``u = lr (g + wd x)``; with ``weight_decay = 0`` exactly ``lr * g``.
 - ``momentum``: ``b <- mu b + g + wd x``; heavy ball ``u = lr b``, Nesterov

@@ -1,0 +1,261 @@
+"""Every reference a user is given resolves inside the repository.
+
+The README, ``docs/**/*.md``, ``benchmarks/README.md``, the READMEs under ``nodes/`` and
+``topologies/``, every file of ``examples/`` and the docstrings of ``fedcore`` (and of the
+scripts and benchmarks, whose docstrings are their ``--help``) are read for:
+
+- markdown links ``[text](target)``: every one that is not a URL (``http:``, ``mailto:``
+  ...) or an anchor of the same page must name a file or folder of the repository,
+  relative to the file that holds it (``#anchor`` stripped);
+- paths in backticks (``docs/results.md``, ````../something````) and bare paths with a
+  file suffix (``reference/algorithms.md``) that name the repository: those that start
+  with ``./`` or ``../``, whose first part is a top-level entry of the repository
+  (``fedcore/``, ``tests/``, ``docs/`` ...), or that name a ``.md`` or ``.py`` file. Each
+  must resolve, from the file's folder, the repository's root or the ``fedcore`` package
+  (``cli/app.py`` in ``docs/architecture.md``), to something inside the repository;
+  a glob (``scripts/*_results.py``) must match something. An output folder that
+  ``.gitignore`` names (``benchmarks/results/``) counts as the repository's.
+
+Paths of a run's or a user's files (``RUN_DIR/checkpoints/``, ``deploy/k8s/``, ``train/``)
+are not the repository's and are left alone. And nothing may point into the workspace
+beside the repository (``../shared/``, ``shared/reference``), which users do not have.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from functools import cache
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MD_LINK = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+"""A markdown link or image: its target (a title after it left out)."""
+TICKS = re.compile(r"(`+)(.+?)\1", re.S)
+"""A backticked span (single or double backticks: markdown and reStructuredText)."""
+URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s)`>\"']+", re.IGNORECASE)
+PATHLIKE = re.compile(r"^(?:\.{1,2}/)*[\w.*-]+(?:/[\w.*-]+)*/?$")
+"""What a path of the repository can look like: no spaces, ``<placeholders>`` or ``~``."""
+BARE = re.compile(
+    r"(?<![\w./@:~<>$-])((?:\.{1,2}/)*(?:[\w-][\w.-]*/)+[\w-][\w.-]*"
+    r"\.(?:md|py|toml|json|txt|ya?ml|proto|png|csv|sh))\b(?!/)"
+)
+"""A bare path with a folder and a file suffix (``reference/algorithms.md``)."""
+FORBIDDEN = re.compile(r"shared/reference|\.\./shared/|/work/shared", re.IGNORECASE)
+"""Where the repository's authors' workspace is, which users do not have."""
+SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
+
+
+def scope_files() -> list[Path]:
+    """The user-facing text files: READMEs, docs, examples (whole files)."""
+    files = [ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+    files += sorted((ROOT / "docs").rglob("*.md"))
+    for folder in ("nodes", "topologies"):
+        files += sorted((ROOT / folder).rglob("README.md"))
+    files += sorted(
+        p
+        for p in (ROOT / "examples").rglob("*")
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and p.suffix in (".py", ".toml", ".md", ".txt")
+    )
+    return files
+
+
+def docstring_modules() -> list[Path]:
+    """Python files whose docstrings users read: fedcore's, the scripts' and benchmarks'."""
+    return [
+        p
+        for folder in ("fedcore", "scripts", "benchmarks")
+        for p in sorted((ROOT / folder).rglob("*.py"))
+        if "__pycache__" not in p.parts
+    ]
+
+
+def docstrings(source: str) -> Iterator[str]:
+    """Every docstring of a module: the module's, classes', functions', and the string
+    right after an assignment (an attribute's docstring)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            text = ast.get_docstring(node, clean=False)
+            if text:
+                yield text
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            for first, second in pairwise(body):
+                if (
+                    isinstance(first, ast.Assign | ast.AnnAssign)
+                    and isinstance(second, ast.Expr)
+                    and isinstance(second.value, ast.Constant)
+                    and isinstance(second.value.value, str)
+                ):
+                    yield second.value.value
+
+
+def references(text: str) -> Iterator[tuple[str, str]]:
+    """``(kind, target)`` of every markdown link (``link``) and every path-looking
+    backticked span (``tick``) or bare path (``bare``) in ``text``; URLs left out."""
+    for match in MD_LINK.finditer(text):
+        target = match.group(1)
+        if not SCHEME.match(target) and not target.startswith("#"):
+            yield "link", target
+    rest = MD_LINK.sub(" ", URL.sub(" ", text))
+    for match in TICKS.finditer(rest):
+        span = match.group(2).strip()
+        if "/" in span and PATHLIKE.match(span):
+            yield "tick", span
+    for match in BARE.finditer(TICKS.sub(" ", rest)):
+        yield "bare", match.group(1)
+
+
+@cache
+def top_level() -> frozenset[str]:
+    """The repository's top-level entries (folders and files), as a path's first part."""
+    return frozenset(p.name for p in ROOT.iterdir() if not p.name.startswith("."))
+
+
+@cache
+def ignored_outputs() -> tuple[str, ...]:
+    """The folders ``.gitignore`` names by a path (``benchmarks/results/``): where the
+    scripts write, named in the docs though not committed."""
+    path = ROOT / ".gitignore"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    return tuple(
+        line.strip().lstrip("/")
+        for line in lines
+        if line.strip().endswith("/")
+        and "/" in line.strip().strip("/")
+        and not any(c in line for c in "*?[!")
+    )
+
+
+def names_the_repository(kind: str, target: str) -> bool:
+    """Whether a reference is to the repository's files (not a run's or a user's)."""
+    if kind == "link" or target.startswith(("./", "../")):
+        return True
+    first = target.split("/", 1)[0]
+    return first in top_level() or target.endswith((".md", ".py"))
+
+
+def resolves(holder: Path, target: str) -> bool:
+    """Whether ``target`` (anchor stripped) names something inside the repository, from
+    ``holder``'s folder, the root or the ``fedcore`` package."""
+    path = target.split("#", 1)[0]
+    if not path:
+        return True
+    root = ROOT.resolve()
+    for base in (holder.parent, ROOT, ROOT / "fedcore"):
+        if any(c in path for c in "*?["):
+            found = list(base.glob(path.rstrip("/")))
+        else:
+            found = [base / path, base / f"{path}.py"]  # a module without its suffix
+        for candidate in found:
+            real = candidate.resolve()
+            if (real == root or root in real.parents) and real.exists():
+                return True
+        inside = (base / path).resolve()
+        rel = inside.relative_to(root).as_posix() + "/" if root in inside.parents else ""
+        if rel and any(rel.startswith(out) for out in ignored_outputs()):
+            return True
+    return False
+
+
+def texts() -> Iterator[tuple[Path, str]]:
+    """Every text in scope, with the file it is in."""
+    for path in scope_files():
+        yield path, path.read_text(encoding="utf-8")
+    for path in docstring_modules():
+        for text in docstrings(path.read_text(encoding="utf-8")):
+            yield path, text
+
+
+def broken() -> tuple[list[str], int]:
+    """The references that do not resolve (``file: kind target``), and how many were
+    checked."""
+    bad: list[str] = []
+    checked = 0
+    for path, text in texts():
+        for kind, target in references(text):
+            if not names_the_repository(kind, target):
+                continue
+            checked += 1
+            if not resolves(path, target):
+                bad.append(f"{path.relative_to(ROOT)}: {kind} {target}")
+    return sorted(set(bad)), checked
+
+
+def test_every_reference_resolves_inside_the_repository() -> None:
+    bad, checked = broken()
+    assert checked > 200, checked  # the scan found the references it should
+    assert not bad, "references that do not resolve inside the repository:\n" + "\n".join(bad)
+
+
+def test_nothing_points_into_the_workspace_beside_the_repository() -> None:
+    files = [*scope_files(), *docstring_modules()]
+    assert len(files) > 100, len(files)
+    found = [
+        f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}"
+        for path in files
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if FORBIDDEN.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_scope_holds_every_kind_of_user_facing_text() -> None:
+    names = {p.relative_to(ROOT).as_posix() for p in scope_files()}
+    for expected in (
+        "README.md",
+        "docs/architecture.md",
+        "docs/results.md",
+        "benchmarks/README.md",
+        "nodes/README.md",
+        "topologies/README.md",
+        "examples/dpsgd.toml",
+        "examples/user_algorithm/momentum_gossip.py",
+    ):
+        assert expected in names, expected
+    modules = {p.relative_to(ROOT).as_posix() for p in docstring_modules()}
+    assert {"fedcore/algorithms/optim.py", "scripts/large_batch_results.py"} <= modules
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # links: relative to the file; anchors stripped; URLs and same-page anchors skipped
+        ("see [results](docs/results.md#large-batches)", []),
+        ("see [it](docs/nope.md)", ["link docs/nope.md"]),
+        ("[site](https://example.org/a/b.md) [top](#config) [m](mailto:x@y.z)", []),
+        ("![curves](docs/results/missing.png)", ["link docs/results/missing.png"]),
+        # backticked paths naming the repository
+        (
+            "``../shared/reference/algorithms.md`` section 11",
+            ["tick ../shared/reference/algorithms.md"],
+        ),
+        ("`fedcore/plotting.py` and `scripts/*_results.py`", []),
+        ("`fedcore/nope.py`", ["tick fedcore/nope.py"]),
+        ("`cli/app.py` (in the package)", []),
+        ("`fedcore/__init__` names them", []),
+        ("writes `benchmarks/results/engines.json` (git-ignored)", []),
+        ("`../../outside/x.md`", ["tick ../../outside/x.md"]),
+        # bare paths with a suffix
+        ("the bug named in reference/algorithms.md sections 5.1", ["bare reference/algorithms.md"]),
+        ("see https://github.com/o/r/blob/main/reference/x.md", []),
+        # a run's or a user's paths are not the repository's
+        ("`RUN_DIR/checkpoints/`, `deploy/k8s/`, `runs/<name>-<t>`, `train/`, `1/n`", []),
+    ],
+)
+def test_the_checker(text: str, expected: list[str]) -> None:
+    holder = ROOT / "README.md"
+    found = [
+        f"{kind} {target}"
+        for kind, target in references(text)
+        if names_the_repository(kind, target) and not resolves(holder, target)
+    ]
+    assert found == expected
