@@ -43,7 +43,7 @@ import torch
 from fedcore.algorithms.asynchronous import is_asynchronous
 from fedcore.certs import load_tls
 from fedcore.config import Config
-from fedcore.errors import ConfigError, FedcoreError
+from fedcore.errors import ConfigError, FedcoreError, UserCodeError
 from fedcore.metrics import JsonlWriter, params_sha256
 from fedcore.node import DecodeCache, Node, RoundRecord
 from fedcore.progress import Progress, Ticker, write_stage
@@ -395,6 +395,9 @@ async def _serve_and_run(
         stage = "done"
     except asyncio.CancelledError:
         stage = "stopped"
+        raise
+    except UserCodeError as exc:  # the traceback to the peer's folder, one line to its log
+        exc.keep_traceback(out)
         raise
     finally:
         write_stage(out, stage)
