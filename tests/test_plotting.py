@@ -360,7 +360,7 @@ def test_labels_show_what_differs_between_the_runs(
 
 MESSAGES = {"transport": "inproc", "engine": "messages"}
 VECTORIZED = {"transport": "inproc", "engine": "vectorized"}
-LAUNCHED = {"transport": "grpc", "peers_per_process": 1}  # fedcore launch's summary
+LAUNCHED = {"transport": "grpc", "engine": "peers", "peers_per_process": 1}  # launch's
 """The ``summary.json`` keys that say what ran a run."""
 
 

@@ -1,4 +1,8 @@
-"""``fedcore plot``: loss and accuracy of runs, as a picture."""
+"""``fedcore plot``: loss and accuracy of runs, as a picture.
+
+The labels, title and panels are :func:`fedcore.plotting.plot_runs`'s; a folder that does
+not exist, or that is not a run, a sweep or a grid, is one line (exit status 2).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="KEY",
         help="label each curve by this config key of its run (e.g. algorithm.name; several "
         "joined by commas) instead of by what differs between the runs (a grid folder: by "
-        "its grid keys)",
+        "its grid keys); curves on different engines that would share a label also say "
+        "their engine",
     )
     plot.add_argument(
         "--title", help="the figure's title (default: the runs' config name, algorithm and graph)"
