@@ -8,12 +8,17 @@ else; :func:`~fedcore.setup.prepare.prepare_run` adds the data and the model on 
 
 What can be checked from the counts alone is checked before the graph is built (which
 takes seconds at a million nodes): the combinations, a mixing over every pair of nodes,
-the server of the server family, and a lower bound of the memory. Each step is logged
+the server of the server family, and a lower bound of the memory. A small graph (at most
+:data:`EARLY_GRAPH_EDGES` edges, a fraction of a second) is built, weighted and checked
+with these cheap checks (:func:`weigh_early`), so that a graph that does not suit the
+algorithm is refused before any data is loaded or model built; so is what ``simulate``'s
+engine cannot run, as far as the config tells (:func:`check_engine`). Each step is logged
 (INFO) with its time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import math
@@ -24,8 +29,12 @@ from typing import Any
 
 from fedcore import registry, topology
 from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
+from fedcore.algorithms.asynchronous import is_asynchronous
+from fedcore.algorithms.batched import unsupported as batched_unsupported
 from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.algorithms.rule import NodeRule, is_rule
+from fedcore.compression import codec_options, codec_seed
+from fedcore.compression.batched import make_row_codec
 from fedcore.config import Config, TopologyConfig, fingerprint_json
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.faults import FaultPlan
@@ -38,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "COPIES",
+    "EARLY_GRAPH_EDGES",
     "LOSSY_SPARSE",
     "Laps",
     "ModelSize",
@@ -47,8 +57,10 @@ __all__ = [
     "algorithm_options",
     "build_topology",
     "check_combinations",
+    "check_engine",
     "communication_graph",
     "configured_algorithm",
+    "engine_error",
     "estimated_edges",
     "finish_plan",
     "node_optimizer",
@@ -60,6 +72,8 @@ __all__ = [
     "round_drift",
     "run_shape",
     "size_text",
+    "vectorized_refusal",
+    "weigh_early",
 ]
 
 LOSSY_SPARSE = registry.CODECS.tagged("relative")
@@ -73,6 +87,13 @@ EDGE_BYTES = 100
 """Bytes an edge of a weighted graph costs at least while it is built: index and weight
 arrays of the trust and the weighted graph, and the engine's tables (a few hundred
 measured; a graph was about 1,100 bytes an edge while it was built of networkx objects)."""
+
+EARLY_GRAPH_EDGES = 200_000
+"""A graph of at most this many edges (estimated from the counts, self-loops included) is
+built, weighted and checked before the data and the model (:func:`weigh_early`): well
+under a second and some 20 MB, and a graph that does not suit the algorithm is refused
+before any slow step. A larger one is built after the model, once the memory bound that
+counts every node's model has passed (building it takes seconds at a million nodes)."""
 
 
 def build_topology(cfg: TopologyConfig) -> Topology:
@@ -240,6 +261,63 @@ def check_combinations(config: Config, algorithm: Algorithm) -> None:
             f"grow without bound; codec {config.compression.codec!r} has an error relative to "
             "them. Use compression.codec = 'fp32', 'fp16', 'bf16' or 'raw'."
         )
+
+
+def vectorized_refusal(config: Config, algorithm: Algorithm) -> str | None:
+    """Why ``simulate``'s vectorized engine cannot run ``algorithm`` under ``config``, as
+    far as the config tells (one short clause), or None.
+
+    Only the set-up tells the rest (the engine's memory need, with the model's size:
+    :func:`fedcore.engines.vectorized.unsupported` checks it all again). Deadline mode and
+    silent losses are no reason here: ``simulate`` runs them in virtual time."""
+    rule = getattr(algorithm, "rule", None)
+    if config.transport.mode == "deadline" and getattr(rule, "holds_in_deadline_mode", False):
+        return (
+            f"{algorithm.name} holds a silent peer's pushes in deadline mode, which only "
+            "the message engine models"
+        )
+    c = config.compression
+    codec = make_row_codec(c.codec, seeds=(codec_seed(config.run.seed, 0),), **codec_options(c))
+    return batched_unsupported(algorithm, period=1, codec=codec, faults=config.faults.active)
+
+
+def engine_error(config: Config, reason: str) -> ConfigError:
+    """The refusal of a ``simulate.engine`` (``vectorized``), or a ``simulate.device``
+    other than the CPU, that the vectorized engine cannot run, for ``reason``."""
+    if config.simulate.engine == "vectorized":
+        return ConfigError(
+            f"simulate.engine = 'vectorized' cannot run this config: {reason}. Use "
+            "simulate.engine = 'messages' (or 'auto')."
+        )
+    return ConfigError(
+        f"simulate.device = {config.simulate.device!r} needs the vectorized engine, which "
+        f"cannot run this config: {reason}. Use simulate.device = 'cpu'."
+    )
+
+
+def check_engine(config: Config, algorithm: Algorithm) -> None:
+    """Refuse, with the cheap checks, a ``simulate.engine`` (or ``simulate.device``) that
+    cannot run ``algorithm``: an asynchronous algorithm on any engine but ``auto`` (the
+    event engine runs it), or the vectorized engine asked for (by name, or by a device
+    other than the CPU) where :func:`vectorized_refusal` gives a reason.
+
+    Raises:
+        ConfigError: such an engine or device.
+    """
+    engine = config.simulate.engine
+    if is_asynchronous(algorithm):
+        if engine != "auto":
+            raise ConfigError(
+                f"simulate.engine = {engine!r} cannot run the asynchronous algorithm "
+                f"{algorithm.name!r}, which runs on the event engine; set "
+                "simulate.engine = 'auto'."
+            )
+        return
+    if engine == "messages" or (engine == "auto" and config.simulate.device == "cpu"):
+        return
+    reason = vectorized_refusal(config, algorithm)
+    if reason is not None:
+        raise engine_error(config, reason)
 
 
 def resolve_algorithm(config: Config, algorithm: Algorithm | None = None) -> Algorithm:
@@ -417,14 +495,17 @@ class Outline:
 
     Attributes:
         algorithm: The algorithm (a bare rule wrapped to run on one peer per node).
-        trust: The trust graph if it was given or read from a file; ``None`` for a
-            generated one, which :func:`finish_plan` builds.
+        trust: The trust graph if it was given or read from a file (or built early);
+            ``None`` for a generated one, which :func:`finish_plan` builds.
         shape: Node count and the server's place.
+        graph: The weighted graph, built and checked early (:func:`weigh_early`), or
+            ``None``: :func:`finish_plan` builds it.
     """
 
     algorithm: Algorithm
     trust: Topology | None
     shape: Shape
+    graph: Topology | None = None
 
 
 def outline_run(
@@ -486,12 +567,11 @@ def finish_plan(
     laps = laps or Laps()
     algorithm, trust, shape = outline.algorithm, outline.trust, outline.shape
     check_run_memory(config, algorithm, shape, trust, model)
-    if trust is None:
-        trust = build_topology(config.topology)
-        laps.done("built the graph %s: %d nodes", trust.name, len(trust.nodes))
-    graph = communication_graph(algorithm, trust)
-    laps.done("weighted the graph for %s (%s mixing)", algorithm.name, algorithm.mixing)
-    _check_graph(config, algorithm, trust, graph, shape)
+    if outline.graph is not None:
+        assert trust is not None
+        graph = outline.graph
+    else:
+        trust, graph = _weighted_graph(config, outline, laps)
     run_id = fingerprint_json(config, edges_json(graph))
     edges = sum(g.index_edges()[0].size for g in _period_graphs(graph))
     laps.done("fingerprinted the run over %d edges", edges)
@@ -499,6 +579,43 @@ def finish_plan(
     if config.faults.active:
         faults = FaultPlan(config.faults, run_seed=config.run.seed, nodes=graph.nodes)
     return RunPlan(config, algorithm, trust, graph, shape, run_id, faults)
+
+
+def weigh_early(config: Config, outline: Outline, laps: Laps | None = None) -> Outline:
+    """``outline`` with its graph built, weighted and checked now where it is small (at
+    most :data:`EARLY_GRAPH_EDGES` edges): a graph that does not suit the algorithm, a
+    schedule for an algorithm of one fixed graph or a dropped edge that is no edge is then
+    refused before the data and the model. A larger graph is left to :func:`finish_plan`.
+
+    Raises:
+        ConfigError, TopologyError: such a graph.
+    """
+    if outline.graph is not None:
+        return outline
+    n, trust = outline.shape.nodes, outline.trust
+    if trust is None:
+        edges = estimated_edges(config.topology, n)
+    else:
+        edges = sum(g.index_edges()[0].size + len(g.nodes) for g in _period_graphs(trust))
+    if outline.algorithm.mixing in ("complete", "all-pairs"):
+        edges = max(edges, n * n)
+    if edges > EARLY_GRAPH_EDGES:
+        return outline
+    trust, graph = _weighted_graph(config, outline, laps or Laps())
+    return dataclasses.replace(outline, trust=trust, graph=graph)
+
+
+def _weighted_graph(config: Config, outline: Outline, laps: Laps) -> tuple[Topology, Topology]:
+    """The trust graph of ``outline`` (built now if it is not yet) and the weighted graph
+    its algorithm communicates over, checked (:func:`_check_graph`)."""
+    algorithm, trust = outline.algorithm, outline.trust
+    if trust is None:
+        trust = build_topology(config.topology)
+        laps.done("built the graph %s: %d nodes", trust.name, len(trust.nodes))
+    graph = communication_graph(algorithm, trust)
+    laps.done("weighted the graph for %s (%s mixing)", algorithm.name, algorithm.mixing)
+    _check_graph(config, algorithm, trust, graph, outline.shape)
+    return trust, graph
 
 
 def _check_graph(

@@ -2,8 +2,11 @@
 (:mod:`~fedcore.setup.training`), as every peer derives it from the config.
 
 :func:`prepare_run` takes the steps in the order that refuses a bad config soonest: the
-cheap checks, the data split (from the node count alone), the model (probed on two
-examples), then the graph, its weights and the fingerprint. It has no side effect on the
+cheap checks (with ``simulate``'s engine, and a built-in dataset's size against the node
+count), a small graph with its weights and their checks (:func:`~fedcore.setup.plan.weigh_early`),
+the data split, the model (probed on two examples), then a large graph, its weights, and
+the fingerprint. So a config refused for what it says is refused before any data is
+loaded, and before any warning of the later steps. It has no side effect on the
 process: the caller seeds torch's global generator (:func:`seed_torch`) and shows
 progress where it wants them.
 """
@@ -23,13 +26,28 @@ from fedcore.algorithms.asynchronous import example_shares
 from fedcore.algorithms.optim import Optimizer
 from fedcore.compression import Codec, codec_seed, configured_codec
 from fedcore.config import Config, effective_lr
-from fedcore.data import BatchStream, Dataset, NoData
+from fedcore.data import (
+    BatchStream,
+    Dataset,
+    NoData,
+    check_partition_size,
+    training_examples,
+)
 from fedcore.faults import FaultPlan
 from fedcore.models import Objective
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
 from fedcore.node.asynchronous import AsyncPeer
 from fedcore.node.pace import Pace
-from fedcore.setup.plan import Laps, finish_plan, node_optimizer, outline_run, round_drift
+from fedcore.setup.plan import (
+    Laps,
+    Shape,
+    check_engine,
+    finish_plan,
+    node_optimizer,
+    outline_run,
+    round_drift,
+    weigh_early,
+)
 from fedcore.setup.training import build_evaluator, load_training_data, make_objective, model_size
 from fedcore.streams import Batches, OnlineSource
 from fedcore.timing import TimeModel
@@ -242,6 +260,19 @@ def seed_torch(config: Config) -> None:
     torch.manual_seed(config.run.seed)
 
 
+def _check_split_size(config: Config, shape: Shape) -> None:
+    """Refuse more data holders than a built-in dataset's training examples can be split
+    across, from its known size (no data loaded; a graph not built yet)."""
+    data = config.data
+    if data.stream:
+        return
+    known = training_examples(data.dataset, test_fraction=data.test_fraction)
+    if known is not None:
+        check_partition_size(
+            known, shape.holders, data.partition, shards_per_node=data.shards_per_node
+        )
+
+
 def prepare_run(
     config: Config,
     *,
@@ -249,6 +280,7 @@ def prepare_run(
     trust: Topology | None = None,
     dataset: Dataset | None = None,
     hosts_all: bool = False,
+    simulated: bool = False,
 ) -> RunSetup:
     """Validate ``config`` and derive what every peer shares (see :class:`RunSetup`).
 
@@ -259,12 +291,20 @@ def prepare_run(
         dataset: Use this dataset instead of ``config.data.dataset``.
         hosts_all: This machine will hold every node's model (``simulate``, ``launch``):
             the memory bound counts them. False (a peer, a summary): the graph only.
+        simulated: ``simulate`` runs it in this process: ``simulate.engine`` and
+            ``simulate.device`` are checked with the cheap checks
+            (:func:`~fedcore.setup.plan.check_engine`).
 
     Raises:
         ConfigError, TopologyError, DataError: on anything invalid, before any work.
     """
     laps = Laps()
     outline = outline_run(config, algorithm=algorithm, trust=trust, laps=laps)
+    if simulated:
+        check_engine(config, outline.algorithm)
+    if dataset is None:
+        _check_split_size(config, outline.shape)
+    outline = weigh_early(config, outline, laps)
     data = load_training_data(config, outline.shape, dataset=dataset, laps=laps)
     evaluator = build_evaluator(config, data.dataset)
     laps.done("built and probed model %s", config.model.name)

@@ -37,7 +37,7 @@ from fedcore.metrics import JsonlWriter
 from fedcore.progress import Progress, announce_if_slow
 from fedcore.runtime import auto_threads, threads_sleep
 from fedcore.setup import checkpoint
-from fedcore.setup.plan import planned_nodes
+from fedcore.setup.plan import check_engine, engine_error, planned_nodes
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.setup.virtual import virtual_clock
 from fedcore.simulation.results import (
@@ -64,28 +64,16 @@ def choose_engine(setup: RunSetup, engine: str) -> tuple[str, str | None]:
     """
     if is_asynchronous(setup.algorithm):
         if engine != "auto":
-            raise ConfigError(
-                f"simulate.engine = {engine!r} cannot run the asynchronous algorithm "
-                f"{setup.algorithm.name!r}, which runs on the event engine; set "
-                "simulate.engine = 'auto'."
-            )
+            check_engine(setup.config, setup.algorithm)  # its refusal
         return "events", None
     if engine == "messages":
         return "messages", None
     reason = unsupported(setup)
     if reason is None:
         return "vectorized", None
-    if engine == "vectorized":
-        raise ConfigError(
-            f"simulate.engine = 'vectorized' cannot run this config: {reason}. Use "
-            "simulate.engine = 'messages' (or 'auto')."
-        )
-    device = setup.config.simulate.device
-    if device != "cpu":  # the message engine would run on the CPU, the device unused
-        raise ConfigError(
-            f"simulate.device = {device!r} needs the vectorized engine, which cannot run this "
-            f"config: {reason}. Use simulate.device = 'cpu'."
-        )
+    # The message engine would run on the CPU, a device other than it unused.
+    if engine == "vectorized" or setup.config.simulate.device != "cpu":
+        raise engine_error(setup.config, reason)
     return "messages", reason
 
 
@@ -143,7 +131,9 @@ def simulate(
     """
     stream = progress_stream if progress_stream is not None else sys.stderr
     with announce_if_slow(stream if show_progress else None, planned_nodes(config)):
-        setup = prepare_run(config, hosts_all=True)
+        # What the config says the engine cannot run is refused with the cheap checks,
+        # before any data is loaded; choose_engine checks the rest (memory) once set up.
+        setup = prepare_run(config, hosts_all=True, simulated=True)
     setup.clock = virtual_clock(setup)
     seed_torch(config)
     engine, why = choose_engine(setup, config.simulate.engine)

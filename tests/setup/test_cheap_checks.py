@@ -62,11 +62,88 @@ def test_too_large_runs_fail_in_one_line_before_the_graph(
         raise AssertionError("the graph was built before the cheap checks")
 
     monkeypatch.setattr(plan, "build_topology", no_graph)
+    monkeypatch.setattr(plan, "EARLY_GRAPH_EDGES", 0)  # as for a graph of a million edges
     argv = ["simulate", "-q"]
     for item in overrides:
         argv += ["--set", item]
     one_line_error(capsys, argv, *needles)
     assert not Path("runs").exists()
+
+
+ENGINE = "simulate.engine=vectorized"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (
+            ["algorithm.name=dpsgd", "topology.kind=directed-ring"],
+            ["'dpsgd' needs an undirected", "directed-ring-4", "n0 -> n1"],
+        ),
+        (["algorithm.name=rps", "topology.kind=ring"], ["'rps'", "ring-4"]),
+        (
+            ["algorithm.name=dpsgd", "topology.kind=ring", 'faults.edge_drop={"n0->n2"=0.5}'],
+            ["faults.edge_drop names 'n0->n2'", "not an edge"],
+        ),
+        (
+            ["algorithm.name=rps", "topology.kind=complete", "compression.codec=qsgd", ENGINE],
+            ["simulate.engine = 'vectorized' cannot run", "stochastic codec 'qsgd'", "'messages'"],
+        ),
+        (
+            ["algorithm.name=ops", "transport.mode=deadline", "simulate.device=cuda"],
+            ["simulate.device = 'cuda' needs the vectorized engine", "holds a silent peer"],
+        ),
+        (
+            ["algorithm.name=fedbuff", "topology.kind=star", "simulate.engine=messages"],
+            ["asynchronous algorithm 'fedbuff'", "simulate.engine = 'auto'"],
+        ),
+    ],
+    ids=["one-way-graph", "not-all-pairs", "no-such-edge", "rps-qsgd", "device", "asynchronous"],
+)
+def test_a_graph_or_engine_the_run_cannot_take_is_refused_before_any_data(
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    overrides: list[str],
+    needles: list[str],
+) -> None:
+    """Issue 40: a graph that does not suit the algorithm, and what the engine asked for
+    cannot run, were refused only once the data were loaded and the model built, after
+    the warning of a batch larger than a peer's data. Now with the cheap checks: one
+    line, no data loaded, no model built, no warning."""
+    from fedcore.setup import prepare
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("data loaded or a model built before the cheap checks")
+
+    monkeypatch.setattr(prepare, "load_training_data", never)
+    monkeypatch.setattr(prepare, "build_evaluator", never)
+    argv = ["simulate", "-q", "--set", "topology.nodes=4", "--set", "data.batch_size=100000"]
+    for item in overrides:
+        argv += ["--set", item]
+    with caplog.at_level(logging.WARNING, logger="fedcore"):
+        one_line_error(capsys, argv, *needles)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert not Path("runs").exists()
+
+
+def test_a_small_graph_is_weighted_before_the_data_and_a_large_one_after(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same run either way (its fingerprint and weights); only the order differs."""
+    config = load_config(None, SMALL)
+    steps = ("loaded dataset", "weighted the graph")
+    with caplog.at_level(logging.INFO, logger="fedcore.setup"):
+        early = prepare_run(config)
+    text = caplog.text
+    assert text.index(steps[1]) < text.index(steps[0])
+    caplog.clear()
+    monkeypatch.setattr(plan, "EARLY_GRAPH_EDGES", 10)
+    with caplog.at_level(logging.INFO, logger="fedcore.setup"):
+        late = prepare_run(config)
+    text = caplog.text
+    assert text.index(steps[0]) < text.index(steps[1])
+    assert early.run_id == late.run_id and early.graph.nodes == late.graph.nodes
 
 
 # --- prepare_run: memory estimate, progress, timings --------------------------------------
@@ -83,6 +160,7 @@ def test_a_run_clearly_over_memory_is_refused_before_the_graph(
     real = plan.build_topology
     monkeypatch.setattr(plan, "build_topology", lambda cfg: built.append(cfg) or real(cfg))
     monkeypatch.setattr(plan, "physical_memory", lambda: 2_000)
+    monkeypatch.setattr(plan, "EARLY_GRAPH_EDGES", 0)  # a large graph: built after the bound
     with pytest.raises(ConfigError) as info:
         prepare_run(config)
     text = str(info.value)
