@@ -42,6 +42,7 @@ __all__ = [
     "NoData",
     "check_partition_size",
     "digits",
+    "first_non_finite",
     "load_dataset",
     "load_object",
     "mnist1d",
@@ -99,6 +100,12 @@ class Dataset:
                     f"dataset {self.name!r}: {split} labels must be int64 in "
                     f"[0, {self.num_classes})."
                 )
+            bad = first_non_finite(x)
+            if bad is not None:
+                raise DataError(
+                    f"dataset {self.name!r}: example {bad} of the {split} split holds NaN or "
+                    "an infinite value; features must be finite (fix or drop it)."
+                )
         for split, groups, y in (
             ("train", self.groups_train, self.y_train),
             ("test", self.groups_test, self.y_test),
@@ -119,6 +126,39 @@ class Dataset:
     def input_dim(self) -> int:
         """Number of input features per example (flattened)."""
         return int(np.prod(self.x_train.shape[1:]))
+
+
+_SCAN_ELEMENTS = 1 << 22
+"""Values :func:`first_non_finite` tests at a time (its temporary mask stays this small)."""
+
+
+def first_non_finite(x: np.ndarray | torch.Tensor) -> int | None:
+    """The index of the first example (along the first axis) of ``x`` holding NaN or an
+    infinity, or None: none does, or ``x`` is not floating point.
+
+    Checked where data are loaded, so a file's NaN is refused as the file's, not met later
+    as a peer's message of non-finite values. Scans a chunk of examples at a time, so it
+    never holds a mask as large as ``x``.
+    """
+    if isinstance(x, torch.Tensor):
+        if not (x.is_floating_point() or x.is_complex()) or x.numel() == 0 or x.dim() == 0:
+            return None
+        rows_t = x.reshape(x.shape[0], -1)
+        step = max(1, _SCAN_ELEMENTS // max(1, rows_t.shape[1]))
+        for start in range(0, rows_t.shape[0], step):
+            bad_t = ~torch.isfinite(rows_t[start : start + step]).all(dim=1)
+            if bool(bad_t.any()):
+                return start + int(torch.nonzero(bad_t)[0, 0])
+        return None
+    if x.dtype.kind not in "fc" or x.size == 0 or x.ndim == 0:
+        return None
+    rows = x.reshape(x.shape[0], -1)
+    step = max(1, _SCAN_ELEMENTS // max(1, rows.shape[1]))
+    for start in range(0, rows.shape[0], step):
+        bad = ~np.isfinite(rows[start : start + step]).all(axis=1)
+        if bad.any():
+            return start + int(np.argmax(bad))
+    return None
 
 
 DIGITS_EXAMPLES = 1797

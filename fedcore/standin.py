@@ -24,10 +24,15 @@ import numpy as np
 
 from fedcore.localdata import LEAF_SEQUENCE, SHAKESPEARE_LETTERS
 
-__all__ = ["STANDINS", "main", "write_standin"]
+__all__ = ["STANDINS", "WRITERS", "main", "write_standin"]
 
 STANDINS = ("cifar10", "cifar100", "fashion-mnist", "emnist", "femnist", "shakespeare")
 """The datasets :func:`write_standin` writes."""
+
+WRITERS = 32
+"""Default writers of the LEAF stand-ins: two for each of the 16 peers of the FEMNIST and
+Shakespeare examples (``examples/femnist-fedavg.toml``, ``examples/shakespeare-ops.toml``:
+a natural partition needs a writer per peer or more)."""
 
 
 def _pixels(
@@ -123,7 +128,8 @@ def _idx_set(
 
 def _leaf(root: Path, rng: np.random.Generator, samples: int, writers: int, text: bool) -> Path:
     """LEAF's layout with a per-user sample split (``-t sample``): every writer has training
-    and test examples, in files of at most 5 users as LEAF writes them."""
+    and test examples (at least one of each), in files of at most 5 users as LEAF writes
+    them."""
     name = "shakespeare" if text else "femnist"
     folder = root / name / "data"
     users = [f"{'ROLE_' if text else 'f'}{i:04d}_{i % 7:02d}" for i in range(writers)]
@@ -140,7 +146,7 @@ def _leaf(root: Path, rng: np.random.Generator, samples: int, writers: int, text
             pixels = _pixels(rng, labels, (784,), 62).astype(np.float64) / 255.0
             x = np.round(pixels, 4).tolist()
             y = labels.tolist()
-        cut = max(1, round(size * 0.9))
+        cut = min(size - 1, max(1, round(size * 0.9)))  # a training and a test example each
         split["train"][user] = {"x": x[:cut], "y": y[:cut]}
         split["test"][user] = {"x": x[cut:], "y": y[cut:]}
     for part, data in split.items():
@@ -163,7 +169,7 @@ def write_standin(
     root: str | Path,
     *,
     samples: int = 300,
-    writers: int = 12,
+    writers: int = WRITERS,
     seed: int = 0,
     compress: bool = False,
 ) -> Path:
@@ -174,8 +180,8 @@ def write_standin(
         name: One of :data:`STANDINS`.
         root: The data root.
         samples: Training examples (the test split gets a quarter as many; LEAF's a tenth
-            of each writer's).
-        writers: Writers (LEAF datasets).
+            of each writer's, at least one).
+        writers: Writers (LEAF datasets; :data:`WRITERS` fits the examples' 16 peers).
         seed: Seed of the generated values.
         compress: Write the idx files gzipped, as their downloads are.
 
@@ -202,10 +208,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Write stand-in files (generated, not the real data) of the datasets "
         "fedcore reads from disk, in their real formats and layouts.",
     )
-    parser.add_argument("names", nargs="+", choices=STANDINS, metavar="NAME")
+    parser.add_argument(
+        "names",
+        nargs="+",
+        choices=STANDINS,
+        metavar="NAME",
+        help=f"the datasets to write: {', '.join(STANDINS)}",
+    )
     parser.add_argument("--root", required=True, help="the folder data.root will name")
     parser.add_argument("--samples", type=int, default=300, help="training examples (300)")
-    parser.add_argument("--writers", type=int, default=12, help="LEAF writers (12)")
+    parser.add_argument(
+        "--writers",
+        type=int,
+        default=WRITERS,
+        help=f"writers of femnist and shakespeare ({WRITERS}: two for each of the examples' "
+        "16 peers)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for name in args.names:
