@@ -235,6 +235,7 @@ class Node(MessageIntake):
         unreachable: list[str] = []
         dropped_out: list[str] = []
         late = 0
+        late_bytes = 0  # of the late messages the transport counted as received
         for phase in range(self.algorithm.phases):
             fp32 += await self._send(outbox, t, phase, unreachable, dropped_out)
             if self.clock is not None:
@@ -249,13 +250,17 @@ class Node(MessageIntake):
             dropped_in.extend(lost)
             if self.clock is not None:  # nor wait for a message its sender never sent
                 lost = lost + await self._withheld(t, phase, [s for s in expected if s not in lost])
-            inbox = await self._collect(t, phase, expected, lost, ctx, missing, rejected)
+            sizes: dict[str, int] = {}
+            inbox = await self._collect(t, phase, expected, lost, ctx, missing, rejected, sizes)
             if self.clock is not None:
                 after = self.clock.late(self.id, t, phase)
                 for sender in [s for s in expected if s in after and s in inbox]:
-                    del inbox[sender]  # sent, but past the deadline: missing, and late
+                    # Sent, but past the deadline: missing and late, not received (as a real
+                    # peer's mailbox counts a message that comes after its collect).
+                    del inbox[sender]
                     missing.append(sender)
                     late += 1
+                    late_bytes += sizes[sender]
             self.state, outbox = self.algorithm.mix(self.state, phase, inbox, step_ctx)
         self.round = t + 1
         vtime, compute_s = (None, 0.0) if self.clock is None else self.clock.node_times(self.id, t)
@@ -266,8 +271,8 @@ class Node(MessageIntake):
             lr=ctx.lr,
             messages_sent=stats.messages_sent - before[0],
             bytes_sent=stats.bytes_sent - before[1],
-            messages_received=stats.messages_received - before[2],
-            bytes_received=stats.bytes_received - before[3],
+            messages_received=stats.messages_received - before[2] - late,
+            bytes_received=stats.bytes_received - before[3] - late_bytes,
             messages_missing=len(missing),
             messages_late=stats.messages_late - before[4] + late,
             messages_rejected=stats.messages_rejected - before[5] + rejected[0],
@@ -444,8 +449,10 @@ class Node(MessageIntake):
         ctx: RoundContext,
         missing: list[str],
         rejected: list[int],
+        sizes: dict[str, int] | None = None,
     ) -> dict[str, Payload]:
-        """The decoded inbox; ``lost``: senders fault injection lost (not waited for)."""
+        """The decoded inbox; ``lost``: senders fault injection lost (not waited for);
+        ``sizes`` (if given) gets each inbox message's encoded bytes, by sender."""
         strict = self.options.mode == "strict"
         timeout = self.options.strict_timeout_s if strict else self.options.deadline_s
         if self.clock is not None:  # every message not lost arrives in a simulation
@@ -456,6 +463,8 @@ class Node(MessageIntake):
         for sender in sorted(messages):
             try:
                 inbox[sender] = self._checked(messages[sender], ctx)
+                if sizes is not None:
+                    sizes[sender] = messages[sender].nbytes
             except (CompressionError, ProtocolError) as exc:
                 if strict:
                     raise ProtocolError(

@@ -19,11 +19,20 @@ class RoundRecord:
     loss: float
     lr: float
     messages_sent: int
+    """Messages this node sent (those fault injection lost excepted; late ones included)."""
     bytes_sent: int
+    """Their encoded bytes."""
     messages_received: int
+    """Messages that reached this node in time and went into its inbox (a late one never
+    does: the same on both engines and on gRPC peers)."""
     bytes_received: int
+    """Their encoded bytes."""
     messages_missing: int
+    """Expected senders whose message this node went on without (lost, late or rejected)."""
     messages_late: int
+    """Messages that came after this node's deadline: sent, and missing here, but not
+    received (in a simulation: past the virtual deadline of the run's
+    :class:`~fedcore.timing.RoundClock`; on a gRPC peer: after its collect)."""
     messages_rejected: int
     missing: tuple[str, ...]
     wall_s: float

@@ -45,6 +45,24 @@ TIMED = [
 ]
 
 
+TRAFFIC = (
+    "messages_sent",
+    "bytes_sent",
+    "fp32_bytes_sent",
+    "messages_received",
+    "bytes_received",
+    "messages_missing",
+    "messages_late",
+    "messages_rejected",
+    "messages_dropped",
+    "missing",
+    "dropped_in",
+    "dropped_out",
+    "unreachable",
+)
+"""Every traffic field of a node record: the same on both engines, late messages included."""
+
+
 def _overrides(algorithm: str, *extra: str) -> list[str]:
     graph = GRAPHS.get(algorithm, ["topology.kind=ring", "topology.undirected=true"])
     return [
@@ -91,7 +109,7 @@ def test_both_engines_keep_the_same_clock(algorithm: str, tmp_path: Path) -> Non
     a, b = _nodes(vec_records), _nodes(msg_records)
     assert a.keys() == b.keys()
     for key, record in a.items():
-        for field in ("vtime", "compute_s", "messages_late", "missing", "dropped_in", "down"):
+        for field in ("vtime", "compute_s", "down", *TRAFFIC):
             assert record.get(field) == b[key].get(field), (key, field)
     assert vec["time"]["virtual_seconds"] > 0
     assert 0 <= vec["time"]["min_utilisation"] <= vec["time"]["mean_utilisation"] <= 1
@@ -160,6 +178,51 @@ def test_a_virtual_deadline_reproduces_a_lateness_pattern_built_by_hand(tmp_path
         assert summary["time"]["virtual_seconds"] == 8.0
         assert summary["time"]["utilisation"]["n2"] == 1.0
         assert summary["time"]["utilisation"]["n1"] == pytest.approx(4 / 8)
+
+
+def test_late_messages_count_alike_in_every_node_record_on_both_engines(tmp_path: Path) -> None:
+    """Late messages (a slow peer, a tight deadline) and lost ones: every traffic field of
+    every node record is the same on both engines, and a late message counts as sent and
+    late, never as received (as a real peer's mailbox counts one after its deadline)."""
+    overrides = [
+        "algorithm.name=dpsgd",
+        "data.batch_size=16",
+        "topology.kind=ring",
+        "topology.nodes=5",
+        "topology.undirected=true",
+        "time.step_s=1.0",
+        "time.speeds={n2=2.0}",
+        "time.latency_s=0.1",
+        "time.bandwidth_mb_s=0.5",
+        "transport.mode=deadline",
+        "transport.deadline_s=0.5",
+        "faults.drop=0.1",
+        "run.rounds=5",
+        "run.eval_every=5",
+    ]
+    runs = {
+        engine: _run(tmp_path / engine, [*overrides, f"simulate.engine={engine}"])
+        for engine in ("vectorized", "messages")
+    }
+    (vec, vec_records), (msg, msg_records) = runs["vectorized"], runs["messages"]
+    assert vec["engine"] == "vectorized" and msg["engine"] == "messages"
+    assert vec["traffic"] == msg["traffic"]
+    a, b = _nodes(vec_records), _nodes(msg_records)
+    assert a.keys() == b.keys() and len(a) == 5 * 5
+    for key, record in a.items():
+        for field in TRAFFIC:
+            assert record[field] == b[key][field], (key, field, record[field], b[key][field])
+    late = sum(r["messages_late"] for r in a.values())
+    dropped = sum(r["messages_dropped"] for r in a.values())
+    assert late > 0 and dropped > 0  # both kinds happened: the comparison is not vacuous
+    assert late == vec["traffic"]["messages_late"]
+    # Every message sent was received or late (the fault plan's losses were never sent).
+    sent = sum(r["messages_sent"] for r in a.values())
+    received = sum(r["messages_received"] for r in a.values())
+    assert sent == vec["traffic"]["messages_sent"] == received + late
+    size = {r["bytes_sent"] // r["messages_sent"] for r in a.values() if r["messages_sent"]}
+    assert len(size) == 1  # one message size: bytes follow the counts
+    assert sum(r["bytes_received"] for r in a.values()) == received * size.pop()
 
 
 def test_time_to_target_and_the_results_of_a_timed_run(tmp_path: Path) -> None:
