@@ -40,6 +40,19 @@ which messages arrive and which are lost.
 * :class:`FedAsync` (Xie, Koyejo, Gupta, "Asynchronous Federated Optimization", 2019),
   FedBuff's baseline: the server mixes each upload as it arrives, ``x <- (1 - a) x + a
   x_worker`` with ``a = alpha * (1 + tau)^-staleness_power``.
+
+**What a receiver checks.** Every value a peer sends is checked against the receiver's own
+state before any arithmetic, here in the rules, so the event engine and the real peers
+(:mod:`fedcore.node.asynchronous`, which calls the same checks on arrival too) refuse the
+same messages: a :class:`~fedcore.errors.ProtocolError` naming the value, the receiver's
+state unchanged. An upload's version is a whole number no newer than the server's own
+(:meth:`FedBuff.receive`, :meth:`FedAsync.receive`); a server's answer's version is no
+older than the worker's and no newer than the answer's upload count allows
+(:func:`answer_version`); a running sum's weight is no smaller than the one applied from
+that edge (running sums only grow; :meth:`AsyncPushSum.admit`); and a step whose result
+would not be finite in the model's dtype (an average, a mix, a server step) is refused
+rather than taken. Finite values of the right form are trusted, as the synchronous
+algorithms trust them (:mod:`fedcore.algorithms.base`).
 """
 
 from __future__ import annotations
@@ -49,7 +62,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fedcore.errors import ConfigError
+from fedcore.errors import ConfigError, ProtocolError
 
 __all__ = [
     "ADPSGD",
@@ -57,8 +70,11 @@ __all__ = [
     "FedAsync",
     "FedBuff",
     "ServerState",
+    "answer_version",
     "example_shares",
     "is_asynchronous",
+    "staleness",
+    "whole_number",
 ]
 
 
@@ -79,6 +95,48 @@ def _number(key: str, value: object, low: float, high: float, *, open_low: bool 
     return float(value)  # type: ignore[arg-type]
 
 
+def whole_number(name: str, value: float, low: int, high: int, why: str) -> int:
+    """``value`` (a scalar a peer sent) as an int, if it is a whole number in ``[low,
+    high]``.
+
+    Raises:
+        ProtocolError: NaN, infinite, fractional, or outside ``[low, high]`` (``why``: why
+            the bounds hold, for the message).
+    """
+    if not (
+        isinstance(value, int | float)
+        and math.isfinite(value)
+        and value == math.floor(value)
+        and low <= value <= high
+    ):
+        raise ProtocolError(
+            f"scalar {name!r} is {value!r}; it must be a whole number in [{low}, {high}] ({why})."
+        )
+    return int(value)
+
+
+def _finite(what: str, value: torch.Tensor, shape: tuple[int, ...] | None = None) -> None:
+    """Refuse a tensor of another shape, or one holding a value that is not finite (NaN,
+    infinite, or beyond its dtype's range: a float32 conversion of a huge float64)."""
+    if shape is not None and tuple(value.shape) != shape:
+        raise ProtocolError(f"{what} has shape {tuple(value.shape)}; expected {shape}.")
+    if not bool(torch.isfinite(value).all()):
+        raise ProtocolError(f"{what} is not finite; the receiver keeps its state.")
+
+
+def answer_version(own: int, round: int, version: float) -> int:
+    """The version a server's answer carries, checked at the worker: no older than the
+    worker's own ``own`` (the server's versions only grow, and the worker's came from it)
+    and at most ``round + 1`` (the answer to the server's ``round``-th upload, counted from
+    0: every upload starts at most one new version).
+
+    Raises:
+        ProtocolError: a version outside ``[own, round + 1]`` or not a whole number.
+    """
+    why = "no older than this worker's, at most one new version an upload"
+    return whole_number("version", version, own, max(own, round + 1), why)
+
+
 class ADPSGD:
     """AD-PSGD (see the module docstring); a symmetric graph (doubly-stochastic mixing
     checks it), whose weights it does not use: the partner is uniform among the
@@ -95,12 +153,28 @@ class ADPSGD:
         return (x_i + x_j) * 0.5
 
     @staticmethod
-    def average_pairs(x: torch.Tensor, first: list[int], second: list[int]) -> None:
+    def pair(x_i: torch.Tensor, x_j: torch.Tensor) -> torch.Tensor:
+        """The pair's average of one peer's ``[d]`` model and the model a partner sent
+        (a request or a reply), checked before either end takes it.
+
+        Raises:
+            ProtocolError: a partner's model of another shape, or an average that is not
+                finite (non-finite values, or huge ones whose sum overflows).
+        """
+        _finite("the partner's model", x_j, tuple(x_i.shape))
+        mean = ADPSGD.average(x_i, x_j)
+        _finite("the pair's average", mean)
+        return mean
+
+    @staticmethod
+    def average_pairs(x: torch.Tensor, first: list[int], second: list[int]) -> torch.Tensor:
         """Average the pairs ``(first[k], second[k])`` of the rows of ``x`` in place, as if
         one after another in ``k`` order (each averaging atomic), batched: pair ``k`` goes
         in the layer after the last one holding either of its peers, so a layer's pairs
         share no peer and every peer's averagings keep their order (bit-identical to the
-        sequential loop: the average is elementwise)."""
+        sequential loop: the average is elementwise). A pair whose average is not finite
+        is refused, as :meth:`pair` refuses it: both rows stay. Returns ``[K]`` bool: the
+        pairs averaged."""
         layers: list[list[int]] = []
         last: dict[int, int] = {}
         for k, (i, j) in enumerate(zip(first, second, strict=True)):
@@ -113,12 +187,18 @@ class ADPSGD:
             last[i] = last[j] = layer
         a_all = torch.tensor(first, dtype=torch.int64)
         b_all = torch.tensor(second, dtype=torch.int64)
+        kept = torch.ones(len(first), dtype=torch.bool)
         for pairs in layers:
             pick = torch.tensor(pairs, dtype=torch.int64)
             a, b = a_all[pick], b_all[pick]
             mean = ADPSGD.average(x[a], x[b])
+            ok = torch.isfinite(mean).all(dim=1)
+            if not bool(ok.all()):
+                kept[pick[~ok]] = False
+                a, b, mean = a[ok], b[ok], mean[ok]
             x[a] = mean
             x[b] = mean
+        return kept
 
     @staticmethod
     def apply(x: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
@@ -152,14 +232,53 @@ class AsyncPushSum:
         return x * self_weight.to(x.dtype).unsqueeze(1), w * self_weight
 
     @staticmethod
+    def admit(
+        sums: torch.Tensor, applied: torch.Tensor, most: float | torch.Tensor = math.inf
+    ) -> torch.Tensor:
+        """``[B]`` bool: which running sums ``[B, d + 1]`` (float64, the weight last) a
+        receiver may apply beyond the ones it applied from the same edges: finite, a
+        weight no smaller than the applied one (a running sum only grows: every push adds
+        a positive share of a positive weight) and at most ``most`` (the real peer: the
+        sender's pushes so far times the network's mass ``N``, the most any weight
+        holds), and a finite difference."""
+        gain = sums - applied
+        weight = sums[:, -1]
+        return (
+            torch.isfinite(sums).all(dim=1)
+            & torch.isfinite(gain).all(dim=1)
+            & (gain[:, -1] >= 0)
+            & (weight <= most)
+        )
+
+    @staticmethod
     def receive(
         x: torch.Tensor,
         w: torch.Tensor,
         sums: tuple[torch.Tensor, torch.Tensor],
         applied: tuple[torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the mass a running sum carries beyond the one applied before."""
-        return x + (sums[0] - applied[0]), w + (sums[1] - applied[1])
+        """Add the mass a running sum carries beyond the one applied before (``x``,
+        ``sums[0]``, ``applied[0]``: ``[B, d]``; ``w`` and the weights: ``[B]``), in
+        ``x``'s dtype.
+
+        Raises:
+            ProtocolError: a running sum :meth:`admit` refuses, or a result that is not
+                finite in ``x``'s dtype (the receiver keeps ``x`` and ``w``).
+        """
+        full = torch.cat([sums[0].to(torch.float64), sums[1].reshape(-1, 1)], dim=1)
+        before = torch.cat([applied[0].to(torch.float64), applied[1].reshape(-1, 1)], dim=1)
+        if not bool(AsyncPushSum.admit(full, before).all()):
+            raise ProtocolError(
+                "a running sum is not finite, or its weight is below the one already applied "
+                "from that edge (a running sum only grows)."
+            )
+        new_x = (x.to(torch.float64) + (sums[0] - applied[0])).to(x.dtype)
+        new_w = w + (sums[1] - applied[1])
+        _finite("the sum of a running sum and this peer's x", new_x)
+        _finite("the sum of a running weight and this peer's w", new_w)
+        if not bool((new_w > 0).all()):
+            raise ProtocolError("a running sum would leave this peer a weight <= 0.")
+        return new_x, new_w
 
 
 class ServerState(NamedTuple):
@@ -208,13 +327,30 @@ class FedBuff:
         return 1.0 / math.sqrt(1.0 + staleness)
 
     def receive(
-        self, state: ServerState, update: torch.Tensor, staleness: int, share: float, workers: int
+        self, state: ServerState, update: torch.Tensor, version: float, share: float, workers: int
     ) -> ServerState:
-        """One upload at the server: buffered with weight ``s(tau) * share`` (``share``:
-        the worker's examples over the workers' mean), and once the buffer holds
-        ``buffer`` (0: ``workers``) of them, the step ``x - server_lr * total / count`` and
-        a new version."""
-        weighted = (self.weight(staleness) * share) * update.to(torch.float64)
+        """One upload at the server, of a worker that started from ``version``: buffered
+        with weight ``s(tau) * share`` (``tau``: the versions since; ``share``: the
+        worker's examples over the workers' mean), and once the buffer holds ``buffer``
+        (0: ``workers``) of them, the step ``x - server_lr * total / count`` and a new
+        version.
+
+        Raises:
+            ProtocolError: a version that is not a whole number in ``[0, state.version]``
+                (:func:`staleness`), an update of another shape or not finite, or one whose
+                step alone, ``x - server_lr * weighted``, leaves the model's dtype's range
+                (the server's ``x`` does not change while it buffers, so the step on the
+                buffer's mean stays in range too). ``state`` is unchanged.
+        """
+        tau = staleness(state, version)
+        _finite("the update", update, tuple(state.x.shape))
+        weighted = (self.weight(tau) * share) * update.to(torch.float64)
+        alone = state.x.to(torch.float64) - self.server_lr * weighted
+        if not bool((alone.abs() <= torch.finfo(state.x.dtype).max).all()):
+            raise ProtocolError(
+                "the update would take the server's model beyond its dtype's range; the "
+                "server keeps its state."
+            )
         total = weighted if state.total is None else state.total + weighted
         held = state.held + 1
         if held < (self.buffer or workers):
@@ -251,13 +387,36 @@ class FedAsync:
         return end
 
     def receive(
-        self, state: ServerState, model: torch.Tensor, staleness: int, share: float, workers: int
+        self, state: ServerState, model: torch.Tensor, version: float, share: float, workers: int
     ) -> ServerState:
-        """One upload at the server: ``(1 - a) x + a x_worker``, ``a = alpha (1 +
-        tau)^-staleness_power``, and a new version (``share`` and ``workers`` unused:
-        FedAsync weighs by staleness alone)."""
-        a = float(self.alpha * (1.0 + staleness) ** -self.power)
-        return ServerState((1.0 - a) * state.x + a * model, state.version + 1)
+        """One upload at the server, of a worker that started from ``version``: ``(1 - a) x
+        + a x_worker``, ``a = alpha (1 + tau)^-staleness_power``, and a new version
+        (``share`` and ``workers`` unused: FedAsync weighs by staleness alone).
+
+        Raises:
+            ProtocolError: a version that is not a whole number in ``[0, state.version]``
+                (:func:`staleness`), a model of another shape or not finite, or a mix that
+                is not finite. ``state`` is unchanged.
+        """
+        tau = staleness(state, version)
+        _finite("the worker's model", model, tuple(state.x.shape))
+        a = float(self.alpha * (1.0 + tau) ** -self.power)
+        x = (1.0 - a) * state.x + a * model
+        _finite("the mix of the worker's model", x)
+        return ServerState(x, state.version + 1)
+
+
+def staleness(state: ServerState, version: float) -> int:
+    """``tau``: the server's versions since the one an upload started from, ``version``
+    (what the worker sent), checked first: a whole number from 0 to the server's own (a
+    worker's version came from the server; one ahead of it, or fractional, is no
+    worker's).
+
+    Raises:
+        ProtocolError: any other ``version``.
+    """
+    why = f"the versions this server ({state.version}) has made so far"
+    return state.version - whole_number("version", version, 0, state.version, why)
 
 
 def example_shares(parts: Any, workers: torch.Tensor) -> torch.Tensor:

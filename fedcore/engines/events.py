@@ -25,6 +25,12 @@ What each algorithm does at an event:
   ``run.local_steps`` local steps and uploading); the server buffers or mixes it, and the
   worker downloads the current model and starts again.
 
+The rules check what each message carries against the receiver's state as the real peers
+do (:mod:`fedcore.algorithms.asynchronous`): a pair whose average, a running sum whose
+sum, or an upload whose step would not be finite (a run that diverges) is refused, the
+receiver's state unchanged, and counted in the receiver's ``messages_rejected``; honest
+values of a run that does not diverge are never refused.
+
 A fault plan's drops apply (the tick's index is the message's round coordinate): a lost
 exchange, push or upload is lost as each rule says. Crashes and partitions are by round,
 which an asynchronous run has none of (use ``time.on_s``/``off_s``). For the records, a
@@ -48,7 +54,7 @@ from fedcore import counter_random as keyed
 from fedcore.algorithms.asynchronous import ADPSGD, AsyncPushSum, ServerState, example_shares
 from fedcore.algorithms.batched import stack_graph
 from fedcore.engines.vectorized import stacked_batches
-from fedcore.errors import ConfigError
+from fedcore.errors import ConfigError, ProtocolError
 from fedcore.node import RoundRecord
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
@@ -78,6 +84,7 @@ class RoundEvents:
     bytes_received: list[int]
     dropped: list[int]
     events: int
+    rejected: list[int]
 
 
 class EventNetwork:
@@ -175,6 +182,7 @@ class EventNetwork:
         self._received = np.zeros(n, dtype=np.int64)
         self._bytes_in = np.zeros(n, dtype=np.int64)
         self._dropped = np.zeros(n, dtype=np.int64)
+        self._rejected = np.zeros(n, dtype=np.int64)
         self._events = 0
 
     def _traffic(self, src: torch.Tensor, dst: torch.Tensor, nbytes: int, ok: torch.Tensor) -> None:
@@ -205,7 +213,7 @@ class EventNetwork:
                 bytes_received=figures.bytes_received[i],
                 messages_missing=0,
                 messages_late=0,
-                messages_rejected=0,
+                messages_rejected=figures.rejected[i],
                 missing=(),
                 wall_s=0.0,
                 messages_dropped=figures.dropped[i],
@@ -243,6 +251,7 @@ class EventNetwork:
             bytes_received=self._bytes_in.tolist(),
             dropped=self._dropped.tolist(),
             events=self._events,
+            rejected=self._rejected.tolist(),
         )
         self.round += 1
         self._reset_round()
@@ -359,7 +368,11 @@ class EventNetwork:
         self._traffic(group, partners, nbytes, ~lost)
         self._traffic(partners, group, nbytes, ~lost)
         kept = ~lost
-        ADPSGD.average_pairs(self.x, group[kept].tolist(), partners[kept].tolist())
+        answerers = partners[kept]
+        averaged = ADPSGD.average_pairs(self.x, group[kept].tolist(), answerers.tolist())
+        # A pair whose average is not finite: the partner refuses the request, as a real
+        # peer's answer does (:meth:`ADPSGD.pair`).
+        np.add.at(self._rejected, answerers[~averaged].numpy(), 1)
 
     def _push(self, group: torch.Tensor) -> None:
         """Asynchronous push-sum: step, keep the self share, push running sums."""
@@ -407,10 +420,25 @@ class EventNetwork:
             del self.payloads[s]
         if sums is None:
             return
+        ok = AsyncPushSum.admit(sums, self.applied[edges])
+        if not bool(ok.all()):  # never for honest sums; the receiver refuses them
+            np.add.at(self._rejected, self.graph.dst[edges[~ok]].numpy(), 1)
+            edges, seqs, sums = edges[ok], seqs[ok], sums[ok]
         dst = self.graph.dst[edges]
+        rows = torch.unique(dst)
+        x_before, w_before = self.x[rows].clone(), self.w[rows].clone()
         gain = sums - self.applied[edges]
         self.x.index_add_(0, dst, gain[:, : self.d].to(self.x.dtype))
         self.w.index_add_(0, dst, gain[:, self.d])
+        fine = torch.isfinite(self.x[rows]).all(dim=1) & torch.isfinite(self.w[rows])
+        fine &= self.w[rows] > 0
+        if not bool(fine.all()):  # a sum that would not be finite: the tick's sums into
+            # that receiver are refused, its x and w stay (AsyncPushSum.receive)
+            bad = rows[~fine]
+            self.x[bad], self.w[bad] = x_before[~fine], w_before[~fine]
+            refused = torch.isin(dst, bad)
+            np.add.at(self._rejected, dst[refused].numpy(), 1)
+            edges, seqs, sums = edges[~refused], seqs[~refused], sums[~refused]
         self.applied[edges] = sums
         self.last[edges] = seqs
 
@@ -426,10 +454,14 @@ class EventNetwork:
         for k, i in enumerate(group.tolist()):
             if bool(lost[k]):
                 continue
-            staleness = self.served.version - int(self.versions[i])
             sent = algorithm.upload(self.pending[i], self.x[i])
             share = float(self.share[i])
-            self.served = algorithm.receive(self.served, sent, staleness, share, self.count)
+            version = int(self.versions[i])
+            try:
+                self.served = algorithm.receive(self.served, sent, version, share, self.count)
+            except ProtocolError:  # a step that would not be finite: the server refuses it
+                self._rejected[server] += 1
+                continue
             self.x[server] = self.served.x
 
     # --- checks -----------------------------------------------------------------------------

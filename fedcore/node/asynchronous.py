@@ -22,8 +22,20 @@ paced sends), so a launch shows the straggler effect for real.
   came for ``transport.strict_timeout_s``.
 
 A message's ``round`` is its sender's count of computations (the staleness the receivers
-see); validation checks the tensor's shape, dtype and values and the scalars' range, not a
-round window.
+see). Every value a peer sends is checked against this peer's own state before any
+arithmetic (:meth:`AsyncPeer.validate`, which the gRPC servicer calls on arrival, and again
+where a message is taken, since the state moved on): the tensor's name, shape, dtype and
+finite values; exactly the scalars the algorithm sends; the phase (AD-PSGD: 0 or 1, the
+others 0); a round below the run's (a server's answer: below ``(run.rounds + 1) W``, its
+uploads); AD-PSGD's request only from a sender whose partner this peer is in that round,
+and a reply only from this peer's partner of a round it asked in; a running sum whose
+weight is no smaller than the one applied from that edge and at most ``(round + 1) N``;
+an upload's version no newer than the server's and than the version the server last sent
+that worker; an answer's version no older than the worker's and at most ``round + 1``; and
+no average, mix or step whose result is not finite (:mod:`fedcore.algorithms.asynchronous`
+holds the rules' own checks). A refused message is counted
+(``stats.messages_rejected``: the servicer's refusals, and those where a message is taken,
+with one log line) and changes nothing; the peer goes on.
 
 * ``adpsgd``: each computation ends with an averaging: the peer sends its model to its
   partner (phase 0) and, on the partner's reply (phase 1: the partner's model before it
@@ -49,9 +61,22 @@ from typing import Any
 import torch
 
 from fedcore import counter_random as keyed
-from fedcore.algorithms.asynchronous import ADPSGD, AsyncPushSum, ServerState
+from fedcore.algorithms.asynchronous import (
+    ADPSGD,
+    AsyncPushSum,
+    ServerState,
+    answer_version,
+    whole_number,
+)
 from fedcore.compression import Codec, RawCodec
-from fedcore.errors import CompressionError, PeerUnavailableError, ProtocolError, TransportError
+from fedcore.errors import (
+    CompressionError,
+    OutOfWindowError,
+    PeerUnavailableError,
+    ProtocolError,
+    TransportError,
+)
+from fedcore.ids import clip, shorten
 from fedcore.messages import EncodedTensor, Message
 from fedcore.models import Objective
 from fedcore.node.pace import Pace
@@ -112,6 +137,7 @@ class AsyncPeer:
         self._sums: dict[str, torch.Tensor] = {}  # push-sum: running sums per out-neighbour
         self._applied: dict[str, torch.Tensor] = {}  # and the last applied per in-neighbour
         self.version = 0
+        self._told: dict[str, int] = {}  # the server: the newest version sent each worker
         self._asked = 0.0  # AD-PSGD: when a partner last asked this peer
         self._key = keyed.hash64(keyed.string_id(options.run_id), keyed.string_id(node_id))
         self.partners = tuple(sorted(self.graph.out_weights(node_id)))
@@ -126,31 +152,119 @@ class AsyncPeer:
     # --- validation (the gRPC servicer calls it on arrival) -------------------------------
 
     def validate(self, message: Message) -> None:
-        """Refuse a message whose tensor or scalars are not what the algorithm sends.
+        """Refuse a message that is not what the algorithm sends, or that this peer's own
+        state makes impossible (see the module docstring).
 
         Raises:
+            OutOfWindowError: a round no honest sender reaches.
             ProtocolError: a wrong tensor name, shape, dtype or a value out of range.
         """
         x = message.tensors.get("x")
         if set(message.tensors) != {"x"} or x is None:
             raise ProtocolError(
-                f"an asynchronous message holds tensor 'x' only, got {sorted(message.tensors)}."
+                f"an asynchronous message holds tensor 'x' only, got {_names(message.tensors)}."
+            )
+        server = self.server is not None
+        wanted = {"version"} if server else set()
+        if set(message.scalars) != wanted:
+            raise ProtocolError(
+                f"its scalars are {_names(message.scalars)}; {self.algorithm.name!r} sends "
+                f"{_names(wanted)}."
+            )
+        phases = (0, 1) if isinstance(self.algorithm, ADPSGD) else (0,)
+        if message.phase not in phases:
+            raise ProtocolError(
+                f"phase {message.phase} is not a phase of {self.algorithm.name!r} {phases}."
+            )
+        last = self._last_round(message.sender)
+        if not 0 <= message.round <= last:
+            raise OutOfWindowError(
+                f"a message for round {message.round} from {clip(message.sender)} is past "
+                f"round {last}, the last its sender has in this run."
             )
         if isinstance(self.algorithm, AsyncPushSum):
-            value = self._decode(x, torch.float64, (self.d + 1,))
-            if not bool(torch.isfinite(value).all()) or float(value[-1]) < 0:
-                raise ProtocolError("a push-sum running sum is not finite, or its weight < 0.")
+            sums = self._decode(x, torch.float64, (self.d + 1,))
+            self._admit(message.sender, message.round, sums)
             return
         value = self._decode(x, self._dtype, (self.d,))
         if not bool(torch.isfinite(value).all()):
             raise ProtocolError("a model or update holds non-finite values.")
         if isinstance(self.algorithm, ADPSGD):
-            if message.phase not in (0, 1):
-                raise ProtocolError(f"an AD-PSGD message is phase 0 or 1, got {message.phase}.")
+            self._check_pair(message)
+        elif self.id == self.server:
+            self._upload_version(message)
+        else:
+            answer_version(self.version, message.round, message.scalars["version"])
+
+    def _last_round(self, sender: str) -> int:
+        """The last round ``sender`` sends in: a computation's (``run.rounds - 1``), or the
+        server's upload count (it answers every upload; it stops after ``run.rounds``
+        rounds of ``W``, the last batch taken whole)."""
+        rounds = max(self.options.rounds, 1)
+        if sender == self.server:
+            return (rounds + 1) * max(self.workers, 1) - 1
+        return rounds - 1
+
+    def _admit(self, sender: str, round: int, sums: torch.Tensor) -> None:
+        """Push-sum: refuse a running sum this edge's applied one rules out, or one whose
+        weight exceeds ``(round + 1) N`` (each of its ``round + 1`` pushes carries a share
+        of a weight at most ``N``, the network's mass; a margin for rounding)."""
+        applied = self._applied.get(sender)
+        before = torch.zeros_like(sums) if applied is None else applied
+        most = (round + 1) * len(self.graph.nodes) * (1 + 1e-6)
+        if not bool(AsyncPushSum.admit(sums.unsqueeze(0), before.unsqueeze(0), most)[0]):
+            raise ProtocolError(
+                f"a running sum from {clip(sender)} for round {round} is not finite, has a "
+                f"weight {float(sums[-1])!r} below the {float(before[-1])!r} applied from "
+                f"that edge, or above {most:g} (the most {round + 1} pushes carry)."
+            )
+
+    def _check_pair(self, message: Message) -> None:
+        """AD-PSGD: a request (phase 0) only from a sender whose partner this peer is in
+        the request's round; a reply (phase 1) only from this peer's partner in a round it
+        has asked in (its current one or earlier)."""
+        sender, k = message.sender, message.round
+        if message.phase == 0:
+            if self._partner(sender, k) != self.id:
+                raise ProtocolError(
+                    f"{clip(sender)} asks this peer for round {k}, in which its partner is "
+                    f"{clip(self._partner(sender, k))}."
+                )
             return
-        version = message.scalars.get("version", -1.0)
-        if not (math.isfinite(version) and version >= 0 and version == int(version)):
-            raise ProtocolError(f"scalar 'version' must be a whole number >= 0, got {version!r}.")
+        if k > self.round or self._partner(self.id, k) != sender:
+            raise ProtocolError(
+                f"a reply from {clip(sender)} for round {k}: this peer is in round "
+                f"{self.round} and its partner in round {k} is {clip(self._partner(self.id, k))}."
+            )
+
+    def _partner(self, node: str, k: int) -> str | None:
+        """AD-PSGD: ``node``'s partner in its round ``k`` (uniform among its neighbours by
+        the keyed hash of the run, the node and ``k``; every peer computes the same)."""
+        partners = sorted(self.graph.out_weights(node))
+        if not partners:
+            return None
+        key = keyed.hash64(keyed.string_id(self.options.run_id), keyed.string_id(node))
+        return partners[keyed.hash64(key, k) % len(partners)]
+
+    def _upload_version(self, message: Message) -> None:
+        """The server: an upload's version, no newer than its own nor than the version it
+        last sent that worker (whose version came from the server's answers)."""
+        told = min(self.version, self._told.get(message.sender, 0))
+        why = f"the newest version this server sent {clip(message.sender)}"
+        whole_number("version", message.scalars["version"], 0, told, why)
+
+    def _refuse(self, message: Message, exc: Exception) -> None:
+        """Count and log a message refused where it is taken (the state moved on since it
+        arrived); nothing of it is used."""
+        self.transport.stats.messages_rejected += 1
+        logger.warning(
+            "%s: refused the round %d phase %d message from %s: %s",
+            self.id,
+            message.round,
+            message.phase,
+            clip(message.sender),
+            shorten(str(exc), 300),
+        )
 
     def _decode(
         self, encoded: EncodedTensor, dtype: torch.dtype, shape: tuple[int, ...]
@@ -242,7 +356,11 @@ class AsyncPeer:
         while time.monotonic() < deadline:
             reply = self.transport.take({partner}, phase=1).get(partner)
             if reply is not None and reply.round == k:
-                self.x = ADPSGD.average(self.x, self.codec.decode(reply.tensors["x"]))
+                try:
+                    self.validate(reply)
+                    self.x = ADPSGD.pair(self.x, self.codec.decode(reply.tensors["x"]))
+                except (CompressionError, ProtocolError) as exc:
+                    self._refuse(reply, exc)  # as a lost reply: no averaging
                 return
             await asyncio.sleep(0.002)
         logger.debug("%s: no reply from %s (round %d); no averaging", self.id, partner, k)
@@ -254,9 +372,13 @@ class AsyncPeer:
         while True:
             for sender, message in sorted(self.transport.take(self.partners, phase=0).items()):
                 self._asked = time.monotonic()
-                theirs = self.codec.decode(message.tensors["x"])
                 mine = self.x
-                self.x = ADPSGD.average(mine, theirs)
+                try:
+                    self.validate(message)
+                    self.x = ADPSGD.pair(mine, self.codec.decode(message.tensors["x"]))
+                except (CompressionError, ProtocolError) as exc:
+                    self._refuse(message, exc)  # no reply: the partner goes on alone
+                    continue
                 await self._send(sender, message.round, mine, {}, phase=1)
             await asyncio.sleep(0.002)
 
@@ -304,16 +426,21 @@ class AsyncPeer:
     def _absorb(self) -> None:
         """Apply the running sums that arrived (the newest of each in-neighbour)."""
         for sender, message in sorted(self.transport.take(self.ins).items()):
-            sums = _RAW.decode(message.tensors["x"])
             zero = torch.zeros(self.d + 1, dtype=torch.float64)
             applied = self._applied.get(sender, zero)
-            x, w = AsyncPushSum.receive(
-                self.x.unsqueeze(0).to(torch.float64),
-                torch.tensor([self.w], dtype=torch.float64),
-                (sums[: self.d].unsqueeze(0), sums[self.d :]),
-                (applied[: self.d].unsqueeze(0), applied[self.d :]),
-            )
-            self.x, self.w = x[0].to(self._dtype), float(w[0])
+            try:
+                self.validate(message)
+                sums = _RAW.decode(message.tensors["x"])
+                x, w = AsyncPushSum.receive(
+                    self.x.unsqueeze(0),
+                    torch.tensor([self.w], dtype=torch.float64),
+                    (sums[: self.d].unsqueeze(0), sums[self.d :]),
+                    (applied[: self.d].unsqueeze(0), applied[self.d :]),
+                )
+            except (CompressionError, ProtocolError) as exc:
+                self._refuse(message, exc)  # its mass comes with the sender's next sum
+                continue
+            self.x, self.w = x[0], float(w[0])
             self._applied[sender] = sums
 
     async def _upload(self, k: int, start: torch.Tensor) -> None:
@@ -325,8 +452,14 @@ class AsyncPeer:
         if await self.transport.wait_any(self.options.deadline_s):
             answer = self.transport.take({server}).get(server)
             if answer is not None:
-                self.x = self.codec.decode(answer.tensors["x"])
-                self.version = int(answer.scalars["version"])
+                try:
+                    self.validate(answer)
+                    version = answer_version(self.version, answer.round, answer.scalars["version"])
+                    self.x = self.codec.decode(answer.tensors["x"])
+                except (CompressionError, ProtocolError) as exc:
+                    self._refuse(answer, exc)  # as no answer: on from its own model
+                    return
+                self.version = version
 
     async def _serve(self, rounds: int) -> None:
         """The server: each upload taken by the rule, and answered with the server's model
@@ -343,11 +476,18 @@ class AsyncPeer:
                 logger.warning("%s: no upload for %g s; stopping", self.id, wait)
                 break
             for worker, message in sorted(self.transport.take(ins).items()):
-                staleness = state.version - int(message.scalars["version"])
-                value = self.codec.decode(message.tensors["x"])
-                share = self.shares[worker]
-                state = self.algorithm.receive(state, value, staleness, share, self.workers)
+                try:
+                    self.validate(message)  # the version against what it was told, too
+                    value = self.codec.decode(message.tensors["x"])
+                    version = message.scalars["version"]
+                    share = self.shares[worker]
+                    state = self.algorithm.receive(state, value, version, share, self.workers)
+                except (CompressionError, ProtocolError) as exc:
+                    self._refuse(message, exc)  # no answer: the worker goes on alone
+                    continue
                 self.x, self.version = state.x, state.version
+                self._told[worker] = self.version  # before the send: its next upload may
+                # arrive while the send is still being acknowledged
                 await self._send(worker, uploads, self.x, {"version": float(self.version)})
                 uploads += 1
                 if uploads % self.workers == 0 and self.round < rounds:
@@ -384,6 +524,15 @@ class AsyncPeer:
         )
         if self.observer is not None:
             self.observer(self, record)
+
+
+def _names(names: Any) -> str:
+    """``'a', 'b'`` (sorted, each clipped; at most 8), or ``none``."""
+    listed = sorted(str(n) for n in names)
+    if not listed:
+        return "none"
+    more = f" (+{len(listed) - 8} more)" if len(listed) > 8 else ""
+    return ", ".join(clip(n, 40) for n in listed[:8]) + more
 
 
 def _counts(stats: TransportStats) -> tuple[int, ...]:

@@ -98,7 +98,7 @@ def test_an_asynchronous_peer_refuses_malformed_messages() -> None:
     worker = _peer("fedbuff", "star")
     model = torch.ones(worker.d)  # type: ignore[attr-defined]
     codec = worker.codec  # type: ignore[attr-defined]
-    worker.validate(message(model, codec, version=3.0))  # type: ignore[attr-defined]
+    worker.validate(message(model, codec, version=1.0))  # type: ignore[attr-defined]
     for scalars in ({}, {"version": -1.0}, {"version": 0.5}):
         with pytest.raises(ProtocolError, match="version"):
             worker.validate(message(model, codec, **scalars))  # type: ignore[attr-defined]
