@@ -94,6 +94,24 @@ class OnPurpose(DPSGDRule):
         raise AlgorithmError("the rule's own refusal, as it wrote it.")
 
 
+from fedcore.algorithms.ops import RobustPushSumRule
+from fedcore.algorithms.rps import RPSRule
+from fedcore.algorithms.server import FedAvgRule
+
+
+class MyFedAvg(FedAvgRule):  # pattern "chosen": talks, trains
+    pass
+
+
+class MyRobustOPS(RobustPushSumRule):  # pattern "edges": edge_fields
+    def __init__(self):
+        super().__init__("none")
+
+
+class MyRPS(RPSRule):  # pattern "edges", messages of several lengths: widths
+    pass
+
+
 class Undeclared:  # a rule's members, but no declaration
     name = "undeclared"
     mixing = "doubly-stochastic"
@@ -273,6 +291,29 @@ def test_a_rule_must_be_declared() -> None:
 
     with pytest.raises(ConfigError, match=r"class Undeclared\(Rule\)"):
         make_network("ring:4", algorithm=Undeclared())
+
+
+SUBCLASSES = {
+    "chosen": ("MyFedAvg", "fedavg", "star:4", {}),
+    "edges": ("MyRobustOPS", "ops", "social:6", {"algorithm.robust": True}),
+    "widths": ("MyRPS", "rps", "complete:5", {}),
+}
+
+
+@pytest.mark.usefixtures("bad_rules")
+@pytest.mark.parametrize("engine", ["messages", "vectorized"])
+@pytest.mark.parametrize("case", list(SUBCLASSES))
+def test_a_checked_rule_of_every_pattern_is_the_rule_bit_for_bit(case: str, engine: str) -> None:
+    """A user's subclass of a built-in rule runs checked (optional methods included), and
+    ends where the built-in does."""
+    cls, name, topology, settings = SUBCLASSES[case]
+    path = f"{MODULE}:{cls}"
+    algorithm = make_algorithm(path)
+    assert isinstance(algorithm, NodeRule) and isinstance(algorithm.rule, CheckedRule)
+    mine = make_network(topology, algorithm=path, engine=engine).run(3)
+    ours = make_network(topology, algorithm=name, engine=engine, settings=settings).run(3)
+    for node, x in ours.models().items():
+        assert torch.equal(mine.models()[node], x), node
 
 
 @pytest.mark.usefixtures("bad_rules")

@@ -126,7 +126,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fedcore.algorithms.base import RoundContext, model_schema
-from fedcore.algorithms.rule import EdgeInbox, Edges, NodeRule, Rows, Send, Slot
+from fedcore.algorithms.rule import EdgeInbox, Edges, NodeRule, Rows, Send, Slot, declare_rule
 from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
 from fedcore.messages import MessageSchema, Payload, ScalarSpec
 
@@ -304,6 +304,9 @@ class PushSumRule:
             omega = omega + torch.where(slot.arrived, slot.scalars["omega"], 0.0)
             heard = heard | slot.arrived
         return PushSumState(x, omega, _silent_after(state.silent, heard, omega, rows)), None
+
+
+declare_rule(PushSumRule)  # built-in rules, robust too (OPS wraps them itself)
 
 
 class RobustPushSumRule(PushSumRule):

@@ -327,15 +327,17 @@ class CheckedRule(Rule):
         except (TypeError, ValueError):
             takes = False
         self._schema_takes_rows = takes
+        self._ragged = getattr(rule, "widths", None) is not None  # messages of several lengths
 
     def __getattr__(self, name: str) -> Any:
         """The rule's own attributes (options, ``edge_fields`` ...) and its optional
         methods, these checked as the others (an attribute it lacks: AttributeError)."""
-        if name.startswith("__") or name in ("rule", "origin", "_params"):
+        if name.startswith("_") or name in ("rule", "origin"):  # not set yet (unpickling)
             raise AttributeError(name)
         value = getattr(self.rule, name)
         if name in _OPTIONAL and callable(value):
-            return functools.partial(self._optional, name, value)
+            value = functools.partial(self._optional, name, value)
+            setattr(self, name, value)  # made once: an engine asks every round
         return value
 
     def __repr__(self) -> str:
@@ -417,7 +419,7 @@ class CheckedRule(Rule):
         if self.pattern == "edges" and not send.shared and edges is not None:
             lead = int(edges.out_row.shape[0])
         known = self._params
-        ragged = getattr(self.rule, "widths", None) is not None
+        ragged = self._ragged
         for name, value in send.tensors.items():
             if not isinstance(value, torch.Tensor):
                 raise self._fail(said, f"{name!r} as {_what(value)}; expected a tensor")
