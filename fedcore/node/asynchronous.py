@@ -218,6 +218,12 @@ class AsyncPeer:
                 f"weight {float(sums[-1])!r} below the {float(before[-1])!r} applied from "
                 f"that edge, or above {most:g} (the most {round + 1} pushes carry)."
             )
+        added = (self.x.to(torch.float64) + (sums[: self.d] - before[: self.d])).to(self._dtype)
+        if not bool(torch.isfinite(added).all()):
+            raise ProtocolError(
+                f"a running sum from {clip(sender)} would take this peer's x beyond "
+                f"{self._dtype}'s range."
+            )
 
     def _check_pair(self, message: Message) -> None:
         """AD-PSGD: a request (phase 0) only from a sender whose partner this peer is in
