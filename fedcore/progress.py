@@ -9,30 +9,41 @@ start-up: how many peers are up, which are still importing or connecting).
 far its start-up has got: a small ``status.json`` in the peer's folder, rewritten
 atomically at each stage (see :data:`STAGES`). Nothing here imports torch, so a peer can
 say ``importing`` before it does.
+
+:func:`run_warnings` collects the warnings fedcore logs during a run, for its summary
+(``warnings``); a quiet run (``-q``, the Python API by default) keeps them off the
+terminal.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 __all__ = [
+    "MAX_NOTES",
     "PROGRESS_AFTER_S",
     "PROGRESS_NODES",
     "STAGES",
     "STATUS_FILE",
+    "Note",
     "Progress",
+    "RunWarnings",
     "StatusLine",
     "Ticker",
     "announce_if_slow",
+    "current_warnings",
     "read_stage",
+    "run_warnings",
     "write_stage",
 ]
 
@@ -255,3 +266,141 @@ def announce_if_slow(stream: TextIO | None, nodes: int | None) -> Iterator[None]
         timer.cancel()
         if timer.is_alive():
             timer.join()
+
+
+# --- a run's warnings -------------------------------------------------------------------
+
+MAX_NOTES = 100
+"""Distinct warnings one run keeps (:class:`RunWarnings`); later ones are only counted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One warning fedcore logged: the logger's name, the level and the message."""
+
+    logger: str
+    level: int
+    message: str
+
+    def log(self) -> None:
+        """Log it again, as it was logged (a sweep says a worker's warning once)."""
+        logging.getLogger(self.logger).log(self.level, "%s", self.message)
+
+
+class RunWarnings(logging.Handler):
+    """The distinct warnings fedcore logged during one run (see :func:`run_warnings`)."""
+
+    def __init__(self, quiet: bool) -> None:
+        super().__init__(logging.WARNING)
+        self.quiet = quiet
+        self.notes: list[Note] = []
+        self.more = 0
+        """Distinct warnings past :data:`MAX_NOTES`, not kept."""
+
+    @property
+    def messages(self) -> list[str]:
+        """The messages, in the order first said (the summary's ``warnings``)."""
+        return [n.message for n in self.notes] + (
+            [f"... and {self.more} more warnings"] if self.more else []
+        )
+
+    def emit(self, record: logging.LogRecord) -> None:
+        note = Note(record.name, record.levelno, record.getMessage())
+        if note not in self.notes:
+            if len(self.notes) < MAX_NOTES:
+                self.notes.append(note)
+            else:
+                self.more += 1
+        with _LOCK:
+            first = bool(_ACTIVE) and _ACTIVE[0] is self
+            quiet = any(h.quiet for h in _ACTIVE)
+        # This handler in the logger's chain keeps logging's last resort (stderr, when
+        # nothing else handles a warning: the Python API) from printing it; a run that is
+        # not quiet prints it as the last resort would have.
+        if first and not quiet and not _handled(record) and logging.lastResort is not None:
+            logging.lastResort.handle(record)
+
+
+class _OffTerminal(logging.Filter):
+    """Keeps fedcore's warnings from a handler that writes to the terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = record.name == "fedcore" or record.name.startswith("fedcore.")
+        return not (ours and logging.WARNING <= record.levelno < logging.ERROR)
+
+
+_LOCK = threading.Lock()
+_ACTIVE: list[RunWarnings] = []
+"""The collectors of the runs under way, outermost first."""
+
+
+def _handled(record: logging.LogRecord) -> bool:
+    """Whether a handler other than a run's collector takes ``record`` (as logging's own
+    search for one, before its last resort)."""
+    logger: logging.Logger | None = logging.getLogger(record.name)
+    while logger is not None:
+        for handler in logger.handlers:
+            if not isinstance(handler, RunWarnings) and record.levelno >= handler.level:
+                return True
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return False
+
+
+def _terminal_handlers() -> list[logging.Handler]:
+    """The handlers on fedcore's logger and its ancestors that write to the terminal
+    (stderr or stdout: ``fedcore``'s own, a ``basicConfig`` one); not those writing to a
+    file or elsewhere (a log file keeps every warning)."""
+    streams = {id(s) for s in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__) if s}
+    found: list[logging.Handler] = []
+    logger: logging.Logger | None = logging.getLogger("fedcore")
+    while logger is not None:
+        for handler in logger.handlers:
+            if (
+                isinstance(handler, logging.StreamHandler)
+                and not isinstance(handler, logging.FileHandler)
+                and id(handler.stream) in streams
+            ):
+                found.append(handler)
+        if not logger.propagate:
+            break
+        logger = logger.parent
+    return found
+
+
+@contextmanager
+def run_warnings(*, quiet: bool) -> Iterator[RunWarnings]:
+    """Collect the distinct warnings fedcore logs during the block (a run), for its
+    summary's ``warnings``; with ``quiet``, keep them off the terminal meanwhile (the
+    handlers on fedcore's logger and its ancestors that write to stderr or stdout, and
+    logging's last resort), so that ``-q`` and the Python API print nothing. Other
+    handlers (a log file, pytest's) still get every warning.
+
+    Blocks nest (a sweep's run inside the sweep): each collects every warning, and any
+    quiet one keeps them off the terminal."""
+    handler = RunWarnings(quiet)
+    ours = logging.getLogger("fedcore")
+    filtered: list[tuple[logging.Handler, logging.Filter]] = []
+    with _LOCK:
+        _ACTIVE.append(handler)
+        ours.addHandler(handler)
+        if quiet:
+            for target in _terminal_handlers():
+                off = _OffTerminal()
+                target.addFilter(off)
+                filtered.append((target, off))
+    try:
+        yield handler
+    finally:
+        with _LOCK:
+            ours.removeHandler(handler)
+            _ACTIVE.remove(handler)
+            for target, added in filtered:
+                target.removeFilter(added)
+
+
+def current_warnings() -> list[str]:
+    """The warnings of the innermost run under way (:func:`run_warnings`), or none."""
+    with _LOCK:
+        return _ACTIVE[-1].messages if _ACTIVE else []

@@ -154,6 +154,29 @@ def test_sweep_returns_the_per_cell_table(tmp_path: Path) -> None:
     assert grid.best["values"] == {"algorithm.lr": best["algorithm.lr"]}
 
 
+def test_the_api_is_quiet_and_its_summary_keeps_the_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 40: a warning printed on stderr from the API, quiet by default. Now it is in
+    the summary's ``warnings``, and on stderr only with ``progress=True``."""
+    from tests.plainlogging import plain_logging
+
+    big = {**TINY, "data.batch_size": 100000}
+    said = "data.batch_size = 100000 is larger than the"
+    with plain_logging():  # as in a script: a warning would reach logging's last resort
+        quiet = fedcore.run(None, out_dir=tmp_path / "q", threads=1, **big)
+        _, err = capsys.readouterr()
+        assert err == ""
+        fedcore.sweep(None, grid={"algorithm.lr": [0.1, 0.2]}, out_dir=tmp_path / "g", **big)
+        _, err = capsys.readouterr()
+        assert err == ""
+        fedcore.run(None, out_dir=tmp_path / "p", threads=1, progress=True, **big)
+        _, err = capsys.readouterr()
+    assert err.count(said) == 1
+    (warning,) = quiet.summary["warnings"]
+    assert warning.startswith(said)
+
+
 # --- the README's example ---------------------------------------------------------------
 
 

@@ -22,7 +22,9 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     summ.add_argument("run_dir", metavar="RUN_DIR")
     summ.add_argument("--config", help="experiment TOML (default: RUN_DIR/config.toml)")
-    summ.add_argument("-q", "--quiet", action="store_true", help="no table")
+    summ.add_argument(
+        "-q", "--quiet", action="store_true", help="no table, no warnings (summary.json lists them)"
+    )
 
     summ.set_defaults(handler=run)
 
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from fedcore.deploy.launch import summarize
 
     config = load_config(args.config) if args.config else None
-    summary = summarize(args.run_dir, config)
+    summary = summarize(args.run_dir, config, quiet=args.quiet)
     if not args.quiet:
         print_table(summary)
     return 0

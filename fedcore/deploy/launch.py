@@ -23,7 +23,6 @@ peer restarts from its checkpoint of the newest round all of them have one of.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -47,14 +46,24 @@ from fedcore.errors import ConfigError, TransportError
 from fedcore.ids import child_path
 from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
-from fedcore.progress import STATUS_FILE, Progress, StatusLine, announce_if_slow, read_stage
+from fedcore.progress import (
+    STATUS_FILE,
+    Progress,
+    StatusLine,
+    announce_if_slow,
+    current_warnings,
+    read_stage,
+    run_warnings,
+)
 from fedcore.setup import checkpoint
 from fedcore.setup.plan import planned_nodes, round_drift
 from fedcore.setup.prepare import RunSetup, prepare_run
 from fedcore.simulation.results import RunObserver, finish_run, open_run_dir, run_name
+from fedcore.simulation.simulate import keep_late_warnings
 from fedcore.simulation.tracking import make_tracker
 
 __all__ = [
+    "LAUNCH_FILE",
     "free_ports",
     "launch",
     "peer_dir",
@@ -65,6 +74,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+LAUNCH_FILE = "launch.json"
+"""What a launch writes as it starts its peers: its name, overrides and
+``peers_per_process`` (``--resume`` reads them if the launcher died before its summary)."""
 
 
 def free_ports(count: int) -> list[int]:
@@ -259,20 +272,21 @@ def launch(
         TransportError: a peer process failed (its peers, exit status and log are named).
     """
     _check_per_process(peers_per_process)
-    setup = _prepare(config, show_progress, progress_stream)
-    name = run_name(config, setup, overrides)
-    out = open_run_dir(out_dir, name, force=force)  # see simulate's: never a shared folder
-    (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
-    return _supervise(
-        setup,
-        out,
-        name,
-        show_progress=show_progress,
-        progress_stream=progress_stream,
-        threads=threads,
-        overrides=overrides,
-        peers_per_process=peers_per_process,
-    )
+    with run_warnings(quiet=not show_progress):  # -q: none on the terminal; the summary's
+        setup = _prepare(config, show_progress, progress_stream)
+        name = run_name(config, setup, overrides)
+        out = open_run_dir(out_dir, name, force=force)  # see simulate's: never a shared folder
+        (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
+        return _supervise(
+            setup,
+            out,
+            name,
+            show_progress=show_progress,
+            progress_stream=progress_stream,
+            threads=threads,
+            overrides=overrides,
+            peers_per_process=peers_per_process,
+        )
 
 
 def _check_per_process(peers_per_process: object) -> None:
@@ -317,10 +331,27 @@ def resume_launch(
         ConfigError: ``run_dir`` holds no launch (a ``simulate`` run, or nothing), or one
             that completed.
     """
-    out = Path(run_dir)
-    prior: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        prior = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    with run_warnings(quiet=not show_progress):
+        return _resume_launch(
+            Path(run_dir),
+            show_progress=show_progress,
+            progress_stream=progress_stream,
+            threads=threads,
+            peers_per_process=peers_per_process,
+        )
+
+
+def _resume_launch(
+    out: Path,
+    *,
+    show_progress: bool,
+    progress_stream: TextIO | None,
+    threads: int,
+    peers_per_process: int | None,
+) -> dict[str, Any]:
+    """:func:`resume_launch`, its warnings collected."""
+    prior = _read_record(out / "summary.json")
+    started = _read_record(out / LAUNCH_FILE)  # the launcher may have died before a summary
     if not (out / "config.toml").is_file():
         raise ConfigError(f"{str(out)!r} holds no launch to resume: it has no config.toml.")
     if prior.get("transport") == "inproc" or not (out / "roster.json").is_file():
@@ -332,7 +363,7 @@ def resume_launch(
         )  # fmt: skip
     if prior.get("status", "completed") == "completed" and prior:
         raise ConfigError(f"the launch in {str(out)!r} completed; there is nothing to resume.")
-    k = _launched_per_process(out, prior) if peers_per_process is None else peers_per_process
+    k = _launched_per_process(prior, started) if peers_per_process is None else peers_per_process
     _check_per_process(k)
     config = load_config(out / "config.toml")
     setup = _prepare(config, show_progress, progress_stream)
@@ -347,8 +378,7 @@ def resume_launch(
     common = set.intersection(*held) if held else set()
     start = max(common) if common else None
     stream = progress_stream or sys.stderr
-    overrides = list(prior.get("overrides", []))
-    name = str(prior.get("name") or run_name(config, setup, overrides))
+    overrides, name = _launch_name(config, setup, prior, started)
     unfinished = [n for n in nodes if not (peer_dir(out, n) / "node.json").is_file()]
     if not unfinished or (start is not None and start >= config.run.rounds):
         # The launcher stopped (killed, say) after its peers had run every round: nothing
@@ -395,22 +425,49 @@ def resume_launch(
         overrides=overrides,
         peers_per_process=k,
         first=start or 0,
-        wall_before=float(prior.get("wall_seconds") or 0.0) if start is not None else 0.0,
+        wall_before=_seconds(prior.get("wall_seconds")) if start is not None else 0.0,
     )
 
 
-def _launched_per_process(out: Path, prior: Mapping[str, Any]) -> int:
-    """The ``peers_per_process`` of the launch in ``out``: its summary's, else (a launcher
-    stopped before it wrote one) the size of the first group in its ``procs.json``, else 1."""
-    given = prior.get("peers_per_process")
-    if isinstance(given, int) and not isinstance(given, bool) and given >= 1:
-        return given
-    with contextlib.suppress(OSError, ValueError, TypeError, KeyError, IndexError):
-        procs = json.loads((out / "procs.json").read_text(encoding="utf-8"))
-        peers = procs[0]["peers"]
-        if isinstance(peers, list) and peers:
-            return len(peers)
+def _seconds(value: object) -> float:
+    """``value`` (a summary's ``wall_seconds``) if it is a finite number >= 0, else 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value) if 0 <= value < float("inf") else 0.0
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; empty if there is none, or not an object."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _launched_per_process(*records: Mapping[str, Any]) -> int:
+    """The first valid ``peers_per_process`` of ``records`` (the summary, then
+    ``launch.json``), else 1."""
+    for record in records:
+        given = record.get("peers_per_process")
+        if isinstance(given, int) and not isinstance(given, bool) and given >= 1:
+            return given
     return 1
+
+
+def _launch_name(
+    config: Config, setup: RunSetup, *records: Mapping[str, Any]
+) -> tuple[list[str], str]:
+    """The overrides and name of a launch, from the first of ``records`` (the summary,
+    then ``launch.json``) that has them; else as :func:`run_name` names it without
+    overrides."""
+    for record in records:
+        overrides, name = record.get("overrides"), record.get("name")
+        if not isinstance(overrides, list) or not isinstance(name, str) or not name:
+            continue
+        if all(isinstance(o, str) for o in overrides):
+            return [str(o) for o in overrides], name
+    return [], run_name(config, setup, ())
 
 
 def _keep_records(path: Path, first: int) -> None:
@@ -446,6 +503,9 @@ def _supervise(
     roster = {n: f"127.0.0.1:{p}" for n, p in zip(nodes, free_ports(len(nodes)), strict=True)}
     roster_path = out / "roster.json"
     roster_path.write_text(json.dumps(roster, indent=2) + "\n", encoding="utf-8")
+    # What names the launch, for --resume if the launcher dies before its summary.
+    record = {"name": name, "overrides": list(overrides), "peers_per_process": peers_per_process}
+    (out / LAUNCH_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
     k = peers_per_process
     groups = [list(nodes[i : i + k]) for i in range(0, len(nodes), k)]
@@ -595,7 +655,9 @@ def _process_of(peers: Sequence[str], *, quote: bool = True) -> str:
     return "the process of peers " + ", ".join(repr(n) if quote else n for n in peers)
 
 
-def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, Any]:
+def summarize(
+    run_dir: str | Path, config: Config | None = None, *, quiet: bool = False
+) -> dict[str, Any]:
     """Merge the peer folders ``run_dir/nodes/<id>/`` of a run whose peers ran elsewhere
     (``fedcore compose``, one ``fedcore node`` per host) into ``metrics.jsonl``,
     ``summary.json`` and ``curves.png`` in ``run_dir``; return the summary.
@@ -605,10 +667,18 @@ def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, An
     When no peer reached the last round (the run was stopped), the summary covers the
     rounds that ran (``rounds_completed``, ``status = "interrupted"``).
 
+    ``quiet``: fedcore's warnings stay off the terminal (the summary's ``warnings`` lists
+    them either way).
+
     Raises:
         ConfigError: no config, or a node of the graph with no folder at all.
     """
-    out = Path(run_dir)
+    with run_warnings(quiet=quiet):
+        return _summarize(Path(run_dir), config)
+
+
+def _summarize(out: Path, config: Config | None) -> dict[str, Any]:
+    """:func:`summarize`, its warnings collected."""
     if config is None:
         config = load_config(out / "config.toml")
     graph_file = Path(config.topology.file) if config.topology.file else None
@@ -628,11 +698,9 @@ def summarize(run_dir: str | Path, config: Config | None = None) -> dict[str, An
     unfinished: dict[str, int | None] = {
         n: None for n in nodes if not (peer_dir(out, n) / "node.json").exists()
     }
-    prior: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):  # launch named it: keep its name
-        prior = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    overrides = list(prior.get("overrides", []))
-    name = str(prior.get("name") or run_name(config, setup, overrides))
+    # A launch named it: keep its name.
+    records = (_read_record(out / "summary.json"), _read_record(out / LAUNCH_FILE))
+    overrides, name = _launch_name(config, setup, *records)
     summary = _merge(setup, out, name, None, unfinished, overrides=overrides)
     summary["out_dir"] = str(out)
     return summary
@@ -724,7 +792,7 @@ def _merge(
     finally:
         writer.close()
     exits = {n: {"status": s, "last_round": last_round[n]} for n, s in sorted(gone.items())}
-    return finish_run(
+    summary = finish_run(
         setup,
         observer,
         out,
@@ -740,7 +808,10 @@ def _merge(
             "peer_exits": exits,
             "overrides": list(overrides),
             **({} if peers_per_process is None else {"peers_per_process": peers_per_process}),
+            "warnings": current_warnings(),  # the launcher's; each peer's are in its log
         },
         status=status,
         error=error,
     )
+    keep_late_warnings(out, summary)
+    return summary

@@ -33,8 +33,8 @@ from fedcore.engines.vectorized import (
 )
 from fedcore.errors import ConfigError, UserCodeError
 from fedcore.ids import first_line
-from fedcore.metrics import JsonlWriter
-from fedcore.progress import Progress, announce_if_slow
+from fedcore.metrics import JsonlWriter, to_json_text, write_text_atomic
+from fedcore.progress import Progress, announce_if_slow, current_warnings, run_warnings
 from fedcore.runtime import auto_threads, threads_sleep
 from fedcore.setup import checkpoint
 from fedcore.setup.plan import check_engine, engine_error, planned_nodes
@@ -50,7 +50,14 @@ from fedcore.simulation.results import (
 )
 from fedcore.simulation.tracking import make_tracker
 
-__all__ = ["choose_engine", "choose_threads", "resume", "run_vectorized", "simulate"]
+__all__ = [
+    "choose_engine",
+    "choose_threads",
+    "keep_late_warnings",
+    "resume",
+    "run_vectorized",
+    "simulate",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +124,10 @@ def simulate(
         out_dir: Results folder (default ``runs/<name>-<timestamp>``, never one another
             run uses: see :func:`open_run_dir`).
         progress_stream: Where progress goes (default stderr).
-        show_progress: Whether to show progress at all (and the engine note).
+        show_progress: Whether to show progress at all (and the engine note). Without
+            it the run is quiet: fedcore's warnings stay off the terminal
+            (:func:`~fedcore.progress.run_warnings`); the summary's ``warnings`` lists
+            them either way.
         force: Replace the run files an existing ``out_dir`` holds.
         overrides: The ``--set`` items ``config`` was loaded with: they name the run
             (:func:`run_name`) and the summary keeps them.
@@ -129,6 +139,29 @@ def simulate(
         ConfigError, TopologyError, DataError: invalid experiment (before any work).
         TransportTimeoutError: a strict-mode node waited too long.
     """
+    with run_warnings(quiet=not show_progress):
+        return _simulate(
+            config,
+            out_dir=out_dir,
+            progress_stream=progress_stream,
+            show_progress=show_progress,
+            force=force,
+            overrides=overrides,
+            threads=threads,
+        )
+
+
+def _simulate(
+    config: Config,
+    *,
+    out_dir: str | Path | None,
+    progress_stream: TextIO | None,
+    show_progress: bool,
+    force: bool,
+    overrides: Sequence[str],
+    threads: int | str | None,
+) -> dict[str, Any]:
+    """:func:`simulate`, its warnings collected."""
     stream = progress_stream if progress_stream is not None else sys.stderr
     with announce_if_slow(stream if show_progress else None, planned_nodes(config)):
         # What the config says the engine cannot run is refused with the cheap checks,
@@ -198,6 +231,20 @@ def resume(
         ConfigError: ``run_dir`` holds no simulate run, a finished one, or a checkpoint
             of another run.
     """
+    with run_warnings(quiet=not show_progress):
+        return _resume(
+            run_dir, progress_stream=progress_stream, show_progress=show_progress, threads=threads
+        )
+
+
+def _resume(
+    run_dir: str | Path,
+    *,
+    progress_stream: TextIO | None,
+    show_progress: bool,
+    threads: int | str | None,
+) -> dict[str, Any]:
+    """:func:`resume`, its warnings collected."""
     out = Path(run_dir)
     if not (out / "config.toml").is_file():
         raise ConfigError(f"{str(out)!r} holds no run to resume: it has no config.toml.")
@@ -424,6 +471,7 @@ def _finish(
         "gradients": "per-node",
         "threads": torch.get_num_threads(),
         "overrides": list(overrides),
+        "warnings": current_warnings(),
     }
     if isinstance(built, EventNetwork):
         extra.update(engine="events", gradients=built.objective.mode)
@@ -449,8 +497,19 @@ def _finish(
         status=status,
         error=error,
     )
+    keep_late_warnings(out, summary)
     summary["out_dir"] = str(out)
     return summary
+
+
+def keep_late_warnings(out: Path, summary: dict[str, Any]) -> None:
+    """Rewrite ``out/summary.json`` with the warnings said while it was written (a run
+    that diverges, a picture that could not be drawn), if any (before ``out_dir`` is
+    added to ``summary``: the file has none)."""
+    said = current_warnings()
+    if said != summary.get("warnings", said):
+        summary["warnings"] = said
+        write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
 
 
 async def _run_messages(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import logging
@@ -45,6 +46,7 @@ from fedcore.config import Config, load_config, parse_override
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import child_path, clip, first_line
 from fedcore.metrics import to_json_text, write_text_atomic
+from fedcore.progress import Note, run_warnings
 from fedcore.setup.plan import configured_algorithm
 from fedcore.simulation.results import (
     CHECKPOINTS,
@@ -225,10 +227,20 @@ class _Outcome:
     figures: dict[str, float | None]
     reason: str | None = None
     error: type[FedcoreError] | None = None
+    notes: tuple[Note, ...] = ()
+    """The warnings the run logged (kept off the terminal: the sweep says each once)."""
 
 
 def _run_one(spec: _RunSpec) -> _Outcome:
-    """Run one seed (in a worker process or in this one); an error is its outcome."""
+    """Run one seed (in a worker process or in this one); an error is its outcome. Its
+    warnings stay off the terminal (in its summary, and in the outcome)."""
+    with run_warnings(quiet=True) as said:
+        outcome = _run_quietly(spec)
+    return dataclasses.replace(outcome, notes=tuple(said.notes))
+
+
+def _run_quietly(spec: _RunSpec) -> _Outcome:
+    """:func:`_run_one`, its warnings collected."""
     overrides = [*spec.overrides, f"run.seed={spec.seed}"]
     try:
         if spec.resume and (done := _completed_summary(Path(spec.out_dir))) is not None:
@@ -533,6 +545,7 @@ def _run_groups(
     ]
     total = len(specs)
     finished = 0
+    said: set[Note] = set()
     for group in groups:
         _write(group, status="running", jobs=jobs)
     if on_update is not None:
@@ -547,7 +560,11 @@ def _run_groups(
         if on_update is not None:
             on_update()
         if not show_progress:
-            return
+            return  # quiet: each run's summary lists its warnings
+        for note in outcome.notes:  # each distinct warning once, not once a run
+            if note not in said:
+                said.add(note)
+                note.log()
         head = f"{prefix(group)}seed {outcome.seed} [{finished}/{total}]"
         if outcome.status == "failed":
             line = f"{head}: failed: {outcome.reason}"

@@ -357,16 +357,25 @@ def test_resume_of_a_launch_whose_peers_had_finished_writes_its_results(
     """Issue 40: the launcher killed after its peers had run every round left no summary;
     ``fedcore launch --resume`` restarted peers with nothing to run, which waited for each
     other until ``could not reach n3``. Now it starts no peer and merges what they wrote,
-    as ``fedcore summarize`` does: the summary of the launch that was never stopped."""
+    as ``fedcore summarize`` does: the summary of the launch that was never stopped.
+
+    The launch itself runs with ``-q``: its warning (a batch larger than a peer's data)
+    stays off the terminal and is in the summary (issue 40 too)."""
     from fedcore.cli import main
     from fedcore.deploy import launch as launch_module
+    from tests.plainlogging import plain_logging
 
-    overrides = ["algorithm.name=dpsgd", "topology.kind=ring", "topology.nodes=3"]
-    overrides += ["run.rounds=6", "run.eval_every=3", "run.checkpoint_every=3"]
+    argv = ["--set", "algorithm.name=dpsgd", "--set", "topology.kind=ring"]
+    argv += ["--set", "topology.nodes=3", "--set", "run.rounds=6", "--set", "run.eval_every=3"]
+    argv += ["--set", "run.checkpoint_every=3", "--set", "data.batch_size=100000"]
     out = tmp_path / "run"
-    whole = launch(load_config(None, overrides), out_dir=out, show_progress=False,
-                   peers_per_process=3)  # fmt: skip
+    with plain_logging():  # a warning would show on the terminal (captured here)
+        status = main(["launch", "-q", *argv, "--peers-per-process", "3", "--out", str(out)])
+        printed, err = capsys.readouterr()
+    assert status == 0 and err == "" and printed == f"results: {out}\n", err
+    whole = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert whole["engine"] == "peers" and whole["transport"] == "grpc"
+    assert whole["warnings"] and "data.batch_size = 100000" in whole["warnings"][0]
     merged = (out / "metrics.jsonl").read_text(encoding="utf-8")
     for name in ("summary.json", "metrics.jsonl", "curves.png"):  # the launcher died first
         (out / name).unlink()
