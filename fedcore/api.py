@@ -22,6 +22,9 @@ Config overrides are keyword arguments, in either form (mixed freely):
 
 Values are Python values (numbers, strings, booleans, lists) and are checked as ``--set``
 checks its values: a bad one raises :class:`~fedcore.errors.ConfigError` before any run.
+
+Both are quiet unless ``progress=True``: nothing on stderr, fedcore's warnings included
+(the summary's ``warnings`` lists them; a logging handler of your own still gets them).
 """
 
 from __future__ import annotations
@@ -235,7 +238,8 @@ def run(
         engine: ``vectorized``, ``messages`` or ``auto`` (``simulate.engine``).
         threads: torch threads for the rounds: a number, or ``"auto"`` (by the run's
             shape, as ``fedcore simulate``).
-        progress: Print the progress line on stderr (default: quiet).
+        progress: Print the progress line and fedcore's warnings on stderr (default:
+            quiet; ``result.summary["warnings"]`` lists the warnings either way).
         force: Replace the run an existing ``out_dir`` holds.
         **overrides: Config overrides: ``algorithm={"lr": 0.1}`` or ``**{"algorithm.lr":
             0.1}``.
@@ -288,7 +292,8 @@ def sweep(
         out_dir: The grid folder (default ``runs/<name>-grid-...-<timestamp>``).
         best: The final figure that picks the best cell (default: accuracy, max).
         threads: torch threads of each run (a number or ``"auto"``).
-        progress: A line on stderr per finished run (default: quiet).
+        progress: A line on stderr per finished run, and each distinct warning of the
+            runs once (default: quiet; each run's ``summary.json`` lists its warnings).
         force: Replace the grid an existing ``out_dir`` holds.
         resume: Continue the grid in ``out_dir`` (its completed runs are kept).
         **overrides: Config overrides for every run, as for :func:`run`.
