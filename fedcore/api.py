@@ -24,7 +24,8 @@ Values are Python values (numbers, strings, booleans, lists) and are checked as 
 checks its values: a bad one raises :class:`~fedcore.errors.ConfigError` before any run.
 
 Both are quiet unless ``progress=True``: nothing on stderr, fedcore's warnings included
-(the summary's ``warnings`` lists them; a logging handler of your own still gets them).
+(the summary's ``warnings`` lists them; a logging handler of your own that writes to a
+file still gets them).
 """
 
 from __future__ import annotations
