@@ -200,7 +200,7 @@ class AsyncPeer:
         """The last round ``sender`` sends in: a computation's (``run.rounds - 1``), or the
         server's upload count (it answers every upload; it stops after ``run.rounds``
         rounds of ``W``, the last batch taken whole)."""
-        rounds = max(self.options.rounds, 1)
+        rounds = self.options.rounds if self.options.rounds > 0 else 1 << 40  # 0: unknown
         if sender == self.server:
             return (rounds + 1) * max(self.workers, 1) - 1
         return rounds - 1
