@@ -169,7 +169,7 @@ def write_standin(
     root: str | Path,
     *,
     samples: int = 300,
-    writers: int = WRITERS,
+    writers: int | None = None,
     seed: int = 0,
     compress: bool = False,
 ) -> Path:
@@ -181,7 +181,8 @@ def write_standin(
         root: The data root.
         samples: Training examples (the test split gets a quarter as many; LEAF's a tenth
             of each writer's, at least one).
-        writers: Writers (LEAF datasets; :data:`WRITERS` fits the examples' 16 peers).
+        writers: Writers (LEAF datasets); default :data:`WRITERS` (fits the examples' 16
+            peers), or ``samples // 5`` where the samples are too few for that many.
         seed: Seed of the generated values.
         compress: Write the idx files gzipped, as their downloads are.
 
@@ -190,6 +191,10 @@ def write_standin(
     """
     if name not in STANDINS:
         raise ValueError(f"no stand-in for {name!r}; there are: {', '.join(STANDINS)}")
+    if writers is None:
+        writers = max(1, min(WRITERS, samples // 5))
+    if name in ("femnist", "shakespeare") and writers < 1:
+        raise ValueError(f"--writers must be at least 1, got {writers}.")
     if name in ("femnist", "shakespeare") and samples < 5 * writers:
         raise ValueError(f"{samples} samples are too few for {writers} writers (5 each).")
     base = Path(root).expanduser()
@@ -220,9 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--writers",
         type=int,
-        default=WRITERS,
-        help=f"writers of femnist and shakespeare ({WRITERS}: two for each of the examples' "
-        "16 peers)",
+        default=None,
+        help=f"writers of femnist and shakespeare (default {WRITERS}: two for each of the "
+        "examples' 16 peers; SAMPLES/5 when fewer)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

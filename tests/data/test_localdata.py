@@ -249,7 +249,8 @@ def test_the_standin_command(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["cifar10", "shakespeare", "--root", str(tmp_path), "--samples", "60"]) == 0
     assert (tmp_path / "cifar-10-batches-py" / "test_batch").is_file()
     assert "shakespeare: wrote" in capsys.readouterr().out
-    assert main(["femnist", "--root", str(tmp_path), "--samples", "10"]) == 2
+    assert main(["femnist", "--root", str(tmp_path), "--samples", "10", "--writers", "12"]) == 2
+    assert main(["femnist", "--root", str(tmp_path / "few"), "--samples", "10"]) == 0  # 2 writers
 
 
 # -- folder:PATH --------------------------------------------------------------------------------
