@@ -60,3 +60,58 @@ def test_a_sweep_says_each_distinct_warning_once(
     for run in runs:
         (said,) = _warnings(run)
         assert said.startswith(SAID)
+
+
+def test_run_warnings_collects_silences_the_terminal_only_and_leaves_logging_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+    import sys
+
+    from fedcore import progress
+
+    log = logging.getLogger("fedcore.somewhere")
+    with plain_logging():
+        terminal = logging.StreamHandler(sys.stderr)
+        to_file = logging.FileHandler(tmp_path / "run.log")
+        root = logging.getLogger()
+        root.addHandler(terminal)
+        root.addHandler(to_file)
+        try:
+            with progress.run_warnings(quiet=True) as outer:
+                with progress.run_warnings(quiet=False) as inner:
+                    for _ in range(2):
+                        log.warning("first %s", "thing")
+                    log.warning("second")
+                log.warning("third")
+                assert progress.current_warnings() == ["first thing", "second", "third"]
+            log.warning("after")
+        finally:
+            to_file.close()
+    _, err = capsys.readouterr()
+    assert err == "after\n"  # the terminal heard only what came after the quiet run
+    assert (tmp_path / "run.log").read_text(encoding="utf-8").splitlines() == [
+        "first thing",
+        "first thing",
+        "second",
+        "third",
+        "after",
+    ]
+    assert inner.messages == ["first thing", "second"]
+    assert outer.messages == ["first thing", "second", "third"]
+    assert not terminal.filters and progress.current_warnings() == []
+    assert not [
+        h for h in logging.getLogger("fedcore").handlers if isinstance(h, progress.RunWarnings)
+    ]
+
+
+def test_a_run_keeps_at_most_max_notes_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from fedcore import progress
+
+    monkeypatch.setattr(progress, "MAX_NOTES", 3)
+    with plain_logging(), progress.run_warnings(quiet=True) as said:
+        for i in range(5):
+            logging.getLogger("fedcore.x").warning("warning %d", i)
+    assert said.messages == ["warning 0", "warning 1", "warning 2", "... and 2 more warnings"]
