@@ -31,13 +31,14 @@ whatever ``M`` is (*batch-invariance*). Three ways to compute, chosen once per r
     a row's examples do not change them either.
   - Rows of different batch sizes (a peer holding fewer examples than the batch size)
     share one pass, padded to the longest with examples weighted 0, where that gives each
-    row the bits of its own examples alone: in float32, every row of at least 4 examples
-    and the longest of at most 64, and no layer's product crossing torch's small-product
-    threshold (:meth:`RowGradient._pads_exactly`: where MKL's kernels were seen to change
-    with the number of examples, at every kernel level; within these limits they add a
-    product's terms over the examples in order, so the padding adds exact zeros).
-    Otherwise rows are grouped by batch size, each group computed on exactly its rows'
-    examples.
+    row the bits of its own examples alone: in float32 on MKL's AVX2 kernels or later,
+    every row of at least 4 examples and the longest of at most 64, and no layer's
+    product crossing torch's small-product threshold (:meth:`RowGradient._pads_exactly`:
+    where MKL's kernels were seen to change with the number of examples; within these
+    limits they add a product's terms over the examples in order, so the padding adds
+    exact zeros; MKL's SSE4.2 kernels add the last ones by the operands' alignment,
+    :func:`_padding_kernels`). Otherwise rows are grouped by batch size, each group
+    computed on exactly its rows' examples.
   - MKL runs in its conditional numerical reproducibility mode (``MKL_CBWR=AUTO``, set
     when fedcore is imported; :func:`reproducible_blas`): otherwise its GEMM kernels
     round by the memory address of the operands on some CPUs (AMD EPYC with AVX-512, where
@@ -64,12 +65,14 @@ engine says that it fell back to one module per row, once a process.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -96,6 +99,11 @@ _WIDEST_PADDED = 64
 """Batches of more examples are not padded: MKL splits a product's sum over more than 192
 examples into blocks by their number (so padding would move the blocks' bounds); 64
 leaves a margin for CPUs whose kernels block sooner."""
+
+_CBWR_AVX2 = 10
+"""MKL's number for its AVX2 kernels (``MKL_CBWR_AVX2``; SSE4.2's is 8, AVX-512's 12)."""
+
+_padding_kernels_checked: bool | None = None
 
 
 def model_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -145,23 +153,53 @@ def reproducible_blas() -> bool:
 
 def _mkl() -> tuple[Callable[[int], int], Callable[[int], int]] | None:
     """MKL's ``(cbwr_get, cbwr_set)`` inside torch's CPU library, or ``None``."""
+    library = _torch_cpu_library()
+    if library is None:
+        return None
+    get, set_ = library.mkl_serv_cbwr_get, library.mkl_serv_cbwr_set
+    for function in (get, set_):
+        function.restype = ctypes.c_int
+        function.argtypes = [ctypes.c_int]
+    return get, set_
+
+
+def _torch_cpu_library() -> ctypes.CDLL | None:
+    """torch's CPU library where it holds MKL's service functions, else ``None``."""
     if not torch.backends.mkl.is_available():  # type: ignore[no-untyped-call]
         return None
-    import ctypes
-    from pathlib import Path
-
     folder = Path(torch.__file__).parent / "lib"
     for name in ("libtorch_cpu.so", "libtorch_cpu.dylib"):
         try:
             library = ctypes.CDLL(str(folder / name))
-            get, set_ = library.mkl_serv_cbwr_get, library.mkl_serv_cbwr_set
+            library.mkl_serv_cbwr_get, library.mkl_serv_cbwr_set  # noqa: B018
         except (OSError, AttributeError):
             continue
-        for function in (get, set_):
-            function.restype = ctypes.c_int
-            function.argtypes = [ctypes.c_int]
-        return get, set_
+        return library
     return None
+
+
+def _padding_kernels() -> bool:
+    """Whether MKL's kernels are those padding was measured exact on (AVX2 or later, or no
+    MKL: torch's own kernels), checked once a process. MKL's SSE4.2 kernels (a CPU
+    without AVX2, or ``MKL_ENABLE_INSTRUCTIONS=SSE4_2``) add a product's last examples by
+    the operands' memory alignment even in the reproducibility mode: a row of 41 examples
+    padded to 46 got the lone row's bits at one offset of the stacked rows and not at
+    another (7e-9 apart), which a check of one row per size cannot see."""
+    global _padding_kernels_checked
+    if _padding_kernels_checked is None:
+        library = _torch_cpu_library()
+        ok = True
+        if library is not None:
+            try:
+                auto = library.mkl_serv_cbwr_get_auto_branch
+            except AttributeError:
+                ok = False  # an MKL that cannot say which kernels it runs
+            else:
+                auto.restype = ctypes.c_int
+                auto.argtypes = []
+                ok = int(auto()) >= _CBWR_AVX2
+        _padding_kernels_checked = ok
+    return _padding_kernels_checked
 
 
 @contextmanager
@@ -373,9 +411,12 @@ class RowGradient:
         with the number of examples in more ways), MKL multiplies 2 or 3 examples with
         other kernels than 4 or more (:data:`_FEWEST_PADDED`) and splits a sum over many
         examples (above :data:`_WIDEST_PADDED`) into blocks by their number; torch
-        multiplies small products (:data:`_SMALL_PRODUCT`) with its own loop."""
+        multiplies small products (:data:`_SMALL_PRODUCT`) with its own loop. All of this
+        holds for MKL's AVX2 kernels and later only (:func:`_padding_kernels`)."""
         assert self._layers is not None
         if self.dtype != torch.float32 or shortest < _FEWEST_PADDED or b > _WIDEST_PADDED:
+            return False
+        if not _padding_kernels():
             return False
         for _, layer in self._layers:
             if isinstance(layer, torch.nn.Linear):
