@@ -1,5 +1,5 @@
 """A hostile sender against running asynchronous peers over real gRPC: a FedBuff and a
-FedAsync server, and a peer of asynchronous push-sum and of AD-PSGD.
+FedAsync server and worker, and a peer of asynchronous push-sum and of AD-PSGD.
 
 The hostile sender is a trusted in-neighbour with a real :class:`GrpcTransport` (so the
 receiver can send to it); it forges each scalar and tensor field of each message kind the
@@ -16,8 +16,9 @@ receiver's run is its run without the hostile sender's messages.
   interleaved (version 0, then the version it was told). Its final model and version are
   the rule applied to those two on its first model, bit for bit, and its one round's
   record counts every refusal.
-* The push-sum and AD-PSGD peers hear nothing but refused messages: their final models are
-  those of the same peer run alone (in process, no message ever arriving), bit for bit.
+* The workers and the push-sum and AD-PSGD peers hear nothing but refused messages: their
+  final models are those of the same peer run alone (in process, no message ever
+  arriving), bit for bit.
 """
 
 from __future__ import annotations
@@ -135,7 +136,6 @@ def test_a_running_server_refuses_every_impossible_upload(algorithm: str) -> Non
         "topology.kind=star",
         "topology.nodes=2",
         "run.rounds=2",  # two uploads a worker
-        "transport.strict_timeout_s=0.3",  # the server stops 0.3 s after the last upload
         *extra,
     )
     server_id, workers = "server", 2  # n1 never starts: only the hostile n0 uploads
@@ -156,7 +156,7 @@ def test_a_running_server_refuses_every_impossible_upload(algorithm: str) -> Non
             ones = torch.full((d,), 1e-3)
             server.validate(upload(ones, version=0.0))  # the forged form is right
             bad = 0
-            running = asyncio.create_task(server.run(2))
+            running = asyncio.create_task(server.run(1))  # one round: W = 2 uploads
             await asyncio.sleep(0.05)  # the server's round has begun
             for own in (0, 1):  # before and after the first honest upload (own: its version)
                 hostile_uploads = [
@@ -215,7 +215,7 @@ def _alone(setup: RunSetup, node: str, others: list[str], rounds: int) -> AsyncP
 
 
 def test_a_running_push_sum_peer_refuses_every_impossible_running_sum() -> None:
-    rounds = 12
+    rounds = 30
     setup = _setup(
         "async-push-sum",
         "topology.kind=exponential",
@@ -279,7 +279,7 @@ def test_a_running_push_sum_peer_refuses_every_impossible_running_sum() -> None:
 
 
 def test_a_running_adpsgd_peer_refuses_every_impossible_request_and_reply() -> None:
-    rounds = 12
+    rounds = 30
     setup = _setup(
         "adpsgd",
         "topology.kind=ring",
@@ -344,4 +344,66 @@ def test_a_running_adpsgd_peer_refuses_every_impossible_request_and_reply() -> N
     assert peer.round == alone.round == rounds
     assert torch.equal(peer.x, alone.x)
     assert peer.transport.stats.messages_rejected == bad
+    assert sum(r.messages_rejected for r in records) == bad
+
+
+@pytest.mark.parametrize("algorithm", ["fedbuff", "fedasync"])
+def test_a_running_worker_refuses_every_impossible_answer(algorithm: str) -> None:
+    """The server's answer at its extremes, from a hostile server: the worker never takes
+    one, so it runs as it does when no answer comes (on from its own model)."""
+    rounds = 25
+    setup = _setup(
+        algorithm,
+        "topology.kind=star",
+        "topology.nodes=2",
+        f"run.rounds={rounds}",
+        "time.step_s=0.02",
+    )
+    server_id = "server"
+
+    async def main() -> tuple[AsyncPeer, list[RoundRecord], int]:
+        worker_t = _transport(setup, "n0", {server_id})
+        hostile = _transport(setup, server_id, {"n0", "n1"})
+        hostile.keep_newest()
+        records, observer = _records()
+        worker = setup.make_async_peer("n0", worker_t, observer=observer)
+        worker_t.validator = worker.validate
+        running: asyncio.Task[None] | None = None
+        try:
+            await _pair_up(worker_t, hostile)
+            d = worker.d
+            answer = _forge(setup, server_id, "n0", worker.codec)
+            ones = torch.ones(d)
+            worker.validate(answer(ones, version=1.0))  # the forged form is right
+            last = (rounds + 1) * 2 - 1  # the server's last upload count (W = 2)
+            hostile_answers = [
+                *_tensor_extremes(d, answer, version=0.0),
+                answer(ones),  # no version
+                answer(ones, version=0.0, extra=1.0),
+                answer(ones, phase=1, version=0.0),
+                answer(ones, round=last + 1, version=0.0),
+                *[
+                    answer(ones, version=v)  # round 0: at most version 1
+                    for v in (math.nan, math.inf, -math.inf, -1.0, 0.5, 2.0, 1e9, 2.0**63)
+                ],
+                answer(ones, round=5, version=7.0),  # round + 2
+            ]
+            running = asyncio.create_task(worker.run(rounds))
+            await asyncio.sleep(0.02)
+            await _refused(hostile, hostile_answers)
+            assert not running.done(), "the run ended before the attack did; raise rounds"
+            await asyncio.wait_for(running, 10)
+        finally:
+            if running is not None:
+                running.cancel()
+            await hostile.close(0.1)
+            await worker_t.close(0.1)
+        return worker, records, len(hostile_answers)
+
+    worker, records, bad = asyncio.run(main())
+    alone = _alone(setup, "n0", [server_id], rounds)  # the server never answers
+    assert worker.round == alone.round == rounds
+    assert worker.version == alone.version == 0
+    assert torch.equal(worker.x, alone.x)
+    assert worker.transport.stats.messages_rejected == bad
     assert sum(r.messages_rejected for r in records) == bad
