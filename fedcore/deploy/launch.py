@@ -374,6 +374,15 @@ def _resume_launch(
             f"{out / 'nodes'} has no folder for {', '.join(_names(absent))}: it is not the "
             "launch of its config.toml."
         )
+    alive = {n: pid for n in nodes if (pid := _still_running(peer_dir(out, n))) is not None}
+    if alive:  # the launcher died, its peers did not: new peers would share their folders
+        n, pid = next(iter(alive.items()))
+        raise ConfigError(
+            f"peer {n} of {str(out)!r} is still running (process {pid}"
+            + (f"; {len(alive) - 1} more peers too" if len(alive) > 1 else "")
+            + "); wait until the peers finish (then --resume writes the results) or stop "
+            "them, then resume."
+        )
     held = [set(checkpoint.good_rounds(peer_dir(out, n) / "checkpoints")) for n in nodes]
     common = set.intersection(*held) if held else set()
     start = max(common) if common else None
@@ -434,6 +443,30 @@ def _seconds(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0.0
     return float(value) if 0 <= value < float("inf") else 0.0
+
+
+def _still_running(folder: Path) -> int | None:
+    """The process id of the peer in ``folder`` if it is still in its start-up or rounds
+    and its process (the one its ``status.json`` names) is alive and a fedcore one, else
+    None. A peer killed on its way left its stage behind, and its id may name another
+    process since: that is why the process's command line is read (on Linux)."""
+    stage = read_stage(folder)
+    if stage not in ("importing", "preparing", "connecting", "running"):
+        return None
+    pid = _read_record(folder / STATUS_FILE).get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except (PermissionError, OSError, OverflowError):
+        pass  # alive, another user's: tell by its command line, where it can be read
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return pid if not Path("/proc/self").exists() else None
+    return pid if b"fedcore" in cmdline else None
 
 
 def _read_record(path: Path) -> dict[str, Any]:

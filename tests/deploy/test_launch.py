@@ -363,6 +363,7 @@ def test_resume_of_a_launch_whose_peers_had_finished_writes_its_results(
     stays off the terminal and is in the summary (issue 40 too)."""
     from fedcore.cli import main
     from fedcore.deploy import launch as launch_module
+    from tests.clitools import assert_one_line_error, cli
     from tests.plainlogging import plain_logging
 
     argv = ["--set", "algorithm.name=dpsgd", "--set", "topology.kind=ring"]
@@ -384,6 +385,18 @@ def test_resume_of_a_launch_whose_peers_had_finished_writes_its_results(
         raise AssertionError("a peer was started again")
 
     monkeypatch.setattr(launch_module, "_supervise", no_peers)
+    # A peer still running (the launcher died, its peers not yet): refused in one line.
+    status_file = out / "nodes" / "n2" / "status.json"
+    done = status_file.read_text(encoding="utf-8")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fedcore"])
+    try:
+        status_file.write_text(json.dumps({"stage": "running", "pid": sleeper.pid}))
+        line = assert_one_line_error(*cli(capsys, "launch", "--resume", str(out)), "still")
+        assert f"peer n2 of {str(out)!r} is still running (process {sleeper.pid})" in line
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    status_file.write_text(done, encoding="utf-8")
     began = time.monotonic()
     status = main(["launch", "--resume", str(out)])
     _, err = capsys.readouterr()
