@@ -635,7 +635,7 @@ def _idx_pair(folder: Path, images: str, labels: str, classes: int) -> tuple[Any
     x, raw_y = read_idx(x_path, real), read_idx(y_path, real)
     if x.ndim != 3 or raw_y.ndim != 1 or len(x) != len(raw_y):
         raise DataError(
-            f"{_at(folder)}: {images} holds {x.shape} and {labels} {raw_y.shape}; expected "
+            f"{_at(x_path)} holds {x.shape} and {_at(y_path)} {raw_y.shape}; expected "
             "[n, H, W] images and n labels."
         )
     y = _int_labels(raw_y, f"the labels of {_at(y_path)}", classes)
@@ -735,10 +735,19 @@ def _leaf_file(path: Path, real: Path) -> dict[str, dict[str, list[Any]]]:
             '(LEAF writes {"user_data": {writer: {"x": [...], "y": [...]}}}).'
         )
     for user, data in part.items():
-        if type(data) is not dict or type(data.get("x")) is not list:
-            raise DataError(f"{_at(path)}: writer {clip(user, 60)} has no 'x' list.")
-        if type(data.get("y")) is not list:
-            raise DataError(f"{_at(path)}: writer {clip(user, 60)} has no 'y' list.")
+        if type(data) is not dict:
+            raise DataError(
+                f"{_at(path)}: writer {clip(user, 60)} is {_json_kind(data)}, not an object "
+                "of 'x' and 'y' lists."
+            )
+        for key in ("x", "y"):
+            if key not in data:
+                raise DataError(f"{_at(path)}: writer {clip(user, 60)} has no {key!r}.")
+            if type(data[key]) is not list:
+                raise DataError(
+                    f"{_at(path)}: the {key!r} of writer {clip(user, 60)} is "
+                    f"{_json_kind(data[key])}, not a list."
+                )
         if len(data["x"]) != len(data["y"]):
             raise DataError(
                 f"{_at(path)}: writer {clip(user, 60)} has {len(data['x'])} x and "
@@ -985,16 +994,17 @@ def _ours(path: Path) -> bool:
 def _write_cache(path: Path, name: str, arrays: dict[str, np.ndarray]) -> None:
     """Write ``arrays`` to ``path`` whole or not at all (a temporary file renamed), and
     remove the decoded files of earlier versions of the JSON: only files :func:`_ours`
-    recognizes, in a cache folder that is no link. A folder that cannot be written only
-    costs the next run the decoding."""
+    recognizes (nor is another file at ``path`` replaced), in a cache folder that is no
+    link. A folder that cannot be written only costs the next run the decoding."""
     cache = path.parent
     temp: str | None = None
     try:
         cache.mkdir(exist_ok=True)
         if not stat.S_ISDIR(os.lstat(cache).st_mode):
             return  # made a link meanwhile
-        if os.path.lexists(path) and not _regular(path):
-            return  # a link or a folder at the decoded file's name: not fedcore's to replace
+        if os.path.lexists(path) and not _ours(path):  # a link, a folder, another's file
+            logger.info("not replacing %s, which fedcore did not write", _at(path))
+            return
         earlier = re.compile(rf"{re.escape(name)}-[0-9a-f]{{20}}\.npz")
         for old in cache.iterdir():
             if old != path and earlier.fullmatch(old.name) and _ours(old):
@@ -1286,32 +1296,35 @@ def _tables(name: str, where: Path, files: list[Path]) -> Dataset:
             "pip install 'fedcore[datasets]'."
         ) from None
     splits: dict[str, list[tuple[np.ndarray, np.ndarray, str]]] = {"train": [], "test": []}
+    empty: dict[str, list[str]] = {"train": [], "test": []}
     for path in files:
         split = next((s for s in splits if s in path.relative_to(where).as_posix()), None)
         if split is None:
             continue
         real = _data_file(path, where)
         part = _table_arrays(_read_table(path, real), _at(path))
-        if part is not None:
+        if part is None:
+            empty[split].append(_at(path))
+        else:
             splits[split].append(part)
-    arrays = {}
     for split, parts in splits.items():
         if not parts:
+            held = f" ({', '.join(empty[split][:3])} hold no rows)" if empty[split] else ""
             raise DataError(
-                f"data.dataset {name!r}: found no {split} examples (a file's name or folder "
-                "must say train or test, and hold rows)."
+                f"data.dataset {name!r}: found no {split} examples{held}; a file's name or "
+                "folder must say train or test."
             )
-        first = parts[0]
-        for x, _, where_x in parts:
-            if x.shape[1:] != first[0].shape[1:]:
-                raise DataError(
-                    f"{where_x} holds examples of shape {x.shape[1:]}, {first[2]} of "
-                    f"{first[0].shape[1:]}; the files of a dataset must have one shape."
-                )
-        arrays[split] = (
-            np.concatenate([p[0] for p in parts]),
-            np.concatenate([p[1] for p in parts]),
-        )
+    first = splits["train"][0]
+    for x, _, where_x in splits["train"] + splits["test"]:
+        if x.shape[1:] != first[0].shape[1:]:
+            raise DataError(
+                f"{where_x} holds examples of shape {x.shape[1:]}, {first[2]} of "
+                f"{first[0].shape[1:]}; the files of a dataset must have one shape."
+            )
+    arrays = {
+        split: (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+        for split, parts in splits.items()
+    }
     return _finish(name, arrays["train"], arrays["test"], _at(where))
 
 
