@@ -94,6 +94,10 @@ class UserCodeError(AlgorithmError):
     LOG = "error.log"
     """The file in a run's (or peer's) folder that holds the traceback."""
 
+    EXIT_STATUS = 3
+    """The exit status of a process stopped by one (the CLI's, and a launched peer's: the
+    launcher reads it back as this error)."""
+
     def __init__(self, message: str, trace: str = "") -> None:
         """``message``: one sentence; ``trace``: the user's traceback, if there is one."""
         super().__init__(message)

@@ -12,7 +12,7 @@ import math
 import signal
 from typing import Any
 
-from fedcore.errors import ConfigError
+from fedcore.errors import ConfigError, UserCodeError
 
 __all__ = [
     "CONFIG",
@@ -37,7 +37,7 @@ EXIT_USAGE = 2
 """Invalid input: a bad config, an unknown name, an invalid graph file, an unwritable path."""
 EXIT_RUNTIME = 1
 """A run that failed on its way (a strict-mode peer that never answered)."""
-EXIT_USER_CODE = 3
+EXIT_USER_CODE = UserCodeError.EXIT_STATUS
 """A user's algorithm failed at run time: its code raised, or returned what no engine can
 use (:class:`~fedcore.errors.UserCodeError`; the traceback is in the run's ``error.log``)."""
 

@@ -42,7 +42,7 @@ import fedcore
 from fedcore.certs import check_tls_dir
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
 from fedcore.deploy.peer import model_path
-from fedcore.errors import ConfigError, TransportError
+from fedcore.errors import ConfigError, TransportError, UserCodeError
 from fedcore.ids import child_path
 from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
@@ -588,11 +588,11 @@ def _supervise(
                 if not tolerate or len(dead) + len(peers) == len(nodes):
                     said = children.error_line(index)
                     who = f"peer {peers[0]!r}" if len(peers) == 1 else _process_of(peers)
-                    raise TransportError(
-                        f"{who} exited with status {status}; see its log {log_path}"
-                        + (f" (it said: {said})" if said else "")
-                        + "."
-                    )
+                    line = f"{who} exited with status {status}; see its log {log_path}"
+                    said = (said or "").rstrip(".")
+                    if status == UserCodeError.EXIT_STATUS:  # the user's rule failed there
+                        raise UserCodeError(line + (f" (it said: {said})." if said else "."))
+                    raise TransportError(line + (f" (it said: {said})" if said else "") + ".")
                 for node in peers:
                     dead[node] = status
                 logger.warning(
@@ -629,7 +629,7 @@ def _supervise(
     except KeyboardInterrupt:
         outcome = "interrupted"
         raise
-    except TransportError as exc:
+    except (TransportError, UserCodeError) as exc:
         outcome, error = "failed", str(exc)
         raise
     finally:
