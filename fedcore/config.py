@@ -66,6 +66,7 @@ __all__ = [
     "FOLDER",
     "LR_SCALINGS",
     "LR_SCHEDULES",
+    "MAX_VIRTUAL_S",
     "MODEL_CHOICES",
     "MODES",
     "NODE_RECORDS",
@@ -78,6 +79,7 @@ __all__ = [
     "STREAMS",
     "TRACKING_KEYS",
     "AlgorithmConfig",
+    "ClockCost",
     "CompressionConfig",
     "Config",
     "DataConfig",
@@ -89,6 +91,7 @@ __all__ = [
     "TimeConfig",
     "TopologyConfig",
     "TransportConfig",
+    "check_clock_horizon",
     "config_from_dict",
     "config_to_dict",
     "dumps_toml",
@@ -108,6 +111,14 @@ name."""
 
 COMPUTE_TIMES = ("fixed", "lognormal", "pareto")
 """How a peer's compute time of a local step is drawn (``time.compute``)."""
+
+MAX_VIRTUAL_S = 1e15
+"""The latest moment, in virtual seconds, a run's clock may reach (about 32 million years;
+float64 still tells an eighth of a second apart there). Costs that could take a run's
+clock past it, every draw at its mean, are refused before the run
+(:func:`check_clock_horizon`). The draws of mean 1 are bounded (a lognormal one below
+9.1e15, a Pareto one below 9.1e13: the keyed hash has 53 bits), so no clock of an
+accepted run overflows to infinity (a null in the records)."""
 
 PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "natural")
 """How training data is split across nodes (``data.partition``)."""
@@ -795,6 +806,42 @@ def _seconds_table(key: str, table: object, *, positive: bool) -> None:
         _require(ok, f"{key}.{edge!r}", value, f"must be a number {bound}")
 
 
+@dataclass(frozen=True, slots=True)
+class ClockCost:
+    """One share of the latest moment a run's virtual clock could reach
+    (:func:`check_clock_horizon`)."""
+
+    key: str
+    """The key (``time.step_s``, ``transport.deadline_s`` ...) the share comes from."""
+    value: object
+    """That key's value (a trace: its path)."""
+    seconds: float
+    """The share, over the whole run, in virtual seconds (inf if it overflows)."""
+    how: str
+    """How it comes about, e.g. ``"300 rounds x a latency of 2 s"``."""
+    fix: str = "lower it"
+    """What to do with the key's value (a bandwidth: raise it)."""
+
+
+def check_clock_horizon(costs: Iterable[ClockCost]) -> None:
+    """Refuse costs whose sum could take a run's virtual clock past :data:`MAX_VIRTUAL_S`
+    (or overflow it), naming the key of the largest share.
+
+    Raises:
+        ConfigError: the sum is above :data:`MAX_VIRTUAL_S`, infinite or NaN.
+    """
+    shares = list(costs)
+    total = sum((c.seconds for c in shares), 0.0)  # fsum raises on overflow; this is inf
+    if total <= MAX_VIRTUAL_S:
+        return
+    worst = max(shares, key=lambda c: math.inf if math.isnan(c.seconds) else c.seconds)
+    raise ConfigError(
+        f"{worst.key} = {_shown(worst.value)} is invalid: {worst.how} would take the run's "
+        f"virtual clock to {total:.3g} s, past the {MAX_VIRTUAL_S:.0e} s it may reach "
+        f"(fedcore.config.MAX_VIRTUAL_S); {worst.fix}, or run fewer rounds."
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimeConfig:
     """``[time]``: how long things take, in virtual seconds (:mod:`fedcore.timing`).
@@ -817,9 +864,12 @@ class TimeConfig:
     computation only while on.
 
     Every draw is a keyed hash of ``(run.seed, time.seed, node, step)``, so both engines
-    and every process see the same times. Unset (the default), time is not simulated
-    (every duration 0), except that ``fedcore simulate`` in deadline mode keeps a virtual
-    clock for its deadlines.
+    and every process see the same times. Costs that could take a run's clock past
+    :data:`MAX_VIRTUAL_S` (every draw at its mean: ``run.rounds`` x ``run.local_steps`` x
+    ``step_s`` x the slowest factor, plus the latencies, transfers and off periods) are
+    refused at load, naming the key (:meth:`clock_costs`). Unset (the default), time is
+    not simulated (every duration 0), except that ``fedcore simulate`` in deadline mode
+    keeps a virtual clock for its deadlines.
     """
 
     seed: int = 0
@@ -898,11 +948,95 @@ class TimeConfig:
             )
         _seconds_table("time.edge_latency_s", self.edge_latency_s, positive=False)
         _seconds_table("time.edge_bandwidth_mb_s", self.edge_bandwidth_mb_s, positive=True)
+        check_clock_horizon(self.clock_costs(rounds=1, local_steps=1))
 
     @property
     def active(self) -> bool:
         """Whether any duration is set (a run then keeps a virtual clock)."""
         return self != TimeConfig(seed=self.seed)
+
+    def slowest(self) -> tuple[str, float]:
+        """The key and value of the largest speed factor a peer may have (1: no key makes
+        any peer slower; ``slow_factor`` counts when ``slow_fraction`` > 0)."""
+        factors = [("time.slow_factor", float(self.slow_factor))] if self.slow_fraction else []
+        factors += [(f"time.speeds.{v}", float(f)) for v, f in self.speeds.items()]
+        return max(factors, key=lambda kv: kv[1], default=("time.speeds", 1.0))
+
+    def clock_costs(self, *, rounds: int, local_steps: int) -> list[ClockCost]:
+        """What ``[time]`` alone (every draw at its mean, one phase, one-byte messages)
+        adds to a run's clock over ``rounds`` rounds of ``local_steps`` steps: the least
+        any run of these keys costs, refused at load above :data:`MAX_VIRTUAL_S`
+        (:func:`check_clock_horizon`; the set-up adds the phases, message sizes, traces
+        and deadlines: :meth:`fedcore.timing.TimeModel.clock_costs`)."""
+        costs = []
+        runs = f"{_count(rounds, 'round')} x {_count(local_steps, 'local step')}"
+        if not self.compute_trace and self.step_s > 0:
+            factor_key, factor = self.slowest()
+            key, value = ("time.step_s", self.step_s)
+            if factor > max(self.step_s, 1.0):  # the factor is the unusual one
+                key, value = factor_key, factor
+            costs.append(
+                ClockCost(
+                    key,
+                    value,
+                    _product(rounds, local_steps, self.step_s, factor),
+                    f"{runs} x time.step_s = {self.step_s:.3g} s x the slowest speed "
+                    f"factor {factor:.3g}",
+                )
+            )
+        latency = max(
+            [("time.latency_s", float(self.latency_s))]
+            + [(f"time.edge_latency_s.{e!r}", float(v)) for e, v in self.edge_latency_s.items()],
+            key=lambda kv: kv[1],
+        )
+        if latency[1] > 0:
+            costs.append(
+                ClockCost(
+                    *latency,
+                    _product(rounds, latency[1]),
+                    f"{_count(rounds, 'round')} x a latency of {latency[1]:.3g} s",
+                )
+            )
+        rates = [("time.bandwidth_mb_s", float(self.bandwidth_mb_s))]
+        rates += [
+            (f"time.edge_bandwidth_mb_s.{e!r}", float(v))
+            for e, v in self.edge_bandwidth_mb_s.items()
+        ]
+        rates = [kv for kv in rates if kv[1] > 0]  # 0: unlimited
+        if rates:
+            key, rate = min(rates, key=lambda kv: kv[1])
+            costs.append(
+                ClockCost(
+                    key,
+                    rate,
+                    rounds / (rate * 2**20),
+                    f"{_count(rounds, 'round')} x one byte at {rate:.3g} MiB/s",
+                    "raise it",
+                )
+            )
+        if self.off_s > 0:
+            costs.append(
+                ClockCost(
+                    "time.off_s",
+                    self.off_s,
+                    _product(rounds, self.off_s),
+                    f"{_count(rounds, 'round')} x a mean off period of {self.off_s:.3g} s",
+                )
+            )
+        return costs
+
+
+def _count(n: int, what: str) -> str:
+    """``"1 round"``, ``"300 rounds"``."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _product(*factors: float) -> float:
+    """The product of non-negative ``factors``: 0 if any is 0 (never ``0 x inf = nan``),
+    inf where it overflows."""
+    if any(f == 0 for f in factors):
+        return 0.0
+    return math.prod(float(f) for f in factors)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -974,6 +1108,10 @@ class Config:
 
     def __post_init__(self) -> None:
         """Refuse what the tables cannot do together."""
+        if self.time.active:  # the least its costs take the clock to over the whole run
+            check_clock_horizon(
+                self.time.clock_costs(rounds=self.run.rounds, local_steps=self.run.local_steps)
+            )
         if self.model.dtype == "float32":
             for key, value in (
                 ("algorithm.lr", self.algorithm.lr),

@@ -24,11 +24,18 @@ its sender's ready time plus its transfer time. In deadline mode a receiver wait
 but the round goes on without it), and a receiver missing any expected message waits the
 whole deadline. So the lateness of every message is a function of the config alone, the
 same on both engines. A crashed peer's clock moves on with the latest peer of the round.
+
+No clock overflows: a config whose costs could take a run's clock past
+:data:`~fedcore.config.MAX_VIRTUAL_S` is refused at load (``[time]`` with the rounds) and
+at set-up (:meth:`TimeModel.clock_costs`: the phases, message sizes, deadline and traces),
+and a trace is read as UTF-8 CSV of numbers within that ceiling, or refused naming the file.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,8 +45,9 @@ from typing import NamedTuple
 import torch
 
 from fedcore import counter_random as keyed
-from fedcore.config import TimeConfig
+from fedcore.config import MAX_VIRTUAL_S, ClockCost, TimeConfig
 from fedcore.errors import ConfigError
+from fedcore.ids import clip, shorten
 
 __all__ = ["PhaseTraffic", "RoundClock", "RoundTimes", "TimeModel", "read_trace"]
 
@@ -52,40 +60,67 @@ _MIB = float(2**20)
 
 
 def read_trace(path: str, columns: int, what: str) -> dict[str, list[tuple[float, ...]]]:
-    """The rows of a CSV trace, ``node,number[,number]`` (a header line is skipped), by
-    node in file order.
+    """The rows of a CSV trace, ``node,number[,number]`` (UTF-8; a first line that is not
+    numbers is a header, skipped), by node in file order.
 
     Raises:
-        ConfigError: the file is missing or a row is not a node id and ``columns`` finite
-            numbers >= 0.
+        ConfigError: one line naming the file (and the line): it cannot be read, is not
+            UTF-8 text or CSV, has no rows, or a row is not a node id and ``columns``
+            numbers in ``[0, MAX_VIRTUAL_S]``.
     """
+    name = f"{what} {clip(path, 200)}"
+    shape = {1: "node,seconds", 2: "node,start_s,end_s"}.get(
+        columns, f"node,{','.join(['seconds'] * columns)}"
+    )
     try:
-        with Path(path).open(newline="") as f:
-            rows = list(csv.reader(f))
+        raw = Path(path).read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{what} {path!r} cannot be read: {exc.strerror or exc}.") from None
+        raise ConfigError(f"{name} cannot be read: {exc.strerror or exc}.") from None
+    bom = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0  # a spreadsheet's
+    try:
+        text = raw[bom:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = bom + exc.start
+        raise ConfigError(
+            f"{name} is not UTF-8 text (byte 0x{raw[at]:02x} at offset {at}); save it as a "
+            f"UTF-8 CSV file of {shape} rows."
+        ) from None
+    reader = csv.reader(io.StringIO(text, newline=""))
     out: dict[str, list[tuple[float, ...]]] = {}
-    for line, row in enumerate(rows, 1):
-        if not row or (line == 1 and not _numbers(row[1:])):
-            continue  # a blank line, or the header
-        values = _numbers(row[1:])
-        if len(row) != columns + 1 or values is None or any(v < 0 for v in values):
-            raise ConfigError(
-                f"{what} {path!r}, line {line}: expected node,{','.join(['seconds'] * columns)} "
-                f"(numbers >= 0), got {','.join(row)!r}."
-            )
-        out.setdefault(row[0].strip(), []).append(values)
+    first = True
+    try:
+        for row in reader:
+            line = reader.line_num
+            if not row:
+                continue  # a blank line
+            values = _numbers(row[1:])
+            if first and not values:  # no numbers (None), or no cells but the first
+                first = False
+                continue  # the header
+            first = False
+            node = row[0].strip()
+            ok = values is not None and all(0 <= v <= MAX_VIRTUAL_S for v in values)
+            if len(row) != columns + 1 or not ok or not node:
+                raise ConfigError(
+                    f"{name}, line {line}: expected {shape} (a node id and numbers in [0, "
+                    f"{MAX_VIRTUAL_S:.0e}]), got {clip(','.join(row))}."
+                )
+            assert values is not None
+            out.setdefault(node, []).append(values)
+    except csv.Error as exc:
+        why = shorten(" ".join(str(exc).split()), 100)
+        raise ConfigError(f"{name}, line {reader.line_num}: not CSV ({why}).") from None
     if not out:
-        raise ConfigError(f"{what} {path!r} has no rows.")
+        raise ConfigError(f"{name} has no rows; it needs {shape} rows.")
     return out
 
 
 def _numbers(cells: Sequence[str]) -> tuple[float, ...] | None:
+    """The cells as numbers, or None if one is not a number."""
     try:
-        values = tuple(float(c) for c in cells)
+        return tuple(float(c) for c in cells)
     except ValueError:
         return None
-    return values if all(math.isfinite(v) for v in values) else None
 
 
 class TimeModel:
@@ -96,8 +131,10 @@ class TimeModel:
         """Bind ``[time]`` to ``run_seed`` and the node order.
 
         Raises:
-            ConfigError: ``[time]`` names a node that is not in ``nodes``, or a trace is
-                unreadable or misses a node.
+            ConfigError: ``[time]`` names a node that is not in ``nodes``; a trace is
+                unreadable (:func:`read_trace`), has rows of a node not in ``nodes``, or
+                (the compute trace) misses a node or has a step that, times the node's
+                speed factor, is past :data:`~fedcore.config.MAX_VIRTUAL_S`.
         """
         self.time = time
         self.nodes = tuple(nodes)
@@ -127,12 +164,12 @@ class TimeModel:
         self._trace: tuple[torch.Tensor, torch.Tensor] | None = None
         if time.compute_trace:
             rows = read_trace(time.compute_trace, 1, "time.compute_trace")
+            _only_graph_nodes("time.compute_trace", time.compute_trace, rows, index)
             absent = [v for v in self.nodes if v not in rows]
             if absent:
                 raise ConfigError(
-                    f"time.compute_trace {time.compute_trace!r} has no rows of "
-                    f"{', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}; it needs "
-                    "every node's step times."
+                    f"time.compute_trace {clip(time.compute_trace, 200)} has no rows of "
+                    f"{_some(absent)}; it needs every node's step times."
                 )
             width = max(len(rows[v]) for v in self.nodes)
             table = torch.zeros(n, width, dtype=_F64)
@@ -141,16 +178,21 @@ class TimeModel:
                 seconds = [r[0] for r in rows[v]]
                 table[i, : len(seconds)] = torch.tensor(seconds, dtype=_F64)
                 lengths[i] = len(seconds)
+            longest = table.amax(dim=1) * speed
+            worst = int(torch.argmax(longest))
+            if not float(longest[worst]) <= MAX_VIRTUAL_S:
+                raise ConfigError(
+                    f"time.compute_trace {clip(time.compute_trace, 200)}: {self.nodes[worst]}'s "
+                    f"step of {float(table[worst].max()):.3g} s x its speed factor "
+                    f"{float(speed[worst]):.3g} is past the {MAX_VIRTUAL_S:.0e} s a virtual "
+                    "clock may reach (fedcore.config.MAX_VIRTUAL_S); lower the step time or "
+                    "the factor."
+                )
             self._trace = (table, lengths)
         self._windows: torch.Tensor | None = None  # [N, W, 2] off windows of the trace
         if time.availability_trace:
             rows = read_trace(time.availability_trace, 2, "time.availability_trace")
-            extra = sorted(set(rows) - set(index))
-            if extra:
-                raise ConfigError(
-                    f"time.availability_trace names nodes that are not in the graph: "
-                    f"{', '.join(extra[:5])}."
-                )
+            _only_graph_nodes("time.availability_trace", time.availability_trace, rows, index)
             merged = {v: _merge([(a, b) for a, b in rows[v] if b > a]) for v in rows}
             width = max((len(w) for w in merged.values()), default=0)
             windows = torch.full((n, max(width, 1), 2), math.inf, dtype=_F64)
@@ -170,6 +212,130 @@ class TimeModel:
     def timed(self) -> bool:
         """Whether any duration can be non-zero."""
         return self.time.active
+
+    def clock_costs(
+        self,
+        *,
+        rounds: int,
+        steps: int,
+        phases: int,
+        message_bytes: int,
+        deadline_s: float | None = None,
+        delay_s: float = 0.0,
+    ) -> list[ClockCost]:
+        """What the run adds to its peers' clocks at most, every draw at its mean, over
+        ``rounds`` rounds of ``steps`` local steps and ``phases`` phases of messages of at
+        most ``message_bytes`` (:func:`fedcore.config.check_clock_horizon` refuses a sum
+        past :data:`~fedcore.config.MAX_VIRTUAL_S`).
+
+        A round takes at most: the longest off period, the slowest peer's steps, and per
+        phase the longest latency plus the largest message over the slowest link plus the
+        fault plan's ``delay_s`` (deadline mode: or ``deadline_s``, if longer: a receiver
+        waits no longer, but may wait that long for a message that never comes). An
+        availability trace's latest window end is a moment the clock may jump to."""
+        t = self.time
+        costs: list[ClockCost] = []
+        work = f"{rounds} round{'s' if rounds != 1 else ''} x {steps} local step"
+        work += "s" if steps != 1 else ""
+        if self._trace is not None:
+            table, _ = self._trace
+            longest = float((table.amax(dim=1) * self.speed).max())
+            costs.append(
+                ClockCost(
+                    "time.compute_trace",
+                    t.compute_trace,
+                    _product(rounds, steps, longest),
+                    f"{work} x the trace's longest step ({longest:.3g} s, speed factor included)",
+                )
+            )
+        elif t.step_s > 0:
+            factor = float(self.speed.max()) if self.n else 1.0
+            key, value = "time.step_s", t.step_s
+            if factor > max(t.step_s, 1.0):  # the factor is the unusual one
+                key, value = t.slowest()
+            costs.append(
+                ClockCost(
+                    key,
+                    value,
+                    _product(rounds, steps, t.step_s, factor),
+                    f"{work} x time.step_s = {t.step_s:.3g} s x the slowest speed factor "
+                    f"{factor:.3g}",
+                )
+            )
+        each = f"{rounds} round{'s' if rounds != 1 else ''} x {phases} phase"
+        each += "s" if phases != 1 else ""
+        link: list[ClockCost] = []
+        latency = max(
+            [("time.latency_s", float(t.latency_s))]
+            + [(f"time.edge_latency_s.{e!r}", float(v)) for e, v in t.edge_latency_s.items()],
+            key=lambda kv: kv[1],
+        )
+        if latency[1] > 0:
+            link.append(
+                ClockCost(
+                    *latency,
+                    _product(rounds, phases, latency[1]),
+                    f"{each} x a latency of {latency[1]:.3g} s",
+                )
+            )
+        rates = [("time.bandwidth_mb_s", float(t.bandwidth_mb_s))]
+        rates += [
+            (f"time.edge_bandwidth_mb_s.{e!r}", float(v)) for e, v in t.edge_bandwidth_mb_s.items()
+        ]
+        rates = [kv for kv in rates if kv[1] > 0]  # 0: unlimited
+        if rates and message_bytes > 0:
+            key, rate = min(rates, key=lambda kv: kv[1])
+            link.append(
+                ClockCost(
+                    key,
+                    rate,
+                    _product(rounds, phases, message_bytes / (rate * _MIB)),
+                    f"{each} x a message of {message_bytes} bytes at {rate:.3g} MiB/s",
+                    "raise it",
+                )
+            )
+        if delay_s > 0:
+            link.append(
+                ClockCost(
+                    "faults.delay_s",
+                    delay_s,
+                    _product(rounds, phases, delay_s),
+                    f"{each} x a delay of {delay_s:.3g} s",
+                )
+            )
+        waits = _product(rounds, phases, deadline_s) if deadline_s is not None else 0.0
+        if deadline_s is not None and not waits <= sum((c.seconds for c in link), 0.0):
+            link = [
+                ClockCost(
+                    "transport.deadline_s",
+                    deadline_s,
+                    waits,
+                    f"{each} x a deadline of {deadline_s:.3g} s (deadline mode)",
+                )
+            ]
+        costs += link
+        if t.off_s > 0:
+            costs.append(
+                ClockCost(
+                    "time.off_s",
+                    t.off_s,
+                    _product(rounds, t.off_s),
+                    f"{rounds} round{'s' if rounds != 1 else ''} x a mean off period of "
+                    f"{t.off_s:.3g} s",
+                )
+            )
+        if self._windows is not None:
+            ends = self._windows[..., 1]
+            latest = float(ends[torch.isfinite(ends)].max()) if bool(ends.isfinite().any()) else 0
+            costs.append(
+                ClockCost(
+                    "time.availability_trace",
+                    t.availability_trace,
+                    latest,
+                    f"its latest off window, ending at {latest:.3g} s,",
+                )
+            )
+        return costs
 
     def _edge_table(self, table: Mapping[str, float]) -> tuple[torch.Tensor, torch.Tensor] | None:
         pairs = ((k.split("->"), float(v)) for k, v in table.items())
@@ -284,6 +450,34 @@ class TimeModel:
         mean = self.time.on_s if kind == _ON else self.time.off_s
         u = keyed.uniform_tensor(self._key, kind, self._words[nodes], k)
         return -mean * torch.log1p(-u)
+
+
+def _product(*factors: float) -> float:
+    """The product of non-negative ``factors``: 0 if any is 0 (never ``0 x inf = nan``),
+    inf where it overflows."""
+    if any(f == 0 for f in factors):
+        return 0.0
+    return math.prod(float(f) for f in factors)
+
+
+def _some(names: Sequence[str], *, quote: bool = False) -> str:
+    """Up to five ``names``, each cut short (``quote``: as ``repr``, for names a file
+    holds), and how many there are if more."""
+    shown = ", ".join(clip(v, 40) if quote else shorten(v, 40) for v in names[:5])
+    return shown + (f" ... ({len(names)} in all)" if len(names) > 5 else "")
+
+
+def _only_graph_nodes(
+    key: str, path: str, rows: Mapping[str, object], index: Mapping[str, int]
+) -> None:
+    """Refuse a trace with rows of a node that is not in the graph (a typo, or the trace
+    of another network)."""
+    extra = sorted(v for v in rows if v not in index)
+    if extra:
+        raise ConfigError(
+            f"{key} {clip(path, 200)} has rows of nodes that are not in the graph: "
+            f"{_some(extra, quote=True)}; give it rows of the graph's nodes only."
+        )
 
 
 def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -3,7 +3,9 @@ synchronous round clock, without any engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.config import TimeConfig, config_from_dict, fingerprint
+from fedcore.config import (
+    MAX_VIRTUAL_S,
+    ClockCost,
+    TimeConfig,
+    check_clock_horizon,
+    config_from_dict,
+    fingerprint,
+)
 from fedcore.errors import ConfigError
 from fedcore.timing import PhaseTraffic, RoundClock, TimeModel
+from tests.clitools import TINY, assert_one_line_error, cli
 
 NODES = [f"n{i}" for i in range(8)]
 
@@ -211,3 +221,288 @@ def test_time_is_in_the_fingerprint_only_when_set() -> None:
     timed = fingerprint(config_from_dict({"time": {"step_s": 1.0}}), edges)
     assert timed != plain
     assert math.isfinite(TimeConfig(step_s=1.0).step_s)
+
+
+# --- traces that cannot be read, and costs past the clock's ceiling ---------------------
+
+TRACE_KEYS = ("compute_trace", "availability_trace")
+
+
+def _one_line(exc: ConfigError, *needles: str) -> str:
+    text = str(exc)
+    assert "\n" not in text and "\r" not in text, text
+    for needle in needles:
+        assert needle in text, (needle, text)
+    return text
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"n0,\xff\xfe1\n", "is not UTF-8 text (byte 0xff at offset 3)"),
+        (b"\xef\xbb\xbfn0,\x801\n", "(byte 0x80 at offset 6)"),  # after a byte order mark
+        (b"n0,abc\nn1,x\n", "line 2"),  # the first line is a header, the second is not
+        (b"n0,OK\nn1,-1\n", "line 2"),
+        (b"n0,OK\nn1,nan\n", "line 2"),
+        (b"node,s\nn0,OK\n\nn1,inf\n", "line 4"),
+        (b"n0,1e400\n", "line 1"),
+        (b"n0,1e16\n", "line 1"),  # finite, but past MAX_VIRTUAL_S
+        (b"n0,OK\nn1\n", "line 2"),  # a missing column
+        (b"n0,OK,9\n", "line 1"),  # one too many
+        (b"n0,OK\n ,OK\n", "line 2"),  # no node
+        (b"n0,1" + b"0" * 200_000 + b"\n", "not CSV (field larger than field limit"),
+        (b"node,seconds\n\n", "has no rows"),
+    ],
+)
+@pytest.mark.parametrize("key", TRACE_KEYS)
+def test_an_unreadable_trace_is_one_line_naming_the_file(
+    tmp_path: Path, key: str, content: bytes, needle: str
+) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_bytes(content.replace(b"OK", b"1" if key == "compute_trace" else b"1,2"))
+    with pytest.raises(ConfigError) as refused:
+        model(**{key: str(trace)})
+    _one_line(refused.value, f"time.{key} {str(trace)!r}", needle)
+
+
+@pytest.mark.parametrize("key", TRACE_KEYS)
+def test_a_trace_of_nodes_not_in_the_graph_is_refused(tmp_path: Path, key: str) -> None:
+    trace = tmp_path / "trace.csv"
+    values = "1" if key == "compute_trace" else "1,2"
+    rows = [f"{v},{values}" for v in NODES] + [f"n99,{values}", f"'evil\\nnode',{values}"]
+    trace.write_text("\n".join(rows) + "\n")
+    with pytest.raises(ConfigError) as refused:
+        model(**{key: str(trace)})
+    _one_line(refused.value, "not in the graph", "'n99'")
+
+
+def test_a_well_formed_trace_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    trace = tmp_path / "steps.csv"
+    rows = ["node,seconds"] + [f"{v},{i}" for i, v in enumerate(NODES)]
+    trace.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(rows).encode() + b"\r\n")
+    assert steps(model(compute_trace=str(trace)), 3, 2).tolist() == [3.0, 3.0]
+
+
+_CELLS = st.one_of(
+    st.sampled_from(
+        ["nan", "inf", "-inf", "-1", "-0", "0", "1", "2.5", "1e15", "1e16", "1e308", "1e400"]
+    ),
+    st.sampled_from(["", " ", "x", "1_0", "0x10", "1,5", '"1"', '"', "\x00"]),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(-(10**30), 10**30).map(str),
+)
+_ROWS = st.tuples(
+    st.one_of(st.sampled_from(NODES), st.text(max_size=8)), st.lists(_CELLS, max_size=3)
+).map(lambda row: ",".join([row[0], *row[1]]))
+_FILES = st.one_of(
+    st.binary(max_size=300),
+    st.lists(_ROWS, max_size=12).map(lambda rows: "\n".join(rows).encode()),
+    st.tuples(st.lists(_ROWS, max_size=12), st.binary(min_size=1, max_size=4)).map(
+        lambda t: "\n".join(t[0]).encode() + t[1]
+    ),
+)
+
+
+def _near_valid(columns: int) -> st.SearchStrategy[bytes]:
+    """A row of every node's numbers (the file a run accepts) with rows of any kind
+    mixed in."""
+    cells = st.lists(st.floats(0, 2e15).map(repr), min_size=columns, max_size=columns)
+    every = st.lists(cells, min_size=len(NODES), max_size=len(NODES)).map(
+        lambda rows: [",".join([v, *c]) for v, c in zip(NODES, rows, strict=True)]
+    )
+    return st.tuples(every, st.lists(_ROWS, max_size=3), st.randoms()).map(
+        lambda t: "\n".join(t[2].sample([*t[0], *t[1]], len(t[0]) + len(t[1]))).encode()
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), st.sampled_from(TRACE_KEYS))
+def test_any_trace_is_read_within_the_ceiling_or_refused_in_one_line(
+    data: st.DataObject, key: str
+) -> None:
+    """Random bytes, bad and negative numbers, NaN, inf, huge values, missing or extra
+    columns, unknown peers: a trace is refused in one line naming the file, or every
+    duration it gives is a number within MAX_VIRTUAL_S."""
+    columns = 1 if key == "compute_trace" else 2
+    content = data.draw(st.one_of(_FILES, _near_valid(columns)))
+    with tempfile.TemporaryDirectory() as folder:
+        trace = Path(folder) / "trace.csv"
+        trace.write_bytes(content)
+        try:
+            m = model(**{key: str(trace)})
+        except ConfigError as exc:
+            _one_line(exc, f"time.{key} {str(trace)!r}")
+            return
+    every = torch.arange(len(NODES))
+    if key == "compute_trace":
+        for k in range(3):
+            seconds = m.step_seconds(every, torch.full((len(NODES),), k))
+            assert bool(((seconds >= 0) & (seconds <= MAX_VIRTUAL_S)).all()), seconds
+    else:
+        at = m.available_from(every, torch.zeros(len(NODES), dtype=torch.float64))
+        assert bool(((at >= 0) & (at <= MAX_VIRTUAL_S)).all()), at
+
+
+@pytest.mark.parametrize(
+    ("tables", "key"),
+    [
+        ({"time": {"step_s": 1e308}}, "time.step_s"),
+        ({"time": {"step_s": 1e10}, "run": {"rounds": 10**6}}, "time.step_s"),
+        ({"time": {"step_s": 1e6}, "run": {"rounds": 10**9, "local_steps": 10}}, "time.step_s"),
+        ({"time": {"latency_s": 1e308}}, "time.latency_s"),
+        ({"time": {"edge_latency_s": {"n0->n1": 1e16}}}, "time.edge_latency_s.'n0->n1'"),
+        ({"time": {"bandwidth_mb_s": 1e-300}}, "time.bandwidth_mb_s"),
+        (
+            {"time": {"edge_bandwidth_mb_s": {"n0->n1": 5e-324}}},
+            "time.edge_bandwidth_mb_s.'n0->n1'",
+        ),
+        ({"time": {"step_s": 1.0, "slow_fraction": 0.1, "slow_factor": 1e300}}, "time.slow_factor"),
+        ({"time": {"step_s": 1.0, "speeds": {"n3": 1e20}}}, "time.speeds.n3"),
+        ({"time": {"on_s": 1.0, "off_s": 1e308}}, "time.off_s"),
+        ({"time": {"step_s": 1e14, "compute": "pareto", "alpha": 1.0000001}}, "time.step_s"),
+    ],
+)
+def test_costs_past_the_clocks_ceiling_are_refused_at_load(
+    tables: dict[str, dict[str, object]], key: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        config_from_dict(tables)
+    text = _one_line(refused.value, f"{key} = ", "MAX_VIRTUAL_S")
+    assert text.startswith(key), text
+
+
+def test_heavy_tails_and_long_runs_within_the_ceiling_are_accepted_and_finite() -> None:
+    config_from_dict({"time": {"step_s": 3600.0, "compute": "pareto", "alpha": 1.1}})
+    config_from_dict({"time": {"step_s": 1.0, "latency_s": 0.5}, "run": {"rounds": 10**8}})
+    config_from_dict({"time": {"step_s": 1.0, "bandwidth_mb_s": 1e-6}})
+    near = steps(model(step_s=1.0, compute="pareto", alpha=1.0 + 1e-9), 0, 20_000)
+    wide = steps(model(step_s=1.0, compute="lognormal", sigma=10.0), 0, 20_000)
+    for x in (near, wide):  # the draws' extremes are bounded: no clock overflows
+        assert bool(torch.isfinite(x).all()) and float(x.max()) < 9.1e15
+
+
+_SECONDS = st.one_of(st.just(0.0), st.floats(1e-12, 1e308), st.sampled_from([1e15, 1e16]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    step=_SECONDS,
+    latency=_SECONDS,
+    bandwidth=st.one_of(st.just(0.0), st.floats(5e-324, 1e6)),
+    factor=st.floats(1e-3, 1e308),
+    off=_SECONDS,
+    rounds=st.integers(1, 10**9),
+    local=st.integers(1, 10**4),
+)
+def test_a_config_is_refused_or_its_clock_stays_finite(
+    step: float,
+    latency: float,
+    bandwidth: float,
+    factor: float,
+    off: float,
+    rounds: int,
+    local: int,
+) -> None:
+    time: dict[str, object] = {"step_s": step, "latency_s": latency, "bandwidth_mb_s": bandwidth}
+    time |= {"slow_fraction": 0.5, "slow_factor": factor, "compute": "lognormal"}
+    if off:
+        time |= {"on_s": 1.0, "off_s": off}
+    try:
+        config = config_from_dict({"time": time, "run": {"rounds": rounds, "local_steps": local}})
+    except ConfigError as exc:
+        text = _one_line(exc, "MAX_VIRTUAL_S")
+        assert text.split(" = ")[0] in {
+            "time.step_s",
+            "time.latency_s",
+            "time.bandwidth_mb_s",
+            "time.slow_factor",
+            "time.off_s",
+        }, text
+        return
+    costs = config.time.clock_costs(rounds=rounds, local_steps=local)
+    assert sum(c.seconds for c in costs) <= MAX_VIRTUAL_S
+    # Without the on/off periods, which a clock far past their scale walks one by one
+    # (their part is bounded: an off period is at most 36.7 x off_s).
+    always_on = dataclasses.replace(config.time, on_s=0.0, off_s=0.0)
+    clock = RoundClock(TimeModel(always_on, run_seed=0, nodes=["a", "b", "c"]), steps=local)
+    up = torch.ones(3, dtype=torch.bool)
+    for t in range(3):
+        times = clock.advance(t, up, up, [_phase([True] * 3)])
+        assert bool(torch.isfinite(times.end).all()), times.end
+
+
+def test_long_off_periods_within_the_ceiling_keep_the_clock_finite() -> None:
+    config = config_from_dict({"time": {"step_s": 1e11, "on_s": 1e12, "off_s": 1e12}})
+    clock = RoundClock(TimeModel(config.time, run_seed=0, nodes=["a", "b", "c"]))
+    up = torch.ones(3, dtype=torch.bool)
+    for t in range(5):
+        times = clock.advance(t, up, up, [_phase([True] * 3)])
+    assert bool(torch.isfinite(times.end).all()) and float(times.end.max()) > 5e11
+
+
+def _costs(
+    m: TimeModel, message_bytes: int, deadline_s: float | None = None, delay_s: float = 0.0
+) -> list[ClockCost]:
+    """A 300-round run of one local step and two phases."""
+    return m.clock_costs(
+        rounds=300,
+        steps=1,
+        phases=2,
+        message_bytes=message_bytes,
+        deadline_s=deadline_s,
+        delay_s=delay_s,
+    )
+
+
+def test_the_set_up_adds_phases_message_sizes_deadlines_and_traces(tmp_path: Path) -> None:
+    """What the config alone cannot know: the algorithm's phases, its messages' size, the
+    deadline of a simulation in deadline mode and the traces' contents."""
+    m = model(step_s=1.0, bandwidth_mb_s=1e-12)
+    check_clock_horizon(_costs(m, 10))  # 300 x 2 x 10 bytes at 1e-12 MiB/s: 5.7e9 s
+    for costs, key in (
+        (_costs(m, 10**7), "time.bandwidth_mb_s"),  # 5.7e15 s in all
+        (_costs(m, 10, deadline_s=1e13), "transport.deadline_s"),
+        (_costs(m, 10, deadline_s=math.inf), "transport.deadline_s"),
+        (_costs(m, 10, delay_s=1e13), "faults.delay_s"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            check_clock_horizon(costs)
+        assert _one_line(refused.value, "MAX_VIRTUAL_S").startswith(f"{key} = ")
+    # A deadline shorter than the links changes nothing: a receiver waits for what comes.
+    assert _costs(m, 10, deadline_s=0.5) == _costs(m, 10)
+    trace = tmp_path / "steps.csv"
+    trace.write_text("\n".join(f"{v},1e13" for v in NODES) + "\n")
+    with pytest.raises(ConfigError) as refused:
+        check_clock_horizon(_costs(model(compute_trace=str(trace)), 0))
+    _one_line(refused.value, "time.compute_trace = ", "longest step (1e+13 s")
+    with pytest.raises(ConfigError, match="speed factor 200 is past"):
+        model(compute_trace=str(trace), speeds={"n5": 200.0})
+    windows = tmp_path / "off.csv"
+    windows.write_text("n1,0,9e14\nn2,5,6\n")
+    with pytest.raises(ConfigError) as refused:
+        check_clock_horizon(_costs(model(availability_trace=str(windows), step_s=1e12), 0))
+    # 3e14 s of steps after 9e14 s off: the larger share is named
+    _one_line(
+        refused.value, "time.availability_trace = ", "its latest off window, ending at 9e+14 s"
+    )
+    check_clock_horizon(_costs(model(availability_trace=str(windows), step_s=1.0), 0))
+
+
+def test_the_cli_refuses_an_unreadable_trace_or_an_overflowing_cost_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"n0,\xff\xfe1\n")
+    run = ["simulate", "-q", "--out", str(tmp_path / "run"), *TINY]
+    for extra, needle in (
+        (["--set", f"time.compute_trace={bad}"], "time.compute_trace"),
+        (["--set", f"time.availability_trace={bad}"], "time.availability_trace"),
+        (["--set", "time.step_s=1e308"], "time.step_s = 1e+308 is invalid"),
+        (
+            ["--set", "transport.mode=deadline", "--set", "transport.deadline_s=inf"],
+            "transport.deadline_s = inf",
+        ),
+    ):
+        status, out, err = cli(capsys, *run, *extra)
+        assert_one_line_error(status, out, err, needle)
+        assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -31,6 +31,7 @@ from fedcore.algorithms.batched import (
 )
 from fedcore.compression import codec_options, codec_seed
 from fedcore.compression.batched import RowCodec, make_row_codec
+from fedcore.config import check_clock_horizon
 from fedcore.errors import ConfigError
 from fedcore.faults import FaultPlan
 from fedcore.timing import PhaseTraffic, RoundClock, RoundTimes, TimeModel
@@ -87,7 +88,8 @@ def virtual_clock(setup: RunSetup) -> SharedClock | None:
 
     Raises:
         ConfigError: the algorithm has no batched form (a user's per-message algorithm),
-            whose messages the clock cannot size.
+            whose messages the clock cannot size; the run's costs could take its clock
+            past :data:`~fedcore.config.MAX_VIRTUAL_S`.
     """
     config = setup.config
     if not (config.time.active or config.transport.mode == "deadline"):
@@ -113,7 +115,13 @@ class SharedClock:
     """The virtual clock of one simulated network (see the module docstring)."""
 
     def __init__(self, setup: RunSetup) -> None:
-        """Size the run's messages as the vectorized engine does."""
+        """Size the run's messages as the vectorized engine does.
+
+        Raises:
+            ConfigError: the run's costs (its rounds, phases, message size, deadline and
+                traces) could take its clock past :data:`~fedcore.config.MAX_VIRTUAL_S`
+                (:meth:`~fedcore.timing.TimeModel.clock_costs`), naming the key.
+        """
         config = setup.config
         self.nodes = setup.graph.nodes
         self.n = len(self.nodes)
@@ -136,10 +144,28 @@ class SharedClock:
         self.graphs = [stack_graph(setup.graph.at(t), device=cpu) for t in range(period)]
         form.use_graphs(self.graphs)
         self.form = form
+        check_clock_horizon(
+            self.model.clock_costs(
+                rounds=config.run.rounds,
+                steps=config.run.local_steps,
+                phases=form.phases,
+                message_bytes=self._largest_message(setup.start.element_size()),
+                deadline_s=deadline,
+                delay_s=config.faults.delay_s if self.plan is not None else 0.0,
+            )
+        )
         self._rounds: dict[int, _Round] = {}
         self._asked: dict[str, int] = {}  # each node's last round asked of node_times
         self._sent: dict[tuple[str, int, int], frozenset[str]] = {}
         self._late: dict[tuple[int, int], dict[str, frozenset[str]]] = {}
+
+    def _largest_message(self, itemsize: int) -> int:
+        """The bytes of the whole model as a message, encoded by the run's codec or raw
+        (``itemsize`` a value), whichever is larger: the size of the run's messages the
+        horizon check takes, known before the rule has seen the model (RPS sizes its
+        blocks only then). A rule that sends several model-sized tensors in one message
+        sends more."""
+        return max(self._size(self.d), self.d * itemsize)
 
     @property
     def deadline(self) -> bool:
