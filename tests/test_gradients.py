@@ -5,7 +5,7 @@
 message engine) or among ``M`` rows (the vectorized engine), with one or two threads, for
 any batch size and any subset of rows. These tests check that on this machine's kernels;
 ``.ci/run`` runs them once more under forced lower kernel levels (``ATEN_CPU_CAPABILITY``,
-``MKL_ENABLE_INSTRUCTIONS``), with the engine-agreement and launch-equality tests.
+``MKL_ENABLE_INSTRUCTIONS``), with every test that compares engines.
 """
 
 from __future__ import annotations
