@@ -338,9 +338,9 @@ class FedBuff:
         Raises:
             ProtocolError: a version that is not a whole number in ``[0, state.version]``
                 (:func:`staleness`), an update of another shape or not finite, or one whose
-                step alone, ``x - server_lr * weighted``, leaves the model's dtype's range
-                (the server's ``x`` does not change while it buffers, so the step on the
-                buffer's mean stays in range too). ``state`` is unchanged.
+                step alone, ``x - server_lr * weighted``, leaves the model's dtype's range,
+                or one that fills the buffer and whose step on it is not finite (a float64
+                model's buffer sum can overflow). ``state`` is unchanged.
         """
         tau = staleness(state, version)
         _finite("the update", update, tuple(state.x.shape))
@@ -355,8 +355,10 @@ class FedBuff:
         held = state.held + 1
         if held < (self.buffer or workers):
             return state._replace(total=total, held=held)
-        x = state.x.to(torch.float64) - (self.server_lr / held) * total
-        return ServerState(x.to(state.x.dtype), state.version + 1)
+        x = (state.x.to(torch.float64) - (self.server_lr / held) * total).to(state.x.dtype)
+        # Each step alone stayed in range, but a float64 model's buffer sum can overflow.
+        _finite("the server's step on its buffer", x)
+        return ServerState(x, state.version + 1)
 
 
 class FedAsync:

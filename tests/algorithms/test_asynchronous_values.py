@@ -119,6 +119,18 @@ def test_a_fedbuff_buffer_of_huge_updates_never_steps_out_of_range() -> None:
     assert state.version == 1 and bool(torch.isfinite(state.x).all())
 
 
+def test_a_float64_fedbuff_buffer_whose_sum_overflows_is_refused_state_unchanged() -> None:
+    """Each float64 update alone keeps the step in range, but their buffered sum overflows
+    float64: the upload that fills the buffer is refused, the state stays."""
+    rule = FedBuff(buffer=2, server_lr=1.0)
+    huge = torch.full((3,), 1e308, dtype=torch.float64)
+    state = rule.receive(ServerState(torch.zeros(3, dtype=torch.float64)), huge, 0.0, 1.0, 2)
+    with pytest.raises(ProtocolError, match="not finite"):
+        rule.receive(state, huge, 0.0, 1.0, 2)
+    assert state.version == 0 and state.held == 1
+    assert state.total is not None and torch.equal(state.total, huge)
+
+
 @given(version=_VERSIONS, own=st.integers(0, 8), round=st.integers(0, 8))
 @settings(max_examples=80, deadline=None)
 def test_a_servers_answer_is_no_older_than_the_worker_and_one_version_an_upload(
