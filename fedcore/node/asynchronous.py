@@ -139,7 +139,6 @@ class AsyncPeer:
         self.version = 0
         self._told: dict[str, int] = {}  # the server: the newest version sent each worker
         self._asked = 0.0  # AD-PSGD: when a partner last asked this peer
-        self._key = keyed.hash64(keyed.string_id(options.run_id), keyed.string_id(node_id))
         self.partners = tuple(sorted(self.graph.out_weights(node_id)))
         transport.keep_newest()
 
@@ -355,7 +354,8 @@ class AsyncPeer:
         before it averaged), average; no reply within ``transport.deadline_s``: none."""
         if not self.partners:
             return
-        partner = self.partners[keyed.hash64(self._key, k) % len(self.partners)]
+        partner = self._partner(self.id, k)  # the one its partner's check expects
+        assert partner is not None
         if not await self._send(partner, k, self.x, {}):
             return  # the partner is gone
         deadline = time.monotonic() + self.options.deadline_s
