@@ -295,7 +295,8 @@ class RunWarnings(logging.Handler):
         self.quiet = quiet
         self.notes: list[Note] = []
         self.more = 0
-        """Distinct warnings past :data:`MAX_NOTES`, not kept."""
+        """Warnings logged once :data:`MAX_NOTES` distinct ones are kept, not kept (each
+        time one is logged: past the cap, repeats are not told apart)."""
 
     @property
     def messages(self) -> list[str]:
