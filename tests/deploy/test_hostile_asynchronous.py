@@ -12,6 +12,11 @@ receiver's records, and the receiver must live.
 The result is exact where the protocol makes it so: everything hostile is refused, so the
 receiver's run is its run without the hostile sender's messages.
 
+The attack lasts as long as its gRPC round trips, which a loaded machine stretches; so a
+receiver that computes is held before one of its rounds until the attack is done
+(:func:`_hold`): its run cannot end before the attack does, and it computes while the
+attack lands up to that round.
+
 * The server sees only the hostile worker's uploads: the refused ones, and two honest ones
   interleaved (version 0, then the version it was told). Its final model and version are
   the rule applied to those two on its first model, bit for bit, and its one round's
@@ -118,6 +123,25 @@ def _tensor_extremes(d: int, make: Any, **fields: Any) -> list[Message]:
         make(torch.zeros(0), **fields),
         make(torch.zeros(d, dtype=torch.float64), encode=RawCodec(), **fields),
     ]
+
+
+def _hold(peer: AsyncPeer, at: int) -> asyncio.Event:
+    """Hold ``peer`` before it computes its round ``at`` until the returned event is set
+    (its pace waits on it), so that its run cannot end before the attack does however long
+    the attack takes. The peer's result does not depend on when it computes: it takes no
+    message."""
+    pace = peer.pace
+    assert pace is not None, "the test's [time] paces the peer"
+    go = asyncio.Event()
+    available = pace.available
+
+    async def held() -> None:
+        if peer.round == at:
+            await go.wait()
+        await available()
+
+    pace.available = held  # type: ignore[method-assign]
+    return go
 
 
 def _records() -> tuple[list[RoundRecord], Any]:
@@ -258,10 +282,12 @@ def test_a_running_push_sum_peer_refuses_every_impossible_running_sum() -> None:
                 push(sums(0.0, 0.5)[:-1]),  # no weight
                 push(sums(0.0, 0.5).float()),  # not a float64 sum
             ]
+            go = _hold(peer, rounds - 1)  # it computes through the attack, but the last
             running = asyncio.create_task(peer.run(rounds))
             await asyncio.sleep(0.03)
             await _refused(hostile, hostile_sums)
-            assert not running.done(), "the run ended before the attack did; raise rounds"
+            assert not running.done(), "the run ended before the attack did"
+            go.set()
             await asyncio.wait_for(running, 10)
         finally:
             if running is not None:
@@ -313,15 +339,17 @@ def test_a_running_adpsgd_peer_refuses_every_impossible_request_and_reply() -> N
             peer.round = mine[0]  # as if n0 had asked in that round
             peer.validate(make(ones, round=mine[0], phase=1))
             peer.round = 0
+            # The last round n1 is n0's partner in: n0 is held in the round before it until
+            # the attack is done, so it has not reached it while the reply for it arrives.
+            ahead = mine[-1]
+            assert ahead > 0
+            go = _hold(peer, ahead - 1)
             running = asyncio.create_task(peer.run(rounds))
             await asyncio.sleep(0.02)
-            ahead = [k for k in mine if k > peer.round + 1]  # rounds n0 has not asked in
-            assert ahead, "the peer got too far before the attack; raise rounds"
             hostile_messages = [
-                make(ones, round=ahead[0], phase=1),  # a reply before n0 asked (first: it
-                # is refused only while n0 is behind that round)
+                make(ones, round=ahead, phase=1),  # a reply before n0 asked
                 *_tensor_extremes(d, make, round=asks[0]),  # requests
-                *_tensor_extremes(d, make, round=ahead[0], phase=1),  # replies
+                *_tensor_extremes(d, make, round=ahead, phase=1),  # replies
                 make(ones, round=others[0]),  # a request to whom n1 does not ask
                 make(ones, round=not_mine[0], phase=1),  # a reply n0 did not ask n1 for
                 make(ones, round=rounds),  # past the run
@@ -330,7 +358,9 @@ def test_a_running_adpsgd_peer_refuses_every_impossible_request_and_reply() -> N
                 make(ones, round=asks[0], version=1.0),
             ]
             await _refused(hostile, hostile_messages)
-            assert not running.done(), "the run ended before the attack did; raise rounds"
+            assert not running.done(), "the run ended before the attack did"
+            assert peer.round < ahead  # so the reply for round ahead came before n0 asked
+            go.set()
             await asyncio.wait_for(running, 10)
         finally:
             if running is not None:
@@ -388,10 +418,12 @@ def test_a_running_worker_refuses_every_impossible_answer(algorithm: str) -> Non
                 ],
                 answer(ones, round=5, version=7.0),  # round + 2
             ]
+            go = _hold(worker, rounds - 1)  # it computes through the attack, but the last
             running = asyncio.create_task(worker.run(rounds))
             await asyncio.sleep(0.02)
             await _refused(hostile, hostile_answers)
-            assert not running.done(), "the run ended before the attack did; raise rounds"
+            assert not running.done(), "the run ended before the attack did"
+            go.set()
             await asyncio.wait_for(running, 10)
         finally:
             if running is not None:
