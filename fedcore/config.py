@@ -100,6 +100,7 @@ __all__ = [
     "fingerprint_json",
     "load_config",
     "parse_override",
+    "safe_product",
     "table_keys",
 ]
 
@@ -979,7 +980,7 @@ class TimeConfig:
                 ClockCost(
                     key,
                     value,
-                    _product(rounds, local_steps, self.step_s, factor),
+                    safe_product(rounds, local_steps, self.step_s, factor),
                     f"{runs} x time.step_s = {self.step_s:.3g} s x the slowest speed "
                     f"factor {factor:.3g}",
                 )
@@ -993,7 +994,7 @@ class TimeConfig:
             costs.append(
                 ClockCost(
                     *latency,
-                    _product(rounds, latency[1]),
+                    safe_product(rounds, latency[1]),
                     f"{_count(rounds, 'round')} x a latency of {latency[1]:.3g} s",
                 )
             )
@@ -1019,7 +1020,7 @@ class TimeConfig:
                 ClockCost(
                     "time.off_s",
                     self.off_s,
-                    _product(rounds, self.off_s),
+                    safe_product(rounds, self.off_s),
                     f"{_count(rounds, 'round')} x a mean off period of {self.off_s:.3g} s",
                 )
             )
@@ -1031,9 +1032,9 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def _product(*factors: float) -> float:
+def safe_product(*factors: float) -> float:
     """The product of non-negative ``factors``: 0 if any is 0 (never ``0 x inf = nan``),
-    inf where it overflows."""
+    inf where it overflows (a clock cost's seconds, here and in :mod:`fedcore.timing`)."""
     if any(f == 0 for f in factors):
         return 0.0
     return math.prod(float(f) for f in factors)

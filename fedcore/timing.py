@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore import counter_random as keyed
-from fedcore.config import MAX_VIRTUAL_S, ClockCost, TimeConfig
+from fedcore.config import MAX_VIRTUAL_S, ClockCost, TimeConfig, safe_product
 from fedcore.errors import ConfigError
 from fedcore.ids import clip, shorten
 
@@ -244,7 +244,7 @@ class TimeModel:
                 ClockCost(
                     "time.compute_trace",
                     t.compute_trace,
-                    _product(rounds, steps, longest),
+                    safe_product(rounds, steps, longest),
                     f"{work} x the trace's longest step ({longest:.3g} s, speed factor included)",
                 )
             )
@@ -257,7 +257,7 @@ class TimeModel:
                 ClockCost(
                     key,
                     value,
-                    _product(rounds, steps, t.step_s, factor),
+                    safe_product(rounds, steps, t.step_s, factor),
                     f"{work} x time.step_s = {t.step_s:.3g} s x the slowest speed factor "
                     f"{factor:.3g}",
                 )
@@ -274,7 +274,7 @@ class TimeModel:
             link.append(
                 ClockCost(
                     *latency,
-                    _product(rounds, phases, latency[1]),
+                    safe_product(rounds, phases, latency[1]),
                     f"{each} x a latency of {latency[1]:.3g} s",
                 )
             )
@@ -289,7 +289,7 @@ class TimeModel:
                 ClockCost(
                     key,
                     rate,
-                    _product(rounds, phases, message_bytes / (rate * _MIB)),
+                    safe_product(rounds, phases, message_bytes / (rate * _MIB)),
                     f"{each} x a message of {message_bytes} bytes at {rate:.3g} MiB/s",
                     "raise it",
                 )
@@ -299,11 +299,11 @@ class TimeModel:
                 ClockCost(
                     "faults.delay_s",
                     delay_s,
-                    _product(rounds, phases, delay_s),
+                    safe_product(rounds, phases, delay_s),
                     f"{each} x a delay of {delay_s:.3g} s",
                 )
             )
-        waits = _product(rounds, phases, deadline_s) if deadline_s is not None else 0.0
+        waits = safe_product(rounds, phases, deadline_s) if deadline_s is not None else 0.0
         if deadline_s is not None and not waits <= sum((c.seconds for c in link), 0.0):
             link = [
                 ClockCost(
@@ -319,7 +319,7 @@ class TimeModel:
                 ClockCost(
                     "time.off_s",
                     t.off_s,
-                    _product(rounds, t.off_s),
+                    safe_product(rounds, t.off_s),
                     f"{rounds} round{'s' if rounds != 1 else ''} x a mean off period of "
                     f"{t.off_s:.3g} s",
                 )
@@ -450,14 +450,6 @@ class TimeModel:
         mean = self.time.on_s if kind == _ON else self.time.off_s
         u = keyed.uniform_tensor(self._key, kind, self._words[nodes], k)
         return -mean * torch.log1p(-u)
-
-
-def _product(*factors: float) -> float:
-    """The product of non-negative ``factors``: 0 if any is 0 (never ``0 x inf = nan``),
-    inf where it overflows."""
-    if any(f == 0 for f in factors):
-        return 0.0
-    return math.prod(float(f) for f in factors)
 
 
 def _some(names: Sequence[str], *, quote: bool = False) -> str:
