@@ -969,33 +969,57 @@ class TimeConfig:
         any run of these keys costs, refused at load above :data:`MAX_VIRTUAL_S`
         (:func:`check_clock_horizon`; the set-up adds the phases, message sizes, traces
         and deadlines: :meth:`fedcore.timing.TimeModel.clock_costs`)."""
-        costs = []
-        runs = f"{_count(rounds, 'round')} x {_count(local_steps, 'local step')}"
+        compute, links, off = self.clock_shares(rounds=rounds, local_steps=local_steps)
+        return [*compute, *links, *off]
+
+    def clock_shares(
+        self,
+        *,
+        rounds: int,
+        local_steps: int,
+        phases: int = 1,
+        message_bytes: int = 1,
+        speed: float | None = None,
+    ) -> tuple[list[ClockCost], list[ClockCost], list[ClockCost]]:
+        """What ``[time]``'s keys add to a run's clock, every draw at its mean, over
+        ``rounds`` rounds of ``local_steps`` steps and ``phases`` phases of messages of at
+        most ``message_bytes`` bytes, as three lists: the compute (``step_s`` times
+        ``speed``, the slowest speed factor of the run's peers; ``None``: the slowest any
+        peer may have, :meth:`slowest`; nothing with a compute trace, whose values only the
+        set-up reads), the links (per phase the longest latency, and the message over the
+        slowest bandwidth) and the off periods. Apart, so that the set-up
+        (:meth:`fedcore.timing.TimeModel.clock_costs`) adds to each what it alone knows:
+        the compute trace, the fault plan's delay and the deadline."""
+        compute = []
         if not self.compute_trace and self.step_s > 0:
-            factor_key, factor = self.slowest()
+            factor_key, slowest = self.slowest()
+            factor = slowest if speed is None else speed
             key, value = ("time.step_s", self.step_s)
             if factor > max(self.step_s, 1.0):  # the factor is the unusual one
-                key, value = factor_key, factor
-            costs.append(
+                key, value = factor_key, slowest
+            compute.append(
                 ClockCost(
                     key,
                     value,
                     safe_product(rounds, local_steps, self.step_s, factor),
-                    f"{runs} x time.step_s = {self.step_s:.3g} s x the slowest speed "
-                    f"factor {factor:.3g}",
+                    f"{_count(rounds, 'round')} x {_count(local_steps, 'local step')} x "
+                    f"time.step_s = {self.step_s:.3g} s x the slowest speed factor "
+                    f"{factor:.3g}",
                 )
             )
+        each = _count(rounds, "round") + (f" x {_count(phases, 'phase')}" if phases != 1 else "")
+        links = []
         latency = max(
             [("time.latency_s", float(self.latency_s))]
             + [(f"time.edge_latency_s.{e!r}", float(v)) for e, v in self.edge_latency_s.items()],
             key=lambda kv: kv[1],
         )
         if latency[1] > 0:
-            costs.append(
+            links.append(
                 ClockCost(
                     *latency,
-                    safe_product(rounds, latency[1]),
-                    f"{_count(rounds, 'round')} x a latency of {latency[1]:.3g} s",
+                    safe_product(rounds, phases, latency[1]),
+                    f"{each} x a latency of {latency[1]:.3g} s",
                 )
             )
         rates = [("time.bandwidth_mb_s", float(self.bandwidth_mb_s))]
@@ -1004,19 +1028,21 @@ class TimeConfig:
             for e, v in self.edge_bandwidth_mb_s.items()
         ]
         rates = [kv for kv in rates if kv[1] > 0]  # 0: unlimited
-        if rates:
+        if rates and message_bytes > 0:
             key, rate = min(rates, key=lambda kv: kv[1])
-            costs.append(
+            message = "one byte" if message_bytes == 1 else f"a message of {message_bytes} bytes"
+            links.append(
                 ClockCost(
                     key,
                     rate,
-                    rounds / (rate * 2**20),
-                    f"{_count(rounds, 'round')} x one byte at {rate:.3g} MiB/s",
+                    safe_product(rounds, phases, message_bytes / (rate * 2**20)),
+                    f"{each} x {message} at {rate:.3g} MiB/s",
                     "raise it",
                 )
             )
+        off = []
         if self.off_s > 0:
-            costs.append(
+            off.append(
                 ClockCost(
                     "time.off_s",
                     self.off_s,
@@ -1024,7 +1050,7 @@ class TimeConfig:
                     f"{_count(rounds, 'round')} x a mean off period of {self.off_s:.3g} s",
                 )
             )
-        return costs
+        return compute, links, off
 
 
 def _count(n: int, what: str) -> str:

@@ -232,15 +232,26 @@ class TimeModel:
         phase the longest latency plus the largest message over the slowest link plus the
         fault plan's ``delay_s`` (deadline mode: or ``deadline_s``, if longer: a receiver
         waits no longer, but may wait that long for a message that never comes). An
-        availability trace's latest window end is a moment the clock may jump to."""
+        availability trace's latest window end is a moment the clock may jump to.
+
+        The keys' shares are :meth:`~fedcore.config.TimeConfig.clock_shares` at the speed
+        factor of the run's slowest peer; this adds what only the set-up knows: the compute
+        trace's longest step, ``delay_s``, the deadline and the availability trace."""
         t = self.time
-        costs: list[ClockCost] = []
-        work = f"{rounds} round{'s' if rounds != 1 else ''} x {steps} local step"
-        work += "s" if steps != 1 else ""
+        speed = float(self.speed.max()) if self.n else 1.0  # the run's slowest peer
+        compute, link, off = t.clock_shares(
+            rounds=rounds,
+            local_steps=steps,
+            phases=phases,
+            message_bytes=message_bytes,
+            speed=speed,
+        )
         if self._trace is not None:
             table, _ = self._trace
             longest = float((table.amax(dim=1) * self.speed).max())
-            costs.append(
+            work = f"{rounds} round{'s' if rounds != 1 else ''} x {steps} local step"
+            work += "s" if steps != 1 else ""
+            compute.append(
                 ClockCost(
                     "time.compute_trace",
                     t.compute_trace,
@@ -248,52 +259,8 @@ class TimeModel:
                     f"{work} x the trace's longest step ({longest:.3g} s, speed factor included)",
                 )
             )
-        elif t.step_s > 0:
-            factor = float(self.speed.max()) if self.n else 1.0
-            key, value = "time.step_s", t.step_s
-            if factor > max(t.step_s, 1.0):  # the factor is the unusual one
-                key, value = t.slowest()
-            costs.append(
-                ClockCost(
-                    key,
-                    value,
-                    safe_product(rounds, steps, t.step_s, factor),
-                    f"{work} x time.step_s = {t.step_s:.3g} s x the slowest speed factor "
-                    f"{factor:.3g}",
-                )
-            )
-        each = f"{rounds} round{'s' if rounds != 1 else ''} x {phases} phase"
-        each += "s" if phases != 1 else ""
-        link: list[ClockCost] = []
-        latency = max(
-            [("time.latency_s", float(t.latency_s))]
-            + [(f"time.edge_latency_s.{e!r}", float(v)) for e, v in t.edge_latency_s.items()],
-            key=lambda kv: kv[1],
-        )
-        if latency[1] > 0:
-            link.append(
-                ClockCost(
-                    *latency,
-                    safe_product(rounds, phases, latency[1]),
-                    f"{each} x a latency of {latency[1]:.3g} s",
-                )
-            )
-        rates = [("time.bandwidth_mb_s", float(t.bandwidth_mb_s))]
-        rates += [
-            (f"time.edge_bandwidth_mb_s.{e!r}", float(v)) for e, v in t.edge_bandwidth_mb_s.items()
-        ]
-        rates = [kv for kv in rates if kv[1] > 0]  # 0: unlimited
-        if rates and message_bytes > 0:
-            key, rate = min(rates, key=lambda kv: kv[1])
-            link.append(
-                ClockCost(
-                    key,
-                    rate,
-                    safe_product(rounds, phases, message_bytes / (rate * _MIB)),
-                    f"{each} x a message of {message_bytes} bytes at {rate:.3g} MiB/s",
-                    "raise it",
-                )
-            )
+        each = f"{rounds} round{'s' if rounds != 1 else ''}"  # as clock_shares says it
+        each += f" x {phases} phases" if phases != 1 else ""
         if delay_s > 0:
             link.append(
                 ClockCost(
@@ -313,17 +280,7 @@ class TimeModel:
                     f"{each} x a deadline of {deadline_s:.3g} s (deadline mode)",
                 )
             ]
-        costs += link
-        if t.off_s > 0:
-            costs.append(
-                ClockCost(
-                    "time.off_s",
-                    t.off_s,
-                    safe_product(rounds, t.off_s),
-                    f"{rounds} round{'s' if rounds != 1 else ''} x a mean off period of "
-                    f"{t.off_s:.3g} s",
-                )
-            )
+        costs = [*compute, *link, *off]
         if self._windows is not None:
             ends = self._windows[..., 1]
             latest = float(ends[torch.isfinite(ends)].max()) if bool(ends.isfinite().any()) else 0
