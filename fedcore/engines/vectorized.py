@@ -68,7 +68,7 @@ from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runtime import physical_memory
 from fedcore.setup import checkpoint
-from fedcore.setup.plan import size_text
+from fedcore.setup.plan import size_text, vectorized_refusal
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import phase_traffic, row_codec
 from fedcore.stacked_training import StackedBatches, StackedObjective
@@ -112,16 +112,13 @@ def unsupported(setup: RunSetup) -> str | None:
         return "deadline mode waits on wall-clock deadlines, which only the message engine models"
     if config.faults.active and not config.faults.announce and not virtual:
         return "faults.announce = false loses messages silently, which needs deadline mode"
-    rule = getattr(setup.algorithm, "rule", None)
-    if config.transport.mode == "deadline" and getattr(rule, "holds_in_deadline_mode", False):
-        return (
-            f"{setup.algorithm.name} holds a silent peer's pushes in deadline mode, which only "
-            "the message engine models"
+    why = vectorized_refusal(config, setup.algorithm)  # what the config tells (the cheap
+    # checks refuse the same before any work)
+    if why is None:  # then the set-up's graph schedule, codec and memory
+        codec = row_codec(setup)
+        why = algorithm_unsupported(
+            setup.algorithm, period=setup.graph.period, codec=codec, faults=config.faults.active
         )
-    codec = row_codec(setup)
-    why = algorithm_unsupported(
-        setup.algorithm, period=setup.graph.period, codec=codec, faults=config.faults.active
-    )
     return why if why is not None else memory_shortfall(setup)
 
 

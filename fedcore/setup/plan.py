@@ -268,8 +268,9 @@ def vectorized_refusal(config: Config, algorithm: Algorithm) -> str | None:
     far as the config tells (one short clause), or None.
 
     Only the set-up tells the rest (the engine's memory need, with the model's size:
-    :func:`fedcore.engines.vectorized.unsupported` checks it all again). Deadline mode and
-    silent losses are no reason here: ``simulate`` runs them in virtual time."""
+    :func:`fedcore.engines.vectorized.unsupported` calls this, then checks the rest).
+    Deadline mode and silent losses are no reason here: ``simulate`` runs them in virtual
+    time."""
     rule = getattr(algorithm, "rule", None)
     if config.transport.mode == "deadline" and getattr(rule, "holds_in_deadline_mode", False):
         return (
