@@ -66,6 +66,7 @@ __all__ = [
     "FOLDER",
     "LR_SCALINGS",
     "LR_SCHEDULES",
+    "MAX_AVAILABILITY_CYCLES",
     "MAX_VIRTUAL_S",
     "MODEL_CHOICES",
     "MODES",
@@ -120,6 +121,12 @@ clock past it, every draw at its mean, are refused before the run
 (:func:`check_clock_horizon`). The draws of mean 1 are bounded (a lognormal one below
 9.1e15, a Pareto one below 9.1e13: the keyed hash has 53 bits), so no clock of an
 accepted run overflows to infinity (a null in the records)."""
+
+MAX_AVAILABILITY_CYCLES = 1e6
+"""The most on/off periods (``time.on_s`` + ``time.off_s``) a run's clock may pass through,
+every draw at its mean. The clock steps a peer through its periods one at a time (about
+half a millisecond a period, measured on 16 peers with 10,000 periods each), so periods far
+shorter than the run would hold the run for hours (:func:`check_clock_horizon`)."""
 
 PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "natural")
 """How training data is split across nodes (``data.partition``)."""
@@ -824,16 +831,28 @@ class ClockCost:
     """What to do with the key's value (a bandwidth: raise it)."""
 
 
-def check_clock_horizon(costs: Iterable[ClockCost]) -> None:
+def check_clock_horizon(costs: Iterable[ClockCost], cycle_s: float = 0.0) -> None:
     """Refuse costs whose sum could take a run's virtual clock past :data:`MAX_VIRTUAL_S`
-    (or overflow it), naming the key of the largest share.
+    (or overflow it), naming the key of the largest share; and, with ``cycle_s`` (a mean
+    on period plus a mean off period, :attr:`TimeConfig.cycle_s`), a sum that would pass
+    more than :data:`MAX_AVAILABILITY_CYCLES` of them.
 
     Raises:
-        ConfigError: the sum is above :data:`MAX_VIRTUAL_S`, infinite or NaN.
+        ConfigError: the sum is above :data:`MAX_VIRTUAL_S`, infinite or NaN, or spans too
+            many on/off periods.
     """
     shares = list(costs)
     total = sum((c.seconds for c in shares), 0.0)  # fsum raises on overflow; this is inf
     if total <= MAX_VIRTUAL_S:
+        if cycle_s > 0 and total / cycle_s > MAX_AVAILABILITY_CYCLES:
+            raise ConfigError(
+                f"time.on_s + time.off_s = {cycle_s:.3g} s is too short for a run whose "
+                f"clock reaches about {total:.3g} s: each peer would pass "
+                f"{total / cycle_s:,.0f} on/off periods, more than the "
+                f"{MAX_AVAILABILITY_CYCLES:.0e} the clock steps through "
+                f"(fedcore.config.MAX_AVAILABILITY_CYCLES); make the periods at least "
+                f"{total / MAX_AVAILABILITY_CYCLES:.4g} s together, or run fewer rounds."
+            )
         return
     worst = max(shares, key=lambda c: math.inf if math.isnan(c.seconds) else c.seconds)
     raise ConfigError(
@@ -955,6 +974,11 @@ class TimeConfig:
     def active(self) -> bool:
         """Whether any duration is set (a run then keeps a virtual clock)."""
         return self != TimeConfig(seed=self.seed)
+
+    @property
+    def cycle_s(self) -> float:
+        """A mean on period plus a mean off period (0: no on/off periods)."""
+        return self.on_s + self.off_s if self.on_s > 0 and self.off_s > 0 else 0.0
 
     def slowest(self) -> tuple[str, float]:
         """The key and value of the largest speed factor a peer may have (1: no key makes
@@ -1137,7 +1161,8 @@ class Config:
         """Refuse what the tables cannot do together."""
         if self.time.active:  # the least its costs take the clock to over the whole run
             check_clock_horizon(
-                self.time.clock_costs(rounds=self.run.rounds, local_steps=self.run.local_steps)
+                self.time.clock_costs(rounds=self.run.rounds, local_steps=self.run.local_steps),
+                cycle_s=self.time.cycle_s,
             )
         if self.model.dtype == "float32":
             for key, value in (

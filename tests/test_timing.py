@@ -447,6 +447,25 @@ def test_long_off_periods_within_the_ceiling_keep_the_clock_finite() -> None:
     assert bool(torch.isfinite(times.end).all()) and float(times.end.max()) > 5e11
 
 
+def test_on_off_periods_far_shorter_than_the_run_are_refused_at_load() -> None:
+    """The clock steps a peer through its on/off periods one at a time: a run that would
+    pass more than MAX_AVAILABILITY_CYCLES of them (it would hold the run for hours) is
+    refused in one line naming both keys; one just within runs."""
+    within = {"step_s": 1.0, "on_s": 0.01, "off_s": 0.01}
+    config_from_dict({"time": within, "run": {"rounds": 1000}})  # 1.1e5 periods: accepted
+    for tables in (
+        {"time": within, "run": {"rounds": 10**5}},
+        {"time": {"step_s": 1e9, "on_s": 1.0, "off_s": 1.0}},
+    ):
+        with pytest.raises(ConfigError) as refused:
+            config_from_dict(tables)
+        text = _one_line(refused.value, "time.on_s + time.off_s = ", "MAX_AVAILABILITY_CYCLES")
+        assert "make the periods at least" in text, text
+    clock = TimeModel(config_from_dict({"time": within}).time, run_seed=0, nodes=["a", "b"])
+    at = clock.available_from(torch.arange(2), torch.full((2,), 1000.0, dtype=torch.float64))
+    assert bool((at >= 1000.0).all())  # 5e4 periods stepped through: seconds, not hours
+
+
 def _costs(
     m: TimeModel, message_bytes: int, deadline_s: float | None = None, delay_s: float = 0.0
 ) -> list[ClockCost]:

@@ -152,7 +152,8 @@ class SharedClock:
                 message_bytes=self._largest_message(setup.start.element_size()),
                 deadline_s=deadline,
                 delay_s=config.faults.delay_s if self.plan is not None else 0.0,
-            )
+            ),
+            cycle_s=config.time.cycle_s,
         )
         self._rounds: dict[int, _Round] = {}
         self._asked: dict[str, int] = {}  # each node's last round asked of node_times
