@@ -122,17 +122,6 @@ def unsupported(setup: RunSetup) -> str | None:
     return why if why is not None else memory_shortfall(setup)
 
 
-_SAID: set[str] = set()
-"""The fallback notes this process has logged (a sweep of many runs says each once)."""
-
-
-def _say_once(note: str) -> None:
-    """Log ``note`` as a warning, once a process."""
-    if note not in _SAID:
-        _SAID.add(note)
-        logger.warning("%s", note)
-
-
 @dataclass(slots=True)
 class _Phase:
     """One phase's messages in one graph slot, and their running fault counts."""
@@ -213,9 +202,11 @@ class VectorizedNetwork:
         ]
         self.objective = StackedObjective(setup.objective, device, setup.evaluator)
         if self.objective.mode == "module":
-            _say_once(
+            # Every run says it (its summary's warnings list it); a sweep says it once.
+            logger.warning(
                 "vectorized engine: torch.func cannot map this model; its gradients are "
-                f"computed one module per node ({self.objective.why})"
+                "computed one module per node (%s)",
+                self.objective.why,
             )
         if setup.source is not None:
             self.batches: StackedBatches | None = None
