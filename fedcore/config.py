@@ -95,6 +95,7 @@ __all__ = [
     "check_clock_horizon",
     "config_from_dict",
     "config_to_dict",
+    "counted",
     "dumps_toml",
     "effective_lr",
     "fingerprint",
@@ -1026,12 +1027,12 @@ class TimeConfig:
                     key,
                     value,
                     safe_product(rounds, local_steps, self.step_s, factor),
-                    f"{_count(rounds, 'round')} x {_count(local_steps, 'local step')} x "
+                    f"{counted(rounds, 'round')} x {counted(local_steps, 'local step')} x "
                     f"time.step_s = {self.step_s:.3g} s x the slowest speed factor "
                     f"{factor:.3g}",
                 )
             )
-        each = _count(rounds, "round") + (f" x {_count(phases, 'phase')}" if phases != 1 else "")
+        each = counted(rounds, "round") + (f" x {counted(phases, 'phase')}" if phases != 1 else "")
         links = []
         latency = max(
             [("time.latency_s", float(self.latency_s))]
@@ -1071,13 +1072,13 @@ class TimeConfig:
                     "time.off_s",
                     self.off_s,
                     safe_product(rounds, self.off_s),
-                    f"{_count(rounds, 'round')} x a mean off period of {self.off_s:.3g} s",
+                    f"{counted(rounds, 'round')} x a mean off period of {self.off_s:.3g} s",
                 )
             )
         return compute, links, off
 
 
-def _count(n: int, what: str) -> str:
+def counted(n: int, what: str) -> str:
     """``"1 round"``, ``"300 rounds"``."""
     return f"{n} {what}{'' if n == 1 else 's'}"
 

@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore import counter_random as keyed
-from fedcore.config import MAX_VIRTUAL_S, ClockCost, TimeConfig, safe_product
+from fedcore.config import MAX_VIRTUAL_S, ClockCost, TimeConfig, counted, safe_product
 from fedcore.errors import ConfigError
 from fedcore.ids import clip, shorten
 
@@ -249,8 +249,7 @@ class TimeModel:
         if self._trace is not None:
             table, _ = self._trace
             longest = float((table.amax(dim=1) * self.speed).max())
-            work = f"{rounds} round{'s' if rounds != 1 else ''} x {steps} local step"
-            work += "s" if steps != 1 else ""
+            work = f"{counted(rounds, 'round')} x {counted(steps, 'local step')}"
             compute.append(
                 ClockCost(
                     "time.compute_trace",
@@ -259,8 +258,7 @@ class TimeModel:
                     f"{work} x the trace's longest step ({longest:.3g} s, speed factor included)",
                 )
             )
-        each = f"{rounds} round{'s' if rounds != 1 else ''}"  # as clock_shares says it
-        each += f" x {phases} phases" if phases != 1 else ""
+        each = counted(rounds, "round") + (f" x {counted(phases, 'phase')}" if phases != 1 else "")
         if delay_s > 0:
             link.append(
                 ClockCost(
