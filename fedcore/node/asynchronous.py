@@ -150,9 +150,11 @@ class AsyncPeer:
 
     # --- validation (the gRPC servicer calls it on arrival) -------------------------------
 
-    def validate(self, message: Message) -> None:
+    def validate(self, message: Message) -> torch.Tensor:
         """Refuse a message that is not what the algorithm sends, or that this peer's own
-        state makes impossible (see the module docstring).
+        state makes impossible (see the module docstring); return its decoded tensor
+        (push-sum: the float64 running sum and weight), so that where a message is taken
+        it is checked again and decoded once.
 
         Raises:
             OutOfWindowError: a round no honest sender reaches.
@@ -184,7 +186,7 @@ class AsyncPeer:
         if isinstance(self.algorithm, AsyncPushSum):
             sums = self._decode(x, torch.float64, (self.d + 1,))
             self._admit(message.sender, message.round, sums)
-            return
+            return sums
         value = self._decode(x, self._dtype, (self.d,))
         if not bool(torch.isfinite(value).all()):
             raise ProtocolError("a model or update holds non-finite values.")
@@ -194,6 +196,7 @@ class AsyncPeer:
             self._upload_version(message)
         else:
             answer_version(self.version, message.round, message.scalars["version"])
+        return value
 
     def _last_round(self, sender: str) -> int:
         """The last round ``sender`` sends in: a computation's (``run.rounds - 1``), or the
@@ -363,8 +366,7 @@ class AsyncPeer:
             reply = self.transport.take({partner}, phase=1).get(partner)
             if reply is not None and reply.round == k:
                 try:
-                    self.validate(reply)
-                    self.x = ADPSGD.pair(self.x, self.codec.decode(reply.tensors["x"]))
+                    self.x = ADPSGD.pair(self.x, self.validate(reply))
                 except (CompressionError, ProtocolError) as exc:
                     self._refuse(reply, exc)  # as a lost reply: no averaging
                 return
@@ -380,8 +382,7 @@ class AsyncPeer:
                 self._asked = time.monotonic()
                 mine = self.x
                 try:
-                    self.validate(message)
-                    self.x = ADPSGD.pair(mine, self.codec.decode(message.tensors["x"]))
+                    self.x = ADPSGD.pair(mine, self.validate(message))
                 except (CompressionError, ProtocolError) as exc:
                     self._refuse(message, exc)  # no reply: the partner goes on alone
                     continue
@@ -435,8 +436,7 @@ class AsyncPeer:
             zero = torch.zeros(self.d + 1, dtype=torch.float64)
             applied = self._applied.get(sender, zero)
             try:
-                self.validate(message)
-                sums = _RAW.decode(message.tensors["x"])
+                sums = self.validate(message)
                 x, w = AsyncPushSum.receive(
                     self.x.unsqueeze(0),
                     torch.tensor([self.w], dtype=torch.float64),
@@ -459,13 +459,11 @@ class AsyncPeer:
             answer = self.transport.take({server}).get(server)
             if answer is not None:
                 try:
-                    self.validate(answer)
-                    version = answer_version(self.version, answer.round, answer.scalars["version"])
-                    self.x = self.codec.decode(answer.tensors["x"])
+                    model = self.validate(answer)  # its version checked too
                 except (CompressionError, ProtocolError) as exc:
                     self._refuse(answer, exc)  # as no answer: on from its own model
                     return
-                self.version = version
+                self.x, self.version = model, int(answer.scalars["version"])
 
     async def _serve(self, rounds: int) -> None:
         """The server: each upload taken by the rule, and answered with the server's model
@@ -483,8 +481,7 @@ class AsyncPeer:
                 break
             for worker, message in sorted(self.transport.take(ins).items()):
                 try:
-                    self.validate(message)  # the version against what it was told, too
-                    value = self.codec.decode(message.tensors["x"])
+                    value = self.validate(message)  # the version against what it was told, too
                     version = message.scalars["version"]
                     share = self.shares[worker]
                     state = self.algorithm.receive(state, value, version, share, self.workers)
