@@ -141,23 +141,18 @@ def first_non_finite(x: np.ndarray | torch.Tensor) -> int | None:
     never holds a mask as large as ``x``.
     """
     if isinstance(x, torch.Tensor):
-        if not (x.is_floating_point() or x.is_complex()) or x.numel() == 0 or x.dim() == 0:
-            return None
-        rows_t = x.reshape(x.shape[0], -1)
-        step = max(1, _SCAN_ELEMENTS // max(1, rows_t.shape[1]))
-        for start in range(0, rows_t.shape[0], step):
-            bad_t = ~torch.isfinite(rows_t[start : start + step]).all(dim=1)
-            if bool(bad_t.any()):
-                return start + int(torch.nonzero(bad_t)[0, 0])
+        floating = x.is_floating_point() or x.is_complex()
+        finite: Any = torch.isfinite
+    else:
+        floating, finite = x.dtype.kind in "fc", np.isfinite
+    if not floating or x.ndim == 0 or x.shape[0] == 0:
         return None
-    if x.dtype.kind not in "fc" or x.size == 0 or x.ndim == 0:
-        return None
-    rows = x.reshape(x.shape[0], -1)
+    rows = x.reshape(x.shape[0], -1)  # NumPy and torch alike from here
     step = max(1, _SCAN_ELEMENTS // max(1, rows.shape[1]))
     for start in range(0, rows.shape[0], step):
-        bad = ~np.isfinite(rows[start : start + step]).all(axis=1)
-        if bad.any():
-            return start + int(np.argmax(bad))
+        bad = ~finite(rows[start : start + step]).all(1)
+        if bool(bad.any()):
+            return start + int(bad.nonzero()[0][0])
     return None
 
 
