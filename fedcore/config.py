@@ -156,7 +156,7 @@ DATA_ENV = "FEDCORE_DATA"
 """The environment variable that sets the default ``data.root``."""
 
 FOLDER = "folder:"
-"""The prefix of ``data.dataset = "folder:PATH"`` (:func:`fedcore.localdata.folder`)."""
+"""The prefix of ``data.dataset = "folder:PATH"`` (:func:`fedcore.data.folder.folder`)."""
 
 STREAMS = ("", "synthetic")
 """Values of ``data.stream`` besides a user's ``"pkg.module:factory"``."""
@@ -440,7 +440,7 @@ class DataConfig:
     ``"synthetic"`` (the drifting stream of :mod:`fedcore.streams`, shaped by
     ``features``, ``adversarial`` (G), ``noise`` (sigma) and ``drift`` (M)) or a user's
     ``"pkg.module:factory"``. ``root``: the folder of the datasets read from files
-    (``cifar10``, ``femnist``, ...; :func:`fedcore.localdata.data_root`: ``""`` is
+    (``cifar10``, ``femnist``, ...; :func:`fedcore.data.files.data_root`: ``""`` is
     ``$FEDCORE_DATA``, else ``~/.cache/fedcore/data``). ``partition``: ``iid``,
     ``dirichlet`` (label skew, ``alpha``), ``shards`` (``shards_per_node`` classes a node),
     ``quantity`` (size skew, ``alpha``) or ``natural`` (whole writers a node; per-node test

@@ -1,6 +1,6 @@
 """Every shipped example config loads and prepares (its graph, data split and model), so
 none drifts from the config schema. The examples on datasets read from files prepare on
-stand-in files (fedcore.standin) found through $FEDCORE_DATA, as a user's real files would
+stand-in files (fedcore.data.standin) found through $FEDCORE_DATA, as a user's real files would
 be, run a few rounds end to end, and without their files stop with the fetch command."""
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from fedcore import registry
-from fedcore.config import load_config
-from fedcore.localdata import DATA_ENV
+from fedcore.config import DATA_ENV, load_config
+from fedcore.data.standin import write_standin
 from fedcore.setup.prepare import prepare_run
-from fedcore.standin import write_standin
 from tests.clitools import cli, one_line_error
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.toml"))
