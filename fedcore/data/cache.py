@@ -36,8 +36,9 @@ LEAF_CACHE = ".fedcore-decoded"
 """The folder, beside LEAF's ``train/`` and ``test/``, that keeps their decoded arrays."""
 
 _CACHE_FORMAT = 2
-"""Bump when what :func:`_leaf_decoded` returns changes: older cached files are then unused
-(and removed: :func:`_write_cache`). 2: the writers as the bytes of a JSON list."""
+"""Bump when what :func:`fedcore.data.leaf._leaf_decoded` returns changes: older cached files
+are then unused (and removed: :func:`_write_cache`). 2: the writers as the bytes of a JSON
+list."""
 
 _CACHE_KEYS = frozenset({"x_train", "y_train", "g_train", "x_test", "y_test", "g_test", "writers"})
 """The arrays of a decoded file (format 1 held the same names)."""
