@@ -53,12 +53,29 @@ that edge (running sums only grow; :meth:`AsyncPushSum.admit`); and a step whose
 would not be finite in the model's dtype (an average, a mix, a server step) is refused
 rather than taken. Finite values of the right form are trusted, as the synchronous
 algorithms trust them (:mod:`fedcore.algorithms.base`).
+
+**A rule's pattern.** The event engine and the real peer run a rule by what it declares
+(:class:`AsynchronousRule`), never by its class: its :data:`Pattern` (who talks to whom and
+when), whether it has a ``server``, what its messages carry (:class:`Carries`) and the
+parameters a peer predicts with (``model``); then its row functions, one set a pattern:
+
+* ``"pair"`` (:class:`ADPSGD`): when a computation ends, the peer averages with one partner
+  (a request, phase 0, and its reply, phase 1; received: ``pair``, batched in the engine:
+  ``average_pairs``), then takes its computed step (``apply``).
+* ``"push"`` (:class:`AsyncPushSum`): when a computation ends, the peer takes its computed
+  step (``step``), adds shares of its ``mass`` to the running sums of its out-edges and
+  keeps its own share (``push``); received: a running sum, checked (``admit``) and added
+  (``receive``).
+* ``"upload"`` (:class:`FedBuff`, :class:`FedAsync`): when a worker's local steps end it
+  uploads ``upload(start, end)`` with the version it started from; the server's
+  ``receive`` takes the upload received and answers with its model and version (checked at
+  the worker: :func:`answer_version`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
@@ -67,8 +84,11 @@ from fedcore.errors import ConfigError, ProtocolError
 __all__ = [
     "ADPSGD",
     "AsyncPushSum",
+    "AsynchronousRule",
+    "Carries",
     "FedAsync",
     "FedBuff",
+    "Pattern",
     "ServerState",
     "answer_version",
     "example_shares",
@@ -76,6 +96,43 @@ __all__ = [
     "staleness",
     "whole_number",
 ]
+
+
+Pattern = Literal["pair", "push", "upload"]
+"""Who talks to whom, and when (see the module docstring)."""
+
+
+class Carries(NamedTuple):
+    """What an asynchronous rule's message holds besides its one tensor ``"x"``."""
+
+    phases: tuple[int, ...] = (0,)
+    """The phases its messages go in (AD-PSGD: a request 0 and a reply 1)."""
+    scalars: frozenset[str] = frozenset()
+    """Exactly the scalars each message holds."""
+    raw: bool = False
+    """``x`` is a float64 running sum of ``d`` values and a weight, sent raw (lossless);
+    otherwise a model or an update of ``d`` values in the model's dtype, through the
+    run's codec."""
+
+
+class AsynchronousRule(Protocol):
+    """What the event engine and the real peer ask of an asynchronous rule; the row
+    functions of its :attr:`pattern` are named in the module docstring."""
+
+    name: str
+    mixing: str
+    phases: int
+    asynchronous: bool
+    pattern: Pattern
+    server: str | None
+    """The server's node id (pattern ``"upload"``), or None."""
+    carries: Carries
+
+    def model(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``[B, d]``: the parameters each row predicts with and takes its gradient at
+        (``x``: ``[B, d]``; ``w``: ``[B]`` float64, each row's push-sum weight, 1 for the
+        other patterns)."""
+        ...
 
 
 def is_asynchronous(algorithm: Any) -> bool:
@@ -146,6 +203,14 @@ class ADPSGD:
     mixing = "doubly-stochastic"
     phases = 1
     asynchronous = True
+    pattern: Pattern = "pair"
+    server: str | None = None
+    carries = Carries(phases=(0, 1))
+
+    @staticmethod
+    def model(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Each row's model is ``x``."""
+        return x
 
     @staticmethod
     def average(x_i: torch.Tensor, x_j: torch.Tensor) -> torch.Tensor:
@@ -213,11 +278,21 @@ class AsyncPushSum:
     mixing = "push-sum"
     phases = 1
     asynchronous = True
+    pattern: Pattern = "push"
+    server: str | None = None
+    carries = Carries(raw=True)
 
     @staticmethod
     def debiased(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``z = x / w`` of each row (``w``: ``[B]`` float64)."""
         return x / w.to(x.dtype).unsqueeze(1)
+
+    model = debiased
+
+    @staticmethod
+    def mass(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``[B, d + 1]`` float64: each row's ``(x, w)``, whose shares the running sums add."""
+        return torch.cat([x.to(torch.float64), w.to(torch.float64).reshape(-1, 1)], dim=1)
 
     @staticmethod
     def step(x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
@@ -304,6 +379,10 @@ class FedBuff:
     mixing = "star"
     phases = 1
     asynchronous = True
+    pattern: Pattern = "upload"
+    server: str | None
+    carries = Carries(scalars=frozenset({"version"}))
+    model = staticmethod(ADPSGD.model)
 
     def __init__(self, server: str = "server", buffer: int = 10, server_lr: float = 1.0) -> None:
         """Check the options."""
@@ -374,6 +453,10 @@ class FedAsync:
     mixing = "star"
     phases = 1
     asynchronous = True
+    pattern: Pattern = "upload"
+    server: str | None
+    carries = Carries(scalars=frozenset({"version"}))
+    model = staticmethod(ADPSGD.model)
 
     def __init__(
         self, server: str = "server", alpha: float = 0.6, staleness_power: float = 0.5
