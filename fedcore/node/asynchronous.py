@@ -62,8 +62,7 @@ import torch
 
 from fedcore import counter_random as keyed
 from fedcore.algorithms.asynchronous import (
-    ADPSGD,
-    AsyncPushSum,
+    AsynchronousRule,
     ServerState,
     answer_version,
     whole_number,
@@ -79,12 +78,13 @@ from fedcore.errors import (
 from fedcore.ids import clip, shorten
 from fedcore.messages import EncodedTensor, Message
 from fedcore.models import Objective
+from fedcore.node.intake import names
 from fedcore.node.pace import Pace
-from fedcore.node.records import RoundRecord
+from fedcore.node.records import RoundRecord, counted, traffic
 from fedcore.node.schedule import NodeOptions
 from fedcore.streams import Batches
 from fedcore.topology import Topology
-from fedcore.transport.base import AsyncTransport, TransportStats
+from fedcore.transport.base import AsyncTransport
 
 __all__ = ["AsyncPeer"]
 
@@ -116,7 +116,10 @@ class AsyncPeer:
         examples over the workers' mean (the server weighs uploads by them; how many
         workers there are is the server's round, in uploads)."""
         self.id = node_id
-        self.algorithm = algorithm
+        self.algorithm = algorithm  # an AsynchronousRule; its pattern's row functions
+        rule: AsynchronousRule = algorithm
+        self.pattern = rule.pattern
+        self.carries = rule.carries
         self.graph = graph.at(0)
         self.objective = objective
         self.stream = stream
@@ -132,7 +135,7 @@ class AsyncPeer:
         self.w = 1.0
         self.d = int(params.numel())
         self._dtype = params.dtype
-        self.server: str | None = getattr(algorithm, "server", None)
+        self.server = rule.server
         self.ins = tuple(sorted(self.graph.in_weights(node_id)))
         self._sums: dict[str, torch.Tensor] = {}  # push-sum: running sums per out-neighbour
         self._applied: dict[str, torch.Tensor] = {}  # and the last applied per in-neighbour
@@ -144,9 +147,8 @@ class AsyncPeer:
 
     def model(self) -> torch.Tensor:
         """The parameters this peer predicts with."""
-        if isinstance(self.algorithm, AsyncPushSum):
-            return AsyncPushSum.debiased(self.x.unsqueeze(0), torch.tensor([self.w]))[0]
-        return self.x
+        model: torch.Tensor = self.algorithm.model(self.x.unsqueeze(0), torch.tensor([self.w]))
+        return model[0]
 
     # --- validation (the gRPC servicer calls it on arrival) -------------------------------
 
@@ -163,16 +165,15 @@ class AsyncPeer:
         x = message.tensors.get("x")
         if set(message.tensors) != {"x"} or x is None:
             raise ProtocolError(
-                f"an asynchronous message holds tensor 'x' only, got {_names(message.tensors)}."
+                f"an asynchronous message holds tensor 'x' only, got {names(message.tensors)}."
             )
-        server = self.server is not None
-        wanted = {"version"} if server else set()
+        wanted = self.carries.scalars
         if set(message.scalars) != wanted:
             raise ProtocolError(
-                f"its scalars are {_names(message.scalars)}; {self.algorithm.name!r} sends "
-                f"{_names(wanted)}."
+                f"its scalars are {names(message.scalars)}; {self.algorithm.name!r} sends "
+                f"{names(wanted)}."
             )
-        phases = (0, 1) if isinstance(self.algorithm, ADPSGD) else (0,)
+        phases = self.carries.phases
         if message.phase not in phases:
             raise ProtocolError(
                 f"phase {message.phase} is not a phase of {self.algorithm.name!r} {phases}."
@@ -183,14 +184,15 @@ class AsyncPeer:
                 f"a message for round {message.round} from {clip(message.sender)} is past "
                 f"round {last}, the last its sender has in this run."
             )
-        if isinstance(self.algorithm, AsyncPushSum):
-            sums = self._decode(x, torch.float64, (self.d + 1,))
-            self._admit(message.sender, message.round, sums)
-            return sums
-        value = self._decode(x, self._dtype, (self.d,))
-        if not bool(torch.isfinite(value).all()):
-            raise ProtocolError("a model or update holds non-finite values.")
-        if isinstance(self.algorithm, ADPSGD):
+        if self.carries.raw:  # a running sum: checked whole by the pattern's check below
+            value = self._decode(x, torch.float64, (self.d + 1,))
+        else:
+            value = self._decode(x, self._dtype, (self.d,))
+            if not bool(torch.isfinite(value).all()):
+                raise ProtocolError("a model or update holds non-finite values.")
+        if self.pattern == "push":
+            self._admit(message.sender, message.round, value)
+        elif self.pattern == "pair":
             self._check_pair(message)
         elif self.id == self.server:
             self._upload_version(message)
@@ -214,7 +216,7 @@ class AsyncPeer:
         applied = self._applied.get(sender)
         before = torch.zeros_like(sums) if applied is None else applied
         most = (round + 1) * len(self.graph.nodes) * (1 + 1e-6)
-        if not bool(AsyncPushSum.admit(sums.unsqueeze(0), before.unsqueeze(0), most)[0]):
+        if not bool(self.algorithm.admit(sums.unsqueeze(0), before.unsqueeze(0), most)[0]):
             raise ProtocolError(
                 f"a running sum from {clip(sender)} for round {round} is not finite, has a "
                 f"weight {float(sums[-1])!r} below the {float(before[-1])!r} applied from "
@@ -277,7 +279,7 @@ class AsyncPeer:
     def _decode(
         self, encoded: EncodedTensor, dtype: torch.dtype, shape: tuple[int, ...]
     ) -> torch.Tensor:
-        codec = _RAW if isinstance(self.algorithm, AsyncPushSum) else self.codec
+        codec = _RAW if self.carries.raw else self.codec
         try:
             value = codec.decode(encoded)
         except CompressionError as exc:
@@ -297,7 +299,7 @@ class AsyncPeer:
             await self._serve(rounds)
             return
         answering = None
-        if isinstance(self.algorithm, ADPSGD):
+        if self.pattern == "pair":
             answering = asyncio.create_task(self._answer())
         try:
             while self.round < rounds:
@@ -313,7 +315,7 @@ class AsyncPeer:
         k = self.round
         began = time.perf_counter()
         stats = self.transport.stats
-        before = _counts(stats)
+        before = traffic(stats)
         if self.pace is not None:
             await self.pace.available()
         computing = time.perf_counter()
@@ -321,29 +323,29 @@ class AsyncPeer:
         losses = []
         start = self.x.clone()
         lr = self.options.lr_at(k)
-        if isinstance(self.algorithm, ADPSGD):
+        if self.pattern == "pair":
             x, y = self.stream.next_batch()
             loss, grad = self.objective.loss_and_grad(self.x.clone(), x, y)  # the model read
             if self.pace is not None:
                 await self.pace.computed(time.perf_counter() - computing)
             await self._pair(k)
-            self.x = ADPSGD.apply(self.x, grad, lr)
+            self.x = self.algorithm.apply(self.x, grad, lr)
             self.round = k + 1
             self._record(k, loss, began, before)
             return
         for _ in range(steps):
             x, y = self.stream.next_batch()
-            if isinstance(self.algorithm, AsyncPushSum):
+            if self.pattern == "push":
                 loss, grad = self.objective.loss_and_grad(self.model(), x, y)
                 w = torch.tensor([self.w], dtype=torch.float64)
-                self.x = AsyncPushSum.step(self.x.unsqueeze(0), w, grad.unsqueeze(0), lr)[0]
+                self.x = self.algorithm.step(self.x.unsqueeze(0), w, grad.unsqueeze(0), lr)[0]
             else:
                 loss, grad = self.objective.loss_and_grad(self.x, x, y)
                 self.x = self.x - lr * grad
             losses.append(loss)
         if self.pace is not None:
             await self.pace.computed(time.perf_counter() - computing)
-        if isinstance(self.algorithm, AsyncPushSum):
+        if self.pattern == "push":
             await self._push(k)
             self._absorb()
         else:
@@ -366,7 +368,7 @@ class AsyncPeer:
             reply = self.transport.take({partner}, phase=1).get(partner)
             if reply is not None and reply.round == k:
                 try:
-                    self.x = ADPSGD.pair(self.x, self.validate(reply))
+                    self.x = self.algorithm.pair(self.x, self.validate(reply))
                 except (CompressionError, ProtocolError) as exc:
                     self._refuse(reply, exc)  # as a lost reply: no averaging
                 return
@@ -382,7 +384,7 @@ class AsyncPeer:
                 self._asked = time.monotonic()
                 mine = self.x
                 try:
-                    self.x = ADPSGD.pair(mine, self.validate(message))
+                    self.x = self.algorithm.pair(mine, self.validate(message))
                 except (CompressionError, ProtocolError) as exc:
                     self._refuse(message, exc)  # no reply: the partner goes on alone
                     continue
@@ -400,7 +402,7 @@ class AsyncPeer:
     ) -> bool:
         # Push-sum's running sums go raw (float64, lossless); models and updates through
         # the run's codec.
-        codec = _RAW if isinstance(self.algorithm, AsyncPushSum) else self.codec
+        codec = _RAW if self.carries.raw else self.codec
         encoded = codec.encode(tensor)
         message = Message(
             run=self.options.run_id,
@@ -420,15 +422,18 @@ class AsyncPeer:
         return True
 
     async def _push(self, k: int) -> None:
-        g = self.graph
-        mass = torch.cat([self.x.to(torch.float64), torch.tensor([self.w], dtype=torch.float64)])
+        g, rule = self.graph, self.algorithm
+        w = torch.tensor([self.w], dtype=torch.float64)
+        mass = rule.mass(self.x.unsqueeze(0), w)[0]
         for receiver, share in sorted(g.out_weights(self.id).items()):
             total = self._sums.get(receiver, torch.zeros(self.d + 1, dtype=torch.float64))
             self._sums[receiver] = total = total + share * mass
             await self._send(receiver, k, total, {})
         own = torch.tensor([g.self_weight(self.id)], dtype=torch.float64)
-        x, w = AsyncPushSum.push(self.x.unsqueeze(0), torch.tensor([self.w]), own)
-        self.x, self.w = x[0], float(w[0])
+        # The weight goes in as a float32 tensor: what it keeps is rounded to float32 first
+        # (the event engine's weights stay float64).
+        x, kept = rule.push(self.x.unsqueeze(0), torch.tensor([self.w]), own)
+        self.x, self.w = x[0], float(kept[0])
 
     def _absorb(self) -> None:
         """Apply the running sums that arrived (the newest of each in-neighbour)."""
@@ -437,7 +442,7 @@ class AsyncPeer:
             applied = self._applied.get(sender, zero)
             try:
                 sums = self.validate(message)
-                x, w = AsyncPushSum.receive(
+                x, w = self.algorithm.receive(
                     self.x.unsqueeze(0),
                     torch.tensor([self.w], dtype=torch.float64),
                     (sums[: self.d].unsqueeze(0), sums[self.d :]),
@@ -472,7 +477,7 @@ class AsyncPeer:
         uploads = 0
         began = time.perf_counter()
         stats = self.transport.stats
-        before = _counts(stats)
+        before = traffic(stats)
         ins = set(self.ins)
         while self.round < rounds:
             wait = self.options.strict_timeout_s
@@ -497,7 +502,7 @@ class AsyncPeer:
                     self._record(self.round, math.nan, began, before, idle=True)
                     self.round += 1
                     began = time.perf_counter()
-                    before = _counts(stats)
+                    before = traffic(stats)
 
     def _record(
         self,
@@ -508,44 +513,16 @@ class AsyncPeer:
         *,
         idle: bool = False,
     ) -> None:
-        stats = self.transport.stats
         record = RoundRecord(
             node=self.id,
             round=k,
             loss=loss,
             lr=self.options.lr_at(k),
-            messages_sent=stats.messages_sent - before[0],
-            bytes_sent=stats.bytes_sent - before[1],
-            messages_received=stats.messages_received - before[2],
-            bytes_received=stats.bytes_received - before[3],
             messages_missing=0,
-            messages_late=stats.messages_late - before[4],
-            messages_rejected=stats.messages_rejected - before[5],
             missing=(),
             wall_s=time.perf_counter() - began,
             idle=idle,
+            **counted(self.transport.stats, before),
         )
         if self.observer is not None:
             self.observer(self, record)
-
-
-def _names(names: Any) -> str:
-    """``'a', 'b'`` (sorted, each clipped; at most 8), or ``none``."""
-    listed = sorted(str(n) for n in names)
-    if not listed:
-        return "none"
-    more = f" (+{len(listed) - 8} more)" if len(listed) > 8 else ""
-    return ", ".join(clip(n, 40) for n in listed[:8]) + more
-
-
-def _counts(stats: TransportStats) -> tuple[int, ...]:
-    """Messages and bytes sent and received, and messages late (stale) and rejected, so
-    far."""
-    return (
-        stats.messages_sent,
-        stats.bytes_sent,
-        stats.messages_received,
-        stats.bytes_received,
-        stats.messages_late,
-        stats.messages_rejected,
-    )
