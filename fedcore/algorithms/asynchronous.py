@@ -331,10 +331,11 @@ class AsyncPushSum:
         w: torch.Tensor,
         sums: tuple[torch.Tensor, torch.Tensor],
         applied: tuple[torch.Tensor, torch.Tensor],
+        most: float = math.inf,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the mass a running sum carries beyond the one applied before (``x``,
         ``sums[0]``, ``applied[0]``: ``[B, d]``; ``w`` and the weights: ``[B]``), in
-        ``x``'s dtype.
+        ``x``'s dtype; ``most``: :meth:`admit`'s bound on a weight.
 
         Raises:
             ProtocolError: a running sum :meth:`admit` refuses, or a result that is not
@@ -342,10 +343,14 @@ class AsyncPushSum:
         """
         full = torch.cat([sums[0].to(torch.float64), sums[1].reshape(-1, 1)], dim=1)
         before = torch.cat([applied[0].to(torch.float64), applied[1].reshape(-1, 1)], dim=1)
-        if not bool(AsyncPushSum.admit(full, before).all()):
+        ok = AsyncPushSum.admit(full, before, most)
+        if not bool(ok.all()):
+            row = int(torch.nonzero(~ok)[0, 0])  # the first refused
+            bound = "" if math.isinf(most) else f", or above {most:g}"
             raise ProtocolError(
-                "a running sum is not finite, or its weight is below the one already applied "
-                "from that edge (a running sum only grows)."
+                f"a running sum is not finite, or its weight ({float(full[row, -1])!r}) is "
+                f"below the one already applied from that edge ({float(before[row, -1])!r}: a "
+                f"running sum only grows){bound}."
             )
         new_x = (x.to(torch.float64) + (sums[0] - applied[0])).to(x.dtype)
         new_w = w + (sums[1] - applied[1])

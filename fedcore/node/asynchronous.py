@@ -162,6 +162,20 @@ class AsyncPeer:
             OutOfWindowError: a round no honest sender reaches.
             ProtocolError: a wrong tensor name, shape, dtype or a value out of range.
         """
+        value = self._intake(message)
+        if self.pattern == "push":
+            self._admit(message.sender, message.round, value)
+        elif self.pattern == "pair":
+            self._check_pair(message)
+        elif self.id == self.server:
+            self._upload_version(message)
+        else:
+            answer_version(self.version, message.round, message.scalars["version"])
+        return value
+
+    def _intake(self, message: Message) -> torch.Tensor:
+        """:meth:`validate`'s checks of the message alone, before this peer's state: its
+        decoded tensor."""
         x = message.tensors.get("x")
         if set(message.tensors) != {"x"} or x is None:
             raise ProtocolError(
@@ -184,20 +198,11 @@ class AsyncPeer:
                 f"a message for round {message.round} from {clip(message.sender)} is past "
                 f"round {last}, the last its sender has in this run."
             )
-        if self.carries.raw:  # a running sum: checked whole by the pattern's check below
-            value = self._decode(x, torch.float64, (self.d + 1,))
-        else:
-            value = self._decode(x, self._dtype, (self.d,))
-            if not bool(torch.isfinite(value).all()):
-                raise ProtocolError("a model or update holds non-finite values.")
-        if self.pattern == "push":
-            self._admit(message.sender, message.round, value)
-        elif self.pattern == "pair":
-            self._check_pair(message)
-        elif self.id == self.server:
-            self._upload_version(message)
-        else:
-            answer_version(self.version, message.round, message.scalars["version"])
+        if self.carries.raw:  # a running sum: checked whole against the state (_admit)
+            return self._decode(x, torch.float64, (self.d + 1,))
+        value = self._decode(x, self._dtype, (self.d,))
+        if not bool(torch.isfinite(value).all()):
+            raise ProtocolError("a model or update holds non-finite values.")
         return value
 
     def _last_round(self, sender: str) -> int:
@@ -209,25 +214,26 @@ class AsyncPeer:
             return (rounds + 1) * max(self.workers, 1) - 1
         return rounds - 1
 
-    def _admit(self, sender: str, round: int, sums: torch.Tensor) -> None:
-        """Push-sum: refuse a running sum this edge's applied one rules out, or one whose
+    def _admit(self, sender: str, round: int, sums: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Push-sum: the ``x`` and ``w`` this peer holds once it takes ``sums`` (the rule's
+        ``receive``), refusing a running sum this edge's applied one rules out, one whose
         weight exceeds ``(round + 1) N`` (each of its ``round + 1`` pushes carries a share
-        of a weight at most ``N``, the network's mass; a margin for rounding)."""
+        of a weight at most ``N``, the network's mass; a margin for rounding) and one that
+        takes ``x`` beyond its dtype's range."""
         applied = self._applied.get(sender)
         before = torch.zeros_like(sums) if applied is None else applied
         most = (round + 1) * len(self.graph.nodes) * (1 + 1e-6)
-        if not bool(self.algorithm.admit(sums.unsqueeze(0), before.unsqueeze(0), most)[0]):
-            raise ProtocolError(
-                f"a running sum from {clip(sender)} for round {round} is not finite, has a "
-                f"weight {float(sums[-1])!r} below the {float(before[-1])!r} applied from "
-                f"that edge, or above {most:g} (the most {round + 1} pushes carry)."
+        try:
+            x, w = self.algorithm.receive(
+                self.x.unsqueeze(0),
+                torch.tensor([self.w], dtype=torch.float64),
+                (sums[: self.d].unsqueeze(0), sums[self.d :]),
+                (before[: self.d].unsqueeze(0), before[self.d :]),
+                most,
             )
-        added = (self.x.to(torch.float64) + (sums[: self.d] - before[: self.d])).to(self._dtype)
-        if not bool(torch.isfinite(added).all()):
-            raise ProtocolError(
-                f"a running sum from {clip(sender)} would take this peer's x beyond "
-                f"{self._dtype}'s range."
-            )
+        except ProtocolError as exc:
+            raise ProtocolError(f"from {clip(sender)}, round {round}: {exc}") from exc
+        return x[0], float(w[0])
 
     def _check_pair(self, message: Message) -> None:
         """AD-PSGD: a request (phase 0) only from a sender whose partner this peer is in
@@ -438,20 +444,12 @@ class AsyncPeer:
     def _absorb(self) -> None:
         """Apply the running sums that arrived (the newest of each in-neighbour)."""
         for sender, message in sorted(self.transport.take(self.ins).items()):
-            zero = torch.zeros(self.d + 1, dtype=torch.float64)
-            applied = self._applied.get(sender, zero)
-            try:
-                sums = self.validate(message)
-                x, w = self.algorithm.receive(
-                    self.x.unsqueeze(0),
-                    torch.tensor([self.w], dtype=torch.float64),
-                    (sums[: self.d].unsqueeze(0), sums[self.d :]),
-                    (applied[: self.d].unsqueeze(0), applied[self.d :]),
-                )
+            try:  # decoded and checked against the state once, here
+                sums = self._intake(message)
+                self.x, self.w = self._admit(sender, message.round, sums)
             except (CompressionError, ProtocolError) as exc:
                 self._refuse(message, exc)  # its mass comes with the sender's next sum
                 continue
-            self.x, self.w = x[0], float(w[0])
             self._applied[sender] = sums
 
     async def _upload(self, k: int, start: torch.Tensor) -> None:
