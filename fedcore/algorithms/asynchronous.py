@@ -61,13 +61,13 @@ parameters a peer predicts with (``model``); then its row functions, one set a p
 
 * ``"pair"`` (:class:`ADPSGD`): when a computation ends, the peer averages with one partner
   (a request, phase 0, and its reply, phase 1; received: ``pair``, batched in the engine:
-  ``average_pairs``), then takes its computed step (``apply``).
+  ``average_pairs``), then takes its computed step (``step``, stale).
 * ``"push"`` (:class:`AsyncPushSum`): when a computation ends, the peer takes its computed
   step (``step``), adds shares of its ``mass`` to the running sums of its out-edges and
   keeps its own share (``push``); received: a running sum, checked (``admit``) and added
   (``receive``).
-* ``"upload"`` (:class:`FedBuff`, :class:`FedAsync`): when a worker's local steps end it
-  uploads ``upload(start, end)`` with the version it started from; the server's
+* ``"upload"`` (:class:`FedBuff`, :class:`FedAsync`): when a worker's local steps
+  (``step``) end it uploads ``upload(start, end)`` with the version it started from; the server's
   ``receive`` takes the upload received and answers with its model and version (checked at
   the worker: :func:`answer_version`).
 """
@@ -132,6 +132,12 @@ class AsynchronousRule(Protocol):
         """``[B, d]``: the parameters each row predicts with and takes its gradient at
         (``x``: ``[B, d]``; ``w``: ``[B]`` float64, each row's push-sum weight, 1 for the
         other patterns)."""
+        ...
+
+    def step(self, x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
+        """``[B, d]``: each row's step with its gradient ``grad`` at its model: what a
+        computation ends with (AD-PSGD's after its averaging; the upload pattern's each
+        local step)."""
         ...
 
 
@@ -209,8 +215,13 @@ class ADPSGD:
 
     @staticmethod
     def model(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """Each row's model is ``x``."""
+        """Each row's model is ``x`` (``w`` unused)."""
         return x
+
+    @staticmethod
+    def step(x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
+        """The (stale) gradient step, ``x - lr g`` (``w`` unused)."""
+        return x - lr * grad
 
     @staticmethod
     def average(x_i: torch.Tensor, x_j: torch.Tensor) -> torch.Tensor:
@@ -264,11 +275,6 @@ class ADPSGD:
             x[a] = mean
             x[b] = mean
         return kept
-
-    @staticmethod
-    def apply(x: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
-        """The stale gradient step, ``x - lr g``."""
-        return x - lr * grad
 
 
 class AsyncPushSum:
@@ -388,6 +394,7 @@ class FedBuff:
     server: str | None
     carries = Carries(scalars=frozenset({"version"}))
     model = staticmethod(ADPSGD.model)
+    step = staticmethod(ADPSGD.step)  # a local step
 
     def __init__(self, server: str = "server", buffer: int = 10, server_lr: float = 1.0) -> None:
         """Check the options."""
@@ -462,6 +469,7 @@ class FedAsync:
     server: str | None
     carries = Carries(scalars=frozenset({"version"}))
     model = staticmethod(ADPSGD.model)
+    step = staticmethod(ADPSGD.step)  # a local step
 
     def __init__(
         self, server: str = "server", alpha: float = 0.6, staleness_power: float = 0.5

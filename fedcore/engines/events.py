@@ -315,7 +315,7 @@ class EventNetwork:
             for _ in range(self.steps):
                 step_loss, grad = self._gradient(rows, x)
                 losses.append(step_loss)
-                x = x - self.lr * grad
+                x = self.algorithm.step(x, self.w[rows], grad, self.lr)
             loss = torch.stack(losses).mean(dim=0)
             self.pending[rows] = start  # the model it started from ...
             self.x[rows] = x  # ... and the one it ends with (each rule uploads what it does)
@@ -350,7 +350,8 @@ class EventNetwork:
         """What ``group`` (node order) does as its computations end, by the pattern."""
         if self.pattern == "pair":
             self._average(group)
-            self.x[group] = self.algorithm.apply(self.x[group], self.pending[group], self.lr)
+            x, w = self.x[group], self.w[group]
+            self.x[group] = self.algorithm.step(x, w, self.pending[group], self.lr)
         elif self.pattern == "push":
             self._push(group)
         else:

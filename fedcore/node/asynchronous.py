@@ -318,10 +318,11 @@ class AsyncPeer:
                 answering.cancel()
 
     async def _compute_and_push(self) -> None:
+        """One computation: its steps (the rule's ``step``; AD-PSGD's stale one after its
+        averaging), then what its pattern sends and takes."""
         k = self.round
         began = time.perf_counter()
-        stats = self.transport.stats
-        before = traffic(stats)
+        before = traffic(self.transport.stats)
         if self.pace is not None:
             await self.pace.available()
         computing = time.perf_counter()
@@ -329,35 +330,30 @@ class AsyncPeer:
         losses = []
         start = self.x.clone()
         lr = self.options.lr_at(k)
-        if self.pattern == "pair":
-            x, y = self.stream.next_batch()
-            loss, grad = self.objective.loss_and_grad(self.x.clone(), x, y)  # the model read
-            if self.pace is not None:
-                await self.pace.computed(time.perf_counter() - computing)
-            await self._pair(k)
-            self.x = self.algorithm.apply(self.x, grad, lr)
-            self.round = k + 1
-            self._record(k, loss, began, before)
-            return
         for _ in range(steps):
             x, y = self.stream.next_batch()
-            if self.pattern == "push":
-                loss, grad = self.objective.loss_and_grad(self.model(), x, y)
-                w = torch.tensor([self.w], dtype=torch.float64)
-                self.x = self.algorithm.step(self.x.unsqueeze(0), w, grad.unsqueeze(0), lr)[0]
-            else:
-                loss, grad = self.objective.loss_and_grad(self.x, x, y)
-                self.x = self.x - lr * grad
+            loss, grad = self.objective.loss_and_grad(self.model().clone(), x, y)  # as read
             losses.append(loss)
+            if self.pattern != "pair":
+                self.x = self._step(grad, lr)
         if self.pace is not None:
             await self.pace.computed(time.perf_counter() - computing)
-        if self.pattern == "push":
+        if self.pattern == "pair":
+            await self._pair(k)
+            self.x = self._step(grad, lr)
+        elif self.pattern == "push":
             await self._push(k)
             self._absorb()
         else:
             await self._upload(k, start)
         self.round = k + 1
         self._record(k, math.fsum(losses) / len(losses), began, before)
+
+    def _step(self, grad: torch.Tensor, lr: float) -> torch.Tensor:
+        """The rule's step of this peer's ``x`` with ``grad``."""
+        w = torch.tensor([self.w], dtype=torch.float64)
+        x: torch.Tensor = self.algorithm.step(self.x.unsqueeze(0), w, grad.unsqueeze(0), lr)
+        return x[0]
 
     async def _pair(self, k: int) -> None:
         """AD-PSGD: average with a partner (uniform among the neighbours by the keyed hash

@@ -40,9 +40,9 @@ GRAPHS: dict[str, list[str]] = {  # a graph a pattern runs on
     "upload": ["topology.kind=star"],
 }
 ROW_FUNCTIONS: dict[str, tuple[str, ...]] = {  # what the runtimes call, by pattern
-    "pair": ("pair", "average_pairs", "apply"),
+    "pair": ("pair", "average_pairs", "step"),
     "push": ("step", "mass", "push", "admit", "receive"),
-    "upload": ("upload", "receive"),
+    "upload": ("step", "upload", "receive"),
 }
 ROUNDS = 3
 
