@@ -55,9 +55,10 @@ rather than taken. Finite values of the right form are trusted, as the synchrono
 algorithms trust them (:mod:`fedcore.algorithms.base`).
 
 **A rule's pattern.** The event engine and the real peer run a rule by what it declares
-(:class:`AsynchronousRule`), never by its class: its :data:`Pattern` (who talks to whom and
-when), whether it has a ``server``, what its messages carry (:class:`Carries`) and the
-parameters a peer predicts with (``model``); then its row functions, one set a pattern:
+(a subclass of :class:`AsynchronousRule`), never by which rule it is: its :data:`Pattern`
+(who talks to whom and when), whether it has a ``server``, what its messages carry
+(:class:`Carries`), the parameters a peer predicts with (``model``) and the step a
+computation ends with (``step``); then its pattern's row functions:
 
 * ``"pair"`` (:class:`ADPSGD`): when a computation ends, the peer averages with one partner
   (a request, phase 0, and its reply, phase 1; received: ``pair``, batched in the engine:
@@ -67,15 +68,15 @@ parameters a peer predicts with (``model``); then its row functions, one set a p
   keeps its own share (``push``); received: a running sum, checked (``admit``) and added
   (``receive``).
 * ``"upload"`` (:class:`FedBuff`, :class:`FedAsync`): when a worker's local steps
-  (``step``) end it uploads ``upload(start, end)`` with the version it started from; the server's
-  ``receive`` takes the upload received and answers with its model and version (checked at
-  the worker: :func:`answer_version`).
+  (``step``) end it uploads ``upload(start, end)`` with the version it started from; the
+  server's ``receive`` takes the upload received and answers with its model and version
+  (checked at the worker: :func:`answer_version`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -115,35 +116,41 @@ class Carries(NamedTuple):
     run's codec."""
 
 
-class AsynchronousRule(Protocol):
+class AsynchronousRule:
     """What the event engine and the real peer ask of an asynchronous rule; the row
-    functions of its :attr:`pattern` are named in the module docstring."""
+    functions of its :attr:`pattern` are named in the module docstring.
+
+    A rule says it is one by subclassing this class: fedcore runs an algorithm without
+    rounds only when its class declares it so (:func:`is_asynchronous`), never because it
+    happens to have these attributes.
+    """
 
     name: str
     mixing: str
-    phases: int
-    asynchronous: bool
+    phases = 1
+    asynchronous = True
     pattern: Pattern
-    server: str | None
+    server: str | None = None
     """The server's node id (pattern ``"upload"``), or None."""
-    carries: Carries
+    carries = Carries()
 
     def model(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``[B, d]``: the parameters each row predicts with and takes its gradient at
         (``x``: ``[B, d]``; ``w``: ``[B]`` float64, each row's push-sum weight, 1 for the
         other patterns)."""
-        ...
+        raise NotImplementedError
 
     def step(self, x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
         """``[B, d]``: each row's step with its gradient ``grad`` at its model: what a
         computation ends with (AD-PSGD's after its averaging; the upload pattern's each
         local step)."""
-        ...
+        raise NotImplementedError
 
 
 def is_asynchronous(algorithm: Any) -> bool:
-    """Whether ``algorithm`` runs without rounds (on the event engine)."""
-    return bool(getattr(algorithm, "asynchronous", False))
+    """Whether ``algorithm`` runs without rounds (on the event engine): whether its class
+    declares it an :class:`AsynchronousRule`."""
+    return isinstance(algorithm, AsynchronousRule)
 
 
 def _number(key: str, value: object, low: float, high: float, *, open_low: bool = True) -> float:
@@ -200,17 +207,14 @@ def answer_version(own: int, round: int, version: float) -> int:
     return whole_number("version", version, own, max(own, round + 1), why)
 
 
-class ADPSGD:
+class ADPSGD(AsynchronousRule):
     """AD-PSGD (see the module docstring); a symmetric graph (doubly-stochastic mixing
     checks it), whose weights it does not use: the partner is uniform among the
     neighbours."""
 
     name = "adpsgd"
     mixing = "doubly-stochastic"
-    phases = 1
-    asynchronous = True
     pattern: Pattern = "pair"
-    server: str | None = None
     carries = Carries(phases=(0, 1))
 
     @staticmethod
@@ -277,15 +281,12 @@ class ADPSGD:
         return kept
 
 
-class AsyncPushSum:
+class AsyncPushSum(AsynchronousRule):
     """Asynchronous gradient-push with running sums (see the module docstring)."""
 
     name = "async-push-sum"
     mixing = "push-sum"
-    phases = 1
-    asynchronous = True
     pattern: Pattern = "push"
-    server: str | None = None
     carries = Carries(raw=True)
 
     @staticmethod
@@ -377,7 +378,7 @@ class ServerState(NamedTuple):
     held: int = 0
 
 
-class FedBuff:
+class FedBuff(AsynchronousRule):
     """FedBuff (see the module docstring).
 
     Args:
@@ -388,10 +389,7 @@ class FedBuff:
 
     name = "fedbuff"
     mixing = "star"
-    phases = 1
-    asynchronous = True
     pattern: Pattern = "upload"
-    server: str | None
     carries = Carries(scalars=frozenset({"version"}))
     model = staticmethod(ADPSGD.model)
     step = staticmethod(ADPSGD.step)  # a local step
@@ -452,7 +450,7 @@ class FedBuff:
         return ServerState(x, state.version + 1)
 
 
-class FedAsync:
+class FedAsync(AsynchronousRule):
     """FedAsync (see the module docstring).
 
     Args:
@@ -463,10 +461,7 @@ class FedAsync:
 
     name = "fedasync"
     mixing = "star"
-    phases = 1
-    asynchronous = True
     pattern: Pattern = "upload"
-    server: str | None
     carries = Carries(scalars=frozenset({"version"}))
     model = staticmethod(ADPSGD.model)
     step = staticmethod(ADPSGD.step)  # a local step

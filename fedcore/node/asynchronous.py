@@ -4,42 +4,27 @@
 peer instead of a :class:`~fedcore.node.Node`: each peer computes and pushes at its own
 pace and takes whatever has arrived (:meth:`~fedcore.transport.base.AsyncTransport.take`,
 each sender's newest message: a flooding sender holds one message at its receiver, and a
-message no newer than one already taken is stale, dropped and counted late). The update
-steps are the algorithms' own (:mod:`fedcore.algorithms.asynchronous`, on one row), so a
-peer does what the event engine's rows do; ``[time]`` slows it on purpose (its pace and
-paced sends), so a launch shows the straggler effect for real.
+message no newer than one already taken is stale, dropped and counted late). It runs its
+rule by the rule's pattern and row functions
+(:class:`~fedcore.algorithms.asynchronous.AsynchronousRule`, on one row), as the event
+engine's rows do; ``[time]`` slows it on purpose (its pace and paced sends), so a launch
+shows the straggler effect for real. A message's ``round`` is its sender's count of
+computations (the staleness the receivers see).
 
-* ``async-push-sum``: every computation steps on ``z = x / w`` and pushes running sums of
-  ``(x, w)`` shares (float64, raw) to the out-neighbours; it applies what arrived between
-  computations. Each peer runs ``run.rounds`` computations and stops; messages to a peer
-  that stopped are dropped (its mass stays with it).
-* ``fedbuff``, ``fedasync``: a worker runs ``run.rounds`` computations of
-  ``run.local_steps`` steps, each from the last model the server sent it, uploads the
-  update (FedBuff) or its model (FedAsync) with the version it started from, and waits for
-  the server's answer at most ``transport.deadline_s`` (then it goes on from its own
-  model). The server answers every upload with its current model and version; it records a
-  round for every ``W`` uploads and stops after ``run.rounds`` of them, or when no upload
-  came for ``transport.strict_timeout_s``.
-
-A message's ``round`` is its sender's count of computations (the staleness the receivers
-see). Every value a peer sends is checked against this peer's own state before any
-arithmetic (:meth:`AsyncPeer.validate`, which the gRPC servicer calls on arrival, and again
-where a message is taken, since the state moved on): the tensor's name, shape, dtype and
-finite values; exactly the scalars the algorithm sends; the phase (AD-PSGD: 0 or 1, the
-others 0); a round below the run's (a server's answer: below ``(run.rounds + 1) W``, its
-uploads); AD-PSGD's request only from a sender whose partner this peer is in that round,
-and a reply only from this peer's partner of a round it asked in; a running sum whose
-weight is no smaller than the one applied from that edge and at most ``(round + 1) N``;
-an upload's version no newer than the server's and than the version the server last sent
-that worker; an answer's version no older than the worker's and at most ``round + 1``; and
-no average, mix or step whose result is not finite (:mod:`fedcore.algorithms.asynchronous`
-holds the rules' own checks). A refused message is counted
-(``stats.messages_rejected``: the servicer's refusals, and those where a message is taken,
-with one log line) and changes nothing; the peer goes on.
-
-* ``adpsgd``: each computation ends with an averaging: the peer sends its model to its
+* ``"push"``: every computation steps and pushes running sums of ``(x, w)`` shares
+  (float64, raw) to the out-neighbours; it applies what arrived between computations.
+  Each peer runs ``run.rounds`` computations and stops; messages to a peer that stopped
+  are dropped (its mass stays with it).
+* ``"upload"``: a worker runs ``run.rounds`` computations of ``run.local_steps`` steps,
+  each from the last model the server sent it, uploads what the rule uploads with the
+  version it started from, and waits for the server's answer at most
+  ``transport.deadline_s`` (then it goes on from its own model). The server answers every
+  upload with its current model and version; it records a round for every ``W`` uploads
+  and stops after ``run.rounds`` of them, or when no upload came for
+  ``transport.strict_timeout_s``.
+* ``"pair"``: each computation ends with an averaging: the peer sends its model to its
   partner (phase 0) and, on the partner's reply (phase 1: the partner's model before it
-  averaged), both hold the pair's mean; then the stale gradient. A background task answers
+  averaged), both hold the pair's mean; then the stale step. A background task answers
   the partners' requests while the peer computes (its compute time is a sleep under
   ``[time]``), so a slow peer still averages promptly; a reply that does not come within
   ``transport.deadline_s`` skips the averaging. A peer that finished its rounds goes on
@@ -47,6 +32,20 @@ with one log line) and changes nothing; the peer goes on.
   Atomic in the sense of AD-PSGD's implementation only as far as one event loop goes: a
   peer's answer and its own averaging never interleave, but a model can change between a
   request and its reply.
+
+**What it refuses.** Every message is checked before any arithmetic
+(:meth:`AsyncPeer.validate`, which the gRPC servicer calls on arrival, and again where a
+message is taken, since the state moved on): exactly what the rule's messages carry
+(tensor ``x`` of the right shape, dtype and finite values; the declared scalars and
+phases); a round below the run's (a server's answer: below ``(run.rounds + 1) W``, its
+uploads); then, against this peer's state, the rules' own checks
+(:mod:`fedcore.algorithms.asynchronous`: a running sum's weight, at most ``(round + 1) N``
+here; an upload's version, no newer than the version the server last sent that worker;
+an answer's version; a result that would not be finite) and AD-PSGD's partners: a request
+only from a sender whose partner this peer is in that round, a reply only from this
+peer's partner of a round it asked in. A refused message is counted
+(``stats.messages_rejected``: the servicer's refusals, and those where a message is taken,
+with one log line) and changes nothing; the peer goes on.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Any, get_args
 import pytest
 import torch
 
-from fedcore.algorithms.asynchronous import Carries, Pattern
+from fedcore.algorithms.asynchronous import AsynchronousRule, Carries, Pattern, is_asynchronous
 from fedcore.config import load_config
 from fedcore.engines.events import EventNetwork
 from fedcore.node.asynchronous import AsyncPeer
@@ -93,13 +93,18 @@ def _peers(setup: RunSetup) -> tuple[dict[str, AsyncPeer], list[RoundRecord]]:
     return peers, records
 
 
-def test_every_asynchronous_entry_is_covered() -> None:
+def test_an_entry_is_tagged_asynchronous_exactly_when_its_rule_declares_it() -> None:
     assert {"adpsgd", "async-push-sum", "fedbuff", "fedasync"} <= set(ASYNCHRONOUS)
+    for name in ALGORITHMS.names:
+        factory = ALGORITHMS.load(name)
+        declared = isinstance(factory, type) and issubclass(factory, AsynchronousRule)
+        assert declared == (name in ASYNCHRONOUS), name
 
 
 @pytest.mark.parametrize("name", ASYNCHRONOUS)
 def test_the_rule_declares_what_both_runtimes_ask_of_it(name: str) -> None:
     rule = _setup(name).algorithm
+    assert is_asynchronous(rule)
     pattern = rule.pattern  # type: ignore[attr-defined]
     assert pattern in get_args(Pattern) and pattern in GRAPHS and pattern in ROW_FUNCTIONS
     assert rule.asynchronous is True  # type: ignore[attr-defined]
