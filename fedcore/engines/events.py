@@ -102,11 +102,12 @@ class EventNetwork:
         """Build the rows, batches and timing of ``setup``."""
         config = setup.config
         algorithm = setup.algorithm
-        rule: AsynchronousRule = setup.algorithm  # type: ignore[assignment]
         name = algorithm.name
         why = _unsupported(setup)
         if why is not None:
             raise ConfigError(f"the asynchronous algorithm {name!r} cannot run this config: {why}.")
+        rule = _rule(setup)
+        assert rule is not None  # (_unsupported says so)
         self.setup = setup
         self.algorithm: Any = algorithm  # an AsynchronousRule; its pattern's row functions
         self.pattern = rule.pattern
@@ -488,7 +489,9 @@ def _unsupported(setup: RunSetup) -> str | None:
         return "checkpoints of asynchronous runs are not written yet; set run.checkpoint_every = 0"
     if config.run.regret:
         return "run.regret counts one loss a node a round"
-    rule: AsynchronousRule = setup.algorithm  # type: ignore[assignment]
+    rule = _rule(setup)
+    if rule is None:
+        return f"{type(setup.algorithm).__name__} does not declare itself an AsynchronousRule"
     if config.run.local_steps > 1 and rule.server is None:
         return (
             f"{setup.algorithm.name} takes one gradient step an event; run.local_steps is "
@@ -500,3 +503,9 @@ def _unsupported(setup: RunSetup) -> str | None:
             "time.compute_trace"
         )
     return None
+
+
+def _rule(setup: RunSetup) -> AsynchronousRule | None:
+    """``setup``'s algorithm, if its class declares it an asynchronous rule."""
+    algorithm: object = setup.algorithm
+    return algorithm if isinstance(algorithm, AsynchronousRule) else None
