@@ -66,7 +66,7 @@ computation ends with (``step``); then its pattern's row functions:
 * ``"push"`` (:class:`AsyncPushSum`): when a computation ends, the peer takes its computed
   step (``step``), adds shares of its ``mass`` to the running sums of its out-edges and
   keeps its own share (``push``); received: a running sum, checked (``admit``) and added
-  (``receive``).
+  (``receive``; batched in the engine: ``receive_rows``).
 * ``"upload"`` (:class:`FedBuff`, :class:`FedAsync`): when a worker's local steps
   (``step``) end it uploads ``upload(start, end)`` with the version it started from; the
   server's ``receive`` takes the upload received and answers with its model and version
@@ -366,6 +366,29 @@ class AsyncPushSum(AsynchronousRule):
         if not bool((new_w > 0).all()):
             raise ProtocolError("a running sum would leave this peer a weight <= 0.")
         return new_x, new_w
+
+    @staticmethod
+    def receive_rows(
+        x: torch.Tensor, w: torch.Tensor, dst: torch.Tensor, gain: torch.Tensor
+    ) -> torch.Tensor:
+        """Add running sums' gains beyond the ones applied (``[K, d + 1]`` float64, each
+        admitted: :meth:`admit`) to the rows ``dst [K]`` of ``x [N, d]`` and ``w [N]``, in
+        place, those into one row summed in ``x``'s dtype (the event engine: a tick's
+        arrivals at once). A receiver whose ``x`` or ``w`` would not be finite, or whose
+        ``w`` would not be positive, refuses every gain into it and keeps both, as
+        :meth:`receive` refuses one. Returns ``[K]`` bool: the gains taken."""
+        d = x.shape[1]
+        rows = torch.unique(dst)
+        x_before, w_before = x[rows].clone(), w[rows].clone()
+        x.index_add_(0, dst, gain[:, :d].to(x.dtype))
+        w.index_add_(0, dst, gain[:, d])
+        fine = torch.isfinite(x[rows]).all(dim=1) & torch.isfinite(w[rows])
+        fine &= w[rows] > 0
+        if bool(fine.all()):
+            return torch.ones(dst.shape, dtype=torch.bool)
+        bad = rows[~fine]
+        x[bad], w[bad] = x_before[~fine], w_before[~fine]
+        return ~torch.isin(dst, bad)
 
 
 class ServerState(NamedTuple):

@@ -423,20 +423,10 @@ class EventNetwork:
             np.add.at(self._rejected, self.graph.dst[edges[~ok]].numpy(), 1)
             edges, seqs, sums = edges[ok], seqs[ok], sums[ok]
         dst = self.graph.dst[edges]
-        rows = torch.unique(dst)
-        x_before, w_before = self.x[rows].clone(), self.w[rows].clone()
-        gain = sums - self.applied[edges]
-        self.x.index_add_(0, dst, gain[:, : self.d].to(self.x.dtype))
-        self.w.index_add_(0, dst, gain[:, self.d])
-        fine = torch.isfinite(self.x[rows]).all(dim=1) & torch.isfinite(self.w[rows])
-        fine &= self.w[rows] > 0
-        if not bool(fine.all()):  # a sum that would not be finite: the tick's sums into
-            # that receiver are refused, its x and w stay (as the rule's receive)
-            bad = rows[~fine]
-            self.x[bad], self.w[bad] = x_before[~fine], w_before[~fine]
-            refused = torch.isin(dst, bad)
-            np.add.at(self._rejected, dst[refused].numpy(), 1)
-            edges, seqs, sums = edges[~refused], seqs[~refused], sums[~refused]
+        taken = self.algorithm.receive_rows(self.x, self.w, dst, sums - self.applied[edges])
+        if not bool(taken.all()):  # a receiver whose sum would not be finite refuses them
+            np.add.at(self._rejected, dst[~taken].numpy(), 1)
+            edges, seqs, sums = edges[taken], seqs[taken], sums[taken]
         self.applied[edges] = sums
         self.last[edges] = seqs
 

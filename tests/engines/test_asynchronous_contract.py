@@ -41,7 +41,7 @@ GRAPHS: dict[str, list[str]] = {  # a graph a pattern runs on
 }
 ROW_FUNCTIONS: dict[str, tuple[str, ...]] = {  # what the runtimes call, by pattern
     "pair": ("pair", "average_pairs", "step"),
-    "push": ("step", "mass", "push", "admit", "receive"),
+    "push": ("step", "mass", "push", "admit", "receive", "receive_rows"),
     "upload": ("step", "upload", "receive"),
 }
 ROUNDS = 3
