@@ -1,21 +1,27 @@
 """Experiment configuration: TOML into frozen, validated dataclasses.
 
-A config file has ten tables; every key is optional and defaults to the built-in run
-(OPS on a 16-node directed social trust graph, digits with Dirichlet label skew)::
+A config file has eleven tables; every key is optional and defaults to the built-in run
+(OPS on a 16-node directed social trust graph, digits with Dirichlet label skew;
+:func:`table_keys` lists a table's keys)::
 
-    [run]        name, seed, rounds, eval_every, regret, checkpoint_every, local_steps
+    [run]        name, seed, rounds, eval_every, regret, checkpoint_every, local_steps,
+                 tensorboard, csv, target_accuracy
     [topology]   kind, nodes, seed, file, p, rows, cols, degree, undirected, server
                  (file wins)
     [algorithm]  name, lr, lr_schedule, warmup_rounds, lr_power, lr_scaling,
                  base_batch_size, and the algorithm's own options
     [optimizer]  name, momentum, nesterov, betas, eps, weight_decay, eta, trust_clip
-    [data]       dataset, partition, alpha, shards_per_node, batch_size, test_fraction,
-                 order, stream, features, adversarial, noise, drift
-    [model]      name, hidden, dtype
-    [compression] codec, bits, ratio, chunk, scaled
+    [data]       dataset, root, partition, alpha, shards_per_node, batch_size,
+                 test_fraction, order, stream, features, adversarial, noise, drift
+    [model]      name, hidden, dtype, and a model's own options (``norm``)
+    [compression] codec, bits, ratio, chunk, scaled, format, exp_bits, man_bits, scaling
     [transport]  mode, deadline_s, strict_timeout_s, startup_timeout_s,
-                 call_timeout_s, max_message_mb, tls (a table: dir)
+                 call_timeout_s, max_message_mb, round_window, chunk_timeout_s,
+                 min_rate_mb_s, max_streams_per_sender, tls (a table: dir)
     [faults]     seed, drop, edge_drop, delay_s, partitions, crashes, announce
+    [time]       seed, step_s, compute, sigma, alpha, slow_fraction, slow_factor, speeds,
+                 compute_trace, latency_s, bandwidth_mb_s, edge_latency_s,
+                 edge_bandwidth_mb_s, on_s, off_s, availability_trace
     [simulate]   engine, device, node_records  (how ``fedcore simulate`` runs; not part
                  of the experiment: left out of the run fingerprint)
 

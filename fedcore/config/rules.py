@@ -165,7 +165,10 @@ def node_id() -> Rules:
     return rule(check)
 
 
-_BOUND = re.compile(r"(>=|>|<=|<) (\S+)|([\[(])(\S+), (\S+)([\])])")
+_BOUNDS = re.compile(
+    r"(?P<side>>=|>|<=|<) (?P<bound>\S+)"  # one side: ">= 0"
+    r"|(?P<opening>[\[(])(?P<low>\S+), (?P<high>\S+)(?P<closing>[\])])"  # an interval: "(0, 1]"
+)
 
 
 def number(bounds: str, *, why: str = "", finite: bool = True) -> Rules:
@@ -175,37 +178,28 @@ def number(bounds: str, *, why: str = "", finite: bool = True) -> Rules:
     refuses inf and nan as well (an interval refuses them anyway); without it only nan
     (``transport.deadline_s = inf`` waits for ever).
     """
-    match = _BOUND.fullmatch(bounds)
-    if match is None:
+    parts = _BOUNDS.fullmatch(bounds)
+    if parts is None:
         raise ValueError(f"bounds {bounds!r} are not '>= X', '> X', '< X', '<= X' or '[X, Y)'")
-    side, bound, opening, low_text, high_text, closing = match.groups()
-    if side is not None:
-        limit = float(bound)
-        inside: Callable[[float], bool] = {
-            ">=": lambda v: v >= limit,
-            ">": lambda v: v > limit,
-            "<=": lambda v: v <= limit,
-            "<": lambda v: v < limit,
-        }[side]
+    low, high, low_open, high_open = -math.inf, math.inf, False, False
+    if parts["side"]:
+        if parts["side"].startswith(">"):
+            low, low_open = float(parts["bound"]), parts["side"] == ">"
+        else:
+            high, high_open = float(parts["bound"]), parts["side"] == "<"
         says = f"must be {bounds}"
     else:
-        low, high = float(low_text), float(high_text)
-        low_ok: Callable[[float], bool] = (
-            (lambda v: v >= low) if opening == "[" else (lambda v: v > low)
-        )
-        high_ok: Callable[[float], bool] = (
-            (lambda v: v <= high) if closing == "]" else (lambda v: v < high)
-        )
-
-        def inside(v: float) -> bool:
-            return low_ok(v) and high_ok(v)
-
+        low, low_open = float(parts["low"]), parts["opening"] == "("
+        high, high_open = float(parts["high"]), parts["closing"] == ")"
         says = f"must be in {bounds}"
 
     def ok(value: object) -> bool:
-        if not isinstance(value, int | float):
-            return False
-        return (not finite or math.isfinite(value)) and inside(value)
+        return (
+            isinstance(value, int | float)
+            and (not finite or math.isfinite(value))
+            and (value > low if low_open else value >= low)
+            and (value < high if high_open else value <= high)
+        )
 
     return holds(ok, why or says)
 
