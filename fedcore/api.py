@@ -74,7 +74,7 @@ class RunResult:
     """A finished (or stopped) run: its summary, final figures, records and folder."""
 
     summary: dict[str, Any]
-    """``summary.json`` (see the README's Outputs)."""
+    """``summary.json`` (see "Outputs" in ``docs/sweeps-and-tracking.md``)."""
     out_dir: Path
     """The run folder (``config.toml``, ``metrics.jsonl``, ``summary.json``, ``curves.png``)."""
 

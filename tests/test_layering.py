@@ -24,8 +24,6 @@ LAYERS = {
     "timing": 1,
     "topology": 1,
     "data": 1,
-    "localdata": 1,
-    "standin": 1,
     "streams": 1,
     "models": 1,
     "architectures": 1,
@@ -102,29 +100,28 @@ def test_math_layers_are_sans_io(path: Path) -> None:
     assert not bad, f"{path.relative_to(PKG)} imports {sorted(bad)}"
 
 
-PICKLE_FILES = {"localdata.py": "_ArraysOnly", "standin.py": "pickle.dump"}
-"""The only modules that touch pickle: CIFAR's python release is pickled. localdata reads it
-through an unpickler that builds arrays only; standin writes stand-in files of it."""
+PICKLE_FILE = PKG / "data" / "cifar.py"
+"""The only module that touches pickle: CIFAR's python release is pickled. fedcore.data.cifar
+reads it through an unpickler that builds arrays only, and writes stand-in files of it."""
 
 
 def test_no_pickle_anywhere() -> None:
     """Nothing on the wire, in checkpoints or in configs is a pickle; the CIFAR files alone."""
     for path in _modules():
-        if path.name in PICKLE_FILES and path.parent == PKG:
+        if path == PICKLE_FILE:
             continue
         assert not {n for n in _imports(path) if n.split(".")[0] == "pickle"}, path
 
 
 def test_the_cifar_reader_loads_pickles_only_through_its_unpickler() -> None:
-    text = (PKG / "localdata.py").read_text(encoding="utf-8")
-    assert "pickle.load(" not in text and "pickle.loads(" not in text
+    text = PICKLE_FILE.read_text(encoding="utf-8")
+    assert "pickle.load" not in text  # neither pickle.load( nor pickle.loads(
     assert "_ArraysOnly(f, " in text and "def find_class" in text
-    assert "pickle.load" not in (PKG / "standin.py").read_text(encoding="utf-8")
+    assert text.count("pickle.dump(") == 1  # the stand-in writer's
 
 
 KNOWN_CIRCLES = {
-    # Issue 41: other steps of it remove these two; delete an entry once its circle is gone.
-    frozenset({"fedcore.data", "fedcore.localdata"}),
+    # Issue 41: another step of it removes this one; delete the entry once it is gone.
     frozenset({"fedcore.setup.prepare", "fedcore.setup.virtual"}),
 }
 """Import circles among fedcore's modules that are known and being removed; no other."""

@@ -93,7 +93,7 @@ DATA_ENV = "FEDCORE_DATA"
 """The environment variable that sets the default ``data.root``."""
 
 FOLDER = "folder:"
-"""The prefix of ``data.dataset = "folder:PATH"`` (:func:`fedcore.localdata.folder`)."""
+"""The prefix of ``data.dataset = "folder:PATH"`` (:func:`fedcore.data.folder.folder`)."""
 
 STREAMS = ("", "synthetic")
 """Values of ``data.stream`` besides a user's ``"pkg.module:factory"``."""

@@ -49,7 +49,7 @@ class DataConfig(Table):
     ``"synthetic"`` (the drifting stream of :mod:`fedcore.streams`, shaped by
     ``features``, ``adversarial`` (G), ``noise`` (sigma) and ``drift`` (M)) or a user's
     ``"pkg.module:factory"``. ``root``: the folder of the datasets read from files
-    (``cifar10``, ``femnist``, ...; :func:`fedcore.localdata.data_root`: ``""`` is
+    (``cifar10``, ``femnist``, ...; :func:`fedcore.data.files.data_root`: ``""`` is
     ``$FEDCORE_DATA``, else ``~/.cache/fedcore/data``). ``partition``: ``iid``,
     ``dirichlet`` (label skew, ``alpha``), ``shards`` (``shards_per_node`` classes a node),
     ``quantity`` (size skew, ``alpha``) or ``natural`` (whole writers a node; per-node test
