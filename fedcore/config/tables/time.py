@@ -81,11 +81,11 @@ class TimeConfig(Table):
 
     Every draw is a keyed hash of ``(run.seed, time.seed, node, step)``, so both engines
     and every process see the same times. Costs that could take a run's clock past
-    :data:`MAX_VIRTUAL_S` (every draw at its mean: ``run.rounds`` x ``run.local_steps`` x
-    ``step_s`` x the slowest factor, plus the latencies, transfers and off periods) are
-    refused at load, naming the key (:meth:`clock_costs`). Unset (the default), time is
-    not simulated (every duration 0), except that ``fedcore simulate`` in deadline mode
-    keeps a virtual clock for its deadlines.
+    :data:`~fedcore.config.MAX_VIRTUAL_S` (every draw at its mean: ``run.rounds`` x
+    ``run.local_steps`` x ``step_s`` x the slowest factor, plus the latencies, transfers
+    and off periods) are refused at load, naming the key (:meth:`clock_costs`). Unset (the
+    default), time is not simulated (every duration 0), except that ``fedcore simulate`` in
+    deadline mode keeps a virtual clock for its deadlines.
     """
 
     TABLE: ClassVar[str] = "time"
@@ -153,9 +153,10 @@ class TimeConfig(Table):
     def clock_costs(self, *, rounds: int, local_steps: int) -> list[ClockCost]:
         """What ``[time]`` alone (every draw at its mean, one phase, one-byte messages)
         adds to a run's clock over ``rounds`` rounds of ``local_steps`` steps: the least
-        any run of these keys costs, refused at load above :data:`MAX_VIRTUAL_S`
-        (:func:`check_clock_horizon`; the set-up adds the phases, message sizes, traces
-        and deadlines: :meth:`fedcore.timing.TimeModel.clock_costs`)."""
+        any run of these keys costs, refused at load above
+        :data:`~fedcore.config.MAX_VIRTUAL_S` (:func:`~fedcore.config.check_clock_horizon`;
+        the set-up adds the phases, message sizes, traces and deadlines:
+        :meth:`fedcore.timing.TimeModel.clock_costs`)."""
         compute, links, off = self.clock_shares(rounds=rounds, local_steps=local_steps)
         return [*compute, *links, *off]
 
