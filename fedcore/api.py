@@ -42,11 +42,11 @@ from typing import Any
 
 from fedcore.config import (
     Config,
-    _toml_value,
     config_from_dict,
     config_to_dict,
     load_config,
     parse_override,
+    toml_value,
 )
 from fedcore.errors import ConfigError
 
@@ -169,7 +169,7 @@ def _value_text(value: Any) -> str:
                 return value
         except ConfigError:
             pass
-    return _toml_value(value)
+    return toml_value(value)
 
 
 def _override_items(overrides: Mapping[str, Any], where: str) -> list[str]:
