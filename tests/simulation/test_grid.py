@@ -14,7 +14,8 @@ import pytest
 
 from fedcore.cli import main
 from fedcore.data import Dataset, digits
-from fedcore.plotting import _curves, expand_runs, grid_keys
+from fedcore.plotting import expand_runs, grid_keys
+from fedcore.plotting.curves import _curves
 from fedcore.simulation.grid import best_cell, split_values
 from fedcore.simulation.sweep import final_figures
 from tests.clitools import PNG_MAGIC, TINY, cli, one_line_error
