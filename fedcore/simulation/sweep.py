@@ -43,12 +43,7 @@ from fedcore.ids import child_path, clip
 from fedcore.metrics import to_json_text, write_text_atomic
 from fedcore.progress import Note
 from fedcore.setup.plan import configured_algorithm
-from fedcore.simulation.results import (
-    NAME_SKIPS,
-    RUN_FILES,
-    name_part,
-    open_run_dir,
-)
+from fedcore.simulation.results import NAME_SKIPS, RUN_FILES, name_part, open_run_dir
 from fedcore.simulation.seeds import _SEED_FORMS, MAX_SEEDS, format_seeds
 from fedcore.simulation.sweep_figures import FIGURES, _csv_text, mean_std
 from fedcore.simulation.sweep_workers import _execute, _Outcome, _RunSpec

@@ -19,9 +19,7 @@ from fedcore.config import load_config
 from fedcore.errors import FedcoreError
 from fedcore.ids import first_line
 from fedcore.progress import Note, run_warnings
-from fedcore.simulation.results import (
-    CHECKPOINTS,
-)
+from fedcore.simulation.results import CHECKPOINTS
 from fedcore.simulation.simulate import resume, simulate
 from fedcore.simulation.sweep_figures import final_figures
 
