@@ -27,8 +27,6 @@ _EVAL_KEYS = (
     "bytes_sent_per_node",
     "vtime",
 )
-
-
 _REGRET_KEYS = ("average_static_regret", "average_dynamic_regret")
 
 

@@ -31,10 +31,7 @@ _COLORS = (
 )
 """matplotlib's ``tab10``, whatever the user's style says."""
 
-
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h")
-
-
 _LINESTYLES = ("-", "-.", ":")
 """Solid for the first ten curves, then the next (dashed is the mean node accuracy's)."""
 

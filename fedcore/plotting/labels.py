@@ -16,7 +16,6 @@ from fedcore.plotting.runs import RunRecords, config_value
 _SEED_KEYS = ("seed", "name")
 """The ``[run]`` keys in which the runs of one ``bands`` group may differ."""
 
-
 _SEED_PART = re.compile(r"(?:^|[-_ ,]+)(?:run\.)?seed[-=_]?\d+(?=$|[-_ ,])", re.IGNORECASE)
 
 
@@ -36,7 +35,6 @@ def _key_text(key: str, value: Any) -> str:
 _PLAIN_KEYS = ("algorithm.name", "compression.codec")
 """Config keys a default label shows by their value alone, first, in this order (then the
 graph, then every other key as ``key=value``)."""
-
 
 _GRAPH_KEYS = frozenset({"topology.kind", "topology.nodes", "topology.rows", "topology.cols"})
 """Config keys that the graph's name (``summary.json``'s ``topology.name``, e.g.

@@ -45,7 +45,6 @@ from fedcore.simulation.tracking import CSV_FILE, TENSORBOARD_DIR, Tracker
 if TYPE_CHECKING:
     from fedcore.engines.messages import Network
 
-
 __all__ = [
     "CHECKPOINTS",
     "DIVERGING_FACTOR",
@@ -63,13 +62,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-
 DIVERGING_FACTOR = 100.0
 """A run is diverging when the mean training loss of its last rounds, or its average
 training loss, is more than this many times its first round's (or is not finite): see
 :meth:`RunObserver.diverging`."""
-
-
 DIVERGING_WINDOW = 10
 """The last rounds whose mean training loss :meth:`RunObserver.diverging` compares."""
 

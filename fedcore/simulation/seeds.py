@@ -14,11 +14,7 @@ MAX_SEEDS = 1000
 
 
 _SEED_FORMS = "give N, A-B (inclusive) or a comma list of them, e.g. 2, 0-4, 0,3,7 or 0-2,5"
-
-
 _SEED_PART = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
-
-
 _SEED_LIMIT = 2**32
 
 

@@ -64,7 +64,6 @@ logger = logging.getLogger(__name__)
 SWEEP_FILE = "sweep.json"
 """The file that makes a folder a sweep folder (``fedcore plot`` expands it to its runs)."""
 
-
 RESULTS_CSV = "results.csv"
 """The sweep's table of final figures, one row per seed."""
 

@@ -25,7 +25,6 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
 """The final figures a sweep collects: ``(key, table label, format)``. The regret ones
 appear where the runs computed them (``run.regret``)."""
 
-
 _ALWAYS = {
     "avg_model_accuracy",
     "mean_node_accuracy",

@@ -92,7 +92,6 @@ APS_MAX_SHIFT = 1000
 """Largest magnitude of an APS shift: float64 holds every float32 value times ``2**1000``
 (and ``2**-1000``) exactly, far beyond what any layer of a finite model needs."""
 
-
 _APS_LAYER = np.dtype([("numel", "<u4"), ("shift", "<i2")])
 """One layer of the APS prefix: its value count and its shift (6 bytes)."""
 
@@ -162,7 +161,6 @@ _CASTS: dict[tuple[int, int], torch.dtype] = {
     (8, 7): torch.bfloat16,
 }
 """Formats whose codes torch's casts give (round to nearest even) once clamped to the top."""
-
 
 _SENTINEL = 0xFF
 """Key-table entry for inf/NaN (formats of at most 7 bits, whose codes are below it)."""

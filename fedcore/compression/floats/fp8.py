@@ -30,13 +30,8 @@ FP8_FORMATS: dict[str, tuple[int, torch.dtype]] = {
 }
 """fp8 format name -> (exponent bits, the torch dtype)."""
 
-
 _BY_EXP = dict(FP8_FORMATS.values())
-
-
 _F32_TINY = 2.0**-126
-
-
 _BAD_FP8 = {4: 0x7F, 5: 0x7C}
 """The bits that, all set, make an fp8 byte a NaN (e4m3fn) or an inf/NaN (e5m2)."""
 

@@ -17,8 +17,6 @@ from fedcore.errors import CompressionError
 from fedcore.messages import EncodedTensor
 
 _MAX_ALPHA = 2.0**40  # nearly equal magnitudes: a bounded squeeze keeps beta finite
-
-
 _E5M2_TINY = 2.0**-16
 """e5m2's least subnormal: s2fp8 sends a non-zero value at least this large."""
 
