@@ -22,7 +22,8 @@ from fedcore.node import RoundRecord
 from fedcore.progress import current_warnings, run_warnings
 from fedcore.setup.plan import round_drift
 from fedcore.setup.prepare import RunSetup, prepare_run
-from fedcore.simulation.results import RunObserver, finish_run, run_name
+from fedcore.simulation.observer import RunObserver
+from fedcore.simulation.results import finish_run, run_name
 from fedcore.simulation.simulate import keep_late_warnings
 from fedcore.simulation.tracking import make_tracker
 

@@ -190,12 +190,12 @@ def test_per_node_maps_are_left_out_above_the_limit(
     from fedcore.config import load_config
 
     sim = importlib.import_module("fedcore.simulation.simulate")
-    summary = importlib.import_module("fedcore.simulation.summary")
+    results = importlib.import_module("fedcore.simulation.results")
 
     config = load_config(None, ["run.rounds=2", "topology.nodes=6", "run.eval_every=1"])
     small = sim.simulate(config, out_dir=tmp_path / "small", show_progress=False)
     assert len(small["params_sha256"]) == 6 and "node_accuracy" in small["final"]
-    for module in (summary, metrics):
+    for module in (results, metrics):
         monkeypatch.setattr(module, "NODE_MAPS_NODES", 5)
     large = sim.simulate(config, out_dir=tmp_path / "large", show_progress=False)
     assert "params_sha256" not in large and "node_accuracy" not in large["final"]

@@ -236,7 +236,7 @@ def test_a_resumed_run_continues_from_its_checkpoint_and_ends_as_if_never_stoppe
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from fedcore.simulation import sweep_workers
-    from fedcore.simulation.results import RunObserver
+    from fedcore.simulation.observer import RunObserver
 
     real_end, real_resume = RunObserver.end_round, sweep_workers.resume
     stops: list[int] = []
