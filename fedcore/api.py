@@ -304,7 +304,7 @@ def sweep(
         FedcoreError: every run failed.
     """
     from fedcore.simulation.grid import GridAxis, parse_grid, run_grid
-    from fedcore.simulation.sweep import parse_seeds
+    from fedcore.simulation.seeds import parse_seeds
 
     if config is not None and not isinstance(config, str | Path):
         raise ConfigError("fedcore.sweep: the config must be a TOML path or None.")

@@ -245,7 +245,7 @@ def test_the_scope_holds_every_kind_of_user_facing_text() -> None:
             "``../shared/reference/algorithms.md`` section 11",
             ["tick ../shared/reference/algorithms.md"],
         ),
-        ("`fedcore/plotting.py` and `scripts/*_results.py`", []),
+        ("`fedcore/plotting/figure.py` and `scripts/*_results.py`", []),
         ("`fedcore/nope.py`", ["tick fedcore/nope.py"]),
         ("`cli/app.py` (in the package)", []),
         ("`fedcore/__init__` names them", []),
