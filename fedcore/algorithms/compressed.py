@@ -44,7 +44,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import RoundContext, model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, per_peer, pull, received, spent
+from fedcore.algorithms.rule import Rows, Send, Slot, declare_rule, pull, received, spent
 from fedcore.compression import Codec, RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import EncodedTensor, MessageSchema
@@ -146,7 +146,7 @@ class DeepSqueezeRule:
         return DeepSqueezeState(x, state.delta, spent(state.c)), None
 
 
-DeepSqueeze = per_peer(DeepSqueezeRule)
+DeepSqueeze = declare_rule(DeepSqueezeRule)
 
 
 class CHOCOState(NamedTuple):
@@ -214,4 +214,4 @@ class CHOCORule:
         return CHOCOState(x, state.xhat, s, spent(state.q)), None
 
 
-CHOCO = per_peer(CHOCORule)
+CHOCO = declare_rule(CHOCORule)

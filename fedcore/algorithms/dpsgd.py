@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, gossip, per_peer, spent
+from fedcore.algorithms.rule import Rows, Send, Slot, declare_rule, gossip, spent
 from fedcore.messages import MessageSchema
 
 __all__ = ["DPSGD", "DPSGDRule", "DPSGDState"]
@@ -73,4 +73,4 @@ class DPSGDRule:
         return DPSGDState(x, spent(state.pending)), None
 
 
-DPSGD = per_peer(DPSGDRule)
+DPSGD = declare_rule(DPSGDRule)

@@ -38,7 +38,7 @@ import torch
 from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.dpsgd import DPSGDRule
 from fedcore.algorithms.reference import ModelOnly, ModelState
-from fedcore.algorithms.rule import Rows, Send, Slot, per_peer
+from fedcore.algorithms.rule import Rows, Send, Slot, declare_rule
 from fedcore.messages import MessageSchema, ScalarSpec
 
 __all__ = ["DOG", "DOL", "DOGRule", "DOLRule"]
@@ -72,7 +72,7 @@ class DOGRule(DPSGDRule):
     name = "dog"
 
 
-DOG = per_peer(DOGRule)
+DOG = declare_rule(DOGRule)
 
 
 class DOLRule(ModelOnly):
@@ -143,4 +143,4 @@ class DOLRule(ModelOnly):
         return ModelState(x), None
 
 
-DOL = per_peer(DOLRule)
+DOL = declare_rule(DOLRule)

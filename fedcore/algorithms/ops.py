@@ -126,7 +126,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fedcore.algorithms.base import RoundContext, model_schema
-from fedcore.algorithms.rule import EdgeInbox, Edges, NodeRule, Rows, Send, Slot, declare_rule
+from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Send, Slot, declare_rule
 from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
 from fedcore.messages import MessageSchema, Payload, ScalarSpec
 
@@ -306,7 +306,7 @@ class PushSumRule:
         return PushSumState(x, omega, _silent_after(state.silent, heard, omega, rows)), None
 
 
-declare_rule(PushSumRule)  # built-in rules, robust too (OPS wraps them itself)
+declare_rule(PushSumRule)  # built-in rules, robust too (OPS builds them itself)
 
 
 class RobustPushSumRule(PushSumRule):
@@ -479,8 +479,8 @@ def OPS(robust: bool = False, step_scale: str = "none") -> Any:
     """
     _check_options(robust, step_scale)
     if robust:
-        return NodeRule(RobustPushSumRule(step_scale))
-    return NodeRule(PushSumRule(step_scale))
+        return RobustPushSumRule(step_scale)
+    return PushSumRule(step_scale)
 
 
 OPS.name = "ops"  # type: ignore[attr-defined]

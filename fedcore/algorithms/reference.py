@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, add_slot, per_peer
+from fedcore.algorithms.rule import Rows, Send, Slot, add_slot, declare_rule
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema
 
@@ -69,7 +69,7 @@ class LocalRule(ModelOnly):
         return state, None
 
 
-Local = per_peer(LocalRule)
+Local = declare_rule(LocalRule)
 
 
 class CentralRule(ModelOnly):
@@ -128,4 +128,4 @@ class CentralRule(ModelOnly):
         return ModelState(total.div_(count)), None
 
 
-Central = per_peer(CentralRule)
+Central = declare_rule(CentralRule)

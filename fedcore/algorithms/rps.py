@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Send, per_peer, spent
+from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Send, declare_rule, spent
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema
 
@@ -257,4 +257,4 @@ class RPSRule:
         return RPSState(layout.model(blocks.view(rows.b, layout.n, -1)), spent(state.y)), None
 
 
-RPS = per_peer(RPSRule)
+RPS = declare_rule(RPSRule)

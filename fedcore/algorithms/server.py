@@ -50,7 +50,7 @@ import torch
 from fedcore import registry
 from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.optim import Optimizer, keep_rows, make_optimizer
-from fedcore.algorithms.rule import Gathered, Rows, Send, per_peer
+from fedcore.algorithms.rule import Gathered, Rows, Send, declare_rule
 from fedcore.errors import ConfigError
 from fedcore.messages import MessageSchema, ScalarSpec
 
@@ -247,7 +247,7 @@ class FedAvgRule:
         return FedAvgState(x, opt), Send({"x": x})
 
 
-FedAvg = per_peer(FedAvgRule)
+FedAvg = declare_rule(FedAvgRule)
 
 
 def _where_rows(

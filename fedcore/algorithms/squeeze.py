@@ -86,7 +86,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fedcore.algorithms.base import model_schema
-from fedcore.algorithms.rule import Gathered, Rows, Send, per_peer
+from fedcore.algorithms.rule import Gathered, Rows, Send, declare_rule
 from fedcore.compression import RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import MessageSchema
@@ -262,7 +262,7 @@ class _Others:
         return node != self.but
 
 
-DoubleSqueeze = per_peer(DoubleSqueezeRule)
+DoubleSqueeze = declare_rule(DoubleSqueezeRule)
 
 
 def _check_betas(betas: object) -> tuple[float, float]:
@@ -421,4 +421,4 @@ class APMSqueezeRule(_StarRule):
         return new, Send({"m": mbar})
 
 
-APMSqueeze = per_peer(APMSqueezeRule)
+APMSqueeze = declare_rule(APMSqueezeRule)

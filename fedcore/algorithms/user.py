@@ -7,8 +7,8 @@ and the attribute after the colon is called with the ``[algorithm]`` table's own
 keyword options. It returns either
 
 * a :class:`~fedcore.algorithms.rule.Rule` (``init``, ``model``, ``step``, ``mix``,
-  ``schema``, ``pattern``): wrapped in :class:`~fedcore.algorithms.rule.NodeRule`, it runs
-  on a gRPC peer, on the message engine and, stacked, on the vectorized engine; or
+  ``schema``, ``pattern``): it runs on a gRPC peer, on the message engine (each through its
+  engine's adapter) and, stacked, on the vectorized engine; or
 * an object of the per-message :class:`~fedcore.algorithms.base.Algorithm` protocol
   (``init``, ``model``, ``step``, ``expected_senders``, ``mix``): the message engine and
   gRPC peers run it, the vectorized engine does not.
@@ -40,8 +40,7 @@ from typing import Any
 
 import torch
 
-from fedcore.algorithms.base import Algorithm
-from fedcore.algorithms.rule import RULE_MEMBERS, NodeRule, Rows, Rule, Send, is_rule
+from fedcore.algorithms.rule import RULE_MEMBERS, Rows, Rule, Send, is_rule
 from fedcore.config import table_keys
 from fedcore.errors import ConfigError, FedcoreError, UserCodeError
 from fedcore.ids import clip, error_text
@@ -164,9 +163,9 @@ def _keywords(factory: Callable[..., Any]) -> list[str] | None:
     )
 
 
-def make_user_algorithm(path: str, **options: Any) -> Algorithm:
+def make_user_algorithm(path: str, **options: Any) -> Any:
     """Call the factory at ``path`` with ``options``; a :class:`Rule` it returns comes back
-    wrapped in :class:`NodeRule`, an :class:`Algorithm` as it is.
+    checked (:func:`checked`), an :class:`Algorithm` as it is.
 
     Raises:
         ConfigError: the factory cannot be loaded (:func:`load_factory`), does not take an
@@ -201,21 +200,18 @@ def make_user_algorithm(path: str, **options: Any) -> Algorithm:
     return as_algorithm(made, path)
 
 
-def as_algorithm(made: Any, path: str) -> Algorithm:
-    """``made`` (what a user's factory returned, or a user's object) as the node's
-    algorithm: a :class:`NodeRule` as it is, a declared rule checked and wrapped
-    (:func:`checked`, then :class:`NodeRule`), an object of the per-message protocol as it
+def as_algorithm(made: Any, path: str) -> Any:
+    """``made`` (what a user's factory returned, or a user's object) as the engines run it:
+    a declared rule checked (:func:`checked`), an object of the per-message protocol as it
     is. ``path`` names it in errors.
 
     Raises:
         ConfigError: ``made`` is neither (an undeclared rule is told to subclass
             :class:`~fedcore.algorithms.rule.Rule`), or has a bad name, phases or pattern.
     """
-    if isinstance(made, NodeRule):
-        return made
     if is_rule(made):
         _check_rule(path, made)
-        return NodeRule(checked(made, path))
+        return checked(made, path)
     missing = [a for a in _ALGORITHM if not hasattr(made, a)]
     if missing:
         kind = type(made).__name__
@@ -233,7 +229,7 @@ def as_algorithm(made: Any, path: str) -> Algorithm:
             f"{', '.join(missing)} of fedcore.algorithms.base.Algorithm): return one of them."
         )
     _check_names(path, made)
-    return made  # type: ignore[no-any-return]
+    return made
 
 
 def checked(rule: Any, origin: str) -> Any:

@@ -30,9 +30,8 @@ from typing import Any
 from fedcore import registry, topology
 from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
 from fedcore.algorithms.asynchronous import is_asynchronous
-from fedcore.algorithms.batched import unsupported as batched_unsupported
 from fedcore.algorithms.optim import Optimizer, make_optimizer
-from fedcore.algorithms.rule import NodeRule, is_rule
+from fedcore.algorithms.rule import is_rule
 from fedcore.compression import codec_options, codec_seed
 from fedcore.compression.batched import make_row_codec
 from fedcore.config import Config, TopologyConfig, fingerprint_json
@@ -206,7 +205,7 @@ def algorithm_options(config: Config) -> dict[str, Any]:
     return options
 
 
-def configured_algorithm(config: Config) -> Algorithm:
+def configured_algorithm(config: Config) -> Any:
     """The algorithm of ``[algorithm]``: ``name`` (registered, or ``"pkg.module:factory"``)
     built with :func:`algorithm_options`.
 
@@ -271,15 +270,25 @@ def vectorized_refusal(config: Config, algorithm: Algorithm) -> str | None:
     :func:`fedcore.engines.vectorized.unsupported` calls this, then checks the rest).
     Deadline mode and silent losses are no reason here: ``simulate`` runs them in virtual
     time."""
-    rule = getattr(algorithm, "rule", None)
-    if config.transport.mode == "deadline" and getattr(rule, "holds_in_deadline_mode", False):
+    if not is_rule(algorithm):
+        return (
+            f"algorithm {algorithm.name!r} has no batched form: it follows the per-message "
+            "protocol; write it as an update rule (fedcore.algorithms.rule.Rule) to run it on "
+            "every peer at once"
+        )
+    if config.transport.mode == "deadline" and getattr(algorithm, "holds_in_deadline_mode", False):
         return (
             f"{algorithm.name} holds a silent peer's pushes in deadline mode, which only "
             "the message engine models"
         )
     c = config.compression
     codec = make_row_codec(c.codec, seeds=(codec_seed(config.run.seed, 0),), **codec_options(c))
-    return batched_unsupported(algorithm, period=1, codec=codec, faults=config.faults.active)
+    if getattr(algorithm, "widths", None) is not None and not codec.deterministic:
+        return (
+            f"{algorithm.name} with the stochastic codec {codec.name!r} draws for messages of "
+            "several lengths in an order only the message engine models"
+        )
+    return None
 
 
 def engine_error(config: Config, reason: str) -> ConfigError:
@@ -321,12 +330,12 @@ def check_engine(config: Config, algorithm: Algorithm) -> None:
         raise engine_error(config, reason)
 
 
-def resolve_algorithm(config: Config, algorithm: Algorithm | None = None) -> Algorithm:
-    """``algorithm``, or the one ``[algorithm]`` names; a bare rule runs on one peer per
-    node (:class:`~fedcore.algorithms.rule.NodeRule`)."""
+def resolve_algorithm(config: Config, algorithm: Any = None) -> Any:
+    """``algorithm``, or the one ``[algorithm]`` names: a rule (each engine runs it through
+    its own adapter) or an object of the per-message protocol."""
     if algorithm is None:
         return configured_algorithm(config)
-    return NodeRule(algorithm) if is_rule(algorithm) else algorithm
+    return algorithm
 
 
 def planned_nodes(config: Config) -> int | None:

@@ -22,6 +22,7 @@ import torch
 
 from fedcore.algorithms.asynchronous import is_asynchronous
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
+from fedcore.engines.clock import virtual_clock
 from fedcore.engines.events import EventNetwork
 from fedcore.engines.messages import Network, build_network
 from fedcore.engines.vectorized import (
@@ -39,7 +40,6 @@ from fedcore.runtime import auto_threads, threads_sleep
 from fedcore.setup import checkpoint
 from fedcore.setup.plan import check_engine, engine_error, planned_nodes
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
-from fedcore.setup.virtual import virtual_clock
 from fedcore.simulation.results import (
     CHECKPOINTS,
     RunObserver,

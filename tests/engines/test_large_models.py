@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcore.algorithms import rule
-from fedcore.algorithms.batched import BatchRound
 from fedcore.algorithms.rule import Gathered, SenderRows, Slot, add_slot
 from fedcore.compression.batched import make_row_codec
+from fedcore.engines.batched import BatchRound
 from fedcore.errors import ProtocolError
 from fedcore.runtime import keep_freed_memory
 
