@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from fedcore.algorithms import Algorithm, Outbox, RoundContext
-from fedcore.algorithms.base import unions
+from fedcore.algorithms.base import unions, with_traits
 from fedcore.algorithms.user import as_algorithm
 from fedcore.compression import Codec, get_codec
 from fedcore.config import Config, config_from_dict, config_to_dict
@@ -272,6 +272,7 @@ def lockstep(
     Returns:
         Node id -> final algorithm state.
     """
+    algorithm = with_traits(algorithm)
     if not graph.has_weights():
         graph = communication_graph(algorithm, graph)
     algorithm = per_node(algorithm)  # a rule on one peer at a time, as a node runs it

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fedcore import registry
-from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext
+from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext, with_traits
 from fedcore.algorithms.compressed import CHOCO, CHOCOState, DeepSqueeze, DeepSqueezeState
 from fedcore.algorithms.dpsgd import DPSGD, DPSGDState
 from fedcore.algorithms.online import DOG, DOL
@@ -116,4 +116,4 @@ def make_algorithm(name: str, **options: Any) -> Any:
             f"algorithm {name!r} has no option {unknown_options(unknown, sorted(accepted))}; "
             f"its options: {allowed}."
         )
-    return factory(**options)
+    return with_traits(factory(**options))

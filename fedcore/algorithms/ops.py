@@ -126,7 +126,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fedcore.algorithms.base import RoundContext, model_schema
-from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Send, Slot, declare_rule
+from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Rule, Send, Slot
 from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
 from fedcore.messages import MessageSchema, Payload, ScalarSpec
 
@@ -204,7 +204,7 @@ class PushSumState(NamedTuple):
     silent: torch.Tensor
 
 
-class PushSumRule:
+class PushSumRule(Rule):
     """Plain Online Push-Sum, one rule for every engine (the module docstring states the
     update, the hold rule of a silent peer and the step scale).
 
@@ -304,9 +304,6 @@ class PushSumRule:
             omega = omega + torch.where(slot.arrived, slot.scalars["omega"], 0.0)
             heard = heard | slot.arrived
         return PushSumState(x, omega, _silent_after(state.silent, heard, omega, rows)), None
-
-
-declare_rule(PushSumRule)  # built-in rules, robust too (OPS builds them itself)
 
 
 class RobustPushSumRule(PushSumRule):

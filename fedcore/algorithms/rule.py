@@ -55,10 +55,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from fedcore.algorithms.base import Traits
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema
 
@@ -72,7 +73,6 @@ __all__ = [
     "SenderRows",
     "Slot",
     "add_slot",
-    "declare_rule",
     "gossip",
     "is_rule",
     "lossless",
@@ -543,13 +543,15 @@ def _fail_first(bad: torch.Tensor, why: str) -> None:
 
 
 @runtime_checkable
-class Rule(Protocol):
+class Rule(Traits, Protocol):
     """An algorithm written once over ``B`` stacked peers (see the module docstring).
 
     A rule says it is one by subclassing this class (``class MyRule(Rule):``): fedcore
     runs an object as a rule only when its class declares it so (:func:`is_rule`), never
-    because it happens to have these attributes. The built-in rules are declared by their
-    registry entries (:func:`declare_rule`).
+    because it happens to have these attributes. What a caller needs to know about it
+    (a server, robust totals, a fixed graph, ...) are its
+    :class:`~fedcore.algorithms.base.Traits`, class attributes it inherits with their
+    defaults and sets where they differ.
 
     Attributes:
         name: Registry name.
@@ -580,19 +582,21 @@ class Rule(Protocol):
         """The local step with ``grad [B, d]``; the new state and phase 0's messages."""
         ...
 
-    def mix(self, state: Any, phase: int, inbox: list[Slot], rows: Rows) -> tuple[Any, Send | None]:
-        """Take in ``inbox``; the new state and the next phase's messages."""
+    def mix(self, state: Any, phase: int, inbox: Any, rows: Rows) -> tuple[Any, Send | None]:
+        """Take in ``inbox`` (by :attr:`pattern`: a list of :class:`Slot`, a
+        :class:`Gathered` or an :class:`EdgeInbox`); the new state and the next phase's
+        messages."""
         ...
 
-    def schema(self, phase: int) -> MessageSchema:
-        """Exactly what a message of ``phase`` holds (a rule may take ``rows`` as a second
-        argument, for bounds that depend on the network size or the round).
+    schema: Callable[..., MessageSchema]
+    """``schema(phase)``: exactly what a message of ``phase`` holds (a rule may take
+    ``rows`` as a second argument, for bounds that depend on the network size or the
+    round: :func:`schema_of`).
 
-        Optional methods: ``trains(rows)`` and ``talks(phase, rows)`` (pattern
-        ``"chosen"``), ``lossless(phase, rows)``, ``local_step(state, grad, rows)``,
-        ``accept(...)``, and ``widths(phase, rows)`` (pattern ``"edges"``: each edge's
-        message length, :func:`widths_of`)."""
-        ...
+    Optional methods: ``trains(rows)`` and ``talks(phase, rows)`` (pattern ``"chosen"``),
+    ``lossless(phase, rows)``, ``local_step(state, grad, rows)``, ``accept(...)``, and
+    ``widths(phase, rows)`` (pattern ``"edges"``: each edge's message length,
+    :func:`widths_of`)."""
 
 
 def schema_takes_rows(rule: Any) -> bool:
@@ -639,38 +643,16 @@ def widths_of(rule: Any, phase: int, rows: Rows) -> tuple[torch.Tensor, torch.Te
     return out, into
 
 
-_Kind = TypeVar("_Kind", bound=type)
-
 RULE_MEMBERS = ("name", "mixing", "phases", "init", "model", "step", "mix", "schema", "pattern")
 """What every rule has (the optional methods aside)."""
 
-_DECLARED: set[type] = set()
-"""Built-in rule classes, declared by :func:`declare_rule` (their registry entries)."""
-
-_IS_RULE: dict[type, bool] = {}
-"""Class -> whether it is declared a rule (read once per class)."""
-
-
-def declare_rule(kind: _Kind) -> _Kind:
-    """Declare ``kind`` (and its subclasses) an update rule without subclassing
-    :class:`Rule`: what the built-in rules' modules do for them.
-    Returns ``kind``, so it also reads as a class decorator."""
-    _DECLARED.add(kind)
-    _IS_RULE.clear()
-    return kind
-
 
 def is_rule(obj: object) -> bool:
-    """Whether ``obj`` is declared a :class:`Rule`: its class subclasses :class:`Rule` or a
-    built-in rule (:func:`declare_rule`). Declared, never guessed from attributes: an
+    """Whether ``obj`` is declared a :class:`Rule`: its class subclasses :class:`Rule` (as
+    every built-in rule does). Declared, never guessed from attributes: an
     object that hands unknown attributes on to another (``__getattr__``) has them all, and
     is still whatever its own class says (a per-message algorithm, say)."""
-    kind = type(obj)
-    known = _IS_RULE.get(kind)
-    if known is None:
-        known = any(c is Rule or c in _DECLARED for c in kind.__mro__)
-        _IS_RULE[kind] = known
-    return known
+    return Rule in type(obj).__mro__
 
 
 # -- helpers rules share ---------------------------------------------------------------

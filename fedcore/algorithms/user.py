@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from fedcore.algorithms.base import TRAITS, with_traits
 from fedcore.algorithms.rule import RULE_MEMBERS, Rows, Rule, Send, is_rule
 from fedcore.config import table_keys
 from fedcore.errors import ConfigError, FedcoreError, UserCodeError
@@ -229,7 +230,7 @@ def as_algorithm(made: Any, path: str) -> Any:
             f"{', '.join(missing)} of fedcore.algorithms.base.Algorithm): return one of them."
         )
     _check_names(path, made)
-    return made
+    return with_traits(made)
 
 
 def checked(rule: Any, origin: str) -> Any:
@@ -317,6 +318,8 @@ class CheckedRule(Rule):
         self.mixing: str = rule.mixing
         self.phases: int = int(rule.phases)
         self.pattern: str = rule.pattern
+        for trait in TRAITS:  # the user's rule's own (a Rule's, or their defaults)
+            setattr(self, trait, getattr(rule, trait))
         self._params: tuple[tuple[int, ...], torch.dtype] | None = None  # d, dtype at init
         try:
             takes = len(inspect.signature(rule.schema).parameters) >= 2

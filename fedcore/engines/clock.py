@@ -75,7 +75,7 @@ def virtual_clock(setup: RunSetup) -> SharedClock | None:
     config = setup.config
     if not (config.time.active or config.transport.mode == "deadline"):
         return None
-    if getattr(setup.algorithm, "asynchronous", False):
+    if setup.algorithm.asynchronous:
         return None  # no rounds: the event engine keeps its own time
     if not has_batched_form(setup.algorithm):
         raise ConfigError(

@@ -602,7 +602,7 @@ def memory_need(setup: RunSetup, *, edges: int | None = None) -> int:
     active = ACTIVATION_COPIES * setup.config.data.batch_size * saved_bytes_per_example(setup)
     at_once = 1 if setup.evaluator.rows.mode == "module" else n
     need = n * (STATE_COPIES * row + PEER_OVERHEAD) + at_once * active
-    if getattr(setup.algorithm, "robust", False):
+    if setup.algorithm.robust:
         count = edges if edges is not None else len(setup.graph.union().index_edges()[0])
         need += 2 * count * setup.start.numel() * 8 * 2  # float64 totals at both ends, a copy
     return need
@@ -618,11 +618,7 @@ def memory_shortfall(setup: RunSetup, *, edges: int | None = None) -> str | None
     if need <= memory:
         return None
     d = setup.start.numel()
-    robust = (
-        " (robust push-sum adds two float64 totals an edge)"
-        if getattr(setup.algorithm, "robust", False)
-        else ""
-    )
+    robust = " (robust push-sum adds two float64 totals an edge)" if setup.algorithm.robust else ""
     return (
         f"{len(setup.graph.nodes)} stacked peers of a {d:,}-parameter model need about "
         f"{size_text(need)}{robust}, more than this machine's {size_text(memory)}"
@@ -635,7 +631,7 @@ def evaluate_stacked(net: VectorizedNetwork, params: torch.Tensor) -> dict[str, 
     setup = net.setup
     x, y = setup.dataset.x_test, setup.dataset.y_test
     nodes = net.nodes
-    server = getattr(setup.algorithm, "server", None)
+    server = setup.algorithm.server
     if server is not None and server in nodes:
         # As evaluate_models: the server's model is the "average model"; the per-node
         # figures are the workers' alone.

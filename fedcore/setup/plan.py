@@ -30,6 +30,7 @@ from typing import Any
 from fedcore import registry, topology
 from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
 from fedcore.algorithms.asynchronous import is_asynchronous
+from fedcore.algorithms.base import with_traits
 from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.algorithms.rule import is_rule
 from fedcore.compression import codec_options, codec_seed
@@ -179,7 +180,7 @@ def communication_graph(algorithm: Algorithm, trust: Topology) -> Topology:
         trust,
         mixing=algorithm.mixing,
         algorithm=algorithm.name,
-        server=getattr(algorithm, "server", None),
+        server=algorithm.server,
     )
 
 
@@ -236,11 +237,11 @@ def node_optimizer(
 def check_combinations(config: Config, algorithm: Algorithm) -> None:
     """Refuse what the config's tables cannot do together (cheap: no graph, no data)."""
     optimizer = node_optimizer(config)
-    if algorithm.name == "apmsqueeze" and optimizer is not None:
+    if algorithm.is_optimizer and optimizer is not None:
         raise ConfigError(
-            f"algorithm 'apmsqueeze' is itself the optimizer (Adam, then momentum on the frozen "
-            f"second moment); optimizer.name = {config.optimizer.name!r} would stand in for its "
-            "gradient. Leave [optimizer] at plain SGD."
+            f"algorithm {algorithm.name!r} is itself the optimizer (Adam, then momentum on the "
+            f"frozen second moment); optimizer.name = {config.optimizer.name!r} would stand in "
+            "for its gradient. Leave [optimizer] at plain SGD."
         )
     f = config.faults
     if f.active and not f.announce and config.transport.mode == "strict":
@@ -248,13 +249,13 @@ def check_combinations(config: Config, algorithm: Algorithm) -> None:
             "faults.announce = false makes lost messages vanish: strict mode would wait for "
             "them until transport.strict_timeout_s. Set transport.mode = 'deadline'."
         )
-    if algorithm.name == "choco" and (f.drop or f.edge_drop or f.partitions or f.crashes):
+    if algorithm.needs_every_message and (f.drop or f.edge_drop or f.partitions or f.crashes):
         raise ConfigError(
-            "algorithm 'choco' needs every message: a lost one leaves the receiver's copy of "
-            "the sender's public model behind for good. Remove the [faults] losses, or use "
-            "'deepsqueeze' or 'dpsgd', which mix what arrives."
+            f"algorithm {algorithm.name!r} needs every message: a lost one leaves the "
+            "receiver's copy of the sender's public model behind for good. Remove the [faults] "
+            "losses, or use 'deepsqueeze' or 'dpsgd', which mix what arrives."
         )
-    if getattr(algorithm, "robust", False) and config.compression.codec in LOSSY_SPARSE:
+    if algorithm.robust and config.compression.codec in LOSSY_SPARSE:
         raise ConfigError(
             f"algorithm {config.algorithm.name!r} with robust = true sends running totals that "
             f"grow without bound; codec {config.compression.codec!r} has an error relative to "
@@ -276,7 +277,7 @@ def vectorized_refusal(config: Config, algorithm: Algorithm) -> str | None:
             "protocol; write it as an update rule (fedcore.algorithms.rule.Rule) to run it on "
             "every peer at once"
         )
-    if config.transport.mode == "deadline" and getattr(algorithm, "holds_in_deadline_mode", False):
+    if config.transport.mode == "deadline" and algorithm.holds_in_deadline_mode:
         return (
             f"{algorithm.name} holds a silent peer's pushes in deadline mode, which only "
             "the message engine models"
@@ -335,7 +336,7 @@ def resolve_algorithm(config: Config, algorithm: Any = None) -> Any:
     its own adapter) or an object of the per-message protocol."""
     if algorithm is None:
         return configured_algorithm(config)
-    return algorithm
+    return with_traits(algorithm)
 
 
 def planned_nodes(config: Config) -> int | None:
@@ -379,7 +380,7 @@ def run_shape(config: Config, algorithm: Algorithm, trust: Topology | None) -> S
     mixing over every pair of nodes (from the counts: ``trust`` may be unbuilt)."""
     n = len(trust.nodes) if trust is not None else planned_nodes(config)
     assert n is not None  # a graph file is read before (read_trust)
-    server = getattr(algorithm, "server", None)
+    server = algorithm.server
     server_at = None
     if server is not None:
         if trust is not None and server not in trust.nodes:
@@ -439,7 +440,7 @@ def check_run_memory(
     models = 0
     if model is not None:
         models = n * model.params * model.itemsize * COPIES
-        if getattr(algorithm, "robust", False):
+        if algorithm.robust:
             models += 2 * edges * model.params * 8
     need = graph + models
     if need <= memory:
@@ -634,7 +635,7 @@ def _check_graph(
     """Refuse a weighted graph the config cannot run on: a schedule for an algorithm of
     one fixed graph, a dropped edge that is no edge, or a node count other than the one
     the run was shaped (and its data split) for."""
-    if graph.period > 1 and getattr(algorithm, "fixed_graph", False):
+    if graph.period > 1 and algorithm.fixed_graph:
         raise ConfigError(
             f"algorithm {config.algorithm.name!r} runs on a fixed graph, but the topology "
             f"{trust.name!r} changes every round (a schedule of {graph.period} graphs). "

@@ -136,7 +136,7 @@ class RunSetup:
         """A fresh stream of the node at graph index ``i`` (the same batches every time)."""
         if self.source is not None:
             return self.source.stream(i)
-        if self.graph.nodes[i] == getattr(self.algorithm, "server", None):
+        if self.graph.nodes[i] == self.algorithm.server:
             return NoData()
         idx = torch.as_tensor(self.parts[i])
         return BatchStream(
@@ -199,7 +199,7 @@ class RunSetup:
         :mod:`fedcore.node.asynchronous`), its transport wrapped as :meth:`make_node`'s."""
         wrapped, pace = self._wrap(node_id, transport)
         i = self.graph.index(node_id)
-        server = getattr(self.algorithm, "server", None)
+        server = self.algorithm.server
         workers = torch.tensor([v != server for v in self.graph.nodes])
         shares = example_shares(self.parts, workers).tolist()
         return AsyncPeer(

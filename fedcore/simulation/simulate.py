@@ -348,7 +348,7 @@ def _execute(
         writer=writer,
         progress=progress,
         records=node_records_mode(config, len(nodes)),
-        server=getattr(setup.algorithm, "server", None),
+        server=setup.algorithm.server,
         own_tests=setup.own_tests(),
         regret=regret_tracker(setup),
         tracker=make_tracker(
