@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,12 +68,16 @@ class Entry:
             kind's parameters, a model's config keys).
         tags: What sets it apart within its family (``"convex"``: a model whose regret has
             a comparator; ``"per-layer"``: an optimizer that needs the layer sizes).
+        edges: A topology kind's edge estimate: ``edges(nodes, topology)`` -> about how many
+            edges (over one period, self-loops included) it makes of ``nodes`` nodes under
+            the ``[topology]`` table ``topology``, from the counts alone.
     """
 
     name: str
     target: str
     keys: tuple[str, ...] = ()
     tags: frozenset[str] = frozenset()
+    edges: Callable[[int, Any], int] | None = None
 
 
 class Family:
@@ -206,23 +211,63 @@ OPTIMIZERS = Family(
 server family's server may run (``algorithm.server_optimizer``); ``per-layer``: one that
 needs the model's layer sizes."""
 
+
+def _log2(n: int) -> int:
+    return max(1, math.ceil(math.log2(n))) if n > 1 else 1
+
+
+def _one_way(topology: Any) -> int:
+    """2 for ``topology.undirected`` (which adds the reverse of a one-way edge), else 1."""
+    return 2 if topology.undirected else 1
+
+
+def _per_node(edges: Callable[[int, Any], float]) -> Callable[[int, Any], int]:
+    """An estimate of ``edges(n, topology)`` edges a node, plus every node's self-loop."""
+    return lambda n, topology: int(n * edges(n, topology)) + n
+
+
+def _either_way(p: float, undirected: bool) -> float:
+    """The chance of an edge of an Erdos-Renyi graph made undirected (either direction)."""
+    return p if not undirected else 1 - (1 - p) ** 2
+
+
+def _kind(
+    name: str,
+    keys: tuple[str, ...],
+    edges: Callable[[int, Any], int],
+    tags: tuple[str, ...] = (),
+) -> Entry:
+    return Entry(
+        name,
+        f"fedcore.topology.generators:_kind_{name.replace('-', '_')}",
+        keys,
+        frozenset(tags),
+        edges,
+    )
+
+
 TOPOLOGY_KINDS = Family(
     "topology kind",
-    _entries(
-        "fedcore.topology.generators",
-        ("ring", "_kind_ring"),
-        ("directed-ring", "_kind_directed_ring"),
-        ("exponential", "_kind_exponential"),
-        ("torus", "_kind_torus", ("rows", "cols")),
-        ("complete", "_kind_complete"),
-        ("erdos-renyi", "_kind_erdos_renyi", ("p",)),
-        ("social", "_kind_social"),
-        ("random-regular", "_kind_random_regular", ("degree",)),
-        ("one-peer-exponential", "_kind_one_peer_exponential"),
-        ("star", "_kind_star", ("server",)),
+    (
+        _kind("ring", (), _per_node(lambda n, t: 2)),
+        _kind("directed-ring", (), _per_node(lambda n, t: _one_way(t))),
+        _kind("exponential", (), _per_node(lambda n, t: _one_way(t) * _log2(n))),
+        _kind("torus", ("rows", "cols"), _per_node(lambda n, t: 4), ("unset-at-0",)),
+        _kind("complete", (), _per_node(lambda n, t: n - 1)),
+        _kind(
+            "erdos-renyi", ("p",), _per_node(lambda n, t: _either_way(t.p, t.undirected) * (n - 1))
+        ),
+        _kind("social", (), _per_node(lambda n, t: _one_way(t) * 3)),  # trusts two, trusted by one
+        _kind("random-regular", ("degree",), _per_node(lambda n, t: t.degree)),
+        # One edge and one self-loop a node a round, over a period of log2(n) rounds.
+        _kind("one-peer-exponential", (), lambda n, t: 2 * n * _log2(n)),
+        _kind("star", ("server",), _per_node(lambda n, t: 2), ("server",)),  # to it and back
     ),
 )
-"""``topology.kind``; ``keys`` are each kind's parameters besides nodes and seed."""
+"""``topology.kind``; ``keys`` are each kind's parameters besides nodes and seed (the
+``[topology]`` keys of the same names); ``unset-at-0``: a key set to 0 is left to the
+kind's default; ``server``: ``nodes`` workers and one server more (the server family's
+graph); ``edges``: the kind's edge estimate."""
 
 DATASETS = Family(
     "dataset",

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-import math
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -102,15 +101,10 @@ def build_topology(cfg: TopologyConfig) -> Topology:
         if cfg.undirected:
             raise ConfigError("topology.undirected applies to generated graphs, not to files.")
         return topology.load(cfg.file)
-    params: dict[str, object] = {}
-    if cfg.kind == "erdos-renyi":
-        params["p"] = cfg.p
-    if cfg.kind == "random-regular":
-        params["degree"] = cfg.degree
-    if cfg.kind == "torus":
-        params.update({k: v for k, v in (("rows", cfg.rows), ("cols", cfg.cols)) if v})
-    if cfg.kind == "star":
-        params["server"] = cfg.server
+    kind = registry.TOPOLOGY_KINDS.entry(cfg.kind)
+    params = {k: getattr(cfg, k) for k in kind.keys}  # its parameters: [topology]'s keys
+    if "unset-at-0" in kind.tags:
+        params = {k: v for k, v in params.items() if v}
     built = topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
     if not cfg.undirected:
         return built
@@ -132,24 +126,9 @@ def estimated_edges(cfg: TopologyConfig, nodes: int) -> int:
     will cost before it is built. A ``file`` is not estimated (0)."""
     if cfg.file:
         return 0
-    n = nodes
-    log2 = max(1, math.ceil(math.log2(n))) if n > 1 else 1
-    if cfg.kind == "one-peer-exponential":  # one edge and one self-loop a node a round
-        return 2 * n * log2
-    p = cfg.p if not cfg.undirected else 1 - (1 - cfg.p) ** 2
-    one_way = 2 if cfg.undirected else 1  # undirected adds the reverse of a one-way edge
-    per_node = {
-        "ring": 2,
-        "directed-ring": one_way,
-        "exponential": one_way * log2,
-        "torus": 4,
-        "complete": n - 1,
-        "erdos-renyi": p * (n - 1),
-        "social": one_way * 3,  # trusts two, trusted back by one
-        "random-regular": cfg.degree,
-        "star": 2,  # each worker to the server and back
-    }.get(cfg.kind, 1)
-    return int(n * per_node) + n
+    edges = registry.TOPOLOGY_KINDS.entry(cfg.kind).edges
+    assert edges is not None  # every kind says its estimate
+    return edges(nodes, cfg)
 
 
 def _period_graphs(t: Topology) -> tuple[topology.TrustGraph, ...]:
@@ -344,7 +323,9 @@ def planned_nodes(config: Config) -> int | None:
     graph file, whose size is known only once it is read."""
     if config.topology.file:
         return None
-    return config.topology.nodes + (config.topology.kind == "star")
+    return config.topology.nodes + (
+        "server" in registry.TOPOLOGY_KINDS.entry(config.topology.kind).tags
+    )
 
 
 def read_trust(config: Config, trust: Topology | None, laps: Laps | None = None) -> Topology | None:
@@ -387,7 +368,10 @@ def run_shape(config: Config, algorithm: Algorithm, trust: Topology | None) -> S
             raise TopologyError(
                 f"topology.server = {server!r} is not a node of the graph {trust.name!r}."
             )
-        if trust is None and config.topology.kind != "star":
+        if (
+            trust is None
+            and "server" not in registry.TOPOLOGY_KINDS.entry(config.topology.kind).tags
+        ):
             raise ConfigError(
                 f"algorithm {algorithm.name!r} runs on a star: set topology.kind = 'star' "
                 "(or a graph file with its server named by topology.server)."
