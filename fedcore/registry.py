@@ -23,6 +23,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from fedcore.errors import ConfigError
+from fedcore.ids import error_text
+
 __all__ = [
     "ALGORITHMS",
     "CODECS",
@@ -34,7 +37,70 @@ __all__ = [
     "Family",
     "close_matches",
     "did_you_mean",
+    "import_object",
 ]
+
+FIX_PATH = (
+    "run fedcore from the folder that holds the module, or put that folder on PYTHONPATH "
+    "(in a container: install the module in the image or put it on the image's PYTHONPATH)"
+)
+"""How to make a module importable: what every "no module named" answer says."""
+
+
+def import_object(path: str, *, what: str, error: type[Exception] = ConfigError) -> Any:
+    """The object at import path ``"pkg.module:attribute"``, imported now: the one
+    resolver of every family's import paths (a user's algorithm, a registry's own entries,
+    a checkpoint's state classes), with one style of answer when it goes wrong.
+
+    ``what`` names the setting in answers (``"algorithm.name"``: ``algorithm.name =
+    'pkg.mod:Nope': module 'pkg.mod' has no attribute 'Nope'; ...``).
+
+    Raises:
+        error: a malformed path (or a file's), a module not found or failing to import, or
+            no such attribute, each one sentence naming ``what``, the path and the fix.
+    """
+    module_name, _, attribute = path.partition(":")
+    if "/" in module_name or "\\" in module_name or module_name.endswith(".py"):
+        stem = module_name.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+        raise error(
+            f"{what} = {path!r} names a file; name its module instead, "
+            f"{stem + ':' + attribute!r}, and {FIX_PATH}."
+        )
+    if (
+        not module_name
+        or not attribute
+        or not all(p.isidentifier() for p in module_name.split("."))
+    ):
+        raise error(
+            f"{what} = {path!r} is not an import path: write 'pkg.module:factory' "
+            "(a module importable from here and the name of a class or function in it), "
+            "or a built-in name."
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise error(
+                f"{what} = {path!r}: no module named {missing!r} on the Python path; {FIX_PATH}."
+            ) from exc
+        raise error(
+            f"{what} = {path!r}: module {module_name!r} does not import "
+            f"({error_text(exc)}); install what it needs."
+        ) from exc
+    except Exception as exc:  # a user's module can raise anything as it runs
+        raise error(
+            f"{what} = {path!r}: importing module {module_name!r} failed "
+            f"({error_text(exc)}); fix the module (fedcore -v shows the traceback)."
+        ) from exc
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise error(
+            f"{what} = {path!r}: module {module_name!r} has no attribute "
+            f"{attribute!r}; name a class or function defined in "
+            f"{getattr(module, '__file__', None) or module_name}."
+        ) from None
 
 
 def close_matches(word: object, choices: Iterable[str]) -> list[str]:
@@ -126,8 +192,7 @@ class Family:
 
     def load(self, name: str) -> Any:
         """The factory behind ``name``, imported now."""
-        module, _, attribute = self.entry(name).target.partition(":")
-        return getattr(importlib.import_module(module), attribute)
+        return import_object(self.entry(name).target, what=f"{self.what} {name!r}")
 
     def factories(self) -> dict[str, Any]:
         """Name -> factory for every name (what the family's own registry holds)."""

@@ -32,7 +32,6 @@ built-in rules are not wrapped.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import traceback
 from collections.abc import Callable, Mapping
@@ -46,7 +45,7 @@ from fedcore.config import table_keys
 from fedcore.errors import ConfigError, FedcoreError, UserCodeError
 from fedcore.ids import clip, error_text
 from fedcore.messages import MessageSchema
-from fedcore.registry import did_you_mean
+from fedcore.registry import did_you_mean, import_object
 
 __all__ = [
     "PATTERNS",
@@ -67,11 +66,6 @@ _ALGORITHM = ("name", "mixing", "phases", "init", "model", "step", "expected_sen
 
 _RULE = RULE_MEMBERS
 
-_FIX_PATH = (
-    "run fedcore from the folder that holds the module, or put that folder on PYTHONPATH "
-    "(in a container: install the module in the image or put it on the image's PYTHONPATH)"
-)
-
 
 def unknown_options(unknown: list[str], accepted: list[str]) -> str:
     """``"nmae (did you mean `name`?), lrr (did you mean `lr`?)"``: the ``[algorithm]`` keys
@@ -90,24 +84,6 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
-def _split(path: str) -> tuple[str, str]:
-    module, _, attribute = path.partition(":")
-    parts = module.split(".")
-    if "/" in module or "\\" in module or module.endswith(".py"):
-        stem = module.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
-        raise ConfigError(
-            f"algorithm.name = {path!r} names a file; name its module instead, "
-            f"{stem + ':' + attribute!r}, and {_FIX_PATH}."
-        )
-    if not module or not attribute or not all(p.isidentifier() for p in parts):
-        raise ConfigError(
-            f"algorithm.name = {path!r} is not an import path: write 'pkg.module:factory' "
-            "(a module importable from here and the name of a class or function in it), "
-            "or a built-in name."
-        )
-    return module, attribute
-
-
 def load_factory(path: str) -> Callable[..., Any]:
     """Import ``"pkg.module:factory"`` and return the callable (a class or a function).
 
@@ -115,33 +91,7 @@ def load_factory(path: str) -> Callable[..., Any]:
         ConfigError: a malformed path, a module not found or failing to import, no such
             attribute, or one that is not callable.
     """
-    module_name, attribute = _split(path)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if missing and (module_name == missing or module_name.startswith(missing + ".")):
-            raise ConfigError(
-                f"algorithm.name = {path!r}: no module named {missing!r} on the Python path; "
-                f"{_FIX_PATH}."
-            ) from exc
-        raise ConfigError(
-            f"algorithm.name = {path!r}: module {module_name!r} does not import "
-            f"({error_text(exc)}); install what it needs."
-        ) from exc
-    except Exception as exc:  # a user's module can raise anything as it runs
-        raise ConfigError(
-            f"algorithm.name = {path!r}: importing module {module_name!r} failed "
-            f"({error_text(exc)}); fix the module (fedcore -v shows the traceback)."
-        ) from exc
-    try:
-        factory = getattr(module, attribute)
-    except AttributeError:
-        raise ConfigError(
-            f"algorithm.name = {path!r}: module {module_name!r} has no attribute "
-            f"{attribute!r}; name a class or function defined in "
-            f"{getattr(module, '__file__', None) or module_name}."
-        ) from None
+    factory = import_object(path, what="algorithm.name")
     if not callable(factory):
         raise ConfigError(
             f"algorithm.name = {path!r} names an object of type {type(factory).__name__}, "
