@@ -32,7 +32,7 @@ from fedcore.algorithms.asynchronous import is_asynchronous
 from fedcore.algorithms.base import with_traits
 from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.algorithms.rule import is_rule
-from fedcore.compression import codec_options, codec_seed
+from fedcore.compression import CodecOptions, codec_seed
 from fedcore.compression.batched import make_row_codec
 from fedcore.config import Config, TopologyConfig, fingerprint_json
 from fedcore.errors import ConfigError, TopologyError
@@ -262,7 +262,7 @@ def vectorized_refusal(config: Config, algorithm: Algorithm) -> str | None:
             "the message engine models"
         )
     c = config.compression
-    codec = make_row_codec(c.codec, seeds=(codec_seed(config.run.seed, 0),), **codec_options(c))
+    codec = make_row_codec(c.codec, CodecOptions.of(c), seeds=(codec_seed(config.run.seed, 0),))
     if getattr(algorithm, "widths", None) is not None and not codec.deterministic:
         return (
             f"{algorithm.name} with the stochastic codec {codec.name!r} draws for messages of "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedcore.compression import codec_options, codec_seed
+from fedcore.compression import CodecOptions, codec_seed
 from fedcore.compression.batched import RowCodec, make_row_codec
 
 if TYPE_CHECKING:
@@ -22,4 +22,4 @@ def row_codec(setup: RunSetup) -> RowCodec:
     first = codec_seed(setup.config.run.seed, 0)
     seeds = range(first, first + n)  # consecutive seeds: no list of a million ints
     assert n < 2 or codec_seed(setup.config.run.seed, n - 1) == seeds[-1]
-    return make_row_codec(c.codec, seeds=seeds, layers=setup.layers, **codec_options(c))
+    return make_row_codec(c.codec, CodecOptions.of(c, setup.layers), seeds=seeds)
