@@ -121,7 +121,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -467,7 +467,7 @@ def _edges(rows: Rows) -> Edges:
     return rows.edges
 
 
-def OPS(robust: bool = False, step_scale: str = "none") -> Any:
+def OPS(robust: bool = False, step_scale: str = "none") -> PushSumRule:
     """Online Push-Sum: ``robust = false`` is the rule :class:`PushSumRule`, ``robust = true``
     the running-totals rule :class:`RobustPushSumRule` (two separate rules behind one name).
 
@@ -478,8 +478,3 @@ def OPS(robust: bool = False, step_scale: str = "none") -> Any:
     if robust:
         return RobustPushSumRule(step_scale)
     return PushSumRule(step_scale)
-
-
-OPS.name = "ops"  # type: ignore[attr-defined]
-OPS.mixing = "push-sum"  # type: ignore[attr-defined]
-OPS.phases = 1  # type: ignore[attr-defined]
