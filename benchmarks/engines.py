@@ -612,8 +612,8 @@ def _median_ms(fn: Any, calls: int) -> float:
 def breakdown(dataset: Dataset, n: int, model: str, calls: int = 30) -> list[tuple[str, float]]:
     """Median ms of each part of one round, vectorized engine and batched floor (the parts
     re-run on the state after one round; their sum need not equal the whole)."""
-    from fedcore.algorithms.batched import BatchRound
     from fedcore.algorithms.rule import Slot, gossip
+    from fedcore.engines.batched import BatchRound
 
     config = make_config(n, model)
     net = build("vectorized", config, dataset)

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from fedcore.errors import ConfigError
+from fedcore.ids import error_text
 
 __all__ = [
     "ALGORITHMS",
@@ -33,7 +37,70 @@ __all__ = [
     "Family",
     "close_matches",
     "did_you_mean",
+    "import_object",
 ]
+
+FIX_PATH = (
+    "run fedcore from the folder that holds the module, or put that folder on PYTHONPATH "
+    "(in a container: install the module in the image or put it on the image's PYTHONPATH)"
+)
+"""How to make a module importable: what every "no module named" answer says."""
+
+
+def import_object(path: str, *, what: str, error: type[Exception] = ConfigError) -> Any:
+    """The object at import path ``"pkg.module:attribute"``, imported now: the one
+    resolver of every family's import paths (a user's algorithm, a registry's own entries,
+    a checkpoint's state classes), with one style of answer when it goes wrong.
+
+    ``what`` names the setting in answers (``"algorithm.name"``: ``algorithm.name =
+    'pkg.mod:Nope': module 'pkg.mod' has no attribute 'Nope'; ...``).
+
+    Raises:
+        error: a malformed path (or a file's), a module not found or failing to import, or
+            no such attribute, each one sentence naming ``what``, the path and the fix.
+    """
+    module_name, _, attribute = path.partition(":")
+    if "/" in module_name or "\\" in module_name or module_name.endswith(".py"):
+        stem = module_name.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+        raise error(
+            f"{what} = {path!r} names a file; name its module instead, "
+            f"{stem + ':' + attribute!r}, and {FIX_PATH}."
+        )
+    if (
+        not module_name
+        or not attribute
+        or not all(p.isidentifier() for p in module_name.split("."))
+    ):
+        raise error(
+            f"{what} = {path!r} is not an import path: write 'pkg.module:factory' "
+            "(a module importable from here and the name of a class or function in it), "
+            "or a built-in name."
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise error(
+                f"{what} = {path!r}: no module named {missing!r} on the Python path; {FIX_PATH}."
+            ) from exc
+        raise error(
+            f"{what} = {path!r}: module {module_name!r} does not import "
+            f"({error_text(exc)}); install what it needs."
+        ) from exc
+    except Exception as exc:  # a user's module can raise anything as it runs
+        raise error(
+            f"{what} = {path!r}: importing module {module_name!r} failed "
+            f"({error_text(exc)}); fix the module (fedcore -v shows the traceback)."
+        ) from exc
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise error(
+            f"{what} = {path!r}: module {module_name!r} has no attribute "
+            f"{attribute!r}; name a class or function defined in "
+            f"{getattr(module, '__file__', None) or module_name}."
+        ) from None
 
 
 def close_matches(word: object, choices: Iterable[str]) -> list[str]:
@@ -67,12 +134,16 @@ class Entry:
             kind's parameters, a model's config keys).
         tags: What sets it apart within its family (``"convex"``: a model whose regret has
             a comparator; ``"per-layer"``: an optimizer that needs the layer sizes).
+        edges: A topology kind's edge estimate: ``edges(nodes, topology)`` -> about how many
+            edges (over one period, self-loops included) it makes of ``nodes`` nodes under
+            the ``[topology]`` table ``topology``, from the counts alone.
     """
 
     name: str
     target: str
     keys: tuple[str, ...] = ()
     tags: frozenset[str] = frozenset()
+    edges: Callable[[int, Any], int] | None = None
 
 
 class Family:
@@ -121,8 +192,7 @@ class Family:
 
     def load(self, name: str) -> Any:
         """The factory behind ``name``, imported now."""
-        module, _, attribute = self.entry(name).target.partition(":")
-        return getattr(importlib.import_module(module), attribute)
+        return import_object(self.entry(name).target, what=f"{self.what} {name!r}")
 
     def factories(self) -> dict[str, Any]:
         """Name -> factory for every name (what the family's own registry holds)."""
@@ -206,23 +276,63 @@ OPTIMIZERS = Family(
 server family's server may run (``algorithm.server_optimizer``); ``per-layer``: one that
 needs the model's layer sizes."""
 
+
+def _log2(n: int) -> int:
+    return max(1, math.ceil(math.log2(n))) if n > 1 else 1
+
+
+def _one_way(topology: Any) -> int:
+    """2 for ``topology.undirected`` (which adds the reverse of a one-way edge), else 1."""
+    return 2 if topology.undirected else 1
+
+
+def _per_node(edges: Callable[[int, Any], float]) -> Callable[[int, Any], int]:
+    """An estimate of ``edges(n, topology)`` edges a node, plus every node's self-loop."""
+    return lambda n, topology: int(n * edges(n, topology)) + n
+
+
+def _either_way(p: float, undirected: bool) -> float:
+    """The chance of an edge of an Erdos-Renyi graph made undirected (either direction)."""
+    return p if not undirected else 1 - (1 - p) ** 2
+
+
+def _kind(
+    name: str,
+    keys: tuple[str, ...],
+    edges: Callable[[int, Any], int],
+    tags: tuple[str, ...] = (),
+) -> Entry:
+    return Entry(
+        name,
+        f"fedcore.topology.generators:_kind_{name.replace('-', '_')}",
+        keys,
+        frozenset(tags),
+        edges,
+    )
+
+
 TOPOLOGY_KINDS = Family(
     "topology kind",
-    _entries(
-        "fedcore.topology.generators",
-        ("ring", "_kind_ring"),
-        ("directed-ring", "_kind_directed_ring"),
-        ("exponential", "_kind_exponential"),
-        ("torus", "_kind_torus", ("rows", "cols")),
-        ("complete", "_kind_complete"),
-        ("erdos-renyi", "_kind_erdos_renyi", ("p",)),
-        ("social", "_kind_social"),
-        ("random-regular", "_kind_random_regular", ("degree",)),
-        ("one-peer-exponential", "_kind_one_peer_exponential"),
-        ("star", "_kind_star", ("server",)),
+    (
+        _kind("ring", (), _per_node(lambda n, t: 2)),
+        _kind("directed-ring", (), _per_node(lambda n, t: _one_way(t))),
+        _kind("exponential", (), _per_node(lambda n, t: _one_way(t) * _log2(n))),
+        _kind("torus", ("rows", "cols"), _per_node(lambda n, t: 4), ("unset-at-0",)),
+        _kind("complete", (), _per_node(lambda n, t: n - 1)),
+        _kind(
+            "erdos-renyi", ("p",), _per_node(lambda n, t: _either_way(t.p, t.undirected) * (n - 1))
+        ),
+        _kind("social", (), _per_node(lambda n, t: _one_way(t) * 3)),  # trusts two, trusted by one
+        _kind("random-regular", ("degree",), _per_node(lambda n, t: t.degree)),
+        # One edge and one self-loop a node a round, over a period of log2(n) rounds.
+        _kind("one-peer-exponential", (), lambda n, t: 2 * n * _log2(n)),
+        _kind("star", ("server",), _per_node(lambda n, t: 2), ("server",)),  # to it and back
     ),
 )
-"""``topology.kind``; ``keys`` are each kind's parameters besides nodes and seed."""
+"""``topology.kind``; ``keys`` are each kind's parameters besides nodes and seed (the
+``[topology]`` keys of the same names); ``unset-at-0``: a key set to 0 is left to the
+kind's default; ``server``: ``nodes`` workers and one server more (the server family's
+graph); ``edges``: the kind's edge estimate."""
 
 DATASETS = Family(
     "dataset",

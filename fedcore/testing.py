@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from fedcore.algorithms import Algorithm, Outbox, RoundContext
-from fedcore.algorithms.base import unions
+from fedcore.algorithms.base import unions, with_traits
 from fedcore.algorithms.user import as_algorithm
 from fedcore.compression import Codec, get_codec
 from fedcore.config import Config, config_from_dict, config_to_dict
@@ -41,7 +41,7 @@ from fedcore.engines.messages import Network, build_network
 from fedcore.engines.vectorized import VectorizedNetwork, evaluate_stacked
 from fedcore.messages import Message, Payload
 from fedcore.metrics import evaluate_models
-from fedcore.node import Node
+from fedcore.node import Node, per_node
 from fedcore.setup.plan import communication_graph, configured_algorithm
 from fedcore.setup.prepare import prepare_run, seed_torch
 from fedcore.simulation.simulate import choose_engine
@@ -175,8 +175,8 @@ def make_network(
         topology: A spec such as ``"ring:8"`` or ``"social:16"``, or a built graph.
         algorithm: A registered name, your own as ``"pkg.module:factory"`` (as
             ``algorithm.name`` takes it), or your own object: a
-            :class:`~fedcore.algorithms.rule.Rule` (run through
-            :class:`~fedcore.algorithms.rule.NodeRule`, on either engine) or an object of
+            :class:`~fedcore.algorithms.rule.Rule` (on either engine, each through its
+            adapter) or an object of
             the per-message Algorithm protocol (the message engine only).
         dataset: A built-in name, ``"pkg.module:factory"``, or a :class:`Dataset`.
         model: A built-in name or ``"pkg.module:factory"``.
@@ -197,8 +197,9 @@ def make_network(
     if isinstance(dataset, str):
         raw["data"]["dataset"] = dataset
     if not isinstance(algorithm, str):
-        # Declared rules are checked and run through NodeRule; a per-message algorithm
-        # (one that hands its attributes on to a built-in one included) runs as it is.
+        # Declared rules are checked (each engine runs them through its adapter); a
+        # per-message algorithm (one that hands its attributes on to a built-in one
+        # included) runs as it is.
         kind = type(algorithm)
         algorithm = as_algorithm(algorithm, f"{kind.__module__}:{kind.__qualname__}")
     raw["algorithm"]["name"] = algorithm if isinstance(algorithm, str) else algorithm.name
@@ -234,7 +235,7 @@ def make_network(
 
 
 def lockstep(
-    algorithm: Algorithm,
+    algorithm: Any,
     graph: Topology,
     params: Mapping[str, torch.Tensor],
     *,
@@ -271,8 +272,10 @@ def lockstep(
     Returns:
         Node id -> final algorithm state.
     """
+    algorithm = with_traits(algorithm)
     if not graph.has_weights():
         graph = communication_graph(algorithm, graph)
+    algorithm = per_node(algorithm)  # a rule on one peer at a time, as a node runs it
     nodes = tuple(order or graph.nodes)
     state: dict[str, Any] = (
         dict(states) if states is not None else {n: algorithm.init(params[n]) for n in nodes}

@@ -19,9 +19,11 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from fedcore.algorithms import Inbox, NodeRule, RoundContext, make_algorithm
+from fedcore.algorithms import Inbox, RoundContext, make_algorithm
 from fedcore.algorithms.base import model_schema
+from fedcore.algorithms.dpsgd import DPSGDRule
 from fedcore.algorithms.reference import ModelState
+from fedcore.algorithms.rule import is_rule
 from fedcore.config import load_config
 from fedcore.deploy.launch import user_code_roots
 from fedcore.engines.vectorized import unsupported
@@ -72,18 +74,19 @@ def user_module(
 
 
 @pytest.mark.usefixtures("example_path")
-def test_a_rule_by_import_path_runs_through_node_rule() -> None:
+def test_a_rule_by_import_path_is_a_checked_rule() -> None:
     algorithm = make_algorithm(PATH, beta=0.5)
-    assert isinstance(algorithm, NodeRule)
+    assert is_rule(algorithm)
     assert algorithm.name == "momentum-gossip" and algorithm.mixing == "doubly-stochastic"
     assert algorithm.rule.beta == 0.5
     assert make_algorithm(PATH).rule.beta == 0.9  # its default
 
 
 def test_what_a_factory_returns_decides_how_it_runs() -> None:
-    """A rule is wrapped; a per-message algorithm (or an adapter) is used as it is."""
-    assert isinstance(make_algorithm("fedcore.algorithms.dpsgd:DPSGDRule"), NodeRule)
-    assert isinstance(make_algorithm("fedcore.algorithms.dpsgd:DPSGD"), NodeRule)
+    """A rule is a rule (each engine runs it through its adapter); a per-message algorithm
+    is used as it is."""
+    assert type(make_algorithm("fedcore.algorithms.dpsgd:DPSGDRule")) is DPSGDRule
+    assert type(make_algorithm("fedcore.algorithms.dpsgd:DPSGD")) is DPSGDRule
     assert type(make_algorithm("tests.test_user_algorithm:MyCentral")) is MyCentral
 
 

@@ -24,12 +24,13 @@ from typing import Any
 import pytest
 import torch
 
-from fedcore.algorithms import NodeRule, make_algorithm
+from fedcore.algorithms import make_algorithm
 from fedcore.algorithms.rule import is_rule
 from fedcore.algorithms.user import CheckedRule
 from fedcore.cli.app import parser
 from fedcore.cli.common import EXIT_USER_CODE
 from fedcore.errors import ConfigError, UserCodeError
+from fedcore.node import NodeRule
 from fedcore.testing import TestNetwork, VectorizedTestNetwork, make_network
 from tests.clitools import TINY, cli, one_line_error
 
@@ -261,7 +262,7 @@ class Delegating:
 def test_the_harness_takes_a_rule_and_a_delegating_per_message_algorithm() -> None:
     from user_rule_errors_mod import Plain  # type: ignore[import-not-found]
 
-    inner = make_algorithm("dpsgd")
+    inner = NodeRule(make_algorithm("dpsgd"))  # the message engine's form of a rule
     delegating = Delegating(inner)
     assert all(hasattr(delegating, a) for a in ("init", "step", "mix", "schema", "pattern"))
     assert not is_rule(delegating) and not is_rule(inner) and is_rule(Plain())
@@ -309,7 +310,7 @@ def test_a_checked_rule_of_every_pattern_is_the_rule_bit_for_bit(case: str, engi
     cls, name, topology, settings = SUBCLASSES[case]
     path = f"{MODULE}:{cls}"
     algorithm = make_algorithm(path)
-    assert isinstance(algorithm, NodeRule) and isinstance(algorithm.rule, CheckedRule)
+    assert isinstance(algorithm, CheckedRule)
     mine = make_network(topology, algorithm=path, engine=engine).run(3)
     ours = make_network(topology, algorithm=name, engine=engine, settings=settings).run(3)
     for node, x in ours.models().items():
@@ -321,10 +322,10 @@ def test_only_users_rules_are_checked() -> None:
     """Built-in rules, by name or by import path, run as they are; a user's, checked."""
     for name in ("dpsgd", "fedcore.algorithms.dpsgd:DPSGDRule", "ops", "rps"):
         algorithm = make_algorithm(name)
-        assert isinstance(algorithm, NodeRule) and not isinstance(algorithm.rule, CheckedRule)
+        assert is_rule(algorithm) and not isinstance(algorithm, CheckedRule)
     user = make_algorithm(f"{MODULE}:Raises")
-    assert isinstance(user, NodeRule) and isinstance(user.rule, CheckedRule)
-    assert user.rule.rule.name == "raises" and user.rule.origin == f"{MODULE}:Raises"
+    assert isinstance(user, CheckedRule)
+    assert user.rule.name == "raises" and user.origin == f"{MODULE}:Raises"
 
 
 # -- real peers --------------------------------------------------------------------------

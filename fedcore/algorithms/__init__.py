@@ -12,14 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from fedcore import registry
-from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext
+from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext, with_traits
 from fedcore.algorithms.compressed import CHOCO, CHOCOState, DeepSqueeze, DeepSqueezeState
 from fedcore.algorithms.dpsgd import DPSGD, DPSGDState
 from fedcore.algorithms.online import DOG, DOL
 from fedcore.algorithms.ops import OPS, PushSumState
 from fedcore.algorithms.reference import Central, Local, ModelState
 from fedcore.algorithms.rps import RPS, RPSState
-from fedcore.algorithms.rule import NodeRule, Rows, Rule, Send, Slot
+from fedcore.algorithms.rule import Rows, Rule, Send, Slot
 from fedcore.algorithms.server import FedAvg, FedAvgState
 from fedcore.algorithms.squeeze import (
     APMSqueeze,
@@ -58,7 +58,6 @@ __all__ = [
     "Inbox",
     "Local",
     "ModelState",
-    "NodeRule",
     "Outbox",
     "PushSumState",
     "RPSState",
@@ -71,7 +70,7 @@ __all__ = [
     "make_algorithm",
 ]
 
-ALGORITHMS: dict[str, Callable[..., Algorithm]] = registry.ALGORITHMS.factories()
+ALGORITHMS: dict[str, Callable[..., Any]] = registry.ALGORITHMS.factories()
 """Name -> factory of every registered algorithm (:data:`fedcore.registry.ALGORITHMS`)."""
 
 
@@ -94,10 +93,11 @@ def algorithm_factory(name: str) -> Callable[..., Any]:
     raise _unknown(name)
 
 
-def make_algorithm(name: str, **options: Any) -> Algorithm:
+def make_algorithm(name: str, **options: Any) -> Any:
     """Build the algorithm registered as ``name``, or a user's at import path
-    ``"pkg.module:factory"`` (a rule it returns runs through :class:`NodeRule`), with
-    keyword ``options``.
+    ``"pkg.module:factory"``, with keyword ``options``: a :class:`Rule` (every built-in
+    synchronous one; each engine runs it through its own adapter) or an object of the
+    per-message :class:`Algorithm` protocol.
 
     Raises:
         ConfigError: unknown name, an import path that does not load or builds no
@@ -116,4 +116,4 @@ def make_algorithm(name: str, **options: Any) -> Algorithm:
             f"algorithm {name!r} has no option {unknown_options(unknown, sorted(accepted))}; "
             f"its options: {allowed}."
         )
-    return factory(**options)
+    return with_traits(factory(**options))

@@ -116,7 +116,55 @@ def unions(topology: Any, node: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     )
 
 
-class Algorithm(Protocol):
+class Traits(Protocol):
+    """What a caller needs to know about an algorithm, declared once on its class: typed
+    class attributes with these defaults. A rule (a subclass of
+    :class:`~fedcore.algorithms.rule.Rule`) inherits them; a per-message object that
+    declares none gets the defaults when it is loaded (:func:`with_traits`)."""
+
+    server: str | None = None
+    """The node id of the server family's server (``topology.server``); ``None``: no
+    server, peers only."""
+    robust: bool = False
+    """It sends running totals that grow without bound (robust push-sum): no codec whose
+    error is relative to them, and two float64 totals a graph edge in memory."""
+    fixed_graph: bool = False
+    """It runs on one fixed graph: no topology schedule (CHOCO's copies of its
+    neighbours' public models)."""
+    asynchronous: bool = False
+    """No rounds: it runs on the event engine."""
+    holds_in_deadline_mode: bool = False
+    """It holds a silent peer's pushes in deadline mode, which only the message engine
+    models (push-sum)."""
+    needs_every_message: bool = False
+    """A lost message breaks it for good (CHOCO): no ``[faults]`` losses."""
+    is_optimizer: bool = False
+    """It is itself the optimizer (APMSqueeze): ``[optimizer]`` stays plain SGD."""
+
+
+TRAITS = (
+    "server",
+    "robust",
+    "fixed_graph",
+    "asynchronous",
+    "holds_in_deadline_mode",
+    "needs_every_message",
+    "is_optimizer",
+)
+"""The names of :class:`Traits`."""
+
+
+def with_traits(algorithm: Any) -> Any:
+    """``algorithm``, every trait of :class:`Traits` it does not declare set to its
+    default (a per-message object of a user's, or one of the asynchronous algorithms);
+    a rule has them all already. Returns the same object."""
+    for name in TRAITS:
+        if not hasattr(algorithm, name):
+            setattr(algorithm, name, getattr(Traits, name))
+    return algorithm
+
+
+class Algorithm(Traits, Protocol):
     """A decentralized learning algorithm as a sans-I/O state machine.
 
     Attributes:

@@ -44,7 +44,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import RoundContext, model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, per_peer, pull, received, spent
+from fedcore.algorithms.rule import Rows, Rule, Send, Slot, pull, received, spent
 from fedcore.compression import Codec, RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import EncodedTensor, MessageSchema
@@ -101,7 +101,7 @@ class DeepSqueezeState(NamedTuple):
     c: torch.Tensor
 
 
-class DeepSqueezeRule:
+class DeepSqueezeRule(Rule):
     """DeepSqueeze (see the module docstring); ``eta`` is the consensus step."""
 
     name = "deepsqueeze"
@@ -146,7 +146,7 @@ class DeepSqueezeRule:
         return DeepSqueezeState(x, state.delta, spent(state.c)), None
 
 
-DeepSqueeze = per_peer(DeepSqueezeRule)
+DeepSqueeze = DeepSqueezeRule
 
 
 class CHOCOState(NamedTuple):
@@ -160,7 +160,7 @@ class CHOCOState(NamedTuple):
     q: torch.Tensor
 
 
-class CHOCORule:
+class CHOCORule(Rule):
     """CHOCO-SGD (see the module docstring); ``gamma`` is the consensus step.
 
     The copies of the neighbours' ``xhat_j`` are kept as one weighted sum per peer,
@@ -177,6 +177,8 @@ class CHOCORule:
     pattern = "neighbours"
     fixed_graph = True
     """The engines refuse a schedule (the weighted sums need the same weights)."""
+    needs_every_message = True
+    """A lost message leaves a receiver's sum behind for good: fault plans are refused."""
 
     def __init__(self, gamma: float = 0.5) -> None:
         """``gamma`` in (0, 1]; smaller for coarser codecs and smaller spectral gaps."""
@@ -214,4 +216,4 @@ class CHOCORule:
         return CHOCOState(x, state.xhat, s, spent(state.q)), None
 
 
-CHOCO = per_peer(CHOCORule)
+CHOCO = CHOCORule

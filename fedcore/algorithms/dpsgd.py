@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, gossip, per_peer, spent
+from fedcore.algorithms.rule import Rows, Rule, Send, Slot, gossip, spent
 from fedcore.messages import MessageSchema
 
 __all__ = ["DPSGD", "DPSGDRule", "DPSGDState"]
@@ -40,7 +40,7 @@ class DPSGDState(NamedTuple):
     pending: torch.Tensor
 
 
-class DPSGDRule:
+class DPSGDRule(Rule):
     """D-PSGD, combine-then-adapt (see the module docstring)."""
 
     name = "dpsgd"
@@ -73,4 +73,4 @@ class DPSGDRule:
         return DPSGDState(x, spent(state.pending)), None
 
 
-DPSGD = per_peer(DPSGDRule)
+DPSGD = DPSGDRule

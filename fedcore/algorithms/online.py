@@ -38,7 +38,7 @@ import torch
 from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.dpsgd import DPSGDRule
 from fedcore.algorithms.reference import ModelOnly, ModelState
-from fedcore.algorithms.rule import Rows, Send, Slot, per_peer
+from fedcore.algorithms.rule import Rows, Rule, Send, Slot
 from fedcore.messages import MessageSchema, ScalarSpec
 
 __all__ = ["DOG", "DOL", "DOGRule", "DOLRule"]
@@ -72,10 +72,10 @@ class DOGRule(DPSGDRule):
     name = "dog"
 
 
-DOG = per_peer(DOGRule)
+DOG = DOGRule
 
 
-class DOLRule(ModelOnly):
+class DOLRule(ModelOnly, Rule):
     """DOL: decentralized online learning on a one-way trust graph, no de-biasing.
 
     The "DOL-asymm" baseline of He, Tan, Tang, Qiu, Liu, "Central Server Free Federated
@@ -143,4 +143,4 @@ class DOLRule(ModelOnly):
         return ModelState(x), None
 
 
-DOL = per_peer(DOLRule)
+DOL = DOLRule

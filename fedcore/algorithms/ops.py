@@ -121,12 +121,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from fedcore.algorithms.base import RoundContext, model_schema
-from fedcore.algorithms.rule import EdgeInbox, Edges, NodeRule, Rows, Send, Slot, declare_rule
+from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Rule, Send, Slot
 from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
 from fedcore.messages import MessageSchema, Payload, ScalarSpec
 
@@ -204,7 +204,7 @@ class PushSumState(NamedTuple):
     silent: torch.Tensor
 
 
-class PushSumRule:
+class PushSumRule(Rule):
     """Plain Online Push-Sum, one rule for every engine (the module docstring states the
     update, the hold rule of a silent peer and the step scale).
 
@@ -304,9 +304,6 @@ class PushSumRule:
             omega = omega + torch.where(slot.arrived, slot.scalars["omega"], 0.0)
             heard = heard | slot.arrived
         return PushSumState(x, omega, _silent_after(state.silent, heard, omega, rows)), None
-
-
-declare_rule(PushSumRule)  # built-in rules, robust too (OPS wraps them itself)
 
 
 class RobustPushSumRule(PushSumRule):
@@ -470,7 +467,7 @@ def _edges(rows: Rows) -> Edges:
     return rows.edges
 
 
-def OPS(robust: bool = False, step_scale: str = "none") -> Any:
+def OPS(robust: bool = False, step_scale: str = "none") -> PushSumRule:
     """Online Push-Sum: ``robust = false`` is the rule :class:`PushSumRule`, ``robust = true``
     the running-totals rule :class:`RobustPushSumRule` (two separate rules behind one name).
 
@@ -479,10 +476,5 @@ def OPS(robust: bool = False, step_scale: str = "none") -> Any:
     """
     _check_options(robust, step_scale)
     if robust:
-        return NodeRule(RobustPushSumRule(step_scale))
-    return NodeRule(PushSumRule(step_scale))
-
-
-OPS.name = "ops"  # type: ignore[attr-defined]
-OPS.mixing = "push-sum"  # type: ignore[attr-defined]
-OPS.phases = 1  # type: ignore[attr-defined]
+        return RobustPushSumRule(step_scale)
+    return PushSumRule(step_scale)

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import model_schema
-from fedcore.algorithms.rule import Rows, Send, Slot, add_slot, per_peer
+from fedcore.algorithms.rule import Rows, Rule, Send, Slot, add_slot
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema
 
@@ -47,7 +47,7 @@ class ModelOnly:
         return state.x
 
 
-class LocalRule(ModelOnly):
+class LocalRule(ModelOnly, Rule):
     """Local SGD with no communication (an :class:`~fedcore.algorithms.rule.Rule`)."""
 
     name = "local"
@@ -69,10 +69,10 @@ class LocalRule(ModelOnly):
         return state, None
 
 
-Local = per_peer(LocalRule)
+Local = LocalRule
 
 
-class CentralRule(ModelOnly):
+class CentralRule(ModelOnly, Rule):
     """Exact averaging of all nodes' post-step models every round (an
     :class:`~fedcore.algorithms.rule.Rule` on the complete graph)."""
 
@@ -128,4 +128,4 @@ class CentralRule(ModelOnly):
         return ModelState(total.div_(count)), None
 
 
-Central = per_peer(CentralRule)
+Central = CentralRule

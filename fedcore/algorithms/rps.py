@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 import torch
 
-from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Send, per_peer, spent
+from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Rule, Send, spent
 from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema
 
@@ -138,7 +138,7 @@ class _Layout(NamedTuple):
         return torch.cat([long, short], dim=1)
 
 
-class RPSRule:
+class RPSRule(Rule):
     """RPS, the Robust Parameter Server (see the module docstring for the update rule).
 
     Two phases a round: scatter (phase 0, tensor ``"block"``: the sender's ``x_half`` on the
@@ -257,4 +257,4 @@ class RPSRule:
         return RPSState(layout.model(blocks.view(rows.b, layout.n, -1)), spent(state.y)), None
 
 
-RPS = per_peer(RPSRule)
+RPS = RPSRule

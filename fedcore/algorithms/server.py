@@ -50,7 +50,7 @@ import torch
 from fedcore import registry
 from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.optim import Optimizer, keep_rows, make_optimizer
-from fedcore.algorithms.rule import Gathered, Rows, Send, per_peer
+from fedcore.algorithms.rule import Gathered, Rows, Rule, Send
 from fedcore.errors import ConfigError
 from fedcore.messages import MessageSchema, ScalarSpec
 
@@ -83,7 +83,7 @@ class FedAvgState(NamedTuple):
     server_opt: Any = None
 
 
-class FedAvgRule:
+class FedAvgRule(Rule):
     """FedAvg with client sampling and local steps (see the module docstring), one rule
     for every engine: the server is one more row, which holds no data.
 
@@ -126,7 +126,7 @@ class FedAvgRule:
             raise ConfigError(f"algorithm.server_lr must be a number, got {server_lr!r}.")
         if not 0 <= server_lr < float("inf"):
             raise ConfigError(f"algorithm.server_lr must be finite and >= 0, got {server_lr}.")
-        self.server = server
+        self.server: str = server
         self.fraction = float(fraction)
         self.seed = int(seed)
         self.server_optimizer = server_optimizer
@@ -247,7 +247,7 @@ class FedAvgRule:
         return FedAvgState(x, opt), Send({"x": x})
 
 
-FedAvg = per_peer(FedAvgRule)
+FedAvg = FedAvgRule
 
 
 def _where_rows(

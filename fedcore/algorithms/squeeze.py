@@ -86,7 +86,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fedcore.algorithms.base import model_schema
-from fedcore.algorithms.rule import Gathered, Rows, Send, per_peer
+from fedcore.algorithms.rule import Gathered, Rows, Rule, Send
 from fedcore.compression import RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import MessageSchema
@@ -128,7 +128,7 @@ def _one_step(name: str) -> AlgorithmError:
     )
 
 
-class _StarRule:
+class _StarRule(Rule):
     """Who sends what to whom on the star (shared by both rules): the server is one more
     row, which holds no data."""
 
@@ -262,7 +262,7 @@ class _Others:
         return node != self.but
 
 
-DoubleSqueeze = per_peer(DoubleSqueezeRule)
+DoubleSqueeze = DoubleSqueezeRule
 
 
 def _check_betas(betas: object) -> tuple[float, float]:
@@ -292,6 +292,8 @@ class APMSqueezeRule(_StarRule):
     """
 
     name = "apmsqueeze"
+    is_optimizer = True
+    """Adam, then momentum on the frozen second moment: no node optimizer besides."""
 
     def __init__(
         self,
@@ -421,4 +423,4 @@ class APMSqueezeRule(_StarRule):
         return new, Send({"m": mbar})
 
 
-APMSqueeze = per_peer(APMSqueezeRule)
+APMSqueeze = APMSqueezeRule

@@ -7,8 +7,8 @@ and the attribute after the colon is called with the ``[algorithm]`` table's own
 keyword options. It returns either
 
 * a :class:`~fedcore.algorithms.rule.Rule` (``init``, ``model``, ``step``, ``mix``,
-  ``schema``, ``pattern``): wrapped in :class:`~fedcore.algorithms.rule.NodeRule`, it runs
-  on a gRPC peer, on the message engine and, stacked, on the vectorized engine; or
+  ``schema``, ``pattern``): it runs on a gRPC peer, on the message engine (each through its
+  engine's adapter) and, stacked, on the vectorized engine; or
 * an object of the per-message :class:`~fedcore.algorithms.base.Algorithm` protocol
   (``init``, ``model``, ``step``, ``expected_senders``, ``mix``): the message engine and
   gRPC peers run it, the vectorized engine does not.
@@ -32,7 +32,6 @@ built-in rules are not wrapped.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import traceback
 from collections.abc import Callable, Mapping
@@ -40,13 +39,13 @@ from typing import Any
 
 import torch
 
-from fedcore.algorithms.base import Algorithm
-from fedcore.algorithms.rule import RULE_MEMBERS, NodeRule, Rows, Rule, Send, is_rule
+from fedcore.algorithms.base import TRAITS, with_traits
+from fedcore.algorithms.rule import RULE_MEMBERS, Rows, Rule, Send, is_rule
 from fedcore.config import table_keys
 from fedcore.errors import ConfigError, FedcoreError, UserCodeError
 from fedcore.ids import clip, error_text
 from fedcore.messages import MessageSchema
-from fedcore.registry import did_you_mean
+from fedcore.registry import did_you_mean, import_object
 
 __all__ = [
     "PATTERNS",
@@ -67,11 +66,6 @@ _ALGORITHM = ("name", "mixing", "phases", "init", "model", "step", "expected_sen
 
 _RULE = RULE_MEMBERS
 
-_FIX_PATH = (
-    "run fedcore from the folder that holds the module, or put that folder on PYTHONPATH "
-    "(in a container: install the module in the image or put it on the image's PYTHONPATH)"
-)
-
 
 def unknown_options(unknown: list[str], accepted: list[str]) -> str:
     """``"nmae (did you mean `name`?), lrr (did you mean `lr`?)"``: the ``[algorithm]`` keys
@@ -90,24 +84,6 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
-def _split(path: str) -> tuple[str, str]:
-    module, _, attribute = path.partition(":")
-    parts = module.split(".")
-    if "/" in module or "\\" in module or module.endswith(".py"):
-        stem = module.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
-        raise ConfigError(
-            f"algorithm.name = {path!r} names a file; name its module instead, "
-            f"{stem + ':' + attribute!r}, and {_FIX_PATH}."
-        )
-    if not module or not attribute or not all(p.isidentifier() for p in parts):
-        raise ConfigError(
-            f"algorithm.name = {path!r} is not an import path: write 'pkg.module:factory' "
-            "(a module importable from here and the name of a class or function in it), "
-            "or a built-in name."
-        )
-    return module, attribute
-
-
 def load_factory(path: str) -> Callable[..., Any]:
     """Import ``"pkg.module:factory"`` and return the callable (a class or a function).
 
@@ -115,33 +91,7 @@ def load_factory(path: str) -> Callable[..., Any]:
         ConfigError: a malformed path, a module not found or failing to import, no such
             attribute, or one that is not callable.
     """
-    module_name, attribute = _split(path)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if missing and (module_name == missing or module_name.startswith(missing + ".")):
-            raise ConfigError(
-                f"algorithm.name = {path!r}: no module named {missing!r} on the Python path; "
-                f"{_FIX_PATH}."
-            ) from exc
-        raise ConfigError(
-            f"algorithm.name = {path!r}: module {module_name!r} does not import "
-            f"({error_text(exc)}); install what it needs."
-        ) from exc
-    except Exception as exc:  # a user's module can raise anything as it runs
-        raise ConfigError(
-            f"algorithm.name = {path!r}: importing module {module_name!r} failed "
-            f"({error_text(exc)}); fix the module (fedcore -v shows the traceback)."
-        ) from exc
-    try:
-        factory = getattr(module, attribute)
-    except AttributeError:
-        raise ConfigError(
-            f"algorithm.name = {path!r}: module {module_name!r} has no attribute "
-            f"{attribute!r}; name a class or function defined in "
-            f"{getattr(module, '__file__', None) or module_name}."
-        ) from None
+    factory = import_object(path, what="algorithm.name")
     if not callable(factory):
         raise ConfigError(
             f"algorithm.name = {path!r} names an object of type {type(factory).__name__}, "
@@ -164,9 +114,9 @@ def _keywords(factory: Callable[..., Any]) -> list[str] | None:
     )
 
 
-def make_user_algorithm(path: str, **options: Any) -> Algorithm:
+def make_user_algorithm(path: str, **options: Any) -> Any:
     """Call the factory at ``path`` with ``options``; a :class:`Rule` it returns comes back
-    wrapped in :class:`NodeRule`, an :class:`Algorithm` as it is.
+    checked (:func:`checked`), an :class:`Algorithm` as it is.
 
     Raises:
         ConfigError: the factory cannot be loaded (:func:`load_factory`), does not take an
@@ -201,21 +151,18 @@ def make_user_algorithm(path: str, **options: Any) -> Algorithm:
     return as_algorithm(made, path)
 
 
-def as_algorithm(made: Any, path: str) -> Algorithm:
-    """``made`` (what a user's factory returned, or a user's object) as the node's
-    algorithm: a :class:`NodeRule` as it is, a declared rule checked and wrapped
-    (:func:`checked`, then :class:`NodeRule`), an object of the per-message protocol as it
+def as_algorithm(made: Any, path: str) -> Any:
+    """``made`` (what a user's factory returned, or a user's object) as the engines run it:
+    a declared rule checked (:func:`checked`), an object of the per-message protocol as it
     is. ``path`` names it in errors.
 
     Raises:
         ConfigError: ``made`` is neither (an undeclared rule is told to subclass
             :class:`~fedcore.algorithms.rule.Rule`), or has a bad name, phases or pattern.
     """
-    if isinstance(made, NodeRule):
-        return made
     if is_rule(made):
         _check_rule(path, made)
-        return NodeRule(checked(made, path))
+        return checked(made, path)
     missing = [a for a in _ALGORITHM if not hasattr(made, a)]
     if missing:
         kind = type(made).__name__
@@ -233,7 +180,7 @@ def as_algorithm(made: Any, path: str) -> Algorithm:
             f"{', '.join(missing)} of fedcore.algorithms.base.Algorithm): return one of them."
         )
     _check_names(path, made)
-    return made  # type: ignore[no-any-return]
+    return with_traits(made)
 
 
 def checked(rule: Any, origin: str) -> Any:
@@ -321,6 +268,8 @@ class CheckedRule(Rule):
         self.mixing: str = rule.mixing
         self.phases: int = int(rule.phases)
         self.pattern: str = rule.pattern
+        for trait in TRAITS:  # the user's rule's own (a Rule's, or their defaults)
+            setattr(self, trait, getattr(rule, trait))
         self._params: tuple[tuple[int, ...], torch.dtype] | None = None  # d, dtype at init
         try:
             takes = len(inspect.signature(rule.schema).parameters) >= 2

@@ -36,12 +36,13 @@ them, and each node's draw sequence is the per-node codec's. Those draws happen 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from fedcore.compression.base import RawCodec, RowsCodec
 from fedcore.compression.codecs import CastCodec, QSGDCodec, RandKCodec
-from fedcore.compression.registry import make_codec
+from fedcore.compression.registry import CodecOptions, make_codec
 from fedcore.errors import CompressionError
 
 __all__ = ["RowCodec", "make_row_codec"]
@@ -134,40 +135,22 @@ class RowCodec:
 
 def make_row_codec(
     name: str,
+    options: CodecOptions | None = None,
     *,
-    bits: int = 8,
-    ratio: float = 0.01,
-    chunk: int = 0,
-    scaled: bool = False,
-    format: str = "e4m3",
-    exp_bits: int = 4,
-    man_bits: int = 3,
-    scaling: str = "none",
-    layers: Sequence[int] = (),
     seeds: Sequence[int] = (),
+    **given: Any,
 ) -> RowCodec:
-    """The batched codec for ``name`` with ``make_codec``'s options.
+    """The batched codec for ``name`` with :func:`~fedcore.compression.make_codec`'s
+    ``options`` (and the options ``given`` by keyword in their place).
 
     Args:
         name: One of ``CODEC_NAMES``.
-        bits, ratio, chunk, scaled, format, exp_bits, man_bits, scaling, layers: As for
-            :func:`~fedcore.compression.make_codec`.
+        options: As for :func:`~fedcore.compression.make_codec`.
         seeds: ``seeds[i]`` is node ``i``'s codec seed (in a run:
             :func:`~fedcore.compression.codec_seed`); used by ``qsgd`` and ``randk`` only.
 
     Raises:
         CompressionError: an unknown name or an invalid option.
     """
-    codec = make_codec(
-        name,
-        bits=bits,
-        ratio=ratio,
-        chunk=chunk,
-        scaled=scaled,
-        format=format,
-        exp_bits=exp_bits,
-        man_bits=man_bits,
-        scaling=scaling,
-        layers=layers,
-    )
+    codec = make_codec(name, options, **given)
     return RowCodec(codec, seeds)

@@ -7,6 +7,7 @@ decodes any codec by name with :func:`get_codec`. Encoding is configured from th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from fedcore.errors import CompressionError
 __all__ = [
     "CODECS",
     "CODEC_NAMES",
-    "codec_options",
+    "CodecOptions",
     "codec_seed",
     "configured_codec",
     "get_codec",
@@ -35,66 +36,85 @@ CODEC_NAMES = registry.CODECS.names
 
 
 @dataclass(frozen=True, slots=True)
-class _Options:
-    """The ``[compression]`` options every codec factory is given (each reads its own)."""
+class CodecOptions:
+    """The ``[compression]`` options of a codec, besides its name, as one typed object
+    (each codec reads its own; :meth:`of` reads them from a config).
 
-    bits: int
-    ratio: float
-    chunk: int
-    scaled: bool
-    format: str
-    exp_bits: int
-    man_bits: int
-    scaling: str
-    layers: Sequence[int]
-    generator: torch.Generator | None
+    ``bits`` and ``scaled`` apply to ``qsgd``; ``ratio`` to ``topk`` and ``randk``;
+    ``chunk`` to ``qsgd``, ``sign`` and ``fp8``; ``format`` (``"e4m3"`` or ``"e5m2"``) to
+    ``fp8``; ``exp_bits``, ``man_bits``, ``scaling`` and ``layers`` (the model's layer
+    sizes) to ``float``; the others take none."""
+
+    bits: int = 8
+    ratio: float = 0.01
+    chunk: int = 0
+    scaled: bool = False
+    format: str = "e4m3"
+    exp_bits: int = 4
+    man_bits: int = 3
+    scaling: str = "none"
+    layers: Sequence[int] = ()
+
+    @classmethod
+    def of(cls, compression: CompressionConfig, layers: Sequence[int] = ()) -> CodecOptions:
+        """The options of a ``[compression]`` table (``layers``: the model's, for APS)."""
+        c = compression
+        return cls(
+            bits=c.bits,
+            ratio=c.ratio,
+            chunk=c.chunk,
+            scaled=c.scaled,
+            format=c.format,
+            exp_bits=c.exp_bits,
+            man_bits=c.man_bits,
+            scaling=c.scaling,
+            layers=layers,
+        )
 
 
-# Each codec's factory, as the registry names it: (name, options) -> its encoder.
-def _cast(name: str, o: _Options) -> RowsCodec:
+# Each codec's factory, as the registry names it: (name, options, generator) -> its
+# encoder (``generator``: the stochastic codecs' draws; None to decode only).
+def _cast(name: str, o: CodecOptions, generator: torch.Generator | None) -> RowsCodec:
     return CastCodec(name)
 
 
-def _qsgd(name: str, o: _Options) -> RowsCodec:
-    return QSGDCodec(o.bits, chunk=o.chunk, scaled=o.scaled, generator=o.generator)
+def _qsgd(name: str, o: CodecOptions, generator: torch.Generator | None) -> RowsCodec:
+    return QSGDCodec(o.bits, chunk=o.chunk, scaled=o.scaled, generator=generator)
 
 
-def _sign(name: str, o: _Options) -> RowsCodec:
+def _sign(name: str, o: CodecOptions, generator: torch.Generator | None) -> RowsCodec:
     return SignCodec(o.chunk)
 
 
-def _topk(name: str, o: _Options) -> RowsCodec:
+def _topk(name: str, o: CodecOptions, generator: torch.Generator | None) -> RowsCodec:
     return TopKCodec(o.ratio)
 
 
-def _randk(name: str, o: _Options) -> RowsCodec:
-    return RandKCodec(o.ratio, generator=o.generator)
+def _randk(name: str, o: CodecOptions, generator: torch.Generator | None) -> RowsCodec:
+    return RandKCodec(o.ratio, generator=generator)
 
 
-def _fp8(name: str, o: _Options) -> RowsCodec:
+def _fp8(name: str, o: CodecOptions, generator: torch.Generator | None) -> RowsCodec:
     return FP8Codec(o.format, chunk=o.chunk)
 
 
-def _float(name: str, o: _Options) -> RowsCodec:
+def _float(name: str, o: CodecOptions, generator: torch.Generator | None) -> RowsCodec:
     return CustomFloatCodec(o.exp_bits, o.man_bits, scaling=o.scaling, layers=o.layers)
 
 
-def _s2fp8(name: str, o: _Options) -> RowsCodec:
+def _s2fp8(name: str, o: CodecOptions, generator: torch.Generator | None) -> RowsCodec:
     return S2FP8Codec()
 
 
-def _raw(name: str, o: _Options) -> RowsCodec:
+def _raw(name: str, o: CodecOptions, generator: torch.Generator | None) -> RowsCodec:
     return RawCodec()
 
 
-_DECODING = _Options(8, 0.01, 0, False, "e4m3", 4, 3, "none", (), generator=None)
-"""Options of the decoders :func:`get_codec` hands out (decoding reads every parameter
-from the message's header; the defaults only build the objects)."""
-
 CODECS: dict[str, Codec] = {
-    name: registry.CODECS.load(name)(name, _DECODING) for name in CODEC_NAMES
+    name: registry.CODECS.load(name)(name, CodecOptions(), None) for name in CODEC_NAMES
 }
-"""Name -> a codec that decodes what it names (:func:`get_codec`)."""
+"""Name -> a codec that decodes what it names (:func:`get_codec`; decoding reads every
+parameter from the message's header, the default options only build the objects)."""
 
 
 def get_codec(name: str) -> Codec:
@@ -112,59 +132,20 @@ def get_codec(name: str) -> Codec:
 
 
 def make_codec(
-    name: str,
-    *,
-    bits: int = 8,
-    ratio: float = 0.01,
-    chunk: int = 0,
-    scaled: bool = False,
-    format: str = "e4m3",
-    exp_bits: int = 4,
-    man_bits: int = 3,
-    scaling: str = "none",
-    layers: Sequence[int] = (),
-    seed: int = 0,
+    name: str, options: CodecOptions | None = None, *, seed: int = 0, **given: Any
 ) -> RowsCodec:
-    """An encoder: ``name`` with its options; ``seed`` seeds the stochastic ones.
-
-    ``format`` (``"e4m3"`` or ``"e5m2"``) and ``chunk`` apply to ``fp8``; ``exp_bits``,
-    ``man_bits`` and ``scaling`` to ``float``; ``s2fp8`` takes none.
+    """An encoder: ``name`` with its ``options`` (default :class:`CodecOptions`, with
+    the options ``given`` by keyword in their place); ``seed`` seeds the stochastic ones.
 
     Raises:
         CompressionError: an unknown name or an invalid option (naming both).
     """
     if name not in registry.CODECS:
         raise CompressionError(f"compression.codec: {registry.CODECS.unknown(name)}.")
-    options = _Options(
-        bits,
-        ratio,
-        chunk,
-        scaled,
-        format,
-        exp_bits,
-        man_bits,
-        scaling,
-        layers,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    factory: Callable[[str, _Options], RowsCodec] = registry.CODECS.load(name)
-    return factory(name, options)
-
-
-def codec_options(compression: CompressionConfig) -> dict[str, Any]:
-    """The codec options of a ``[compression]`` table, as :func:`make_codec` and
-    :func:`~fedcore.compression.batched.make_row_codec` take them (all but the name)."""
-    c = compression
-    return {
-        "bits": c.bits,
-        "ratio": c.ratio,
-        "chunk": c.chunk,
-        "scaled": c.scaled,
-        "format": c.format,
-        "exp_bits": c.exp_bits,
-        "man_bits": c.man_bits,
-        "scaling": c.scaling,
-    }
+    chosen = dataclasses.replace(options or CodecOptions(), **given)
+    factory: Callable[[str, CodecOptions, torch.Generator | None], RowsCodec]
+    factory = registry.CODECS.load(name)
+    return factory(name, chosen, torch.Generator().manual_seed(seed))
 
 
 def codec_seed(run_seed: int, node: int) -> int:
@@ -177,4 +158,4 @@ def configured_codec(
 ) -> Codec:
     """The encoder a ``[compression]`` table names, every option passed (``seed`` as above;
     ``layers``, the model's layer sizes, for APS)."""
-    return make_codec(compression.codec, seed=seed, layers=layers, **codec_options(compression))
+    return make_codec(compression.codec, CodecOptions.of(compression, layers), seed=seed)

@@ -198,7 +198,7 @@ def _merge(
         dataset=setup.dataset,
         writer=writer,
         progress=None,
-        server=getattr(setup.algorithm, "server", None),
+        server=setup.algorithm.server,
         own_tests=setup.own_tests(),
         tracker=make_tracker(config, out, dumps_toml(config_to_dict(config))),
     )

@@ -37,7 +37,7 @@ class Network:
         dataset: The dataset (with its test split).
         trust: The trust graph as configured.
         graph: The weighted communication graph the algorithm uses.
-        algorithm: The algorithm.
+        algorithm: The algorithm as every node runs it (a rule on one peer: its NodeRule).
         transport: The in-process network (``transport.messages`` if recording).
         nodes: Node id -> node, in graph order.
         run_id: The run fingerprint.
@@ -140,7 +140,7 @@ def build_network(
         dataset=setup.dataset,
         trust=setup.trust,
         graph=setup.graph,
-        algorithm=setup.algorithm,
+        algorithm=setup.node_form(),
         transport=net,
         nodes=built,
         run_id=setup.run_id,

@@ -6,7 +6,7 @@ reference, and exactly what gRPC peers do. This engine holds every node's state 
 along a leading node dimension and applies each round to all nodes at once:
 
 * parameters as one ``[N, d]`` tensor; each algorithm's extra state stacked the same way
-  (:mod:`fedcore.algorithms.batched`); mixing slot by slot of a padded in-neighbour table
+  (:mod:`fedcore.engines.batched`); mixing slot by slot of a padded in-neighbour table
   built from the same weighted communication graph (one per round of a schedule);
 * gradients of all nodes in one ``vmap`` call (:class:`~fedcore.stacked_training.StackedObjective`)
   on batches drawn exactly as each node's stream draws them;
@@ -39,22 +39,11 @@ import torch
 from torch.nn import functional
 
 from fedcore.algorithms.base import local_step
-from fedcore.algorithms.batched import (
-    BatchedAlgorithm,
-    BatchedRule,
-    BatchRound,
-    EdgeUnion,
-    Messages,
-    StackedGraph,
-    batched_form,
-    raise_bad,
-    stack_graph,
-)
-from fedcore.algorithms.batched import (
-    unsupported as algorithm_unsupported,
-)
+from fedcore.algorithms.batched import EdgeUnion, StackedGraph, stack_graph
 from fedcore.algorithms.optim import keep_rows
 from fedcore.config import AUTO_RECORDS_NODES, Config
+from fedcore.engines.batched import BatchRound, Messages, batched_form, raise_bad
+from fedcore.engines.clock import SharedClock, phase_traffic
 from fedcore.errors import CompressionError, ConfigError
 from fedcore.evaluation import stacked_figures
 from fedcore.gradients import model_input
@@ -70,7 +59,7 @@ from fedcore.runtime import physical_memory
 from fedcore.setup import checkpoint
 from fedcore.setup.plan import size_text, vectorized_refusal
 from fedcore.setup.prepare import RunSetup
-from fedcore.setup.virtual import phase_traffic, row_codec
+from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedBatches, StackedObjective
 from fedcore.timing import RoundTimes
 
@@ -107,18 +96,13 @@ def node_records_mode(config: Config, nodes: int) -> str:
 def unsupported(setup: RunSetup) -> str | None:
     """Why the vectorized engine cannot run ``setup`` (one short clause), or None."""
     config = setup.config
-    virtual = setup.clock is not None and setup.clock.deadline
+    virtual = isinstance(setup.clock, SharedClock) and setup.clock.deadline
     if config.transport.mode == "deadline" and not virtual:
         return "deadline mode waits on wall-clock deadlines, which only the message engine models"
     if config.faults.active and not config.faults.announce and not virtual:
         return "faults.announce = false loses messages silently, which needs deadline mode"
     why = vectorized_refusal(config, setup.algorithm)  # what the config tells (the cheap
     # checks refuse the same before any work)
-    if why is None:  # then the set-up's graph schedule, codec and memory
-        codec = row_codec(setup)
-        why = algorithm_unsupported(
-            setup.algorithm, period=setup.graph.period, codec=codec, faults=config.faults.active
-        )
     return why if why is not None else memory_shortfall(setup)
 
 
@@ -177,12 +161,11 @@ class VectorizedNetwork:
         self.d = int(self.start.numel())
         self.dtype = self.start.dtype
         self.codec = row_codec(setup)
-        self.form: BatchedAlgorithm = batched_form(
+        self.form = batched_form(
             setup.algorithm, codec=self.codec.name, itemsize=self.start.element_size()
         )
-        if isinstance(self.form, BatchedRule):  # what a rule's Rows.samples say
-            held = [0 if setup.source is not None else len(p) for p in setup.parts]
-            self.form.samples = torch.tensor(held, dtype=torch.float64, device=device)
+        held = [0 if setup.source is not None else len(p) for p in setup.parts]
+        self.form.samples = torch.tensor(held, dtype=torch.float64, device=device)  # Rows.samples
         if len(graphs) > 1:  # a schedule: robust push-sum's totals are the union's edges
             short = memory_shortfall(setup, edges=len(union))
             if short is not None:
@@ -190,8 +173,7 @@ class VectorizedNetwork:
         self.graphs = [
             stack_graph(g, union=union if len(graphs) > 1 else None, device=device) for g in graphs
         ]
-        if isinstance(self.form, BatchedRule):
-            self.form.use_graphs(self.graphs)
+        self.form.use_graphs(self.graphs)
         self.state = self.form.init(self.start.unsqueeze(0).repeat(self.n, 1))
         self.optimizer = setup.optimizer()
         self.opt_state: Any = (
@@ -221,7 +203,9 @@ class VectorizedNetwork:
         self.read = np.zeros(self.n, dtype=np.int64)  # batches each node read (online streams)
         self.round = 0
         self.plan = setup.faults
-        self.clock = setup.clock
+        clock = setup.clock
+        assert clock is None or isinstance(clock, SharedClock)  # a simulation's (virtual_clock)
+        self.clock = clock
 
     def _size(self, n: int) -> int:
         """Bytes one encoded tensor of ``n`` values puts on the wire."""
@@ -333,12 +317,12 @@ class VectorizedNetwork:
         phases = self.phases[slot]
         figures = _Counter(self.n, self.device)
         actives: list[torch.Tensor | None] = []
-        by_round = getattr(self.form, "by_round", False)
+        by_round = self.form.by_round
         sent: list[tuple[Messages, torch.Tensor | None, torch.Tensor | None]] = []
         for p, phase in enumerate(phases):
             m = phase.messages
             if by_round:  # the sizes of this round's messages
-                m = self.form.messages(p, graph, self._size, self.d, round=t)  # type: ignore[call-arg]
+                m = self.form.messages(p, graph, self._size, self.d, round=t)
             active = self._active(p, t, graph)
             actives.append(active)
             lost = None
@@ -394,18 +378,11 @@ class VectorizedNetwork:
 
     def _trains(self, t: int) -> torch.Tensor | None:
         """``[N]`` bool: the nodes the algorithm has compute a gradient in round ``t``."""
-        trains = getattr(self.form, "trains", None)
-        if trains is None:
-            return None
-        mask: torch.Tensor | None = trains(t, self.nodes, self.device)
-        return mask
+        return self.form.trains(t, self.nodes, self.device)
 
     def _active(self, phase: int, t: int, graph: StackedGraph) -> torch.Tensor | None:
         """``[M]`` bool: the messages of ``phase`` sent in round ``t`` (``None``: all)."""
-        active = getattr(self.form, "active", None)
-        if active is None:
-            return None
-        mask: torch.Tensor | None = active(phase, t, graph, self.nodes)
+        mask: torch.Tensor | None = self.form.active(phase, t, graph, self.nodes)
         return mask
 
     def state_dict(self) -> dict[str, Any]:
@@ -625,7 +602,7 @@ def memory_need(setup: RunSetup, *, edges: int | None = None) -> int:
     active = ACTIVATION_COPIES * setup.config.data.batch_size * saved_bytes_per_example(setup)
     at_once = 1 if setup.evaluator.rows.mode == "module" else n
     need = n * (STATE_COPIES * row + PEER_OVERHEAD) + at_once * active
-    if getattr(setup.algorithm, "robust", False):
+    if setup.algorithm.robust:
         count = edges if edges is not None else len(setup.graph.union().index_edges()[0])
         need += 2 * count * setup.start.numel() * 8 * 2  # float64 totals at both ends, a copy
     return need
@@ -641,11 +618,7 @@ def memory_shortfall(setup: RunSetup, *, edges: int | None = None) -> str | None
     if need <= memory:
         return None
     d = setup.start.numel()
-    robust = (
-        " (robust push-sum adds two float64 totals an edge)"
-        if getattr(setup.algorithm, "robust", False)
-        else ""
-    )
+    robust = " (robust push-sum adds two float64 totals an edge)" if setup.algorithm.robust else ""
     return (
         f"{len(setup.graph.nodes)} stacked peers of a {d:,}-parameter model need about "
         f"{size_text(need)}{robust}, more than this machine's {size_text(memory)}"
@@ -658,7 +631,7 @@ def evaluate_stacked(net: VectorizedNetwork, params: torch.Tensor) -> dict[str, 
     setup = net.setup
     x, y = setup.dataset.x_test, setup.dataset.y_test
     nodes = net.nodes
-    server = getattr(setup.algorithm, "server", None)
+    server = setup.algorithm.server
     if server is not None and server in nodes:
         # As evaluate_models: the server's model is the "average model"; the per-node
         # figures are the workers' alone.

@@ -1,6 +1,7 @@
 """The node: one peer of a run, by job: its round loop (:mod:`~fedcore.node.loop`), message
 intake and validation (:mod:`~fedcore.node.intake`), its records
-(:mod:`~fedcore.node.records`) and its step-size schedule (:mod:`~fedcore.node.schedule`).
+(:mod:`~fedcore.node.records`), its step-size schedule (:mod:`~fedcore.node.schedule`) and
+an update rule's adapter to one peer (:mod:`~fedcore.node.rule`).
 
 Per round a node evaluates the loss and gradient at its algorithm's model on its next
 minibatch, lets the algorithm step, encodes and sends the outgoing payloads, collects
@@ -38,6 +39,7 @@ from __future__ import annotations
 from fedcore.node.intake import DecodeCache
 from fedcore.node.loop import Node
 from fedcore.node.records import RoundRecord
+from fedcore.node.rule import NodeRule, per_node
 from fedcore.node.schedule import NodeOptions, lr_at
 
-__all__ = ["DecodeCache", "Node", "NodeOptions", "RoundRecord", "lr_at"]
+__all__ = ["DecodeCache", "Node", "NodeOptions", "NodeRule", "RoundRecord", "lr_at", "per_node"]

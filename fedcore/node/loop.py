@@ -38,6 +38,7 @@ from fedcore.models import Objective
 from fedcore.node.intake import DecodeCache, MessageIntake
 from fedcore.node.pace import Pace
 from fedcore.node.records import RoundRecord, traffic
+from fedcore.node.rule import per_node
 from fedcore.node.schedule import NodeOptions
 from fedcore.streams import Batches
 from fedcore.topology import Topology
@@ -56,7 +57,7 @@ def _retrieve(task: asyncio.Task[None]) -> None:
 
 class VirtualClock(Protocol):
     """What a node asks of a simulation's virtual clock
-    (:class:`~fedcore.setup.virtual.SharedClock`)."""
+    (:class:`~fedcore.engines.clock.SharedClock`)."""
 
     def late(self, receiver: str, t: int, phase: int) -> frozenset[str]:
         """The senders whose message of ``(t, phase)`` reaches ``receiver`` too late."""
@@ -99,7 +100,7 @@ class Node(MessageIntake):
         self,
         node_id: str,
         *,
-        algorithm: Algorithm,
+        algorithm: Any,
         graph: Topology,
         objective: Objective,
         stream: Batches,
@@ -116,9 +117,11 @@ class Node(MessageIntake):
     ) -> None:
         """Initialise the algorithm state from ``params``. ``clock``: a simulation's virtual
         clock; the node then waits for exactly the messages the fault plan did not lose
-        and leaves out those the clock says came after the deadline (no wall-clock waits)."""
+        and leaves out those the clock says came after the deadline (no wall-clock waits).
+        ``algorithm``: a rule runs through its one-peer adapter (:func:`per_node`)."""
         self.id = node_id
-        self.algorithm = algorithm
+        self.algorithm: Algorithm = per_node(algorithm)
+        algorithm = self.algorithm
         self.graph = graph
         self.objective = objective
         self.stream = stream

@@ -18,7 +18,6 @@ Reading takes the newest checkpoint whose digest matches, and warns about any it
 from __future__ import annotations
 
 import hashlib
-import importlib
 import io
 import logging
 import os
@@ -29,6 +28,7 @@ import torch
 
 from fedcore.errors import ConfigError
 from fedcore.node import Node
+from fedcore.registry import import_object
 
 __all__ = [
     "drop_after",
@@ -89,7 +89,7 @@ def from_tree(tree: Any) -> Any:
         module, _, name = str(tree["__state__"]).partition(":")
         if not module.startswith(_STATE_PACKAGE):
             raise ConfigError(f"checkpoint names a state class outside fedcore: {module}.")
-        cls = getattr(importlib.import_module(module), name)
+        cls = import_object(f"{module}:{name}", what="a checkpoint's state class")
         return cls(**{f: from_tree(v) for f, v in tree["fields"].items()})
     if isinstance(tree, dict) and "__dict__" in tree:
         return {from_tree(k): from_tree(v) for k, v in tree["__dict__"]}

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-import math
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -30,10 +29,10 @@ from typing import Any
 from fedcore import registry, topology
 from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
 from fedcore.algorithms.asynchronous import is_asynchronous
-from fedcore.algorithms.batched import unsupported as batched_unsupported
+from fedcore.algorithms.base import with_traits
 from fedcore.algorithms.optim import Optimizer, make_optimizer
-from fedcore.algorithms.rule import NodeRule, is_rule
-from fedcore.compression import codec_options, codec_seed
+from fedcore.algorithms.rule import is_rule
+from fedcore.compression import CodecOptions, codec_seed
 from fedcore.compression.batched import make_row_codec
 from fedcore.config import Config, TopologyConfig, fingerprint_json
 from fedcore.errors import ConfigError, TopologyError
@@ -102,15 +101,10 @@ def build_topology(cfg: TopologyConfig) -> Topology:
         if cfg.undirected:
             raise ConfigError("topology.undirected applies to generated graphs, not to files.")
         return topology.load(cfg.file)
-    params: dict[str, object] = {}
-    if cfg.kind == "erdos-renyi":
-        params["p"] = cfg.p
-    if cfg.kind == "random-regular":
-        params["degree"] = cfg.degree
-    if cfg.kind == "torus":
-        params.update({k: v for k, v in (("rows", cfg.rows), ("cols", cfg.cols)) if v})
-    if cfg.kind == "star":
-        params["server"] = cfg.server
+    kind = registry.TOPOLOGY_KINDS.entry(cfg.kind)
+    params = {k: getattr(cfg, k) for k in kind.keys}  # its parameters: [topology]'s keys
+    if "unset-at-0" in kind.tags:
+        params = {k: v for k, v in params.items() if v}
     built = topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
     if not cfg.undirected:
         return built
@@ -132,24 +126,9 @@ def estimated_edges(cfg: TopologyConfig, nodes: int) -> int:
     will cost before it is built. A ``file`` is not estimated (0)."""
     if cfg.file:
         return 0
-    n = nodes
-    log2 = max(1, math.ceil(math.log2(n))) if n > 1 else 1
-    if cfg.kind == "one-peer-exponential":  # one edge and one self-loop a node a round
-        return 2 * n * log2
-    p = cfg.p if not cfg.undirected else 1 - (1 - cfg.p) ** 2
-    one_way = 2 if cfg.undirected else 1  # undirected adds the reverse of a one-way edge
-    per_node = {
-        "ring": 2,
-        "directed-ring": one_way,
-        "exponential": one_way * log2,
-        "torus": 4,
-        "complete": n - 1,
-        "erdos-renyi": p * (n - 1),
-        "social": one_way * 3,  # trusts two, trusted back by one
-        "random-regular": cfg.degree,
-        "star": 2,  # each worker to the server and back
-    }.get(cfg.kind, 1)
-    return int(n * per_node) + n
+    edges = registry.TOPOLOGY_KINDS.entry(cfg.kind).edges
+    assert edges is not None  # every kind says its estimate
+    return edges(nodes, cfg)
 
 
 def _period_graphs(t: Topology) -> tuple[topology.TrustGraph, ...]:
@@ -180,7 +159,7 @@ def communication_graph(algorithm: Algorithm, trust: Topology) -> Topology:
         trust,
         mixing=algorithm.mixing,
         algorithm=algorithm.name,
-        server=getattr(algorithm, "server", None),
+        server=algorithm.server,
     )
 
 
@@ -206,7 +185,7 @@ def algorithm_options(config: Config) -> dict[str, Any]:
     return options
 
 
-def configured_algorithm(config: Config) -> Algorithm:
+def configured_algorithm(config: Config) -> Any:
     """The algorithm of ``[algorithm]``: ``name`` (registered, or ``"pkg.module:factory"``)
     built with :func:`algorithm_options`.
 
@@ -237,11 +216,11 @@ def node_optimizer(
 def check_combinations(config: Config, algorithm: Algorithm) -> None:
     """Refuse what the config's tables cannot do together (cheap: no graph, no data)."""
     optimizer = node_optimizer(config)
-    if algorithm.name == "apmsqueeze" and optimizer is not None:
+    if algorithm.is_optimizer and optimizer is not None:
         raise ConfigError(
-            f"algorithm 'apmsqueeze' is itself the optimizer (Adam, then momentum on the frozen "
-            f"second moment); optimizer.name = {config.optimizer.name!r} would stand in for its "
-            "gradient. Leave [optimizer] at plain SGD."
+            f"algorithm {algorithm.name!r} is itself the optimizer (Adam, then momentum on the "
+            f"frozen second moment); optimizer.name = {config.optimizer.name!r} would stand in "
+            "for its gradient. Leave [optimizer] at plain SGD."
         )
     f = config.faults
     if f.active and not f.announce and config.transport.mode == "strict":
@@ -249,13 +228,13 @@ def check_combinations(config: Config, algorithm: Algorithm) -> None:
             "faults.announce = false makes lost messages vanish: strict mode would wait for "
             "them until transport.strict_timeout_s. Set transport.mode = 'deadline'."
         )
-    if algorithm.name == "choco" and (f.drop or f.edge_drop or f.partitions or f.crashes):
+    if algorithm.needs_every_message and (f.drop or f.edge_drop or f.partitions or f.crashes):
         raise ConfigError(
-            "algorithm 'choco' needs every message: a lost one leaves the receiver's copy of "
-            "the sender's public model behind for good. Remove the [faults] losses, or use "
-            "'deepsqueeze' or 'dpsgd', which mix what arrives."
+            f"algorithm {algorithm.name!r} needs every message: a lost one leaves the "
+            "receiver's copy of the sender's public model behind for good. Remove the [faults] "
+            "losses, or use 'deepsqueeze' or 'dpsgd', which mix what arrives."
         )
-    if getattr(algorithm, "robust", False) and config.compression.codec in LOSSY_SPARSE:
+    if algorithm.robust and config.compression.codec in LOSSY_SPARSE:
         raise ConfigError(
             f"algorithm {config.algorithm.name!r} with robust = true sends running totals that "
             f"grow without bound; codec {config.compression.codec!r} has an error relative to "
@@ -271,15 +250,25 @@ def vectorized_refusal(config: Config, algorithm: Algorithm) -> str | None:
     :func:`fedcore.engines.vectorized.unsupported` calls this, then checks the rest).
     Deadline mode and silent losses are no reason here: ``simulate`` runs them in virtual
     time."""
-    rule = getattr(algorithm, "rule", None)
-    if config.transport.mode == "deadline" and getattr(rule, "holds_in_deadline_mode", False):
+    if not is_rule(algorithm):
+        return (
+            f"algorithm {algorithm.name!r} has no batched form: it follows the per-message "
+            "protocol; write it as an update rule (fedcore.algorithms.rule.Rule) to run it on "
+            "every peer at once"
+        )
+    if config.transport.mode == "deadline" and algorithm.holds_in_deadline_mode:
         return (
             f"{algorithm.name} holds a silent peer's pushes in deadline mode, which only "
             "the message engine models"
         )
     c = config.compression
-    codec = make_row_codec(c.codec, seeds=(codec_seed(config.run.seed, 0),), **codec_options(c))
-    return batched_unsupported(algorithm, period=1, codec=codec, faults=config.faults.active)
+    codec = make_row_codec(c.codec, CodecOptions.of(c), seeds=(codec_seed(config.run.seed, 0),))
+    if getattr(algorithm, "widths", None) is not None and not codec.deterministic:
+        return (
+            f"{algorithm.name} with the stochastic codec {codec.name!r} draws for messages of "
+            "several lengths in an order only the message engine models"
+        )
+    return None
 
 
 def engine_error(config: Config, reason: str) -> ConfigError:
@@ -321,12 +310,12 @@ def check_engine(config: Config, algorithm: Algorithm) -> None:
         raise engine_error(config, reason)
 
 
-def resolve_algorithm(config: Config, algorithm: Algorithm | None = None) -> Algorithm:
-    """``algorithm``, or the one ``[algorithm]`` names; a bare rule runs on one peer per
-    node (:class:`~fedcore.algorithms.rule.NodeRule`)."""
+def resolve_algorithm(config: Config, algorithm: Any = None) -> Any:
+    """``algorithm``, or the one ``[algorithm]`` names: a rule (each engine runs it through
+    its own adapter) or an object of the per-message protocol."""
     if algorithm is None:
         return configured_algorithm(config)
-    return NodeRule(algorithm) if is_rule(algorithm) else algorithm
+    return with_traits(algorithm)
 
 
 def planned_nodes(config: Config) -> int | None:
@@ -334,7 +323,9 @@ def planned_nodes(config: Config) -> int | None:
     graph file, whose size is known only once it is read."""
     if config.topology.file:
         return None
-    return config.topology.nodes + (config.topology.kind == "star")
+    return config.topology.nodes + (
+        "server" in registry.TOPOLOGY_KINDS.entry(config.topology.kind).tags
+    )
 
 
 def read_trust(config: Config, trust: Topology | None, laps: Laps | None = None) -> Topology | None:
@@ -370,14 +361,17 @@ def run_shape(config: Config, algorithm: Algorithm, trust: Topology | None) -> S
     mixing over every pair of nodes (from the counts: ``trust`` may be unbuilt)."""
     n = len(trust.nodes) if trust is not None else planned_nodes(config)
     assert n is not None  # a graph file is read before (read_trust)
-    server = getattr(algorithm, "server", None)
+    server = algorithm.server
     server_at = None
     if server is not None:
         if trust is not None and server not in trust.nodes:
             raise TopologyError(
                 f"topology.server = {server!r} is not a node of the graph {trust.name!r}."
             )
-        if trust is None and config.topology.kind != "star":
+        if (
+            trust is None
+            and "server" not in registry.TOPOLOGY_KINDS.entry(config.topology.kind).tags
+        ):
             raise ConfigError(
                 f"algorithm {algorithm.name!r} runs on a star: set topology.kind = 'star' "
                 "(or a graph file with its server named by topology.server)."
@@ -430,7 +424,7 @@ def check_run_memory(
     models = 0
     if model is not None:
         models = n * model.params * model.itemsize * COPIES
-        if getattr(algorithm, "robust", False):
+        if algorithm.robust:
             models += 2 * edges * model.params * 8
     need = graph + models
     if need <= memory:
@@ -625,7 +619,7 @@ def _check_graph(
     """Refuse a weighted graph the config cannot run on: a schedule for an algorithm of
     one fixed graph, a dropped edge that is no edge, or a node count other than the one
     the run was shaped (and its data split) for."""
-    if graph.period > 1 and getattr(algorithm, "fixed_graph", False):
+    if graph.period > 1 and algorithm.fixed_graph:
         raise ConfigError(
             f"algorithm {config.algorithm.name!r} runs on a fixed graph, but the topology "
             f"{trust.name!r} changes every round (a schedule of {graph.period} graphs). "

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -35,8 +35,9 @@ from fedcore.data import (
 )
 from fedcore.faults import FaultPlan
 from fedcore.models import Objective
-from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord
+from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord, per_node
 from fedcore.node.asynchronous import AsyncPeer
+from fedcore.node.loop import VirtualClock
 from fedcore.node.pace import Pace
 from fedcore.setup.plan import (
     Laps,
@@ -56,9 +57,6 @@ from fedcore.transport import Transport
 from fedcore.transport.base import AsyncTransport
 from fedcore.transport.faults import FaultyTransport
 from fedcore.transport.paced import PacedTransport
-
-if TYPE_CHECKING:
-    from fedcore.setup.virtual import SharedClock
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +84,12 @@ class RunSetup:
     faults: FaultPlan | None = None
     source: OnlineSource | None = None
     test_parts: list[Any] | None = None
-    clock: SharedClock | None = field(default=None, repr=False)
-    """A simulation's virtual clock (:func:`~fedcore.setup.virtual.virtual_clock`), which
+    clock: VirtualClock | None = field(default=None, repr=False)
+    """A simulation's virtual clock (:func:`~fedcore.engines.clock.virtual_clock`), which
     :meth:`make_node` gives every node; None on a gRPC peer and without ``[time]``."""
+    node_algorithm: Algorithm | None = field(default=None, repr=False)
+    """What every node of this process runs of :attr:`algorithm` (:meth:`node_form`), once
+    made."""
     timing: TimeModel | None = field(default=None, repr=False)
     """The durations of ``[time]`` (:meth:`time_model`), once made."""
     shared_objective: Objective | None = field(default=None, repr=False)
@@ -135,7 +136,7 @@ class RunSetup:
         """A fresh stream of the node at graph index ``i`` (the same batches every time)."""
         if self.source is not None:
             return self.source.stream(i)
-        if self.graph.nodes[i] == getattr(self.algorithm, "server", None):
+        if self.graph.nodes[i] == self.algorithm.server:
             return NoData()
         idx = torch.as_tensor(self.parts[i])
         return BatchStream(
@@ -145,6 +146,14 @@ class RunSetup:
             seed=self.config.run.seed * 1_000_003 + i,
             order=self.config.data.order,
         )
+
+    def node_form(self) -> Algorithm:
+        """What every node of this process runs of :attr:`algorithm`: a rule through one
+        :class:`~fedcore.node.rule.NodeRule` (:func:`~fedcore.node.rule.per_node`), made
+        once; a per-message algorithm as it is."""
+        if self.node_algorithm is None:
+            self.node_algorithm = per_node(self.algorithm)
+        return self.node_algorithm
 
     def make_node(
         self,
@@ -163,7 +172,7 @@ class RunSetup:
         i = self.graph.index(node_id)
         return Node(
             node_id,
-            algorithm=self.algorithm,
+            algorithm=self.node_form(),
             graph=self.graph,
             objective=self.node_objective(),
             stream=self.stream(i),
@@ -190,7 +199,7 @@ class RunSetup:
         :mod:`fedcore.node.asynchronous`), its transport wrapped as :meth:`make_node`'s."""
         wrapped, pace = self._wrap(node_id, transport)
         i = self.graph.index(node_id)
-        server = getattr(self.algorithm, "server", None)
+        server = self.algorithm.server
         workers = torch.tensor([v != server for v in self.graph.nodes])
         shares = example_shares(self.parts, workers).tolist()
         return AsyncPeer(

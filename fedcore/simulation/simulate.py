@@ -16,12 +16,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import torch
 
 from fedcore.algorithms.asynchronous import is_asynchronous
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
+from fedcore.engines.clock import virtual_clock
 from fedcore.engines.events import EventNetwork
 from fedcore.engines.messages import Network, build_network
 from fedcore.engines.vectorized import (
@@ -39,7 +40,6 @@ from fedcore.runtime import auto_threads, threads_sleep
 from fedcore.setup import checkpoint
 from fedcore.setup.plan import check_engine, engine_error, planned_nodes
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
-from fedcore.setup.virtual import virtual_clock
 from fedcore.simulation.results import (
     CHECKPOINTS,
     RunObserver,
@@ -294,17 +294,141 @@ def _resume(
         )
 
 
-def _build(setup: RunSetup, engine: str) -> Network | VectorizedNetwork | EventNetwork:
+Save = Callable[[int, dict[str, Any]], None]
+"""Write a checkpoint of ``round`` holding the engine's ``state`` (and the run's own)."""
+
+
+class Engine(Protocol):
+    """What :func:`simulate` asks of an engine's network, whichever engine it is."""
+
+    name: str
+    """``"messages"``, ``"vectorized"`` or ``"events"`` (the checkpoint and summary say it)."""
+    nodes: Sequence[str]
+    """Every node, in graph order."""
+
+    def run(
+        self,
+        observer: RunObserver,
+        writer: JsonlWriter,
+        progress: Progress | None,
+        save: Save,
+        saved: Mapping[str, Any] | None,
+    ) -> dict[str, torch.Tensor] | None:
+        """Run (or continue, from checkpoint ``saved``) to ``run.rounds``, accounting into
+        ``observer`` and checkpointing through ``save``; every node's final parameters
+        where the engine has them at hand (``None``: :meth:`final` reads them)."""
+        ...
+
+    def final(self, observer: RunObserver) -> dict[str, torch.Tensor]:
+        """Every node's parameters now, on the CPU."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """The summary's keys that say how this engine ran (engine, device, gradients)."""
+        ...
+
+
+class _Messages:
+    """The message engine: a :class:`~fedcore.node.Node` per peer, in-process."""
+
+    name = "messages"
+
+    def __init__(self, network: Network) -> None:
+        self.network = network
+        self.nodes: Sequence[str] = list(network.nodes)
+
+    def run(
+        self,
+        observer: RunObserver,
+        writer: JsonlWriter,
+        progress: Progress | None,
+        save: Save,
+        saved: Mapping[str, Any] | None,
+    ) -> dict[str, torch.Tensor] | None:
+        network = self.network
+        if saved is not None:
+            for nid, node in network.nodes.items():
+                checkpoint.restore(node, saved["nodes"][nid])
+        observer.attach(network)
+        config = network.config
+        asyncio.run(_run_messages(network, config.run.rounds, config.run.checkpoint_every, save))
+        return None
+
+    def final(self, observer: RunObserver) -> dict[str, torch.Tensor]:
+        return {nid: node.model() for nid, node in self.network.nodes.items()}
+
+    def summary(self) -> dict[str, Any]:
+        # One module per node on the CPU.
+        return {"engine": self.name, "device": "cpu", "gradients": "per-node"}
+
+
+class _Vectorized:
+    """The vectorized engine: every peer a row of one stack."""
+
+    name = "vectorized"
+
+    def __init__(self, net: VectorizedNetwork) -> None:
+        self.net = net
+        self.nodes: Sequence[str] = list(net.nodes)
+
+    def run(
+        self,
+        observer: RunObserver,
+        writer: JsonlWriter,
+        progress: Progress | None,
+        save: Save,
+        saved: Mapping[str, Any] | None,
+    ) -> dict[str, torch.Tensor] | None:
+        return run_vectorized(self.net, observer, writer, progress, save=save, saved=saved)
+
+    def final(self, observer: RunObserver) -> dict[str, torch.Tensor]:
+        return _vectorized_final(self.net, observer)
+
+    def summary(self) -> dict[str, Any]:
+        net = self.net
+        return {"engine": self.name, "device": str(net.device), "gradients": net.objective.mode}
+
+
+class _Events:
+    """The event engine: the asynchronous algorithms in virtual time."""
+
+    name = "events"
+
+    def __init__(self, net: EventNetwork) -> None:
+        self.net = net
+        self.nodes: Sequence[str] = list(net.nodes)
+
+    def run(
+        self,
+        observer: RunObserver,
+        writer: JsonlWriter,
+        progress: Progress | None,
+        save: Save,
+        saved: Mapping[str, Any] | None,
+    ) -> dict[str, torch.Tensor] | None:
+        return run_events(self.net, observer)
+
+    def final(self, observer: RunObserver) -> dict[str, torch.Tensor]:
+        models = self.net.models()
+        return {nid: models[i] for i, nid in enumerate(self.net.nodes)}
+
+    def summary(self) -> dict[str, Any]:
+        return {"engine": self.name, "device": "cpu", "gradients": self.net.objective.mode}
+
+
+def _build(setup: RunSetup, engine: str) -> Engine:
+    """The network of ``engine`` (a name :func:`choose_engine` gave) for ``setup``."""
     if engine == "events":
-        return EventNetwork(setup)
+        return _Events(EventNetwork(setup))
     if engine == "vectorized":
-        return VectorizedNetwork(setup, device=resolve_device(setup.config.simulate.device))
-    return build_network(setup.config, setup=setup)
+        device = resolve_device(setup.config.simulate.device)
+        return _Vectorized(VectorizedNetwork(setup, device=device))
+    return _Messages(build_network(setup.config, setup=setup))
 
 
 def _execute(
     setup: RunSetup,
-    built: Network | VectorizedNetwork | EventNetwork,
+    built: Engine,
     out: Path,
     *,
     name: str,
@@ -321,9 +445,6 @@ def _execute(
     """
     config = setup.config
     rounds = config.run.rounds
-    vectorized = built if isinstance(built, VectorizedNetwork) else None
-    network = built if isinstance(built, Network) else None
-    events = built if isinstance(built, EventNetwork) else None
     nodes: Sequence[str] = list(built.nodes)
     metrics = out / "metrics.jsonl"
     if saved is not None:
@@ -348,15 +469,14 @@ def _execute(
         writer=writer,
         progress=progress,
         records=node_records_mode(config, len(nodes)),
-        server=getattr(setup.algorithm, "server", None),
+        server=setup.algorithm.server,
         own_tests=setup.own_tests(),
         regret=regret_tracker(setup),
         tracker=make_tracker(
             config, out, (out / "config.toml").read_text(encoding="utf-8"), first_round=first
         ),
     )
-    engine = "vectorized" if vectorized is not None else "messages"
-    engine = "events" if events is not None else engine
+    engine = built.name
     wall_before = float(saved["wall_seconds"]) if saved is not None else 0.0
     began = time.perf_counter()
 
@@ -395,19 +515,9 @@ def _execute(
         out,
     )
     args = (setup, built, observer, out, name, overrides)
-    final: dict[str, torch.Tensor] | None = None  # a finished vectorized run's parameters
+    final: dict[str, torch.Tensor] | None = None  # a finished run's parameters, if at hand
     try:
-        if network is not None:
-            if saved is not None:
-                for nid, node in network.nodes.items():
-                    checkpoint.restore(node, saved["nodes"][nid])
-            observer.attach(network)
-            asyncio.run(_run_messages(network, rounds, config.run.checkpoint_every, save))
-        elif events is not None:
-            final = run_events(events, observer)
-        else:
-            assert vectorized is not None
-            final = run_vectorized(vectorized, observer, writer, progress, save=save, saved=saved)
+        final = built.run(observer, writer, progress, save, saved)
     except KeyboardInterrupt as stop:
         writer.close()
         try:
@@ -451,7 +561,7 @@ def _execute(
 
 def _finish(
     setup: RunSetup,
-    built: Network | VectorizedNetwork | EventNetwork,
+    built: Engine,
     observer: RunObserver,
     out: Path,
     name: str,
@@ -464,27 +574,15 @@ def _finish(
 ) -> dict[str, Any]:
     """Write the summary of a run in any ``status``; ``final`` (every node's parameters)
     is read from ``built`` where not given."""
-    # The same keys on both engines: the message engine runs one module per node on the CPU.
+    # The same keys on every engine.
     extra: dict[str, Any] = {
-        "engine": "messages",
-        "device": "cpu",
-        "gradients": "per-node",
+        **built.summary(),
         "threads": torch.get_num_threads(),
         "overrides": list(overrides),
         "warnings": current_warnings(),
     }
-    if isinstance(built, EventNetwork):
-        extra.update(engine="events", gradients=built.objective.mode)
-        if final is None:
-            models = built.models()
-            final = {nid: models[i] for i, nid in enumerate(built.nodes)}
-    elif isinstance(built, VectorizedNetwork):
-        extra.update(engine="vectorized", device=str(built.device))
-        extra["gradients"] = built.objective.mode
-        if final is None:
-            final = _vectorized_final(built, observer)
-    elif final is None:
-        final = {nid: node.model() for nid, node in built.nodes.items()}
+    if final is None:
+        final = built.final(observer)
     summary = finish_run(
         setup,
         observer,

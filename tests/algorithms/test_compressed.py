@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from fedcore.algorithms import CHOCO, Algorithm, DeepSqueeze, DeepSqueezeState
 from fedcore.compression import Codec, make_codec
 from fedcore.errors import ConfigError
+from fedcore.node import NodeRule
 from fedcore.testing import lockstep
 from fedcore.topology import TrustGraph, metropolis_hastings, parse_spec
 from tests.strategies import GradFn, connected_undirected_graphs, random_grad, random_params
@@ -59,7 +60,7 @@ def test_mean_follows_exact_sgd_whatever_the_codec(
     graph: TrustGraph, seed: int, codec: str
 ) -> None:
     """I-DS-2: x_bar(t+1) = x_bar(t) - lr * mean g, for any codec and doubly stochastic W."""
-    for _ in _rounds_follow_exact_sgd(DeepSqueeze(eta=0.3), graph, seed, codec):
+    for _ in _rounds_follow_exact_sgd(NodeRule(DeepSqueeze(eta=0.3)), graph, seed, codec):
         pass
 
 
@@ -67,7 +68,7 @@ def test_mean_follows_exact_sgd_whatever_the_codec(
 def test_error_feedback_telescopes(codec: str) -> None:
     """I-DS-3: c_t + delta_t == x_half_t + delta_(t-1), every node, every step."""
     graph = parse_spec("ring:5")
-    algo = DeepSqueeze(eta=0.2)
+    algo = NodeRule(DeepSqueeze(eta=0.2))
     codecs = _codecs(graph.union(), codec)
     states = {n: algo.init(p) for n, p in random_params(graph, 1, D).items()}
     grad = _grad(1)
@@ -94,7 +95,7 @@ def test_error_feedback_telescopes(codec: str) -> None:
 
 @pytest.mark.parametrize(
     "algo,spec",
-    [(DeepSqueeze(eta=1.0), "torus:3x3"), (CHOCO(gamma=1.0), "ring:4")],
+    [(NodeRule(DeepSqueeze(eta=1.0)), "torus:3x3"), (NodeRule(CHOCO(gamma=1.0)), "ring:4")],
     ids=["deepsqueeze-eta1", "choco-gamma1"],
 )
 def test_identity_codec_and_full_step_is_atc_dpsgd(algo: Algorithm, spec: str) -> None:
@@ -120,7 +121,7 @@ def test_no_mixing_is_local_sgd(codec: str) -> None:
     )
     params = random_params(graph, 3, D)
     out = lockstep(
-        DeepSqueeze(eta=0.5), graph, params, rounds=3, lr=0.5, grad=lambda n, t, x: x,
+        NodeRule(DeepSqueeze(eta=0.5)), graph, params, rounds=3, lr=0.5, grad=lambda n, t, x: x,
         codecs=_codecs(graph, codec),
     )  # fmt: skip
     for n in nodes:
@@ -136,7 +137,7 @@ def test_consensus_contracts_at_the_lazy_rate() -> None:
     eig = np.sort(np.abs(np.linalg.eigvals((1 - eta) * np.eye(6) + eta * w)))
     rate = eig[-2]
     params = random_params(graph, 4, D)
-    states = {n: DeepSqueeze(eta).init(p) for n, p in params.items()}
+    states = {n: NodeRule(DeepSqueeze(eta)).init(p) for n, p in params.items()}
 
     def spread(s: dict[str, DeepSqueezeState]) -> float:
         x = _stack(s)
@@ -144,7 +145,7 @@ def test_consensus_contracts_at_the_lazy_rate() -> None:
 
     for _ in range(8):
         before = spread(states)
-        states = lockstep(DeepSqueeze(eta), graph, {}, rounds=1, states=states)
+        states = lockstep(NodeRule(DeepSqueeze(eta)), graph, {}, rounds=1, states=states)
         assert spread(states) <= rate * before + 1e-12
 
 
@@ -154,7 +155,7 @@ def test_choco_mean_preserved_and_copies_summed(graph: TrustGraph, seed: int, co
     """I-CH-1: the consensus step preserves the mean; every peer's weighted sum of public
     copies is ``W_ii xhat_i + sum_j W_ji xhat_j`` of the neighbours' own ``xhat``."""
     weighted = metropolis_hastings(graph)
-    for states in _rounds_follow_exact_sgd(CHOCO(gamma=0.4), graph, seed, codec):
+    for states in _rounds_follow_exact_sgd(NodeRule(CHOCO(gamma=0.4)), graph, seed, codec):
         for i, s in states.items():
             want = weighted.self_weight(i) * states[i].xhat[0]
             for j in sorted(weighted.in_neighbours(i)):
@@ -164,9 +165,9 @@ def test_choco_mean_preserved_and_copies_summed(graph: TrustGraph, seed: int, co
 
 def test_options_are_validated() -> None:
     with pytest.raises(ConfigError, match="eta"):
-        DeepSqueeze(eta=0.0)
+        NodeRule(DeepSqueeze(eta=0.0))
     with pytest.raises(ConfigError, match="gamma"):
-        CHOCO(gamma=1.5)
+        NodeRule(CHOCO(gamma=1.5))
 
 
 def test_over_the_network_deepsqueeze_keeps_the_mean_naive_does_not() -> None:

@@ -10,6 +10,7 @@ from fedcore.algorithms import DPSGD, Central, Local, RoundContext, Rows, Slot, 
 from fedcore.algorithms.dpsgd import DPSGDRule
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.messages import Payload
+from fedcore.node import NodeRule
 from fedcore.setup.plan import communication_graph
 from fedcore.testing import lockstep
 from fedcore.topology import TrustGraph, parse_spec, prepare
@@ -46,7 +47,7 @@ def test_missing_neighbour_weight_goes_to_self() -> None:
 
 def test_the_peer_form_is_the_rule_on_one_row() -> None:
     """On a peer, a dict inbox missing ``c`` gives what the rule gives a slot not arrived."""
-    algo = DPSGD()
+    algo = NodeRule(DPSGD())
     ctx = RoundContext(
         node="a",
         round=0,
@@ -64,7 +65,7 @@ def test_the_peer_form_is_the_rule_on_one_row() -> None:
 def test_dpsgd_refuses_one_way_graph() -> None:
     """A one-way graph given to a doubly-stochastic algorithm names push-sum."""
     with pytest.raises(TopologyError, match="push-sum"):
-        communication_graph(DPSGD(), parse_spec("social:16"))
+        communication_graph(NodeRule(DPSGD()), parse_spec("social:16"))
 
 
 def test_central_gives_every_node_the_exact_mean() -> None:
@@ -74,7 +75,12 @@ def test_central_gives_every_node_the_exact_mean() -> None:
     grad = _grad(7)
     expected = torch.stack([params[n] - lr * grad(n, 0, params[n]) for n in graph.nodes]).mean(0)
     out = lockstep(
-        Central(), communication_graph(Central(), graph), params, rounds=1, lr=lr, grad=grad
+        NodeRule(Central()),
+        communication_graph(NodeRule(Central()), graph),
+        params,
+        rounds=1,
+        lr=lr,
+        grad=grad,
     )
     first = out[graph.nodes[0]].x
     assert torch.allclose(first, expected, atol=1e-12)
@@ -85,8 +91,8 @@ def test_local_is_plain_sgd() -> None:
     graph = parse_spec("ring:4")
     params = _params(graph, 8)
     out = lockstep(
-        Local(),
-        communication_graph(Local(), graph),
+        NodeRule(Local()),
+        communication_graph(NodeRule(Local()), graph),
         params,
         rounds=3,
         lr=0.5,
@@ -97,7 +103,7 @@ def test_local_is_plain_sgd() -> None:
 
 
 def test_registry_and_options() -> None:
-    assert make_algorithm("ops").name == "ops"
+    assert NodeRule(make_algorithm("ops")).name == "ops"
     with pytest.raises(ConfigError, match="known algorithms"):
         make_algorithm("nope")
     with pytest.raises(ConfigError, match="no option"):

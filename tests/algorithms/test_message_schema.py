@@ -24,6 +24,7 @@ from fedcore import registry
 from fedcore.algorithms import ALGORITHMS, OPS, RoundContext
 from fedcore.errors import AlgorithmError, OutOfWindowError, ProtocolError
 from fedcore.messages import EncodedTensor, Message, Payload
+from fedcore.node import NodeRule
 from fedcore.testing import TestNetwork, make_network
 
 CASES: dict[str, tuple[str, str, dict[str, object]]] = {
@@ -60,7 +61,7 @@ def test_every_registered_algorithm_is_covered() -> None:
     for name, factory in ALGORITHMS.items():
         if name in asynchronous:
             continue
-        assert callable(getattr(factory(), "message_schema", None)), name
+        assert callable(getattr(NodeRule(factory()), "message_schema", None)), name
 
 
 @functools.cache
@@ -242,7 +243,7 @@ def test_robust_totals_that_go_backwards_are_refused() -> None:
 
 
 def test_push_sum_weight_bounds() -> None:
-    algo = OPS()
+    algo = NodeRule(OPS())
     algo.init(torch.zeros(3))
     ctx = RoundContext(
         node="a", round=4, lr=0.1, self_weight=0.5, out_weights={}, in_weights={"b": 0.5},
@@ -252,7 +253,7 @@ def test_push_sum_weight_bounds() -> None:
     assert share.problem(3.0) is None and share.problem(1e-300) is None
     for bad in (0.0, -1e-9, 3.01, math.inf, math.nan):
         assert share.problem(bad) is not None
-    robust = OPS(robust=True)
+    robust = NodeRule(OPS(robust=True))
     robust.init(torch.zeros(3))
     total = robust.message_schema(0, "b", ctx).scalars["omega"]
     assert total.problem(15.0) is None and total.problem(15.1) is not None  # n * (t + 1)

@@ -34,6 +34,7 @@ from fedcore.algorithms.dpsgd import DPSGDRule
 from fedcore.algorithms.online import DOGRule, DOLRule
 from fedcore.errors import TopologyError
 from fedcore.messages import Payload
+from fedcore.node import NodeRule
 from fedcore.setup.plan import communication_graph
 from fedcore.testing import lockstep, make_network
 from fedcore.topology import (
@@ -118,8 +119,8 @@ def test_dog_equals_dpsgd_step_for_step(graph: TrustGraph, seed: int, lossy: boo
     params = _params(graph, seed)
     drop = _drops(seed, 0.3) if lossy else None
     kwargs: dict[str, Any] = {"rounds": 8, "lr": 0.1, "grad": _nonlinear_grad, "drop": drop}
-    dog = lockstep(DOG(), weighted, params, **kwargs)
-    dpsgd = lockstep(DPSGD(), weighted, params, **kwargs)
+    dog = lockstep(NodeRule(DOG()), weighted, params, **kwargs)
+    dpsgd = lockstep(NodeRule(DPSGD()), weighted, params, **kwargs)
     for n in graph.nodes:
         assert torch.equal(dog[n].x, dpsgd[n].x)
 
@@ -129,7 +130,7 @@ def test_dog_equals_dpsgd_step_for_step(graph: TrustGraph, seed: int, lossy: boo
 @settings(max_examples=15)
 def test_mean_dynamics(name: str, graph: TrustGraph, seed: int) -> None:
     """I-DOG-1: doubly stochastic W gives x_bar(t+1) = x_bar(t) - lr * mean_i g_i(x_i(t))."""
-    algo = make_algorithm(name)
+    algo = NodeRule(make_algorithm(name))
     weighted = metropolis_hastings(graph)
     lr, grad = 0.05, _grad(seed)
     states: dict[str, object] = {n: algo.init(p) for n, p in _params(graph, seed).items()}
@@ -148,7 +149,7 @@ def test_disagreement_contracts_by_rho_and_vanishes(
     name: str, graph: TrustGraph, seed: int
 ) -> None:
     """I-DOG-2: lr = 0 shrinks ||X - x_bar 1^T|| by at least rho per round, down to 0."""
-    algo = make_algorithm(name)
+    algo = NodeRule(make_algorithm(name))
     weighted = metropolis_hastings(graph)
     rho = 1.0 - spectral_gap(weighted)  # max(|lambda_2|, |lambda_n|) of the symmetric W
     assert rho < 1.0
@@ -178,19 +179,19 @@ def test_uniform_weights_give_cta_mean_and_col_mean(name: str) -> None:
     mean gradient at the nodes' models equals the mean gradient at their mean, so DOG's
     mean follows CENTRAL's (COL's) common model step for step.
     """
-    algo = make_algorithm(name)
+    algo = NodeRule(make_algorithm(name))
     graph = parse_spec("social:6")
     uniform = prepare(graph, mixing="complete", algorithm=name)
     lr, grad = 0.2, _grad(11)
     params = _params(graph, 11)
     states: dict[str, object] = {n: algo.init(p) for n, p in params.items()}
-    central: dict[str, object] = {n: Central().init(p) for n, p in params.items()}
+    central: dict[str, object] = {n: NodeRule(Central()).init(p) for n, p in params.items()}
     for t in range(6):
         x = {n: algo.model(states[n]) for n in graph.nodes}
         mean = torch.stack(list(x.values())).mean(0)
         states = _one_round(algo, uniform, states, t, lr, grad)
-        central = _one_round(Central(), uniform, central, t, lr, grad)
-        col = Central().model(central[graph.nodes[0]])
+        central = _one_round(NodeRule(Central()), uniform, central, t, lr, grad)
+        col = NodeRule(Central()).model(central[graph.nodes[0]])
         for n in graph.nodes:
             expected = mean - lr * grad(n, t, x[n])
             assert torch.allclose(algo.model(states[n]), expected, rtol=0, atol=1e-12)
@@ -200,15 +201,15 @@ def test_uniform_weights_give_cta_mean_and_col_mean(name: str) -> None:
 @pytest.mark.parametrize("name", CTA)
 def test_identity_weights_give_local(name: str) -> None:
     """I-DOG-3, W = I: independent local online gradient, bit for bit ``local``."""
-    algo = make_algorithm(name)
+    algo = NodeRule(make_algorithm(name))
     graph = parse_spec("ring:5")
     isolated = prepare(graph, mixing="none", algorithm=name)
     params = _params(graph, 3)
     kwargs: dict[str, Any] = {"rounds": 7, "lr": 0.3, "grad": _nonlinear_grad}
     ours = lockstep(algo, isolated, params, **kwargs)
-    local = lockstep(Local(), isolated, params, **kwargs)
+    local = lockstep(NodeRule(Local()), isolated, params, **kwargs)
     for n in graph.nodes:
-        assert torch.equal(algo.model(ours[n]), Local().model(local[n]))
+        assert torch.equal(algo.model(ours[n]), NodeRule(Local()).model(local[n]))
 
 
 def _quadratic_case() -> tuple[TrustGraph, np.ndarray, dict[str, torch.Tensor], GradFn]:
@@ -249,7 +250,7 @@ def _formula(
 @pytest.mark.parametrize("name", CTA)
 def test_gradient_at_pre_mix_model(name: str) -> None:
     """I-DOG-4: a quadratic tells combine-then-adapt from adapt-then-combine; DOG is CTA."""
-    algo = make_algorithm(name)
+    algo = NodeRule(make_algorithm(name))
     graph, w, params, grad = _quadratic_case()
     lr, rounds = 0.4, 3
     out = lockstep(algo, graph, params, rounds=rounds, lr=lr, grad=grad)
@@ -264,8 +265,8 @@ def test_dol_is_adapt_then_combine() -> None:
     """The same quadratic: DOL on the same (doubly stochastic) W follows the ATC formula."""
     graph, w, params, grad = _quadratic_case()
     lr, rounds = 0.4, 3
-    out = lockstep(DOL(), graph, params, rounds=rounds, lr=lr, grad=grad)
-    got = _stack(out, DOL(), graph.nodes)
+    out = lockstep(NodeRule(DOL()), graph, params, rounds=rounds, lr=lr, grad=grad)
+    got = _stack(out, NodeRule(DOL()), graph.nodes)
     assert torch.allclose(got, _formula(graph, w, params, grad, lr, rounds, cta=False), atol=1e-12)
     assert (got - _formula(graph, w, params, grad, lr, rounds, cta=True)).abs().max() > 1e-2
 
@@ -273,7 +274,7 @@ def test_dol_is_adapt_then_combine() -> None:
 def test_dog_refuses_one_way_graph() -> None:
     """DOG needs doubly stochastic weights: a one-way graph is refused, naming push-sum."""
     with pytest.raises(TopologyError, match=r"'dog'.*push-sum"):
-        communication_graph(DOG(), parse_spec("social:8"))
+        communication_graph(NodeRule(DOG()), parse_spec("social:8"))
 
 
 # --- DOL ------------------------------------------------------------------------------------
@@ -311,11 +312,11 @@ def test_dol_is_biased_where_ops_is_exact(graph: TrustGraph) -> None:
     assert np.abs(n * pi - 1).max() > 0.1  # W is far from doubly stochastic
     params = _params(graph, 0, offset=2.0)  # mean far from 0, so a scaling shows
     mean = torch.stack(list(params.values())).mean(0)
-    dol = lockstep(DOL(), weighted, params, rounds=1500)
-    ops = lockstep(OPS(), weighted, params, rounds=1500)
+    dol = lockstep(NodeRule(DOL()), weighted, params, rounds=1500)
+    ops = lockstep(NodeRule(OPS()), weighted, params, rounds=1500)
     for n_id in graph.nodes:
-        assert (OPS().model(ops[n_id]) - mean).abs().max() < 1e-8
-    x = _stack(dol, DOL(), graph.nodes)
+        assert (NodeRule(OPS()).model(ops[n_id]) - mean).abs().max() < 1e-8
+    x = _stack(dol, NodeRule(DOL()), graph.nodes)
     limit = torch.from_numpy(n * pi)[:, None] * mean
     assert (x - limit).abs().max() < 1e-8
     assert torch.allclose(x.mean(0), mean, rtol=0, atol=1e-12)
@@ -328,8 +329,8 @@ def test_dol_is_ops_numerator_without_step(graph: TrustGraph, seed: int) -> None
     """lr = 0: DOL's model is OPS's numerator x, bit for bit (DOL = OPS minus z = x/omega)."""
     weighted = prepare(graph, mixing="push-sum", algorithm="dol")
     params = _params(graph, seed)
-    dol = lockstep(DOL(), weighted, params, rounds=30)
-    ops = lockstep(OPS(), weighted, params, rounds=30)
+    dol = lockstep(NodeRule(DOL()), weighted, params, rounds=30)
+    ops = lockstep(NodeRule(OPS()), weighted, params, rounds=30)
     for n in graph.nodes:
         assert torch.equal(dol[n].x, ops[n].x)
 
@@ -342,14 +343,18 @@ def test_dol_average_takes_the_central_step(
     """On any push-sum W: mean x(t+1) = mean x(t) - lr * mean_i g_i(x_i(t)); order-free."""
     weighted = prepare(graph, mixing="push-sum", algorithm="dol")
     lr, grad = 0.1, _grad(seed)
-    states: dict[str, object] = {n: DOL().init(p) for n, p in _params(graph, seed).items()}
+    states: dict[str, object] = {
+        n: NodeRule(DOL()).init(p) for n, p in _params(graph, seed).items()
+    }
     order = list(graph.nodes)
     rnd.shuffle(order)
     for t in range(8):
-        mean_before = _stack(states, DOL(), graph.nodes).mean(0)
-        mean_grad = torch.stack([grad(n, t, DOL().model(states[n])) for n in graph.nodes]).mean(0)
+        mean_before = _stack(states, NodeRule(DOL()), graph.nodes).mean(0)
+        mean_grad = torch.stack(
+            [grad(n, t, NodeRule(DOL()).model(states[n])) for n in graph.nodes]
+        ).mean(0)
         shuffled = lockstep(
-            DOL(),
+            NodeRule(DOL()),
             weighted,
             {},
             rounds=1,
@@ -358,10 +363,10 @@ def test_dol_average_takes_the_central_step(
             states=states,
             order=order,
         )
-        states = _one_round(DOL(), weighted, states, t, lr, grad)
+        states = _one_round(NodeRule(DOL()), weighted, states, t, lr, grad)
         for n in graph.nodes:
             assert torch.equal(shuffled[n].x, states[n].x)  # messages are snapshots
-        mean_after = _stack(states, DOL(), graph.nodes).mean(0)
+        mean_after = _stack(states, NodeRule(DOL()), graph.nodes).mean(0)
         assert torch.allclose(mean_after, mean_before - lr * mean_grad, rtol=0, atol=1e-12)
 
 
@@ -386,10 +391,10 @@ def test_dol_equals_ops_on_doubly_stochastic_weights(graph: TrustGraph) -> None:
     check_push_sum(graph)
     params = _params(graph, 4)
     kwargs: dict[str, Any] = {"rounds": 10, "lr": 0.2, "grad": _nonlinear_grad}
-    dol = lockstep(DOL(), graph, params, **kwargs)
-    ops = lockstep(OPS(), graph, params, **kwargs)
+    dol = lockstep(NodeRule(DOL()), graph, params, **kwargs)
+    ops = lockstep(NodeRule(OPS()), graph, params, **kwargs)
     for n in graph.nodes:
-        assert torch.allclose(dol[n].x, OPS().model(ops[n]), rtol=0, atol=1e-12)
+        assert torch.allclose(dol[n].x, NodeRule(OPS()).model(ops[n]), rtol=0, atol=1e-12)
 
 
 def test_dol_identity_is_local_and_complete_is_central() -> None:
@@ -399,24 +404,26 @@ def test_dol_identity_is_local_and_complete_is_central() -> None:
     kwargs: dict[str, Any] = {"rounds": 6, "lr": 0.3, "grad": _nonlinear_grad}
     isolated = prepare(graph, mixing="none", algorithm="dol")
     uniform = prepare(graph, mixing="complete", algorithm="dol")
-    dol_i = lockstep(DOL(), isolated, params, **kwargs)
-    local = lockstep(Local(), isolated, params, **kwargs)
-    dol_c = lockstep(DOL(), uniform, params, **kwargs)
-    central = lockstep(Central(), uniform, params, **kwargs)
+    dol_i = lockstep(NodeRule(DOL()), isolated, params, **kwargs)
+    local = lockstep(NodeRule(Local()), isolated, params, **kwargs)
+    dol_c = lockstep(NodeRule(DOL()), uniform, params, **kwargs)
+    central = lockstep(NodeRule(Central()), uniform, params, **kwargs)
     for n in graph.nodes:
-        assert torch.equal(DOL().model(dol_i[n]), Local().model(local[n]))
-        assert torch.allclose(DOL().model(dol_c[n]), central[n].x, rtol=0, atol=1e-12)
+        assert torch.equal(NodeRule(DOL()).model(dol_i[n]), NodeRule(Local()).model(local[n]))
+        assert torch.allclose(NodeRule(DOL()).model(dol_c[n]), central[n].x, rtol=0, atol=1e-12)
 
 
 def test_dol_lost_share_is_lost() -> None:
     """A missing message is simply absent: its share is lost and sum x drops by it."""
     graph = prepare(parse_spec("directed-ring:4"), mixing="push-sum", algorithm="dol")
     params = _params(graph, 7)
-    out = lockstep(DOL(), graph, params, rounds=1, drop=lambda s, r, t, p: s == "n0")
-    assert torch.equal(DOL().model(out["n1"]), 0.5 * params["n1"])  # only its own kept half
+    out = lockstep(NodeRule(DOL()), graph, params, rounds=1, drop=lambda s, r, t, p: s == "n0")
+    assert torch.equal(
+        NodeRule(DOL()).model(out["n1"]), 0.5 * params["n1"]
+    )  # only its own kept half
     lost = 0.5 * params["n0"]
     total = sum(params.values())
-    kept = sum(DOL().model(s) for s in out.values())
+    kept = sum(NodeRule(DOL()).model(s) for s in out.values())
     assert torch.allclose(kept, total - lost, rtol=0, atol=1e-12)
 
 
@@ -430,12 +437,12 @@ def test_dol_mix_by_hand() -> None:
         out_weights={"b": 0.75},
         in_weights={"b": 0.5, "c": 0.5},
     )
-    state = DOL().init(torch.tensor([2.0], dtype=torch.float64))
-    stepped, outbox = DOL().step(state, torch.tensor([2.0], dtype=torch.float64), ctx)
+    state = NodeRule(DOL()).init(torch.tensor([2.0], dtype=torch.float64))
+    stepped, outbox = NodeRule(DOL()).step(state, torch.tensor([2.0], dtype=torch.float64), ctx)
     assert stepped.x.item() == pytest.approx(1.0)  # adapt first: x - lr * g
     assert outbox["b"].tensor("x").item() == pytest.approx(0.75)
     share = Payload({"x": torch.tensor([4.0], dtype=torch.float64)}, {"omega": 123.0})
-    new, out = DOL().mix(stepped, 0, {"b": share}, ctx)
+    new, out = NodeRule(DOL()).mix(stepped, 0, {"b": share}, ctx)
     assert out == {}
     assert new.x.item() == pytest.approx(0.25 * 1.0 + 4.0)
 
@@ -444,7 +451,7 @@ def test_dol_mix_by_hand() -> None:
 
 
 def test_registry() -> None:
-    dog, dol = make_algorithm("dog"), make_algorithm("dol")
+    dog, dol = NodeRule(make_algorithm("dog")), NodeRule(make_algorithm("dol"))
     assert isinstance(dog.rule, DOGRule) and isinstance(dog.rule, DPSGDRule)
     assert isinstance(dol.rule, DOLRule)
     assert (dog.name, dog.mixing, dog.phases) == ("dog", "doubly-stochastic", 1)
@@ -454,7 +461,7 @@ def test_registry() -> None:
 
 def test_dol_accepts_one_way_graph() -> None:
     """DOL gets uniform push-sum weights on a one-way graph (not doubly stochastic)."""
-    weighted = communication_graph(DOL(), parse_spec("social:16"))
+    weighted = communication_graph(NodeRule(DOL()), parse_spec("social:16"))
     assert isinstance(weighted, TrustGraph)
     check_push_sum(weighted)
     assert not np.allclose(weighted.mixing_matrix().sum(axis=0), 1.0)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from fedcore.algorithms import OPS, RoundContext, Rows, Slot
 from fedcore.algorithms.ops import PushSumRule, PushSumState
+from fedcore.node import NodeRule
 from fedcore.testing import lockstep
 from fedcore.topology import TrustGraph, complete, parse_spec, prepare, ring, uniform_push_sum
 from tests.strategies import GradFn, random_grad, random_params, strongly_connected_digraphs
@@ -32,12 +33,12 @@ def test_mass_conservation(graph: TrustGraph, seed: int) -> None:
     weighted = prepare(graph, mixing="push-sum", algorithm="ops")
     lr = 0.1
     grad = _grad(seed)
-    states = {n: OPS().init(p) for n, p in _params(graph, seed).items()}
+    states = {n: NodeRule(OPS()).init(p) for n, p in _params(graph, seed).items()}
     for t in range(10):
-        steps = sum(grad(n, t, OPS().model(s)) for n, s in states.items())
+        steps = sum(grad(n, t, NodeRule(OPS()).model(s)) for n, s in states.items())
         before = sum(s.x for s in states.values())
         states = lockstep(
-            OPS(),
+            NodeRule(OPS()),
             weighted,
             {},
             rounds=1,
@@ -56,7 +57,7 @@ def test_exact_average_on_digraph(graph: TrustGraph, seed: int) -> None:
     """I-OPS-2: with zero step, every z reaches the exact mean of x_0 (1e-8)."""
     params = _params(graph, seed)
     mean = torch.stack(list(params.values())).mean(dim=0)
-    states = lockstep(OPS(), graph, params, rounds=1500)
+    states = lockstep(NodeRule(OPS()), graph, params, rounds=1500)
     for s in states.values():
         assert (s.x / s.omega - mean).abs().max() < 1e-8
 
@@ -83,7 +84,7 @@ def test_debiasing_matters(spec: str) -> None:
     x0 = np.stack([params[n].numpy() for n in graph.nodes])
     mean = x0.mean(axis=0)
     plain = _plain_mixing(graph, x0, 1500)
-    states = lockstep(OPS(), graph, params, rounds=1500)
+    states = lockstep(NodeRule(OPS()), graph, params, rounds=1500)
     ops_err = max(
         float((s.x / s.omega - torch.from_numpy(mean)).abs().max()) for s in states.values()
     )
@@ -120,9 +121,17 @@ def test_omega_stays_one_on_doubly_stochastic(graph: TrustGraph) -> None:
         for s in states.values():
             seen.append(s.omega)
             assert s.omega == pytest.approx(1.0, abs=1e-14)
-            assert torch.allclose(OPS().model(s), s.x, atol=1e-14)
+            assert torch.allclose(NodeRule(OPS()).model(s), s.x, atol=1e-14)
 
-    lockstep(OPS(), weighted, _params(graph, 1), rounds=20, lr=0.1, grad=_grad(1), on_round=check)
+    lockstep(
+        NodeRule(OPS()),
+        weighted,
+        _params(graph, 1),
+        rounds=20,
+        lr=0.1,
+        grad=_grad(1),
+        on_round=check,
+    )
     assert len(seen) == 20 * len(graph)
 
 
@@ -134,9 +143,9 @@ def test_complete_uniform_gives_mean_in_one_step() -> None:
     grad = _grad(2)
     lr = 0.3
     expected = torch.stack([params[n] - lr * grad(n, 0, params[n]) for n in graph.nodes]).mean(0)
-    states = lockstep(OPS(), weighted, params, rounds=1, lr=lr, grad=grad)
+    states = lockstep(NodeRule(OPS()), weighted, params, rounds=1, lr=lr, grad=grad)
     for s in states.values():
-        assert torch.allclose(OPS().model(s), expected, atol=1e-12)
+        assert torch.allclose(NodeRule(OPS()).model(s), expected, atol=1e-12)
 
 
 def test_identity_weights_give_local_sgd() -> None:
@@ -149,7 +158,7 @@ def test_identity_weights_give_local_sgd() -> None:
     def grad(node: str, t: int, model: torch.Tensor) -> torch.Tensor:
         return model - 1.0
 
-    states = lockstep(OPS(), weighted, params, rounds=5, lr=lr, grad=grad)
+    states = lockstep(NodeRule(OPS()), weighted, params, rounds=5, lr=lr, grad=grad)
     for n in graph.nodes:
         x = params[n].clone()
         for _ in range(5):
@@ -159,7 +168,7 @@ def test_identity_weights_give_local_sgd() -> None:
 
 def test_gradient_at_debiased_point_and_step_on_numerator() -> None:
     """I-OPS-6: the gradient is taken at z = x/omega and subtracted from x."""
-    ops = OPS()
+    ops = NodeRule(OPS())
     state = PushSumState(
         torch.tensor([[2.0, 4.0]], dtype=torch.float64),
         torch.tensor([0.5], dtype=torch.float64),
@@ -182,8 +191,8 @@ def test_snapshot_semantics(graph: TrustGraph, seed: int, rnd) -> None:  # type:
     params = _params(graph, seed)
     order = list(graph.nodes)
     rnd.shuffle(order)
-    a = lockstep(OPS(), graph, params, rounds=8, lr=0.1, grad=_grad(seed))
-    b = lockstep(OPS(), graph, params, rounds=8, lr=0.1, grad=_grad(seed), order=order)
+    a = lockstep(NodeRule(OPS()), graph, params, rounds=8, lr=0.1, grad=_grad(seed))
+    b = lockstep(NodeRule(OPS()), graph, params, rounds=8, lr=0.1, grad=_grad(seed), order=order)
     for n in graph.nodes:
         assert torch.equal(a[n].x, b[n].x) and a[n].omega == b[n].omega
 
@@ -193,7 +202,7 @@ def test_time_varying_schedule_reaches_average() -> None:
     schedule = parse_spec("one-peer-exponential:8")
     params = _params(schedule.union(), 4)
     mean = torch.stack([params[n] for n in schedule.nodes]).mean(0)
-    states = lockstep(OPS(), schedule, params, rounds=60)
+    states = lockstep(NodeRule(OPS()), schedule, params, rounds=60)
     for s in states.values():
         assert (s.x / s.omega - mean).abs().max() < 1e-10
 
@@ -202,7 +211,7 @@ def test_lost_message_loses_mass() -> None:
     """Plain push-sum under a lost message: sum omega drops below n (why robust push-sum exists)."""
     graph = parse_spec("directed-ring:4")
     params = _params(graph.union(), 5)
-    states = lockstep(OPS(), graph, params, rounds=1, drop=lambda s, r, t, p: s == "n0")
+    states = lockstep(NodeRule(OPS()), graph, params, rounds=1, drop=lambda s, r, t, p: s == "n0")
     assert sum(s.omega for s in states.values()) == pytest.approx(3.5)
 
 

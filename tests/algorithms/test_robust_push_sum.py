@@ -27,6 +27,7 @@ from fedcore.algorithms.ops import (
 from fedcore.compression import Codec, get_codec, make_codec
 from fedcore.errors import ConfigError
 from fedcore.messages import EncodedTensor, Payload
+from fedcore.node import NodeRule
 from fedcore.testing import lockstep
 from fedcore.topology import Schedule, Topology, TrustGraph, parse_spec, prepare
 from tests.strategies import GradFn, random_grad, random_params, strongly_connected_digraphs
@@ -179,11 +180,13 @@ def _mean(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 def test_options_through_the_registry() -> None:
     """The config's ``algorithm.robust`` / ``algorithm.step_scale`` reach OPS and are checked."""
-    algo = make_algorithm("ops", robust=True, step_scale="omega")
+    algo = NodeRule(make_algorithm("ops", robust=True, step_scale="omega"))
     assert isinstance(algo.rule, RobustPushSumRule) and algo.robust
     assert algo.step_scale == "omega"
     assert isinstance(algo.init(torch.zeros(2)), RobustOPSState)
-    default = make_algorithm("ops")  # plain push-sum: a separate rule behind the same name
+    default = NodeRule(
+        make_algorithm("ops")
+    )  # plain push-sum: a separate rule behind the same name
     assert isinstance(default.rule, PushSumRule) and not default.robust
     assert default.step_scale == "none"
     assert type(default.init(torch.zeros(2))) is PushSumState
@@ -204,8 +207,8 @@ def test_exact_average_under_drops(spec: str) -> None:
     topo = _weighted(spec)
     params = random_params(topo, 7, D)
     mean = _mean(params)
-    robust = _run(OPS(robust=True), topo, params, rounds=500, p=0.3, seed=1)
-    plain = _run(OPS(), topo, params, rounds=500, p=0.3, seed=1)
+    robust = _run(NodeRule(OPS(robust=True)), topo, params, rounds=500, p=0.3, seed=1)
+    plain = _run(NodeRule(OPS()), topo, params, rounds=500, p=0.3, seed=1)
     assert _z_error(robust, mean) < 1e-10  # measured ~1e-13
     assert _z_error(plain, mean) > 1e-3  # measured ~0.16
     assert sum(float(s.omega) for s in plain.values()) < 1e-6  # plain push-sum bled its weight
@@ -222,7 +225,7 @@ def test_lost_messages_arrive_with_the_next_total() -> None:
         return (sender, receiver) == ("n0", "n1") and t < 3
 
     union = _unions(topo)
-    for t, states, _ in _rounds(OPS(robust=True), topo, params, rounds=4, drop=drop):
+    for t, states, _ in _rounds(NodeRule(OPS(robust=True)), topo, params, rounds=4, drop=drop):
         held = sum(float(s.omega) for s in states.values())
         in_flight = _in_flight(states, union, "n0", "n1")[1]
         if t < 3:
@@ -231,7 +234,7 @@ def test_lost_messages_arrive_with_the_next_total() -> None:
         else:
             assert held == pytest.approx(4.0, abs=1e-14) and in_flight == 0.0
             assert torch.allclose(sum(s.x[0] for s in states.values()), x0, atol=1e-14)
-    plain = _run(OPS(), topo, params, rounds=4, drop=drop)
+    plain = _run(NodeRule(OPS()), topo, params, rounds=4, drop=drop)
     assert sum(float(s.omega) for s in plain.values()) < 4.0 - 0.1
 
 
@@ -240,7 +243,7 @@ def test_one_peer_exponential_schedule_under_drops(dtype: torch.dtype) -> None:
     """Time-varying graph (one out-edge a round) with 30% loss: still the exact average."""
     topo = _weighted("one-peer-exponential:8")
     params = {n: p.to(dtype) for n, p in random_params(topo, 4, D).items()}
-    states = _run(OPS(robust=True), topo, params, rounds=400, p=0.3, seed=2)
+    states = _run(NodeRule(OPS(robust=True)), topo, params, rounds=400, p=0.3, seed=2)
     assert _z_error(states, _mean(params)) < (1e-9 if dtype == torch.float64 else 1e-6)
 
 
@@ -275,7 +278,7 @@ def test_conservation_every_round(
     """I-RPSUM-1: held + in-flight mass = initial mass minus the gradient steps, every round."""
     topo = _weighted(graph)
     params = random_params(topo, seed, D)
-    algo = OPS(robust=True, step_scale=step_scale)
+    algo = NodeRule(OPS(robust=True, step_scale=step_scale))
     grad = random_grad(seed, D, pull=0.1)
     _check_conservation(algo, topo, params, rounds=25, p=p, seed=seed, lr=lr, grad=grad)
 
@@ -296,7 +299,7 @@ def test_conservation_on_time_varying_graph(schedule: Schedule, seed: int, p: fl
     params = random_params(topo, seed, D)
     grad = random_grad(seed, D, pull=0.1)
     _check_conservation(
-        OPS(robust=True), topo, params, rounds=30, p=p, seed=seed, lr=0.1, grad=grad
+        NodeRule(OPS(robust=True)), topo, params, rounds=30, p=p, seed=seed, lr=0.1, grad=grad
     )
 
 
@@ -318,7 +321,9 @@ def test_ten_thousand_rounds_do_not_drift(dtype: torch.dtype) -> None:
     worst_mass = worst_omega = 0.0
     final: dict[str, Any] = {}
     union = _unions(topo)
-    for t, states, _ in _rounds(OPS(robust=True), topo, params, rounds=10_000, p=0.3, seed=3):
+    for t, states, _ in _rounds(
+        NodeRule(OPS(robust=True)), topo, params, rounds=10_000, p=0.3, seed=3
+    ):
         if t % 1000 == 999:
             x, omega = _mass(states, union)
             worst_mass = max(worst_mass, float((x - total_x).abs().max()))
@@ -345,11 +350,11 @@ def test_no_drops_matches_plain_ops(step_scale: str) -> None:
     params = random_params(topo, 11, D)
     grad = random_grad(11, D, pull=0.1)
     kw: dict[str, Any] = {"rounds": 60, "lr": 0.1, "grad": grad}
-    robust = _rounds(OPS(robust=True, step_scale=step_scale), topo, params, **kw)
-    plain = _rounds(OPS(step_scale=step_scale), topo, params, **kw)
+    robust = _rounds(NodeRule(OPS(robust=True, step_scale=step_scale)), topo, params, **kw)
+    plain = _rounds(NodeRule(OPS(step_scale=step_scale)), topo, params, **kw)
     for (_, a, _), (_, b, _) in zip(robust, plain, strict=True):
         for n in topo.nodes:
-            z_robust, z_plain = OPS(robust=True).model(a[n]), OPS().model(b[n])
+            z_robust, z_plain = NodeRule(OPS(robust=True)).model(a[n]), NodeRule(OPS()).model(b[n])
             assert torch.allclose(z_robust, z_plain, rtol=0, atol=1e-11)
             assert float(a[n].omega) == pytest.approx(float(b[n].omega), rel=1e-12)
 
@@ -364,7 +369,7 @@ def test_step_scale_omega_is_a_step_of_lr_on_z(robust: bool) -> None:
     )
     moved = {}
     for step_scale in ("none", "omega"):
-        algo = OPS(robust=robust, step_scale=step_scale)
+        algo = NodeRule(OPS(robust=robust, step_scale=step_scale))
         half = torch.tensor([0.5], dtype=torch.float64)  # the rule's [B]
         state = algo.init(x)._replace(omega=half)
         new, out = algo.step(state, g, ctx)
@@ -406,7 +411,7 @@ def test_step_scale_omega_quadratic_under_drops(spec: str, target: str) -> None:
     topo = _weighted(spec)
     grad, uniform, perron = _quadratic(topo)
     params = {n: torch.zeros(2, dtype=torch.float64) for n in topo.nodes}
-    algo = OPS(robust=True, step_scale="omega")
+    algo = NodeRule(OPS(robust=True, step_scale="omega"))
     states = _run(
         algo, topo, params, rounds=1000, p=0.3, seed=1, lr=lambda t: 0.5 / (t + 1) ** 0.5, grad=grad
     )
@@ -427,7 +432,7 @@ def _sent_total(
 ) -> Payload:
     """What a peer whose edge to ``b`` holds the totals ``(total, omega)`` sends on it, as
     ``b`` decodes it (a zero model adds nothing to the totals)."""
-    algo = OPS(robust=True)
+    algo = NodeRule(OPS(robust=True))
     ctx = RoundContext(
         node="a", round=0, lr=0.0, self_weight=0.5, out_weights={"b": 0.5}, in_weights={},
         codec=codec,
@@ -464,14 +469,20 @@ def test_fp32_codec_wire_keeps_the_exact_average(dtype: torch.dtype) -> None:
     topo = _weighted("social:8")
     params = {n: p.to(dtype) for n, p in random_params(topo, 9, D).items()}
     states = _run(
-        OPS(robust=True), topo, params, rounds=400, p=0.3, seed=4, codec=make_codec("fp32")
+        NodeRule(OPS(robust=True)),
+        topo,
+        params,
+        rounds=400,
+        p=0.3,
+        seed=4,
+        codec=make_codec("fp32"),
     )
     assert _z_error(states, _mean(params)) < (1e-11 if dtype == torch.float64 else 1e-6)
 
 
 def test_mix_leaves_inbox_untouched_and_ignores_stale_totals() -> None:
     """Inbox tensors are read only; a total older than the one applied adds nothing."""
-    algo = OPS(robust=True)
+    algo = NodeRule(OPS(robust=True))
     ctx = RoundContext(
         node="a", round=0, lr=0.0, self_weight=0.5, out_weights={}, in_weights={"b": 0.5}
     )
@@ -493,7 +504,7 @@ def test_mix_leaves_inbox_untouched_and_ignores_stale_totals() -> None:
 
 def test_new_edge_totals_start_at_zero_and_absent_edges_wait() -> None:
     """An edge's totals start at its first use; an edge absent this round keeps its totals."""
-    algo = OPS(robust=True)
+    algo = NodeRule(OPS(robust=True))
     x = torch.tensor([1.0, 3.0], dtype=torch.float64)
 
     def ctx(out: dict[str, float], self_weight: float) -> RoundContext:
@@ -522,7 +533,11 @@ def test_lockstep_with_drops_reaches_the_average() -> None:
     params = random_params(topo, 12, D)
     rng = np.random.default_rng(0)
     states = lockstep(
-        OPS(robust=True), topo, params, rounds=400, drop=lambda *_: bool(rng.random() < 0.3)
+        NodeRule(OPS(robust=True)),
+        topo,
+        params,
+        rounds=400,
+        drop=lambda *_: bool(rng.random() < 0.3),
     )
     assert _z_error(states, _mean(params)) < 1e-8
 

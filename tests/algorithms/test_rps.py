@@ -17,12 +17,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.algorithms import RPS, NodeRule, RoundContext, RPSState, make_algorithm
+from fedcore.algorithms import RPS, RoundContext, RPSState, make_algorithm
 from fedcore.algorithms.rps import RPSRule, block_bounds, block_sizes
 from fedcore.compression import Codec, get_codec
 from fedcore.config import TopologyConfig
 from fedcore.errors import AlgorithmError, ConfigError, TopologyError
 from fedcore.messages import Payload
+from fedcore.node import NodeRule
 from fedcore.setup.plan import build_topology, communication_graph
 from fedcore.testing import lockstep, make_network
 from fedcore.topology import Schedule, TrustGraph, complete, parse_spec, prepare, ring
@@ -131,7 +132,7 @@ def _setup(
 ) -> tuple[NodeRule, dict[str, RPSState], dict[str, torch.Tensor]]:
     """An RPS object, per-node random float64 starting points and quadratic targets."""
     gen = torch.Generator().manual_seed(seed)
-    algo = RPS()
+    algo = NodeRule(RPS())
     nodes = _nodes(n)
     states = {v: algo.init(torch.randn(*shape, generator=gen, dtype=torch.float64)) for v in nodes}
     targets = {v: torch.randn(*shape, generator=gen, dtype=torch.float64) for v in nodes}
@@ -248,7 +249,7 @@ def test_convex_hull_per_coordinate(n: int, dim: int, p: float, seed: int, lr: f
 
 def test_owner_averages_own_block_with_what_arrived() -> None:
     """I-RPS-4: y_j = mean over {j} and the senders that arrived; the own value always counts."""
-    algo = RPS()
+    algo = NodeRule(RPS())
     nodes = _nodes(4)
     x = torch.arange(8, dtype=torch.float64)  # blocks [0:2] [2:4] [4:6] [6:8]
     state = algo.init(x)
@@ -273,7 +274,7 @@ def test_owner_averages_own_block_with_what_arrived() -> None:
 def test_every_message_lost_divides_by_one(dim: int) -> None:
     """I-RPS-4: with an empty inbox the average is the own block (|S_j| = 1, no 0/0), also for
     an owner of an empty block (dim 2 < 4 nodes)."""
-    algo = RPS()
+    algo = NodeRule(RPS())
     nodes = _nodes(4)
     x = torch.linspace(-1.0, 1.0, dim, dtype=torch.float64)
     for node in nodes:
@@ -332,9 +333,11 @@ def test_lockstep_order_does_not_matter() -> None:
     def grad(v: str, t: int, x: torch.Tensor) -> torch.Tensor:
         return x - float(int(v[1:]) + t)
 
-    a = lockstep(RPS(), graph, params, rounds=6, lr=0.2, grad=grad, drop=drop)
+    a = lockstep(NodeRule(RPS()), graph, params, rounds=6, lr=0.2, grad=grad, drop=drop)
     order = list(reversed(graph.nodes))
-    b = lockstep(RPS(), graph, params, rounds=6, lr=0.2, grad=grad, drop=drop, order=order)
+    b = lockstep(
+        NodeRule(RPS()), graph, params, rounds=6, lr=0.2, grad=grad, drop=drop, order=order
+    )
     assert all(torch.equal(a[v].x, b[v].x) for v in graph.nodes)
     assert not all(torch.equal(a[v].x, a["n0"].x) for v in graph.nodes)  # some loss happened
 
@@ -353,7 +356,7 @@ def test_block_layout_matches_array_split() -> None:
 
 
 def test_message_schema() -> None:
-    algo = RPS()
+    algo = NodeRule(RPS())
     nodes = _nodes(3)
     algo.init(torch.zeros(7))  # blocks of 3, 2, 2
     ctx = _ctx("n1", nodes, 0, 0.1)
@@ -376,8 +379,8 @@ def test_message_schema() -> None:
         with pytest.raises(AlgorithmError, match=f"{stranger!r} sends 'n1' nothing"):
             algo.message_schema(1, stranger, ctx)
     with pytest.raises(AlgorithmError, match="call init"):
-        RPS().message_schema(0, "n0", ctx)
-    tiny = RPS()
+        NodeRule(RPS()).message_schema(0, "n0", ctx)
+    tiny = NodeRule(RPS())
     tiny.init(torch.zeros(2))  # blocks of 1, 1, 0: n2 owns nothing
     with pytest.raises(AlgorithmError, match="'n0' sends 'n2' nothing in phase 0"):
         tiny.message_schema(0, "n0", _ctx("n2", nodes, 0, 0.1))
@@ -388,7 +391,7 @@ def test_message_schema() -> None:
 
 
 def test_bad_input_is_refused() -> None:
-    algo = RPS()
+    algo = NodeRule(RPS())
     nodes = _nodes(3)
     ctx = _ctx("n0", nodes, 0, 0.1)
     state = algo.init(torch.zeros(6))
@@ -402,7 +405,7 @@ def test_bad_input_is_refused() -> None:
 
 def test_registry() -> None:
     algo = make_algorithm("rps")
-    assert isinstance(algo, NodeRule) and isinstance(algo.rule, RPSRule)
+    assert isinstance(algo, RPSRule)
     assert (algo.name, algo.phases, algo.mixing) == ("rps", 2, "all-pairs")
     with pytest.raises(ConfigError, match="has no option"):
         make_algorithm("rps", p=0.1)
@@ -412,7 +415,7 @@ def test_all_pairs_mixing_needs_every_pair() -> None:
     with pytest.raises(TopologyError, match=r"no edge n0 -> n2\..*topology.kind = \"complete\""):
         prepare(ring(5), mixing="all-pairs", algorithm="rps")
     with pytest.raises(TopologyError, match="every worker to reach every block owner"):
-        communication_graph(RPS(), parse_spec("ring:4"))
+        communication_graph(NodeRule(RPS()), parse_spec("ring:4"))
     one_way = TrustGraph.from_edges(
         [(u, v) for u in _nodes(3) for v in _nodes(3) if u != v and (u, v) != ("n2", "n1")],
         name="almost",
@@ -426,7 +429,9 @@ def test_all_pairs_mixing_needs_every_pair() -> None:
 
 
 def test_all_pairs_mixing_accepts_complete() -> None:
-    graph = communication_graph(RPS(), build_topology(TopologyConfig(kind="complete", nodes=5)))
+    graph = communication_graph(
+        NodeRule(RPS()), build_topology(TopologyConfig(kind="complete", nodes=5))
+    )
     assert isinstance(graph, TrustGraph)
     assert len(graph.edges()) == 20
     assert graph.mixing_matrix() == pytest.approx(0.2)

@@ -17,6 +17,7 @@ from fedcore.config import load_config
 from fedcore.engines.messages import build_network
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import EncodedTensor, Payload
+from fedcore.node import NodeRule
 from fedcore.setup.prepare import prepare_run
 from tests.resume import assert_resumes_exactly
 
@@ -139,7 +140,7 @@ def test_doublesqueeze_error_memories_telescope(codec: str, drop: float) -> None
     current memory is the sum of what it meant to send (lr g_i; the mean it received),
     with or without lost messages."""
     lr = 0.1
-    star = _Star(DoubleSqueeze(), _codec(codec))
+    star = _Star(NodeRule(DoubleSqueeze()), _codec(codec))
     intended = {w: torch.zeros(50, dtype=torch.float64) for w in WORKERS}
     server_intended = torch.zeros(50, dtype=torch.float64)
     start = star.states["server"].x.reshape(-1).clone()
@@ -178,7 +179,9 @@ def test_doublesqueeze_without_error_feedback_keeps_no_memory_and_differs() -> N
     gen_seed = 5
     runs = {}
     for feedback in (True, False):
-        star = _Star(DoubleSqueeze(error_feedback=feedback), _codec("sign"), seed=gen_seed)
+        star = _Star(
+            NodeRule(DoubleSqueeze(error_feedback=feedback)), _codec("sign"), seed=gen_seed
+        )
         for t in range(8):
             star.round(t, _grads(star.gen))
         runs[feedback] = star
@@ -191,7 +194,7 @@ def test_doublesqueeze_without_error_feedback_keeps_no_memory_and_differs() -> N
 
 
 def test_doublesqueeze_identity_codec_is_parameter_server_sgd_step_by_step() -> None:
-    star = _Star(DoubleSqueeze(), RawCodec())
+    star = _Star(NodeRule(DoubleSqueeze()), RawCodec())
     x = star.states["server"].x.reshape(-1).clone()
     for t in range(6):
         lr = 0.1 * (t + 1)  # a schedule: lr belongs in the step
@@ -252,7 +255,8 @@ def test_apmsqueeze_warm_up_is_adam_on_the_averaged_gradient() -> None:
     fed the mean gradient; the moments are identical everywhere."""
     rounds = 6
     star = _Star(
-        APMSqueeze(precondition_rounds=rounds, betas=(0.8, 0.99), eps=1e-6), _codec("sign")
+        NodeRule(APMSqueeze(precondition_rounds=rounds, betas=(0.8, 0.99), eps=1e-6)),
+        _codec("sign"),
     )
     p = torch.nn.Parameter(star.states["server"].x.reshape(-1).clone())
     adam = torch.optim.Adam([p], lr=0.05, betas=(0.8, 0.99), eps=1e-6)
@@ -270,7 +274,7 @@ def test_apmsqueeze_warm_up_is_adam_on_the_averaged_gradient() -> None:
 
 
 def test_apmsqueeze_warm_up_messages_are_raw_then_compressed() -> None:
-    alg = APMSqueeze(precondition_rounds=2)
+    alg = NodeRule(APMSqueeze(precondition_rounds=2))
     codec = _codec("sign")
     state = alg.init(torch.zeros(8))
     for t, want in ((0, "raw"), (1, "raw"), (2, "sign")):
@@ -289,7 +293,7 @@ def test_apmsqueeze_warm_up_messages_are_raw_then_compressed() -> None:
 
 
 def test_apmsqueeze_worker_missing_a_warm_up_broadcast_rejoins_at_the_next() -> None:
-    star = _Star(APMSqueeze(precondition_rounds=3), _codec("qsgd"))
+    star = _Star(NodeRule(APMSqueeze(precondition_rounds=3)), _codec("qsgd"))
     star.round(0, _grads(star.gen), lr=0.01, miss=("n0",))
     assert not torch.equal(star.states["n0"].x.reshape(-1), star.states["server"].x.reshape(-1))
     star.round(1, _grads(star.gen), lr=0.01)
@@ -302,7 +306,7 @@ def test_apmsqueeze_freezes_v_and_its_memories_telescope(codec: str) -> None:
     """After warm-up v never changes; worker and server memories telescope; with the
     identity codec the run is momentum SGD preconditioned by the frozen v."""
     warm, b1, b2, eps, lr = 3, 0.9, 0.99, 1e-8, 0.01
-    alg = APMSqueeze(precondition_rounds=warm, betas=(b1, b2), eps=eps)
+    alg = NodeRule(APMSqueeze(precondition_rounds=warm, betas=(b1, b2), eps=eps))
     star = _Star(alg, RawCodec() if codec == "raw" else _codec(codec))
     for t in range(warm):
         star.round(t, _grads(star.gen), lr=lr)
@@ -405,7 +409,7 @@ def test_local_steps_are_refused() -> None:
 def test_registered() -> None:
     assert ALGORITHMS["doublesqueeze"] is DoubleSqueeze
     assert ALGORITHMS["apmsqueeze"] is APMSqueeze
-    alg = make_algorithm("apmsqueeze", precondition_rounds=2, betas=[0.5, 0.9], eps=1e-3)
+    alg = NodeRule(make_algorithm("apmsqueeze", precondition_rounds=2, betas=[0.5, 0.9], eps=1e-3))
     assert isinstance(alg.rule, APMSqueezeRule) and alg.betas == (0.5, 0.9)
     network = build_network(load_config(None, [*DOUBLE, *SMALL, "topology.server=ps"]))
     assert "ps" in network.nodes and network.algorithm.server == "ps"  # type: ignore[attr-defined]

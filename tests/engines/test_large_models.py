@@ -1,7 +1,7 @@
 """The vectorized engine's large-model paths: per-round work proportional to the math.
 
 * A slot or a gathered message of a large model is added row by row where its sender holds
-  it (:data:`~fedcore.algorithms.rule.ROW_BY_ROW`) instead of being gathered into a copy
+  it (:data:`~fedcore.algorithms.inbox.ROW_BY_ROW`) instead of being gathered into a copy
   of the stack first: the same elementwise op per row, so the bits are the gathered path's
   and the message engine's (checked over the whole registry with the threshold forced
   down to every model).
@@ -22,10 +22,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.algorithms import rule
-from fedcore.algorithms.batched import BatchRound
+from fedcore.algorithms import inbox
 from fedcore.algorithms.rule import Gathered, SenderRows, Slot, add_slot
 from fedcore.compression.batched import make_row_codec
+from fedcore.engines.batched import BatchRound
 from fedcore.errors import ProtocolError
 from fedcore.runtime import keep_freed_memory
 
@@ -36,12 +36,12 @@ from .test_vectorized import BATCHED, assert_same_run, odd_config
 def _every_row_by_row() -> Iterator[None]:
     """Every model counts as large: rows are added one by one wherever they can be (a
     context, for hypothesis tests, which cannot take function-scoped fixtures)."""
-    old = rule.ROW_BY_ROW
-    rule.ROW_BY_ROW = 1
+    old = inbox.ROW_BY_ROW
+    inbox.ROW_BY_ROW = 1
     try:
         yield
     finally:
-        rule.ROW_BY_ROW = old
+        inbox.ROW_BY_ROW = old
 
 
 @pytest.fixture

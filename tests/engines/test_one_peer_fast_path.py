@@ -1,6 +1,6 @@
 """The one-peer fast paths of the message engine change no bit.
 
-:class:`~fedcore.algorithms.rule.NodeRule` and the helpers ``gossip``, ``pull`` and
+:class:`~fedcore.node.rule.NodeRule` and the helpers ``gossip``, ``pull`` and
 ``received`` take a fast path on one peer: the per-slot coefficients made once per distinct
 round from Python values, instead of ``torch.where`` on ``[1]`` tensors each round. Both
 paths run the same float32 operations in the same order, so a run ends with the same
@@ -20,7 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.algorithms import rule
+from fedcore.algorithms import inbox
 from tests.clitools import cli
 
 RING8 = ["--set", "topology.kind=ring", "--set", "topology.nodes=8"]
@@ -55,7 +55,7 @@ def test_the_one_peer_fast_path_changes_no_bit(
     def off(*args: object) -> None:
         calls.append(1)
 
-    monkeypatch.setattr(rule, "_one_row", off)
+    monkeypatch.setattr(inbox, "_one_row", off)
     slow = _digests(capsys, tmp_path / "slow", CASES[case])
     assert calls, "the fast path was never asked for"
     assert fast == slow
@@ -79,7 +79,7 @@ def test_one_row_edge_totals_are_the_rows_index_add(
     values = torch.randn(edges, 3, width, generator=gen, dtype=dtype) * 1e3
     base = torch.randn(1, 3, width, generator=gen, dtype=dtype) if start else None
     rows = torch.zeros(edges, dtype=torch.long)
-    got = rule._added(1, rows, values, base)
+    got = inbox._added(1, rows, values, base)
     expected = (torch.zeros(1, 3, width, dtype=dtype) if base is None else base.clone()).index_add_(
         0, rows, values
     )

@@ -22,9 +22,9 @@ import torch
 
 from fedcore import registry, topology
 from fedcore.algorithms import ALGORITHMS
-from fedcore.algorithms.batched import has_batched_form
 from fedcore.config import Config, load_config
 from fedcore.data import Dataset
+from fedcore.engines.batched import has_batched_form
 from fedcore.engines.messages import build_network
 from fedcore.engines.vectorized import VectorizedNetwork, unsupported
 from fedcore.errors import ConfigError
@@ -381,7 +381,6 @@ def test_a_per_message_user_algorithm_runs_on_the_message_engine() -> None:
 
 def test_a_user_rule_runs_on_the_vectorized_engine() -> None:
     """A user's rule (here a renamed D-PSGD) gets the fast engine, with the same run."""
-    from fedcore.algorithms import NodeRule
     from fedcore.algorithms.dpsgd import DPSGDRule
     from fedcore.testing import make_network
 
@@ -389,10 +388,10 @@ def test_a_user_rule_runs_on_the_vectorized_engine() -> None:
         name = "mine"
 
     config = load_config(None, ["topology.kind=ring", "algorithm.name=dpsgd"])
-    assert unsupported(prepare_run(config, algorithm=NodeRule(Mine()))) is None
+    assert unsupported(prepare_run(config, algorithm=Mine())) is None
     models = []
     for engine in ("messages", "vectorized"):
-        net = make_network("ring:6", algorithm=NodeRule(Mine()), engine=engine)
+        net = make_network("ring:6", algorithm=Mine(), engine=engine)
         net.run(5)
         models.append(net.models())
     assert models[0].keys() == models[1].keys()

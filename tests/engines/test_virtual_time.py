@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from fedcore.algorithms import ALGORITHMS
-from fedcore.algorithms.batched import has_batched_form
 from fedcore.config import load_config
+from fedcore.engines.batched import has_batched_form
 from fedcore.errors import ConfigError
 from fedcore.simulation.simulate import simulate
 
