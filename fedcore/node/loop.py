@@ -1,5 +1,6 @@
 """The round loop of one peer (:class:`Node`): the only place that knows both asyncio and
-algorithms. See :mod:`fedcore.node` for what a round does and the two waiting modes."""
+algorithms. See :mod:`fedcore.node` for what a round does and the two waiting modes, and
+:mod:`fedcore.node.arrivals` for the policy that carries them out."""
 
 from __future__ import annotations
 
