@@ -20,6 +20,7 @@ pytestmark = pytest.mark.grpc
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.curves
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -351,6 +352,7 @@ def test_peers_survive_kill_9_of_a_neighbour(tmp_path: Path) -> None:
     assert summary["final"]["avg_model_accuracy"] > 0.5
 
 
+@pytest.mark.curves
 def test_resume_of_a_launch_whose_peers_had_finished_writes_its_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
