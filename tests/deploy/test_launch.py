@@ -20,11 +20,15 @@ pytestmark = pytest.mark.grpc
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.curves
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["algorithm.name=ops", "topology.kind=social", "topology.nodes=5"],
+        # The launcher draws curves.png from the merged records, the same for every case:
+        # drawn and checked in the first (tests/conftest.py leaves it out of the others).
+        pytest.param(
+            ["algorithm.name=ops", "topology.kind=social", "topology.nodes=5"],
+            marks=pytest.mark.curves,
+        ),
         ["algorithm.name=dpsgd", "topology.kind=ring", "topology.nodes=4"],
         [
             "algorithm.name=dog",
@@ -127,7 +131,8 @@ def test_launch_matches_simulate_bit_for_bit(
     merged = (tmp_path / "launch" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     kinds = [json.loads(line)["kind"] for line in merged]
     assert kinds.count("node") == 20 * grpc_run["nodes"] and kinds.count("eval") == 2
-    assert (tmp_path / "launch" / "curves.png").stat().st_size > 0
+    if request.node.get_closest_marker("curves"):
+        assert (tmp_path / "launch" / "curves.png").stat().st_size > 0
     # Each peer tells its log where it serves, its rounds and where its results are.
     # (With several peers a process, the log of the process: procs/0.log holds n0's.)
     logs = tmp_path / "launch" / ("nodes/n0/node.log" if per_process == 1 else "procs/0.log")
