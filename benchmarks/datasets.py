@@ -4,7 +4,7 @@
     python benchmarks/datasets.py [--names cifar10 fashion-mnist emnist femnist shakespeare]
         [--scale 1.0] [--out benchmarks/results/datasets.json]
 
-For each dataset, stand-in files of its real size (:mod:`fedcore.standin`: the real
+For each dataset, stand-in files of its real size (:mod:`fedcore.data.standin`: the real
 format, layout and file names; CIFAR-10's 50,000 training images, Fashion-MNIST's 60,000,
 EMNIST balanced's 112,800, FEMNIST as LEAF's ``--sf 0.05`` keeps it, about 40,000 images of
 180 writers, Shakespeare as ``--sf 0.05``, about 200,000 lines of 250 roles; ``--scale``
@@ -42,8 +42,8 @@ sys.path.insert(0, str(_ROOT))
 import _common  # benchmarks/_common.py, beside this script
 
 from fedcore.data import load_dataset, partition
-from fedcore.localdata import LEAF_CACHE
-from fedcore.standin import write_standin
+from fedcore.data.cache import LEAF_CACHE
+from fedcore.data.standin import write_standin
 
 SIZES = {
     # name: (training examples, writers)

@@ -113,6 +113,9 @@ def _patched(clock: _Clock) -> Iterator[None]:
 
     sim = module("fedcore.runners.simulate", "fedcore.simulation.simulate")
     results = module("fedcore.runners.simulate", "fedcore.simulation.results")
+    observer = module(
+        "fedcore.runners.simulate", "fedcore.simulation.observer", "fedcore.simulation.results"
+    )
     vectorized = module("fedcore.runners.vectorized", "fedcore.engines.vectorized")
     targets: list[tuple[Any, str, str]] = [
         (sim, "prepare_run", "setup"),
@@ -120,7 +123,7 @@ def _patched(clock: _Clock) -> Iterator[None]:
         (sim, "run_vectorized", "rounds"),
         (sim, "_run_messages", "rounds"),  # the message engine's loop (a coroutine)
         (vectorized, "evaluate_stacked", "evaluations"),
-        (results, "evaluate_models", "evaluations"),
+        (observer, "evaluate_models", "evaluations"),
         (results, "add_regret", "regret"),
         (results, "write_results", "writing"),
     ]

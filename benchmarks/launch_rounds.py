@@ -91,7 +91,7 @@ import _common  # benchmarks/_common.py, beside this script
 from fedcore.config import Config, load_config
 from fedcore.deploy import launch as launch_module
 from fedcore.deploy.launch import launch
-from fedcore.simulation.results import RunObserver
+from fedcore.simulation.observer import RunObserver
 from fedcore.simulation.simulate import simulate
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "launch_rounds.json"

@@ -42,11 +42,11 @@ from typing import Any
 
 from fedcore.config import (
     Config,
-    _toml_value,
     config_from_dict,
     config_to_dict,
     load_config,
     parse_override,
+    toml_value,
 )
 from fedcore.errors import ConfigError
 
@@ -74,7 +74,7 @@ class RunResult:
     """A finished (or stopped) run: its summary, final figures, records and folder."""
 
     summary: dict[str, Any]
-    """``summary.json`` (see the README's Outputs)."""
+    """``summary.json`` (see "Outputs" in ``docs/sweeps-and-tracking.md``)."""
     out_dir: Path
     """The run folder (``config.toml``, ``metrics.jsonl``, ``summary.json``, ``curves.png``)."""
 
@@ -169,7 +169,7 @@ def _value_text(value: Any) -> str:
                 return value
         except ConfigError:
             pass
-    return _toml_value(value)
+    return toml_value(value)
 
 
 def _override_items(overrides: Mapping[str, Any], where: str) -> list[str]:
@@ -304,7 +304,7 @@ def sweep(
         FedcoreError: every run failed.
     """
     from fedcore.simulation.grid import GridAxis, parse_grid, run_grid
-    from fedcore.simulation.sweep import parse_seeds
+    from fedcore.simulation.seeds import parse_seeds
 
     if config is not None and not isinstance(config, str | Path):
         raise ConfigError("fedcore.sweep: the config must be a TOML path or None.")

@@ -226,20 +226,28 @@ TOPOLOGY_KINDS = Family(
 
 DATASETS = Family(
     "dataset",
-    _entries("fedcore.data", ("digits", "digits"), ("mnist1d", "mnist1d"))
+    _entries("fedcore.data.builtin", ("digits", "digits"), ("mnist1d", "mnist1d"))
     + _entries(
-        "fedcore.localdata",
+        "fedcore.data.cifar",
         ("cifar10", "cifar10", ("root",), ("images", "files")),
         ("cifar100", "cifar100", ("root",), ("images", "files")),
+    )
+    + _entries(
+        "fedcore.data.idx",
         ("fashion-mnist", "fashion_mnist", ("root",), ("images", "files")),
         ("emnist", "emnist", ("root",), ("images", "files")),
+    )
+    + _entries(
+        "fedcore.data.leaf",
         ("femnist", "femnist", ("root",), ("images", "files", "writers")),
         ("shakespeare", "shakespeare", ("root",), ("files", "writers")),
     ),
 )
 """``data.dataset``: the built-in datasets (a user's goes by import path, a folder of files
 as ``"folder:PATH"``); ``keys``: ``root`` for those read from files under ``data.root``;
-``writers``: data with writers (the ``natural`` partition, per-peer test sets)."""
+``files``: read from files (each module's ``standin`` writes stand-in files of it:
+:mod:`fedcore.data.standin`); ``writers``: data with writers (the ``natural`` partition,
+per-peer test sets)."""
 
 MODELS = Family(
     "model",

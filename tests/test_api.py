@@ -1,5 +1,5 @@
 """The Python API: ``fedcore.run`` and ``fedcore.sweep`` (``fedcore/api.py``), and the
-README's example of it, run as written."""
+docs' example of it (docs/sweeps-and-tracking.md), run as written."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import pytest
 import fedcore
 from fedcore.api import RunResult, SweepResult
 from fedcore.errors import ConfigError
+from tests import docs_text
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
 TINY: dict[str, Any] = {
     "run": {"rounds": 3, "eval_every": 2},
     "topology": {"nodes": 4},
@@ -177,15 +177,13 @@ def test_the_api_is_quiet_and_its_summary_keeps_the_warnings(
     assert warning.startswith(said)
 
 
-# --- the README's example ---------------------------------------------------------------
+# --- the docs' example (docs/sweeps-and-tracking.md) -------------------------------------
 
 
 def _readme_example() -> str:
-    text = README.read_text(encoding="utf-8")
-    assert "\n### Python API\n" in text, "the README has no '### Python API' section"
-    section = text.split("\n### Python API\n", 1)[1].split("\n## ", 1)[0]
+    section = docs_text.section("Python API")
     found = re.search(r"^```python\n(.*?)^```", section, re.S | re.M)
-    assert found, "the README's Python API section has no ```python block"
+    assert found, "the docs' Python API section has no ```python block"
     return found.group(1)
 
 
@@ -195,7 +193,7 @@ def test_the_readme_python_api_example_runs_as_written(
     (tmp_path / "examples").symlink_to(REPO / "examples")
     monkeypatch.chdir(tmp_path)  # its runs/ folder goes here
     namespace: dict[str, Any] = {}
-    exec(compile(_readme_example(), "README.md (Python API)", "exec"), namespace)
+    exec(compile(_readme_example(), "docs/sweeps-and-tracking.md (Python API)", "exec"), namespace)
     result, grid = namespace["result"], namespace["grid"]
     assert result.status == "completed"
     assert result.out_dir.parent.resolve() == (tmp_path / "runs").resolve()
@@ -210,4 +208,4 @@ def test_the_readme_python_api_example_runs_as_written(
         ["0.5", "sign"],
     ]
     shown = re.search(r"grid\.best\[\"label\"\]\s+# '([^']*)'", _readme_example())
-    assert shown and grid.best["label"] == shown.group(1)  # the README's comment is true
+    assert shown and grid.best["label"] == shown.group(1)  # the docs' comment is true

@@ -1,4 +1,4 @@
-"""End-to-end learning on digits: the claims the README makes (marked slow)."""
+"""End-to-end learning on digits: the claims the docs make (marked slow)."""
 
 from __future__ import annotations
 

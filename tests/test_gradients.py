@@ -18,8 +18,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore import gradients
-from fedcore.gradients import RowGradient, _sum_examples, one_thread, reproducible_blas
+from fedcore.gradients import RowGradient, blas, one_thread, reproducible_blas
+from fedcore.gradients import rows as rows_module
+from fedcore.gradients.rows import _sum_examples
 from fedcore.models import Objective, cnn1d, logreg, mlp
 
 INPUT = 64
@@ -212,7 +213,7 @@ def test_the_benchmark_ragged_batches_share_one_pass(monkeypatch: pytest.MonkeyP
         mask = torch.arange(b) < counts.unsqueeze(1)
         expected = rows._ragged(params, x, y, mask)  # each size on its own
         rows.loss_and_grad(params, x, y, mask)  # checks the padding once on this CPU
-        if not gradients._padding_kernels() or not all(rows._padding.values()):
+        if not blas._padding_kernels() or not all(rows._padding.values()):
             pytest.skip("this CPU's kernels round padded rows otherwise: batches go by size")
         monkeypatch.setattr(rows, "_ragged", no_groups)
         got = rows.loss_and_grad(params, x, y, mask)
@@ -225,7 +226,7 @@ def test_padding_that_changes_a_row_s_bits_falls_back_to_batches_by_size(
 ) -> None:
     """A CPU whose kernels round a padded row otherwise (here: a padded pass that is one
     ulp off) gets its batches computed by size, with the bits of each row alone."""
-    monkeypatch.setattr(gradients, "_padding_kernels", lambda: True)  # padding is tried
+    monkeypatch.setattr(rows_module, "_padding_kernels", lambda: True)  # padding is tried
     torch.manual_seed(0)
     module = mlp(input_dim=40, num_classes=10, hidden=64)
     rows = _module_rows(module, torch.float32)
@@ -270,16 +271,16 @@ def test_padding_is_used_on_mkl_avx2_kernels_or_later_only(
     another did not), so below AVX2, or where MKL cannot say its kernels, rows of
     different batch sizes are grouped by size; ``tests/test_gradients.py`` at
     ``MKL_ENABLE_INSTRUCTIONS=SSE4_2`` (CI's lower-level run) holds the rows' bits."""
-    monkeypatch.setattr(gradients, "_torch_cpu_library", lambda: _Library(branch))
-    monkeypatch.setattr(gradients, "_padding_kernels_checked", None)
-    assert gradients._padding_kernels() is pads
+    monkeypatch.setattr(blas, "_torch_cpu_library", lambda: _Library(branch))
+    monkeypatch.setattr(blas, "_padding_kernels_checked", None)
+    assert blas._padding_kernels() is pads
     torch.manual_seed(0)
     module = mlp(input_dim=40, num_classes=10, hidden=64)
     rows = _module_rows(module, torch.float32)
     assert rows._pads_exactly(7, 8) is pads
-    monkeypatch.setattr(gradients, "_torch_cpu_library", lambda: None)  # torch without MKL
-    monkeypatch.setattr(gradients, "_padding_kernels_checked", None)
-    assert gradients._padding_kernels() and rows._pads_exactly(7, 8)
+    monkeypatch.setattr(blas, "_torch_cpu_library", lambda: None)  # torch without MKL
+    monkeypatch.setattr(blas, "_padding_kernels_checked", None)
+    assert blas._padding_kernels() and rows._pads_exactly(7, 8)
 
 
 @settings(max_examples=60, deadline=None)

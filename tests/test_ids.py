@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from fedcore.certs import init_certs, load_tls
 from fedcore.config import FaultsConfig, load_config
-from fedcore.deploy.launch import peer_dir, summarize
 from fedcore.deploy.roster import load_roster
+from fedcore.deploy.summarize import peer_dir, summarize
 from fedcore.errors import ConfigError, FedcoreError, TopologyError
 from fedcore.ids import MAX_ID_LENGTH, check_node_id, child_path, clip, error_text, id_problem
 from fedcore.simulation.results import default_out_dir

@@ -24,8 +24,6 @@ LAYERS = {
     "timing": 1,
     "topology": 1,
     "data": 1,
-    "localdata": 1,
-    "standin": 1,
     "streams": 1,
     "models": 1,
     "architectures": 1,
@@ -102,21 +100,119 @@ def test_math_layers_are_sans_io(path: Path) -> None:
     assert not bad, f"{path.relative_to(PKG)} imports {sorted(bad)}"
 
 
-PICKLE_FILES = {"localdata.py": "_ArraysOnly", "standin.py": "pickle.dump"}
-"""The only modules that touch pickle: CIFAR's python release is pickled. localdata reads it
-through an unpickler that builds arrays only; standin writes stand-in files of it."""
+PICKLE_FILE = PKG / "data" / "cifar.py"
+"""The only module that touches pickle: CIFAR's python release is pickled. fedcore.data.cifar
+reads it through an unpickler that builds arrays only, and writes stand-in files of it."""
 
 
 def test_no_pickle_anywhere() -> None:
     """Nothing on the wire, in checkpoints or in configs is a pickle; the CIFAR files alone."""
     for path in _modules():
-        if path.name in PICKLE_FILES and path.parent == PKG:
+        if path == PICKLE_FILE:
             continue
         assert not {n for n in _imports(path) if n.split(".")[0] == "pickle"}, path
 
 
 def test_the_cifar_reader_loads_pickles_only_through_its_unpickler() -> None:
-    text = (PKG / "localdata.py").read_text(encoding="utf-8")
-    assert "pickle.load(" not in text and "pickle.loads(" not in text
+    text = PICKLE_FILE.read_text(encoding="utf-8")
+    assert "pickle.load" not in text  # neither pickle.load( nor pickle.loads(
     assert "_ArraysOnly(f, " in text and "def find_class" in text
-    assert "pickle.load" not in (PKG / "standin.py").read_text(encoding="utf-8")
+    assert text.count("pickle.dump(") == 1  # the stand-in writer's
+
+
+KNOWN_CIRCLES = {
+    # Issue 41: another step of it removes this one; delete the entry once it is gone.
+    frozenset({"fedcore.setup.prepare", "fedcore.setup.virtual"}),
+}
+"""Import circles among fedcore's modules that are known and being removed; no other."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the fedcore modules it imports (anywhere in it, as the layering test reads
+    them). ``from P import a`` imports module ``P.a`` where there is one, and ``P`` itself
+    for a name that is not a module; a parent package that Python runs on the way to a
+    module is no edge (every module would import ``fedcore``)."""
+    paths = {_module_name(p): p for p in _modules()}
+
+    def module_of(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(module_of(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    targets.add(full if full in paths else module_of(base))
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
+    assert sorted(_circles(graph)) == [["a", "b", "c"], ["d", "e"]]
+
+
+def test_no_import_circles() -> None:
+    """No fedcore module imports, directly or through others, a module that imports it."""
+    new = [c for c in _circles(_import_graph()) if frozenset(c) not in KNOWN_CIRCLES]
+    assert not new, "import circles among fedcore modules: " + "; ".join(
+        " <-> ".join(c) for c in new
+    )

@@ -16,6 +16,11 @@ scripts and benchmarks, whose docstrings are their ``--help``) are read for:
   a glob (``scripts/*_results.py``) must match something. An output folder that
   ``.gitignore`` names (``benchmarks/results/``) counts as the repository's.
 
+Across the README and the pages of the documentation site (``docs/*.md``), a link's
+``#anchor`` must also name a heading of the page it points to (as MkDocs makes its ids), and
+every ``--8<--`` include of a page (the site's home page includes the README's front part)
+must name a file and, where given, a section of it that exists.
+
 Paths of a run's or a user's files (``RUN_DIR/checkpoints/``, ``deploy/k8s/``, ``train/``)
 are not the repository's and are left alone. And nothing may point into the workspace
 beside the repository (``../shared/``, ``shared/reference``), which users do not have.
@@ -214,6 +219,8 @@ def test_the_scope_holds_every_kind_of_user_facing_text() -> None:
         "README.md",
         "docs/architecture.md",
         "docs/results.md",
+        "docs/config.md",
+        "docs/index.md",
         "benchmarks/README.md",
         "nodes/README.md",
         "topologies/README.md",
@@ -238,7 +245,7 @@ def test_the_scope_holds_every_kind_of_user_facing_text() -> None:
             "``../shared/reference/algorithms.md`` section 11",
             ["tick ../shared/reference/algorithms.md"],
         ),
-        ("`fedcore/plotting.py` and `scripts/*_results.py`", []),
+        ("`fedcore/plotting/figure.py` and `scripts/*_results.py`", []),
         ("`fedcore/nope.py`", ["tick fedcore/nope.py"]),
         ("`cli/app.py` (in the package)", []),
         ("`fedcore/__init__` names them", []),
@@ -259,3 +266,93 @@ def test_the_checker(text: str, expected: list[str]) -> None:
         if names_the_repository(kind, target) and not resolves(holder, target)
     ]
     assert found == expected
+
+
+# --- anchors and includes across the README and the site's pages -------------------------
+
+SNIPPET = re.compile(r'^--8<-- "([^":]+)(?::([^"]*))?"\s*$', re.M)
+"""A pymdownx.snippets include: the file, then a section name or a line range."""
+HEADING = re.compile(r"^#{1,6} (.+?)\s*$")
+
+
+def site_pages() -> list[Path]:
+    """The README and the site's pages (``docs/*.md``)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def expanded(path: Path) -> str:
+    """A page's text with its includes in place (whole files: a superset of the headings)."""
+    text = path.read_text(encoding="utf-8")
+    return SNIPPET.sub(lambda m: (ROOT / m.group(1)).read_text(encoding="utf-8"), text)
+
+
+def slug(title: str) -> str:
+    """The id MkDocs (Python-Markdown's toc) gives a heading: markup left out, lower case,
+    punctuation dropped, spaces and hyphens as one hyphen."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title).replace("`", "").replace("*", "")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(path: Path) -> set[str]:
+    """The ids of a page's headings (fenced code left out; a repeated id gets ``_1`` ...)."""
+    found: set[str] = set()
+    fence = False
+    for line in expanded(path).splitlines():
+        if line.lstrip().startswith("```"):
+            fence = not fence
+            continue
+        match = None if fence else HEADING.match(line)
+        if match:
+            base = slug(match.group(1))
+            name, n = base, 0
+            while name in found:
+                n += 1
+                name = f"{base}_{n}"
+            found.add(name)
+    return found
+
+
+def test_every_anchor_across_the_pages_names_a_heading() -> None:
+    pages = {p.resolve() for p in site_pages()}
+    bad, checked = [], 0
+    for holder in site_pages():
+        text = holder.read_text(encoding="utf-8")
+        for match in MD_LINK.finditer(text):
+            target = match.group(1)
+            if SCHEME.match(target) or "#" not in target:
+                continue
+            file, _, anchor = target.partition("#")
+            page = (holder.parent / file).resolve() if file else holder.resolve()
+            if page not in pages:
+                continue
+            checked += 1
+            if anchor not in anchors(page):
+                bad.append(f"{holder.relative_to(ROOT)}: {target}")
+    assert checked >= 5, checked
+    assert not bad, "links to headings that do not exist:\n" + "\n".join(bad)
+
+
+def test_every_include_names_a_file_and_its_section() -> None:
+    found = 0
+    for holder in site_pages():
+        for match in SNIPPET.finditer(holder.read_text(encoding="utf-8")):
+            found += 1
+            file, part = match.group(1), match.group(2) or ""
+            source = ROOT / file
+            assert source.is_file(), f"{holder.relative_to(ROOT)} includes {file}: no such file"
+            if part and not part[0].isdigit():
+                text = source.read_text(encoding="utf-8")
+                for edge in ("start", "end"):
+                    assert f"--8<-- [{edge}:{part}]" in text, (holder.name, file, part, edge)
+    assert found >= 2, found
+
+
+def test_the_slugs_are_mkdocs_ids() -> None:
+    assert slug("Thousands of peers: the vectorized engine") == (
+        "thousands-of-peers-the-vectorized-engine"
+    )
+    assert slug("`engines.py`: the vectorized engine against the message engine") == (
+        "enginespy-the-vectorized-engine-against-the-message-engine"
+    )
+    assert slug("Failures, Ctrl-C and `--resume`") == "failures-ctrl-c-and-resume"

@@ -1,6 +1,6 @@
 """Issue 27 item 11: a user's model and dataset as a plain ``"module:factory"`` (a module
 file, no package) next to the config, image-shaped inputs and the ``input_dim`` a model
-factory gets for them, and the README that says so."""
+factory gets for them, and the docs that say so (docs/writing-your-own.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import docs_text
 from tests.clitools import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,8 +114,7 @@ def test_from_another_folder_the_error_says_where_fedcore_looks(
 
 
 def test_readme_documents_the_plain_form_input_dim_and_lr() -> None:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Your own model and data", 1)[1].split("\n## ", 1)[0]
+    section = docs_text.section("Your own model and data")
     assert '"module:factory"' in section
     assert "input_dim" in section and "1, 28, 28" in section and "nn.Flatten" in section
     assert "algorithm.lr" in section

@@ -18,7 +18,6 @@ from fedcore.config import config_to_dict, dumps_toml, load_config
 from fedcore.plotting import (
     LEGEND_OUTSIDE,
     RunRecords,
-    _mean_curve,
     curve_style,
     default_labels,
     expand_runs,
@@ -27,6 +26,7 @@ from fedcore.plotting import (
     seed_groups,
     strip_seed,
 )
+from fedcore.plotting.curves import _mean_curve
 from tests.clitools import cli, one_line_error
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,7 @@
-"""The README's commands for grid sweeps and experiment tracking run as written.
+"""The docs' commands for grid sweeps and experiment tracking run as written.
 
-Each command is read from the README itself (so an edit there is what is tested) and run
+Each command is read from the docs themselves (``docs/sweeps-and-tracking.md``, through
+``tests.docs_text``: the README and every page; so an edit there is what is tested) and run
 through the CLI's ``main`` in a scratch folder; ``launch --resume`` has its own end-to-end
 test (``tests/simulation/test_runs.py``), as it needs a launch stopped mid-run.
 """
@@ -15,16 +16,17 @@ from pathlib import Path
 import pytest
 
 from fedcore.cli.app import main
+from tests import docs_text
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = docs_text.all_text()
 
 
 def _command(prefix: str) -> list[str]:
-    """The README's one line that starts with ``prefix``, as argv (without ``fedcore``)."""
-    lines = [line.strip().lstrip("$ ") for line in README.splitlines()]
+    """The docs' one line that starts with ``prefix``, as argv (without ``fedcore``)."""
+    lines = [line.strip().lstrip("$ ") for line in DOCS.splitlines()]
     found = [line for line in lines if line.startswith(prefix)]
-    assert len(found) == 1, f"the README has {len(found)} lines starting {prefix!r}"
+    assert len(found) == 1, f"the docs have {len(found)} lines starting {prefix!r}"
     argv = shlex.split(found[0])
     assert argv[0] == "fedcore"
     return argv[1:]
@@ -58,4 +60,4 @@ def test_the_tracked_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     table = (run / "rounds.csv").read_text(encoding="utf-8").splitlines()
     assert len(list(csv.DictReader(table))) == rounds
     assert any((run / "tensorboard").iterdir())
-    assert "tensorboard --logdir runs/tracked/tensorboard" in README
+    assert "tensorboard --logdir runs/tracked/tensorboard" in DOCS

@@ -1,6 +1,7 @@
-"""The README's example config block shows the built-in defaults, so it cannot drift.
+"""The docs' example config block shows the built-in defaults, so it cannot drift.
 
-The block is the ```toml fence under the README's "## Config" heading. Every key it sets,
+The block is the ```toml fence under the "Config" heading (``docs/config.md``, found through
+``tests.docs_text``, wherever the page with that heading is). Every key it sets,
 and every commented-out ``# key = value`` line in it (keys that only some generators or
 codecs read), must equal the built-in default run's value (``load_config(None)``), and every
 key of the default run must appear in the block, set or named in a comment.
@@ -10,28 +11,24 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fedcore.config import config_to_dict, load_config
+from tests import docs_text
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-
-# Keys of the default run that the block leaves to another section of the README.
-DOCUMENTED_ELSEWHERE = {("transport", "tls")}  # "Deploying across hosts: mutual TLS"
+# Keys of the default run that the block leaves to another section of the docs.
+DOCUMENTED_ELSEWHERE = {("transport", "tls")}  # docs/deployment.md: "mutual TLS"
 
 _TABLE = re.compile(r"^\[([a-z_.]+)\]")
 _COMMENTED = re.compile(r"^#\s*([a-z_]+\s*=.*)$")
 
 
 def _block() -> str:
-    text = README.read_text(encoding="utf-8")
-    assert "\n## Config\n" in text, "the README has no '## Config' section"
-    section = text.split("\n## Config\n", 1)[1].split("\n## ", 1)[0]
+    section = docs_text.section("Config")
     found = re.search(r"^```toml\n(.*?)^```", section, re.S | re.M)
-    assert found, "the README's Config section has no ```toml block"
+    assert found, "the docs' Config page has no ```toml block"
     return found.group(1)
 
 
@@ -79,7 +76,7 @@ def test_every_key_shown_is_the_default(defaults: dict[str, dict[str, Any]]) -> 
         or defaults[table][key] != value
         or type(defaults[table][key]) is not type(value)
     ]
-    assert not wrong, "README config block differs from the built-in defaults: " + "; ".join(wrong)
+    assert not wrong, "the config block differs from the built-in defaults: " + "; ".join(wrong)
 
 
 def test_every_commented_key_is_the_default(defaults: dict[str, dict[str, Any]]) -> None:
@@ -90,7 +87,7 @@ def test_every_commented_key_is_the_default(defaults: dict[str, dict[str, Any]])
         for table, key, value in commented
         if defaults.get(table, {}).get(key, object()) != value
     ]
-    assert not wrong, "README config block comments differ from the defaults: " + "; ".join(wrong)
+    assert not wrong, "the config block's comments differ from the defaults: " + "; ".join(wrong)
 
 
 def test_every_default_key_is_in_the_block(defaults: dict[str, dict[str, Any]]) -> None:
@@ -105,6 +102,6 @@ def test_every_default_key_is_in_the_block(defaults: dict[str, dict[str, Any]]) 
         and not re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", text_of.get(table, ""))
     ]
     assert not missing, (
-        "keys of the built-in config that the README's config block does not show (add "
-        "them to the ```toml block under '## Config', with their default): " + ", ".join(missing)
+        "keys of the built-in config that the docs' config block does not show (add "
+        "them to the ```toml block of docs/config.md, with their default): " + ", ".join(missing)
     )

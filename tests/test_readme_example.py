@@ -1,4 +1,5 @@
-"""The test shown in the README, kept here so the README cannot drift from the code."""
+"""The test shown in docs/writing-your-own.md ("Testing your own algorithm or model"), kept
+here so the page cannot drift from the code."""
 
 from __future__ import annotations
 

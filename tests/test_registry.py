@@ -1,16 +1,18 @@
 """The one list per family of names (:mod:`fedcore.registry`): every entry loads, and the
-README documents every name (its algorithms table row for row)."""
+docs (the README and ``docs/``) document every name (the algorithms table of
+``docs/algorithms.md`` and the models table of ``docs/datasets-and-models.md`` row for
+row)."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from fedcore import registry
+from tests import docs_text
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+DOCS = docs_text.all_text()
 FAMILIES = [
     registry.ALGORITHMS,
     registry.CODECS,
@@ -29,14 +31,13 @@ def test_every_entry_loads_a_factory(family: registry.Family) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.what)
 def test_the_readme_names_every_entry(family: registry.Family) -> None:
-    words = set(re.findall(r"[a-z0-9-]+", README))  # the config reference lists them bare
-    missing = [name for name in family.names if f"`{name}`" not in README and name not in words]
-    assert not missing, f"README does not mention the {family.what}s {missing}"
+    words = set(re.findall(r"[a-z0-9-]+", DOCS))  # the config reference lists them bare
+    missing = [name for name in family.names if f"`{name}`" not in DOCS and name not in words]
+    assert not missing, f"the docs do not mention the {family.what}s {missing}"
 
 
 def test_the_readme_algorithm_table_is_the_registry() -> None:
-    section = README[README.index("## Algorithms") :]
-    section = section[: section.index("\n## ", 1)]
+    section = docs_text.section("Algorithms")
     rows = re.findall(r"^\| `([a-z0-9-]+)` \|", section, flags=re.M)
     assert sorted(rows) == sorted(registry.ALGORITHMS.names)
 
@@ -48,12 +49,11 @@ def test_a_family_refuses_a_name_listed_twice() -> None:
 
 
 def test_the_readme_model_table_is_the_registry() -> None:
-    """The README's models table: a row for every built-in model, each parameter count the
+    """The docs' models table: a row for every built-in model, each parameter count the
     one the model has on the input and classes its row names."""
     from fedcore.models import parameter_count
 
-    section = README[README.index("## Models") :]
-    section = section[: section.index("\n## ", 1)]
+    section = docs_text.section("Models")
     rows = re.findall(r"^\| `([a-z0-9-]+)` \|.*?\| ([^|]+) \| ([^|]+) \| [^|]+ \|$", section, re.M)
     assert sorted(name for name, _, _ in rows) == sorted(registry.MODELS.names)
     for name, shape, count in rows:

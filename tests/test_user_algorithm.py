@@ -1,6 +1,7 @@
 """A user's algorithm by import path (``algorithm.name = "pkg.module:factory"``), and the
-README's "Write your own algorithm": its commands are read from the README and run here, so
-the section cannot drift from the code (the launch of 8 peers is marked grpc)."""
+docs' "Write your own algorithm" (``docs/writing-your-own.md``): its commands are read from
+that page and run here, so the section cannot drift from the code (the launch of 8 peers is
+marked grpc). The tests keep their ``readme`` names, which ``.ci/run`` lists."""
 
 from __future__ import annotations
 
@@ -31,11 +32,11 @@ from fedcore.simulation.results import run_name
 from fedcore.simulation.simulate import choose_engine
 from fedcore.simulation.sweep import sweep_name
 from fedcore.testing import TestNetwork, VectorizedTestNetwork, make_network
+from tests import docs_text
 from tests.clitools import cli, one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "user_algorithm"
-README = REPO / "README.md"
 PATH = "momentum_gossip:MomentumGossip"
 
 
@@ -301,10 +302,10 @@ def test_compose_says_the_image_must_import_it(
     assert 'name = "momentum_gossip:MomentumGossip"' in saved
 
 
-# -- the README's section, run ----------------------------------------------------------
+# -- the docs' section, run ------------------------------------------------------------
 
 SMALL = ["--set", "run.rounds=20", "--set", "run.eval_every=10"]
-"""Fewer rounds than the README's runs (the same code path)."""
+"""Fewer rounds than the docs' runs (the same code path)."""
 
 CONSOLE = "import sys; from fedcore.cli import main; sys.exit(main())"
 """What the ``fedcore`` console script runs; with ``python -P`` the working folder is not
@@ -318,9 +319,7 @@ class Command(NamedTuple):
 
 
 def _section() -> str:
-    text = README.read_text(encoding="utf-8")
-    assert "\n## Write your own algorithm\n" in text
-    return text.split("\n## Write your own algorithm\n", 1)[1].split("\n## ", 1)[0]
+    return docs_text.section("Write your own algorithm")
 
 
 def readme_commands() -> list[Command]:
@@ -350,13 +349,13 @@ COMMANDS = readme_commands()
 
 def _index(*words: str) -> int:
     found = [i for i, c in enumerate(COMMANDS) if all(w in c.argv for w in words)]
-    assert found, f"the README's section has no command with {words}"
+    assert found, f"the docs' section has no command with {words}"
     return found[0]
 
 
 @pytest.fixture(scope="module")
 def readme_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], dict[str, Any]]:
-    """Run the README's command ``i`` (once) with :data:`SMALL`; return its summary."""
+    """Run the docs' command ``i`` (once) with :data:`SMALL`; return its summary."""
     out = tmp_path_factory.mktemp("readme")
     done: dict[int, dict[str, Any]] = {}
 
@@ -387,13 +386,13 @@ def test_the_readme_shows_each_way_to_run_it() -> None:
     for piece in ("init", "model", "step", "mix", "schema", "Rows", "Slot", "Send", "gossip",
                   "pull", "rows.compress", "momentum_gossip.py"):  # fmt: skip
         assert piece in text, piece
-    assert "(#thousands-of-peers-the-vectorized-engine)" in text
-    assert "\n## Thousands of peers: the vectorized engine\n" in README.read_text("utf-8")
+    assert "(engines.md#thousands-of-peers-the-vectorized-engine)" in text
+    assert "\n## Thousands of peers: the vectorized engine\n" in docs_text.page("engines.md")
     shown = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)[1]  # the example's round
     source = (EXAMPLE / "momentum_gossip.py").read_text(encoding="utf-8")
     for line in shown.splitlines():
         if line.strip() and not line.strip().startswith("def "):
-            assert line in source, f"the README's excerpt has drifted: {line!r}"
+            assert line in source, f"the docs' excerpt has drifted: {line!r}"
 
 
 def test_the_readme_commands_run(readme_runs: Callable[[int], dict[str, Any]]) -> None:

@@ -20,7 +20,7 @@ peer's own model (its weight moves to the self weight), as in fedcore's ``dpsgd`
 Every tensor has a leading axis of ``B`` rows, one per peer: ``B = 1`` on a gRPC peer and
 in the message engine, ``B = N`` (every peer at once) in the vectorized engine. Use it with
 ``algorithm.name = "momentum_gossip:MomentumGossip"`` and ``algorithm.beta`` (see
-``run.toml`` here and the README's "Write your own algorithm").
+``run.toml`` here and "Write your own algorithm" in ``docs/writing-your-own.md``).
 """
 
 from __future__ import annotations

@@ -53,12 +53,30 @@ that edge (running sums only grow; :meth:`AsyncPushSum.admit`); and a step whose
 would not be finite in the model's dtype (an average, a mix, a server step) is refused
 rather than taken. Finite values of the right form are trusted, as the synchronous
 algorithms trust them (:mod:`fedcore.algorithms.base`).
+
+**A rule's pattern.** The event engine and the real peer run a rule by what it declares
+(a subclass of :class:`AsynchronousRule`), never by which rule it is: its :data:`Pattern`
+(who talks to whom and when), whether it has a ``server``, what its messages carry
+(:class:`Carries`), the parameters a peer predicts with (``model``) and the step a
+computation ends with (``step``); then its pattern's row functions:
+
+* ``"pair"`` (:class:`ADPSGD`): when a computation ends, the peer averages with one partner
+  (a request, phase 0, and its reply, phase 1; received: ``pair``, batched in the engine:
+  ``average_pairs``), then takes its computed step (``step``, stale).
+* ``"push"`` (:class:`AsyncPushSum`): when a computation ends, the peer takes its computed
+  step (``step``), adds shares of its ``mass`` to the running sums of its out-edges and
+  keeps its own share (``push``); received: a running sum, checked (``admit``) and added
+  (``receive``; batched in the engine: ``receive_rows``).
+* ``"upload"`` (:class:`FedBuff`, :class:`FedAsync`): when a worker's local steps
+  (``step``) end it uploads ``upload(start, end)`` with the version it started from; the
+  server's ``receive`` takes the upload received and answers with its model and version
+  (checked at the worker: :func:`answer_version`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -67,8 +85,11 @@ from fedcore.errors import ConfigError, ProtocolError
 __all__ = [
     "ADPSGD",
     "AsyncPushSum",
+    "AsynchronousRule",
+    "Carries",
     "FedAsync",
     "FedBuff",
+    "Pattern",
     "ServerState",
     "answer_version",
     "example_shares",
@@ -78,9 +99,58 @@ __all__ = [
 ]
 
 
+Pattern = Literal["pair", "push", "upload"]
+"""Who talks to whom, and when (see the module docstring)."""
+
+
+class Carries(NamedTuple):
+    """What an asynchronous rule's message holds besides its one tensor ``"x"``."""
+
+    phases: tuple[int, ...] = (0,)
+    """The phases its messages go in (AD-PSGD: a request 0 and a reply 1)."""
+    scalars: frozenset[str] = frozenset()
+    """Exactly the scalars each message holds."""
+    raw: bool = False
+    """``x`` is a float64 running sum of ``d`` values and a weight, sent raw (lossless);
+    otherwise a model or an update of ``d`` values in the model's dtype, through the
+    run's codec."""
+
+
+class AsynchronousRule:
+    """What the event engine and the real peer ask of an asynchronous rule; the row
+    functions of its :attr:`pattern` are named in the module docstring.
+
+    A rule says it is one by subclassing this class: fedcore runs an algorithm without
+    rounds only when its class declares it so (:func:`is_asynchronous`), never because it
+    happens to have these attributes.
+    """
+
+    name: str
+    mixing: str
+    phases = 1
+    asynchronous = True
+    pattern: Pattern
+    server: str | None = None
+    """The server's node id (pattern ``"upload"``), or None."""
+    carries = Carries()
+
+    def model(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``[B, d]``: the parameters each row predicts with and takes its gradient at
+        (``x``: ``[B, d]``; ``w``: ``[B]`` float64, each row's push-sum weight, 1 for the
+        other patterns)."""
+        raise NotImplementedError
+
+    def step(self, x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
+        """``[B, d]``: each row's step with its gradient ``grad`` at its model: what a
+        computation ends with (AD-PSGD's after its averaging; the upload pattern's each
+        local step)."""
+        raise NotImplementedError
+
+
 def is_asynchronous(algorithm: Any) -> bool:
-    """Whether ``algorithm`` runs without rounds (on the event engine)."""
-    return bool(getattr(algorithm, "asynchronous", False))
+    """Whether ``algorithm`` runs without rounds (on the event engine): whether its class
+    declares it an :class:`AsynchronousRule`."""
+    return isinstance(algorithm, AsynchronousRule)
 
 
 def _number(key: str, value: object, low: float, high: float, *, open_low: bool = True) -> float:
@@ -137,15 +207,25 @@ def answer_version(own: int, round: int, version: float) -> int:
     return whole_number("version", version, own, max(own, round + 1), why)
 
 
-class ADPSGD:
+class ADPSGD(AsynchronousRule):
     """AD-PSGD (see the module docstring); a symmetric graph (doubly-stochastic mixing
     checks it), whose weights it does not use: the partner is uniform among the
     neighbours."""
 
     name = "adpsgd"
     mixing = "doubly-stochastic"
-    phases = 1
-    asynchronous = True
+    pattern: Pattern = "pair"
+    carries = Carries(phases=(0, 1))
+
+    @staticmethod
+    def model(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Each row's model is ``x`` (``w`` unused)."""
+        return x
+
+    @staticmethod
+    def step(x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
+        """The (stale) gradient step, ``x - lr g`` (``w`` unused)."""
+        return x - lr * grad
 
     @staticmethod
     def average(x_i: torch.Tensor, x_j: torch.Tensor) -> torch.Tensor:
@@ -200,24 +280,26 @@ class ADPSGD:
             x[b] = mean
         return kept
 
-    @staticmethod
-    def apply(x: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
-        """The stale gradient step, ``x - lr g``."""
-        return x - lr * grad
 
-
-class AsyncPushSum:
+class AsyncPushSum(AsynchronousRule):
     """Asynchronous gradient-push with running sums (see the module docstring)."""
 
     name = "async-push-sum"
     mixing = "push-sum"
-    phases = 1
-    asynchronous = True
+    pattern: Pattern = "push"
+    carries = Carries(raw=True)
 
     @staticmethod
     def debiased(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``z = x / w`` of each row (``w``: ``[B]`` float64)."""
         return x / w.to(x.dtype).unsqueeze(1)
+
+    model = debiased
+
+    @staticmethod
+    def mass(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``[B, d + 1]`` float64: each row's ``(x, w)``, whose shares the running sums add."""
+        return torch.cat([x.to(torch.float64), w.to(torch.float64).reshape(-1, 1)], dim=1)
 
     @staticmethod
     def step(x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
@@ -256,10 +338,11 @@ class AsyncPushSum:
         w: torch.Tensor,
         sums: tuple[torch.Tensor, torch.Tensor],
         applied: tuple[torch.Tensor, torch.Tensor],
+        most: float = math.inf,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the mass a running sum carries beyond the one applied before (``x``,
         ``sums[0]``, ``applied[0]``: ``[B, d]``; ``w`` and the weights: ``[B]``), in
-        ``x``'s dtype.
+        ``x``'s dtype; ``most``: :meth:`admit`'s bound on a weight.
 
         Raises:
             ProtocolError: a running sum :meth:`admit` refuses, or a result that is not
@@ -267,10 +350,14 @@ class AsyncPushSum:
         """
         full = torch.cat([sums[0].to(torch.float64), sums[1].reshape(-1, 1)], dim=1)
         before = torch.cat([applied[0].to(torch.float64), applied[1].reshape(-1, 1)], dim=1)
-        if not bool(AsyncPushSum.admit(full, before).all()):
+        ok = AsyncPushSum.admit(full, before, most)
+        if not bool(ok.all()):
+            row = int(torch.nonzero(~ok)[0, 0])  # the first refused
+            bound = "" if math.isinf(most) else f", or above {most:g}"
             raise ProtocolError(
-                "a running sum is not finite, or its weight is below the one already applied "
-                "from that edge (a running sum only grows)."
+                f"a running sum is not finite, or its weight ({float(full[row, -1])!r}) is "
+                f"below the one already applied from that edge ({float(before[row, -1])!r}: a "
+                f"running sum only grows){bound}."
             )
         new_x = (x.to(torch.float64) + (sums[0] - applied[0])).to(x.dtype)
         new_w = w + (sums[1] - applied[1])
@@ -279,6 +366,29 @@ class AsyncPushSum:
         if not bool((new_w > 0).all()):
             raise ProtocolError("a running sum would leave this peer a weight <= 0.")
         return new_x, new_w
+
+    @staticmethod
+    def receive_rows(
+        x: torch.Tensor, w: torch.Tensor, dst: torch.Tensor, gain: torch.Tensor
+    ) -> torch.Tensor:
+        """Add running sums' gains beyond the ones applied (``[K, d + 1]`` float64, each
+        admitted: :meth:`admit`) to the rows ``dst [K]`` of ``x [N, d]`` and ``w [N]``, in
+        place, those into one row summed in ``x``'s dtype (the event engine: a tick's
+        arrivals at once). A receiver whose ``x`` or ``w`` would not be finite, or whose
+        ``w`` would not be positive, refuses every gain into it and keeps both, as
+        :meth:`receive` refuses one. Returns ``[K]`` bool: the gains taken."""
+        d = x.shape[1]
+        rows = torch.unique(dst)
+        x_before, w_before = x[rows].clone(), w[rows].clone()
+        x.index_add_(0, dst, gain[:, :d].to(x.dtype))
+        w.index_add_(0, dst, gain[:, d])
+        fine = torch.isfinite(x[rows]).all(dim=1) & torch.isfinite(w[rows])
+        fine &= w[rows] > 0
+        if bool(fine.all()):
+            return torch.ones(dst.shape, dtype=torch.bool)
+        bad = rows[~fine]
+        x[bad], w[bad] = x_before[~fine], w_before[~fine]
+        return ~torch.isin(dst, bad)
 
 
 class ServerState(NamedTuple):
@@ -291,7 +401,7 @@ class ServerState(NamedTuple):
     held: int = 0
 
 
-class FedBuff:
+class FedBuff(AsynchronousRule):
     """FedBuff (see the module docstring).
 
     Args:
@@ -302,8 +412,10 @@ class FedBuff:
 
     name = "fedbuff"
     mixing = "star"
-    phases = 1
-    asynchronous = True
+    pattern: Pattern = "upload"
+    carries = Carries(scalars=frozenset({"version"}))
+    model = staticmethod(ADPSGD.model)
+    step = staticmethod(ADPSGD.step)  # a local step
 
     def __init__(self, server: str = "server", buffer: int = 10, server_lr: float = 1.0) -> None:
         """Check the options."""
@@ -361,7 +473,7 @@ class FedBuff:
         return ServerState(x, state.version + 1)
 
 
-class FedAsync:
+class FedAsync(AsynchronousRule):
     """FedAsync (see the module docstring).
 
     Args:
@@ -372,8 +484,10 @@ class FedAsync:
 
     name = "fedasync"
     mixing = "star"
-    phases = 1
-    asynchronous = True
+    pattern: Pattern = "upload"
+    carries = Carries(scalars=frozenset({"version"}))
+    model = staticmethod(ADPSGD.model)
+    step = staticmethod(ADPSGD.step)  # a local step
 
     def __init__(
         self, server: str = "server", alpha: float = 0.6, staleness_power: float = 0.5

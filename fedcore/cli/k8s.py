@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
 
     config = load_config(args.config, args.overrides)
-    from fedcore.deploy.k8s import Resources, kubectl_steps, write_k8s
+    from fedcore.deploy.k8s import kubectl_steps, write_k8s
+    from fedcore.deploy.k8s_statefulset import Resources
 
     resources = Resources(
         cpu=args.cpu,

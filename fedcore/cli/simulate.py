@@ -137,7 +137,7 @@ def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
     # The config first: a bad file or --set answers before torch is imported.
     config = load_config(args.config, overrides)
     if args.seeds is not None:
-        from fedcore.simulation.sweep import parse_seeds
+        from fedcore.simulation.seeds import parse_seeds
 
         seeds = parse_seeds(args.seeds)
         start_run(args.threads)

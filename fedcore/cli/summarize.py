@@ -31,7 +31,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
-    from fedcore.deploy.launch import summarize
+    from fedcore.deploy.summarize import summarize
 
     config = load_config(args.config) if args.config else None
     summary = summarize(args.run_dir, config, quiet=args.quiet)

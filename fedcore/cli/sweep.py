@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         read_grid,
         validate_grid,
     )
-    from fedcore.simulation.sweep import parse_seeds
+    from fedcore.simulation.seeds import parse_seeds
 
     if args.resume is not None:
         given = [

@@ -76,6 +76,9 @@ before a new run under the same names, or a peer finds the old ``node.json`` and
 
 No cluster was run to write this: the manifests are validated against the Kubernetes
 schemas offline and the pods' commands run as local processes in the tests.
+
+Each peer's StatefulSet, with its :class:`~fedcore.deploy.k8s_statefulset.Resources`, is
+built in :mod:`fedcore.deploy.k8s_statefulset`.
 """
 
 from __future__ import annotations
@@ -86,9 +89,7 @@ import logging
 import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from fractions import Fraction
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,17 +97,26 @@ import fedcore
 from fedcore.certs import load_tls
 from fedcore.config import Config, dumps_toml
 from fedcore.deploy.compose import (
-    _CONFIG,
     _OUT,
-    _ROSTER,
     CONTAINER_ROOT,
     DEFAULT_IMAGE,
     DEFAULT_PORT,
     _container_config,
     _tls_files,
     check_image_and_port,
-    health_args,
-    peer_args,
+)
+from fedcore.deploy.k8s_statefulset import (
+    _CERTS,
+    _CONTAINER,
+    _DNS_LABEL,
+    _DOMAIN,
+    _DONE,
+    _GRAPHS,
+    _STS_NAME,
+    Resources,
+    _labels,
+    _meta,
+    _statefulset,
 )
 from fedcore.deploy.yamlout import dumps_yaml
 from fedcore.errors import ConfigError
@@ -117,9 +127,6 @@ __all__ = [
     "CONTAINER_ROOT",
     "DEFAULT_NAME",
     "DEFAULT_NAMESPACE",
-    "PEER_WRAPPER",
-    "PROBE_WRAPPER",
-    "Resources",
     "k8s_manifests",
     "kubectl_steps",
     "pod_dns_name",
@@ -131,132 +138,15 @@ logger = logging.getLogger(__name__)
 DEFAULT_NAME = "fedcore"
 DEFAULT_NAMESPACE = "default"
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
-_DONE = f"{_OUT}/node.json"  # written by a peer at the end of its run
-_GRAPHS = "topology"  # relative to the config file: /fedcore/topology in a pod, DIR/topology
-_CERTS = "certs"  # relative to the config file, as _GRAPHS
-_UID = 1000  # the image's user `fedcore` (nodes/Dockerfile)
-_CONTAINER = "peer"
+
+
 _CONFIGMAP_LIMIT = 1 << 20  # the API server refuses a ConfigMap over 1 MiB
 
-PEER_WRAPPER = f"""\
-# Run the peer ("$@": fedcore node ... --resume) unless it finished before, then stay up
-# so that gather.sh can copy {_OUT}. A failed peer exits: the pod restarts and resumes.
-trap 'exit 143' TERM INT
-if [ ! -e {_DONE} ]; then
-  "$@" &
-  peer=$!
-  trap 'kill -TERM "$peer" 2>/dev/null' TERM INT
-  while :; do
-    wait "$peer"
-    status=$?
-    kill -0 "$peer" 2>/dev/null || break
-  done
-  [ "$status" -eq 0 ] || exit "$status"
-fi
-echo "fedcore: this peer's run is done; results in {_OUT} (gather.sh copies them)"
-trap 'kill "$pause" 2>/dev/null; exit 0' TERM INT
-while :; do
-  sleep 86400 &
-  pause=$!
-  wait "$pause"
-done
-"""
-"""The container's ``/bin/sh -c`` script; its arguments (``$@``) are the peer's command."""
 
-PROBE_WRAPPER = f'test -e {_DONE} || exec "$@"'
-"""The probes' ``/bin/sh -c`` script: a finished peer passes, else ``fedcore health``."""
-
-# Probe timing. `fedcore health` starts a Python process (a second or two) and waits up to
-# 5 s for the answer; the startup probe covers imports, the data split and the model build.
-_PROBES = {
-    "startupProbe": {"periodSeconds": 10, "timeoutSeconds": 20, "failureThreshold": 60},
-    "readinessProbe": {"periodSeconds": 30, "timeoutSeconds": 20, "failureThreshold": 2},
-    "livenessProbe": {"periodSeconds": 30, "timeoutSeconds": 20, "failureThreshold": 3},
-}
-
-# A StatefulSet's name is a DNS label, and its pods carry a label `controller-revision-hash`
-# = "<name>-<hash of up to 10 characters>", at most 63 characters: names of at most 52.
-_STS_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,50}[a-z0-9])?")
-_DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _SERVICE_NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,40}[a-z0-9])?")  # DNS-1035, room for suffixes
-_DOMAIN = re.compile(rf"{_DNS_LABEL.pattern}(?:\.{_DNS_LABEL.pattern})*")
+
+
 _CONFIG_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
-_QUANTITY = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
-_SUFFIX = {
-    None: Fraction(1), "m": Fraction(1, 1000),
-    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
-    "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
-    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60),
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Resources:
-    """Each peer's resources, as Kubernetes quantities (``"500m"``, ``"2"``, ``"1Gi"``).
-
-    The defaults fit the built-in experiments (a small model, one torch thread): one CPU
-    and 1 GiB requested, memory limited to 2 GiB (a peer past it is killed, not the node),
-    CPU unlimited (a limit only throttles a peer that could use idle cores), 1 GiB of
-    storage for the metrics, models and checkpoints.
-    """
-
-    cpu: str = "1"
-    memory: str = "1Gi"
-    cpu_limit: str | None = None
-    memory_limit: str | None = "2Gi"
-    storage: str = "1Gi"
-    storage_class: str | None = None
-    """The volume claims' ``storageClassName`` (None: the cluster's default class)."""
-
-    def check(self) -> None:
-        """Raise ConfigError for a value that is not a quantity or a request over its limit."""
-        for flag, value in (
-            ("--cpu", self.cpu),
-            ("--memory", self.memory),
-            ("--cpu-limit", self.cpu_limit),
-            ("--memory-limit", self.memory_limit),
-            ("--storage", self.storage),
-        ):
-            if value is not None:
-                _quantity(flag, value)
-        for kind, request, limit in (
-            ("cpu", self.cpu, self.cpu_limit),
-            ("memory", self.memory, self.memory_limit),
-        ):
-            if limit is not None and _quantity("", request) > _quantity("", limit):
-                raise ConfigError(
-                    f"--{kind} {request} is more than --{kind}-limit {limit}; a request "
-                    "cannot exceed its limit."
-                )
-        if self.storage_class is not None and not _DOMAIN.fullmatch(self.storage_class):
-            raise ConfigError(
-                f"--storage-class {clip(self.storage_class, 40)} is not a storage class name "
-                "(lowercase letters, digits, '-' and '.')."
-            )
-
-    def threads(self) -> int:
-        """Torch intra-op threads for the requested CPU: its whole cores, at least one."""
-        return max(1, int(_quantity("--cpu", self.cpu)))
-
-    def spec(self) -> dict[str, dict[str, str]]:
-        """The container's ``resources``."""
-        limits = {k: v for k, v in (("cpu", self.cpu_limit), ("memory", self.memory_limit)) if v}
-        spec = {"requests": {"cpu": self.cpu, "memory": self.memory}}
-        if limits:
-            spec["limits"] = limits
-        return spec
-
-
-def _quantity(flag: str, text: str) -> Fraction:
-    match = _QUANTITY.fullmatch(text)
-    value = Fraction(match.group(1)) * _SUFFIX[match.group(2)] if match else Fraction(0)
-    if value <= 0:
-        raise ConfigError(
-            f"{flag} {clip(text, 40)} is not a positive Kubernetes quantity; write e.g. "
-            "500m or 2 (CPUs), 512Mi or 4Gi (bytes)."
-        )
-    return value
 
 
 def pod_dns_name(
@@ -298,141 +188,9 @@ def _check_names(
     check_image_and_port(image, port)
 
 
-def _labels(name: str, node: str | None = None) -> dict[str, str]:
-    labels = {
-        "app.kubernetes.io/name": "fedcore",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/component": "peer",
-        "app.kubernetes.io/managed-by": "fedcore-k8s",
-    }
-    if node is not None:
-        labels["fedcore/node"] = node
-    return labels
-
-
-def _meta(name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
-    return {"name": name, "namespace": namespace, "labels": dict(labels)}
-
-
 def _pod_config(config: Config) -> dict[str, dict[str, Any]]:
     """The config tables a pod reads: the graph file and certificates relative to it."""
     return _container_config(config, certs=_CERTS)
-
-
-def _probe(node: str, port: int, timing: Mapping[str, int]) -> dict[str, Any]:
-    health = health_args(node, port)
-    return {"exec": {"command": ["/bin/sh", "-c", PROBE_WRAPPER, "probe", *health]}, **timing}
-
-
-def _statefulset(
-    node: str,
-    *,
-    name: str,
-    namespace: str,
-    image: str,
-    port: int,
-    resources: Resources,
-    graph_key: str | None,
-    graph_name: str | None,
-    tls: bool,
-) -> dict[str, Any]:
-    labels = _labels(name, node)
-    peer = ["fedcore", *peer_args(node, port), "--threads", str(resources.threads())]
-    mounts: list[dict[str, Any]] = [
-        {"name": "config", "mountPath": _CONFIG, "subPath": "config.toml", "readOnly": True},
-        {"name": "config", "mountPath": _ROSTER, "subPath": "roster.json", "readOnly": True},
-    ]
-    if graph_key is not None:
-        mounts.append(
-            {
-                "name": "config",
-                "mountPath": f"{CONTAINER_ROOT}/{_GRAPHS}/{graph_name}",
-                "subPath": graph_key,
-                "readOnly": True,
-            }
-        )
-    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": f"{name}-config"}}]
-    if tls:
-        mounts.append(
-            {"name": "certs", "mountPath": f"{CONTAINER_ROOT}/{_CERTS}", "readOnly": True}
-        )
-        files = ["ca.crt", f"{node}.crt", f"{node}.key"]
-        volumes.append(
-            {
-                "name": "certs",
-                "secret": {
-                    "secretName": f"{name}-{node}-tls",
-                    "items": [{"key": f, "path": f} for f in files],
-                    "defaultMode": 0o440,
-                },
-            }
-        )
-    mounts += [{"name": "out", "mountPath": _OUT}, {"name": "tmp", "mountPath": "/tmp"}]
-    volumes.append({"name": "tmp", "emptyDir": {}})
-    container = {
-        "name": _CONTAINER,
-        "image": image,
-        "imagePullPolicy": "IfNotPresent",
-        "workingDir": CONTAINER_ROOT,
-        "command": ["/bin/sh", "-c", PEER_WRAPPER, "peer"],
-        "args": peer,
-        "env": [
-            # HOME for caches (matplotlib, torch) on the writable /tmp.
-            {"name": "HOME", "value": "/tmp"},
-            {"name": "PYTHONUNBUFFERED", "value": "1"},
-        ],
-        "ports": [{"name": "grpc", "containerPort": port, "protocol": "TCP"}],
-        "resources": resources.spec(),
-        **{kind: _probe(node, port, timing) for kind, timing in _PROBES.items()},
-        "volumeMounts": mounts,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    }
-    claim_spec: dict[str, Any] = {
-        "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": resources.storage}},
-    }
-    if resources.storage_class is not None:
-        claim_spec["storageClassName"] = resources.storage_class
-    selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "fedcore/node")}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": _meta(node, namespace, labels),
-        "spec": {
-            "serviceName": name,
-            "replicas": 1,
-            "selector": {"matchLabels": selector},
-            "persistentVolumeClaimRetentionPolicy": {
-                "whenDeleted": "Retain",
-                "whenScaled": "Retain",
-            },
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": 60,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": _UID,
-                        "runAsGroup": _UID,
-                        "fsGroup": _UID,
-                        "fsGroupChangePolicy": "OnRootMismatch",
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
-            "volumeClaimTemplates": [
-                {"metadata": {"name": "out", "labels": _labels(name, node)}, "spec": claim_spec}
-            ],
-        },
-    }
 
 
 def _encode(data: bytes) -> str:

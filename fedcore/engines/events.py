@@ -12,17 +12,18 @@ the group, one tensor operation per rule step. So an event is handled at most on
 after its time, and the run is a function of the config (the keyed draws, node order),
 the same bits every time.
 
-What each algorithm does at an event:
+What a worker does at an event goes by its rule's pattern
+(:class:`~fedcore.algorithms.asynchronous.AsynchronousRule`), never by the rule's class:
 
-* ``adpsgd``: the worker averages with its partner (drawn by the keyed hash among its
+* ``"pair"``: the worker averages with its partner (drawn by the keyed hash among its
   neighbours; the request and the reply each take the link's transfer time, inside the
   event's time), then applies the gradient it computed when its computation began. Pairs
   of one tick that share a peer are averaged one after another in node order (a peer is
   in one averaging at a time, as AD-PSGD's atomic averaging has it); the gradients follow.
-* ``async-push-sum``: the worker steps and pushes running sums to its out-neighbours;
-  each message arrives after its transfer time and is applied at the tick it arrives in.
-* ``fedbuff``, ``fedasync``: the worker's upload reaches the server (after downloading,
-  ``run.local_steps`` local steps and uploading); the server buffers or mixes it, and the
+* ``"push"``: the worker steps and pushes running sums to its out-neighbours; each
+  message arrives after its transfer time and is applied at the tick it arrives in.
+* ``"upload"``: the worker's upload reaches the server (after downloading,
+  ``run.local_steps`` local steps and uploading); the server takes it by the rule, and the
   worker downloads the current model and starts again.
 
 The rules check what each message carries against the receiver's state as the real peers
@@ -51,7 +52,7 @@ import numpy as np
 import torch
 
 from fedcore import counter_random as keyed
-from fedcore.algorithms.asynchronous import ADPSGD, AsyncPushSum, ServerState, example_shares
+from fedcore.algorithms.asynchronous import AsynchronousRule, ServerState, example_shares
 from fedcore.algorithms.batched import stack_graph
 from fedcore.engines.vectorized import stacked_batches
 from fedcore.errors import ConfigError, ProtocolError
@@ -105,8 +106,11 @@ class EventNetwork:
         why = _unsupported(setup)
         if why is not None:
             raise ConfigError(f"the asynchronous algorithm {name!r} cannot run this config: {why}.")
+        rule = _rule(setup)
+        assert rule is not None  # (_unsupported says so)
         self.setup = setup
-        self.algorithm: Any = algorithm
+        self.algorithm: Any = algorithm  # an AsynchronousRule; its pattern's row functions
+        self.pattern = rule.pattern
         self.nodes = setup.graph.nodes
         n = self.n = len(self.nodes)
         self.device = torch.device("cpu")
@@ -121,8 +125,7 @@ class EventNetwork:
         codec = row_codec(setup)
         self.model_bytes = codec.nbytes(self.d, start.dtype)
         self.objective = StackedObjective(setup.objective, self.device, setup.evaluator)
-        server = getattr(algorithm, "server", None)
-        self.server = None if server is None else self.nodes.index(server)
+        self.server = None if rule.server is None else self.nodes.index(rule.server)
         self.batches = stacked_batches(setup, self.device)
         workers = torch.ones(n, dtype=torch.bool)
         if self.server is not None:
@@ -144,9 +147,9 @@ class EventNetwork:
         self._key = keyed.make_key("fedcore.events", config.run.seed)
         self._words = keyed.string_ids(self.nodes, "cpu")
         self._reset_round()
-        if isinstance(algorithm, AsyncPushSum):
+        self.w = torch.ones(n, dtype=_F64)  # push-sum's weights (1: the other patterns)
+        if self.pattern == "push":
             e = self.graph.src.numel()
-            self.w: torch.Tensor = torch.ones(n, dtype=_F64)
             # running sums (x, w) per edge
             self.sums: torch.Tensor = torch.zeros(e, self.d + 1, dtype=_F64)
             self.applied: torch.Tensor = torch.zeros_like(self.sums)
@@ -156,7 +159,7 @@ class EventNetwork:
             self.payloads: dict[int, torch.Tensor] = {}
             self.seq: int = 0
             self.push_bytes: int = int(self.model_bytes) + 8
-        if isinstance(algorithm, ADPSGD):
+        if self.pattern == "pair":
             order = torch.argsort(self.graph.src * n + self.graph.dst)
             src, dst = self.graph.src[order], self.graph.dst[order]
             self.nbr_dst = dst
@@ -228,9 +231,8 @@ class EventNetwork:
 
     def models(self) -> torch.Tensor:
         """``[N, d]``: every node's model (push-sum: its de-biased ``x / w``)."""
-        if isinstance(self.algorithm, AsyncPushSum):
-            return AsyncPushSum.debiased(self.x, self.w)
-        return self.x
+        model: torch.Tensor = self.algorithm.model(self.x, self.w)
+        return model
 
     def run_round(self) -> RoundEvents:
         """Handle events until ``W`` more computations ended; the round's figures."""
@@ -260,13 +262,13 @@ class EventNetwork:
     def _tick(self) -> None:
         """Handle every event of the next tick."""
         first = float(self.ends.min())
-        if isinstance(self.algorithm, AsyncPushSum) and self.flight:
+        if self.pattern == "push" and self.flight:
             first = min(first, self.flight[0][0])
         if not math.isfinite(first):
             raise ConfigError("no worker can compute: every peer is off for good.")
         end = first + self.tick
         self.now = first
-        if isinstance(self.algorithm, AsyncPushSum):
+        if self.pattern == "push":
             self._arrivals(end)
         group = torch.nonzero(self.ends <= end).squeeze(1)
         if group.numel():
@@ -291,22 +293,19 @@ class EventNetwork:
         began = timing.available_from(rows, at) if timing.timed else at.clone()
         compute = timing.compute_seconds(rows, self.taken[rows], self.steps)
         self.taken[rows] += self.steps
-        algorithm = self.algorithm
         wire = torch.zeros_like(compute)
-        if isinstance(algorithm, AsyncPushSum):
-            params = AsyncPushSum.debiased(self.x[rows], self.w[rows])
+        if self.pattern != "upload":  # one gradient at the model read now
+            params = self.algorithm.model(self.x[rows], self.w[rows])
             loss, grad = self._gradient(rows, params)
             self.pending[rows] = grad
-        elif isinstance(algorithm, ADPSGD):
-            loss, grad = self._gradient(rows, self.x[rows])
-            self.pending[rows] = grad
+        if self.pattern == "pair":  # and the exchange with a partner
             partners = self._partners(rows)
             nbytes = torch.full(rows.shape, self.model_bytes)
             there = timing.transfer_seconds(rows, partners, nbytes)
             back = timing.transfer_seconds(partners, rows, nbytes)
             wire = there + back
             self._partner_of[rows] = partners
-        else:  # the server family: download, local steps, upload
+        elif self.pattern == "upload":  # download, local steps, upload
             server = self.server
             assert server is not None
             self.x[rows] = self.x[server].clone()
@@ -317,7 +316,7 @@ class EventNetwork:
             for _ in range(self.steps):
                 step_loss, grad = self._gradient(rows, x)
                 losses.append(step_loss)
-                x = x - self.lr * grad
+                x = self.algorithm.step(x, self.w[rows], grad, self.lr)
             loss = torch.stack(losses).mean(dim=0)
             self.pending[rows] = start  # the model it started from ...
             self.x[rows] = x  # ... and the one it ends with (each rule uploads what it does)
@@ -349,19 +348,19 @@ class EventNetwork:
         return self.nbr_dst[self.nbr_start[rows] + k]
 
     def _act(self, group: torch.Tensor) -> None:
-        """What ``group`` (node order) does as its computations end."""
-        algorithm = self.algorithm
-        if isinstance(algorithm, ADPSGD):
+        """What ``group`` (node order) does as its computations end, by the pattern."""
+        if self.pattern == "pair":
             self._average(group)
-            self.x[group] = ADPSGD.apply(self.x[group], self.pending[group], self.lr)
-        elif isinstance(algorithm, AsyncPushSum):
+            x, w = self.x[group], self.w[group]
+            self.x[group] = self.algorithm.step(x, w, self.pending[group], self.lr)
+        elif self.pattern == "push":
             self._push(group)
         else:
             self._upload(group)
 
     def _average(self, group: torch.Tensor) -> None:
         """AD-PSGD's pairwise averages of ``group``, one after another in node order
-        (batched in layers of pairs that share no peer: :meth:`ADPSGD.average_pairs`)."""
+        (batched in layers of pairs that share no peer: the rule's ``average_pairs``)."""
         partners = self._partner_of[group]
         nbytes = self.model_bytes
         lost = self._lost(group, partners) | self._lost(partners, group)
@@ -369,23 +368,22 @@ class EventNetwork:
         self._traffic(partners, group, nbytes, ~lost)
         kept = ~lost
         answerers = partners[kept]
-        averaged = ADPSGD.average_pairs(self.x, group[kept].tolist(), answerers.tolist())
+        averaged = self.algorithm.average_pairs(self.x, group[kept].tolist(), answerers.tolist())
         # A pair whose average is not finite: the partner refuses the request, as a real
-        # peer's answer does (:meth:`ADPSGD.pair`).
+        # peer's answer does (the rule's ``pair``).
         np.add.at(self._rejected, answerers[~averaged].numpy(), 1)
 
     def _push(self, group: torch.Tensor) -> None:
         """Asynchronous push-sum: step, keep the self share, push running sums."""
-        g = self.graph
+        g, rule = self.graph, self.algorithm
         w = self.w[group]
-        x = AsyncPushSum.step(self.x[group], w, self.pending[group], self.lr)
+        x = rule.step(self.x[group], w, self.pending[group], self.lr)
         out = torch.nonzero(torch.isin(g.src, group)).squeeze(1)
         self.x[group] = x
         if out.numel():
             src = g.src[out]
             share = g.weight[out].unsqueeze(1)
-            mass = torch.cat([self.x[src].to(_F64), self.w[src].unsqueeze(1)], dim=1)
-            self.sums[out] += share * mass
+            self.sums[out] += share * rule.mass(self.x[src], self.w[src])
             lost = self._lost(src, g.dst[out])
             self._traffic(src, g.dst[out], self.push_bytes, ~lost)
             nbytes = torch.full(out.shape, self.push_bytes)
@@ -394,7 +392,7 @@ class EventNetwork:
                 self.seq += 1
                 self.payloads[self.seq] = self.sums[e].clone()
                 heapq.heappush(self.flight, (when, self.seq, e))
-        x_kept, w_kept = AsyncPushSum.push(self.x[group], w, g.self_weight[group])
+        x_kept, w_kept = rule.push(self.x[group], w, g.self_weight[group])
         self.x[group] = x_kept
         self.w[group] = w_kept
 
@@ -420,25 +418,15 @@ class EventNetwork:
             del self.payloads[s]
         if sums is None:
             return
-        ok = AsyncPushSum.admit(sums, self.applied[edges])
+        ok = self.algorithm.admit(sums, self.applied[edges])
         if not bool(ok.all()):  # never for honest sums; the receiver refuses them
             np.add.at(self._rejected, self.graph.dst[edges[~ok]].numpy(), 1)
             edges, seqs, sums = edges[ok], seqs[ok], sums[ok]
         dst = self.graph.dst[edges]
-        rows = torch.unique(dst)
-        x_before, w_before = self.x[rows].clone(), self.w[rows].clone()
-        gain = sums - self.applied[edges]
-        self.x.index_add_(0, dst, gain[:, : self.d].to(self.x.dtype))
-        self.w.index_add_(0, dst, gain[:, self.d])
-        fine = torch.isfinite(self.x[rows]).all(dim=1) & torch.isfinite(self.w[rows])
-        fine &= self.w[rows] > 0
-        if not bool(fine.all()):  # a sum that would not be finite: the tick's sums into
-            # that receiver are refused, its x and w stay (AsyncPushSum.receive)
-            bad = rows[~fine]
-            self.x[bad], self.w[bad] = x_before[~fine], w_before[~fine]
-            refused = torch.isin(dst, bad)
-            np.add.at(self._rejected, dst[refused].numpy(), 1)
-            edges, seqs, sums = edges[~refused], seqs[~refused], sums[~refused]
+        taken = self.algorithm.receive_rows(self.x, self.w, dst, sums - self.applied[edges])
+        if not bool(taken.all()):  # a receiver whose sum would not be finite refuses them
+            np.add.at(self._rejected, dst[~taken].numpy(), 1)
+            edges, seqs, sums = edges[taken], seqs[taken], sums[taken]
         self.applied[edges] = sums
         self.last[edges] = seqs
 
@@ -491,7 +479,10 @@ def _unsupported(setup: RunSetup) -> str | None:
         return "checkpoints of asynchronous runs are not written yet; set run.checkpoint_every = 0"
     if config.run.regret:
         return "run.regret counts one loss a node a round"
-    if config.run.local_steps > 1 and getattr(setup.algorithm, "server", None) is None:
+    rule = _rule(setup)
+    if rule is None:
+        return f"{type(setup.algorithm).__name__} does not declare itself an AsynchronousRule"
+    if config.run.local_steps > 1 and rule.server is None:
         return (
             f"{setup.algorithm.name} takes one gradient step an event; run.local_steps is "
             "for fedbuff and fedasync"
@@ -502,3 +493,9 @@ def _unsupported(setup: RunSetup) -> str | None:
             "time.compute_trace"
         )
     return None
+
+
+def _rule(setup: RunSetup) -> AsynchronousRule | None:
+    """``setup``'s algorithm, if its class declares it an asynchronous rule."""
+    algorithm: object = setup.algorithm
+    return algorithm if isinstance(algorithm, AsynchronousRule) else None

@@ -4,42 +4,27 @@
 peer instead of a :class:`~fedcore.node.Node`: each peer computes and pushes at its own
 pace and takes whatever has arrived (:meth:`~fedcore.transport.base.AsyncTransport.take`,
 each sender's newest message: a flooding sender holds one message at its receiver, and a
-message no newer than one already taken is stale, dropped and counted late). The update
-steps are the algorithms' own (:mod:`fedcore.algorithms.asynchronous`, on one row), so a
-peer does what the event engine's rows do; ``[time]`` slows it on purpose (its pace and
-paced sends), so a launch shows the straggler effect for real.
+message no newer than one already taken is stale, dropped and counted late). It runs its
+rule by the rule's pattern and row functions
+(:class:`~fedcore.algorithms.asynchronous.AsynchronousRule`, on one row), as the event
+engine's rows do; ``[time]`` slows it on purpose (its pace and paced sends), so a launch
+shows the straggler effect for real. A message's ``round`` is its sender's count of
+computations (the staleness the receivers see).
 
-* ``async-push-sum``: every computation steps on ``z = x / w`` and pushes running sums of
-  ``(x, w)`` shares (float64, raw) to the out-neighbours; it applies what arrived between
-  computations. Each peer runs ``run.rounds`` computations and stops; messages to a peer
-  that stopped are dropped (its mass stays with it).
-* ``fedbuff``, ``fedasync``: a worker runs ``run.rounds`` computations of
-  ``run.local_steps`` steps, each from the last model the server sent it, uploads the
-  update (FedBuff) or its model (FedAsync) with the version it started from, and waits for
-  the server's answer at most ``transport.deadline_s`` (then it goes on from its own
-  model). The server answers every upload with its current model and version; it records a
-  round for every ``W`` uploads and stops after ``run.rounds`` of them, or when no upload
-  came for ``transport.strict_timeout_s``.
-
-A message's ``round`` is its sender's count of computations (the staleness the receivers
-see). Every value a peer sends is checked against this peer's own state before any
-arithmetic (:meth:`AsyncPeer.validate`, which the gRPC servicer calls on arrival, and again
-where a message is taken, since the state moved on): the tensor's name, shape, dtype and
-finite values; exactly the scalars the algorithm sends; the phase (AD-PSGD: 0 or 1, the
-others 0); a round below the run's (a server's answer: below ``(run.rounds + 1) W``, its
-uploads); AD-PSGD's request only from a sender whose partner this peer is in that round,
-and a reply only from this peer's partner of a round it asked in; a running sum whose
-weight is no smaller than the one applied from that edge and at most ``(round + 1) N``;
-an upload's version no newer than the server's and than the version the server last sent
-that worker; an answer's version no older than the worker's and at most ``round + 1``; and
-no average, mix or step whose result is not finite (:mod:`fedcore.algorithms.asynchronous`
-holds the rules' own checks). A refused message is counted
-(``stats.messages_rejected``: the servicer's refusals, and those where a message is taken,
-with one log line) and changes nothing; the peer goes on.
-
-* ``adpsgd``: each computation ends with an averaging: the peer sends its model to its
+* ``"push"``: every computation steps and pushes running sums of ``(x, w)`` shares
+  (float64, raw) to the out-neighbours; it applies what arrived between computations.
+  Each peer runs ``run.rounds`` computations and stops; messages to a peer that stopped
+  are dropped (its mass stays with it).
+* ``"upload"``: a worker runs ``run.rounds`` computations of ``run.local_steps`` steps,
+  each from the last model the server sent it, uploads what the rule uploads with the
+  version it started from, and waits for the server's answer at most
+  ``transport.deadline_s`` (then it goes on from its own model). The server answers every
+  upload with its current model and version; it records a round for every ``W`` uploads
+  and stops after ``run.rounds`` of them, or when no upload came for
+  ``transport.strict_timeout_s``.
+* ``"pair"``: each computation ends with an averaging: the peer sends its model to its
   partner (phase 0) and, on the partner's reply (phase 1: the partner's model before it
-  averaged), both hold the pair's mean; then the stale gradient. A background task answers
+  averaged), both hold the pair's mean; then the stale step. A background task answers
   the partners' requests while the peer computes (its compute time is a sleep under
   ``[time]``), so a slow peer still averages promptly; a reply that does not come within
   ``transport.deadline_s`` skips the averaging. A peer that finished its rounds goes on
@@ -47,6 +32,20 @@ with one log line) and changes nothing; the peer goes on.
   Atomic in the sense of AD-PSGD's implementation only as far as one event loop goes: a
   peer's answer and its own averaging never interleave, but a model can change between a
   request and its reply.
+
+**What it refuses.** Every message is checked before any arithmetic
+(:meth:`AsyncPeer.validate`, which the gRPC servicer calls on arrival, and again where a
+message is taken, since the state moved on): exactly what the rule's messages carry
+(tensor ``x`` of the right shape, dtype and finite values; the declared scalars and
+phases); a round below the run's (a server's answer: below ``(run.rounds + 1) W``, its
+uploads); then, against this peer's state, the rules' own checks
+(:mod:`fedcore.algorithms.asynchronous`: a running sum's weight, at most ``(round + 1) N``
+here; an upload's version, no newer than the version the server last sent that worker;
+an answer's version; a result that would not be finite) and AD-PSGD's partners: a request
+only from a sender whose partner this peer is in that round, a reply only from this
+peer's partner of a round it asked in. A refused message is counted
+(``stats.messages_rejected``: the servicer's refusals, and those where a message is taken,
+with one log line) and changes nothing; the peer goes on.
 """
 
 from __future__ import annotations
@@ -62,8 +61,7 @@ import torch
 
 from fedcore import counter_random as keyed
 from fedcore.algorithms.asynchronous import (
-    ADPSGD,
-    AsyncPushSum,
+    AsynchronousRule,
     ServerState,
     answer_version,
     whole_number,
@@ -79,12 +77,13 @@ from fedcore.errors import (
 from fedcore.ids import clip, shorten
 from fedcore.messages import EncodedTensor, Message
 from fedcore.models import Objective
+from fedcore.node.intake import names
 from fedcore.node.pace import Pace
-from fedcore.node.records import RoundRecord
+from fedcore.node.records import RoundRecord, counted, traffic
 from fedcore.node.schedule import NodeOptions
 from fedcore.streams import Batches
 from fedcore.topology import Topology
-from fedcore.transport.base import AsyncTransport, TransportStats
+from fedcore.transport.base import AsyncTransport
 
 __all__ = ["AsyncPeer"]
 
@@ -116,7 +115,10 @@ class AsyncPeer:
         examples over the workers' mean (the server weighs uploads by them; how many
         workers there are is the server's round, in uploads)."""
         self.id = node_id
-        self.algorithm = algorithm
+        self.algorithm = algorithm  # an AsynchronousRule; its pattern's row functions
+        rule: AsynchronousRule = algorithm
+        self.pattern = rule.pattern
+        self.carries = rule.carries
         self.graph = graph.at(0)
         self.objective = objective
         self.stream = stream
@@ -132,7 +134,7 @@ class AsyncPeer:
         self.w = 1.0
         self.d = int(params.numel())
         self._dtype = params.dtype
-        self.server: str | None = getattr(algorithm, "server", None)
+        self.server = rule.server
         self.ins = tuple(sorted(self.graph.in_weights(node_id)))
         self._sums: dict[str, torch.Tensor] = {}  # push-sum: running sums per out-neighbour
         self._applied: dict[str, torch.Tensor] = {}  # and the last applied per in-neighbour
@@ -144,9 +146,8 @@ class AsyncPeer:
 
     def model(self) -> torch.Tensor:
         """The parameters this peer predicts with."""
-        if isinstance(self.algorithm, AsyncPushSum):
-            return AsyncPushSum.debiased(self.x.unsqueeze(0), torch.tensor([self.w]))[0]
-        return self.x
+        model: torch.Tensor = self.algorithm.model(self.x.unsqueeze(0), torch.tensor([self.w]))
+        return model[0]
 
     # --- validation (the gRPC servicer calls it on arrival) -------------------------------
 
@@ -160,19 +161,32 @@ class AsyncPeer:
             OutOfWindowError: a round no honest sender reaches.
             ProtocolError: a wrong tensor name, shape, dtype or a value out of range.
         """
+        value = self._intake(message)
+        if self.pattern == "push":
+            self._admit(message.sender, message.round, value)
+        elif self.pattern == "pair":
+            self._check_pair(message)
+        elif self.id == self.server:
+            self._upload_version(message)
+        else:
+            answer_version(self.version, message.round, message.scalars["version"])
+        return value
+
+    def _intake(self, message: Message) -> torch.Tensor:
+        """:meth:`validate`'s checks of the message alone, before this peer's state: its
+        decoded tensor."""
         x = message.tensors.get("x")
         if set(message.tensors) != {"x"} or x is None:
             raise ProtocolError(
-                f"an asynchronous message holds tensor 'x' only, got {_names(message.tensors)}."
+                f"an asynchronous message holds tensor 'x' only, got {names(message.tensors)}."
             )
-        server = self.server is not None
-        wanted = {"version"} if server else set()
+        wanted = self.carries.scalars
         if set(message.scalars) != wanted:
             raise ProtocolError(
-                f"its scalars are {_names(message.scalars)}; {self.algorithm.name!r} sends "
-                f"{_names(wanted)}."
+                f"its scalars are {names(message.scalars)}; {self.algorithm.name!r} sends "
+                f"{names(wanted)}."
             )
-        phases = (0, 1) if isinstance(self.algorithm, ADPSGD) else (0,)
+        phases = self.carries.phases
         if message.phase not in phases:
             raise ProtocolError(
                 f"phase {message.phase} is not a phase of {self.algorithm.name!r} {phases}."
@@ -183,19 +197,11 @@ class AsyncPeer:
                 f"a message for round {message.round} from {clip(message.sender)} is past "
                 f"round {last}, the last its sender has in this run."
             )
-        if isinstance(self.algorithm, AsyncPushSum):
-            sums = self._decode(x, torch.float64, (self.d + 1,))
-            self._admit(message.sender, message.round, sums)
-            return sums
+        if self.carries.raw:  # a running sum: checked whole against the state (_admit)
+            return self._decode(x, torch.float64, (self.d + 1,))
         value = self._decode(x, self._dtype, (self.d,))
         if not bool(torch.isfinite(value).all()):
             raise ProtocolError("a model or update holds non-finite values.")
-        if isinstance(self.algorithm, ADPSGD):
-            self._check_pair(message)
-        elif self.id == self.server:
-            self._upload_version(message)
-        else:
-            answer_version(self.version, message.round, message.scalars["version"])
         return value
 
     def _last_round(self, sender: str) -> int:
@@ -207,25 +213,26 @@ class AsyncPeer:
             return (rounds + 1) * max(self.workers, 1) - 1
         return rounds - 1
 
-    def _admit(self, sender: str, round: int, sums: torch.Tensor) -> None:
-        """Push-sum: refuse a running sum this edge's applied one rules out, or one whose
+    def _admit(self, sender: str, round: int, sums: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Push-sum: the ``x`` and ``w`` this peer holds once it takes ``sums`` (the rule's
+        ``receive``), refusing a running sum this edge's applied one rules out, one whose
         weight exceeds ``(round + 1) N`` (each of its ``round + 1`` pushes carries a share
-        of a weight at most ``N``, the network's mass; a margin for rounding)."""
+        of a weight at most ``N``, the network's mass; a margin for rounding) and one that
+        takes ``x`` beyond its dtype's range."""
         applied = self._applied.get(sender)
         before = torch.zeros_like(sums) if applied is None else applied
         most = (round + 1) * len(self.graph.nodes) * (1 + 1e-6)
-        if not bool(AsyncPushSum.admit(sums.unsqueeze(0), before.unsqueeze(0), most)[0]):
-            raise ProtocolError(
-                f"a running sum from {clip(sender)} for round {round} is not finite, has a "
-                f"weight {float(sums[-1])!r} below the {float(before[-1])!r} applied from "
-                f"that edge, or above {most:g} (the most {round + 1} pushes carry)."
+        try:
+            x, w = self.algorithm.receive(
+                self.x.unsqueeze(0),
+                torch.tensor([self.w], dtype=torch.float64),
+                (sums[: self.d].unsqueeze(0), sums[self.d :]),
+                (before[: self.d].unsqueeze(0), before[self.d :]),
+                most,
             )
-        added = (self.x.to(torch.float64) + (sums[: self.d] - before[: self.d])).to(self._dtype)
-        if not bool(torch.isfinite(added).all()):
-            raise ProtocolError(
-                f"a running sum from {clip(sender)} would take this peer's x beyond "
-                f"{self._dtype}'s range."
-            )
+        except ProtocolError as exc:
+            raise ProtocolError(f"from {clip(sender)}, round {round}: {exc}") from exc
+        return x[0], float(w[0])
 
     def _check_pair(self, message: Message) -> None:
         """AD-PSGD: a request (phase 0) only from a sender whose partner this peer is in
@@ -277,7 +284,7 @@ class AsyncPeer:
     def _decode(
         self, encoded: EncodedTensor, dtype: torch.dtype, shape: tuple[int, ...]
     ) -> torch.Tensor:
-        codec = _RAW if isinstance(self.algorithm, AsyncPushSum) else self.codec
+        codec = _RAW if self.carries.raw else self.codec
         try:
             value = codec.decode(encoded)
         except CompressionError as exc:
@@ -297,7 +304,7 @@ class AsyncPeer:
             await self._serve(rounds)
             return
         answering = None
-        if isinstance(self.algorithm, ADPSGD):
+        if self.pattern == "pair":
             answering = asyncio.create_task(self._answer())
         try:
             while self.round < rounds:
@@ -310,10 +317,11 @@ class AsyncPeer:
                 answering.cancel()
 
     async def _compute_and_push(self) -> None:
+        """One computation: its steps (the rule's ``step``; AD-PSGD's stale one after its
+        averaging), then what its pattern sends and takes."""
         k = self.round
         began = time.perf_counter()
-        stats = self.transport.stats
-        before = _counts(stats)
+        before = traffic(self.transport.stats)
         if self.pace is not None:
             await self.pace.available()
         computing = time.perf_counter()
@@ -321,35 +329,30 @@ class AsyncPeer:
         losses = []
         start = self.x.clone()
         lr = self.options.lr_at(k)
-        if isinstance(self.algorithm, ADPSGD):
-            x, y = self.stream.next_batch()
-            loss, grad = self.objective.loss_and_grad(self.x.clone(), x, y)  # the model read
-            if self.pace is not None:
-                await self.pace.computed(time.perf_counter() - computing)
-            await self._pair(k)
-            self.x = ADPSGD.apply(self.x, grad, lr)
-            self.round = k + 1
-            self._record(k, loss, began, before)
-            return
         for _ in range(steps):
             x, y = self.stream.next_batch()
-            if isinstance(self.algorithm, AsyncPushSum):
-                loss, grad = self.objective.loss_and_grad(self.model(), x, y)
-                w = torch.tensor([self.w], dtype=torch.float64)
-                self.x = AsyncPushSum.step(self.x.unsqueeze(0), w, grad.unsqueeze(0), lr)[0]
-            else:
-                loss, grad = self.objective.loss_and_grad(self.x, x, y)
-                self.x = self.x - lr * grad
+            loss, grad = self.objective.loss_and_grad(self.model().clone(), x, y)  # as read
             losses.append(loss)
+            if self.pattern != "pair":
+                self.x = self._step(grad, lr)
         if self.pace is not None:
             await self.pace.computed(time.perf_counter() - computing)
-        if isinstance(self.algorithm, AsyncPushSum):
+        if self.pattern == "pair":
+            await self._pair(k)
+            self.x = self._step(grad, lr)
+        elif self.pattern == "push":
             await self._push(k)
             self._absorb()
         else:
             await self._upload(k, start)
         self.round = k + 1
         self._record(k, math.fsum(losses) / len(losses), began, before)
+
+    def _step(self, grad: torch.Tensor, lr: float) -> torch.Tensor:
+        """The rule's step of this peer's ``x`` with ``grad``."""
+        w = torch.tensor([self.w], dtype=torch.float64)
+        x: torch.Tensor = self.algorithm.step(self.x.unsqueeze(0), w, grad.unsqueeze(0), lr)
+        return x[0]
 
     async def _pair(self, k: int) -> None:
         """AD-PSGD: average with a partner (uniform among the neighbours by the keyed hash
@@ -366,7 +369,7 @@ class AsyncPeer:
             reply = self.transport.take({partner}, phase=1).get(partner)
             if reply is not None and reply.round == k:
                 try:
-                    self.x = ADPSGD.pair(self.x, self.validate(reply))
+                    self.x = self.algorithm.pair(self.x, self.validate(reply))
                 except (CompressionError, ProtocolError) as exc:
                     self._refuse(reply, exc)  # as a lost reply: no averaging
                 return
@@ -382,7 +385,7 @@ class AsyncPeer:
                 self._asked = time.monotonic()
                 mine = self.x
                 try:
-                    self.x = ADPSGD.pair(mine, self.validate(message))
+                    self.x = self.algorithm.pair(mine, self.validate(message))
                 except (CompressionError, ProtocolError) as exc:
                     self._refuse(message, exc)  # no reply: the partner goes on alone
                     continue
@@ -400,7 +403,7 @@ class AsyncPeer:
     ) -> bool:
         # Push-sum's running sums go raw (float64, lossless); models and updates through
         # the run's codec.
-        codec = _RAW if isinstance(self.algorithm, AsyncPushSum) else self.codec
+        codec = _RAW if self.carries.raw else self.codec
         encoded = codec.encode(tensor)
         message = Message(
             run=self.options.run_id,
@@ -420,33 +423,28 @@ class AsyncPeer:
         return True
 
     async def _push(self, k: int) -> None:
-        g = self.graph
-        mass = torch.cat([self.x.to(torch.float64), torch.tensor([self.w], dtype=torch.float64)])
+        g, rule = self.graph, self.algorithm
+        w = torch.tensor([self.w], dtype=torch.float64)
+        mass = rule.mass(self.x.unsqueeze(0), w)[0]
         for receiver, share in sorted(g.out_weights(self.id).items()):
             total = self._sums.get(receiver, torch.zeros(self.d + 1, dtype=torch.float64))
             self._sums[receiver] = total = total + share * mass
             await self._send(receiver, k, total, {})
         own = torch.tensor([g.self_weight(self.id)], dtype=torch.float64)
-        x, w = AsyncPushSum.push(self.x.unsqueeze(0), torch.tensor([self.w]), own)
-        self.x, self.w = x[0], float(w[0])
+        # The weight goes in as a float32 tensor: what it keeps is rounded to float32 first
+        # (the event engine's weights stay float64).
+        x, kept = rule.push(self.x.unsqueeze(0), torch.tensor([self.w]), own)
+        self.x, self.w = x[0], float(kept[0])
 
     def _absorb(self) -> None:
         """Apply the running sums that arrived (the newest of each in-neighbour)."""
         for sender, message in sorted(self.transport.take(self.ins).items()):
-            zero = torch.zeros(self.d + 1, dtype=torch.float64)
-            applied = self._applied.get(sender, zero)
-            try:
-                sums = self.validate(message)
-                x, w = AsyncPushSum.receive(
-                    self.x.unsqueeze(0),
-                    torch.tensor([self.w], dtype=torch.float64),
-                    (sums[: self.d].unsqueeze(0), sums[self.d :]),
-                    (applied[: self.d].unsqueeze(0), applied[self.d :]),
-                )
+            try:  # decoded and checked against the state once, here
+                sums = self._intake(message)
+                self.x, self.w = self._admit(sender, message.round, sums)
             except (CompressionError, ProtocolError) as exc:
                 self._refuse(message, exc)  # its mass comes with the sender's next sum
                 continue
-            self.x, self.w = x[0], float(w[0])
             self._applied[sender] = sums
 
     async def _upload(self, k: int, start: torch.Tensor) -> None:
@@ -472,7 +470,7 @@ class AsyncPeer:
         uploads = 0
         began = time.perf_counter()
         stats = self.transport.stats
-        before = _counts(stats)
+        before = traffic(stats)
         ins = set(self.ins)
         while self.round < rounds:
             wait = self.options.strict_timeout_s
@@ -497,7 +495,7 @@ class AsyncPeer:
                     self._record(self.round, math.nan, began, before, idle=True)
                     self.round += 1
                     began = time.perf_counter()
-                    before = _counts(stats)
+                    before = traffic(stats)
 
     def _record(
         self,
@@ -508,44 +506,16 @@ class AsyncPeer:
         *,
         idle: bool = False,
     ) -> None:
-        stats = self.transport.stats
         record = RoundRecord(
             node=self.id,
             round=k,
             loss=loss,
             lr=self.options.lr_at(k),
-            messages_sent=stats.messages_sent - before[0],
-            bytes_sent=stats.bytes_sent - before[1],
-            messages_received=stats.messages_received - before[2],
-            bytes_received=stats.bytes_received - before[3],
             messages_missing=0,
-            messages_late=stats.messages_late - before[4],
-            messages_rejected=stats.messages_rejected - before[5],
             missing=(),
             wall_s=time.perf_counter() - began,
             idle=idle,
+            **counted(self.transport.stats, before),
         )
         if self.observer is not None:
             self.observer(self, record)
-
-
-def _names(names: Any) -> str:
-    """``'a', 'b'`` (sorted, each clipped; at most 8), or ``none``."""
-    listed = sorted(str(n) for n in names)
-    if not listed:
-        return "none"
-    more = f" (+{len(listed) - 8} more)" if len(listed) > 8 else ""
-    return ", ".join(clip(n, 40) for n in listed[:8]) + more
-
-
-def _counts(stats: TransportStats) -> tuple[int, ...]:
-    """Messages and bytes sent and received, and messages late (stale) and rejected, so
-    far."""
-    return (
-        stats.messages_sent,
-        stats.bytes_sent,
-        stats.messages_received,
-        stats.bytes_received,
-        stats.messages_late,
-        stats.messages_rejected,
-    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from fedcore.messages import EncodedTensor, Message, MessageSchema, Payload
 from fedcore.node.schedule import NodeOptions
 from fedcore.topology import Topology
 
-__all__ = ["DecodeCache", "MessageIntake"]
+__all__ = ["DecodeCache", "MessageIntake", "names"]
 
 
 class DecodeCache:
@@ -163,8 +163,8 @@ class MessageIntake:
         ):
             if got != want:  # key views compare as sets
                 raise ProtocolError(
-                    f"its {kind} are {_names(set(got))}; {self.algorithm.name!r} sends exactly "
-                    f"{_names(set(want))} in phase {message.phase}."
+                    f"its {kind} are {names(set(got))}; {self.algorithm.name!r} sends exactly "
+                    f"{names(set(want))} in phase {message.phase}."
                 )
         return schema
 
@@ -220,10 +220,11 @@ class MessageIntake:
         return get_codec(encoded.codec)
 
 
-def _names(names: set[str]) -> str:
-    """``'a', 'b'`` (sorted, each clipped; at most 8), or ``none``."""
-    if not names:
+def names(given: Collection[str]) -> str:
+    """``'a', 'b'`` (sorted, each clipped; at most 8), or ``none``: the names a message
+    holds, in a refusal."""
+    if not given:
         return "none"
-    shown = [clip(n, 40) for n in sorted(names)[:8]]
-    more = f" (+{len(names) - 8} more)" if len(names) > 8 else ""
+    shown = [clip(n, 40) for n in sorted(given)[:8]]
+    more = f" (+{len(given) - 8} more)" if len(given) > 8 else ""
     return ", ".join(shown) + more

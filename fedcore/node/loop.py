@@ -37,7 +37,7 @@ from fedcore.messages import EncodedTensor, Message, Payload
 from fedcore.models import Objective
 from fedcore.node.intake import DecodeCache, MessageIntake
 from fedcore.node.pace import Pace
-from fedcore.node.records import RoundRecord
+from fedcore.node.records import RoundRecord, traffic
 from fedcore.node.schedule import NodeOptions
 from fedcore.streams import Batches
 from fedcore.topology import Topology
@@ -195,14 +195,7 @@ class Node(MessageIntake):
         t = self.round
         began = time.perf_counter()
         stats = self.transport.stats
-        before = (
-            stats.messages_sent,
-            stats.bytes_sent,
-            stats.messages_received,
-            stats.bytes_received,
-            stats.messages_late,
-            stats.messages_rejected,
-        )
+        before = traffic(stats)
         ctx = self._context(t)
         faults = self.faults
         if faults is not None and faults.down(self.id, t):

@@ -5,9 +5,49 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-__all__ = ["RoundRecord"]
+if TYPE_CHECKING:
+    from fedcore.transport.base import TransportStats
+
+__all__ = ["Counts", "RoundRecord", "counted", "traffic"]
+
+
+class Counts(TypedDict):
+    """A round's traffic, as its record counts it (:func:`counted`)."""
+
+    messages_sent: int
+    bytes_sent: int
+    messages_received: int
+    bytes_received: int
+    messages_late: int
+    messages_rejected: int
+
+
+def traffic(stats: TransportStats) -> tuple[int, ...]:
+    """A transport's counters so far (messages and bytes sent and received, messages late
+    and rejected), taken as a round begins: its record counts what they grew by."""
+    return (
+        stats.messages_sent,
+        stats.bytes_sent,
+        stats.messages_received,
+        stats.bytes_received,
+        stats.messages_late,
+        stats.messages_rejected,
+    )
+
+
+def counted(stats: TransportStats, before: tuple[int, ...]) -> Counts:
+    """What each of :func:`traffic`'s counters grew by since ``before``."""
+    grew = [a - b for a, b in zip(traffic(stats), before, strict=True)]
+    return Counts(
+        messages_sent=grew[0],
+        bytes_sent=grew[1],
+        messages_received=grew[2],
+        bytes_received=grew[3],
+        messages_late=grew[4],
+        messages_rejected=grew[5],
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,25 +17,20 @@ it is ``null`` (``-`` in the table) for fewer than two runs.
 
 :func:`run_cases` runs several labelled cases (lists of overrides) over the same seeds
 in one pool of workers, one sweep folder per case (the ``scripts/*_results.py`` grids).
+
+The parts: :mod:`~fedcore.simulation.seeds` reads ``--seeds``,
+:mod:`~fedcore.simulation.sweep_workers` runs the seeds (in worker processes), and
+:mod:`~fedcore.simulation.sweep_figures` collects their final figures.
 """
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import dataclasses
-import io
 import json
 import logging
-import math
-import multiprocessing
 import re
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,28 +39,18 @@ from typing import Any, TextIO
 from fedcore.algorithms.user import is_import_path
 from fedcore.config import Config, load_config, parse_override
 from fedcore.errors import ConfigError, FedcoreError
-from fedcore.ids import child_path, clip, first_line
+from fedcore.ids import child_path, clip
 from fedcore.metrics import to_json_text, write_text_atomic
-from fedcore.progress import Note, run_warnings
+from fedcore.progress import Note
 from fedcore.setup.plan import configured_algorithm
-from fedcore.simulation.results import (
-    CHECKPOINTS,
-    NAME_SKIPS,
-    RUN_FILES,
-    name_part,
-    open_run_dir,
-)
-from fedcore.simulation.simulate import resume, simulate
+from fedcore.simulation.results import NAME_SKIPS, RUN_FILES, name_part, open_run_dir
+from fedcore.simulation.seeds import _SEED_FORMS, MAX_SEEDS, format_seeds
+from fedcore.simulation.sweep_figures import FIGURES, _csv_text, mean_std
+from fedcore.simulation.sweep_workers import _execute, _Outcome, _RunSpec
 
 __all__ = [
-    "FIGURES",
-    "MAX_SEEDS",
     "RESULTS_CSV",
     "SWEEP_FILE",
-    "final_figures",
-    "format_seeds",
-    "mean_std",
-    "parse_seeds",
     "resume_sweep",
     "run_cases",
     "run_sweep",
@@ -75,221 +60,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MAX_SEEDS = 1000
-"""Most seeds one sweep runs."""
 
 SWEEP_FILE = "sweep.json"
 """The file that makes a folder a sweep folder (``fedcore plot`` expands it to its runs)."""
 
 RESULTS_CSV = "results.csv"
 """The sweep's table of final figures, one row per seed."""
-
-FIGURES: tuple[tuple[str, str, str], ...] = (
-    ("avg_model_accuracy", "avg-model accuracy", ".4f"),
-    ("mean_node_accuracy", "mean node accuracy", ".4f"),
-    ("min_node_accuracy", "min node accuracy", ".4f"),
-    ("consensus_distance", "consensus distance", ".4g"),
-    ("average_loss", "average loss", ".4f"),
-    ("static_regret", "static regret", ".4g"),
-    ("average_static_regret", "average static regret", ".4g"),
-    ("dynamic_regret", "dynamic regret", ".4g"),
-    ("average_dynamic_regret", "average dynamic regret", ".4g"),
-    ("bytes_per_node_per_round", "bytes / node / round", ".0f"),
-    ("wall_seconds", "wall time (s)", ".3g"),
-)
-"""The final figures a sweep collects: ``(key, table label, format)``. The regret ones
-appear where the runs computed them (``run.regret``)."""
-
-_ALWAYS = {
-    "avg_model_accuracy",
-    "mean_node_accuracy",
-    "min_node_accuracy",
-    "consensus_distance",
-    "average_loss",
-    "bytes_per_node_per_round",
-    "wall_seconds",
-}
-_SEED_FORMS = "give N, A-B (inclusive) or a comma list of them, e.g. 2, 0-4, 0,3,7 or 0-2,5"
-_SEED_PART = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
-_SEED_LIMIT = 2**32
-
-
-# --- seeds ------------------------------------------------------------------------------
-
-
-def parse_seeds(text: str) -> list[int]:
-    """The seeds of ``--seeds TEXT``: ``2``, ``0-4`` (inclusive), ``0,3,7``, ``0-2,5``.
-
-    Raises:
-        ConfigError: text in none of these forms, a range that runs backwards, a seed
-            listed twice, a seed outside ``[0, 2**32)`` or more than :data:`MAX_SEEDS`.
-    """
-    where = f"--seeds {clip(text, 40)}"
-    seeds: list[int] = []
-    seen: set[int] = set()
-    for part in text.split(","):
-        match = _SEED_PART.fullmatch(part)
-        if match is None:
-            what = "an empty item" if not part.strip() else f"{clip(part.strip(), 20)}"
-            raise ConfigError(f"{where}: {what} is not a seed or a range; {_SEED_FORMS}.")
-        low = int(match.group(1))
-        high = int(match.group(2)) if match.group(2) is not None else low
-        if high < low:
-            raise ConfigError(f"{where}: the range {low}-{high} runs backwards; {_SEED_FORMS}.")
-        if high >= _SEED_LIMIT:
-            raise ConfigError(f"{where}: seeds must be in [0, 2**32), not {high}.")
-        if len(seeds) + high - low + 1 > MAX_SEEDS:
-            raise ConfigError(f"{where}: more than {MAX_SEEDS} seeds; sweep fewer at a time.")
-        for seed in range(low, high + 1):
-            if seed in seen:
-                raise ConfigError(f"{where}: seed {seed} is listed twice; list each seed once.")
-            seen.add(seed)
-            seeds.append(seed)
-    return seeds
-
-
-def format_seeds(seeds: Iterable[int]) -> str:
-    """Seeds as the shortest ``--seeds`` text, ranges joined by ``_`` so it can name a
-    folder: ``[0, 1, 2, 5]`` -> ``0-2_5``."""
-    parts: list[list[int]] = []
-    for seed in sorted(seeds):
-        if parts and seed == parts[-1][1] + 1:
-            parts[-1][1] = seed
-        else:
-            parts.append([seed, seed])
-    return "_".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
-
-
-# --- figures ----------------------------------------------------------------------------
-
-
-def _number(value: Any) -> float | None:
-    """``value`` as a finite float, or None (not written, null, NaN, not a number)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def final_figures(summary: Mapping[str, Any]) -> dict[str, float | None]:
-    """The :data:`FIGURES` of one run's summary (None: not a number, a diverged run).
-
-    The regret figures are present only where the run computed them.
-    """
-    final = summary.get("final") or {}
-    out: dict[str, float | None] = {}
-    for key, _, _ in FIGURES:
-        if key == "bytes_per_node_per_round":
-            out[key] = _number((summary.get("traffic") or {}).get(key))
-        elif key == "wall_seconds":
-            out[key] = _number(summary.get(key))
-        elif key in final or key in _ALWAYS:
-            out[key] = _number(final.get(key))
-    return out
-
-
-def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (``ddof = 1``) of ``values``; None where
-    undefined (no values; one value for the deviation)."""
-    n = len(values)
-    if n == 0:
-        return None, None
-    mean = math.fsum(values) / n
-    if n == 1:
-        return mean, None
-    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-
-
-# --- running ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _RunSpec:
-    """One run of a sweep, as a worker process receives it."""
-
-    group: int
-    seed: int
-    config: str | None
-    overrides: tuple[str, ...]
-    out_dir: str
-    force: bool
-    threads: int | str | None = None
-    resume: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _Outcome:
-    """What a run gave: its figures, or why it failed (and the error's class)."""
-
-    group: int
-    seed: int
-    status: str
-    figures: dict[str, float | None]
-    reason: str | None = None
-    error: type[FedcoreError] | None = None
-    notes: tuple[Note, ...] = ()
-    """The warnings the run logged (kept off the terminal: the sweep says each once)."""
-
-
-def _run_one(spec: _RunSpec) -> _Outcome:
-    """Run one seed (in a worker process or in this one); an error is its outcome. Its
-    warnings stay off the terminal (in its summary, and in the outcome)."""
-    with run_warnings(quiet=True) as said:
-        outcome = _run_quietly(spec)
-    return dataclasses.replace(outcome, notes=tuple(said.notes))
-
-
-def _run_quietly(spec: _RunSpec) -> _Outcome:
-    """:func:`_run_one`, its warnings collected."""
-    overrides = [*spec.overrides, f"run.seed={spec.seed}"]
-    try:
-        if spec.resume and (done := _completed_summary(Path(spec.out_dir))) is not None:
-            summary = done  # it ended, but the sweep was stopped before it said so
-        elif spec.resume and _has_checkpoint(Path(spec.out_dir)):
-            summary = resume(spec.out_dir, show_progress=False, threads=spec.threads)
-        else:
-            config = load_config(spec.config, overrides)
-            summary = simulate(
-                config,
-                out_dir=spec.out_dir,
-                show_progress=False,
-                force=spec.force or spec.resume,
-                overrides=overrides,
-                threads=spec.threads,
-            )
-    except Exception as exc:  # torch, CUDA ...: one seed's failure, not the sweep's
-        reason = first_line(str(exc)) or type(exc).__name__
-        kind = type(exc) if isinstance(exc, FedcoreError) else None
-        return _Outcome(spec.group, spec.seed, "failed", {}, reason, kind)
-    return _Outcome(spec.group, spec.seed, "completed", final_figures(summary))
-
-
-def _completed_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The summary of a run in ``run_dir`` that completed, else None."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeError, ValueError):
-        return None
-    ok = isinstance(summary, dict) and summary.get("status", "completed") == "completed"
-    return summary if ok else None
-
-
-def _has_checkpoint(run_dir: Path) -> bool:
-    """Whether a stopped run in ``run_dir`` left a config and checkpoints to resume from."""
-    folder = run_dir / CHECKPOINTS
-    return (run_dir / "config.toml").is_file() and folder.is_dir() and any(folder.iterdir())
-
-
-def _init_worker(threads: int) -> None:
-    """A worker leaves Ctrl-C to the sweep (which stops it), uses ``threads`` threads and
-    keeps freed large blocks for reuse (:mod:`fedcore.runtime`)."""
-    import torch
-
-    from fedcore.runtime import keep_freed_memory
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(threads)
-    keep_freed_memory()
 
 
 @dataclass
@@ -308,70 +84,6 @@ class _Group:
     def run_dir(self, seed: int) -> Path:
         """The folder of one seed's run."""
         return self.folder / f"seed-{seed}"
-
-
-def _execute(
-    specs: Sequence[_RunSpec],
-    *,
-    jobs: int,
-    threads: int | str,
-    on_done: Callable[[_Outcome], None],
-) -> None:
-    """Run ``specs``: in this process for ``jobs == 1``, else in up to ``jobs`` spawned
-    worker processes (fresh interpreters: no torch thread pools inherited by a fork).
-    On any exception here (Ctrl-C included) the workers are stopped at once."""
-    if jobs == 1 or len(specs) <= 1:
-        for spec in specs:
-            on_done(_run_one(spec))
-        return
-    pool = ProcessPoolExecutor(
-        max_workers=min(jobs, len(specs)),
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_init_worker,
-        # Parallel runs already share the cores: "auto" gives each worker one thread.
-        initargs=(threads if isinstance(threads, int) else 1,),
-    )
-    try:
-        pending: dict[Future[_Outcome], _RunSpec] = {}
-        with _sigint_ignored():  # the workers start now, and inherit the ignoring
-            for spec in specs:
-                pending[pool.submit(_run_one, spec)] = spec
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=lambda f: (pending[f].group, pending[f].seed)):
-                del pending[future]
-                on_done(future.result())
-        pool.shutdown()
-    except BaseException:
-        _stop(pool)
-        raise
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ignore Ctrl-C while worker processes start: a process inherits an ignored signal,
-    so a Ctrl-C that reaches a worker while it is still importing does not print its
-    traceback (the sweep stops the workers itself). Only the main thread can do this."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel what has not started and end the workers now (Python 3.11 has no public
-    ``terminate_workers``)."""
-    workers = list((pool._processes or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for process in workers:
-        if process.is_alive():
-            process.terminate()
-    for process in workers:
-        process.join(timeout=5)
 
 
 def _check_folder(folder: Path, seeds: Sequence[int], *, force: bool) -> None:
@@ -479,27 +191,6 @@ def _record(group: _Group, *, status: str, jobs: int) -> dict[str, Any]:
         "stats": stats,
         "wall_seconds": time.perf_counter() - group.began,
     }
-
-
-def _csv_text(record: Mapping[str, Any]) -> str:
-    """results.csv: a header, one row per seed, then the mean and std rows."""
-    keys = list(record["stats"]) or [k for k, _, _ in FIGURES if k in _ALWAYS]
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["seed", "status", *keys, "out_dir"])
-
-    def cell(value: Any) -> str:
-        return "" if value is None else repr(float(value))
-
-    for run in record["runs"]:
-        final = run.get("final") or {}
-        writer.writerow(
-            [run["seed"], run["status"], *(cell(final.get(k)) for k in keys), run["out_dir"]]
-        )
-    for row in ("mean", "std"):
-        stats = record["stats"]
-        writer.writerow([row, "", *(cell(stats.get(k, {}).get(row)) for k in keys), ""])
-    return buffer.getvalue()
 
 
 def _write(group: _Group, *, status: str, jobs: int) -> dict[str, Any]:

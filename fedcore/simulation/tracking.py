@@ -1,7 +1,7 @@
 """Experiment tracking beside a run's records: TensorBoard event files
 (``run.tensorboard``) and a CSV of the round aggregates (``run.csv``).
 
-:class:`Tracker` is fed by :class:`~fedcore.simulation.results.RunObserver`, the one
+:class:`Tracker` is fed by :class:`~fedcore.simulation.observer.RunObserver`, the one
 place that sees every round on both engines and for ``fedcore launch``/``summarize`` (its
 ``"kind": "round"`` and ``"kind": "eval"`` records, then the regret curve), so what it
 writes is what ``metrics.jsonl`` holds:

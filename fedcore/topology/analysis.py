@@ -14,8 +14,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fedcore.errors import TopologyError
-from fedcore.topology.graph import TrustGraph, format_components, format_nodes
+from fedcore.topology.graph import TrustGraph
 from fedcore.topology.schedule import Schedule, Topology
+from fedcore.topology.validation import format_components, format_nodes
 from fedcore.topology.weights import (
     check_doubly_stochastic,
     check_push_sum,

@@ -29,13 +29,20 @@ import numpy as np
 import numpy.typing as npt
 
 from fedcore.errors import TopologyError
-from fedcore.ids import clip, unsafe_id
+from fedcore.ids import clip
+from fedcore.topology.validation import (
+    _check_name,
+    _check_node_id,
+    _check_order,
+    _check_weight,
+    _edge_arrays,
+    _node_order,
+    format_nodes,
+)
 
 if TYPE_CHECKING:  # networkx and scipy are imported where used: `fedcore topology show` and
     # a config error answer without them (about 0.3 s of imports)
     import networkx as nx
-
-__all__ = ["NodeId", "TrustGraph", "format_components", "format_nodes"]
 
 NodeId: TypeAlias = str
 """A node id: a safe name such as ``"n0"`` or ``"alice"`` (see :mod:`fedcore.ids`)."""
@@ -43,70 +50,6 @@ NodeId: TypeAlias = str
 _Edge: TypeAlias = tuple[str, str]
 _Ints: TypeAlias = npt.NDArray[np.int64]
 _Floats: TypeAlias = npt.NDArray[np.float64]
-
-
-def format_nodes(nodes: Sequence[str], limit: int = 8) -> str:
-    """Join node ids for a message, keeping long listings short.
-
-    Args:
-        nodes: The ids to list, in the order to show them.
-        limit: How many ids to show before summarising the rest as ``... (+N more)``.
-
-    Returns:
-        Text such as ``"n0, n1, n2"`` or ``"n0, n1, ... (+30 more)"``.
-    """
-    shown = ", ".join(nodes[:limit])
-    if len(nodes) > limit:
-        return f"{shown}, ... (+{len(nodes) - limit} more)"
-    return shown
-
-
-def format_components(components: Sequence[Sequence[str]], limit: int = 10) -> str:
-    """Format strongly connected components as ``[n0, n1], [n2], ...`` for error messages."""
-    parts = [f"[{format_nodes(c)}]" for c in components[:limit]]
-    if len(components) > limit:
-        parts.append(f"... (+{len(components) - limit} more components)")
-    return ", ".join(parts)
-
-
-def _check_node_id(node: object, graph_name: str) -> str:
-    message = unsafe_id(node, f"Graph {clip(graph_name, 60)}")
-    if message is not None:
-        raise TopologyError(
-            f"{message}. Relabel the nodes, for example with "
-            "networkx.relabel_nodes(graph, lambda i: f'n{i}')."
-        )
-    assert isinstance(node, str)
-    return node
-
-
-def _check_case_collisions(order: Sequence[str], graph_name: str) -> None:
-    """Refuse ids that differ only in case: they name one folder on case-insensitive file
-    systems and one DNS name in certificates (which compare without case)."""
-    seen: dict[str, str] = {}
-    for node in order:
-        other = seen.setdefault(node.lower(), node)
-        if other != node:
-            raise TopologyError(
-                f"Graph {clip(graph_name, 60)} has the node ids {other!r} and {node!r}, which "
-                "differ only in case: they would share a folder on case-insensitive file "
-                "systems and a DNS name in certificates. Rename one of them."
-            )
-
-
-def _check_weight(value: object, u: str, v: str, graph_name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
-        raise TopologyError(
-            f"Graph '{graph_name}' has weight {value!r} on edge {u} -> {v}, but weights must be "
-            "numbers. Give a number between 0 and 1."
-        )
-    weight = float(value)
-    if not math.isfinite(weight) or weight < 0.0:
-        raise TopologyError(
-            f"Graph '{graph_name}' has weight {weight!r} on edge {u} -> {v}, but weights must be "
-            "finite and non-negative. Give a number between 0 and 1."
-        )
-    return weight
 
 
 class TrustGraph:
@@ -154,8 +97,7 @@ class TrustGraph:
     def __init__(self, graph: nx.Graph, *, name: str, nodes: Sequence[str] | None = None) -> None:
         import networkx as nx
 
-        if not isinstance(name, str) or not name.strip():
-            raise TopologyError(f"A trust graph needs a non-empty name, not {name!r}.")
+        _check_name(name)
         if not isinstance(graph, nx.Graph) or graph.is_multigraph():
             raise TopologyError(
                 f"Graph '{name}' must be a networkx DiGraph (or Graph), not "
@@ -163,21 +105,7 @@ class TrustGraph:
             )
         if not graph.is_directed():
             graph = graph.to_directed()
-        order = tuple(graph.nodes) if nodes is None else tuple(nodes)
-        for node in order if nodes is None else (*order, *graph.nodes):
-            _check_node_id(node, name)
-        _check_order(order, name, empty_ok=True)
-        if set(order) != set(graph.nodes):
-            missing = [str(n) for n in graph.nodes if n not in set(order)]
-            extra = [n for n in order if not graph.has_node(n)]
-            raise TopologyError(
-                f"The node order given for graph '{name}' does not match its nodes: "
-                f"missing {format_nodes(missing) or 'none'}, "
-                f"unknown {format_nodes(extra) or 'none'}. "
-                "List every node of the graph exactly once."
-            )
-        if not order:
-            _check_order(order, name)  # no node at all
+        order = _node_order(graph, nodes, name)
         index = {node: i for i, node in enumerate(order)}
         count = graph.number_of_edges()
         src = np.empty(count, dtype=np.int64)
@@ -249,8 +177,7 @@ class TrustGraph:
         Raises:
             TopologyError: a bad name, node id or weight, or an index out of range.
         """
-        if not isinstance(name, str) or not name.strip():
-            raise TopologyError(f"A trust graph needs a non-empty name, not {name!r}.")
+        _check_name(name)
         order = tuple(nodes)
         if not trusted_ids:
             for node in order:
@@ -259,22 +186,7 @@ class TrustGraph:
         elif not order:
             raise TopologyError(f"Graph '{name}' has no nodes; a trust graph needs at least one.")
         n = len(order)
-        s = np.asarray(src, dtype=np.int64).reshape(-1)
-        d = np.asarray(dst, dtype=np.int64).reshape(-1)
-        if s.shape != d.shape:
-            raise TopologyError(f"Graph '{name}': {s.size} senders but {d.size} receivers.")
-        if s.size and (min(int(s.min()), int(d.min())) < 0 or max(int(s.max()), int(d.max())) >= n):
-            raise TopologyError(f"Graph '{name}' has an edge index outside its {n} nodes.")
-        if weight is None:
-            w = np.full(s.size, math.nan)
-        else:
-            w = np.array(weight, dtype=np.float64).reshape(-1)
-            if w.shape != s.shape:
-                raise TopologyError(f"Graph '{name}': {w.size} weights for {s.size} edges.")
-            bad = ~np.isnan(w) & ~(np.isfinite(w) & (w >= 0.0))
-            if bad.any():
-                e = int(np.flatnonzero(bad)[0])
-                _check_weight(float(w[e]), order[s[e]], order[d[e]], name)
+        s, d, w = _edge_arrays(src, dst, weight, order, name)
         key = s * n + d
         perm = np.argsort(key, kind="stable")
         key = key[perm]
@@ -681,14 +593,3 @@ def _members(keys: _Ints, sorted_keys: _Ints) -> npt.NDArray[np.bool_]:
     at = np.minimum(np.searchsorted(sorted_keys, ranked), sorted_keys.size - 1)
     out[order] = sorted_keys[at] == ranked
     return out
-
-
-def _check_order(order: tuple[str, ...], name: str, *, empty_ok: bool = False) -> None:
-    """Refuse a node order with a repeated id, ids differing only in case, or (unless
-    ``empty_ok``) no node."""
-    if len(set(order)) != len(order):
-        dups = sorted({n for n in order if order.count(n) > 1})
-        raise TopologyError(f"Graph '{name}' lists the nodes {format_nodes(dups)} twice.")
-    _check_case_collisions(order, name)
-    if not order and not empty_ok:
-        raise TopologyError(f"Graph '{name}' has no nodes; a trust graph needs at least one.")

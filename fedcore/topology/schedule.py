@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 from fedcore.errors import TopologyError
-from fedcore.topology.graph import TrustGraph, format_nodes
+from fedcore.topology.graph import TrustGraph
+from fedcore.topology.validation import format_nodes
 
 __all__ = ["Schedule", "Topology"]
 

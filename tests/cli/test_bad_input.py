@@ -20,7 +20,7 @@ from fedcore.config import MAX_PARAMETERS, Config, load_config
 from fedcore.errors import ConfigError, DataError, TopologyError
 from fedcore.models import build_model, parameter_count
 from fedcore.node import RoundRecord
-from fedcore.simulation.results import RunObserver
+from fedcore.simulation.observer import RunObserver
 from fedcore.topology import complete, ring, torus
 from tests.clitools import cli, one_line_error
 

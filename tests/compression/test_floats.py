@@ -208,7 +208,7 @@ def _layered(seed: int = 0) -> torch.Tensor:
 
 
 def _table(encoded: Any) -> np.ndarray:
-    from fedcore.compression.floats import _APS_LAYER
+    from fedcore.compression.floats.custom import _APS_LAYER
 
     return np.frombuffer(encoded.data, dtype=_APS_LAYER, count=int(encoded.params["layers"]))
 
@@ -292,7 +292,7 @@ def test_aps_flushes_fewer_of_a_real_gradient_to_zero() -> None:
 
 
 def test_bad_aps_tables_raise() -> None:
-    from fedcore.compression.floats import _APS_LAYER
+    from fedcore.compression.floats.custom import _APS_LAYER
 
     codec = CustomFloatCodec(4, 3, scaling="aps", layers=(3, 5))
     good = codec.encode(_rand(8))

@@ -1,6 +1,6 @@
 """The fast float codecs against a frozen copy of the slow ones they replaced.
 
-``Ref*`` below are the encoders and decoders of ``fedcore/compression/floats.py`` as they
+``Ref*`` below are the encoders and decoders of ``fedcore/compression/floats/`` as they
 were before the fast paths (frexp/round chains in float64, one uint8 per bit): the wire
 format is defined by them. The fast codecs must give exactly the same bytes and params,
 exactly the same decoded tensors (bit for bit, signs of zeros included), and refuse

@@ -1,4 +1,4 @@
-"""Hostile dataset files (fedcore.localdata): every malformed file of every format the loaders
+"""Hostile dataset files (fedcore.data): every malformed file of every format the loaders
 read (.npz, CIFAR's python and binary batches, idx files plain and gzipped, LEAF's JSON,
 folders of images, Hugging Face parquet and arrow tables) is refused with one DataError
 line naming the file; through the CLI as one stderr line and exit 2 before any peer
@@ -28,11 +28,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore import localdata
-from fedcore.data import first_non_finite, load_dataset, own_test_parts
+from fedcore.data import first_non_finite, images, load_dataset, own_test_parts
+from fedcore.data.cache import LEAF_CACHE
+from fedcore.data.files import MAX_CLASSES
+from fedcore.data.images import MAX_IMAGE_PIXELS
+from fedcore.data.standin import STANDINS, WRITERS, main, write_standin
 from fedcore.errors import DataError
-from fedcore.localdata import LEAF_CACHE, MAX_CLASSES, MAX_IMAGE_PIXELS
-from fedcore.standin import STANDINS, WRITERS, main, write_standin
 from tests.clitools import one_line_error
 
 Case = tuple[str, str, Path]
@@ -945,5 +946,5 @@ def test_an_image_within_the_pixel_limit_reads(fresh: Path) -> None:
     limit's side)."""
     side = int(MAX_IMAGE_PIXELS**0.5)
     assert side * side == MAX_IMAGE_PIXELS
-    pixels = localdata._decode_image(_png(np.zeros((64, 64), np.uint8)), "x")
+    pixels = images._decode_image(_png(np.zeros((64, 64), np.uint8)), "x")
     assert pixels.shape == (64, 64)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.config import PARTITIONS, ConfigError, config_from_dict
+from fedcore.config import PARTITIONS, config_from_dict
 from fedcore.data import natural_owners, own_test_parts, partition
-from fedcore.errors import DataError
+from fedcore.errors import ConfigError, DataError
 
 LABELS = np.random.default_rng(7).integers(0, 10, 1000)
 WRITERS = np.random.default_rng(8).integers(0, 60, 1000)

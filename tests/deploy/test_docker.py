@@ -42,7 +42,7 @@ import pytest
 from fedcore import certs
 from fedcore.config import Config, load_config
 from fedcore.deploy.compose import write_compose
-from fedcore.deploy.launch import summarize
+from fedcore.deploy.summarize import summarize
 from fedcore.deploy.swarm import HOST_LABEL, write_stack
 from fedcore.simulation.simulate import simulate
 from tests import dockerd

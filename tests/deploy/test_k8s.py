@@ -30,7 +30,8 @@ from fedcore.certs import cert_node_ids, init_certs, load_tls
 from fedcore.cli import main
 from fedcore.config import Config, load_config
 from fedcore.deploy import k8s
-from fedcore.deploy.k8s import PEER_WRAPPER, PROBE_WRAPPER, Resources, write_k8s
+from fedcore.deploy.k8s import write_k8s
+from fedcore.deploy.k8s_statefulset import PEER_WRAPPER, PROBE_WRAPPER, Resources
 from fedcore.deploy.launch import free_ports
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.ids import id_problem

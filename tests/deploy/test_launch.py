@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import load_config
-from fedcore.deploy.launch import _Children, free_ports, launch
+from fedcore.deploy.children import _Children
+from fedcore.deploy.launch import free_ports, launch
 from fedcore.simulation.simulate import simulate
 
 pytestmark = pytest.mark.grpc

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from fedcore.config import config_from_dict
+from fedcore.data.standin import write_standin
 from fedcore.setup.prepare import prepare_run
-from fedcore.standin import write_standin
 from tests.engines.test_vectorized import assert_same_run, run_both
 
 

@@ -30,7 +30,7 @@ from fedcore.engines.vectorized import VectorizedNetwork, unsupported
 from fedcore.errors import ConfigError
 from fedcore.setup.plan import build_topology
 from fedcore.setup.prepare import prepare_run
-from fedcore.simulation.results import RunObserver
+from fedcore.simulation.observer import RunObserver
 from fedcore.simulation.simulate import choose_engine, run_vectorized
 
 ROUNDS = 20

@@ -18,7 +18,7 @@ from fedcore.config import load_config
 from fedcore.engines.vectorized import VectorizedNetwork, resolve_device
 from fedcore.errors import ConfigError
 from fedcore.setup.prepare import prepare_run
-from fedcore.simulation.results import RunObserver
+from fedcore.simulation.observer import RunObserver
 from fedcore.simulation.simulate import run_vectorized
 
 CASES = {

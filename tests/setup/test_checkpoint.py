@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from fedcore.config import load_config
-from fedcore.deploy.launch import free_ports, read_params
+from fedcore.deploy.launch import free_ports
 from fedcore.deploy.peer import model_path
+from fedcore.deploy.summarize import read_params
 from fedcore.engines.messages import build_network
 from fedcore.errors import ConfigError
 from fedcore.setup import checkpoint

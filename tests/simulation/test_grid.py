@@ -14,9 +14,10 @@ import pytest
 
 from fedcore.cli import main
 from fedcore.data import Dataset, digits
-from fedcore.plotting import _curves, expand_runs, grid_keys
+from fedcore.plotting import expand_runs, grid_keys
+from fedcore.plotting.curves import _curves
 from fedcore.simulation.grid import best_cell, split_values
-from fedcore.simulation.sweep import final_figures
+from fedcore.simulation.sweep_figures import final_figures
 from tests.clitools import PNG_MAGIC, TINY, cli, one_line_error
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,10 +235,10 @@ def test_split_values_keeps_lists_and_quoted_commas_whole() -> None:
 def test_a_resumed_run_continues_from_its_checkpoint_and_ends_as_if_never_stopped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fedcore.simulation import sweep
-    from fedcore.simulation.results import RunObserver
+    from fedcore.simulation import sweep_workers
+    from fedcore.simulation.observer import RunObserver
 
-    real_end, real_resume = RunObserver.end_round, sweep.resume
+    real_end, real_resume = RunObserver.end_round, sweep_workers.resume
     stops: list[int] = []
 
     def end_round(self: RunObserver, t: int, *args: Any, **kwargs: Any) -> float:
@@ -253,7 +254,7 @@ def test_a_resumed_run_continues_from_its_checkpoint_and_ends_as_if_never_stoppe
         return real_resume(run_dir, **kwargs)
 
     monkeypatch.setattr(RunObserver, "end_round", end_round)
-    monkeypatch.setattr(sweep, "resume", spy)
+    monkeypatch.setattr(sweep_workers, "resume", spy)
     argv = ["sweep", "--grid", "algorithm.lr=0.1,0.5", "--set", "run.checkpoint_every=2"]
     argv += [*TINY, "--set", "run.rounds=8"]
     out = tmp_path / "stopped"

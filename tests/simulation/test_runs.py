@@ -224,7 +224,7 @@ def test_ctrl_c_in_a_flush_counts_no_round_twice(
 ) -> None:
     """Stopped half-way through reading back a batch of rounds: the partial summary counts
     each round once (the rest of the batch is left out, not replayed)."""
-    from fedcore.simulation.results import RunObserver
+    from fedcore.simulation.observer import RunObserver
 
     real = RunObserver.end_round
     stops = []

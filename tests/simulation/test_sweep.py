@@ -12,7 +12,8 @@ import pytest
 
 from fedcore.cli import main
 from fedcore.data import Dataset, digits
-from fedcore.simulation.sweep import FIGURES, final_figures, mean_std, parse_seeds
+from fedcore.simulation.seeds import parse_seeds
+from fedcore.simulation.sweep_figures import FIGURES, final_figures, mean_std
 from tests.clitools import PNG_MAGIC, TINY, cli, one_line_error
 
 REPO = Path(__file__).resolve().parents[2]

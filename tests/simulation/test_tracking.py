@@ -212,7 +212,7 @@ def test_a_run_that_blows_up_says_so(
 
 
 def test_a_loss_that_is_not_finite_is_diverging() -> None:
-    from fedcore.simulation.results import RunObserver
+    from fedcore.simulation.observer import RunObserver
 
     observer = RunObserver.__new__(RunObserver)
     observer.first_loss, observer.recent_losses = 2.3, [1.0, math.nan]

@@ -178,7 +178,7 @@ def test_data_paths_are_relative_to_the_config_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """data.root and folder:PATH: beside the config in a file, the current folder in --set."""
-    from fedcore.standin import write_standin
+    from fedcore.data.standin import write_standin
 
     exp = tmp_path / "exp"
     write_standin("fashion-mnist", exp / "data", samples=200)

@@ -1,96 +1,24 @@
-"""One gradient path for every engine: the loss and gradient of ``M`` stacked copies of a model.
-
-A gRPC peer and the message engine call :meth:`RowGradient.loss_and_grad` with one row
-(``M = 1``); the vectorized engine calls it with every up peer's row (``M = N``). Both run
-the same code, so they agree exactly when the kernels it uses give each row the same bits
-whatever ``M`` is (*batch-invariance*). Three ways to compute, chosen once per run
-(:attr:`RowGradient.mode`):
-
-* ``"batched"``: a ``Sequential`` of ``Flatten``, ``Linear`` and ``ReLU`` layers (the
-  built-in ``logreg`` and ``mlp``) as batched matrix products over the peer axis, the
-  softmax cross-entropy's backward written out (``p = softmax(logits)``, ``p[y] -= 1``,
-  ``p`` times each example's weight, then per layer ``dW = p^T h``, ``db = sum_b p``,
-  ``p <- p W`` masked by the ReLU; no autograd). Bit-identical rows for every ``M`` on
-  any CPU, given what it relies on:
-
-  - ``torch.matmul`` of ``[M, B, k] x [M, k, n]`` computes each row's product as its own
-    GEMM, and with ``M >= 2`` torch splits the work over rows, so no GEMM is split across
-    threads. A single row (``M = 1``) is therefore computed with one intra-op thread
-    (:func:`one_thread`): with two threads MKL splits one GEMM and rounds differently. The
-    same holds only for a contiguous product: written into a strided slice (``out=``),
-    MKL's AVX2 kernels split a row's GEMM over two threads too (and torch multiplies the
-    rows one by one), so each layer's weight gradient is computed contiguous and then
-    copied into its slice.
-  - A batch of one example would make the products matrix-vector ones, which MKL's
-    SSE4.2 kernels round differently by memory alignment; a batch of one is computed as
-    two examples, the second a copy with weight 0, which adds exact zeros to every sum.
-  - Elementwise ops (ReLU, the bias add), the softmax cross-entropy over the classes of
-    one example, and the sums over a row's examples (the bias gradients, the loss) are
-    computed per row in the same order for every ``M``. The sums are pairwise over the
-    examples zero-padded to a power of two (:func:`_sum_examples`), so zeros appended to
-    a row's examples do not change them either.
-  - Rows of different batch sizes (a peer holding fewer examples than the batch size)
-    share one pass, padded to the longest with examples weighted 0, where that gives each
-    row the bits of its own examples alone: in float32 on MKL's AVX2 kernels or later,
-    every row of at least 4 examples and the longest of at most 64, and no layer's
-    product crossing torch's small-product threshold (:meth:`RowGradient._pads_exactly`:
-    where MKL's kernels were seen to change with the number of examples; within these
-    limits they add a product's terms over the examples in order, so the padding adds
-    exact zeros; MKL's SSE4.2 kernels add the last ones by the operands' alignment,
-    :func:`_padding_kernels`). Otherwise rows are grouped by batch size, each group
-    computed on exactly its rows' examples.
-  - MKL runs in its conditional numerical reproducibility mode (``MKL_CBWR=AUTO``, set
-    when fedcore is imported; :func:`reproducible_blas`): otherwise its GEMM kernels
-    round by the memory address of the operands on some CPUs (AMD EPYC with AVX-512, where
-    a row at an odd offset of the stacked ``[M, d]`` parameters got other bits than the
-    same row alone). The mode costs no measurable time here.
-
-  ``tests/test_gradients.py`` checks these under every kernel level CI forces
-  (``ATEN_CPU_CAPABILITY`` and ``MKL_ENABLE_INSTRUCTIONS``), and one and two threads.
-* ``"vmap"``: any other model ``torch.func.vmap`` can map. Not batch-invariant: vmap runs a
-  convolution of ``M`` rows as one grouped convolution, whose rounding depends on ``M``.
-  The engines (a peer's gradient as one row, or as one of several) agree to rounding, not
-  bits, except where an input to a ReLU's gate (or a max-pool window's two largest) lies
-  within that rounding of zero (of each other): the gate then flips on one engine only,
-  and every parameter upstream of it moves by that activation's whole share of the
-  gradient, which no rounding bounds (one float32 step measured 1.2e-4 relative for
-  ``resnet20``, 5.7e-4 for ``cnn32``). So ``tests/engines/test_published_models.py``
-  compares vmap-mode models in float64, where such a flip is all but impossible, against
-  a bound derived from the kernels' rounding (its docstring derives it).
-* ``"module"``: a model vmap cannot map (BatchNorm's running statistics, data-dependent
-  control flow, its own randomness), or maps only by looping over the rows itself (an
-  operator with no batching rule, such as an LSTM's ``aten::mkldnn_rnn_layer``: torch warns
-  of "a performance drop", which the probe takes as a no; 9x slower than this mode for the
-  built-in ``char-lstm`` at 16 rows): the module's own forward and backward, one row at a
-  time, with one thread. Bit-identical on both engines, and slow at many rows.
-
-The probe (:meth:`RowGradient._probe`) takes the first of batched (where the layers allow)
-and vmap whose gradients at two parameter rows match the module's own: elementwise, or
-for a deep model within 1e-3 of the gradient's norm (:func:`_agree`). Only the vectorized
-engine says that it fell back to one module per row, once a process.
-"""
+""":class:`RowGradient`: the loss and gradient of stacked flat-parameter rows of one model,
+by batched products, ``torch.func.vmap`` or the module row by row (see
+:mod:`fedcore.gradients` for what keeps the rows batch-invariant)."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import re
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.nn import functional
 
 from fedcore.errors import DataError
+from fedcore.gradients.blas import _padding_kernels, one_thread, reproducible_blas
 from fedcore.ids import error_text
 
-__all__ = ["GRADIENT_MODES", "RowGradient", "model_input", "one_thread", "reproducible_blas"]
-
 logger = logging.getLogger(__name__)
+
 
 GRADIENT_MODES = ("batched", "vmap", "module")
 
@@ -107,11 +35,6 @@ _WIDEST_PADDED = 64
 examples into blocks by their number (so padding would move the blocks' bounds); 64
 leaves a margin for CPUs whose kernels block sooner."""
 
-_CBWR_AVX2 = 10
-"""MKL's number for its AVX2 kernels (``MKL_CBWR_AVX2``; SSE4.2's is 8, AVX-512's 12)."""
-
-_padding_kernels_checked: bool | None = None
-
 
 def model_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x`` as a model takes it: floating features in the model's ``dtype``, integer ones
@@ -121,106 +44,6 @@ def model_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 RowFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[float, torch.Tensor]]
 """One row's ``(loss, gradient)`` at flat parameters ``[d]`` on ``x [B, ...]``, ``y [B]``."""
-
-
-_CBWR_BRANCH = 1  # mkl_cbwr_get's option: the current branch
-_CBWR_OFF = (0, 1)  # no reproducibility mode (unset, or branch off)
-_CBWR_AUTO = 2
-
-_blas_checked: bool | None = None
-
-
-def reproducible_blas() -> bool:
-    """Whether MKL computes in its conditional numerical reproducibility mode (switching it
-    on if MKL has not computed anything yet); ``True`` where torch uses no MKL. Warns once
-    if it is off and can no longer be switched on (torch ran a product before fedcore was
-    imported with ``MKL_CBWR`` unset): the engines may then differ in the last bits on
-    CPUs whose kernels round by memory address."""
-    global _blas_checked
-    if _blas_checked is not None:
-        return _blas_checked
-    library = _mkl()
-    ok = True
-    if library is not None:
-        get, set_ = library
-        chosen = os.environ.get("MKL_CBWR", "AUTO") != "AUTO"  # the user's own setting
-        if chosen:
-            ok = get(_CBWR_BRANCH) not in _CBWR_OFF
-        elif get(_CBWR_BRANCH) in _CBWR_OFF and set_(_CBWR_AUTO) != 0:
-            ok = False
-            logger.warning(
-                "MKL's reproducibility mode is off (torch computed before fedcore was "
-                "imported, and MKL_CBWR is unset): a peer's gradient may differ from the "
-                "vectorized engine's in the last bits on some CPUs. Import fedcore first or "
-                "set MKL_CBWR=AUTO."
-            )
-    _blas_checked = ok
-    return ok
-
-
-def _mkl() -> tuple[Callable[[int], int], Callable[[int], int]] | None:
-    """MKL's ``(cbwr_get, cbwr_set)`` inside torch's CPU library, or ``None``."""
-    library = _torch_cpu_library()
-    if library is None:
-        return None
-    get, set_ = library.mkl_serv_cbwr_get, library.mkl_serv_cbwr_set
-    for function in (get, set_):
-        function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_int]
-    return get, set_
-
-
-def _torch_cpu_library() -> ctypes.CDLL | None:
-    """torch's CPU library where it holds MKL's service functions, else ``None``."""
-    if not torch.backends.mkl.is_available():  # type: ignore[no-untyped-call]
-        return None
-    folder = Path(torch.__file__).parent / "lib"
-    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib"):
-        try:
-            library = ctypes.CDLL(str(folder / name))
-            library.mkl_serv_cbwr_get, library.mkl_serv_cbwr_set  # noqa: B018
-        except (OSError, AttributeError):
-            continue
-        return library
-    return None
-
-
-def _padding_kernels() -> bool:
-    """Whether MKL's kernels are those padding was measured exact on (AVX2 or later, or no
-    MKL: torch's own kernels), checked once a process. MKL's SSE4.2 kernels (a CPU
-    without AVX2, or ``MKL_ENABLE_INSTRUCTIONS=SSE4_2``) add a product's last examples by
-    the operands' memory alignment even in the reproducibility mode: a row of 41 examples
-    padded to 46 got the lone row's bits at one offset of the stacked rows and not at
-    another (7e-9 apart), which a check of one row per size cannot see."""
-    global _padding_kernels_checked
-    if _padding_kernels_checked is None:
-        library = _torch_cpu_library()
-        ok = True
-        if library is not None:
-            try:
-                auto = library.mkl_serv_cbwr_get_auto_branch
-            except AttributeError:
-                ok = False  # an MKL that cannot say which kernels it runs
-            else:
-                auto.restype = ctypes.c_int
-                auto.argtypes = []
-                ok = int(auto()) >= _CBWR_AVX2
-        _padding_kernels_checked = ok
-    return _padding_kernels_checked
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Run the block with one intra-op thread (then restore the count)."""
-    threads = torch.get_num_threads()
-    if threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 class RowGradient:

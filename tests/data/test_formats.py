@@ -1,6 +1,6 @@
-"""The datasets read from local files (fedcore.localdata), on stand-in files written in each
-real format and layout (fedcore.standin): shapes, dtypes, labels as the files hold them,
-missing datasets, the CIFAR unpickler's refusals, and the folder: forms."""
+"""The datasets read from local files (fedcore.data's format modules), on stand-in files
+written in each real format and layout (fedcore.data.standin): shapes, dtypes, labels as the
+files hold them, missing datasets, the CIFAR unpickler's refusals, and the folder: forms."""
 
 from __future__ import annotations
 
@@ -16,16 +16,11 @@ import pytest
 import torch
 
 from fedcore.data import load_dataset
+from fedcore.data.files import DATA_ENV, FETCH, MissingDataset, data_root
+from fedcore.data.idx import read_idx
+from fedcore.data.leaf import SHAKESPEARE_LETTERS
+from fedcore.data.standin import STANDINS, main, write_standin
 from fedcore.errors import DataError
-from fedcore.localdata import (
-    DATA_ENV,
-    FETCH,
-    SHAKESPEARE_LETTERS,
-    MissingDataset,
-    data_root,
-    read_idx,
-)
-from fedcore.standin import STANDINS, main, write_standin
 from tests.clitools import cli, one_line_error
 
 SHAPES = {
@@ -47,7 +42,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _file_labels(name: str, root: Path) -> tuple[list[int], list[int]]:
-    """The labels as the files hold them, read without fedcore.localdata."""
+    """The labels as the files hold them, read without fedcore.data."""
     if name == "cifar10":
         folder = root / "cifar-10-batches-py"
         train = []
@@ -332,18 +327,19 @@ def test_a_folder_with_nothing_readable_says_what_it_needs(tmp_path: Path) -> No
 def test_leaf_json_is_decoded_once_and_kept_beside_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fedcore import localdata
+    from fedcore.data import leaf
+    from fedcore.data.cache import LEAF_CACHE
 
     folder = write_standin("femnist", tmp_path, samples=60, writers=6)
     first = load_dataset("femnist", seed=0, root=str(tmp_path))
-    kept = list((folder / localdata.LEAF_CACHE).glob("femnist-*.npz"))
+    kept = list((folder / LEAF_CACHE).glob("femnist-*.npz"))
     assert len(kept) == 1
 
     def never(*_: object) -> None:
         raise AssertionError("decoded again")
 
     with monkeypatch.context() as m:
-        m.setattr(localdata, "_leaf_decoded", never)
+        m.setattr(leaf, "_leaf_decoded", never)
         again = load_dataset("femnist", seed=0, root=str(tmp_path))
     assert torch.equal(first.x_train, again.x_train) and first.writers == again.writers
     assert np.array_equal(first.groups_test, again.groups_test)
@@ -355,7 +351,7 @@ def test_leaf_json_is_decoded_once_and_kept_beside_it(
     path.write_text(json.dumps(blob))
     changed = load_dataset("femnist", seed=0, root=str(tmp_path))
     assert not torch.equal(changed.y_train, first.y_train)
-    (now,) = (folder / localdata.LEAF_CACHE).glob("femnist-*.npz")
+    (now,) = (folder / LEAF_CACHE).glob("femnist-*.npz")
     assert now != kept[0]
     now.write_bytes(now.read_bytes()[:100])
     assert torch.equal(load_dataset("femnist", seed=0, root=str(tmp_path)).y_train, changed.y_train)
@@ -364,14 +360,14 @@ def test_leaf_json_is_decoded_once_and_kept_beside_it(
 def test_leaf_in_a_folder_that_cannot_be_written_is_decoded_each_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fedcore import localdata
+    from fedcore.data import cache
 
     write_standin("shakespeare", tmp_path, samples=60, writers=6)
 
     def refuse(*_: object, **__: object) -> None:
         raise PermissionError("read-only")
 
-    monkeypatch.setattr(localdata.tempfile, "NamedTemporaryFile", refuse)
+    monkeypatch.setattr(cache.tempfile, "NamedTemporaryFile", refuse)
     dataset = load_dataset("shakespeare", seed=0, root=str(tmp_path))
     assert len(dataset.writers) == 6
 
