@@ -30,8 +30,9 @@ from fedcore.engines.vectorized import VectorizedNetwork, unsupported
 from fedcore.errors import ConfigError
 from fedcore.setup.plan import build_topology
 from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.drivers import run_vectorized
 from fedcore.simulation.observer import RunObserver
-from fedcore.simulation.simulate import choose_engine, run_vectorized
+from fedcore.simulation.simulate import choose_engine
 
 ROUNDS = 20
 
