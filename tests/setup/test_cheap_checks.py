@@ -28,7 +28,7 @@ from fedcore.setup import plan
 from fedcore.setup.plan import build_topology, estimated_edges
 from fedcore.setup.prepare import prepare_run
 from fedcore.topology import analysis, build, prepare, social, spectral_gap
-from fedcore.topology.generators import KINDS
+from fedcore.topology.kinds import KINDS
 from fedcore.topology.weights import MAX_MIXING_PAIRS, check_mixing_size
 from tests.clitools import one_line_error
 
