@@ -304,9 +304,10 @@ def format_topk_table(study: dict[str, Any], encode_ms: float | None) -> str:
 
 # --------------------------------------------------------------------------- step timing
 
-# Each generator mirrors one codec method of fedcore/compression/codecs.py step by step,
-# yielding a label after each step; run_steps times the gaps. The "sum of steps" column
-# beside the codec's own median shows whether the mirror still matches the code.
+# Each generator mirrors one codec method of fedcore/compression/codecs.py (or sparse.py)
+# step by step, yielding a label after each step; run_steps times the gaps. The "sum of
+# steps" column beside the codec's own median shows whether the mirror still matches the
+# code.
 
 StepGen = Iterator[str]
 

@@ -116,12 +116,16 @@ def _patched(clock: _Clock) -> Iterator[None]:
     observer = module(
         "fedcore.runners.simulate", "fedcore.simulation.observer", "fedcore.simulation.results"
     )
+    drivers = module(
+        "fedcore.runners.simulate", "fedcore.simulation.drivers", "fedcore.simulation.simulate"
+    )
     vectorized = module("fedcore.runners.vectorized", "fedcore.engines.vectorized")
+    build = "build_engine" if hasattr(sim, "build_engine") else "_build"
     targets: list[tuple[Any, str, str]] = [
         (sim, "prepare_run", "setup"),
-        (sim, "_build", "setup"),
-        (sim, "run_vectorized", "rounds"),
-        (sim, "_run_messages", "rounds"),  # the message engine's loop (a coroutine)
+        (sim, build, "setup"),
+        (drivers, "run_vectorized", "rounds"),
+        (drivers, "_run_messages", "rounds"),  # the message engine's loop (a coroutine)
         (vectorized, "evaluate_stacked", "evaluations"),
         (observer, "evaluate_models", "evaluations"),
         (results, "add_regret", "regret"),

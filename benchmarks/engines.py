@@ -75,7 +75,7 @@ from fedcore.data import Dataset, load_dataset, partition
 from fedcore.engines.messages import build_network
 from fedcore.engines.vectorized import VectorizedNetwork
 from fedcore.models import build_model
-from fedcore.setup.plan import build_topology
+from fedcore.setup.graph import build_topology
 from fedcore.setup.prepare import prepare_run
 from fedcore.stacked_training import StackedBatches
 

@@ -57,7 +57,7 @@ import _common  # benchmarks/_common.py, beside this script
 from fedcore.algorithms.batched import EdgeUnion, stack_graph
 from fedcore.config import fingerprint_json, load_config
 from fedcore.engines.vectorized import VectorizedNetwork
-from fedcore.setup.plan import build_topology, communication_graph
+from fedcore.setup.graph import build_topology, communication_graph
 from fedcore.setup.prepare import prepare_run
 from fedcore.streams import load_source
 from fedcore.topology import TrustGraph

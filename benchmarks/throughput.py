@@ -64,7 +64,7 @@ from fedcore.data import BatchStream, Dataset, load_dataset, partition
 from fedcore.engines.messages import Network, build_network
 from fedcore.errors import DataError
 from fedcore.models import build_model
-from fedcore.setup.plan import build_topology
+from fedcore.setup.graph import build_topology
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "throughput.json"
 # Node-rounds per timed run when --rounds is not given: rounds(N) = max(MIN_ROUNDS,

@@ -305,7 +305,7 @@ def _kind(
 ) -> Entry:
     return Entry(
         name,
-        f"fedcore.topology.generators:_kind_{name.replace('-', '_')}",
+        f"fedcore.topology.kinds:_kind_{name.replace('-', '_')}",
         keys,
         frozenset(tags),
         edges,

@@ -42,7 +42,8 @@ from fedcore.engines.vectorized import VectorizedNetwork, evaluate_stacked
 from fedcore.messages import Message, Payload
 from fedcore.metrics import evaluate_models
 from fedcore.node import Node, per_node
-from fedcore.setup.plan import communication_graph, configured_algorithm
+from fedcore.setup.graph import communication_graph
+from fedcore.setup.plan import configured_algorithm
 from fedcore.setup.prepare import prepare_run, seed_torch
 from fedcore.simulation.simulate import choose_engine
 from fedcore.topology import Topology, parse_spec

@@ -28,7 +28,7 @@ from _results import finals, mean, plot_curves, run_grid
 
 from fedcore.config import TopologyConfig
 from fedcore.metrics import to_json_text
-from fedcore.setup.plan import build_topology
+from fedcore.setup.graph import build_topology
 from fedcore.topology import prepare, spectral_gap
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         check_node_id(n, "--nodes", ConfigError)
     if args.config:
         from fedcore.config import load_config
-        from fedcore.setup.plan import build_topology
+        from fedcore.setup.graph import build_topology
 
         nodes += build_topology(load_config(args.config).topology).nodes
     if not nodes:

@@ -4,7 +4,8 @@ A codec has ``encode(tensor) -> EncodedTensor`` and ``decode(EncodedTensor) -> t
 Decoding bytes that do not match their header raises
 :class:`~fedcore.errors.CompressionError`, never a crash or a wrong tensor. ``raw`` is the
 lossless default of the node; ``fp32``, ``fp16``, ``bf16``, ``qsgd``, ``sign``, ``topk``
-and ``randk`` are the packed lossy codecs (see :mod:`fedcore.compression.codecs`), and
+and ``randk`` are the packed lossy codecs (see :mod:`fedcore.compression.codecs` and
+:mod:`fedcore.compression.sparse`), and
 ``fp8``, ``float`` and ``s2fp8`` the low-precision floats (:mod:`fedcore.compression.floats`).
 """
 
@@ -12,14 +13,7 @@ from __future__ import annotations
 
 from fedcore.compression.base import Codec, RawCodec
 from fedcore.compression.batched import RowCodec, make_row_codec
-from fedcore.compression.codecs import (
-    CastCodec,
-    QSGDCodec,
-    RandKCodec,
-    SignCodec,
-    TopKCodec,
-    topk_indices,
-)
+from fedcore.compression.codecs import CastCodec, QSGDCodec, SignCodec
 from fedcore.compression.floats import CustomFloatCodec, FP8Codec, S2FP8Codec
 from fedcore.compression.registry import (
     CODEC_NAMES,
@@ -30,6 +24,7 @@ from fedcore.compression.registry import (
     get_codec,
     make_codec,
 )
+from fedcore.compression.sparse import RandKCodec, TopKCodec, topk_indices
 
 __all__ = [
     "CODECS",

@@ -41,8 +41,9 @@ from typing import Any
 import torch
 
 from fedcore.compression.base import RawCodec, RowsCodec
-from fedcore.compression.codecs import CastCodec, QSGDCodec, RandKCodec
+from fedcore.compression.codecs import CastCodec, QSGDCodec
 from fedcore.compression.registry import CodecOptions, make_codec
+from fedcore.compression.sparse import RandKCodec
 from fedcore.errors import CompressionError
 
 __all__ = ["RowCodec", "make_row_codec"]

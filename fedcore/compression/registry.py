@@ -16,8 +16,9 @@ import torch
 
 from fedcore import registry
 from fedcore.compression.base import Codec, RawCodec, RowsCodec
-from fedcore.compression.codecs import CastCodec, QSGDCodec, RandKCodec, SignCodec, TopKCodec
+from fedcore.compression.codecs import CastCodec, QSGDCodec, SignCodec
 from fedcore.compression.floats import CustomFloatCodec, FP8Codec, S2FP8Codec
+from fedcore.compression.sparse import RandKCodec, TopKCodec
 from fedcore.config import CompressionConfig
 from fedcore.errors import CompressionError
 

@@ -26,7 +26,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from fedcore import registry, topology
+from fedcore import registry
 from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
 from fedcore.algorithms.asynchronous import is_asynchronous
 from fedcore.algorithms.base import with_traits
@@ -34,10 +34,17 @@ from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.algorithms.rule import is_rule
 from fedcore.compression import CodecOptions, codec_seed
 from fedcore.compression.batched import make_row_codec
-from fedcore.config import Config, TopologyConfig, fingerprint_json
+from fedcore.config import Config, fingerprint_json
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.faults import FaultPlan
 from fedcore.runtime import physical_memory
+from fedcore.setup.graph import (
+    build_topology,
+    check_graph,
+    communication_graph,
+    estimated_edges,
+    period_graphs,
+)
 from fedcore.topology import Topology
 from fedcore.topology.digest import edges_json
 from fedcore.topology.weights import check_mixing_size
@@ -54,13 +61,10 @@ __all__ = [
     "RunPlan",
     "Shape",
     "algorithm_options",
-    "build_topology",
     "check_combinations",
     "check_engine",
-    "communication_graph",
     "configured_algorithm",
     "engine_error",
-    "estimated_edges",
     "finish_plan",
     "node_optimizer",
     "outline_run",
@@ -95,47 +99,6 @@ before any slow step. A larger one is built after the model, once the memory bou
 counts every node's model has passed (building it takes seconds at a million nodes)."""
 
 
-def build_topology(cfg: TopologyConfig) -> Topology:
-    """The trust graph of ``[topology]``: the file if one is given, else the generator."""
-    if cfg.file:
-        if cfg.undirected:
-            raise ConfigError("topology.undirected applies to generated graphs, not to files.")
-        return topology.load(cfg.file)
-    kind = registry.TOPOLOGY_KINDS.entry(cfg.kind)
-    params = {k: getattr(cfg, k) for k in kind.keys}  # its parameters: [topology]'s keys
-    if "unset-at-0" in kind.tags:
-        params = {k: v for k, v in params.items() if v}
-    built = topology.build(cfg.kind, nodes=cfg.nodes, seed=cfg.seed, **params)
-    if not cfg.undirected:
-        return built
-    if not isinstance(built, topology.TrustGraph):
-        raise ConfigError(f"topology.undirected does not apply to the schedule {cfg.kind!r}.")
-    if not built.is_symmetric():
-        edges = built.edges()
-        return topology.TrustGraph.from_edges(
-            [*edges, *((v, u) for u, v in edges)],
-            name=f"{built.name}-undirected",
-            nodes=built.nodes,
-        )
-    return built
-
-
-def estimated_edges(cfg: TopologyConfig, nodes: int) -> int:
-    """About how many edges (over one period, self-loops included) the generator of
-    ``[topology]`` makes for ``nodes`` nodes, from the counts alone: what building the graph
-    will cost before it is built. A ``file`` is not estimated (0)."""
-    if cfg.file:
-        return 0
-    edges = registry.TOPOLOGY_KINDS.entry(cfg.kind).edges
-    assert edges is not None  # every kind says its estimate
-    return edges(nodes, cfg)
-
-
-def _period_graphs(t: Topology) -> tuple[topology.TrustGraph, ...]:
-    """The graphs of one period of ``t`` (a TrustGraph is its own one)."""
-    return tuple(t.at(r) for r in range(t.period))
-
-
 def round_drift(config: Config) -> int:
     """Rounds a sender may run ahead of a receiver beyond strict lock-step.
 
@@ -151,16 +114,6 @@ def round_drift(config: Config) -> int:
     drift += sum(max(0, min(p.end, rounds) - p.start) for p in f.partitions)
     drift += sum(max(0, (c.back if c.back >= 0 else rounds) - c.at) for c in f.crashes)
     return drift
-
-
-def communication_graph(algorithm: Algorithm, trust: Topology) -> Topology:
-    """The weighted graph ``algorithm`` communicates over, validated for it."""
-    return topology.prepare(
-        trust,
-        mixing=algorithm.mixing,
-        algorithm=algorithm.name,
-        server=algorithm.server,
-    )
 
 
 def algorithm_options(config: Config) -> dict[str, Any]:
@@ -417,7 +370,7 @@ def check_run_memory(
     if trust is None:
         edges = estimated_edges(config.topology, n)
     else:  # self-loops included, as the weights will have them
-        edges = sum(g.index_edges()[0].size + len(g.nodes) for g in _period_graphs(trust))
+        edges = sum(g.index_edges()[0].size + len(g.nodes) for g in period_graphs(trust))
     if algorithm.mixing in ("complete", "all-pairs"):
         edges = max(edges, n * n)
     graph = edges * EDGE_BYTES
@@ -568,7 +521,7 @@ def finish_plan(
     else:
         trust, graph = _weighted_graph(config, outline, laps)
     run_id = fingerprint_json(config, edges_json(graph))
-    edges = sum(g.index_edges()[0].size for g in _period_graphs(graph))
+    edges = sum(g.index_edges()[0].size for g in period_graphs(graph))
     laps.done("fingerprinted the run over %d edges", edges)
     faults = None
     if config.faults.active:
@@ -591,7 +544,7 @@ def weigh_early(config: Config, outline: Outline, laps: Laps | None = None) -> O
     if trust is None:
         edges = estimated_edges(config.topology, n)
     else:
-        edges = sum(g.index_edges()[0].size + len(g.nodes) for g in _period_graphs(trust))
+        edges = sum(g.index_edges()[0].size + len(g.nodes) for g in period_graphs(trust))
     if outline.algorithm.mixing in ("complete", "all-pairs"):
         edges = max(edges, n * n)
     if edges > EARLY_GRAPH_EDGES:
@@ -602,45 +555,12 @@ def weigh_early(config: Config, outline: Outline, laps: Laps | None = None) -> O
 
 def _weighted_graph(config: Config, outline: Outline, laps: Laps) -> tuple[Topology, Topology]:
     """The trust graph of ``outline`` (built now if it is not yet) and the weighted graph
-    its algorithm communicates over, checked (:func:`_check_graph`)."""
+    its algorithm communicates over, checked (:func:`~fedcore.setup.graph.check_graph`)."""
     algorithm, trust = outline.algorithm, outline.trust
     if trust is None:
         trust = build_topology(config.topology)
         laps.done("built the graph %s: %d nodes", trust.name, len(trust.nodes))
     graph = communication_graph(algorithm, trust)
     laps.done("weighted the graph for %s (%s mixing)", algorithm.name, algorithm.mixing)
-    _check_graph(config, algorithm, trust, graph, outline.shape)
+    check_graph(config, algorithm, trust, graph, outline.shape.nodes)
     return trust, graph
-
-
-def _check_graph(
-    config: Config, algorithm: Algorithm, trust: Topology, graph: Topology, shape: Shape
-) -> None:
-    """Refuse a weighted graph the config cannot run on: a schedule for an algorithm of
-    one fixed graph, a dropped edge that is no edge, or a node count other than the one
-    the run was shaped (and its data split) for."""
-    if graph.period > 1 and algorithm.fixed_graph:
-        raise ConfigError(
-            f"algorithm {config.algorithm.name!r} runs on a fixed graph, but the topology "
-            f"{trust.name!r} changes every round (a schedule of {graph.period} graphs). "
-            "Use a static topology kind (fedcore topology show lists a schedule's)."
-        )
-    edges_used = (
-        {e for t in range(graph.period) for e in graph.at(t).edges()}
-        if config.faults.edge_drop
-        else set()
-    )
-    for text in config.faults.edge_drop:
-        sender, _, receiver = (part.strip() for part in text.partition("->"))
-        known = sender in graph.nodes and receiver in graph.nodes  # else the plan says so
-        if known and (sender, receiver) not in edges_used:
-            raise ConfigError(
-                f"faults.edge_drop names {text!r}, but {sender} sends {receiver} nothing: it "
-                f"is not an edge of the graph {config.algorithm.name!r} communicates over. "
-                "Name an edge of the graph (fedcore topology show prints them)."
-            )
-    if len(graph.nodes) != shape.nodes:  # a generator always makes n nodes; never split wrongly
-        raise TopologyError(
-            f"topology.nodes = {shape.nodes}, but the graph {trust.name!r} has "
-            f"{len(graph.nodes)} nodes."
-        )

@@ -49,7 +49,6 @@ __all__ = [
     "CHECKPOINTS",
     "MAX_GAP_NODES",
     "RUN_FILES",
-    "RunObserver",
     "add_regret",
     "default_out_dir",
     "finish_run",

@@ -7,29 +7,22 @@ evaluation round), ``summary.json`` and ``curves.png``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 import torch
 
 from fedcore.algorithms.asynchronous import is_asynchronous
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
 from fedcore.engines.clock import virtual_clock
-from fedcore.engines.events import EventNetwork
-from fedcore.engines.messages import Network, build_network
 from fedcore.engines.vectorized import (
-    Flusher,
-    VectorizedNetwork,
     node_records_mode,
-    resolve_device,
     unsupported,
 )
 from fedcore.errors import ConfigError, UserCodeError
@@ -40,9 +33,10 @@ from fedcore.runtime import auto_threads, threads_sleep
 from fedcore.setup import checkpoint
 from fedcore.setup.plan import check_engine, engine_error, planned_nodes
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
+from fedcore.simulation.drivers import Engine, build_engine
+from fedcore.simulation.observer import RunObserver
 from fedcore.simulation.results import (
     CHECKPOINTS,
-    RunObserver,
     finish_run,
     open_run_dir,
     regret_tracker,
@@ -55,7 +49,6 @@ __all__ = [
     "choose_threads",
     "keep_late_warnings",
     "resume",
-    "run_vectorized",
     "simulate",
 ]
 
@@ -175,7 +168,7 @@ def _simulate(
         if show_progress:
             print(f"simulate: engine 'messages' ({why})", file=stream, flush=True)
     with _threads_for(setup, engine, threads):
-        built = _build(setup, engine)
+        built = build_engine(setup, engine)
         name = run_name(config, setup, overrides)
         out = open_run_dir(out_dir, name, force=force)
         (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
@@ -284,7 +277,7 @@ def _resume(
     with _threads_for(setup, engine, threads):
         return _execute(
             setup,
-            _build(setup, engine),
+            build_engine(setup, engine),
             out,
             name=name,
             overrides=overrides,
@@ -292,138 +285,6 @@ def _resume(
             show_progress=show_progress,
             saved=saved,
         )
-
-
-Save = Callable[[int, dict[str, Any]], None]
-"""Write a checkpoint of ``round`` holding the engine's ``state`` (and the run's own)."""
-
-
-class Engine(Protocol):
-    """What :func:`simulate` asks of an engine's network, whichever engine it is."""
-
-    name: str
-    """``"messages"``, ``"vectorized"`` or ``"events"`` (the checkpoint and summary say it)."""
-    nodes: Sequence[str]
-    """Every node, in graph order."""
-
-    def run(
-        self,
-        observer: RunObserver,
-        writer: JsonlWriter,
-        progress: Progress | None,
-        save: Save,
-        saved: Mapping[str, Any] | None,
-    ) -> dict[str, torch.Tensor] | None:
-        """Run (or continue, from checkpoint ``saved``) to ``run.rounds``, accounting into
-        ``observer`` and checkpointing through ``save``; every node's final parameters
-        where the engine has them at hand (``None``: :meth:`final` reads them)."""
-        ...
-
-    def final(self, observer: RunObserver) -> dict[str, torch.Tensor]:
-        """Every node's parameters now, on the CPU."""
-        ...
-
-    def summary(self) -> dict[str, Any]:
-        """The summary's keys that say how this engine ran (engine, device, gradients)."""
-        ...
-
-
-class _Messages:
-    """The message engine: a :class:`~fedcore.node.Node` per peer, in-process."""
-
-    name = "messages"
-
-    def __init__(self, network: Network) -> None:
-        self.network = network
-        self.nodes: Sequence[str] = list(network.nodes)
-
-    def run(
-        self,
-        observer: RunObserver,
-        writer: JsonlWriter,
-        progress: Progress | None,
-        save: Save,
-        saved: Mapping[str, Any] | None,
-    ) -> dict[str, torch.Tensor] | None:
-        network = self.network
-        if saved is not None:
-            for nid, node in network.nodes.items():
-                checkpoint.restore(node, saved["nodes"][nid])
-        observer.attach(network)
-        config = network.config
-        asyncio.run(_run_messages(network, config.run.rounds, config.run.checkpoint_every, save))
-        return None
-
-    def final(self, observer: RunObserver) -> dict[str, torch.Tensor]:
-        return {nid: node.model() for nid, node in self.network.nodes.items()}
-
-    def summary(self) -> dict[str, Any]:
-        # One module per node on the CPU.
-        return {"engine": self.name, "device": "cpu", "gradients": "per-node"}
-
-
-class _Vectorized:
-    """The vectorized engine: every peer a row of one stack."""
-
-    name = "vectorized"
-
-    def __init__(self, net: VectorizedNetwork) -> None:
-        self.net = net
-        self.nodes: Sequence[str] = list(net.nodes)
-
-    def run(
-        self,
-        observer: RunObserver,
-        writer: JsonlWriter,
-        progress: Progress | None,
-        save: Save,
-        saved: Mapping[str, Any] | None,
-    ) -> dict[str, torch.Tensor] | None:
-        return run_vectorized(self.net, observer, writer, progress, save=save, saved=saved)
-
-    def final(self, observer: RunObserver) -> dict[str, torch.Tensor]:
-        return _vectorized_final(self.net, observer)
-
-    def summary(self) -> dict[str, Any]:
-        net = self.net
-        return {"engine": self.name, "device": str(net.device), "gradients": net.objective.mode}
-
-
-class _Events:
-    """The event engine: the asynchronous algorithms in virtual time."""
-
-    name = "events"
-
-    def __init__(self, net: EventNetwork) -> None:
-        self.net = net
-        self.nodes: Sequence[str] = list(net.nodes)
-
-    def run(
-        self,
-        observer: RunObserver,
-        writer: JsonlWriter,
-        progress: Progress | None,
-        save: Save,
-        saved: Mapping[str, Any] | None,
-    ) -> dict[str, torch.Tensor] | None:
-        return run_events(self.net, observer)
-
-    def final(self, observer: RunObserver) -> dict[str, torch.Tensor]:
-        models = self.net.models()
-        return {nid: models[i] for i, nid in enumerate(self.net.nodes)}
-
-    def summary(self) -> dict[str, Any]:
-        return {"engine": self.name, "device": "cpu", "gradients": self.net.objective.mode}
-
-
-def _build(setup: RunSetup, engine: str) -> Engine:
-    """The network of ``engine`` (a name :func:`choose_engine` gave) for ``setup``."""
-    if engine == "events":
-        return _Events(EventNetwork(setup))
-    if engine == "vectorized":
-        device = resolve_device(setup.config.simulate.device)
-        return _Vectorized(VectorizedNetwork(setup, device=device))
-    return _Messages(build_network(setup.config, setup=setup))
 
 
 def _execute(
@@ -608,101 +469,3 @@ def keep_late_warnings(out: Path, summary: dict[str, Any]) -> None:
     if said != summary.get("warnings", said):
         summary["warnings"] = said
         write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
-
-
-async def _run_messages(
-    network: Network,
-    rounds: int,
-    every: int,
-    save: Callable[[int, dict[str, Any]], None],
-) -> None:
-    """Run the message engine to ``rounds``, stopping every node at each multiple of
-    ``every`` (0: never) to checkpoint them all at once.
-
-    SIGINT and SIGTERM (in the main thread) cancel the run between the nodes' steps and
-    raise :class:`KeyboardInterrupt` here, rather than inside one node's task.
-    """
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    handled = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.getsignal(sig)
-        try:
-            loop.add_signal_handler(sig, task.cancel)
-        except (ValueError, RuntimeError):  # not the main thread: signals stay as they are
-            continue
-        handled.append((sig, previous))
-    try:
-        done = min(node.round for node in network.nodes.values())
-        while done < rounds:
-            stop = min(rounds, (done // every + 1) * every) if every else rounds
-            await network.run_async(stop)
-            done = stop
-            if every and done < rounds:
-                nodes = network.nodes.items()
-                save(done, {"nodes": {nid: checkpoint.snapshot(n) for nid, n in nodes}})
-    except asyncio.CancelledError:
-        raise KeyboardInterrupt from None
-    finally:
-        for sig, previous in handled:
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, previous)
-
-
-def run_vectorized(
-    net: VectorizedNetwork,
-    observer: RunObserver,
-    writer: JsonlWriter | None,
-    progress: Progress | None,
-    *,
-    save: Callable[[int, dict[str, Any]], None] | None = None,
-    saved: Mapping[str, Any] | None = None,
-) -> dict[str, torch.Tensor]:
-    """Run every round of a :class:`~fedcore.engines.vectorized.VectorizedNetwork`,
-    accounting into ``observer``; checkpoint through ``save`` every
-    ``run.checkpoint_every`` rounds, and continue from checkpoint ``saved``. Returns
-    every node's final parameters (on the CPU)."""
-    flusher = Flusher(
-        net, observer=observer, writer=writer, records=observer.records, progress=progress
-    )
-    if saved is not None:
-        net.load_state_dict(saved["network"])
-        flusher.load_state_dict(saved["flusher"])
-    every = net.setup.config.run.checkpoint_every if save is not None else 0
-    try:
-        while net.round < observer.rounds:
-            flusher.add(net.run_round())
-            if every and net.round % every == 0 and net.round < observer.rounds:
-                assert save is not None
-                flusher.flush()
-                save(net.round, {"network": net.state_dict(), "flusher": flusher.state_dict()})
-    except BaseException:
-        with contextlib.suppress(Exception):  # account what ran, for the partial summary
-            flusher.flush()
-        raise
-    flusher.flush()
-    return _vectorized_final(net, observer)
-
-
-def run_events(net: EventNetwork, observer: RunObserver) -> dict[str, torch.Tensor]:
-    """Run an asynchronous network's rounds (see :mod:`fedcore.engines.events`) into
-    ``observer``; every node's final parameters."""
-    lr = net.setup.options.lr
-    while net.round < observer.rounds:
-        figures = net.run_round()
-        evaluating = observer.is_eval_round(figures.round)
-        models = net.models() if evaluating else None
-        for i, record in enumerate(net.records(figures, lr)):
-            observer.observe(record, None if models is None else models[i].clone())
-    models = net.models()
-    return {nid: models[i] for i, nid in enumerate(net.nodes)}
-
-
-def _vectorized_final(net: VectorizedNetwork, observer: RunObserver) -> dict[str, torch.Tensor]:
-    """Every node's parameters (on the CPU), with the fault tables put into ``observer``."""
-    missing, dropped = net.fault_counts()
-    observer.missing_edges.update(missing)
-    observer.dropped_edges.update(dropped)
-    final = net.model().cpu()
-    return {nid: final[i] for i, nid in enumerate(net.nodes)}

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from fedcore.topology.analysis import describe, spectral_gap
 from fedcore.topology.generators import (
-    KINDS,
-    build,
     complete,
     erdos_renyi,
     exponential,
     one_peer_exponential,
-    parse_spec,
     random_regular,
     ring,
     social,
@@ -27,6 +24,7 @@ from fedcore.topology.generators import (
 )
 from fedcore.topology.graph import NodeId, TrustGraph
 from fedcore.topology.io import load, save
+from fedcore.topology.kinds import KINDS, build, parse_spec
 from fedcore.topology.schedule import Schedule, Topology
 from fedcore.topology.weights import metropolis_hastings, prepare, uniform_push_sum
 

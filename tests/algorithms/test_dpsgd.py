@@ -11,7 +11,7 @@ from fedcore.algorithms.dpsgd import DPSGDRule
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.messages import Payload
 from fedcore.node import NodeRule
-from fedcore.setup.plan import communication_graph
+from fedcore.setup.graph import communication_graph
 from fedcore.testing import lockstep
 from fedcore.topology import TrustGraph, parse_spec, prepare
 from tests.strategies import GradFn, random_grad, random_params

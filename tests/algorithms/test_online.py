@@ -35,7 +35,7 @@ from fedcore.algorithms.online import DOGRule, DOLRule
 from fedcore.errors import TopologyError
 from fedcore.messages import Payload
 from fedcore.node import NodeRule
-from fedcore.setup.plan import communication_graph
+from fedcore.setup.graph import communication_graph
 from fedcore.testing import lockstep, make_network
 from fedcore.topology import (
     Topology,

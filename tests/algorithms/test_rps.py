@@ -24,7 +24,7 @@ from fedcore.config import TopologyConfig
 from fedcore.errors import AlgorithmError, ConfigError, TopologyError
 from fedcore.messages import Payload
 from fedcore.node import NodeRule
-from fedcore.setup.plan import build_topology, communication_graph
+from fedcore.setup.graph import build_topology, communication_graph
 from fedcore.testing import lockstep, make_network
 from fedcore.topology import Schedule, TrustGraph, complete, parse_spec, prepare, ring
 

@@ -21,19 +21,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcore.compression.batched import make_row_codec
-from fedcore.compression.codecs import (
+from fedcore.compression.floats import (
+    FP8_FORMATS,
+    CustomFloatCodec,
+    FP8Codec,
+    S2FP8Codec,
+)
+from fedcore.compression.wire import (
     _dtype_name,
     _expect,
     _flat,
     _int_param,
     _numel,
     _restore,
-)
-from fedcore.compression.floats import (
-    FP8_FORMATS,
-    CustomFloatCodec,
-    FP8Codec,
-    S2FP8Codec,
 )
 from fedcore.errors import CompressionError
 from fedcore.messages import EncodedTensor

@@ -381,7 +381,7 @@ def test_fingerprint_changes_with_the_graph() -> None:
 
 
 def test_undirected_topology_adds_reverse_edges() -> None:
-    from fedcore.setup.plan import build_topology
+    from fedcore.setup.graph import build_topology
 
     one_way = build_topology(load_config(None, ["topology.kind=exponential"]).topology)
     both = build_topology(

@@ -28,10 +28,11 @@ from fedcore.engines.batched import has_batched_form
 from fedcore.engines.messages import build_network
 from fedcore.engines.vectorized import VectorizedNetwork, unsupported
 from fedcore.errors import ConfigError
-from fedcore.setup.plan import build_topology
+from fedcore.setup.graph import build_topology
 from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.drivers import run_vectorized
 from fedcore.simulation.observer import RunObserver
-from fedcore.simulation.simulate import choose_engine, run_vectorized
+from fedcore.simulation.simulate import choose_engine
 
 ROUNDS = 20
 

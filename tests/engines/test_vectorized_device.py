@@ -18,8 +18,8 @@ from fedcore.config import load_config
 from fedcore.engines.vectorized import VectorizedNetwork, resolve_device
 from fedcore.errors import ConfigError
 from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.drivers import run_vectorized
 from fedcore.simulation.observer import RunObserver
-from fedcore.simulation.simulate import run_vectorized
 
 CASES = {
     "ops-robust-faults": [

@@ -25,10 +25,10 @@ from fedcore.config import TopologyConfig, load_config
 from fedcore.data import digits, partition, training_examples
 from fedcore.errors import ConfigError, DataError, TopologyError
 from fedcore.setup import plan
-from fedcore.setup.plan import build_topology, estimated_edges
+from fedcore.setup.graph import build_topology, estimated_edges
 from fedcore.setup.prepare import prepare_run
 from fedcore.topology import analysis, build, prepare, social, spectral_gap
-from fedcore.topology.generators import KINDS
+from fedcore.topology.kinds import KINDS
 from fedcore.topology.weights import MAX_MIXING_PAIRS, check_mixing_size
 from tests.clitools import one_line_error
 

@@ -19,7 +19,7 @@ import torch
 from fedcore import topology
 from fedcore.algorithms.batched import stack_graph
 from fedcore.config import load_config
-from fedcore.setup.plan import build_topology
+from fedcore.setup.graph import build_topology
 from fedcore.setup.prepare import prepare_run
 from fedcore.topology import Schedule, TrustGraph
 

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from fedcore.compression.codecs import (
+from fedcore.compression.floats.fp8 import _all_finite, _each_row, _finite, _index, _not_finite
+from fedcore.compression.wire import (
     _CPU,
     _dtype_name,
     _expect,
@@ -19,7 +20,6 @@ from fedcore.compression.codecs import (
     _numel,
     _restore,
 )
-from fedcore.compression.floats.fp8 import _all_finite, _each_row, _finite, _index, _not_finite
 from fedcore.errors import CompressionError
 from fedcore.messages import EncodedTensor
 

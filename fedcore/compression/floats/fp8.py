@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from fedcore.compression.base import Codec
-from fedcore.compression.codecs import (
+from fedcore.compression.wire import (
     _CPU,
     _dtype_name,
     _expect,

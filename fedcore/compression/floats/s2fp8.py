@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from fedcore.compression.codecs import _dtype_name, _expect, _flat, _numel, _restore
 from fedcore.compression.floats.fp8 import _all_finite, _bad_fp8, _each_row, _finite, _index
+from fedcore.compression.wire import _dtype_name, _expect, _flat, _numel, _restore
 from fedcore.errors import CompressionError
 from fedcore.messages import EncodedTensor
 
