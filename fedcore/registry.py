@@ -5,7 +5,7 @@ Each family is listed here once, and only here. Every other place reads it: conf
 validation (:mod:`fedcore.config`, which must answer a bad name without importing torch),
 the registries that build the objects (``fedcore.algorithms.ALGORITHMS``,
 ``fedcore.compression.CODECS``, ``fedcore.algorithms.optim.OPTIMIZERS``,
-``fedcore.topology.generators.KINDS``, ``fedcore.data.DATASETS``,
+``fedcore.topology.kinds.KINDS``, ``fedcore.data.DATASETS``,
 ``fedcore.models.MODELS``), and the tests that hold the documentation's tables to them
 (``docs/algorithms.md``, ``docs/datasets-and-models.md``).
 

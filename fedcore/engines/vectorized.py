@@ -689,7 +689,7 @@ class Flusher:
         records: str,
         progress: Progress | None,
     ) -> None:
-        """Account into ``observer`` (a :class:`~fedcore.simulation.simulate.RunObserver`:
+        """Account into ``observer`` (a :class:`~fedcore.simulation.observer.RunObserver`:
         its totals, losses, missing and down tables, rounds and evaluations)."""
         self.net = net
         self.observer = observer
