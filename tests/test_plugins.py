@@ -281,18 +281,30 @@ def test_an_installed_clash_is_refused_naming_the_distribution(
 def test_a_failing_plugin_is_refused_in_one_line(
     plugins: Path, target: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from fedcore.algorithms import make_algorithm
     from fedcore.compression import make_codec
+    from fedcore.data import load_dataset
     from fedcore.models import build_model
+    from fedcore.topology.generators import build
 
     registry.CODECS.register(registry.Entry("bad-codec", target))
     registry.MODELS.register(registry.Entry("bad-model", target))
     registry.DEPLOY_TARGETS.register(registry.Entry("bad-target", target))
+    registry.TOPOLOGY_KINDS.register(registry.Entry("bad-kind", target))
+    registry.ALGORITHMS.register(registry.Entry("bad-algorithm", target))
+    registry.DATASETS.register(registry.Entry("bad-data", target))
     with pytest.raises(FedcoreError) as codec:
         make_codec("bad-codec")
     with pytest.raises(FedcoreError) as model:
         build_model("bad-model", input_dim=3, num_classes=2, seed=0)
+    with pytest.raises(FedcoreError) as kind:
+        build("bad-kind", nodes=4)
+    with pytest.raises(FedcoreError) as algorithm:
+        make_algorithm("bad-algorithm")
+    with pytest.raises(FedcoreError) as data:
+        load_dataset("bad-data", seed=0)
     capsys.readouterr()
     assert main(["deploy", "--target", "bad-target", "--out", str(plugins / "x")]) == 2
     said = capsys.readouterr().err.strip()
-    for text in (str(codec.value), str(model.value), said):
+    for text in (*(str(c.value) for c in (codec, model, kind, algorithm, data)), said):
         assert "\n" not in text and ("boom" in text or "int" in text), text
