@@ -261,20 +261,23 @@ def test_register_refuses_a_bad_name_in_one_line(plugins: Path, name: str, why: 
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("declared", "answer"),
+    [
+        ("fp16 = toyplug.codec:toy_codec", r"distribution clashing .*built-in codec 'fp16'"),
+        ("toy-codec = toyplug.bad:wrong", r"distribution .* clashes with the one from distr"),
+    ],
+)
 def test_an_installed_clash_is_refused_naming_the_distribution(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    plugins: Path, monkeypatch: pytest.MonkeyPatch, declared: str, answer: str
 ) -> None:
-    saved = dict(registry.CODECS._entries), dict(registry.CODECS._origins)
-    registry.CODECS._scanned = False
-    _install(tmp_path, "[fedcore.codecs]\nfp16 = toyplug.codec:toy_codec\n", dist="clashing")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    try:
-        with pytest.raises(ConfigError, match=r"distribution clashing .*built-in codec 'fp16'"):
-            load_config(None, ["compression.codec=no-such-codec"])
-    finally:
-        registry.CODECS._entries, registry.CODECS._origins = saved
-        registry.CODECS._scanned = True
-        sys.modules.pop("toyplug", None)
+    other = plugins / "other"
+    other.mkdir()
+    _install(other, f"[fedcore.codecs]\n{declared}\n", dist="clashing")
+    monkeypatch.syspath_prepend(str(other))
+    with pytest.raises(ConfigError, match=answer) as caught:
+        load_config(None, ["compression.codec=no-such-codec"])
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize("target", ["toyplug.bad:raises", "toyplug.bad:wrong"])
