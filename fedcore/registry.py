@@ -177,7 +177,7 @@ class Family:
         self._entries = {e.name: e for e in entries}
         if len(self._entries) != len(entries):
             raise ValueError(f"a {what} is listed twice")
-        self._builtin = frozenset(self._entries)
+        self._builtin = tuple(self._entries)
         self._defaults = defaults or {}
         self._origins: dict[str, str] = {}
         self._scanned = not group
@@ -188,8 +188,8 @@ class Family:
         return tuple(self._entries)
 
     @property
-    def builtin(self) -> frozenset[str]:
-        """The names the package itself lists."""
+    def builtin(self) -> tuple[str, ...]:
+        """The names the package itself lists, in listing order (no plug-in's)."""
         return self._builtin
 
     def __contains__(self, name: object) -> bool:
@@ -286,7 +286,7 @@ class Family:
 
     def factories(self) -> dict[str, Any]:
         """Name -> factory for every built-in name (what the family's own registry holds)."""
-        return {name: self.load(name) for name in self.names if name in self._builtin}
+        return {name: self.load(name) for name in self._builtin}
 
 
 def _entries(module: str, *items: tuple[Any, ...]) -> tuple[Entry, ...]:

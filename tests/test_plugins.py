@@ -6,6 +6,8 @@ them leaves), found on ``sys.path``, and each one run and seen to be used."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -311,3 +313,30 @@ def test_a_failing_plugin_is_refused_in_one_line(
     said = capsys.readouterr().err.strip()
     for text in (*(str(c.value) for c in (codec, model, kind, algorithm, data)), said):
         assert "\n" not in text and ("boom" in text or "int" in text), text
+
+
+def test_a_plugin_registered_before_the_package_loads_its_registries(tmp_path: Path) -> None:
+    """The registries built at import (decoders by codec name, ...) hold the built-in
+    names only: a plug-in registered first is loaded when its name is asked for."""
+    code = textwrap.dedent(
+        """
+        from fedcore import registry
+        registry.CODECS.register(registry.Entry("late-codec", "json:dumps"))
+        registry.TOPOLOGY_KINDS.register(registry.Entry("late-kind", "json:dumps"))
+        registry.OPTIMIZERS.register(registry.Entry("late-optimizer", "json:dumps"))
+        import fedcore.compression, fedcore.topology.generators, fedcore.models
+        import fedcore.algorithms, fedcore.config
+        assert "late-codec" not in fedcore.compression.CODECS
+        assert "late-codec" not in fedcore.config.CODECS
+        print("ok")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(fedcore.__file__).parents[1])},
+        check=False,
+    )
+    assert out.stdout.strip() == "ok", out.stderr

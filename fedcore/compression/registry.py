@@ -32,7 +32,7 @@ __all__ = [
     "make_codec",
 ]
 
-CODEC_NAMES = registry.CODECS.names
+CODEC_NAMES = registry.CODECS.builtin
 """The codecs a config may name (``compression.codec``; :data:`fedcore.registry.CODECS`)."""
 
 

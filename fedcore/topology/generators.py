@@ -44,7 +44,7 @@ __all__ = [
     "torus",
 ]
 
-KINDS: tuple[str, ...] = registry.TOPOLOGY_KINDS.names
+KINDS: tuple[str, ...] = registry.TOPOLOGY_KINDS.builtin
 """Every topology kind a config or spec may name (:data:`fedcore.registry.TOPOLOGY_KINDS`)."""
 
 MAX_PAIRS = 10**8
