@@ -1,8 +1,9 @@
 """fedcore: decentralized learning over directed trust graphs.
 
 Peers that each hold private data train one model together with no central server,
-talking only along a directed trust graph. See the README for the CLI and
-``fedcore.testing`` for the in-memory harness.
+talking only along a directed trust graph. See ``docs/command-line.md`` for the CLI,
+``docs/api.md`` for :func:`run` and :func:`sweep`, and ``fedcore.testing`` for the
+in-memory harness.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@
 
 Each is a fixed architecture that checks the input size it is given (``input_dim``, the
 flattened size) and says in one line what it takes; an image model takes its examples flat
-or image-shaped. Their parameter counts are in the README's models table, which
-``tests/test_registry.py`` holds to :func:`fedcore.models.parameter_count`.
+or image-shaped. Their parameter counts are in the models table of
+``docs/datasets-and-models.md``, which ``tests/test_registry.py`` holds to
+:func:`fedcore.models.parameter_count`.
 """
 
 from __future__ import annotations

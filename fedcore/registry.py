@@ -6,7 +6,8 @@ validation (:mod:`fedcore.config`, which must answer a bad name without importin
 the registries that build the objects (``fedcore.algorithms.ALGORITHMS``,
 ``fedcore.compression.CODECS``, ``fedcore.algorithms.optim.OPTIMIZERS``,
 ``fedcore.topology.generators.KINDS``, ``fedcore.data.DATASETS``,
-``fedcore.models.MODELS``), and the tests that hold the README's tables to them.
+``fedcore.models.MODELS``), and the tests that hold the documentation's tables to them
+(``docs/algorithms.md``, ``docs/datasets-and-models.md``).
 
 An entry names its implementation by import path (``"module:attribute"``), loaded only when
 asked for (:meth:`Family.load`), so this module imports nothing heavy. To add a name, add

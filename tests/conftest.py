@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from fedcore import plotting
 from tests import dockerd
 
 # Many tiny models: intra-op threads only add overhead (and contention on 2 cores).
@@ -68,3 +70,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     dockerd.shutdown()  # a daemon started here that no test stopped (an early -x exit)
+
+
+@pytest.fixture(autouse=True)
+def _curves_only_where_looked_at(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """A finished run draws its ``curves.png`` (``write_results``): about 0.5 s of CPU, most
+    of a tiny run's time, in hundreds of runs. A run inside a test marked ``curves`` draws
+    it; elsewhere that one picture is left out (``write_results`` logs and goes on when it
+    cannot draw, so no other test's outcome depended on it). ``fedcore plot`` and
+    ``plot_runs`` called with any option still draw; so do runs in a child process, and a
+    module- or session-scoped fixture's runs (set up before this fixture)."""
+    if request.node.get_closest_marker("curves") is None:
+        draw = plotting.plot_runs
+
+        def plot_runs(run_dirs: Sequence[Path], out: Path, **options: Any) -> Path:
+            if options or [Path(d) for d in run_dirs] != [out.parent] or out.name != "curves.png":
+                return draw(run_dirs, out, **options)
+            return out
+
+        monkeypatch.setattr(plotting, "plot_runs", plot_runs)
+    yield

@@ -120,13 +120,6 @@ def test_the_cifar_reader_loads_pickles_only_through_its_unpickler() -> None:
     assert text.count("pickle.dump(") == 1  # the stand-in writer's
 
 
-KNOWN_CIRCLES = {
-    # Issue 41: another step of it removes this one; delete the entry once it is gone.
-    frozenset({"fedcore.setup.prepare", "fedcore.setup.virtual"}),
-}
-"""Import circles among fedcore's modules that are known and being removed; no other."""
-
-
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -212,7 +205,7 @@ def test_the_circle_finder_finds_circles() -> None:
 
 def test_no_import_circles() -> None:
     """No fedcore module imports, directly or through others, a module that imports it."""
-    new = [c for c in _circles(_import_graph()) if frozenset(c) not in KNOWN_CIRCLES]
-    assert not new, "import circles among fedcore modules: " + "; ".join(
-        " <-> ".join(c) for c in new
+    circles = _circles(_import_graph())
+    assert not circles, "import circles among fedcore modules: " + "; ".join(
+        " <-> ".join(c) for c in circles
     )

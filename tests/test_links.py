@@ -356,3 +356,191 @@ def test_the_slugs_are_mkdocs_ids() -> None:
         "enginespy-the-vectorized-engine-against-the-message-engine"
     )
     assert slug("Failures, Ctrl-C and `--resume`") == "failures-ctrl-c-and-resume"
+
+
+# --- docs/architecture.md: the layer table, the flow and the layout name real modules -------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PKG = ROOT / "fedcore"
+IDENTIFIER = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+"""A backticked name in the table: a module, or a name defined in one (``lazy.lazy_names``)."""
+DATA_FILES = (".csv", ".json", ".jsonl", ".toml", ".png")
+FLOW_STEP = re.compile(r"^\s*(?:-> )?([a-z_]+(?:/[a-z_]+)+)(?:\.(\w+))?(?:\s|$)")
+"""A step of the flow diagram: a module path under ``fedcore/`` (``setup/plan``), and the
+name called in it (``outline_run``)."""
+
+
+def _section(title: str) -> str:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def _module(base: Path, dotted: str) -> Path | None:
+    """The file or package of module ``dotted`` (``a.b``, ``a/b``) under ``base``."""
+    path = base.joinpath(*re.split(r"[./]", dotted.strip("/")))
+    if path.with_suffix(".py").is_file():
+        return path.with_suffix(".py")
+    if (path / "__init__.py").is_file():
+        return path
+    return None
+
+
+def _files(module: Path) -> list[Path]:
+    """The Python files of a module (a package: all of its files)."""
+    return sorted(module.rglob("*.py")) if module.is_dir() else [module]
+
+
+@cache
+def _defined(path: Path) -> frozenset[str]:
+    """The names a file defines or imports at its top, and its classes' members."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+                elif isinstance(item, ast.Assign):
+                    names.update(t.id for t in item.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return frozenset(names)
+
+
+def _names_in(module: Path) -> set[str]:
+    return {name for path in _files(module) for name in _defined(path)}
+
+
+def _layer_rows() -> list[tuple[int, list[str], list[str]]]:
+    """``(layer, folder-or-module spans, its-job spans)`` of each row of the layer table."""
+    rows = []
+    for line in _section("The folders, bottom to top").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].isdigit():
+            continue
+        spans = [[m.group(2).strip() for m in TICKS.finditer(cell)] for cell in cells[1:]]
+        rows.append((int(cells[0]), spans[0], spans[1]))
+    return rows
+
+
+def _resolve_in_row(span: str, bases: list[Path], modules: list[Path]) -> bool:
+    """Whether a backticked name of a row's job names a module of the row's folders, a
+    module of ``fedcore`` (with a name defined in it, ``lazy.lazy_names``), or a name defined
+    in one of the row's modules."""
+    if "/" in span or span.endswith(".py"):
+        module = span.removesuffix(".py")
+        return resolves(ARCHITECTURE, span) or any(_module(b, module) for b in [*bases, PKG])
+    first, *rest = span.split(".")
+    for base in [*bases, PKG]:
+        module = _module(base, first)
+        if module is not None and _holds(module, rest):
+            return True
+    return not rest and any(first in _names_in(m) for m in modules)
+
+
+def _holds(module: Path, rest: list[str]) -> bool:
+    """Whether ``module.a.b`` (``rest``: ``["a", "b"]``) is a submodule of ``module`` or a
+    name defined in one."""
+    for i, part in enumerate(rest):
+        sub = _module(module, part) if module.is_dir() else None
+        if sub is None:
+            return part in _names_in(module) and i >= len(rest) - 2
+        module = sub
+    return True
+
+
+def test_the_architecture_layer_table_names_every_module_at_its_layer() -> None:
+    import tests.test_layering as layering
+
+    rows = _layer_rows()
+    assert len(rows) >= 15, rows
+    bad: list[str] = []
+    tabled: set[str] = set()
+    for layer, folders, _ in rows:
+        for name in folders:
+            top = name.rstrip("/")
+            tabled.add(top)
+            if _module(PKG, top) is None:
+                bad.append(f"`{name}`: no fedcore/{top}.py or fedcore/{top}/")
+            elif (name.endswith("/")) != (PKG / top).is_dir():
+                bad.append(f"`{name}`: a {'package' if (PKG / top).is_dir() else 'module'}")
+            if layering.LAYERS.get(top) != layer:
+                bad.append(
+                    f"`{name}` at layer {layer}; tests/test_layering.py says "
+                    f"{layering.LAYERS.get(top)}"
+                )
+    untabled = set(layering.LAYERS) - tabled - {"__init__", "__main__"}
+    bad += [f"`{name}` (fedcore's) is in no row" for name in sorted(untabled)]
+    assert not bad, "docs/architecture.md's layer table:\n" + "\n".join(bad)
+
+
+def test_the_architecture_layer_table_names_what_exists() -> None:
+    """Every backticked name in a row's job is a module of the row's folders or a name one
+    of them defines (``RunObserver``, ``lazy.lazy_names``): a module that moved, or a name
+    that was renamed, fails here until the table says where it is now."""
+    bad: list[str] = []
+    checked = 0
+    for _, folders, job in _layer_rows():
+        bases = [PKG / f.rstrip("/") for f in folders if f.endswith("/")]
+        modules = [m for f in folders if (m := _module(PKG, f.rstrip("/")))]
+        named = [m for s in job if "/" in s and (m := _module(PKG, s.removesuffix(".py")))]
+        for span in job:
+            if not (IDENTIFIER.match(span) or ("/" in span and PATHLIKE.match(span))):
+                continue  # `[time]`, `B = 1`, `launch --resume`, `python -m ...`
+            if span.endswith(DATA_FILES):
+                continue  # a run's files: `results.csv`, `rounds.csv`
+            checked += 1
+            if not _resolve_in_row(span, bases, [*modules, *named]):
+                bad.append(f"`{span}` (row of {', '.join(folders)})")
+    assert checked > 50, checked
+    assert not bad, "docs/architecture.md's layer table names what is not there:\n" + "\n".join(bad)
+
+
+def test_the_architecture_flow_names_modules_and_their_functions() -> None:
+    flow = _section("From a config to a run")
+    bad: list[str] = []
+    steps = 0
+    for line in flow.splitlines():
+        match = FLOW_STEP.match(line)
+        if not match:
+            continue
+        steps += 1
+        path, name = match.groups()
+        module = _module(PKG, path)
+        if module is None:
+            bad.append(f"{path}: no such module")
+        elif name and name not in _names_in(module):
+            bad.append(f"{path}.{name}: {path} defines no {name}")
+    assert steps >= 6, steps
+    assert not bad, "docs/architecture.md's flow:\n" + "\n".join(bad)
+
+
+def test_the_architecture_layout_names_every_module() -> None:
+    """The left column of the Layout's ``fedcore/`` lines names modules that exist, and every
+    module of ``fedcore`` is there."""
+    block = _section("Layout").split("```")[1]
+    lines = block.split("\nfedcore/", 1)[1].split("\ntopologies/", 1)[0].splitlines()[1:]
+    listed: set[str] = set()
+    for line in lines:
+        left = re.split(r"\s{2,}", line.strip())[0] if line.startswith("  ") else ""
+        if line.startswith(" " * 20):
+            continue  # the description column
+        for name in filter(None, (n.strip() for n in left.split(","))):
+            listed.add(name.rstrip("/"))
+            assert _module(PKG, name.rstrip("/")), f"Layout: fedcore/{name} does not exist"
+    present = {
+        p.name.removesuffix(".py")
+        for p in PKG.iterdir()
+        if (p.suffix == ".py" or (p / "__init__.py").is_file())
+        and p.name not in ("__init__.py", "__main__.py", "proto")
+    }
+    assert present - listed == set(), f"Layout misses {sorted(present - listed)}"

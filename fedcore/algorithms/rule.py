@@ -45,7 +45,7 @@ calls ``rows.compress(v)``, which returns the decoded ``C(v)``; sending that sam
 already-encoded bytes, not a second encoding.
 
 Writing one: subclass :class:`Rule` (the declaration that makes an object a rule); see
-``examples/user_algorithm/`` and the README's "Write your own algorithm".
+``examples/user_algorithm/`` and "Write your own algorithm" in ``docs/writing-your-own.md``.
 The registry (:data:`fedcore.algorithms.ALGORITHMS`) holds each built-in rule;
 ``algorithm.name = "pkg.module:factory"`` loads a user's.
 """

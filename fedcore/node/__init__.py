@@ -1,5 +1,6 @@
 """The node: one peer of a run, by job: its round loop (:mod:`~fedcore.node.loop`), message
-intake and validation (:mod:`~fedcore.node.intake`), its records
+intake and validation (:mod:`~fedcore.node.intake`), what it makes of each phase's arrivals
+in its waiting mode (:mod:`~fedcore.node.arrivals`), its records
 (:mod:`~fedcore.node.records`), its step-size schedule (:mod:`~fedcore.node.schedule`) and
 an update rule's adapter to one peer (:mod:`~fedcore.node.rule`).
 

@@ -1,8 +1,9 @@
 """Message intake: what a node checks of every message before its algorithm sees it, and
 the decoded tensors the receivers of one in-process payload share.
 
-:class:`MessageIntake` is the node's half that a transport's servicer calls too
-(:meth:`~MessageIntake.validate`, :meth:`~MessageIntake.round_window`): the message
+:class:`MessageIntake` is the component of a node that a transport's servicer calls too
+(through :meth:`fedcore.node.Node.validate`: :meth:`~MessageIntake.check_window`, then
+:meth:`~MessageIntake.validate`): the message
 belongs to this run; its phase is one of the algorithm's and it holds exactly what the
 algorithm declares for that phase and sender (``message_schema``: tensor names, shapes and
 the model's dtype; scalar names and their allowed values); its bytes decode under their
@@ -20,12 +21,11 @@ from typing import Any
 
 import torch
 
-from fedcore.algorithms.base import Algorithm, RoundContext
+from fedcore.algorithms.base import AcceptsMessages, Algorithm, DeclaresMessages, RoundContext
 from fedcore.compression import Codec, RawCodec, get_codec
 from fedcore.errors import AlgorithmError, CompressionError, OutOfWindowError, ProtocolError
 from fedcore.ids import clip
 from fedcore.messages import EncodedTensor, Message, MessageSchema, Payload
-from fedcore.node.schedule import NodeOptions
 from fedcore.topology import Topology
 
 __all__ = ["DecodeCache", "MessageIntake", "names"]
@@ -76,72 +76,111 @@ class DecodeCache:
 
 
 class MessageIntake:
-    """The checks and decoding of received messages, for :class:`~fedcore.node.Node`.
+    """The checks and decoding of the messages one node receives: a component its
+    :class:`~fedcore.node.Node` holds (``node.intake``), built with everything it checks
+    against; what changes every round (the node's round, its algorithm state, its round
+    context) comes with each call.
 
-    The node sets the attributes below; :meth:`_context` is the node's round context."""
+    Args:
+        node_id: The receiving node's id in ``graph``.
+        algorithm: Its algorithm (a rule through its one-peer adapter); its
+            ``message_schema`` and ``accept``, if it declares them, check each message.
+        graph: The communication topology (the round window's hop counts).
+        run_id: The run every message must belong to.
+        drift: Rounds the window grows by beyond the graph's hops
+            (``NodeOptions.round_window``: deadline mode's and a fault plan's drift).
+        codec: The node's own codec (a message naming another is decoded by the registry's).
+        like: A tensor shaped and typed as the node's parameters: every tensor a peer sends
+            must look like it, unless the algorithm's schema declares another shape.
+        decode_cache: Shared by the nodes of one process to decode each payload once.
+    """
 
-    id: str
-    algorithm: Algorithm
-    graph: Topology
-    options: NodeOptions
-    codec: Codec
-    decode_cache: DecodeCache | None
-    state: Any
-    round: int
-    _shape: tuple[int, ...]
-    _dtype: torch.dtype
-    _dtype_name: str
-    _leads: dict[str, int] | None
-    _schema: Callable[[int, str, RoundContext], MessageSchema] | None
-    _accept: Callable[[Any, int, str, Payload, RoundContext], None] | None
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        algorithm: Algorithm,
+        graph: Topology,
+        run_id: str,
+        drift: int,
+        codec: Codec,
+        like: torch.Tensor,
+        decode_cache: DecodeCache | None = None,
+    ) -> None:
+        """Take the node's fixed facts; nothing is checked yet."""
+        self.node = node_id
+        self.algorithm = algorithm
+        self.graph = graph
+        self.run_id = run_id
+        self.drift = drift
+        self.codec = codec
+        self.decode_cache = decode_cache
+        self._shape = tuple(like.shape)
+        self._dtype = like.dtype
+        self._dtype_name = str(like.dtype).removeprefix("torch.")
+        # What each phase's message holds, and (optionally) what the state makes impossible.
+        self._schema: Callable[[int, str, RoundContext], MessageSchema] | None = (
+            algorithm.message_schema if isinstance(algorithm, DeclaresMessages) else None
+        )
+        self._accept: Callable[[Any, int, str, Payload, RoundContext], None] | None = (
+            algorithm.accept if isinstance(algorithm, AcceptsMessages) else None
+        )
+        self._leads: dict[str, int] | None = None
 
-    def _context(self, t: int) -> RoundContext:
-        raise NotImplementedError
-
-    def validate(self, message: Message) -> None:
-        """Check ``message`` as this node would before mixing it (for a transport's servicer).
+    def check_window(self, message: Message, round: int) -> None:
+        """Refuse ``message`` if its round lies beyond :meth:`round_window` of ``round``
+        (the receiving node's).
 
         Raises:
-            OutOfWindowError: a round beyond :meth:`round_window` of this node's.
+            OutOfWindowError: a round no honest sender can have reached yet.
+        """
+        window = self.round_window(message.sender)
+        if message.round > round + window:
+            raise OutOfWindowError(
+                f"a message for round {message.round} from {clip(message.sender)} is more "
+                f"than {window} rounds ahead of this peer's round {round}; no honest "
+                "peer gets that far ahead (transport.round_window)."
+            )
+
+    def validate(self, message: Message, state: Any, ctx: RoundContext) -> None:
+        """Check ``message`` as the node would before mixing it, given its algorithm
+        ``state`` and its context of the message's round (for a transport's servicer,
+        after :meth:`check_window`).
+
+        Raises:
             ProtocolError: another run, a phase or content the algorithm does not send
                 (names, shapes, dtypes, scalars out of range), undecodable bytes,
                 non-finite values, or a message the algorithm's state makes impossible.
         """
-        window = self.round_window(message.sender)
-        if message.round > self.round + window:
-            raise OutOfWindowError(
-                f"a message for round {message.round} from {clip(message.sender)} is more "
-                f"than {window} rounds ahead of this peer's round {self.round}; no honest "
-                "peer gets that far ahead (transport.round_window)."
-            )
         try:
-            self._checked(message, self._context(message.round))
+            self.payload(message, state, ctx)
         except CompressionError as exc:
             raise ProtocolError(str(exc)) from exc
 
     def round_window(self, sender: str) -> int:
-        """How many rounds ahead of this node's a message from ``sender`` may be.
+        """How many rounds ahead of the node's a message from ``sender`` may be.
 
         In strict mode a sender is at most ``d`` rounds ahead of this node, ``d`` the length
         of the shortest path from this node to the sender in the communication graph: the
         sender could not have finished round ``t - 1`` without messages that depend on this
         node's round ``t - d``. (On a time-varying schedule, ``d`` is taken as
-        ``n * period``.) ``options.round_window`` adds the drift of deadline mode and of a
-        fault plan (:func:`fedcore.setup.prepare.round_drift`). One more round covers a
-        message that arrives while this node is between two rounds.
+        ``n * period``.) ``drift`` adds the drift of deadline mode and of a fault plan
+        (:func:`fedcore.setup.prepare.round_drift`). One more round covers a message that
+        arrives while this node is between two rounds.
         """
         if self._leads is None:
             # A schedule takes the default, n * period, for every sender.
             static = self.graph.period == 1
-            self._leads = self.graph.at(0).hops_from(self.id) if static else {}
+            self._leads = self.graph.at(0).hops_from(self.node) if static else {}
         lead = self._leads.get(sender, len(self.graph.nodes) * self.graph.period)
-        return lead + 1 + self.options.round_window
+        return lead + 1 + self.drift
 
-    def _checked(self, message: Message, ctx: RoundContext) -> Payload:
-        """The decoded payload of ``message`` after every check (see :meth:`validate`)."""
+    def payload(self, message: Message, state: Any, ctx: RoundContext) -> Payload:
+        """The decoded payload of ``message`` after every check (see :meth:`validate`;
+        a codec's refusal comes as it is, a :class:`~fedcore.errors.CompressionError`)."""
         payload = self._decode(message, ctx)
         if self._accept is not None:
-            self._accept(self.state, message.phase, message.sender, payload, ctx)
+            self._accept(state, message.phase, message.sender, payload, ctx)
         return payload
 
     def _schema_of(self, message: Message, ctx: RoundContext) -> MessageSchema | None:
@@ -169,10 +208,10 @@ class MessageIntake:
         return schema
 
     def _decode(self, message: Message, ctx: RoundContext) -> Payload:
-        if message.run != self.options.run_id:
+        if message.run != self.run_id:
             raise ProtocolError(
                 f"message of run {message.run[:12]} does not belong to this run "
-                f"({self.options.run_id[:12]})."
+                f"({self.run_id[:12]})."
             )
         schema = self._schema_of(message, ctx)
         tensors: dict[str, torch.Tensor] = {}

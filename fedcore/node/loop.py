@@ -1,5 +1,6 @@
 """The round loop of one peer (:class:`Node`): the only place that knows both asyncio and
-algorithms. See :mod:`fedcore.node` for what a round does and the two waiting modes."""
+algorithms. See :mod:`fedcore.node` for what a round does and the two waiting modes, and
+:mod:`fedcore.node.arrivals` for the policy that carries them out."""
 
 from __future__ import annotations
 
@@ -9,14 +10,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from fedcore.algorithms.base import (
-    AcceptsMessages,
     Algorithm,
-    DeclaresMessages,
     Outbox,
     RoundContext,
     SamplesTrainers,
@@ -35,6 +34,7 @@ from fedcore.errors import (
 from fedcore.faults import FaultPlan
 from fedcore.messages import EncodedTensor, Message, Payload
 from fedcore.models import Objective
+from fedcore.node.arrivals import Arrivals, Tally, VirtualClock
 from fedcore.node.intake import DecodeCache, MessageIntake
 from fedcore.node.pace import Pace
 from fedcore.node.records import RoundRecord, traffic
@@ -55,24 +55,7 @@ def _retrieve(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
-class VirtualClock(Protocol):
-    """What a node asks of a simulation's virtual clock
-    (:class:`~fedcore.engines.clock.SharedClock`)."""
-
-    def late(self, receiver: str, t: int, phase: int) -> frozenset[str]:
-        """The senders whose message of ``(t, phase)`` reaches ``receiver`` too late."""
-
-    def node_times(self, node: str, t: int) -> tuple[float, float]:
-        """``(clock at the end of round t, seconds computing in it)`` of ``node``."""
-
-    def record_sent(self, sender: str, t: int, phase: int, receivers: frozenset[str]) -> None:
-        """``sender`` sent its ``(t, phase)`` messages to ``receivers``."""
-
-    def sent_to(self, sender: str, t: int, phase: int) -> frozenset[str] | None:
-        """Whom ``sender`` sent its ``(t, phase)`` messages to (None: not yet)."""
-
-
-class Node(MessageIntake):
+class Node:
     """One peer: its algorithm state, data, model and transport endpoint.
 
     Args:
@@ -117,8 +100,10 @@ class Node(MessageIntake):
     ) -> None:
         """Initialise the algorithm state from ``params``. ``clock``: a simulation's virtual
         clock; the node then waits for exactly the messages the fault plan did not lose
-        and leaves out those the clock says came after the deadline (no wall-clock waits).
-        ``algorithm``: a rule runs through its one-peer adapter (:func:`per_node`)."""
+        and leaves out those the clock says came after the deadline (no wall-clock waits):
+        its :class:`~fedcore.node.arrivals.Arrivals` policy (:attr:`arrivals`) is chosen
+        here from ``options``, ``faults`` and ``clock``. ``algorithm``: a rule runs through
+        its one-peer adapter (:func:`per_node`)."""
         self.id = node_id
         self.algorithm: Algorithm = per_node(algorithm)
         algorithm = self.algorithm
@@ -129,39 +114,62 @@ class Node(MessageIntake):
         self.options = options
         self.codec: Codec = codec or RawCodec()
         self.observer = observer
-        self.decode_cache = decode_cache
         start = objective.initial_params() if params is None else params
         self.state: Any = algorithm.init(start)
         self.optimizer = optimizer
         self.opt_state: Any = optimizer.init(algorithm.model(self.state)) if optimizer else None
-        # Every tensor a peer sends must look like our parameters.
         self._shape = tuple(start.shape)
         self._dtype = start.dtype
-        self._dtype_name = str(start.dtype).removeprefix("torch.")
         self.round = 0
         self.batches_read = 0  # from the stream (a crashed round reads none); for checkpoints
         self._contexts: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
         self.faults = faults
         self.clock = clock
+        # What it checks of every message it receives (its servicer too), and what it
+        # makes of each phase's arrivals.
+        self.intake = MessageIntake(
+            node_id,
+            algorithm=algorithm,
+            graph=graph,
+            run_id=options.run_id,
+            drift=options.round_window,
+            codec=self.codec,
+            like=start,
+            decode_cache=decode_cache,
+        )
+        self.arrivals = Arrivals.of(node_id, options, faults, clock)
         self.pace = pace  # a real peer slowed on purpose ([time] without a virtual clock)
         self._unreachable: set[str] = set()  # peers whose last send failed (logged once)
         # Deadline mode: the send on its way to each receiver (task, message, its fp32
         # size, 0 if the fault plan lost it).
         self._sending: dict[str, tuple[asyncio.Task[None], Message, int]] = {}
-        # What each phase's message holds, and (optionally) what the state makes impossible.
-        self._schema = algorithm.message_schema if isinstance(algorithm, DeclaresMessages) else None
-        self._accept = algorithm.accept if isinstance(algorithm, AcceptsMessages) else None
         # Whether this node trains in a round (the server family: the server never does, a
         # worker only when sampled); None: always. An idle node's step gets a zero gradient.
         self._trains = algorithm.trains if isinstance(algorithm, SamplesTrainers) else None
         self._examples = int(getattr(stream, "examples", 0))
-        self._leads: dict[str, int] | None = None
         self._unions: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._refused: set[str] = set()  # receivers whose refusal was logged
 
     def model(self) -> torch.Tensor:
         """The parameters this node currently predicts with."""
         return self.algorithm.model(self.state)
+
+    def validate(self, message: Message) -> None:
+        """Check ``message`` as this node would before mixing it (for a transport's
+        servicer): its round within :meth:`round_window`, then everything
+        :meth:`MessageIntake.validate <fedcore.node.intake.MessageIntake.validate>` checks.
+
+        Raises:
+            OutOfWindowError: a round beyond :meth:`round_window` of this node's.
+            ProtocolError: a message this node would not mix.
+        """
+        self.intake.check_window(message, self.round)
+        self.intake.validate(message, self.state, self._context(message.round))
+
+    def round_window(self, sender: str) -> int:
+        """How many rounds ahead of this node's a message from ``sender`` may be
+        (:meth:`MessageIntake.round_window <fedcore.node.intake.MessageIntake.round_window>`)."""
+        return self.intake.round_window(sender)
 
     def _context(self, t: int) -> RoundContext:
         slot = t % self.graph.period
@@ -224,39 +232,15 @@ class Node(MessageIntake):
         # The state keeps what it needs of the gradient (a large model's copy a peer, held
         # through the exchange otherwise).
         del grad
-        missing: list[str] = []
-        dropped_in: list[str] = []
-        rejected = [0]
+        tally = Tally()
         fp32 = 0
         unreachable: list[str] = []
         dropped_out: list[str] = []
-        late = 0
-        late_bytes = 0  # of the late messages the transport counted as received
         for phase in range(self.algorithm.phases):
             fp32 += await self._send(outbox, t, phase, unreachable, dropped_out)
-            if self.clock is not None:
-                self.clock.record_sent(self.id, t, phase, frozenset(outbox))
+            self.arrivals.sent(t, phase, frozenset(outbox))
             expected = self.algorithm.expected_senders(phase, ctx)
-            if faults is None:
-                lost = []
-            elif self.clock is not None:  # the simulation knows every loss, announced or not
-                lost = [s for s in expected if faults.lost(s, self.id, t, phase) is not None]
-            else:
-                lost = faults.announced_lost(self.id, t, phase, expected)
-            dropped_in.extend(lost)
-            if self.clock is not None:  # nor wait for a message its sender never sent
-                lost = lost + await self._withheld(t, phase, [s for s in expected if s not in lost])
-            sizes: dict[str, int] = {}
-            inbox = await self._collect(t, phase, expected, lost, ctx, missing, rejected, sizes)
-            if self.clock is not None:
-                after = self.clock.late(self.id, t, phase)
-                for sender in [s for s in expected if s in after and s in inbox]:
-                    # Sent, but past the deadline: missing and late, not received (as a real
-                    # peer's mailbox counts a message that comes after its collect).
-                    del inbox[sender]
-                    missing.append(sender)
-                    late += 1
-                    late_bytes += sizes[sender]
+            inbox = await self._collect(t, phase, expected, ctx, tally)
             self.state, outbox = self.algorithm.mix(self.state, phase, inbox, step_ctx)
         self.round = t + 1
         vtime, compute_s = (None, 0.0) if self.clock is None else self.clock.node_times(self.id, t)
@@ -267,16 +251,16 @@ class Node(MessageIntake):
             lr=ctx.lr,
             messages_sent=stats.messages_sent - before[0],
             bytes_sent=stats.bytes_sent - before[1],
-            messages_received=stats.messages_received - before[2] - late,
-            bytes_received=stats.bytes_received - before[3] - late_bytes,
-            messages_missing=len(missing),
-            messages_late=stats.messages_late - before[4] + late,
-            messages_rejected=stats.messages_rejected - before[5] + rejected[0],
-            missing=tuple(missing),
+            messages_received=stats.messages_received - before[2] - tally.late,
+            bytes_received=stats.bytes_received - before[3] - tally.late_bytes,
+            messages_missing=len(tally.missing),
+            messages_late=stats.messages_late - before[4] + tally.late,
+            messages_rejected=stats.messages_rejected - before[5] + tally.rejected,
+            missing=tuple(tally.missing),
             wall_s=time.perf_counter() - began,
             messages_dropped=len(dropped_out),
             dropped_out=tuple(dropped_out),
-            dropped_in=tuple(dropped_in),
+            dropped_in=tuple(tally.dropped_in),
             fp32_bytes_sent=fp32,
             unreachable=tuple(dict.fromkeys(unreachable)),
             idle=idle,
@@ -350,7 +334,7 @@ class Node(MessageIntake):
                 nbytes=entry[1],
             )
             messages.append((message, sum(4 * math.prod(e.shape) for e in entry[0].values())))
-        if self.options.mode == "strict" or self.clock is not None:
+        if self.arrivals.send_wait_s is None:
             fp32 = 0
             for message, size in messages:
                 went = self._went(message, size, dropped_out)
@@ -372,7 +356,7 @@ class Node(MessageIntake):
             self._sending[dst] = (task, message, went)
             started.append(task)
         if started:
-            await asyncio.wait(started, timeout=self.options.deadline_s)
+            await asyncio.wait(started, timeout=self.arrivals.send_wait_s)
         return fp32 + self._harvest(t, unreachable)
 
     def _went(self, message: Message, fp32: int, dropped_out: list[str]) -> int:
@@ -422,61 +406,23 @@ class Node(MessageIntake):
             await asyncio.wait(tasks)
         self._harvest(self.round, [])
 
-    async def _withheld(self, t: int, phase: int, senders: list[str]) -> list[str]:
-        """Of ``senders``, those that sent this node no ``(t, phase)`` message (a simulation
-        with a virtual clock: the rule chose not to, as a holding push-sum peer does),
-        once each has sent its messages of the phase."""
-        clock = self.clock
-        assert clock is not None
-        withheld = []
-        for sender in senders:
-            while (receivers := clock.sent_to(sender, t, phase)) is None:
-                await asyncio.sleep(0)  # the sender's turn (in-process peers, one loop)
-            if self.id not in receivers:
-                withheld.append(sender)
-        return withheld
-
     async def _collect(
-        self,
-        t: int,
-        phase: int,
-        expected: tuple[str, ...],
-        lost: list[str],
-        ctx: RoundContext,
-        missing: list[str],
-        rejected: list[int],
-        sizes: dict[str, int] | None = None,
+        self, t: int, phase: int, expected: tuple[str, ...], ctx: RoundContext, tally: Tally
     ) -> dict[str, Payload]:
-        """The decoded inbox; ``lost``: senders fault injection lost (not waited for);
-        ``sizes`` (if given) gets each inbox message's encoded bytes, by sender."""
-        strict = self.options.mode == "strict"
-        timeout = self.options.strict_timeout_s if strict else self.options.deadline_s
-        if self.clock is not None:  # every message not lost arrives in a simulation
-            timeout = self.options.strict_timeout_s
-        awaited = [s for s in expected if s not in lost] if lost else expected
-        messages = await self.transport.collect(t, phase, awaited, timeout)
+        """The decoded inbox of ``(t, phase)`` as the node's arrivals policy has it: the
+        expected senders it waits for, collected from the transport, checked by the intake;
+        what came to ``tally``."""
+        arrivals = self.arrivals
+        not_coming = await arrivals.not_coming(t, phase, expected, tally)
+        awaited = [s for s in expected if s not in not_coming] if not_coming else expected
+        messages = await self.transport.collect(t, phase, awaited, arrivals.timeout)
         inbox: dict[str, Payload] = {}
+        sizes: dict[str, int] = {}
         for sender in sorted(messages):
             try:
-                inbox[sender] = self._checked(messages[sender], ctx)
-                if sizes is not None:
-                    sizes[sender] = messages[sender].nbytes
+                inbox[sender] = self.intake.payload(messages[sender], self.state, ctx)
+                sizes[sender] = messages[sender].nbytes
             except (CompressionError, ProtocolError) as exc:
-                if strict:
-                    raise ProtocolError(
-                        f"node {self.id!r}, round {t} phase {phase}: the message from "
-                        f"{sender!r} was rejected: {exc} (strict mode stops here; deadline "
-                        "mode would proceed without it)."
-                    ) from exc
-                rejected[0] += 1
-                logger.warning("%s: rejected round %d message from %s: %s", self.id, t, sender, exc)
-        absent = [s for s in expected if s not in inbox]
-        if strict and any(s not in lost for s in absent):
-            absent_alive = [s for s in absent if s not in lost]
-            raise TransportTimeoutError(
-                f"node {self.id!r}, round {t} phase {phase}: no valid message from "
-                f"{', '.join(absent_alive)} within {timeout:g} s (strict mode). Check that those "
-                "peers are running, or use transport.mode = 'deadline' to proceed without them."
-            )
-        missing.extend(absent)
+                arrivals.rejected(t, phase, sender, exc, tally)
+        arrivals.settle(t, phase, expected, not_coming, inbox, sizes, tally)
         return inbox

@@ -36,8 +36,8 @@ from fedcore.data import (
 from fedcore.faults import FaultPlan
 from fedcore.models import Objective
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord, per_node
+from fedcore.node.arrivals import VirtualClock
 from fedcore.node.asynchronous import AsyncPeer
-from fedcore.node.loop import VirtualClock
 from fedcore.node.pace import Pace
 from fedcore.setup.plan import (
     Laps,

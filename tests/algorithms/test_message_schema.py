@@ -309,5 +309,6 @@ def test_inbox_payloads_keep_the_schema_names() -> None:
     for case in sorted(CASES):
         for message in _samples(case):
             node = _network(case).nodes[message.receiver]
-            payload: Payload = node._checked(message, node._context(message.round))
+            ctx = node._context(message.round)
+            payload: Payload = node.intake.payload(message, node.state, ctx)
             assert set(payload.tensors) == set(message.tensors)

@@ -24,7 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["algorithm.name=ops", "topology.kind=social", "topology.nodes=5"],
+        # The launcher draws curves.png from the merged records, the same for every case:
+        # drawn and checked in the first (tests/conftest.py leaves it out of the others).
+        pytest.param(
+            ["algorithm.name=ops", "topology.kind=social", "topology.nodes=5"],
+            marks=pytest.mark.curves,
+        ),
         ["algorithm.name=dpsgd", "topology.kind=ring", "topology.nodes=4"],
         [
             "algorithm.name=dog",
@@ -127,7 +132,8 @@ def test_launch_matches_simulate_bit_for_bit(
     merged = (tmp_path / "launch" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     kinds = [json.loads(line)["kind"] for line in merged]
     assert kinds.count("node") == 20 * grpc_run["nodes"] and kinds.count("eval") == 2
-    assert (tmp_path / "launch" / "curves.png").stat().st_size > 0
+    if request.node.get_closest_marker("curves"):
+        assert (tmp_path / "launch" / "curves.png").stat().st_size > 0
     # Each peer tells its log where it serves, its rounds and where its results are.
     # (With several peers a process, the log of the process: procs/0.log holds n0's.)
     logs = tmp_path / "launch" / ("nodes/n0/node.log" if per_process == 1 else "procs/0.log")
@@ -352,6 +358,7 @@ def test_peers_survive_kill_9_of_a_neighbour(tmp_path: Path) -> None:
     assert summary["final"]["avg_model_accuracy"] > 0.5
 
 
+@pytest.mark.curves
 def test_resume_of_a_launch_whose_peers_had_finished_writes_its_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -28,6 +28,7 @@ from fedcore.config import load_config
 from fedcore.runtime import BYTES_PER_THREAD, auto_threads, usable_cores
 from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.simulate import choose_threads, simulate
+from tests.clitools import TINY
 from tests.engines.test_vectorized import GRAPHS
 
 LONG_ROWS = ["topology.nodes=8", "model.name=mlp", "model.hidden=700", "run.rounds=3"]
@@ -114,7 +115,8 @@ def test_the_cli_takes_a_count_or_auto(tmp_path: Path, capsys: pytest.CaptureFix
             main(["simulate", "--threads", bad])
         assert exit_.value.code == 2
         assert "must be a whole number >= 1 or auto" in capsys.readouterr().err
-    assert main(["simulate", "--quiet", "--out", str(tmp_path / "run"), "--threads", "2"]) == 0
+    out = ["--out", str(tmp_path / "run")]
+    assert main(["simulate", "--quiet", *out, *TINY, "--threads", "2"]) == 0
     assert '"threads": 2' in (tmp_path / "run" / "summary.json").read_text()
 
 

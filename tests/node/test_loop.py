@@ -215,7 +215,7 @@ def test_models_with_dropout_replay_exactly() -> None:
     for _ in range(2):
         torch.manual_seed(12345)  # whatever state the caller left behind
         torch.rand(7)
-        net = make_network("ring:4", model="tests.test_node:dropout_model").run(3)
+        net = make_network("ring:4", model="tests.node.test_loop:dropout_model").run(3)
         digests.append({n: params_sha256(m) for n, m in net.models().items()})
     assert digests[0] == digests[1]
 

@@ -18,7 +18,7 @@ from fedcore.cli import main
 from fedcore.config import load_config
 from tests.clitools import PNG_MAGIC, TINY, assert_one_line_error, cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -115,11 +115,11 @@ ERRORS: dict[str, tuple[ArgvMaker, tuple[str, ...]]] = {
     ),
     "bad-model-option": (sim("--set", "model.foo=1"), ("logreg", "foo")),
     "model-output-does-not-fit": (
-        sim("--set", "model.name=tests.test_cli:wrong_width_model"),
+        sim("--set", "model.name=tests.cli.test_commands:wrong_width_model"),
         ("wrong_width_model", "expected (2, 10)"),
     ),
     "model-that-raises": (
-        sim("--set", "model.name=tests.test_cli:broken_model"),
+        sim("--set", "model.name=tests.cli.test_commands:broken_model"),
         ("broken_model", "failed on a batch"),
     ),
     "tiny-test-fraction": (sim("--set", "data.test_fraction=0.001"), ("test_fraction",)),
