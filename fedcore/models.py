@@ -189,6 +189,8 @@ def build_model(
         DataError: unknown name, bad options, a model too large, a factory that fails or
             returns no module.
     """
+    if name not in MODELS and name in registry.MODELS:  # a plug-in's, by its import path
+        name = registry.MODELS.entry(name).target
     factory = resolve_factory(name, MODELS, what="model")
     if factory is MODELS.get(name):
         _check_size(name, input_dim, num_classes, options)

@@ -17,9 +17,11 @@ which contract suite then covers it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +33,7 @@ __all__ = [
     "ALGORITHMS",
     "CODECS",
     "DATASETS",
+    "DEPLOY_TARGETS",
     "MODELS",
     "OPTIMIZERS",
     "TOPOLOGY_KINDS",
@@ -147,25 +150,109 @@ class Entry:
     edges: Callable[[int, Any], int] | None = None
 
 
-class Family:
-    """The names of one family, in the order its documentation lists them."""
+PLUGIN_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+"""A plug-in's name: lowercase letters, digits, ``-`` and ``_``, a letter first (so it is
+never an import path nor a ``"folder:PATH"``)."""
 
-    def __init__(self, what: str, entries: tuple[Entry, ...]) -> None:
+
+class Family:
+    """The names of one family, in the order its documentation lists them: the built-in
+    entries, then those plugged in from outside the package.
+
+    A plug-in comes in two ways: :meth:`register` (in-process: the Python API, tests), or
+    an entry point of the family's ``group`` that an installed distribution declares
+    (``name = "pkg.module:factory"`` under ``[project.entry-points."fedcore.codecs"]``),
+    read once, and only when a name is asked for that is not built in or registered.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        entries: tuple[Entry, ...],
+        *,
+        group: str = "",
+        defaults: dict[str, Any] | None = None,
+    ) -> None:
         self.what = what
+        self.group = group
         self._entries = {e.name: e for e in entries}
         if len(self._entries) != len(entries):
             raise ValueError(f"a {what} is listed twice")
+        self._builtin = tuple(self._entries)
+        self._defaults = defaults or {}
+        self._origins: dict[str, str] = {}
+        self._scanned = not group
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Every name, in listing order."""
+        """Every name, in listing order (plug-ins registered so far last)."""
         return tuple(self._entries)
 
+    @property
+    def builtin(self) -> tuple[str, ...]:
+        """The names the package itself lists, in listing order (no plug-in's)."""
+        return self._builtin
+
     def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        if name not in self._entries and PLUGIN_NAME.fullmatch(name):
+            self.scan()
         return name in self._entries
 
     def __iter__(self) -> Iterator[Entry]:
         return iter(self._entries.values())
+
+    def register(self, entry: Entry, *, origin: str = "") -> Entry:
+        """Add ``entry`` from outside the package (``origin`` names where it comes from in
+        answers: a distribution, a module); registering the same entry again is a no-op.
+
+        Raises:
+            ConfigError: a name that is not a plug-in name (:data:`PLUGIN_NAME`), one of
+                the built-in names, or one another plug-in registered with another target.
+        """
+        source = origin or "fedcore.registry"
+        name = entry.name
+        if not isinstance(name, str) or not PLUGIN_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{source}: {self.what} plug-in name {name!r} is not a name: use lowercase "
+                "letters, digits, '-' and '_', starting with a letter."
+            )
+        if not isinstance(entry.target, str) or ":" not in entry.target:
+            raise ConfigError(
+                f"{source}: {self.what} plug-in {name!r} = {entry.target!r} is not an import "
+                "path 'pkg.module:factory'."
+            )
+        if name in self._builtin:
+            raise ConfigError(
+                f"{source}: {self.what} plug-in {name!r} clashes with the built-in {self.what} "
+                f"{name!r}; give it another name."
+            )
+        known = self._entries.get(name)
+        if known is not None and known.target != entry.target:
+            raise ConfigError(
+                f"{source}: {self.what} plug-in {name!r} clashes with the one from "
+                f"{self._origins.get(name, 'fedcore.registry')} ({known.target}); "
+                "uninstall one of them or rename it."
+            )
+        missing = {k: v for k, v in self._defaults.items() if getattr(entry, k) is None}
+        entry = dataclasses.replace(entry, **missing) if missing else entry
+        self._entries[name] = entry
+        self._origins.setdefault(name, source)
+        return entry
+
+    def scan(self) -> None:
+        """Register the entry points of this family's group, once (a no-op without one)."""
+        if self._scanned:
+            return
+        self._scanned = True
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group=self.group):
+            dist = getattr(point, "dist", None)
+            dist_name = getattr(dist, "name", None) or "?"
+            origin = f"distribution {dist_name} (entry point {self.group})"
+            self.register(Entry(point.name, point.value), origin=origin)
 
     def did_you_mean(self, name: object) -> str:
         """``"did you mean `ops`?"`` for a name close to one of this family's (else ``""``)."""
@@ -174,6 +261,7 @@ class Family:
     def unknown(self, name: object, *, user: bool = False) -> str:
         """The answer to a name that is not one of this family's: the closest names, then
         every name (and, with ``user``, that a user's goes by import path)."""
+        self.scan()
         hint = self.did_you_mean(name)
         own = ", or your own as 'pkg.module:factory'" if user else ""
         shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
@@ -185,6 +273,8 @@ class Family:
 
     def entry(self, name: str) -> Entry:
         """The entry of ``name`` (``KeyError`` if it is not one)."""
+        if name not in self:
+            raise KeyError(name)
         return self._entries[name]
 
     def tagged(self, tag: str) -> tuple[str, ...]:
@@ -196,8 +286,8 @@ class Family:
         return import_object(self.entry(name).target, what=f"{self.what} {name!r}")
 
     def factories(self) -> dict[str, Any]:
-        """Name -> factory for every name (what the family's own registry holds)."""
-        return {name: self.load(name) for name in self.names}
+        """Name -> factory for every built-in name (what the family's own registry holds)."""
+        return {name: self.load(name) for name in self._builtin}
 
 
 def _entries(module: str, *items: tuple[Any, ...]) -> tuple[Entry, ...]:
@@ -236,6 +326,7 @@ ALGORITHMS = Family(
         Entry("fedbuff", f"{_ALGORITHMS}.asynchronous:FedBuff", (), frozenset({"asynchronous"})),
         Entry("fedasync", f"{_ALGORITHMS}.asynchronous:FedAsync", (), frozenset({"asynchronous"})),
     ),
+    group="fedcore.algorithms",
 )
 """``algorithm.name``: the registered algorithms (a user's goes by import path);
 ``asynchronous``: one without rounds, which runs on the event engine."""
@@ -256,6 +347,7 @@ CODECS = Family(
         ("s2fp8", "_s2fp8"),
         ("raw", "_raw"),
     ),
+    group="fedcore.codecs",
 )
 """``compression.codec``: each name's factory builds its encoder from the ``[compression]``
 options (:func:`fedcore.compression.make_codec`); ``relative``: an error that scales with
@@ -329,6 +421,8 @@ TOPOLOGY_KINDS = Family(
         _kind("one-peer-exponential", (), lambda n, t: 2 * n * _log2(n)),
         _kind("star", ("server",), _per_node(lambda n, t: 2), ("server",)),  # to it and back
     ),
+    group="fedcore.topology_kinds",
+    defaults={"edges": _per_node(lambda n, t: n - 1)},  # a plug-in: at most complete
 )
 """``topology.kind``; ``keys`` are each kind's parameters besides nodes and seed (the
 ``[topology]`` keys of the same names); ``unset-at-0``: a key set to 0 is left to the
@@ -353,6 +447,7 @@ DATASETS = Family(
         ("femnist", "femnist", ("root",), ("images", "files", "writers")),
         ("shakespeare", "shakespeare", ("root",), ("files", "writers")),
     ),
+    group="fedcore.datasets",
 )
 """``data.dataset``: the built-in datasets (a user's goes by import path, a folder of files
 as ``"folder:PATH"``); ``keys``: ``root`` for those read from files under ``data.root``;
@@ -375,7 +470,21 @@ MODELS = Family(
         ("char-lstm", "char_lstm"),
         ("cnn32", "cnn32"),
     ),
+    group="fedcore.models",
 )
 """``model.name``: the built-in models (a user's goes by import path); ``keys`` are the
 ``[model]`` keys each takes (``model.hidden``, ``model.norm``); ``convex``: regret has a
 comparator."""
+
+DEPLOY_TARGETS = Family(
+    "deployment target",
+    (
+        Entry("compose", "fedcore.deploy.compose:write_compose"),
+        Entry("k8s", "fedcore.deploy.k8s:write_k8s"),
+    ),
+    group="fedcore.deploy_targets",
+)
+"""``fedcore deploy --target NAME``: each name's writer is ``write(config, out, *, image,
+port) -> Path`` (the files of a deployment of ``config`` under the folder ``out``, the path
+it wrote returned); ``fedcore compose`` and ``fedcore k8s`` are the built-in writers with
+all their options."""

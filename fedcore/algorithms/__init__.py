@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fedcore import registry
+from fedcore.algorithms.asynchronous import AsynchronousRule
 from fedcore.algorithms.base import Algorithm, Inbox, Outbox, RoundContext, with_traits
 from fedcore.algorithms.compressed import CHOCO, CHOCOState, DeepSqueeze, DeepSqueezeState
 from fedcore.algorithms.dpsgd import DPSGD, DPSGDState
@@ -28,12 +29,14 @@ from fedcore.algorithms.squeeze import (
     DoubleSqueezeState,
 )
 from fedcore.algorithms.user import (
+    as_algorithm,
     is_import_path,
     load_factory,
     make_user_algorithm,
     unknown_options,
 )
-from fedcore.errors import ConfigError
+from fedcore.errors import ConfigError, FedcoreError
+from fedcore.ids import error_text
 
 __all__ = [
     "ALGORITHMS",
@@ -90,6 +93,8 @@ def algorithm_factory(name: str) -> Callable[..., Any]:
         return factory
     if is_import_path(name):
         return load_factory(name)
+    if name in registry.ALGORITHMS:  # a plug-in: loaded as a user's, by its import path
+        return load_factory(registry.ALGORITHMS.entry(name).target)
     raise _unknown(name)
 
 
@@ -104,11 +109,18 @@ def make_algorithm(name: str, **options: Any) -> Any:
             algorithm, or an option the algorithm does not take.
     """
     factory = ALGORITHMS.get(name)
+    plugin = ""
     if factory is None:
         if is_import_path(name):
             return make_user_algorithm(name, **options)
-        raise _unknown(name)
-    accepted = set(inspect.signature(factory).parameters)
+        if name not in registry.ALGORITHMS:
+            raise _unknown(name)
+        plugin = registry.ALGORITHMS.entry(name).target
+        factory = load_factory(plugin)
+    try:
+        accepted = set(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):  # a plug-in's without a signature: the call tells
+        accepted = set(options)
     unknown = sorted(set(options) - accepted)
     if unknown:
         allowed = ", ".join(sorted(accepted)) or "none"
@@ -116,4 +128,27 @@ def make_algorithm(name: str, **options: Any) -> Any:
             f"algorithm {name!r} has no option {unknown_options(unknown, sorted(accepted))}; "
             f"its options: {allowed}."
         )
-    return with_traits(factory(**options))
+    if not plugin:
+        return with_traits(factory(**options))
+    return _plugged_in(name, plugin, factory, options)
+
+
+def _plugged_in(name: str, path: str, factory: Callable[..., Any], options: dict[str, Any]) -> Any:
+    """What the plug-in ``name`` (its factory at ``path``) builds: an asynchronous rule as
+    the built-in ones, anything else checked as a user's algorithm is.
+
+    Raises:
+        ConfigError: the factory fails, or builds neither (one line, naming ``path``).
+    """
+    try:
+        made = factory(**options)
+    except FedcoreError:
+        raise
+    except Exception as exc:  # a plug-in's factory can raise anything
+        raise ConfigError(
+            f"algorithm {name!r} ({path}) failed to build: {error_text(exc)}; "
+            "fix it (fedcore -v shows the traceback)."
+        ) from exc
+    if isinstance(made, AsynchronousRule):
+        return with_traits(made)
+    return as_algorithm(made, path)

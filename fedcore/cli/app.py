@@ -17,6 +17,7 @@ from fedcore import __version__
 from fedcore.cli import (
     certs,
     compose,
+    deploy,
     health,
     k8s,
     launch,
@@ -40,6 +41,7 @@ SUBCOMMANDS = (
     node,
     compose,
     k8s,
+    deploy,
     summarize,
     certs,
     health,

@@ -20,7 +20,8 @@ from fedcore.compression.codecs import CastCodec, QSGDCodec, SignCodec
 from fedcore.compression.floats import CustomFloatCodec, FP8Codec, S2FP8Codec
 from fedcore.compression.sparse import RandKCodec, TopKCodec
 from fedcore.config import CompressionConfig
-from fedcore.errors import CompressionError
+from fedcore.errors import CompressionError, FedcoreError
+from fedcore.ids import error_text
 
 __all__ = [
     "CODECS",
@@ -32,7 +33,7 @@ __all__ = [
     "make_codec",
 ]
 
-CODEC_NAMES = registry.CODECS.names
+CODEC_NAMES = registry.CODECS.builtin
 """The codecs a config may name (``compression.codec``; :data:`fedcore.registry.CODECS`)."""
 
 
@@ -127,6 +128,9 @@ def get_codec(name: str) -> Codec:
     try:
         return CODECS[name]
     except KeyError:
+        if name in registry.CODECS:  # a plug-in's: built once, with the default options
+            CODECS[name] = make_codec(name)
+            return CODECS[name]
         raise CompressionError(
             f"unknown codec {name!r}; known codecs: {', '.join(sorted(CODECS))}."
         ) from None
@@ -146,7 +150,25 @@ def make_codec(
     chosen = dataclasses.replace(options or CodecOptions(), **given)
     factory: Callable[[str, CodecOptions, torch.Generator | None], RowsCodec]
     factory = registry.CODECS.load(name)
-    return factory(name, chosen, torch.Generator().manual_seed(seed))
+    if name in registry.CODECS.builtin:
+        return factory(name, chosen, torch.Generator().manual_seed(seed))
+    what = f"codec {name!r} ({registry.CODECS.entry(name).target})"
+    try:  # a plug-in's factory can raise anything, or build anything
+        made = factory(name, chosen, torch.Generator().manual_seed(seed))
+    except FedcoreError:
+        raise
+    except Exception as exc:
+        raise CompressionError(
+            f"{what} failed: {error_text(exc)}; fix it (fedcore -v shows the traceback)."
+        ) from exc
+    missing = [m for m in ("encode", "decode", "nbytes", "roundtrip_rows") if not hasattr(made, m)]
+    if missing or getattr(made, "name", None) != name:
+        raise CompressionError(
+            f"{what} returned {type(made).__name__}, not a codec: it needs the methods "
+            "encode, decode, nbytes and roundtrip_rows (fedcore.compression.RowsCodec) "
+            f"and name = {name!r}."
+        )
+    return made
 
 
 def codec_seed(run_seed: int, node: int) -> int:

@@ -76,7 +76,7 @@ LR_SCHEDULES = ("constant", "sqrt", "cosine", "poly")
 """Step-size schedules (``algorithm.lr_schedule``)."""
 LR_SCALINGS = ("none", "linear", "sqrt")
 """How ``algorithm.lr`` scales with the batch size (``algorithm.lr_scaling``)."""
-OPTIMIZER_NAMES = registry.OPTIMIZERS.names
+OPTIMIZER_NAMES = registry.OPTIMIZERS.builtin
 """Node optimizers (``optimizer.name``; :data:`fedcore.algorithms.optim.OPTIMIZERS`)."""
 REMOVED_KEYS = {
     "transport.kind": "the command chooses the transport (fedcore simulate: in-process; "
@@ -114,7 +114,7 @@ DEVICES = ("cpu", "cuda")
 CONVEX_MODELS = registry.MODELS.tagged("convex")
 """Built-in models whose loss is convex in the parameters (``run.regret`` needs one)."""
 
-CODECS = registry.CODECS.names
+CODECS = registry.CODECS.builtin
 """Codecs (``compression.codec``)."""
 
 AUTO_RECORDS_NODES = 256

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from fedcore import registry
 from fedcore.config import SEED_LIMIT
-from fedcore.errors import TopologyError
+from fedcore.errors import FedcoreError, TopologyError
+from fedcore.ids import error_text
 from fedcore.topology.generators import (
     _check_count,
     complete,
@@ -28,11 +29,11 @@ from fedcore.topology.generators import (
     torus,
 )
 from fedcore.topology.graph import TrustGraph
-from fedcore.topology.schedule import Topology
+from fedcore.topology.schedule import Schedule, Topology
 
 __all__ = ["KINDS", "build", "parse_spec"]
 
-KINDS: tuple[str, ...] = registry.TOPOLOGY_KINDS.names
+KINDS: tuple[str, ...] = registry.TOPOLOGY_KINDS.builtin
 """Every topology kind a config or spec may name (:data:`fedcore.registry.TOPOLOGY_KINDS`)."""
 
 _SPEC_GRAMMAR = (
@@ -157,7 +158,31 @@ def build(kind: str, *, nodes: int, seed: int = 0, **params: object) -> Topology
         )
     nodes = _check_count(nodes, f"number of nodes of a '{kind}' topology")
     seed = _check_count(seed, "seed", minimum=0, maximum=SEED_LIMIT - 1)
-    return builder(nodes, seed, dict(params))
+    if kind in registry.TOPOLOGY_KINDS.builtin:
+        return builder(nodes, seed, dict(params))
+    return _plugged_in(kind, builder, nodes, seed, dict(params))
+
+
+def _plugged_in(
+    kind: str,
+    builder: Callable[[int, int, dict[str, object]], Topology],
+    nodes: int,
+    seed: int,
+    params: dict[str, object],
+) -> Topology:
+    """What a plug-in's builder makes: a failure or anything but a graph, one line."""
+    what = f"topology kind {kind!r} ({registry.TOPOLOGY_KINDS.entry(kind).target})"
+    try:
+        made = builder(nodes, seed, params)
+    except FedcoreError:
+        raise
+    except Exception as exc:  # a plug-in's builder can raise anything
+        raise TopologyError(
+            f"{what} failed: {error_text(exc)}; fix it (fedcore -v shows the traceback)."
+        ) from exc
+    if not isinstance(made, TrustGraph | Schedule):
+        raise TopologyError(f"{what} returned {type(made).__name__}, not a TrustGraph or Schedule.")
+    return made
 
 
 def _parse_value(text: str) -> object:

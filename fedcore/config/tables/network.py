@@ -8,12 +8,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fedcore import registry
 from fedcore.config.constants import CODECS, MAX_CHUNK, MODES
-from fedcore.config.rules import Table, choice, holds, number, require, rule, whole
+from fedcore.config.rules import Table, check_choice, choice, holds, number, require, rule, whole
 from fedcore.errors import ConfigError
 from fedcore.registry import did_you_mean
 
 __all__ = ["CompressionConfig", "TransportConfig"]
+
+
+def _codec(key: str, value: object) -> None:
+    """One of ``CODECS``, or a plug-in's codec (:data:`fedcore.registry.CODECS`)."""
+    if value not in registry.CODECS:
+        check_choice(key, value, CODECS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,7 +39,7 @@ class CompressionConfig(Table):
 
     TABLE: ClassVar[str] = "compression"
 
-    codec: str = field(default="fp32", metadata=choice(CODECS))
+    codec: str = field(default="fp32", metadata=rule(_codec))
     bits: int = field(default=8, metadata=holds(lambda v: v in (2, 4, 8), "must be 2, 4 or 8"))
     ratio: float = field(default=0.01, metadata=number("(0, 1]"))
     chunk: int = field(default=0, metadata=whole(0, MAX_CHUNK))
