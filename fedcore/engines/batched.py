@@ -274,7 +274,7 @@ class BatchedRule:
         self.phases: int = int(rule.phases)
         self.codec = codec
         self.itemsize = itemsize
-        self.by_round = getattr(rule, "lossless", None) is not None
+        self.by_round = rule.lossless is not None
         """The messages' sizes may change from round to round (:meth:`messages`)."""
         self.samples: torch.Tensor | None = None
         """``[N]`` float64: every node's training examples (the engine sets it)."""
@@ -308,9 +308,10 @@ class BatchedRule:
 
     def trains(self, t: int, nodes: tuple[str, ...], device: torch.device) -> torch.Tensor | None:
         """``[N]`` bool: the nodes that compute a gradient in round ``t`` (``None``: all)."""
-        if getattr(self.rule, "trains", None) is None:
+        trains = self.rule.trains
+        if trains is None:
             return None
-        mask: torch.Tensor = self.rule.trains(self._stub(t, nodes, device))
+        mask: torch.Tensor = trains(self._stub(t, nodes, device))
         return mask
 
     def _edge_stub(self, t: int, graph: StackedGraph) -> Rows:
@@ -329,7 +330,7 @@ class BatchedRule:
     def _widths(self, phase: int, t: int, graph: StackedGraph) -> torch.Tensor | None:
         """``[M]`` long: the width of every message of :meth:`messages` (a rule that says
         ``widths``), or ``None``."""
-        if self.union is None or getattr(self.rule, "widths", None) is None:
+        if self.union is None or self.rule.widths is None:
             return None
         widths = widths_of(self.rule, phase, self._edge_stub(t, graph))
         assert widths is not None
@@ -575,7 +576,7 @@ class BatchedRule:
 
     def local_step(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
         """A local step between communications, on the up nodes."""
-        own = getattr(self.rule, "local_step", None)
+        own = self.rule.local_step
         if own is not None:
             new = own(state, grad, self._rows(ctx, set()))
         else:
@@ -597,7 +598,7 @@ class BatchedRule:
         the rule's ``edge_fields`` (out-edges by sender, in-edges by receiver)."""
         if ctx.everyone_up:
             return new
-        fields: Mapping[str, str] = getattr(self.rule, "edge_fields", {})
+        fields: Mapping[str, str] = self.rule.edge_fields
         if fields and self.union is not None:
             kept = {}
             for name, side in fields.items():
