@@ -10,7 +10,7 @@ by construction. Every built-in synchronous algorithm is one rule; the contract 
 ``tests/engines/test_vectorized.py`` holds the engines equal for each.
 
 What a round sees (:class:`BatchRound`): the round's weighted graph as edge lists and a
-padded neighbour table (:class:`~fedcore.algorithms.batched.StackedGraph`, in-neighbours
+padded neighbour table (:class:`~fedcore.engines.stacked_graph.StackedGraph`, in-neighbours
 sorted by sender id as a per-node inbox is), the step size, which nodes are up, which
 messages of each phase arrive (the fault plan's announced decisions), and the codec as a
 :class:`RowCodec`, which round-trips many messages at once bit for bit as the per-message
@@ -27,7 +27,6 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from fedcore.algorithms.batched import StackedGraph
 from fedcore.algorithms.rule import (
     EdgeInbox,
     Edges,
@@ -41,6 +40,7 @@ from fedcore.algorithms.rule import (
     widths_of,
 )
 from fedcore.compression.batched import RowCodec
+from fedcore.engines.stacked_graph import StackedGraph
 from fedcore.errors import AlgorithmError, ProtocolError
 
 __all__ = [
