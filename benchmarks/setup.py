@@ -54,8 +54,8 @@ if importlib.util.find_spec("fedcore") is None and (_ROOT / "fedcore").is_dir():
 
 import _common  # benchmarks/_common.py, beside this script
 
-from fedcore.algorithms.batched import EdgeUnion, stack_graph
 from fedcore.config import fingerprint_json, load_config
+from fedcore.engines.stacked_graph import EdgeUnion, stack_graph
 from fedcore.engines.vectorized import VectorizedNetwork
 from fedcore.setup.graph import build_topology, communication_graph
 from fedcore.setup.prepare import prepare_run

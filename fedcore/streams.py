@@ -42,7 +42,15 @@ class Batches(Protocol):
 
 
 class OnlineSource(Protocol):
-    """Where every node's stream comes from."""
+    """Where every node's stream comes from.
+
+    A source may also offer (a user's need not; callers look for them, as it implements
+    this protocol without inheriting from it): ``batches(round)``, every node's batch of a
+    round at once as ``[N, b, ...]`` stacks (the vectorized engine and the regret replay
+    then skip the per-node streams); ``comparator(round)``, the round's best fixed model
+    (the dynamic regret's comparator); ``keep_rounds(nbytes)``, keep the rounds drawn, up
+    to ``nbytes``, until the regret replays them (:class:`SyntheticDrift` offers all three).
+    """
 
     dataset: Dataset
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -317,12 +318,35 @@ class Rule(Traits, Protocol):
     schema: Callable[..., MessageSchema]
     """``schema(phase)``: exactly what a message of ``phase`` holds (a rule may take
     ``rows`` as a second argument, for bounds that depend on the network size or the
-    round: :func:`schema_of`).
+    round: :func:`schema_of`)."""
 
-    Optional methods: ``trains(rows)`` and ``talks(phase, rows)`` (pattern ``"chosen"``),
-    ``lossless(phase, rows)``, ``local_step(state, grad, rows)``, ``accept(...)``, and
-    ``widths(phase, rows)`` (pattern ``"edges"``: each edge's message length,
-    :func:`widths_of`)."""
+    # -- optional hooks: a rule defines the ones it offers (as methods); ``None``: not
+    # offered, and every engine does what it does without one. Read as plain attributes.
+
+    trains: Callable[[Rows], torch.Tensor] | None = None
+    """``trains(rows)``: ``[B]`` bool, the rows that compute a gradient this round (the
+    server family); ``None``: every row trains."""
+    talks: Callable[[int, Rows], tuple[Any, Any]] | None = None
+    """``talks(phase, rows)``: ``(senders, receivers)`` of ``phase`` among the graph's edges
+    (pattern ``"chosen"``, which needs it)."""
+    lossless: Callable[[int, Rows], bool] | None = None
+    """``lossless(phase, rows)``: whether ``phase``'s tensors go as they are (``raw``),
+    whatever the codec (:func:`~fedcore.algorithms.rule.lossless`); ``None``: never."""
+    local_step: Callable[[Any, torch.Tensor, Rows], Any] | None = None
+    """``local_step(state, grad, rows)``: one local step between communications
+    (``run.local_steps``); ``None``: ``x <- x - rows.lr * grad``."""
+    accept: Callable[[Any, int, str, Any, Any], None] | None = None
+    """``accept(state, phase, sender, payload, ctx)``: raise
+    :class:`~fedcore.errors.ProtocolError` for a well-formed message ``state`` makes
+    impossible (a peer's check, :class:`~fedcore.algorithms.base.AcceptsMessages`);
+    ``None``: every well-formed message is possible."""
+    widths: Callable[[int, Rows], tuple[torch.Tensor, torch.Tensor]] | None = None
+    """``widths(phase, rows)`` (pattern ``"edges"``): each edge's message length
+    (:func:`widths_of`); ``None``: every message holds the schema's shapes."""
+    edge_fields: Mapping[str, str] = MappingProxyType({})
+    """Pattern ``"edges"``: state field -> ``"out"`` or ``"in"``, the fields of the state
+    kept per out- or in-edge (a crashed peer's edges keep theirs); other fields are per
+    row."""
 
 
 def schema_takes_rows(rule: Any) -> bool:
@@ -353,7 +377,7 @@ _TAKES_ROWS: dict[type, bool] = {}
 def lossless(rule: Any, phase: int, rows: Rows) -> bool:
     """Whether the tensors a rule sends in ``phase`` go as they are (``raw``), whatever the
     peers' codec (its optional ``lossless(phase, rows)``; APMSqueeze's warm-up)."""
-    says = getattr(rule, "lossless", None)
+    says = rule.lossless
     return bool(says(phase, rows)) if says is not None else False
 
 
@@ -362,7 +386,7 @@ def widths_of(rule: Any, phase: int, rows: Rows) -> tuple[torch.Tensor, torch.Te
     pattern ``"edges"``): ``(out [Eo], in [Ei])`` long, how many leading values of each
     ``(w,)`` tensor of the schema the message on that edge holds, 0 where no message goes
     (RPS's blocks). ``None``: every message holds the schema's shapes."""
-    says = getattr(rule, "widths", None)
+    says = rule.widths
     if says is None:
         return None
     out, into = says(phase, rows)

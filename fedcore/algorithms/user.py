@@ -218,7 +218,7 @@ def _check_rule(path: str, rule: Any) -> None:
             "(every edge of the graph), 'chosen' (who talks, by talks()), 'edges' (a message "
             "per edge) or 'none'."
         )
-    if rule.pattern == "chosen" and not callable(getattr(rule, "talks", None)):
+    if rule.pattern == "chosen" and not callable(rule.talks):
         raise ConfigError(
             f"algorithm {path!r}: pattern = 'chosen' needs talks(phase, rows), naming each "
             "phase's senders and receivers."
@@ -226,9 +226,6 @@ def _check_rule(path: str, rule: Any) -> None:
 
 
 # -- a user's rule at run time ----------------------------------------------------------
-
-_OPTIONAL = frozenset({"trains", "talks", "lossless", "local_step", "accept", "widths"})
-"""A rule's optional methods (user code too, so called through :meth:`CheckedRule._call`)."""
 
 
 def _what(value: object) -> str:
@@ -270,24 +267,34 @@ class CheckedRule(Rule):
         self.pattern: str = rule.pattern
         for trait in TRAITS:  # the user's rule's own (a Rule's, or their defaults)
             setattr(self, trait, getattr(rule, trait))
+        # Its optional hooks, each it offers checked as its other methods (one it does
+        # not offer stays None, the Rule's default).
+        self.trains = self._hook("trains", rule.trains)
+        self.talks = self._hook("talks", rule.talks)
+        self.lossless = self._hook("lossless", rule.lossless)
+        self.local_step = self._hook("local_step", rule.local_step)
+        self.accept = self._hook("accept", rule.accept)
+        self.widths = self._hook("widths", rule.widths)
+        self.edge_fields = rule.edge_fields
         self._params: tuple[tuple[int, ...], torch.dtype] | None = None  # d, dtype at init
         try:
             takes = len(inspect.signature(rule.schema).parameters) >= 2
         except (TypeError, ValueError):
             takes = False
         self._schema_takes_rows = takes
-        self._ragged = getattr(rule, "widths", None) is not None  # messages of several lengths
+        self._ragged = rule.widths is not None  # messages of several lengths
+
+    def _hook(self, method: str, fn: Any) -> Any:
+        """The user's optional hook ``fn`` checked (:meth:`_optional`), or as it is where
+        it is not a method (``None``: not offered)."""
+        return functools.partial(self._optional, method, fn) if callable(fn) else fn
 
     def __getattr__(self, name: str) -> Any:
-        """The rule's own attributes (options, ``edge_fields`` ...) and its optional
-        methods, these checked as the others (an attribute it lacks: AttributeError)."""
+        """The rule's own attributes (its options: ``eta``, ``gamma`` ...; an attribute it
+        lacks: AttributeError)."""
         if name.startswith("_") or name in ("rule", "origin"):  # not set yet (unpickling)
             raise AttributeError(name)
-        value = getattr(self.rule, name)
-        if name in _OPTIONAL and callable(value):
-            value = functools.partial(self._optional, name, value)
-            setattr(self, name, value)  # made once: an engine asks every round
-        return value
+        return getattr(self.rule, name)
 
     def __repr__(self) -> str:
         return f"CheckedRule({self.rule!r})"

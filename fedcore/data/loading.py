@@ -8,7 +8,6 @@ A user factory is called as ``factory(seed=..., test_fraction=...)`` and returns
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -53,7 +52,8 @@ DATASETS: Mapping[str, Callable[..., Dataset]] = _Factories()
 
 def load_object(path: str, *, what: str) -> object:
     """Import ``"pkg.module:attribute"`` (or a plain ``"module:attribute"``: a module
-    file, no package) and return the attribute.
+    file, no package) and return the attribute, through the one resolver of every family's
+    import paths (:func:`fedcore.registry.import_object`).
 
     Raises:
         DataError: naming the path and what went wrong (bad form, import, attribute).
@@ -62,9 +62,13 @@ def load_object(path: str, *, what: str) -> object:
     if not sep or not module_name or not attr:
         raise DataError(f"{what} {path!r} is neither a built-in name nor 'pkg.module:factory'.")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        missing = getattr(exc, "name", None) or ""
+        return registry.import_object(path, what=what, error=DataError)
+    except DataError as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, ImportError):
+            raise
+        # A module that does not import: say where fedcore looks (the folder it runs from).
+        missing = cause.name or ""
         where = ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
             where = (
@@ -73,14 +77,8 @@ def load_object(path: str, *, what: str) -> object:
                 f"{missing.replace('.', '/')}/, or put that folder on PYTHONPATH)"
             )
         raise DataError(
-            f"cannot import module {module_name!r} for {what} {path!r}: {exc}{where}."
-        ) from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise DataError(
-            f"module {module_name!r} has no attribute {attr!r} ({what} {path!r})."
-        ) from None
+            f"cannot import module {module_name!r} for {what} {path!r}: {cause}{where}."
+        ) from cause
 
 
 def resolve_factory(

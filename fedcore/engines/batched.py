@@ -10,7 +10,7 @@ by construction. Every built-in synchronous algorithm is one rule; the contract 
 ``tests/engines/test_vectorized.py`` holds the engines equal for each.
 
 What a round sees (:class:`BatchRound`): the round's weighted graph as edge lists and a
-padded neighbour table (:class:`~fedcore.algorithms.batched.StackedGraph`, in-neighbours
+padded neighbour table (:class:`~fedcore.engines.stacked_graph.StackedGraph`, in-neighbours
 sorted by sender id as a per-node inbox is), the step size, which nodes are up, which
 messages of each phase arrive (the fault plan's announced decisions), and the codec as a
 :class:`RowCodec`, which round-trips many messages at once bit for bit as the per-message
@@ -27,7 +27,6 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from fedcore.algorithms.batched import StackedGraph
 from fedcore.algorithms.rule import (
     EdgeInbox,
     Edges,
@@ -41,6 +40,7 @@ from fedcore.algorithms.rule import (
     widths_of,
 )
 from fedcore.compression.batched import RowCodec
+from fedcore.engines.stacked_graph import StackedGraph
 from fedcore.errors import AlgorithmError, ProtocolError
 
 __all__ = [
@@ -274,7 +274,7 @@ class BatchedRule:
         self.phases: int = int(rule.phases)
         self.codec = codec
         self.itemsize = itemsize
-        self.by_round = getattr(rule, "lossless", None) is not None
+        self.by_round = rule.lossless is not None
         """The messages' sizes may change from round to round (:meth:`messages`)."""
         self.samples: torch.Tensor | None = None
         """``[N]`` float64: every node's training examples (the engine sets it)."""
@@ -308,9 +308,10 @@ class BatchedRule:
 
     def trains(self, t: int, nodes: tuple[str, ...], device: torch.device) -> torch.Tensor | None:
         """``[N]`` bool: the nodes that compute a gradient in round ``t`` (``None``: all)."""
-        if getattr(self.rule, "trains", None) is None:
+        trains = self.rule.trains
+        if trains is None:
             return None
-        mask: torch.Tensor = self.rule.trains(self._stub(t, nodes, device))
+        mask: torch.Tensor = trains(self._stub(t, nodes, device))
         return mask
 
     def _edge_stub(self, t: int, graph: StackedGraph) -> Rows:
@@ -329,7 +330,7 @@ class BatchedRule:
     def _widths(self, phase: int, t: int, graph: StackedGraph) -> torch.Tensor | None:
         """``[M]`` long: the width of every message of :meth:`messages` (a rule that says
         ``widths``), or ``None``."""
-        if self.union is None or getattr(self.rule, "widths", None) is None:
+        if self.union is None or self.rule.widths is None:
             return None
         widths = widths_of(self.rule, phase, self._edge_stub(t, graph))
         assert widths is not None
@@ -575,7 +576,7 @@ class BatchedRule:
 
     def local_step(self, state: Any, grad: torch.Tensor, ctx: BatchRound) -> Any:
         """A local step between communications, on the up nodes."""
-        own = getattr(self.rule, "local_step", None)
+        own = self.rule.local_step
         if own is not None:
             new = own(state, grad, self._rows(ctx, set()))
         else:
@@ -597,7 +598,7 @@ class BatchedRule:
         the rule's ``edge_fields`` (out-edges by sender, in-edges by receiver)."""
         if ctx.everyone_up:
             return new
-        fields: Mapping[str, str] = getattr(self.rule, "edge_fields", {})
+        fields: Mapping[str, str] = self.rule.edge_fields
         if fields and self.union is not None:
             kept = {}
             for name, side in fields.items():

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fedcore.algorithms.batched import stack_graph
 from fedcore.config import check_clock_horizon
 from fedcore.engines.batched import Messages, batched_form, has_batched_form
+from fedcore.engines.stacked_graph import stack_graph
 from fedcore.errors import ConfigError
 from fedcore.faults import FaultPlan
 from fedcore.setup.prepare import RunSetup

@@ -53,7 +53,7 @@ import torch
 
 from fedcore import counter_random as keyed
 from fedcore.algorithms.asynchronous import AsynchronousRule, ServerState, example_shares
-from fedcore.algorithms.batched import stack_graph
+from fedcore.engines.stacked_graph import stack_graph
 from fedcore.engines.vectorized import stacked_batches
 from fedcore.errors import ConfigError, ProtocolError
 from fedcore.node import RoundRecord

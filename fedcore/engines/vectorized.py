@@ -39,11 +39,11 @@ import torch
 from torch.nn import functional
 
 from fedcore.algorithms.base import local_step
-from fedcore.algorithms.batched import EdgeUnion, StackedGraph, stack_graph
 from fedcore.algorithms.optim import keep_rows
 from fedcore.config import AUTO_RECORDS_NODES, Config
 from fedcore.engines.batched import BatchRound, Messages, batched_form, raise_bad
 from fedcore.engines.clock import SharedClock, phase_traffic
+from fedcore.engines.stacked_graph import EdgeUnion, StackedGraph, stack_graph
 from fedcore.errors import CompressionError, ConfigError
 from fedcore.evaluation import stacked_figures
 from fedcore.gradients import model_input
@@ -389,7 +389,7 @@ class VectorizedNetwork:
         """Everything :meth:`load_state_dict` needs to continue from this round exactly (for
         a checkpoint; call :meth:`check` first): the stacked state, where every node is in
         its data, the codec's generators and the fault counts so far, as CPU tensors."""
-        generators = getattr(self.codec, "generators", None)
+        generators = self.codec.generators  # empty for a codec that draws nothing
         return {
             "round": self.round,
             "state": checkpoint.to_tree(self.state),
@@ -416,8 +416,7 @@ class VectorizedNetwork:
         for i, stream in enumerate(self.streams if self.batches is None else []):
             for _ in range(int(self.read[i])):  # a stream is a function of the seed
                 stream.next_batch()
-        generators = getattr(self.codec, "generators", None)
-        for g, state in zip(generators or [], saved["codec"] or [], strict=True):
+        for g, state in zip(self.codec.generators, saved["codec"] or [], strict=True):
             g.set_state(state)
         for phases, counts in zip(self.phases, saved["faults"], strict=True):
             for phase, (missing, dropped) in zip(phases, counts, strict=True):

@@ -89,10 +89,9 @@ class NodeRule:
         self._positions: tuple[Any, dict[str, int]] = (None, {})  # node list, id -> index
         self._index: dict[int, torch.Tensor] = {}  # a node's index in it, as [1] long
         self._widths: dict[tuple[int, int], tuple[Rows, dict[str, MessageSchema]]] = {}
-        accept = getattr(rule, "accept", None)
-        if accept is not None:
-            self.accept = accept
-        if getattr(rule, "trains", None) is not None:
+        if rule.accept is not None:  # a peer's check of what its state makes impossible
+            self.accept = rule.accept
+        if rule.trains is not None:
             self.trains = self._trains
 
     def __getattr__(self, name: str) -> Any:
@@ -316,7 +315,7 @@ class NodeRule:
 
     def local_step(self, state: Any, grad: torch.Tensor, ctx: Any) -> Any:
         """A local step between communications (``run.local_steps``)."""
-        own = getattr(self.rule, "local_step", None)
+        own = self.rule.local_step
         if own is not None:
             return own(state, grad.unsqueeze(0), self._rows(ctx))
         return state._replace(x=state.x - ctx.lr * grad.unsqueeze(0))
@@ -364,7 +363,7 @@ class NodeRule:
         """Sender -> its message of ``phase``, its tensors of the width the rule's ``widths``
         gives (only senders of a message), made once per round context and phase (a peer
         asks once a message); ``None``: the rule says no widths."""
-        if getattr(self.rule, "widths", None) is None:
+        if self.rule.widths is None:
             return None
         rows = self._rows(ctx)
         key = (id(rows), phase)
@@ -404,7 +403,7 @@ class NodeRule:
         if self.rule.pattern == "edges":
             edge_schema = schema_of(self.rule, phase, rows)
             model = self.rule.model(state)
-            ragged = getattr(self.rule, "widths", None) is not None
+            ragged = self.rule.widths is not None
             edge_inbox = self._edge_inbox(inbox, _in_union(ctx), edge_schema, model, ragged)
             state, send = self.rule.mix(state, phase, edge_inbox, rows)
             return state, self._outbox(send, ctx, phase + 1)

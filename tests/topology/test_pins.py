@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from fedcore import topology
-from fedcore.algorithms.batched import stack_graph
 from fedcore.config import load_config
+from fedcore.engines.stacked_graph import stack_graph
 from fedcore.setup.graph import build_topology
 from fedcore.setup.prepare import prepare_run
 from fedcore.topology import Schedule, TrustGraph
@@ -385,7 +385,7 @@ def test_fingerprint_text_is_json_dumps() -> None:
 def test_edge_union_numbers_edges_by_first_appearance() -> None:
     """A schedule's union numbers each edge where it first appears, round by round (as
     the engine's dict of edges did), and every round's table finds its edges in it."""
-    from fedcore.algorithms.batched import EdgeUnion
+    from fedcore.engines.stacked_graph import EdgeUnion
 
     t = topology.build("one-peer-exponential", nodes=6)
     assert isinstance(t, Schedule)
