@@ -8,6 +8,7 @@ docs/writing-your-own.md ("Plug-ins: ..."), so what the page shows is what runs 
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shlex
@@ -94,9 +95,9 @@ TOY = {
         from fedcore.topology.generators import ring
         from toyplug.calls import count
 
-        def toy_ring(n, seed, params):
+        def toy_ring(nodes, seed, params):
             count("topology")
-            return ring(n, directed=True)
+            return ring(nodes, directed=True)
     """,
     "data.py": """
         import torch
@@ -115,7 +116,7 @@ TOY = {
         from torch import nn
         from toyplug.calls import count
 
-        def toy_model(*, input_dim, num_classes):
+        def toy_model(*, input_dim, num_classes, **options):
             count("model")
             return nn.Sequential(nn.Flatten(), nn.Linear(input_dim, num_classes))
     """,
@@ -371,3 +372,17 @@ def test_the_docs_declare_every_family_and_every_toy() -> None:
     assert "architecture.md#where-to-add-things" in text
     for family in ("ALGORITHMS", "CODECS", "TOPOLOGY_KINDS", "DATASETS", "MODELS"):
         assert f"`{family}`" in text or f"registry.{family}" in text
+
+
+def test_the_docs_signatures_are_the_toys(plugins: Path) -> None:
+    """Each row of the section's table of factories gives the signature of the toys of its
+    group, as written."""
+    declared = tomllib.loads(_blocks("toml")[0])["project"]["entry-points"]
+    rows = re.findall(
+        r"^\| `(fedcore\.\w+)`[^|]*\| `\w+(\(.*?\))`", docs_text.section(SECTION), re.M
+    )
+    assert sorted({group for group, _ in rows}) == sorted(declared)
+    for group, shown in rows:
+        for target in declared[group].values():
+            factory = registry.import_object(target, what=group)
+            assert str(inspect.signature(factory)) == shown, (group, target)
