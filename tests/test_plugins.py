@@ -2,14 +2,20 @@
 things" table of docs/architecture.md): a toy algorithm, asynchronous algorithm, codec,
 dataset, model, topology kind and deployment target, written in ``tmp_path`` as a package
 with a dist-info (its ``entry_points.txt``: what ``pip install`` of a package that declares
-them leaves), found on ``sys.path``, and each one run and seen to be used."""
+them leaves), found on ``sys.path``, and each one run and seen to be used. The entry points,
+the config, the ``fedcore deploy`` command and the in-process registration are read from
+docs/writing-your-own.md ("Plug-ins: ..."), so what the page shows is what runs here."""
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +26,7 @@ from fedcore import registry
 from fedcore.cli.app import main
 from fedcore.config import load_config
 from fedcore.errors import ConfigError, FedcoreError
+from tests import docs_text
 
 FAMILIES = (
     registry.ALGORITHMS,
@@ -88,9 +95,9 @@ TOY = {
         from fedcore.topology.generators import ring
         from toyplug.calls import count
 
-        def toy_ring(n, seed, params):
+        def toy_ring(nodes, seed, params):
             count("topology")
-            return ring(n, directed=True)
+            return ring(nodes, directed=True)
     """,
     "data.py": """
         import torch
@@ -109,7 +116,7 @@ TOY = {
         from torch import nn
         from toyplug.calls import count
 
-        def toy_model(*, input_dim, num_classes):
+        def toy_model(*, input_dim, num_classes, **options):
             count("model")
             return nn.Sequential(nn.Flatten(), nn.Linear(input_dim, num_classes))
     """,
@@ -131,26 +138,36 @@ TOY = {
     """,
 }
 
-ENTRY_POINTS = """
-[fedcore.algorithms]
-toy-sync = toyplug.algo:toy_sync
-toy-async = toyplug.algo:toy_async
+SECTION = (
+    "Plug-ins: your own codec, topology kind, dataset, model, algorithm, asynchronous "
+    "algorithm or deployment target from your own package"
+)
+"""The docs' section (``docs/writing-your-own.md``) whose snippets these tests run: its
+``mypkg`` and ``my-`` names are this file's ``toyplug`` and ``toy-`` ones."""
 
-[fedcore.codecs]
-toy-codec = toyplug.codec:toy_codec
 
-[fedcore.topology_kinds]
-toy-ring = toyplug.topo:toy_ring
+def _toy(text: str) -> str:
+    """The docs' ``mypkg`` names as this file's toys."""
+    return text.replace("mypkg", "toyplug").replace("my_", "toy_").replace("my-", "toy-")
 
-[fedcore.datasets]
-toy-data = toyplug.data:toy_data
 
-[fedcore.models]
-toy-model = toyplug.model:toy_model
+def _blocks(language: str) -> list[str]:
+    """The section's fenced ``language`` blocks, with the toys' names."""
+    text = docs_text.section(SECTION)
+    return [_toy(b) for b in re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)]
 
-[fedcore.deploy_targets]
-toy-target = toyplug.deploy:toy_target
-"""
+
+def _documented_entry_points() -> str:
+    """The section's ``pyproject.toml`` entry points as ``entry_points.txt`` (what ``pip
+    install`` of a package that declares them leaves)."""
+    declared = tomllib.loads(_blocks("toml")[0])["project"]["entry-points"]
+    return "".join(
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in names.items())
+        for group, names in declared.items()
+    )
+
+
+ENTRY_POINTS = _documented_entry_points()
 
 
 def _install(root: Path, entry_points: str, dist: str = "toyplug") -> None:
@@ -195,13 +212,7 @@ TINY = {"run": {"rounds": 3, "eval_every": 3}, "topology": {"nodes": 4}}
 
 def test_a_synchronous_run_of_plugged_in_names(plugins: Path) -> None:
     result = fedcore.run(
-        {
-            "algorithm": {"name": "toy-sync", "lr": 0.1},
-            "compression": {"codec": "toy-codec"},
-            "topology": {"kind": "toy-ring", "nodes": 4, "undirected": False},
-            "data": {"dataset": "toy-data", "batch_size": 8},
-            "model": {"name": "toy-model"},
-        },
+        tomllib.loads(_blocks("toml")[1]),  # the docs' config
         out_dir=plugins / "sync",
         threads=1,
         run=TINY["run"],
@@ -234,17 +245,22 @@ def test_an_asynchronous_plugin_runs_on_the_event_engine(plugins: Path) -> None:
 def test_a_plugged_in_deployment_target_writes_its_file(
     plugins: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = plugins / "deploy"
-    assert main(["deploy", "--target", "toy-target", "--out", str(out), "--port", "7100"]) == 0
+    (command,) = _blocks("bash")
+    argv = shlex.split(command.split("#")[0])
+    assert argv[:2] == ["fedcore", "deploy"] and argv[argv.index("--target") + 1] == "toy-target"
+    out = plugins / argv[argv.index("--out") + 1]
+    argv[argv.index("--out") + 1] = str(out)
+    assert main(argv[1:]) == 0
     written = (out / "toy-deploy.txt").read_text().split()
     assert written[:2] == ["fedcore:latest", "7100"]
     assert "wrote" in capsys.readouterr().out
 
 
 def test_register_in_process_and_config_accepts_the_name(plugins: Path) -> None:
-    entry = registry.TOPOLOGY_KINDS.register(
-        registry.Entry("toy-ring-2", "toyplug.topo:toy_ring"), origin="this test"
-    )
+    (code,) = _blocks("python")  # the docs' registration
+    exec(code, {})
+    entry = registry.TOPOLOGY_KINDS.entry("toy-ring-2")
+    assert entry.target == "toyplug.topo:toy_ring"
     assert entry.edges is not None  # a plug-in kind gets the complete graph's estimate
     config = load_config(None, ["topology.kind=toy-ring-2"])
     assert config.topology.kind == "toy-ring-2"
@@ -340,3 +356,33 @@ def test_a_plugin_registered_before_the_package_loads_its_registries(tmp_path: P
         check=False,
     )
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_docs_declare_every_family_and_every_toy() -> None:
+    """The section's snippet declares a toy of each of the seven (each group once), each
+    naming a factory this file defines, and links to adding a name inside the package."""
+    declared = tomllib.loads(_blocks("toml")[0])["project"]["entry-points"]
+    assert sorted(declared) == sorted(f.group for f in FAMILIES)
+    targets = [t for names in declared.values() for t in names.values()]
+    assert len(targets) == 7
+    for target in targets:
+        module, _, attribute = target.partition(":")
+        assert f"def {attribute}(" in TOY[module.removeprefix("toyplug.") + ".py"], target
+    text = docs_text.section(SECTION)
+    assert "architecture.md#where-to-add-things" in text
+    for family in ("ALGORITHMS", "CODECS", "TOPOLOGY_KINDS", "DATASETS", "MODELS"):
+        assert f"`{family}`" in text or f"registry.{family}" in text
+
+
+def test_the_docs_signatures_are_the_toys(plugins: Path) -> None:
+    """Each row of the section's table of factories gives the signature of the toys of its
+    group, as written."""
+    declared = tomllib.loads(_blocks("toml")[0])["project"]["entry-points"]
+    rows = re.findall(
+        r"^\| `(fedcore\.\w+)`[^|]*\| `\w+(\(.*?\))`", docs_text.section(SECTION), re.M
+    )
+    assert sorted({group for group, _ in rows}) == sorted(declared)
+    for group, shown in rows:
+        for target in declared[group].values():
+            factory = registry.import_object(target, what=group)
+            assert str(inspect.signature(factory)) == shown, (group, target)

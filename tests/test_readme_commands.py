@@ -27,7 +27,7 @@ def _command(prefix: str) -> list[str]:
     lines = [line.strip().lstrip("$ ") for line in DOCS.splitlines()]
     found = [line for line in lines if line.startswith(prefix)]
     assert len(found) == 1, f"the docs have {len(found)} lines starting {prefix!r}"
-    argv = shlex.split(found[0])
+    argv = shlex.split(found[0], comments=True)
     assert argv[0] == "fedcore"
     return argv[1:]
 
@@ -61,3 +61,27 @@ def test_the_tracked_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert len(list(csv.DictReader(table))) == rounds
     assert any((run / "tensorboard").iterdir())
     assert "tensorboard --logdir runs/tracked/tensorboard" in DOCS
+
+
+def test_the_deploy_command_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``fedcore deploy --target compose`` (docs/deployment.md) writes what ``fedcore
+    compose`` writes, as the docs say."""
+    argv = _command("fedcore deploy examples/")
+    assert argv[argv.index("--target") + 1] == "compose"
+    argv[1] = str(ROOT / argv[1])
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0
+    out = argv[argv.index("--out") + 1]
+    assert f"wrote {out}/docker-compose.yml" in capsys.readouterr().out
+    assert main(["compose", argv[1], "--out", "compose"]) == 0
+
+    def tree(folder: str) -> list[str]:
+        return sorted(p.relative_to(folder).as_posix() for p in Path(folder).rglob("*"))
+
+    written = tree(out)
+    assert written == tree("compose")
+    for name in written:
+        if (Path(out) / name).is_file():
+            assert (Path(out) / name).read_bytes() == (Path("compose") / name).read_bytes()
