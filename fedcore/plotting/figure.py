@@ -228,10 +228,10 @@ def plot_runs(
 
 
 def _tight_box(fig: Any, out: Path) -> Any:
-    """The area ``savefig(bbox_inches="tight")`` would save, for a PNG measured here
-    with the canvas's own renderer: "tight" would first draw the whole figure (unseen)
-    to measure it, a third layout pass after ``tight_layout``'s and before the drawing.
-    PDF and SVG keep "tight" (their renderers measure text their own way)."""
+    """The area ``savefig(bbox_inches="tight")`` would save: for a PNG, measured here with
+    the canvas's own renderer (one pass over the ticks and labels, where "tight" would first
+    draw the whole figure unseen and then measure it: two). PDF and SVG keep "tight" (their
+    renderers measure text their own way)."""
     if out.suffix.lower() != ".png":
         return "tight"
     from matplotlib import rcParams
