@@ -217,6 +217,27 @@ def test_six_curves_put_the_legend_below_the_panels(
     assert len(legend.get_texts()) == LEGEND_OUTSIDE + 1  # and the dashed-line key
 
 
+def test_a_png_is_drawn_once_with_the_legend_below_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    draws: list[matplotlib.figure.Figure] = []
+    original = matplotlib.figure.Figure.draw
+
+    def count(self: matplotlib.figure.Figure, renderer: Any) -> None:
+        draws.append(self)
+        original(self, renderer)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "draw", count)
+    runs = [fake_run(tmp_path / f"r{k}", seed=k) for k in range(LEGEND_OUTSIDE)]
+    few = plot_runs(runs[:2], tmp_path / "few.png")
+    many = plot_runs(runs, tmp_path / "many.png")
+    assert len(draws) == 2  # no unseen draw first, to lay the figure out or to measure it
+    from PIL import Image
+
+    with Image.open(few) as small, Image.open(many) as tall:  # the legend is in the picture
+        assert tall.height > small.height + 40
+
+
 def test_regret_panels_get_bands_too(
     tmp_path: Path, figures: list[matplotlib.figure.Figure]
 ) -> None:

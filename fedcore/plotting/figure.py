@@ -12,6 +12,9 @@ from fedcore.errors import ConfigError
 from fedcore.plotting.curves import _Curve, _curves, _timed
 from fedcore.plotting.runs import expand_runs, grid_keys
 
+_DPI = 100
+"""The picture's resolution (the figure's too, so that it is laid out as it is drawn)."""
+
 LEGEND_OUTSIDE = 6
 """From this many curves on (or with labels of over 40 characters), the legend goes below
 the panels, off the curves."""
@@ -114,10 +117,8 @@ def plot_runs(
         ConfigError: a folder that is not a run, a run without ``config.toml`` or
             without ``label``, runs of a band that share no evaluation round.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     if label is None and (keys := grid_keys([Path(d) for d in run_dirs])):
@@ -136,7 +137,10 @@ def plot_runs(
     # Many curves, or long names, would hide the curves: the legend goes below instead.
     outside = len(curves) >= LEGEND_OUTSIDE or max(len(text) for text in labels) > 40
     rows = 2 + int(with_regret) + int(time)
-    fig, axes = plt.subplots(rows, 2, figsize=(11, 3.75 * rows))
+    # The object API: no pyplot, no figure manager, nothing global to set or close.
+    fig = Figure(figsize=(11, 3.75 * rows), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, 2)
     mb = "MB sent per node" + (" (log)" if log_bytes else "")
     styles = [curve_style(i) for i in range(len(curves))]
     handles: list[Any] = []
@@ -206,6 +210,9 @@ def plot_runs(
             row[0].legend(fontsize="small")
     fig.suptitle(title or default)
     fig.tight_layout()
+    # No layout engine left (tight_layout leaves a placeholder one): with one, savefig would
+    # first draw the whole figure unseen, one more pass over every tick and label.
+    fig.set_layout_engine(None)
     if outside:
         fig.legend(
             handles=[*handles, dashed],
@@ -216,9 +223,21 @@ def plot_runs(
             frameon=False,
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    fig.savefig(out, dpi=_DPI, bbox_inches=_tight_box(fig, out))
     return out
+
+
+def _tight_box(fig: Any, out: Path) -> Any:
+    """The area ``savefig(bbox_inches="tight")`` would save: for a PNG, measured here with
+    the canvas's own renderer (one pass over the ticks and labels, where "tight" would first
+    draw the whole figure unseen and then measure it: two). PDF and SVG keep "tight" (their
+    renderers measure text their own way)."""
+    if out.suffix.lower() != ".png":
+        return "tight"
+    from matplotlib import rcParams
+
+    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    return box.padded(rcParams["savefig.pad_inches"])
 
 
 def _time_panels(row: Any, curves: Sequence[_Curve], styles: Sequence[dict[str, Any]]) -> None:
