@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,6 +18,13 @@ from tests import dockerd
 
 # Many tiny models: intra-op threads only add overhead (and contention on 2 cores).
 torch.set_num_threads(1)
+
+# A shell that starts a job in the background without job control (`pytest ... &` in a
+# script) leaves SIGINT ignored, and every process the tests start would inherit that: the
+# tests that interrupt a run with ctrl-c would then wait for a run that never stops. Take
+# Python's own handler back; a child then starts with the default action, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 settings.register_profile(
     "ci",
