@@ -131,12 +131,11 @@ def round_drift(transport: TransportConfig, faults: FaultsConfig, rounds: int) -
     not wait for a message the plan lost), ``transport.round_window``; plus the length of
     every partition and crash window, in which the nodes cut off run on without waiting.
     """
-    f = faults
-    if transport.mode != "deadline" and not f.active:
+    if transport.mode != "deadline" and not faults.active:
         return 0
     drift: int = transport.round_window
-    drift += sum(max(0, min(p.end, rounds) - p.start) for p in f.partitions)
-    drift += sum(max(0, (c.back if c.back >= 0 else rounds) - c.at) for c in f.crashes)
+    drift += sum(max(0, min(p.end, rounds) - p.start) for p in faults.partitions)
+    drift += sum(max(0, (c.back if c.back >= 0 else rounds) - c.at) for c in faults.crashes)
     return drift
 
 
