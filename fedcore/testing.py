@@ -43,7 +43,7 @@ from fedcore.messages import Message, Payload
 from fedcore.metrics import evaluate_models
 from fedcore.node import Node, per_node
 from fedcore.setup.graph import communication_graph
-from fedcore.setup.plan import configured_algorithm
+from fedcore.setup.plan import AlgorithmInputs, configured_algorithm
 from fedcore.setup.prepare import prepare_run, seed_torch
 from fedcore.simulation.simulate import choose_engine
 from fedcore.topology import Topology, parse_spec
@@ -209,7 +209,11 @@ def make_network(
         raw.setdefault(table, {})[name] = value
     config = config_from_dict(raw)
     trust = parse_spec(topology) if isinstance(topology, str) else topology
-    algo: Algorithm = configured_algorithm(config) if isinstance(algorithm, str) else algorithm
+    algo: Algorithm = (
+        configured_algorithm(AlgorithmInputs.of(config))
+        if isinstance(algorithm, str)
+        else algorithm
+    )
     if engine != "messages":
         setup = prepare_run(
             config,

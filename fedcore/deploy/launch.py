@@ -154,7 +154,7 @@ def _check_per_process(peers_per_process: object) -> None:
 def _prepare(config: Config, show_progress: bool, progress_stream: TextIO | None) -> RunSetup:
     """The run's set-up (every check, before any process starts)."""
     stream = (progress_stream or sys.stderr) if show_progress else None
-    with announce_if_slow(stream, planned_nodes(config)):
+    with announce_if_slow(stream, planned_nodes(config.topology)):
         setup = prepare_run(config, hosts_all=True)
     if config.transport.tls_dir is not None:  # before any peer starts (and fails on it)
         check_tls_dir(config.transport.tls_dir, setup.graph.nodes)

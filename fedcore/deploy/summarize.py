@@ -177,7 +177,7 @@ def _merge(
     # completed, and their records of later rounds are left out. A peer that exited on
     # its way (or stopped far behind) counts as down from its last record.
     top = max(last_round.values(), default=-1)
-    slack = round_drift(config) + 2
+    slack = round_drift(config.transport, config.faults, config.run.rounds) + 2
     stopped = {n for n, s in dead.items() if s is None and last_round[n] >= top - slack}
     ran = min(config.run.rounds, min((last_round[n] for n in stopped), default=top) + 1)
     records = [r for r in records if r.round < ran]

@@ -57,7 +57,7 @@ from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runtime import physical_memory
 from fedcore.setup import checkpoint
-from fedcore.setup.plan import size_text, vectorized_refusal
+from fedcore.setup.plan import EngineInputs, size_text, vectorized_refusal
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedBatches, StackedObjective
@@ -101,8 +101,8 @@ def unsupported(setup: RunSetup) -> str | None:
         return "deadline mode waits on wall-clock deadlines, which only the message engine models"
     if config.faults.active and not config.faults.announce and not virtual:
         return "faults.announce = false loses messages silently, which needs deadline mode"
-    why = vectorized_refusal(config, setup.algorithm)  # what the config tells (the cheap
-    # checks refuse the same before any work)
+    # What the config tells (the cheap checks refuse the same before any work).
+    why = vectorized_refusal(EngineInputs.of(config), setup.algorithm)
     return why if why is not None else memory_shortfall(setup)
 
 

@@ -165,7 +165,7 @@ class MessageIntake:
         sender could not have finished round ``t - 1`` without messages that depend on this
         node's round ``t - d``. (On a time-varying schedule, ``d`` is taken as
         ``n * period``.) ``drift`` adds the drift of deadline mode and of a fault plan
-        (:func:`fedcore.setup.prepare.round_drift`). One more round covers a message that
+        (:func:`fedcore.setup.plan.round_drift`). One more round covers a message that
         arrives while this node is between two rounds.
         """
         if self._leads is None:

@@ -1,26 +1,50 @@
 """The graphs of a run's set-up: the trust graph ``[topology]`` names (a graph file, or its
 kind's generator), what building it will cost (:func:`estimated_edges`, from the counts
 alone), the weighted graph an algorithm communicates over (:func:`communication_graph`)
-and the checks of that graph against the config (:func:`check_graph`).
+and the checks of that graph against the config (:func:`check_graph`, of the
+:class:`GraphInputs`: what this stage reads of a config).
 
 :mod:`fedcore.setup.plan` decides when each is built and checked.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fedcore import registry, topology
 from fedcore.algorithms import Algorithm
-from fedcore.config import Config, TopologyConfig
+from fedcore.config import Config, FaultsConfig, TopologyConfig
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.topology import Topology
 
 __all__ = [
+    "GraphInputs",
     "build_topology",
     "check_graph",
     "communication_graph",
     "estimated_edges",
     "period_graphs",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphInputs:
+    """What the graph stage reads of a config (:func:`GraphInputs.of`).
+
+    Attributes:
+        topology: ``[topology]``, the trust graph to build.
+        faults: ``[faults]``, whose ``edge_drop`` must name edges of the weighted graph.
+        algorithm_name: ``algorithm.name`` as configured, which the refusals name.
+    """
+
+    topology: TopologyConfig
+    faults: FaultsConfig
+    algorithm_name: str
+
+    @classmethod
+    def of(cls, config: Config) -> GraphInputs:
+        """The graph stage's part of ``config``."""
+        return cls(config.topology, config.faults, config.algorithm.name)
 
 
 def build_topology(cfg: TopologyConfig) -> Topology:
@@ -75,29 +99,28 @@ def communication_graph(algorithm: Algorithm, trust: Topology) -> Topology:
 
 
 def check_graph(
-    config: Config, algorithm: Algorithm, trust: Topology, graph: Topology, nodes: int
+    inputs: GraphInputs, algorithm: Algorithm, trust: Topology, graph: Topology, nodes: int
 ) -> None:
     """Refuse a weighted graph the config cannot run on: a schedule for an algorithm of
     one fixed graph, a dropped edge that is no edge, or a node count other than the one
     the run was shaped (and its data split) for (``nodes``)."""
     if graph.period > 1 and algorithm.fixed_graph:
         raise ConfigError(
-            f"algorithm {config.algorithm.name!r} runs on a fixed graph, but the topology "
+            f"algorithm {inputs.algorithm_name!r} runs on a fixed graph, but the topology "
             f"{trust.name!r} changes every round (a schedule of {graph.period} graphs). "
             "Use a static topology kind (fedcore topology show lists a schedule's)."
         )
+    edge_drop = inputs.faults.edge_drop
     edges_used = (
-        {e for t in range(graph.period) for e in graph.at(t).edges()}
-        if config.faults.edge_drop
-        else set()
+        {e for t in range(graph.period) for e in graph.at(t).edges()} if edge_drop else set()
     )
-    for text in config.faults.edge_drop:
+    for text in edge_drop:
         sender, _, receiver = (part.strip() for part in text.partition("->"))
         known = sender in graph.nodes and receiver in graph.nodes  # else the plan says so
         if known and (sender, receiver) not in edges_used:
             raise ConfigError(
                 f"faults.edge_drop names {text!r}, but {sender} sends {receiver} nothing: it "
-                f"is not an edge of the graph {config.algorithm.name!r} communicates over. "
+                f"is not an edge of the graph {inputs.algorithm_name!r} communicates over. "
                 "Name an edge of the graph (fedcore topology show prints them)."
             )
     if len(graph.nodes) != nodes:  # a generator always makes n nodes; never split wrongly

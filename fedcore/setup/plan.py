@@ -14,6 +14,15 @@ with these cheap checks (:func:`weigh_early`), so that a graph that does not sui
 algorithm is refused before any data is loaded or model built; so is what ``simulate``'s
 engine cannot run, as far as the config tells (:func:`check_engine`). Each step is logged
 (INFO) with its time.
+
+Each step reads only its part of the config: the tables it needs (``[topology]`` for the
+node count and the memory bound, ``[optimizer]`` for the node optimizer), or where it reads
+several, one frozen dataclass of them named for the step (:class:`AlgorithmInputs`,
+:class:`CombinationInputs`, :class:`EngineInputs`,
+:class:`~fedcore.setup.graph.GraphInputs`), made from the config by its ``of``. Only the
+entry points take the whole :class:`~fedcore.config.Config` and split it:
+:func:`outline_run`, :func:`plan_run`, and :func:`finish_plan`, whose fingerprint covers
+the whole config.
 """
 
 from __future__ import annotations
@@ -34,11 +43,23 @@ from fedcore.algorithms.optim import Optimizer, make_optimizer
 from fedcore.algorithms.rule import is_rule
 from fedcore.compression import CodecOptions, codec_seed
 from fedcore.compression.batched import make_row_codec
-from fedcore.config import Config, fingerprint_json
+from fedcore.config import (
+    AlgorithmConfig,
+    CompressionConfig,
+    Config,
+    DataConfig,
+    FaultsConfig,
+    OptimizerConfig,
+    SimulateConfig,
+    TopologyConfig,
+    TransportConfig,
+    fingerprint_json,
+)
 from fedcore.errors import ConfigError, TopologyError
 from fedcore.faults import FaultPlan
 from fedcore.runtime import physical_memory
 from fedcore.setup.graph import (
+    GraphInputs,
     build_topology,
     check_graph,
     communication_graph,
@@ -55,6 +76,9 @@ __all__ = [
     "COPIES",
     "EARLY_GRAPH_EDGES",
     "LOSSY_SPARSE",
+    "AlgorithmInputs",
+    "CombinationInputs",
+    "EngineInputs",
     "Laps",
     "ModelSize",
     "Outline",
@@ -99,25 +123,44 @@ before any slow step. A larger one is built after the model, once the memory bou
 counts every node's model has passed (building it takes seconds at a million nodes)."""
 
 
-def round_drift(config: Config) -> int:
-    """Rounds a sender may run ahead of a receiver beyond strict lock-step.
+def round_drift(transport: TransportConfig, faults: FaultsConfig, rounds: int) -> int:
+    """Rounds a sender may run ahead of a receiver beyond strict lock-step, in a run of
+    ``rounds`` (``run.rounds``).
 
     None in strict mode without faults. In deadline mode, or with a fault plan (a node does
     not wait for a message the plan lost), ``transport.round_window``; plus the length of
     every partition and crash window, in which the nodes cut off run on without waiting.
     """
-    f = config.faults
-    if config.transport.mode != "deadline" and not f.active:
+    if transport.mode != "deadline" and not faults.active:
         return 0
-    rounds = config.run.rounds
-    drift: int = config.transport.round_window
-    drift += sum(max(0, min(p.end, rounds) - p.start) for p in f.partitions)
-    drift += sum(max(0, (c.back if c.back >= 0 else rounds) - c.at) for c in f.crashes)
+    drift: int = transport.round_window
+    drift += sum(max(0, min(p.end, rounds) - p.start) for p in faults.partitions)
+    drift += sum(max(0, (c.back if c.back >= 0 else rounds) - c.at) for c in faults.crashes)
     return drift
 
 
-def algorithm_options(config: Config) -> dict[str, Any]:
-    """The keyword options of ``config.algorithm.name`` (a registered name or a user's
+@dataclass(frozen=True, slots=True)
+class AlgorithmInputs:
+    """What making the configured algorithm reads of a config (:meth:`of`).
+
+    Attributes:
+        algorithm: ``[algorithm]``: its name and options.
+        server: ``topology.server``, for an algorithm of the server family.
+        seed: ``run.seed``, for the server family's seeded choices.
+    """
+
+    algorithm: AlgorithmConfig
+    server: str
+    seed: int
+
+    @classmethod
+    def of(cls, config: Config) -> AlgorithmInputs:
+        """The algorithm's part of ``config``."""
+        return cls(config.algorithm, config.topology.server, config.run.seed)
+
+
+def algorithm_options(inputs: AlgorithmInputs) -> dict[str, Any]:
+    """The keyword options of ``algorithm.name`` (a registered name or a user's
     ``"pkg.module:factory"``): its ``[algorithm]`` keys, and for an algorithm of the server
     family (one whose factory takes a ``server``) ``server`` (``topology.server``) and
     ``seed`` (``run.seed``).
@@ -125,20 +168,20 @@ def algorithm_options(config: Config) -> dict[str, Any]:
     Raises:
         ConfigError: an unknown name or an import path that does not load.
     """
-    options = dict(config.algorithm.options)
-    factory = algorithm_factory(config.algorithm.name)
+    options = dict(inputs.algorithm.options)
+    factory = algorithm_factory(inputs.algorithm.name)
     try:
         takes: Collection[str] = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # no signature to read: no server options
         takes = ()
     if "server" in takes:
-        options.setdefault("server", config.topology.server)
+        options.setdefault("server", inputs.server)
         if "seed" in takes:  # the server family's seeded choices (FedAvg's sample)
-            options.setdefault("seed", config.run.seed)
+            options.setdefault("seed", inputs.seed)
     return options
 
 
-def configured_algorithm(config: Config) -> Any:
+def configured_algorithm(inputs: AlgorithmInputs) -> Any:
     """The algorithm of ``[algorithm]``: ``name`` (registered, or ``"pkg.module:factory"``)
     built with :func:`algorithm_options`.
 
@@ -146,37 +189,67 @@ def configured_algorithm(config: Config) -> Any:
         ConfigError: an unknown name, an import path that does not load or builds no
             algorithm, or an option it does not take.
     """
-    return make_algorithm(config.algorithm.name, **algorithm_options(config))
+    return make_algorithm(inputs.algorithm.name, **algorithm_options(inputs))
 
 
 def node_optimizer(
-    config: Config, segments: list[tuple[str, int, int]] | None = None
+    opt: OptimizerConfig, segments: list[tuple[str, int, int]] | None = None
 ) -> Optimizer | None:
-    """The optimizer ``config.optimizer`` names, per layer over ``segments``; ``None`` for
-    plain SGD without weight decay, which the algorithms apply themselves (bit for bit the
-    step of a run without an ``[optimizer]`` table).
+    """The optimizer ``[optimizer]`` (``opt``) names, per layer over ``segments``; ``None``
+    for plain SGD without weight decay, which the algorithms apply themselves (bit for bit
+    the step of a run without an ``[optimizer]`` table).
 
     Raises:
         ConfigError: an option the optimizer does not take.
     """
-    opt = config.optimizer
     if opt.name == "sgd" and not opt.weight_decay:
         make_optimizer(opt.name, **opt.options())  # refuse keys plain SGD does not take
         return None
     return make_optimizer(opt.name, segments=segments, **opt.options())
 
 
-def check_combinations(config: Config, algorithm: Algorithm) -> None:
+@dataclass(frozen=True, slots=True)
+class CombinationInputs:
+    """What :func:`check_combinations` reads of a config (:meth:`of`): the tables whose
+    settings an algorithm, or each other, cannot take together.
+
+    Attributes:
+        optimizer: ``[optimizer]``.
+        faults: ``[faults]``.
+        transport: ``[transport]`` (its mode).
+        compression: ``[compression]`` (its codec).
+        algorithm_name: ``algorithm.name`` as configured, which a refusal names.
+    """
+
+    optimizer: OptimizerConfig
+    faults: FaultsConfig
+    transport: TransportConfig
+    compression: CompressionConfig
+    algorithm_name: str
+
+    @classmethod
+    def of(cls, config: Config) -> CombinationInputs:
+        """The combination checks' part of ``config``."""
+        return cls(
+            config.optimizer,
+            config.faults,
+            config.transport,
+            config.compression,
+            config.algorithm.name,
+        )
+
+
+def check_combinations(inputs: CombinationInputs, algorithm: Algorithm) -> None:
     """Refuse what the config's tables cannot do together (cheap: no graph, no data)."""
-    optimizer = node_optimizer(config)
+    optimizer = node_optimizer(inputs.optimizer)
     if algorithm.is_optimizer and optimizer is not None:
         raise ConfigError(
             f"algorithm {algorithm.name!r} is itself the optimizer (Adam, then momentum on the "
-            f"frozen second moment); optimizer.name = {config.optimizer.name!r} would stand in "
+            f"frozen second moment); optimizer.name = {inputs.optimizer.name!r} would stand in "
             "for its gradient. Leave [optimizer] at plain SGD."
         )
-    f = config.faults
-    if f.active and not f.announce and config.transport.mode == "strict":
+    f = inputs.faults
+    if f.active and not f.announce and inputs.transport.mode == "strict":
         raise ConfigError(
             "faults.announce = false makes lost messages vanish: strict mode would wait for "
             "them until transport.strict_timeout_s. Set transport.mode = 'deadline'."
@@ -187,17 +260,40 @@ def check_combinations(config: Config, algorithm: Algorithm) -> None:
             "receiver's copy of the sender's public model behind for good. Remove the [faults] "
             "losses, or use 'deepsqueeze' or 'dpsgd', which mix what arrives."
         )
-    if algorithm.robust and config.compression.codec in LOSSY_SPARSE:
+    if algorithm.robust and inputs.compression.codec in LOSSY_SPARSE:
         raise ConfigError(
-            f"algorithm {config.algorithm.name!r} with robust = true sends running totals that "
-            f"grow without bound; codec {config.compression.codec!r} has an error relative to "
+            f"algorithm {inputs.algorithm_name!r} with robust = true sends running totals that "
+            f"grow without bound; codec {inputs.compression.codec!r} has an error relative to "
             "them. Use compression.codec = 'fp32', 'fp16', 'bf16' or 'raw'."
         )
 
 
-def vectorized_refusal(config: Config, algorithm: Algorithm) -> str | None:
-    """Why ``simulate``'s vectorized engine cannot run ``algorithm`` under ``config``, as
-    far as the config tells (one short clause), or None.
+@dataclass(frozen=True, slots=True)
+class EngineInputs:
+    """What the engine checks (:func:`check_engine`, :func:`vectorized_refusal`) read of a
+    config (:meth:`of`).
+
+    Attributes:
+        simulate: ``[simulate]``: the engine and device asked for.
+        transport: ``[transport]`` (its mode).
+        compression: ``[compression]``: the codec every message is sent in.
+        seed: ``run.seed``, which seeds a node's codec.
+    """
+
+    simulate: SimulateConfig
+    transport: TransportConfig
+    compression: CompressionConfig
+    seed: int
+
+    @classmethod
+    def of(cls, config: Config) -> EngineInputs:
+        """The engine checks' part of ``config``."""
+        return cls(config.simulate, config.transport, config.compression, config.run.seed)
+
+
+def vectorized_refusal(inputs: EngineInputs, algorithm: Algorithm) -> str | None:
+    """Why ``simulate``'s vectorized engine cannot run ``algorithm`` under the config of
+    ``inputs``, as far as the config tells (one short clause), or None.
 
     Only the set-up tells the rest (the engine's memory need, with the model's size:
     :func:`fedcore.engines.vectorized.unsupported` calls this, then checks the rest).
@@ -209,13 +305,13 @@ def vectorized_refusal(config: Config, algorithm: Algorithm) -> str | None:
             "protocol; write it as an update rule (fedcore.algorithms.rule.Rule) to run it on "
             "every peer at once"
         )
-    if config.transport.mode == "deadline" and algorithm.holds_in_deadline_mode:
+    if inputs.transport.mode == "deadline" and algorithm.holds_in_deadline_mode:
         return (
             f"{algorithm.name} holds a silent peer's pushes in deadline mode, which only "
             "the message engine models"
         )
-    c = config.compression
-    codec = make_row_codec(c.codec, CodecOptions.of(c), seeds=(codec_seed(config.run.seed, 0),))
+    c = inputs.compression
+    codec = make_row_codec(c.codec, CodecOptions.of(c), seeds=(codec_seed(inputs.seed, 0),))
     if getattr(algorithm, "widths", None) is not None and not codec.deterministic:
         return (
             f"{algorithm.name} with the stochastic codec {codec.name!r} draws for messages of "
@@ -224,21 +320,21 @@ def vectorized_refusal(config: Config, algorithm: Algorithm) -> str | None:
     return None
 
 
-def engine_error(config: Config, reason: str) -> ConfigError:
+def engine_error(simulate: SimulateConfig, reason: str) -> ConfigError:
     """The refusal of a ``simulate.engine`` (``vectorized``), or a ``simulate.device``
     other than the CPU, that the vectorized engine cannot run, for ``reason``."""
-    if config.simulate.engine == "vectorized":
+    if simulate.engine == "vectorized":
         return ConfigError(
             f"simulate.engine = 'vectorized' cannot run this config: {reason}. Use "
             "simulate.engine = 'messages' (or 'auto')."
         )
     return ConfigError(
-        f"simulate.device = {config.simulate.device!r} needs the vectorized engine, which "
+        f"simulate.device = {simulate.device!r} needs the vectorized engine, which "
         f"cannot run this config: {reason}. Use simulate.device = 'cpu'."
     )
 
 
-def check_engine(config: Config, algorithm: Algorithm) -> None:
+def check_engine(inputs: EngineInputs, algorithm: Algorithm) -> None:
     """Refuse, with the cheap checks, a ``simulate.engine`` (or ``simulate.device``) that
     cannot run ``algorithm``: an asynchronous algorithm on any engine but ``auto`` (the
     event engine runs it), or the vectorized engine asked for (by name, or by a device
@@ -247,7 +343,7 @@ def check_engine(config: Config, algorithm: Algorithm) -> None:
     Raises:
         ConfigError: such an engine or device.
     """
-    engine = config.simulate.engine
+    engine = inputs.simulate.engine
     if is_asynchronous(algorithm):
         if engine != "auto":
             raise ConfigError(
@@ -256,36 +352,36 @@ def check_engine(config: Config, algorithm: Algorithm) -> None:
                 "simulate.engine = 'auto'."
             )
         return
-    if engine == "messages" or (engine == "auto" and config.simulate.device == "cpu"):
+    if engine == "messages" or (engine == "auto" and inputs.simulate.device == "cpu"):
         return
-    reason = vectorized_refusal(config, algorithm)
+    reason = vectorized_refusal(inputs, algorithm)
     if reason is not None:
-        raise engine_error(config, reason)
+        raise engine_error(inputs.simulate, reason)
 
 
-def resolve_algorithm(config: Config, algorithm: Any = None) -> Any:
+def resolve_algorithm(inputs: AlgorithmInputs, algorithm: Any = None) -> Any:
     """``algorithm``, or the one ``[algorithm]`` names: a rule (each engine runs it through
     its own adapter) or an object of the per-message protocol."""
     if algorithm is None:
-        return configured_algorithm(config)
+        return configured_algorithm(inputs)
     return with_traits(algorithm)
 
 
-def planned_nodes(config: Config) -> int | None:
+def planned_nodes(topology: TopologyConfig) -> int | None:
     """How many nodes ``[topology]`` makes (a star's server included); ``None`` for a
     graph file, whose size is known only once it is read."""
-    if config.topology.file:
+    if topology.file:
         return None
-    return config.topology.nodes + (
-        "server" in registry.TOPOLOGY_KINDS.entry(config.topology.kind).tags
-    )
+    return topology.nodes + ("server" in registry.TOPOLOGY_KINDS.entry(topology.kind).tags)
 
 
-def read_trust(config: Config, trust: Topology | None, laps: Laps | None = None) -> Topology | None:
+def read_trust(
+    topology: TopologyConfig, trust: Topology | None, laps: Laps | None = None
+) -> Topology | None:
     """``trust``, or the graph file of ``[topology]`` read now (its size is known only
     once it is read); ``None`` for a generated graph, built later by :func:`plan_run`."""
-    if trust is None and config.topology.file:
-        trust = build_topology(config.topology)
+    if trust is None and topology.file:
+        trust = build_topology(topology)
         if laps is not None:
             laps.done("read the graph %s: %d nodes", trust.name, len(trust.nodes))
     return trust
@@ -309,10 +405,13 @@ class Shape:
         return self.nodes - (self.server_at is not None)
 
 
-def run_shape(config: Config, algorithm: Algorithm, trust: Topology | None) -> Shape:
-    """The run's :class:`Shape`, checking the server family's server and the size of a
-    mixing over every pair of nodes (from the counts: ``trust`` may be unbuilt)."""
-    n = len(trust.nodes) if trust is not None else planned_nodes(config)
+def run_shape(
+    topology: TopologyConfig, data: DataConfig, algorithm: Algorithm, trust: Topology | None
+) -> Shape:
+    """The run's :class:`Shape`, checking the server family's server (against
+    ``[topology]``'s kind and ``data.stream``) and the size of a mixing over every pair of
+    nodes (from the counts: ``trust`` may be unbuilt)."""
+    n = len(trust.nodes) if trust is not None else planned_nodes(topology)
     assert n is not None  # a graph file is read before (read_trust)
     server = algorithm.server
     server_at = None
@@ -321,19 +420,16 @@ def run_shape(config: Config, algorithm: Algorithm, trust: Topology | None) -> S
             raise TopologyError(
                 f"topology.server = {server!r} is not a node of the graph {trust.name!r}."
             )
-        if (
-            trust is None
-            and "server" not in registry.TOPOLOGY_KINDS.entry(config.topology.kind).tags
-        ):
+        if trust is None and "server" not in registry.TOPOLOGY_KINDS.entry(topology.kind).tags:
             raise ConfigError(
                 f"algorithm {algorithm.name!r} runs on a star: set topology.kind = 'star' "
                 "(or a graph file with its server named by topology.server)."
             )
         server_at = trust.nodes.index(server) if trust is not None else n - 1
-        if config.data.stream:
+        if data.stream:
             raise ConfigError(
                 f"algorithm {algorithm.name!r} has a server that holds no data, but "
-                f"data.stream {config.data.stream!r} gives every node a stream of its own. "
+                f"data.stream {data.stream!r} gives every node a stream of its own. "
                 "Use a dataset (data.stream = '')."
             )
     check_mixing_size(n, mixing=algorithm.mixing, algorithm=algorithm.name)
@@ -349,14 +445,14 @@ class ModelSize:
 
 
 def check_run_memory(
-    config: Config,
+    topology: TopologyConfig,
     algorithm: Algorithm,
     shape: Shape,
     trust: Topology | None,
     model: ModelSize | None,
 ) -> None:
     """Refuse, before the graph is built, a run whose least memory is clearly more than
-    this machine has.
+    this machine has (``[topology]`` estimates the edges of a graph not built yet).
 
     The estimate is a lower bound: the weighted edges (``EDGE_BYTES`` each), and with a
     ``model`` (this machine holds every node's: ``simulate``, ``launch``) every node's
@@ -368,7 +464,7 @@ def check_run_memory(
         return
     n = shape.nodes
     if trust is None:
-        edges = estimated_edges(config.topology, n)
+        edges = estimated_edges(topology, n)
     else:  # self-loops included, as the weights will have them
         edges = sum(g.index_edges()[0].size + len(g.nodes) for g in period_graphs(trust))
     if algorithm.mixing in ("complete", "all-pairs"):
@@ -470,10 +566,10 @@ def outline_run(
     Raises:
         ConfigError, TopologyError: on anything invalid.
     """
-    algorithm = resolve_algorithm(config, algorithm)
-    check_combinations(config, algorithm)
-    trust = read_trust(config, trust, laps)
-    return Outline(algorithm, trust, run_shape(config, algorithm, trust))
+    algorithm = resolve_algorithm(AlgorithmInputs.of(config), algorithm)
+    check_combinations(CombinationInputs.of(config), algorithm)
+    trust = read_trust(config.topology, trust, laps)
+    return Outline(algorithm, trust, run_shape(config.topology, config.data, algorithm, trust))
 
 
 def plan_run(
@@ -514,12 +610,12 @@ def finish_plan(
     """
     laps = laps or Laps()
     algorithm, trust, shape = outline.algorithm, outline.trust, outline.shape
-    check_run_memory(config, algorithm, shape, trust, model)
+    check_run_memory(config.topology, algorithm, shape, trust, model)
     if outline.graph is not None:
         assert trust is not None
         graph = outline.graph
     else:
-        trust, graph = _weighted_graph(config, outline, laps)
+        trust, graph = _weighted_graph(GraphInputs.of(config), outline, laps)
     run_id = fingerprint_json(config, edges_json(graph))
     edges = sum(g.index_edges()[0].size for g in period_graphs(graph))
     laps.done("fingerprinted the run over %d edges", edges)
@@ -529,7 +625,7 @@ def finish_plan(
     return RunPlan(config, algorithm, trust, graph, shape, run_id, faults)
 
 
-def weigh_early(config: Config, outline: Outline, laps: Laps | None = None) -> Outline:
+def weigh_early(inputs: GraphInputs, outline: Outline, laps: Laps | None = None) -> Outline:
     """``outline`` with its graph built, weighted and checked now where it is small (at
     most :data:`EARLY_GRAPH_EDGES` edges): a graph that does not suit the algorithm, a
     schedule for an algorithm of one fixed graph or a dropped edge that is no edge is then
@@ -542,25 +638,25 @@ def weigh_early(config: Config, outline: Outline, laps: Laps | None = None) -> O
         return outline
     n, trust = outline.shape.nodes, outline.trust
     if trust is None:
-        edges = estimated_edges(config.topology, n)
+        edges = estimated_edges(inputs.topology, n)
     else:
         edges = sum(g.index_edges()[0].size + len(g.nodes) for g in period_graphs(trust))
     if outline.algorithm.mixing in ("complete", "all-pairs"):
         edges = max(edges, n * n)
     if edges > EARLY_GRAPH_EDGES:
         return outline
-    trust, graph = _weighted_graph(config, outline, laps or Laps())
+    trust, graph = _weighted_graph(inputs, outline, laps or Laps())
     return dataclasses.replace(outline, trust=trust, graph=graph)
 
 
-def _weighted_graph(config: Config, outline: Outline, laps: Laps) -> tuple[Topology, Topology]:
+def _weighted_graph(inputs: GraphInputs, outline: Outline, laps: Laps) -> tuple[Topology, Topology]:
     """The trust graph of ``outline`` (built now if it is not yet) and the weighted graph
     its algorithm communicates over, checked (:func:`~fedcore.setup.graph.check_graph`)."""
     algorithm, trust = outline.algorithm, outline.trust
     if trust is None:
-        trust = build_topology(config.topology)
+        trust = build_topology(inputs.topology)
         laps.done("built the graph %s: %d nodes", trust.name, len(trust.nodes))
     graph = communication_graph(algorithm, trust)
     laps.done("weighted the graph for %s (%s mixing)", algorithm.name, algorithm.mixing)
-    check_graph(config, algorithm, trust, graph, outline.shape.nodes)
+    check_graph(inputs, algorithm, trust, graph, outline.shape.nodes)
     return trust, graph

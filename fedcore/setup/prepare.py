@@ -9,6 +9,9 @@ the fingerprint. So a config refused for what it says is refused before any data
 loaded, and before any warning of the later steps. It has no side effect on the
 process: the caller seeds torch's global generator (:func:`seed_torch`) and shows
 progress where it wants them.
+
+:func:`prepare_run` takes the whole config and splits it: each step is given only its
+part (the tables it reads, or a frozen dataclass of them, such as :class:`NodeInputs`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,15 @@ from fedcore.algorithms import Algorithm
 from fedcore.algorithms.asynchronous import example_shares
 from fedcore.algorithms.optim import Optimizer
 from fedcore.compression import Codec, codec_seed, configured_codec
-from fedcore.config import Config, effective_lr
+from fedcore.config import (
+    AlgorithmConfig,
+    Config,
+    DataConfig,
+    FaultsConfig,
+    RunConfig,
+    TransportConfig,
+    effective_lr,
+)
 from fedcore.data import (
     BatchStream,
     Dataset,
@@ -39,7 +50,9 @@ from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord, per_node
 from fedcore.node.arrivals import VirtualClock
 from fedcore.node.asynchronous import AsyncPeer
 from fedcore.node.pace import Pace
+from fedcore.setup.graph import GraphInputs
 from fedcore.setup.plan import (
+    EngineInputs,
     Laps,
     Shape,
     check_engine,
@@ -49,7 +62,13 @@ from fedcore.setup.plan import (
     round_drift,
     weigh_early,
 )
-from fedcore.setup.training import build_evaluator, load_training_data, make_objective, model_size
+from fedcore.setup.training import (
+    TrainingInputs,
+    build_evaluator,
+    load_training_data,
+    make_objective,
+    model_size,
+)
 from fedcore.streams import Batches, OnlineSource
 from fedcore.timing import TimeModel
 from fedcore.topology import Topology
@@ -60,7 +79,7 @@ from fedcore.transport.paced import PacedTransport
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RunSetup", "node_options", "prepare_run", "seed_torch"]
+__all__ = ["NodeInputs", "RunSetup", "node_options", "prepare_run", "seed_torch"]
 
 
 @dataclass(slots=True)
@@ -105,7 +124,8 @@ class RunSetup:
     def objective(self) -> Objective:
         """A fresh model (same initialization on every call) as a flat-parameter objective,
         computing its gradients as the run decided (:attr:`evaluator`'s mode)."""
-        return make_objective(self.config, self.dataset, self.evaluator.rows.mode)
+        config = self.config
+        return make_objective(config.model, config.run.seed, self.dataset, self.evaluator.rows.mode)
 
     def node_objective(self) -> Objective:
         """A node's objective: one shared by every node this set-up makes where the model
@@ -130,7 +150,7 @@ class RunSetup:
     def optimizer(self) -> Optimizer | None:
         """The node optimizer of ``[optimizer]`` over the model's layers, or ``None`` for
         plain SGD without weight decay (every algorithm's own ``lr * g`` step)."""
-        return node_optimizer(self.config, self.evaluator.segments)
+        return node_optimizer(self.config.optimizer, self.evaluator.segments)
 
     def stream(self, i: int) -> Batches:
         """A fresh stream of the node at graph index ``i`` (the same batches every time)."""
@@ -243,22 +263,49 @@ class RunSetup:
         return self.timing
 
 
-def node_options(config: Config, run_id: str) -> NodeOptions:
+@dataclass(frozen=True, slots=True)
+class NodeInputs:
+    """What :func:`node_options` reads of a config (:meth:`of`).
+
+    Attributes:
+        algorithm: ``[algorithm]``: the step size and its schedule.
+        run: ``[run]``: the rounds and local steps.
+        transport: ``[transport]``: the waiting mode and its times.
+        faults: ``[faults]``, whose windows let a sender run ahead.
+        batch_size: ``data.batch_size``, which a scaled step size follows.
+    """
+
+    algorithm: AlgorithmConfig
+    run: RunConfig
+    transport: TransportConfig
+    faults: FaultsConfig
+    batch_size: int
+
+    @classmethod
+    def of(cls, config: Config) -> NodeInputs:
+        """The node options' part of ``config``."""
+        return cls(
+            config.algorithm, config.run, config.transport, config.faults, config.data.batch_size
+        )
+
+
+def node_options(inputs: NodeInputs, run_id: str) -> NodeOptions:
     """What every node of the run ``run_id`` is told of the run: its step sizes, rounds
     and waiting mode."""
-    lr, warmup = effective_lr(config.algorithm, config.data.batch_size)
+    algorithm, run, transport = inputs.algorithm, inputs.run, inputs.transport
+    lr, warmup = effective_lr(algorithm, inputs.batch_size)
     return NodeOptions(
         run_id=run_id,
         lr=lr,
-        lr_schedule=config.algorithm.lr_schedule,
-        rounds=config.run.rounds,
+        lr_schedule=algorithm.lr_schedule,
+        rounds=run.rounds,
         warmup_rounds=warmup,
-        lr_power=config.algorithm.lr_power,
-        local_steps=config.run.local_steps,
-        mode=config.transport.mode,
-        deadline_s=config.transport.deadline_s,
-        strict_timeout_s=config.transport.strict_timeout_s,
-        round_window=round_drift(config),
+        lr_power=algorithm.lr_power,
+        local_steps=run.local_steps,
+        mode=transport.mode,
+        deadline_s=transport.deadline_s,
+        strict_timeout_s=transport.strict_timeout_s,
+        round_window=round_drift(transport, inputs.faults, run.rounds),
     )
 
 
@@ -269,10 +316,9 @@ def seed_torch(config: Config) -> None:
     torch.manual_seed(config.run.seed)
 
 
-def _check_split_size(config: Config, shape: Shape) -> None:
+def _check_split_size(data: DataConfig, shape: Shape) -> None:
     """Refuse more data holders than a built-in dataset's training examples can be split
     across, from its known size (no data loaded; a graph not built yet)."""
-    data = config.data
     if data.stream:
         return
     known = training_examples(data.dataset, test_fraction=data.test_fraction)
@@ -310,12 +356,12 @@ def prepare_run(
     laps = Laps()
     outline = outline_run(config, algorithm=algorithm, trust=trust, laps=laps)
     if simulated:
-        check_engine(config, outline.algorithm)
+        check_engine(EngineInputs.of(config), outline.algorithm)
     if dataset is None:
-        _check_split_size(config, outline.shape)
-    outline = weigh_early(config, outline, laps)
-    data = load_training_data(config, outline.shape, dataset=dataset, laps=laps)
-    evaluator = build_evaluator(config, data.dataset)
+        _check_split_size(config.data, outline.shape)
+    outline = weigh_early(GraphInputs.of(config), outline, laps)
+    data = load_training_data(TrainingInputs.of(config), outline.shape, dataset=dataset, laps=laps)
+    evaluator = build_evaluator(config.model, config.run.seed, data.dataset)
     laps.done("built and probed model %s", config.model.name)
     plan = finish_plan(config, outline, model_size(evaluator) if hosts_all else None, laps)
     setup = RunSetup(
@@ -327,7 +373,7 @@ def prepare_run(
         parts=data.parts,
         start=evaluator.initial_params(),
         run_id=plan.run_id,
-        options=node_options(config, plan.run_id),
+        options=node_options(NodeInputs.of(config), plan.run_id),
         evaluator=evaluator,
         faults=plan.faults,
         source=data.source,

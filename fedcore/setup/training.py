@@ -1,6 +1,9 @@
 """The training half of a run's set-up: its data (a dataset split across the nodes, or
 one online stream for all) and its model (built, probed, as a flat-parameter objective).
 
+The data steps read :class:`TrainingInputs` (``[data]`` and what of ``[run]`` and
+``[algorithm]`` a split or a stream needs), the model steps ``[model]`` and ``run.seed``.
+
 Nothing here builds a graph: a run's :class:`~fedcore.setup.plan.Shape` (how many nodes,
 where a server sits) is all the split needs, so a split that cannot be made (a Dirichlet
 one over too many nodes, say) is refused before the graph is built.
@@ -16,7 +19,7 @@ import numpy as np
 import torch
 
 from fedcore import registry
-from fedcore.config import Config
+from fedcore.config import Config, DataConfig, ModelConfig
 from fedcore.data import (
     Dataset,
     check_partition_size,
@@ -34,7 +37,14 @@ from fedcore.streams import OnlineSource, load_source
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainingData", "build_evaluator", "load_training_data", "make_objective", "model_size"]
+__all__ = [
+    "TrainingData",
+    "TrainingInputs",
+    "build_evaluator",
+    "load_training_data",
+    "make_objective",
+    "model_size",
+]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -60,8 +70,34 @@ class TrainingData:
     test_parts: list[Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TrainingInputs:
+    """What the data steps (:func:`load_training_data`) read of a config (:meth:`of`).
+
+    Attributes:
+        data: ``[data]``: the dataset or stream, and how it is split.
+        seed: ``run.seed``, which seeds the split and the stream.
+        rounds: ``run.rounds``, the length of a stream.
+        lr_scaling: ``algorithm.lr_scaling``, which the warning of a too large batch names.
+    """
+
+    data: DataConfig
+    seed: int
+    rounds: int
+    lr_scaling: str
+
+    @classmethod
+    def of(cls, config: Config) -> TrainingInputs:
+        """The data steps' part of ``config``."""
+        return cls(config.data, config.run.seed, config.run.rounds, config.algorithm.lr_scaling)
+
+
 def load_training_data(
-    config: Config, shape: Shape, *, dataset: Dataset | None = None, laps: Laps | None = None
+    inputs: TrainingInputs,
+    shape: Shape,
+    *,
+    dataset: Dataset | None = None,
+    laps: Laps | None = None,
 ) -> TrainingData:
     """The stream of ``data.stream``, or ``dataset`` (default: ``data.dataset``, loaded)
     split across the run's data holders.
@@ -70,34 +106,34 @@ def load_training_data(
         DataError, ConfigError: an unknown dataset or stream, or a split that cannot be made.
     """
     laps = laps or Laps()
-    if config.data.stream:
-        source = _stream(config, shape.nodes)
-        laps.done("made the stream %s for %d nodes", config.data.stream, shape.nodes)
+    data = inputs.data
+    if data.stream:
+        source = _stream(inputs, shape.nodes)
+        laps.done("made the stream %s for %d nodes", data.stream, shape.nodes)
         # Streams hold their own data: one shared empty part, not an array per node.
         return TrainingData(source.dataset, [np.zeros(0, dtype=np.int64)] * shape.nodes, source)
     if dataset is None:
-        data = config.data
         known = training_examples(data.dataset, test_fraction=data.test_fraction)
         if known is not None:  # refuse too many nodes before even loading the data
             check_partition_size(
                 known, shape.holders, data.partition, shards_per_node=data.shards_per_node
             )
         dataset = load_dataset(
-            data.dataset, seed=config.run.seed, test_fraction=data.test_fraction, root=data.root
+            data.dataset, seed=inputs.seed, test_fraction=data.test_fraction, root=data.root
         )
         laps.done("loaded dataset %s: %d training examples", dataset.name, len(dataset.y_train))
-    parts = _split(config, dataset, shape)
-    laps.done("split the data %s across %d nodes", config.data.partition, shape.holders)
-    return TrainingData(dataset, parts, None, _own_tests(config, dataset, shape))
+    parts = _split(inputs, dataset, shape)
+    laps.done("split the data %s across %d nodes", data.partition, shape.holders)
+    return TrainingData(dataset, parts, None, _own_tests(inputs, dataset, shape))
 
 
-def _own_tests(config: Config, dataset: Dataset, shape: Shape) -> list[Any] | None:
+def _own_tests(inputs: TrainingInputs, dataset: Dataset, shape: Shape) -> list[Any] | None:
     """Each node's own test examples (see :class:`TrainingData`), the server's empty."""
-    if config.data.partition != "natural" or dataset.groups_train is None:
+    if inputs.data.partition != "natural" or dataset.groups_train is None:
         return None
     assert dataset.groups_test is not None
     parts = own_test_parts(
-        dataset.groups_train, dataset.groups_test, shape.holders, seed=config.run.seed
+        dataset.groups_train, dataset.groups_test, shape.holders, seed=inputs.seed
     )
     if parts is None:
         logger.info(
@@ -111,8 +147,8 @@ def _own_tests(config: Config, dataset: Dataset, shape: Shape) -> list[Any] | No
     return parts
 
 
-def _stream(config: Config, nodes: int) -> OnlineSource:
-    data = config.data
+def _stream(inputs: TrainingInputs, nodes: int) -> OnlineSource:
+    data = inputs.data
     options: dict[str, Any] = {}
     if data.stream == "synthetic":
         options = {
@@ -124,21 +160,21 @@ def _stream(config: Config, nodes: int) -> OnlineSource:
     return load_source(
         data.stream,
         nodes=nodes,
-        rounds=config.run.rounds,
+        rounds=inputs.rounds,
         batch_size=data.batch_size,
-        seed=config.run.seed,
+        seed=inputs.seed,
         options=options,
     )
 
 
-def _split(config: Config, dataset: Dataset, shape: Shape) -> list[Any]:
+def _split(inputs: TrainingInputs, dataset: Dataset, shape: Shape) -> list[Any]:
     """Each data holder's example indices, with an empty part at the server's place."""
-    data = config.data
+    data = inputs.data
     parts = partition(
         dataset.y_train,
         shape.holders,
         data.partition,
-        seed=config.run.seed,
+        seed=inputs.seed,
         alpha=data.alpha,
         shards_per_node=data.shards_per_node,
         groups=dataset.groups_train,
@@ -147,7 +183,7 @@ def _split(config: Config, dataset: Dataset, shape: Shape) -> list[Any]:
     if data.batch_size > smallest:
         # Said once a set-up (a warning: the batches are not the size asked for). Under
         # lr_scaling the step size assumes batches of data.batch_size: say that too.
-        scaled = config.algorithm.lr_scaling != "none"
+        scaled = inputs.lr_scaling != "none"
         logger.warning(
             "data.batch_size = %d is larger than the %d training examples of the smallest "
             "peer; a peer with fewer examples than that uses all of its own as its batch "
@@ -162,36 +198,35 @@ def _split(config: Config, dataset: Dataset, shape: Shape) -> list[Any]:
     return parts
 
 
-def make_objective(config: Config, dataset: Dataset, gradient_mode: str | None = None) -> Objective:
-    """The configured model, initialized from ``run.seed``, as a flat-parameter objective.
+def make_objective(
+    model: ModelConfig, seed: int, dataset: Dataset, gradient_mode: str | None = None
+) -> Objective:
+    """The model of ``[model]``, initialized from ``seed`` (``run.seed``), as a
+    flat-parameter objective.
 
     ``gradient_mode`` (:data:`~fedcore.gradients.GRADIENT_MODES`): how its gradients are
     computed; ``None`` decides it on the first training examples (once a run: every peer
     and engine then reuses the run's decision, :meth:`RunSetup.objective`)."""
-    options = dict(config.model.options)
-    if (
-        config.model.name in registry.MODELS
-        and "hidden" in registry.MODELS.entry(config.model.name).keys
-    ):
-        options["hidden"] = config.model.hidden
+    options = dict(model.options)
+    if model.name in registry.MODELS and "hidden" in registry.MODELS.entry(model.name).keys:
+        options["hidden"] = model.hidden
     module = build_model(
-        config.model.name,
+        model.name,
         input_dim=dataset.input_dim,
         num_classes=dataset.num_classes,
-        seed=config.run.seed,
+        seed=seed,
         **options,
     )
     sample = None if gradient_mode is not None else (dataset.x_train[:6], dataset.y_train[:6])
-    return Objective(
-        module, _DTYPES[config.model.dtype], gradient_mode=gradient_mode, sample=sample
-    )
+    return Objective(module, _DTYPES[model.dtype], gradient_mode=gradient_mode, sample=sample)
 
 
-def build_evaluator(config: Config, dataset: Dataset) -> Objective:
-    """The run's model as an objective, probed on two examples of ``dataset`` (a broken
-    model fails here, clearly); it decides how the run computes gradients."""
-    evaluator = make_objective(config, dataset)
-    _probe(evaluator, dataset, config.model.name)
+def build_evaluator(model: ModelConfig, seed: int, dataset: Dataset) -> Objective:
+    """The run's model (``[model]``, initialized from ``seed``) as an objective, probed on
+    two examples of ``dataset`` (a broken model fails here, clearly); it decides how the
+    run computes gradients."""
+    evaluator = make_objective(model, seed, dataset)
+    _probe(evaluator, dataset, model.name)
     return evaluator
 
 

@@ -31,7 +31,7 @@ from fedcore.metrics import JsonlWriter, to_json_text, write_text_atomic
 from fedcore.progress import Progress, announce_if_slow, current_warnings, run_warnings
 from fedcore.runtime import auto_threads, threads_sleep
 from fedcore.setup import checkpoint
-from fedcore.setup.plan import check_engine, engine_error, planned_nodes
+from fedcore.setup.plan import EngineInputs, check_engine, engine_error, planned_nodes
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.simulation.drivers import Engine, build_engine
 from fedcore.simulation.observer import RunObserver
@@ -64,7 +64,7 @@ def choose_engine(setup: RunSetup, engine: str) -> tuple[str, str | None]:
     """
     if is_asynchronous(setup.algorithm):
         if engine != "auto":
-            check_engine(setup.config, setup.algorithm)  # its refusal
+            check_engine(EngineInputs.of(setup.config), setup.algorithm)  # its refusal
         return "events", None
     if engine == "messages":
         return "messages", None
@@ -73,7 +73,7 @@ def choose_engine(setup: RunSetup, engine: str) -> tuple[str, str | None]:
         return "vectorized", None
     # The message engine would run on the CPU, a device other than it unused.
     if engine == "vectorized" or setup.config.simulate.device != "cpu":
-        raise engine_error(setup.config, reason)
+        raise engine_error(setup.config.simulate, reason)
     return "messages", reason
 
 
@@ -156,7 +156,7 @@ def _simulate(
 ) -> dict[str, Any]:
     """:func:`simulate`, its warnings collected."""
     stream = progress_stream if progress_stream is not None else sys.stderr
-    with announce_if_slow(stream if show_progress else None, planned_nodes(config)):
+    with announce_if_slow(stream if show_progress else None, planned_nodes(config.topology)):
         # What the config says the engine cannot run is refused with the cheap checks,
         # before any data is loaded; choose_engine checks the rest (memory) once set up.
         setup = prepare_run(config, hosts_all=True, simulated=True)

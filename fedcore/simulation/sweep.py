@@ -42,7 +42,7 @@ from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import child_path, clip
 from fedcore.metrics import to_json_text, write_text_atomic
 from fedcore.progress import Note
-from fedcore.setup.plan import configured_algorithm
+from fedcore.setup.plan import AlgorithmInputs, configured_algorithm
 from fedcore.simulation.results import NAME_SKIPS, RUN_FILES, name_part, open_run_dir
 from fedcore.simulation.seeds import _SEED_FORMS, MAX_SEEDS, format_seeds
 from fedcore.simulation.sweep_figures import FIGURES, _csv_text, mean_std
@@ -145,7 +145,7 @@ def sweep_name(config: Config, overrides: Sequence[str], seeds: Sequence[int]) -
         # A user's algorithm ("pkg.module:factory") is named by its own name.
         algorithm = config.algorithm.name
         if is_import_path(algorithm):
-            algorithm = configured_algorithm(config).name
+            algorithm = configured_algorithm(AlgorithmInputs.of(config)).name
         changed = [
             name_part(item, algorithm)
             for item, key in zip(overrides, keys, strict=True)

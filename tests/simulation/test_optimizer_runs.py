@@ -53,8 +53,8 @@ def test_this_suite_covers_every_optimizer() -> None:
 def test_plain_sgd_is_todays_step() -> None:
     """No [optimizer] table and ``sgd`` without decay take the algorithms' own step; the
     optimizer path with momentum 0 (``x - 1.0 * (lr * g)``) lands on the same bits."""
-    assert node_optimizer(load_config(None, [])) is None
-    assert node_optimizer(load_config(None, ["optimizer.name=sgd"])) is None
+    assert node_optimizer(load_config(None, []).optimizer) is None
+    assert node_optimizer(load_config(None, ["optimizer.name=sgd"]).optimizer) is None
     base = ["algorithm.name=dpsgd", "topology.kind=ring", "topology.nodes=5", "run.rounds=15"]
     plain = build_network(load_config(None, base))
     plain.run(15)
