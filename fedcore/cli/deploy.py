@@ -10,7 +10,27 @@ from fedcore.cli.common import CONFIG, DEPLOY, SET, VERBOSE
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import error_text
 
-__all__ = ["add"]
+__all__ = ["add", "targets"]
+
+
+class _Targets(str):
+    """A help text whose ``{targets}`` becomes the deployment targets when help is shown,
+    not when the parser is built: finding the installed ones reads every distribution's
+    metadata (as long as building the whole parser takes), and imports none of them."""
+
+    __slots__ = ()
+
+    def __mod__(self, params: object) -> str:
+        return str.__mod__(self.format(targets=targets()), params)
+
+
+def targets() -> str:
+    """Every deployment target a ``--target`` may name: the built-in ones, those registered
+    in this process, then those installed packages declare (from their metadata alone)."""
+    from fedcore import registry
+
+    family = registry.DEPLOY_TARGETS
+    return ", ".join(dict.fromkeys((*family.names, *family.installed())))
 
 
 def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -18,13 +38,21 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dep = sub.add_parser(
         "deploy",
         parents=[CONFIG, DEPLOY, SET, VERBOSE],
-        help="write a deployment with a deployment target (compose, k8s, or a plug-in's)",
+        help=_Targets("write a deployment with a deployment target ({targets}; or a plug-in's)"),
         description="Write the files of a deployment of the config under DIR with the "
         "deployment target NAME: a built-in one (compose, k8s: their own subcommands take "
         "every option) or one an installed package declares under the entry-point group "
         "fedcore.deploy_targets.",
     )
-    dep.add_argument("--target", required=True, metavar="NAME", help="the deployment target")
+    dep.add_argument(
+        "--target",
+        required=True,
+        metavar="NAME",
+        help=_Targets(
+            "the deployment target: {targets} (a plug-in adds its own to these: "
+            "fedcore.deploy_targets)"
+        ),
+    )
     dep.set_defaults(handler=run)
 
 

@@ -187,7 +187,9 @@ def check_combinations(config: Config, algorithm: Algorithm) -> None:
             "receiver's copy of the sender's public model behind for good. Remove the [faults] "
             "losses, or use 'deepsqueeze' or 'dpsgd', which mix what arrives."
         )
-    if algorithm.robust and config.compression.codec in LOSSY_SPARSE:
+    codec = config.compression.codec
+    relative = codec in registry.CODECS and "relative" in registry.CODECS.entry(codec).tags
+    if algorithm.robust and relative:  # LOSSY_SPARSE, or a plug-in that says so
         raise ConfigError(
             f"algorithm {config.algorithm.name!r} with robust = true sends running totals that "
             f"grow without bound; codec {config.compression.codec!r} has an error relative to "
