@@ -300,6 +300,41 @@ def test_register_refuses_a_bad_name_in_one_line(plugins: Path, name: str, why: 
     assert "\n" not in str(caught.value)
 
 
+def _edges(nodes: int, topology: object) -> int:
+    return nodes
+
+
+@pytest.mark.parametrize(
+    ("family", "declared", "why"),
+    [
+        ("CODECS", {"keys": ("level",)}, "'level' is not a key a codec plug-in may take (none)"),
+        ("DATASETS", {"keys": ("size",)}, "'size' is not a key a dataset plug-in may take (one"),
+        ("DATASETS", {"tags": {"images"}}, "tag 'images' is not one a dataset plug-in may carry"),
+        ("ALGORITHMS", {"edges": _edges}, "edges = <function _edges"),
+        ("MODELS", {"keys": ("not a name",)}, "key 'not a name' is not a key name"),
+    ],
+)
+def test_register_refuses_a_bad_declaration_in_one_line(
+    plugins: Path, family: str, declared: dict[str, object], why: str
+) -> None:
+    entry = registry.Entry("toy-declared", "toyplug.bad:wrong", **declared)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as caught:
+        getattr(registry, family).register(entry)
+    assert why in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_register_takes_what_its_family_declares(plugins: Path) -> None:
+    """A model's keys are any names (a list is made a tuple); a kind's, [topology] keys."""
+    entry = registry.MODELS.register(
+        registry.Entry("toy-model-2", "toyplug.model:toy_model", ["depth"])  # type: ignore[arg-type]
+    )
+    assert entry.keys == ("depth",)
+    entry = registry.TOPOLOGY_KINDS.register(
+        registry.Entry("toy-hub", "toyplug.topo:toy_hops", ("server",), frozenset({"server"}))
+    )
+    assert entry.edges is not None and "server" in registry.TOPOLOGY_KINDS.entry("toy-hub").tags
+
+
 @pytest.mark.parametrize(
     ("declared", "answer"),
     [

@@ -6,31 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedcore.cli.common import CONFIG, DEPLOY, SET, VERBOSE
+from fedcore.cli.common import CONFIG, DEPLOY, SET, VERBOSE, HelpFormatter
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import error_text
 
-__all__ = ["add", "targets"]
-
-
-class _Targets(str):
-    """A help text whose ``{targets}`` becomes the deployment targets when help is shown,
-    not when the parser is built: finding the installed ones reads every distribution's
-    metadata (as long as building the whole parser takes), and imports none of them."""
-
-    __slots__ = ()
-
-    def __mod__(self, params: object) -> str:
-        return str.__mod__(self.format(targets=targets()), params)
-
-
-def targets() -> str:
-    """Every deployment target a ``--target`` may name: the built-in ones, those registered
-    in this process, then those installed packages declare (from their metadata alone)."""
-    from fedcore import registry
-
-    family = registry.DEPLOY_TARGETS
-    return ", ".join(dict.fromkeys((*family.names, *family.installed())))
+__all__ = ["add"]
 
 
 def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,7 +18,8 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dep = sub.add_parser(
         "deploy",
         parents=[CONFIG, DEPLOY, SET, VERBOSE],
-        help=_Targets("write a deployment with a deployment target ({targets}; or a plug-in's)"),
+        formatter_class=HelpFormatter,
+        help="write a deployment with a deployment target ({targets}; or a plug-in's)",
         description="Write the files of a deployment of the config under DIR with the "
         "deployment target NAME: a built-in one (compose, k8s: their own subcommands take "
         "every option) or one an installed package declares under the entry-point group "
@@ -48,7 +29,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--target",
         required=True,
         metavar="NAME",
-        help=_Targets(
+        help=(
             "the deployment target: {targets} (a plug-in adds its own to these: "
             "fedcore.deploy_targets)"
         ),
