@@ -5,10 +5,10 @@ with a dist-info (its ``entry_points.txt``: what ``pip install`` of a package th
 them leaves), found on ``sys.path``, and each one run and seen to be used; a topology kind
 whose entry point names a ``registry.Entry`` that declares its parameter and edge estimate,
 and bad declarations refused in one line; a name registered in-process refused by ``fedcore
-launch``; the installed deployment targets in ``--help``. The entry points, the config, the
-declaring entry, the ``fedcore deploy`` and ``fedcore topology show`` commands and the
-in-process registration are read from docs/writing-your-own.md ("Plug-ins: ..."), so what
-the page shows is what runs here."""
+launch`` and the deployment writers; the installed deployment targets in ``--help``. The
+entry points, the config, the declaring entry, the ``fedcore deploy`` and ``fedcore
+topology show`` commands and the in-process registration are read from
+docs/writing-your-own.md ("Plug-ins: ..."), so what the page shows is what runs here."""
 
 from __future__ import annotations
 
@@ -507,26 +507,46 @@ def test_a_bad_declaration_is_refused_in_one_line_by_the_cli(
     assert re.search(answer, said), said
 
 
-def test_launch_refuses_a_name_registered_in_process_before_any_peer_starts(
-    plugins: Path,
+@pytest.mark.parametrize(
+    ("how", "peers"),
+    [
+        ("launch", "the peers fedcore launch starts"),
+        ("compose", "the peers of a deployment"),
+        ("swarm", "the peers of a deployment"),
+        ("k8s", "the pods of a deployment"),
+    ],
+)
+def test_a_name_registered_in_process_is_refused_before_any_peer_starts(
+    plugins: Path, how: str, peers: str
 ) -> None:
-    """The peers ``fedcore launch`` starts import fedcore afresh: a name registered in
-    this process is refused in one line that says so, before any process starts."""
+    """The peers ``fedcore launch`` starts, and those of a written deployment, import
+    fedcore afresh: a name registered in this process is refused in one line that says so,
+    before any process starts or any file is written."""
+    from fedcore.deploy.compose import write_compose
+    from fedcore.deploy.k8s import write_k8s
     from fedcore.deploy.launch import launch
+    from fedcore.deploy.swarm import write_stack
 
     exec(_blocks("python")[-1], {})  # the docs' registration of toy-ring-2
     assert registry.TOPOLOGY_KINDS.registered_here("toy-ring-2")
     assert not registry.TOPOLOGY_KINDS.registered_here("toy-ring")  # installed
     assert not registry.TOPOLOGY_KINDS.registered_here("ring")  # built in
     config = load_config(None, ["topology.kind=toy-ring-2", "topology.nodes=4"])
+    out = plugins / "out"
+    run = {
+        "launch": lambda: launch(config, out_dir=out, show_progress=False),
+        "compose": lambda: write_compose(config, out),
+        "swarm": lambda: write_stack(config, out),
+        "k8s": lambda: write_k8s(config, out),
+    }[how]
     with pytest.raises(ConfigError) as caught:
-        launch(config, out_dir=plugins / "run", show_progress=False)
+        run()
     said = str(caught.value)
     assert "\n" not in said
     assert said.startswith("topology.kind = 'toy-ring-2' is a topology kind registered in-process")
-    assert "see only installed entry points: install it as a plug-in" in said
+    assert f"; {peers} see only installed entry points: install it as a plug-in" in said
     assert "docs/writing-your-own.md" in said
-    assert not (plugins / "run").exists()
+    assert not out.exists()
 
 
 def test_deploy_help_lists_the_installed_targets(

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import fedcore
-from fedcore import registry
 from fedcore.certs import check_tls_dir
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
 from fedcore.deploy.children import _UP, _Children, _names, _startup_text
+from fedcore.deploy.plugins import refuse_registered_here
 from fedcore.deploy.summarize import LAUNCH_FILE, _launch_name, _merge, _read_record, peer_dir
 from fedcore.errors import ConfigError, TransportError, UserCodeError
 from fedcore.progress import (
@@ -64,9 +64,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-PLUGINS_DOCS = "docs/writing-your-own.md, Plug-ins"
-"""Where the docs say how to install a plug-in."""
 
 
 def free_ports(count: int) -> list[int]:
@@ -155,39 +152,9 @@ def _check_per_process(peers_per_process: object) -> None:
         )
 
 
-def _refuse_registered_here(config: Config) -> None:
-    """Refuse a name of ``config`` that only :meth:`~fedcore.registry.Family.register` in
-    this process made known: the peers started as processes import fedcore afresh and see
-    the installed entry points only, so each would stop on it.
-
-    Raises:
-        ConfigError: one line naming the setting, where it was registered, and the fix.
-    """
-    named = (
-        ("algorithm.name", registry.ALGORITHMS, config.algorithm.name),
-        ("compression.codec", registry.CODECS, config.compression.codec),
-        (
-            "topology.kind",
-            registry.TOPOLOGY_KINDS,
-            "" if config.topology.file else config.topology.kind,
-        ),
-        ("data.dataset", registry.DATASETS, config.data.dataset),
-        ("model.name", registry.MODELS, config.model.name),
-    )
-    for key, family, name in named:
-        origin = family.registered_here(name) if name else ""
-        if origin:
-            raise ConfigError(
-                f"{key} = {name!r} is a {family.what} registered in-process with register() "
-                f"({origin}); the peers fedcore launch starts see only installed entry points: "
-                f"install it as a plug-in, an entry point of group {family.group} "
-                f"({PLUGINS_DOCS})."
-            )
-
-
 def _prepare(config: Config, show_progress: bool, progress_stream: TextIO | None) -> RunSetup:
     """The run's set-up (every check, before any process starts)."""
-    _refuse_registered_here(config)  # before any process starts (and stops on it)
+    refuse_registered_here(config, "the peers fedcore launch starts")  # before any starts
     stream = (progress_stream or sys.stderr) if show_progress else None
     with announce_if_slow(stream, planned_nodes(config)):
         setup = prepare_run(config, hosts_all=True)
