@@ -168,9 +168,10 @@ class Family:
     what :meth:`register` is told (its keys, tags, edge estimate), checked the same way,
     when the name is first looked up (:meth:`entry`), which imports its module.
 
-    ``plugin_keys`` are the keys a plug-in may declare (``None``: any name), by default
-    none; ``plugin_tags``, the tags that act on a plug-in (the others say how a built-in
-    name is made).
+    Attributes:
+        plugin_keys: The keys a plug-in may declare (``None``: any name; by default none).
+        plugin_tags: The tags a plug-in may carry: those that act on a plug-in (the others
+            say how a built-in name is made).
     """
 
     def __init__(
@@ -190,8 +191,8 @@ class Family:
             raise ValueError(f"a {what} is listed twice")
         self._builtin = tuple(self._entries)
         self._defaults = defaults or {}
-        self._plugin_keys = plugin_keys
-        self._plugin_tags = plugin_tags
+        self.plugin_keys = plugin_keys
+        self.plugin_tags = plugin_tags
         self._origins: dict[str, str] = {}
         self._installed: set[str] = set()
         self._pending: dict[str, str] = {}
@@ -267,7 +268,7 @@ class Family:
             raise ConfigError(f"{said}: keys = {keys!r} is not a tuple of key names.")
         if isinstance(tags, str) or not isinstance(tags, frozenset | set | tuple | list):
             raise ConfigError(f"{said}: tags = {tags!r} is not a set of tags.")
-        allowed = self._plugin_keys
+        allowed = self.plugin_keys
         for key in keys:
             if not isinstance(key, str) or not key.isidentifier():
                 raise ConfigError(f"{said}: key {key!r} is not a key name.")
@@ -277,8 +278,8 @@ class Family:
                     f"{said}: {key!r} is not a key a {self.what} plug-in may take ({takes})."
                 )
         for tag in tags:
-            if tag not in self._plugin_tags:
-                takes = f"one of {', '.join(self._plugin_tags)}" if self._plugin_tags else "none"
+            if tag not in self.plugin_tags:
+                takes = f"one of {', '.join(self.plugin_tags)}" if self.plugin_tags else "none"
                 raise ConfigError(
                     f"{said}: tag {tag!r} is not one a {self.what} plug-in may carry ({takes})."
                 )

@@ -574,3 +574,19 @@ def test_the_parser_reads_no_entry_point_until_help_is_shown(
 
     monkeypatch.setattr(importlib.metadata, "entry_points", refuse)
     parser().parse_args(["deploy", "--target", "compose", "--out", "x"])
+
+
+def test_the_docs_list_what_a_plugin_may_declare() -> None:
+    """A topology kind's keys are the built-in kinds' (the ``[topology]`` keys the config
+    passes), a dataset's ``root``; the docs name each key and tag a plug-in may declare."""
+    for family in (registry.TOPOLOGY_KINDS, registry.DATASETS):
+        builtin = {k for name in family.builtin for k in family.entry(name).keys}
+        assert set(family.plugin_keys or ()) == builtin, family.what
+    from fedcore.config import TopologyConfig
+
+    fields = set(TopologyConfig.__dataclass_fields__)
+    assert set(registry.TOPOLOGY_KINDS.plugin_keys or ()) <= fields
+    text = docs_text.section(SECTION)
+    for family in FAMILIES:
+        for word in (*(family.plugin_keys or ()), *family.plugin_tags):
+            assert f"`{word}`" in text, (family.what, word)
