@@ -162,7 +162,16 @@ class Family:
     A plug-in comes in two ways: :meth:`register` (in-process: the Python API, tests), or
     an entry point of the family's ``group`` that an installed distribution declares
     (``name = "pkg.module:factory"`` under ``[project.entry-points."fedcore.codecs"]``),
-    read once, and only when a name is asked for that is not built in or registered.
+    read once, and only when a name is asked for that is not built in or registered. An
+    entry point may name an :class:`Entry` instead of the factory (``"pkg.module:MY_KIND"``,
+    ``MY_KIND = Entry("my-kind", "pkg.module:factory", keys=...)``): the entry then says
+    what :meth:`register` is told (its keys, tags, edge estimate), checked the same way,
+    when the name is first looked up (:meth:`entry`), which imports its module.
+
+    Attributes:
+        plugin_keys: The keys a plug-in may declare (``None``: any name; by default none).
+        plugin_tags: The tags a plug-in may carry: those that act on a plug-in (the others
+            say how a built-in name is made).
     """
 
     def __init__(
@@ -172,6 +181,8 @@ class Family:
         *,
         group: str = "",
         defaults: dict[str, Any] | None = None,
+        plugin_keys: tuple[str, ...] | None = (),
+        plugin_tags: tuple[str, ...] = (),
     ) -> None:
         self.what = what
         self.group = group
@@ -180,7 +191,11 @@ class Family:
             raise ValueError(f"a {what} is listed twice")
         self._builtin = tuple(self._entries)
         self._defaults = defaults or {}
+        self.plugin_keys = plugin_keys
+        self.plugin_tags = plugin_tags
         self._origins: dict[str, str] = {}
+        self._installed: set[str] = set()
+        self._pending: dict[str, str] = {}
         self._scanned = not group
 
     @property
@@ -235,11 +250,66 @@ class Family:
                 f"{self._origins.get(name, 'fedcore.registry')} ({known.target}); "
                 "uninstall one of them or rename it."
             )
-        missing = {k: v for k, v in self._defaults.items() if getattr(entry, k) is None}
-        entry = dataclasses.replace(entry, **missing) if missing else entry
+        entry = self._declared(entry, source)
         self._entries[name] = entry
         self._origins.setdefault(name, source)
         return entry
+
+    def _declared(self, entry: Entry, source: str) -> Entry:
+        """``entry`` with its declarations checked (keys, tags, edge estimate) and made
+        canonical (a tuple of keys, a frozenset of tags, the family's defaults filled in).
+
+        Raises:
+            ConfigError: a declaration this family does not take, in one line.
+        """
+        said = f"{source}: {self.what} plug-in {entry.name!r}"
+        keys, tags = entry.keys, entry.tags
+        if isinstance(keys, str) or not isinstance(keys, tuple | list):
+            raise ConfigError(f"{said}: keys = {keys!r} is not a tuple of key names.")
+        if isinstance(tags, str) or not isinstance(tags, frozenset | set | tuple | list):
+            raise ConfigError(f"{said}: tags = {tags!r} is not a set of tags.")
+        allowed = self.plugin_keys
+        for key in keys:
+            if not isinstance(key, str) or not key.isidentifier():
+                raise ConfigError(f"{said}: key {key!r} is not a key name.")
+            if allowed is not None and key not in allowed:
+                takes = f"one of {', '.join(allowed)}" if allowed else "none"
+                raise ConfigError(
+                    f"{said}: {key!r} is not a key a {self.what} plug-in may take ({takes})."
+                )
+        for tag in tags:
+            if tag not in self.plugin_tags:
+                takes = f"one of {', '.join(self.plugin_tags)}" if self.plugin_tags else "none"
+                raise ConfigError(
+                    f"{said}: tag {tag!r} is not one a {self.what} plug-in may carry ({takes})."
+                )
+        if entry.edges is not None and ("edges" not in self._defaults or not callable(entry.edges)):
+            why = "is not callable" if "edges" in self._defaults else "applies to topology kinds"
+            raise ConfigError(f"{said}: edges = {entry.edges!r} {why}.")
+        entry = dataclasses.replace(entry, keys=tuple(keys), tags=frozenset(tags))
+        missing = {k: v for k, v in self._defaults.items() if getattr(entry, k) is None}
+        return dataclasses.replace(entry, **missing) if missing else entry
+
+    def registered_here(self, name: str) -> str:
+        """Where ``name`` was registered from, if only :meth:`register` in this process
+        made it known (no built-in name, no installed entry point of it); else ``""``. Such
+        a name is unknown to every other process (the peers ``fedcore launch`` starts)."""
+        if name in self._builtin or name not in self._entries:
+            return ""
+        self.scan()
+        if name in self._installed:
+            return ""
+        return self._origins.get(name, "fedcore.registry")
+
+    def installed(self) -> tuple[str, ...]:
+        """The names the installed entry points of this family's group declare, read from
+        the distributions' metadata alone (nothing imported, nothing checked): what help
+        lists."""
+        if not self.group:
+            return ()
+        from importlib.metadata import entry_points
+
+        return tuple(dict.fromkeys(point.name for point in entry_points(group=self.group)))
 
     def scan(self) -> None:
         """Register the entry points of this family's group, once (a no-op without one)."""
@@ -252,7 +322,33 @@ class Family:
             dist = getattr(point, "dist", None)
             dist_name = getattr(dist, "name", None) or "?"
             origin = f"distribution {dist_name} (entry point {self.group})"
+            known = point.name in self._entries
             self.register(Entry(point.name, point.value), origin=origin)
+            self._installed.add(point.name)
+            if not known:
+                self._pending[point.name] = origin
+
+    def _resolve(self, name: str) -> None:
+        """Read the declarations of entry point ``name`` when it names an :class:`Entry`
+        (its module imported now), once; a factory declares nothing."""
+        origin = self._pending.pop(name, None)
+        if origin is None:
+            return
+        point = self._entries[name]
+        found = import_object(point.target, what=f"{origin}: {self.what} {name!r}")
+        if not isinstance(found, Entry):
+            return
+        if found.name != name:
+            raise ConfigError(
+                f"{origin}: {self.what} plug-in {name!r} = {point.target!r} is the entry of "
+                f"{found.name!r}; give the entry point and the Entry the same name."
+            )
+        if not isinstance(found.target, str) or ":" not in found.target:
+            raise ConfigError(
+                f"{origin}: {self.what} plug-in {name!r}: its Entry's target "
+                f"{found.target!r} is not an import path 'pkg.module:factory'."
+            )
+        self._entries[name] = self._declared(found, origin)
 
     def did_you_mean(self, name: object) -> str:
         """``"did you mean `ops`?"`` for a name close to one of this family's (else ``""``)."""
@@ -272,13 +368,21 @@ class Family:
         )
 
     def entry(self, name: str) -> Entry:
-        """The entry of ``name`` (``KeyError`` if it is not one)."""
+        """The entry of ``name`` (``KeyError`` if it is not one); an installed one's
+        declarations are read now (:class:`Family`).
+
+        Raises:
+            ConfigError: an installed plug-in whose entry point does not import, or whose
+                declarations this family does not take, in one line.
+        """
         if name not in self:
             raise KeyError(name)
+        self._resolve(name)
         return self._entries[name]
 
     def tagged(self, tag: str) -> tuple[str, ...]:
-        """The names that carry ``tag``."""
+        """The names that carry ``tag``, of those whose declarations are read (an installed
+        plug-in's are once :meth:`entry` looked it up: ask ``tag in entry(name).tags``)."""
         return tuple(e.name for e in self if tag in e.tags)
 
     def load(self, name: str) -> Any:
@@ -348,6 +452,7 @@ CODECS = Family(
         ("raw", "_raw"),
     ),
     group="fedcore.codecs",
+    plugin_tags=("relative",),
 )
 """``compression.codec``: each name's factory builds its encoder from the ``[compression]``
 options (:func:`fedcore.compression.make_codec`); ``relative``: an error that scales with
@@ -364,6 +469,8 @@ OPTIMIZERS = Family(
         ("lars", "lars", ("eta", "momentum", "weight_decay"), ("per-layer",)),
         ("lamb", "lamb", ("betas", "eps", "weight_decay", "trust_clip"), ("per-layer",)),
     ),
+    plugin_keys=None,
+    plugin_tags=("server", "per-layer"),
 )
 """``optimizer.name``; ``keys`` are the ``[optimizer]`` keys each takes; ``server``: one the
 server family's server may run (``algorithm.server_optimizer``); ``per-layer``: one that
@@ -423,6 +530,8 @@ TOPOLOGY_KINDS = Family(
     ),
     group="fedcore.topology_kinds",
     defaults={"edges": _per_node(lambda n, t: n - 1)},  # a plug-in: at most complete
+    plugin_keys=("rows", "cols", "p", "degree", "server"),  # the built-in kinds' keys
+    plugin_tags=("unset-at-0", "server"),
 )
 """``topology.kind``; ``keys`` are each kind's parameters besides nodes and seed (the
 ``[topology]`` keys of the same names); ``unset-at-0``: a key set to 0 is left to the
@@ -448,6 +557,8 @@ DATASETS = Family(
         ("shakespeare", "shakespeare", ("root",), ("files", "writers")),
     ),
     group="fedcore.datasets",
+    plugin_keys=("root",),
+    plugin_tags=("files", "writers"),
 )
 """``data.dataset``: the built-in datasets (a user's goes by import path, a folder of files
 as ``"folder:PATH"``); ``keys``: ``root`` for those read from files under ``data.root``;
@@ -471,6 +582,7 @@ MODELS = Family(
         ("cnn32", "cnn32"),
     ),
     group="fedcore.models",
+    plugin_keys=None,
 )
 """``model.name``: the built-in models (a user's goes by import path); ``keys`` are the
 ``[model]`` keys each takes (``model.hidden``, ``model.norm``); ``convex``: regret has a

@@ -2,8 +2,12 @@
 things" table of docs/architecture.md): a toy algorithm, asynchronous algorithm, codec,
 dataset, model, topology kind and deployment target, written in ``tmp_path`` as a package
 with a dist-info (its ``entry_points.txt``: what ``pip install`` of a package that declares
-them leaves), found on ``sys.path``, and each one run and seen to be used. The entry points,
-the config, the ``fedcore deploy`` command and the in-process registration are read from
+them leaves), found on ``sys.path``, and each one run and seen to be used; a topology kind
+whose entry point names a ``registry.Entry`` that declares its parameter and edge estimate,
+and bad declarations refused in one line; a name registered in-process refused by ``fedcore
+launch`` and the deployment writers; the installed deployment targets in ``--help``. The
+entry points, the config, the declaring entry, the ``fedcore deploy`` and ``fedcore
+topology show`` commands and the in-process registration are read from
 docs/writing-your-own.md ("Plug-ins: ..."), so what the page shows is what runs here."""
 
 from __future__ import annotations
@@ -130,11 +134,25 @@ TOY = {
             return path
     """,
     "bad.py": """
+        from fedcore import registry
+
         def raises(*args, **kwargs):
             raise RuntimeError("boom")
 
         def wrong(*args, **kwargs):
             return 42
+
+        def hops(nodes, seed, params):
+            from toyplug.topo import toy_hops
+
+            return toy_hops(nodes, seed, params)
+
+        BAD_KEY = registry.Entry("bad-kind", "toyplug.bad:hops", keys=("q",))
+        BAD_KEYS = registry.Entry("bad-kind", "toyplug.bad:hops", keys="degree")
+        BAD_TAG = registry.Entry("bad-kind", "toyplug.bad:hops", tags=frozenset({"convex"}))
+        BAD_EDGES = registry.Entry("bad-kind", "toyplug.bad:hops", edges=3)
+        BAD_NAME = registry.Entry("other-kind", "toyplug.bad:hops")
+        BAD_TARGET = registry.Entry("bad-kind", "toyplug/bad.py")
     """,
 }
 
@@ -168,6 +186,9 @@ def _documented_entry_points() -> str:
 
 
 ENTRY_POINTS = _documented_entry_points()
+
+TOY["topo.py"] = textwrap.dedent(TOY["topo.py"]) + "\n" + _blocks("python")[0]
+"""The toy kinds: ``toy-ring``, and the docs' ``my-hops``, which declares its parameter."""
 
 
 def _install(root: Path, entry_points: str, dist: str = "toyplug") -> None:
@@ -257,7 +278,7 @@ def test_a_plugged_in_deployment_target_writes_its_file(
 
 
 def test_register_in_process_and_config_accepts_the_name(plugins: Path) -> None:
-    (code,) = _blocks("python")  # the docs' registration
+    code = _blocks("python")[-1]  # the docs' registration
     exec(code, {})
     entry = registry.TOPOLOGY_KINDS.entry("toy-ring-2")
     assert entry.target == "toyplug.topo:toy_ring"
@@ -277,6 +298,41 @@ def test_register_refuses_a_bad_name_in_one_line(plugins: Path, name: str, why: 
     with pytest.raises(ConfigError, match=why) as caught:
         registry.ALGORITHMS.register(registry.Entry(name, "toyplug.algo:toy_sync"))
     assert "\n" not in str(caught.value)
+
+
+def _edges(nodes: int, topology: object) -> int:
+    return nodes
+
+
+@pytest.mark.parametrize(
+    ("family", "declared", "why"),
+    [
+        ("CODECS", {"keys": ("level",)}, "'level' is not a key a codec plug-in may take (none)"),
+        ("DATASETS", {"keys": ("size",)}, "'size' is not a key a dataset plug-in may take (one"),
+        ("DATASETS", {"tags": {"images"}}, "tag 'images' is not one a dataset plug-in may carry"),
+        ("ALGORITHMS", {"edges": _edges}, "edges = <function _edges"),
+        ("MODELS", {"keys": ("not a name",)}, "key 'not a name' is not a key name"),
+    ],
+)
+def test_register_refuses_a_bad_declaration_in_one_line(
+    plugins: Path, family: str, declared: dict[str, object], why: str
+) -> None:
+    entry = registry.Entry("toy-declared", "toyplug.bad:wrong", **declared)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as caught:
+        getattr(registry, family).register(entry)
+    assert why in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_register_takes_what_its_family_declares(plugins: Path) -> None:
+    """A model's keys are any names (a list is made a tuple); a kind's, [topology] keys."""
+    entry = registry.MODELS.register(
+        registry.Entry("toy-model-2", "toyplug.model:toy_model", ["depth"])  # type: ignore[arg-type]
+    )
+    assert entry.keys == ("depth",)
+    entry = registry.TOPOLOGY_KINDS.register(
+        registry.Entry("toy-hub", "toyplug.topo:toy_hops", ("server",), frozenset({"server"}))
+    )
+    assert entry.edges is not None and "server" in registry.TOPOLOGY_KINDS.entry("toy-hub").tags
 
 
 @pytest.mark.parametrize(
@@ -364,10 +420,11 @@ def test_the_docs_declare_every_family_and_every_toy() -> None:
     declared = tomllib.loads(_blocks("toml")[0])["project"]["entry-points"]
     assert sorted(declared) == sorted(f.group for f in FAMILIES)
     targets = [t for names in declared.values() for t in names.values()]
-    assert len(targets) == 7
+    assert len(targets) == 8
     for target in targets:
         module, _, attribute = target.partition(":")
-        assert f"def {attribute}(" in TOY[module.removeprefix("toyplug.") + ".py"], target
+        text = TOY[module.removeprefix("toyplug.") + ".py"]
+        assert f"def {attribute}(" in text or f"{attribute} = registry.Entry(" in text, target
     text = docs_text.section(SECTION)
     assert "architecture.md#where-to-add-things" in text
     for family in ("ALGORITHMS", "CODECS", "TOPOLOGY_KINDS", "DATASETS", "MODELS"):
@@ -385,4 +442,151 @@ def test_the_docs_signatures_are_the_toys(plugins: Path) -> None:
     for group, shown in rows:
         for target in declared[group].values():
             factory = registry.import_object(target, what=group)
+            if isinstance(factory, registry.Entry):  # one that declares more: its factory's
+                factory = registry.import_object(factory.target, what=group)
             assert str(inspect.signature(factory)) == shown, (group, target)
+
+
+def test_an_installed_kind_declares_its_parameter_and_edge_estimate(
+    plugins: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The docs' ``my-hops``: its entry point names a ``registry.Entry`` that declares the
+    ``[topology]`` key it takes and its edge estimate; a config passes that key to it."""
+    from fedcore.setup.graph import build_topology, estimated_edges
+
+    config = load_config(None, ["topology.kind=toy-hops", "topology.degree=2", "topology.nodes=5"])
+    entry = registry.TOPOLOGY_KINDS.entry("toy-hops")
+    assert (entry.target, entry.keys) == ("toyplug.topo:toy_hops", ("degree",))
+    graph = build_topology(config.topology)
+    assert all(len(graph.out_neighbours(n)) == 2 for n in graph.nodes)
+    assert estimated_edges(config.topology, 5) == 5 * 3
+    result = fedcore.run(
+        {"topology": {"kind": "toy-hops", "degree": 2}}, out_dir=plugins / "hops", threads=1, **TINY
+    )
+    assert result.status == "completed"
+    assert load_config(None, ["topology.kind=toy-ring"]).topology.kind == "toy-ring"
+    # The docs' command, then a key the kind does not take, refused in one line.
+    (shown,) = re.findall(
+        r"`fedcore (topology show toy-hops:\S+)`", _toy(docs_text.section(SECTION))
+    )
+    assert main(shown.split()) == 0
+    assert "nodes: 8" in capsys.readouterr().out.replace("  ", " ")
+    assert main(["topology", "show", "toy-hops:5:p=0.2"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert "\n" not in said and "it takes degree" in said, said
+
+
+@pytest.mark.parametrize(
+    ("declared", "answer"),
+    [
+        ("BAD_KEY", r"'q' is not a key a topology kind plug-in may take \(one of rows, cols"),
+        ("BAD_KEYS", r"keys = 'degree' is not a tuple of key names"),
+        ("BAD_TAG", r"tag 'convex' is not one a topology kind plug-in may carry"),
+        ("BAD_EDGES", r"edges = 3 is not callable"),
+        ("BAD_NAME", r"is the entry of 'other-kind'; give the entry point and the Entry the same"),
+        ("BAD_TARGET", r"its Entry's target 'toyplug/bad.py' is not an import path"),
+    ],
+)
+def test_a_bad_declaration_is_refused_in_one_line_by_the_cli(
+    plugins: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    declared: str,
+    answer: str,
+) -> None:
+    other = plugins / "other"
+    other.mkdir()
+    _install(other, f"[fedcore.topology_kinds]\nbad-kind = toyplug.bad:{declared}\n", "badplug")
+    monkeypatch.syspath_prepend(str(other))
+    assert main(["topology", "show", "bad-kind:4"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert "\n" not in said and "Traceback" not in said, said
+    assert said.startswith(
+        "fedcore: error: distribution badplug (entry point fedcore.topology_kinds): "
+    )
+    assert re.search(answer, said), said
+
+
+@pytest.mark.parametrize(
+    ("how", "peers"),
+    [
+        ("launch", "the peers fedcore launch starts"),
+        ("compose", "the peers of a deployment"),
+        ("swarm", "the peers of a deployment"),
+        ("k8s", "the pods of a deployment"),
+    ],
+)
+def test_a_name_registered_in_process_is_refused_before_any_peer_starts(
+    plugins: Path, how: str, peers: str
+) -> None:
+    """The peers ``fedcore launch`` starts, and those of a written deployment, import
+    fedcore afresh: a name registered in this process is refused in one line that says so,
+    before any process starts or any file is written."""
+    from fedcore.deploy.compose import write_compose
+    from fedcore.deploy.k8s import write_k8s
+    from fedcore.deploy.launch import launch
+    from fedcore.deploy.swarm import write_stack
+
+    exec(_blocks("python")[-1], {})  # the docs' registration of toy-ring-2
+    assert registry.TOPOLOGY_KINDS.registered_here("toy-ring-2")
+    assert not registry.TOPOLOGY_KINDS.registered_here("toy-ring")  # installed
+    assert not registry.TOPOLOGY_KINDS.registered_here("ring")  # built in
+    config = load_config(None, ["topology.kind=toy-ring-2", "topology.nodes=4"])
+    out = plugins / "out"
+    run = {
+        "launch": lambda: launch(config, out_dir=out, show_progress=False),
+        "compose": lambda: write_compose(config, out),
+        "swarm": lambda: write_stack(config, out),
+        "k8s": lambda: write_k8s(config, out),
+    }[how]
+    with pytest.raises(ConfigError) as caught:
+        run()
+    said = str(caught.value)
+    assert "\n" not in said
+    assert said.startswith("topology.kind = 'toy-ring-2' is a topology kind registered in-process")
+    assert f"; {peers} see only installed entry points: install it as a plug-in" in said
+    assert "docs/writing-your-own.md" in said
+    assert not out.exists()
+
+
+def test_deploy_help_lists_the_installed_targets(
+    plugins: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (["--help"], ["deploy", "--help"]):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert "compose, k8s, toy-target" in text, text
+    assert registry.DEPLOY_TARGETS.names == registry.DEPLOY_TARGETS.builtin  # none imported
+
+
+def test_the_parser_reads_no_entry_point_until_help_is_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Listing the installed targets reads every distribution's metadata: only for help."""
+    import importlib.metadata
+
+    from fedcore.cli.app import parser
+
+    def refuse(**kwargs: object) -> None:
+        raise AssertionError("entry points read to build the parser")
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", refuse)
+    parser().parse_args(["deploy", "--target", "compose", "--out", "x"])
+
+
+def test_the_docs_list_what_a_plugin_may_declare() -> None:
+    """A topology kind's keys are the built-in kinds' (the ``[topology]`` keys the config
+    passes), a dataset's ``root``; the docs name each key and tag a plug-in may declare."""
+    for family in (registry.TOPOLOGY_KINDS, registry.DATASETS):
+        builtin = {k for name in family.builtin for k in family.entry(name).keys}
+        assert set(family.plugin_keys or ()) == builtin, family.what
+    from fedcore.config import TopologyConfig
+
+    fields = set(TopologyConfig.__dataclass_fields__)
+    assert set(registry.TOPOLOGY_KINDS.plugin_keys or ()) <= fields
+    text = docs_text.section(SECTION)
+    for family in FAMILIES:
+        for word in (*(family.plugin_keys or ()), *family.plugin_tags):
+            assert f"`{word}`" in text, (family.what, word)

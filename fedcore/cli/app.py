@@ -28,7 +28,13 @@ from fedcore.cli import (
     sweep,
     topology,
 )
-from fedcore.cli.common import EXIT_RUNTIME, EXIT_USAGE, EXIT_USER_CODE, VERBOSE_HELP
+from fedcore.cli.common import (
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    EXIT_USER_CODE,
+    VERBOSE_HELP,
+    HelpFormatter,
+)
 from fedcore.errors import FedcoreError, UserCodeError
 from fedcore.ids import first_line
 
@@ -72,6 +78,7 @@ def parser() -> argparse.ArgumentParser:
         prog="fedcore",
         description="Decentralized learning over directed trust graphs.",
         epilog=EXIT_STATUSES,
+        formatter_class=HelpFormatter,  # fills in the deployment targets when help is shown
     )
     top.add_argument("--version", action="version", version=f"fedcore {__version__}")
     top.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)

@@ -26,6 +26,8 @@ __all__ = [
     "THREADS",
     "VERBOSE",
     "VERBOSE_HELP",
+    "HelpFormatter",
+    "deployment_targets",
     "print_table",
     "set_threads",
     "start_run",
@@ -45,6 +47,28 @@ VERBOSE_HELP = (
     "more logging: -v fedcore's steps and the traceback behind an error, -vv fedcore's "
     "debug lines, -vvv every library's"
 )
+
+
+def deployment_targets() -> str:
+    """Every deployment target ``fedcore deploy --target`` may name: the built-in ones,
+    those registered in this process, then those installed packages declare (from their
+    metadata alone: none is imported)."""
+    from fedcore import registry
+
+    family = registry.DEPLOY_TARGETS
+    return ", ".join(dict.fromkeys((*family.names, *family.installed())))
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a help text's ``{targets}`` becomes :func:`deployment_targets` when
+    help is shown, not when the parser is built (finding the installed targets reads every
+    distribution's metadata: as long as building the whole parser takes)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = super()._get_help_string(action)
+        if text and "{targets}" in text:
+            return text.replace("{targets}", deployment_targets())
+        return text
 
 
 def _parent() -> argparse.ArgumentParser:

@@ -146,7 +146,9 @@ def data_files_note(config: Config, image: str) -> None:
     if data.dataset.startswith(FOLDER):
         where = data.dataset[len(FOLDER) :]
         fix = "mount it there (a volume)"
-    elif data.dataset in registry.DATASETS.tagged("files"):
+    elif (
+        data.dataset in registry.DATASETS and "files" in registry.DATASETS.entry(data.dataset).tags
+    ):
         where = data.root or f"${DATA_ENV} (else ~/.cache/fedcore/data)"
         fix = "mount the folder there (a volume), or set data.root to where it is mounted"
     else:

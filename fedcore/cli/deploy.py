@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedcore.cli.common import CONFIG, DEPLOY, SET, VERBOSE
+from fedcore.cli.common import CONFIG, DEPLOY, SET, VERBOSE, HelpFormatter
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.ids import error_text
 
@@ -18,13 +18,22 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dep = sub.add_parser(
         "deploy",
         parents=[CONFIG, DEPLOY, SET, VERBOSE],
-        help="write a deployment with a deployment target (compose, k8s, or a plug-in's)",
+        formatter_class=HelpFormatter,
+        help="write a deployment with a deployment target ({targets}; or a plug-in's)",
         description="Write the files of a deployment of the config under DIR with the "
         "deployment target NAME: a built-in one (compose, k8s: their own subcommands take "
         "every option) or one an installed package declares under the entry-point group "
         "fedcore.deploy_targets.",
     )
-    dep.add_argument("--target", required=True, metavar="NAME", help="the deployment target")
+    dep.add_argument(
+        "--target",
+        required=True,
+        metavar="NAME",
+        help=(
+            "the deployment target: {targets} (a plug-in adds its own to these: "
+            "fedcore.deploy_targets)"
+        ),
+    )
     dep.set_defaults(handler=run)
 
 

@@ -52,6 +52,7 @@ from urllib.request import url2pathname
 
 import fedcore
 from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.deploy.plugins import refuse_registered_here
 from fedcore.deploy.roster import load_roster
 from fedcore.deploy.yamlout import dumps_yaml
 from fedcore.errors import ConfigError
@@ -196,6 +197,7 @@ def service_ids(config: Config) -> list[str]:
     """The node ids of ``config``'s deployment, from its run plan (graph, weights,
     fingerprint and the cheap checks; no data loaded, no model built), each a valid
     compose service name and hostname."""
+    refuse_registered_here(config, "the peers of a deployment")
     ids = list(plan_run(config).graph.nodes)
     _check_node_ids(ids)
     return ids

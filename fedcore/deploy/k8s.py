@@ -118,6 +118,7 @@ from fedcore.deploy.k8s_statefulset import (
     _meta,
     _statefulset,
 )
+from fedcore.deploy.plugins import refuse_registered_here
 from fedcore.deploy.yamlout import dumps_yaml
 from fedcore.errors import ConfigError
 from fedcore.ids import child_path, clip
@@ -214,6 +215,7 @@ def k8s_manifests(
     """
     resources = resources or Resources()
     resources.check()
+    refuse_registered_here(config, "the pods of a deployment")
     plan = plan_run(config)
     nodes = list(plan.graph.nodes)
     _check_names(

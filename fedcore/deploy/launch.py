@@ -40,6 +40,7 @@ import fedcore
 from fedcore.certs import check_tls_dir
 from fedcore.config import Config, config_to_dict, dumps_toml, load_config
 from fedcore.deploy.children import _UP, _Children, _names, _startup_text
+from fedcore.deploy.plugins import refuse_registered_here
 from fedcore.deploy.summarize import LAUNCH_FILE, _launch_name, _merge, _read_record, peer_dir
 from fedcore.errors import ConfigError, TransportError, UserCodeError
 from fedcore.progress import (
@@ -153,6 +154,7 @@ def _check_per_process(peers_per_process: object) -> None:
 
 def _prepare(config: Config, show_progress: bool, progress_stream: TextIO | None) -> RunSetup:
     """The run's set-up (every check, before any process starts)."""
+    refuse_registered_here(config, "the peers fedcore launch starts")  # before any starts
     stream = (progress_stream or sys.stderr) if show_progress else None
     with announce_if_slow(stream, planned_nodes(config.topology)):
         setup = prepare_run(config, hosts_all=True)

@@ -260,7 +260,9 @@ def check_combinations(inputs: CombinationInputs, algorithm: Algorithm) -> None:
             "receiver's copy of the sender's public model behind for good. Remove the [faults] "
             "losses, or use 'deepsqueeze' or 'dpsgd', which mix what arrives."
         )
-    if algorithm.robust and inputs.compression.codec in LOSSY_SPARSE:
+    codec = inputs.compression.codec
+    relative = codec in registry.CODECS and "relative" in registry.CODECS.entry(codec).tags
+    if algorithm.robust and relative:  # LOSSY_SPARSE, or a plug-in that says so
         raise ConfigError(
             f"algorithm {inputs.algorithm_name!r} with robust = true sends running totals that "
             f"grow without bound; codec {inputs.compression.codec!r} has an error relative to "

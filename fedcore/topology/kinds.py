@@ -215,7 +215,7 @@ def parse_spec(spec: str) -> Topology:
     if len(parts) not in (2, 3) or not parts[0]:
         raise fail("does not have the form KIND:NODES")
     kind, count = parts[0].strip(), parts[1].strip()
-    if kind not in KINDS:
+    if kind not in registry.TOPOLOGY_KINDS:  # a built-in kind, or a plug-in's
         raise fail(f"names the unknown kind {kind!r}")
     params: dict[str, object] = {}
     if len(parts) == 3:
