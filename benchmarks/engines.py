@@ -13,7 +13,7 @@ with an IID partition (so every node holds examples at N = 1024), four ways:
   parameters ``[N, d]``, the forward as ``baddbmm`` over all nodes, the softmax
   cross-entropy gradient (and the MLP's backward through its ReLU) written out by hand, no
   autograd, and one sparse CSR mix ``X <- W^T X - lr G``; batches from
-  ``fedcore.stacked_training.StackedBatches`` with the engine's seeds, so both draw the same data.
+  ``fedcore.data.StackedBatches`` with the engine's seeds, so both draw the same data.
 
 Before timing, the batched floor's and the floor's parameters after a few rounds are
 checked against the vectorized engine's (1e-5 relative). Repeats are interleaved (the four
@@ -71,13 +71,12 @@ import throughput  # benchmarks/throughput.py: the per-node floor (Floor, build_
 
 from fedcore import topology
 from fedcore.config import Config, config_from_dict, load_config
-from fedcore.data import Dataset, load_dataset, partition
+from fedcore.data import Dataset, StackedBatches, load_dataset, partition
 from fedcore.engines.messages import build_network
 from fedcore.engines.vectorized import VectorizedNetwork
 from fedcore.models import build_model
 from fedcore.setup.graph import build_topology
 from fedcore.setup.prepare import prepare_run
-from fedcore.stacked_training import StackedBatches
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "engines.json"
 DOG_TOML = _ROOT / "examples" / "dog-10k.toml"

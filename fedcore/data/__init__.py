@@ -14,8 +14,9 @@ callers use are importable from ``fedcore.data`` itself; each lives in one modul
                           test_fraction=...)``, returning a :class:`Dataset`)
 :mod:`.partitions`        :func:`partition`: ``iid``, ``dirichlet``, ``shards``, ``quantity``,
                           ``natural``
-:mod:`.batches`           :class:`BatchStream` (one peer's minibatches, reshuffled every
-                          epoch), :class:`NoData`
+:mod:`.batches`           :class:`StackedBatches` (every peer's minibatches, reshuffled every
+                          epoch, as index tensors), :class:`BatchStream` (one peer's: its
+                          one-row case), :class:`NoData`
 :mod:`.files`             what the datasets read from files share: ``data.root``, fetch
                           commands, the checks every (hostile) file passes
 :mod:`.cifar`             ``cifar10``, ``cifar100`` (and their stand-in files)
@@ -34,7 +35,7 @@ The built-in names and the module of each dataset are listed in
 
 from __future__ import annotations
 
-from fedcore.data.batches import BatchStream, NoData
+from fedcore.data.batches import BatchStream, NoData, StackedBatches
 from fedcore.data.builtin import DIGITS_EXAMPLES, digits, mnist1d, training_examples
 from fedcore.data.loading import (
     DATASETS,
@@ -62,6 +63,7 @@ __all__ = [
     "DataError",
     "Dataset",
     "NoData",
+    "StackedBatches",
     "check_partition_size",
     "digits",
     "first_non_finite",

@@ -41,6 +41,7 @@ from torch.nn import functional
 from fedcore.algorithms.base import local_step
 from fedcore.algorithms.optim import keep_rows
 from fedcore.config import AUTO_RECORDS_NODES, Config
+from fedcore.data import StackedBatches
 from fedcore.engines.batched import BatchRound, Messages, batched_form, raise_bad
 from fedcore.engines.clock import SharedClock, phase_traffic
 from fedcore.engines.stacked_graph import EdgeUnion, StackedGraph, stack_graph
@@ -60,7 +61,7 @@ from fedcore.setup import checkpoint
 from fedcore.setup.plan import EngineInputs, size_text, vectorized_refusal
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
-from fedcore.stacked_training import StackedBatches, StackedObjective
+from fedcore.stacked_training import StackedObjective
 from fedcore.timing import RoundTimes
 
 __all__ = ["VectorizedNetwork", "node_records_mode", "resolve_device", "unsupported"]
@@ -233,7 +234,7 @@ class VectorizedNetwork:
         self, t: int, up: np.ndarray[Any, np.dtype[np.bool_]]
     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         """Each up node's batch of round ``t`` as ``(rows, x, y, mask)`` groups (see
-        :meth:`~fedcore.stacked_training.StackedBatches.next`)."""
+        :meth:`~fedcore.data.StackedBatches.next`)."""
         if self.batches is not None:
             return [self.batches.next(up)]
         source = self.setup.source

@@ -213,7 +213,7 @@ class RowGradient:
         ``True`` entries first) marks the examples of rows whose batches are shorter than
         ``B``: a row gets the bits of its own examples alone, as the peer holding them
         computes it (the examples past them are weighted 0 or left out, so they must be
-        finite: :class:`~fedcore.stacked_training.StackedBatches` repeats a row's first)."""
+        finite: :class:`~fedcore.data.StackedBatches` repeats a row's first)."""
         if self.mode == "module":
             return self._rows(params, x, y) if mask is None else self._ragged(params, x, y, mask)
         if mask is not None:

@@ -13,6 +13,7 @@ from fedcore.data import (
     PARTITIONS,
     BatchStream,
     Dataset,
+    StackedBatches,
     digits,
     load_dataset,
     load_object,
@@ -379,6 +380,89 @@ def test_batch_stream_errors() -> None:
         stream(4, 0)
     with pytest.raises(DataError, match="no training examples"):
         BatchStream(torch.zeros(0, 2), torch.zeros(0, dtype=torch.int64), batch_size=2, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("order", "pinned"),
+    [
+        ("shuffled", [[6, 0, 3, 7], [8, 5, 1, 9], [9, 8, 5, 3], [0, 6, 7, 2], [0, 9, 6, 1]]),
+        ("sorted", [[7, 4, 3, 8], [1, 6, 9, 2], [7, 4, 8, 3], [1, 9, 6, 2], [7, 4, 1, 3]]),
+    ],
+)
+def test_batch_stream_draws_the_pinned_batches(order: str, pinned: list[list[int]]) -> None:
+    # Drawn by BatchStream before it became a one-row StackedBatches: any change to the
+    # permutations, the epoch rule or the sorted order shows here.
+    y = torch.tensor([3, 1, 2, 1, 0, 3, 2, 0, 1, 2])
+    s = BatchStream(torch.arange(10.0)[:, None], y, batch_size=4, seed=3, order=order)
+    got = [s.next_batch()[0][:, 0].long().tolist() for _ in range(5)]
+    assert got == pinned
+
+
+@pytest.mark.parametrize("order", ["shuffled", "sorted"])
+def test_stacked_batches_draw_every_nodes_batch_stream(order: str) -> None:
+    # The vectorized engine's batches are the message engine's: node i's rows of
+    # StackedBatches.next are its BatchStream's batches, a crashed node reads nothing, and
+    # take(i) moves node i alone; ragged parts (fewer examples than batch_size) are masked.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 3, generator=gen)
+    y = torch.randint(0, 4, (40,), generator=gen)
+    parts = [np.arange(0, 11), np.arange(11, 14), np.arange(14, 40)]
+    seeds = [5, 6, 7]
+    stack = StackedBatches(
+        x, y, parts, batch_size=4, seeds=seeds, order=order, device=torch.device("cpu")
+    )
+    streams = [
+        BatchStream(x[p], y[p], batch_size=4, seed=s, order=order)
+        for p, s in zip(parts, seeds, strict=True)
+    ]
+    rng = np.random.default_rng(1)
+    for t in range(12):
+        up = rng.random(3) < 0.7
+        if t % 4 == 3:
+            i = int(rng.integers(3))
+            want = streams[i].next_batch()[1]
+            assert torch.equal(y[parts[i]][stack.take(i)], want)
+            continue
+        rows, bx, by, mask = stack.next(up)
+        assert rows.tolist() == np.nonzero(up)[0].tolist()
+        for k, i in enumerate(rows.tolist()):
+            wx, wy = streams[i].next_batch()
+            n = len(wy)
+            assert mask is None or int(mask[k].sum()) == n
+            assert torch.equal(bx[k, :n], wx) and torch.equal(by[k, :n], wy)
+
+
+def test_stacked_batches_state_dict_continues_exactly() -> None:
+    # The vectorized engine's checkpoint holds this dict; its keys are the stored format.
+    x, y = torch.randn(30, 2), torch.arange(30) % 3
+    parts = [np.arange(0, 13), np.arange(13, 30)]
+
+    def make() -> StackedBatches:
+        return StackedBatches(
+            x, y, parts, batch_size=5, seeds=[1, 2], order="shuffled", device=torch.device("cpu")
+        )
+
+    up = np.ones(2, dtype=np.bool_)
+    a = make()
+    for _ in range(3):
+        a.next(up)
+    state = a.state_dict()
+    assert set(state) == {"generators", "positions", "orders"}
+    b = make()
+    b.load_state_dict(state)
+    for _ in range(6):
+        (_, xa, _, _), (_, xb, _, _) = a.next(up), b.next(up)
+        assert torch.equal(xa, xb)
+
+
+def test_stacked_batches_errors() -> None:
+    x, y, cpu = torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64), torch.device("cpu")
+    with pytest.raises(DataError, match="node index 1"):
+        StackedBatches(x, y, [[0], []], batch_size=1, seeds=[0, 1], order="shuffled", device=cpu)
+    with pytest.raises(DataError, match="batch_size"):
+        StackedBatches(x, y, [[0]], batch_size=0, seeds=[0], order="shuffled", device=cpu)
+    with pytest.raises(DataError, match="order"):
+        StackedBatches(x, y, [[0]], batch_size=1, seeds=[0], order="random", device=cpu)
 
 
 def test_mnist1d_is_generated_offline_and_seeded() -> None:
