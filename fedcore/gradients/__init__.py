@@ -45,7 +45,7 @@ whatever ``M`` is (*batch-invariance*). Three ways to compute, chosen once per r
     a row at an odd offset of the stacked ``[M, d]`` parameters got other bits than the
     same row alone). The mode costs no measurable time here.
 
-  ``tests/test_gradients.py`` checks these under every kernel level CI forces
+  ``tests/gradients/test_rows.py`` checks these under every kernel level CI forces
   (``ATEN_CPU_CAPABILITY`` and ``MKL_ENABLE_INSTRUCTIONS``), and one and two threads.
 * ``"vmap"``: any other model ``torch.func.vmap`` can map. Not batch-invariant: vmap runs a
   convolution of ``M`` rows as one grouped convolution, whose rounding depends on ``M``.

@@ -6,7 +6,7 @@ are odd but safe names that sort differently from the graph order, the two engin
 20 rounds with bit-identical parameters, identical traffic and fault counts, and accuracies
 within one test sample; a combination one engine cannot run is refused with a one-line
 reason, which the suite asserts instead. The parameters hold by construction: one
-gradient path (:mod:`fedcore.gradients`, whose batch-invariance ``tests/test_gradients.py``
+gradient path (:mod:`fedcore.gradients`, whose batch-invariance ``tests/gradients/test_rows.py``
 checks) and mixing sums in the per-node inbox order; ``.ci/run`` runs these tests under
 a second, forced kernel level too.
 """
@@ -370,7 +370,7 @@ def test_auto_falls_back_with_a_reason() -> None:
 
 def test_a_per_message_user_algorithm_runs_on_the_message_engine() -> None:
     """An algorithm written to the node's per-message protocol, not as a rule."""
-    from tests.test_user_algorithm import MyCentral
+    from tests.algorithms.test_user_algorithm import MyCentral
 
     class Mine(MyCentral):
         name = "mine"

@@ -37,7 +37,7 @@ from fedcore.testing import TestNetwork, VectorizedTestNetwork, make_network
 from tests import docs_text
 from tests.clitools import cli, one_line_error
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "user_algorithm"
 PATH = "momentum_gossip:MomentumGossip"
 
@@ -87,7 +87,7 @@ def test_what_a_factory_returns_decides_how_it_runs() -> None:
     is used as it is."""
     assert type(make_algorithm("fedcore.algorithms.dpsgd:DPSGDRule")) is DPSGDRule
     assert type(make_algorithm("fedcore.algorithms.dpsgd:DPSGD")) is DPSGDRule
-    assert type(make_algorithm("tests.test_user_algorithm:MyCentral")) is MyCentral
+    assert type(make_algorithm("tests.algorithms.test_user_algorithm:MyCentral")) is MyCentral
 
 
 def _params(net: TestNetwork | VectorizedTestNetwork) -> dict[str, torch.Tensor]:
@@ -169,7 +169,7 @@ class MyCentral:
 
 
 def test_a_per_message_algorithm_runs_on_the_message_engine_only() -> None:
-    path = "tests.test_user_algorithm:MyCentral"
+    path = "tests.algorithms.test_user_algorithm:MyCentral"
     net = make_network("complete:4", algorithm=path, engine="auto")
     assert isinstance(net, TestNetwork) and type(net.network.algorithm) is MyCentral
     config = load_config(None, [f"algorithm.name={path}", "topology.kind=complete",

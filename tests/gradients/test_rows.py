@@ -269,7 +269,7 @@ def test_padding_is_used_on_mkl_avx2_kernels_or_later_only(
     """MKL's SSE4.2 kernels add a padded product's last examples by the operands'
     alignment (a row at one offset of the stacked rows kept its bits, the same row at
     another did not), so below AVX2, or where MKL cannot say its kernels, rows of
-    different batch sizes are grouped by size; ``tests/test_gradients.py`` at
+    different batch sizes are grouped by size; ``tests/gradients/test_rows.py`` at
     ``MKL_ENABLE_INSTRUCTIONS=SSE4_2`` (CI's lower-level run) holds the rows' bits."""
     monkeypatch.setattr(blas, "_torch_cpu_library", lambda: _Library(branch))
     monkeypatch.setattr(blas, "_padding_kernels_checked", None)
