@@ -193,8 +193,8 @@ def _reachable(env: dict[str, str]) -> bool:
 # The data root in memory where memory allows: the images (2 GB, most of it torch) are written,
 # hashed into layers and deleted again within minutes; on a loaded disk that took longer
 # than the tests themselves (a layer commit of 30 s, an image rm of 20 s to 45 s).
-_TMPFS_SIZE = 6 << 30
-_TMPFS_SPARE = 6 << 30  # memory left over for the tests beside it
+_TMPFS_SIZE = 5 << 30  # a cap: about 2.5 GB is used
+_TMPFS_SPARE = 3 << 30  # memory left over for the tests beside it
 
 
 def _data_in_memory(data: Path) -> bool:
@@ -336,7 +336,17 @@ class _Preparation:
 
 
 _PREPARATION: _Preparation | None = None
-_HANDOFF: Path | None = None  # in an xdist worker: where the controller writes the outcome
+# Where the outcome is read from: in an xdist worker, the controller's hand-off file; in any
+# process, the file of a preparation started before pytest (AHEAD, below).
+AHEAD = "FEDCORE_DOCKER_HANDOFF"
+_HANDOFF: Path | None = Path(os.environ[AHEAD]) if os.environ.get(AHEAD) else None
+
+
+def ahead() -> Path | None:
+    """The hand-off file of a preparation started before pytest (``python -m tests.dockerd
+    prepare FILE``, what ``.ci/run`` does while it lints), named by ``FEDCORE_DOCKER_HANDOFF``:
+    the tests take its daemon and image, stop the daemon by its PID, and prepare nothing."""
+    return Path(os.environ[AHEAD]) if os.environ.get(AHEAD) else None
 
 
 def prepare(publish: Path | None = None) -> None:
@@ -348,14 +358,17 @@ def prepare(publish: Path | None = None) -> None:
 
 
 def publish_to(path: Path) -> None:
-    """In the xdist controller: prepare here, for the worker that will run the tests."""
-    prepare(publish=path)
+    """In the xdist controller: prepare here, for the worker that will run the tests (unless
+    a preparation started before pytest does it)."""
+    if ahead() is None:
+        prepare(publish=path)
 
 
 def receive_from(path: Path) -> None:
-    """In an xdist worker: take the daemon and image from the controller's hand-off file."""
+    """In an xdist worker: take the daemon and image from the controller's hand-off file
+    (or from the preparation started before pytest)."""
     global _HANDOFF
-    _HANDOFF = path
+    _HANDOFF = ahead() or path
 
 
 def _received(timeout: float) -> tuple[Daemon, str, float]:
@@ -415,3 +428,50 @@ def shutdown() -> None:
             _PREPARATION.daemon.proc.poll()  # reap one that an xdist worker stopped
     if _PREPARATION.publish is not None:
         shutil.rmtree(_PREPARATION.publish.parent, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.dockerd prepare FILE``: start a daemon and make the images now, write
+    the outcome to FILE and leave the daemon running, for pytest run with
+    ``FEDCORE_DOCKER_HANDOFF=FILE`` (whose docker tests stop it). ``stop FILE``: stop that
+    daemon if it still runs (a run that ended before its docker tests)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.dockerd", description=main.__doc__)
+    parser.add_argument("action", choices=("prepare", "stop"))
+    parser.add_argument("file", type=Path)
+    args = parser.parse_args(argv)
+    if args.action == "prepare":
+
+        def interrupted(signum: int, frame: object) -> None:
+            raise SystemExit(128 + signum)
+
+        # Ended early (CI stops at a failed lint): stop the daemon started so far too.
+        signal.signal(signal.SIGTERM, interrupted)
+        preparation = _Preparation(publish=args.file)
+        try:
+            preparation.thread.join()
+        except BaseException:
+            if preparation.daemon is not None:
+                preparation.daemon.stop()
+            raise
+        if preparation.error is not None:
+            print(f"docker preparation failed: {preparation.error}", file=sys.stderr)
+            return 1
+        print(f"docker: daemon and images ready after {preparation.seconds:.0f} s")
+        return 0
+    if not args.file.exists():
+        return 0
+    state = json.loads(args.file.read_text(encoding="utf-8"))
+    d = state.get("daemon")
+    if not d or not d["started"]:
+        return 0
+    daemon = Daemon(env=d["env"], started=True, pid=d["pid"], root=Path(d["root"]), log=None)
+    problems = daemon.stop()
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
