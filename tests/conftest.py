@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -51,8 +52,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_configure_node(node: Any) -> None:
     """In the xdist controller: tell each worker where the docker hand-off will be."""
     global _HANDOFF
-    if _HANDOFF is None:
-        _HANDOFF = Path(tempfile.mkdtemp(prefix="fedcore-docker-handoff-")) / "state.json"
+    if _HANDOFF is None:  # a preparation started before pytest, or one of this controller
+        _HANDOFF = dockerd.ahead() or (
+            Path(tempfile.mkdtemp(prefix="fedcore-docker-handoff-")) / "state.json"
+        )
     node.workerinput[_HANDOFF_KEY] = str(_HANDOFF)
 
 
@@ -78,6 +81,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     dockerd.shutdown()  # a daemon started here that no test stopped (an early -x exit)
+    if _HANDOFF is not None and dockerd.ahead() != _HANDOFF:  # this controller's folder
+        shutil.rmtree(_HANDOFF.parent, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

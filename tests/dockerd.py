@@ -6,7 +6,9 @@ of its own under a new temporary folder: data root, exec root (its containerd), 
 pid file. It starts no default bridge (``--bridge=none``): the tests' containers live only
 on the networks the tests create. :meth:`Daemon.stop` stops a daemon started here by its
 PID, unmounts what it left mounted and removes the folder; :meth:`Daemon.leftovers` says
-what is still there, so a test can check that nothing stays behind.
+what is still there, so a test can check that nothing stays behind. Where the machine has
+the memory to spare, the daemon's data root is a tmpfs (``FEDCORE_DOCKER_TMPFS=0``: never):
+writing, committing and deleting the 2 GB image is then no disk work.
 
 No daemon and none can be started: the tests skip, unless ``FEDCORE_REQUIRE_DOCKER=1``
 (set by ``.ci/run``), where that is a failure.
@@ -14,8 +16,10 @@ No daemon and none can be started: the tests skip, unless ``FEDCORE_REQUIRE_DOCK
 Making the images takes minutes (debootstrap, a torch install in the image), so
 :func:`prepare` does it in a background thread from the moment the docker tests are
 collected (``tests/conftest.py``, which also runs them last): by the time they run, the
-rest of the suite has given it the time. :func:`prepared` waits for it and hands over the
-daemon and the image, or raises what stopped it (a skip, a failure).
+rest of the suite has given it the time (``.ci/run`` makes the base's file system and the
+wheels even earlier: ``FEDCORE_DOCKER_ROOTFS``, ``FEDCORE_DOCKER_WHEELS``). :func:`prepared`
+waits for it and hands over the daemon and the image, or raises what stopped it (a skip, a
+failure).
 
 Under pytest-xdist the preparation runs in the controlling process, which sees every
 worker's collection (:func:`publish_to`): it writes the outcome to a hand-off file, and the
@@ -37,6 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,6 +190,32 @@ def _reachable(env: dict[str, str]) -> bool:
     return proc.returncode == 0
 
 
+# The data root in memory where memory allows: the images (2 GB, most of it torch) are written,
+# hashed into layers and deleted again within minutes; on a loaded disk that took longer
+# than the tests themselves (a layer commit of 30 s, an image rm of 20 s to 45 s).
+_TMPFS_SIZE = 5 << 30  # a cap: about 2.5 GB is used
+_TMPFS_SPARE = 3 << 30  # memory left over for the tests beside it
+
+
+def _data_in_memory(data: Path) -> bool:
+    """Mount a tmpfs on ``data`` when the machine has the memory to spare; say whether."""
+    if os.environ.get("FEDCORE_DOCKER_TMPFS", "auto") == "0":
+        return False
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in fh}
+    except (OSError, ValueError, IndexError):
+        return False
+    if info.get("MemAvailable", 0) < _TMPFS_SIZE + _TMPFS_SPARE:
+        return False
+    data.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={_TMPFS_SIZE},mode=0711", "tmpfs", str(data)],
+        capture_output=True,
+    )
+    return mounted.returncode == 0
+
+
 def start_daemon() -> Daemon:
     """A daemon for the tests (see the module's docstring); call :meth:`Daemon.stop` after."""
     if shutil.which("docker") is None:
@@ -198,6 +229,7 @@ def start_daemon() -> Daemon:
         _unavailable("no Docker daemon is running, and starting one needs root")
     # A short path: a unix socket's path must fit in 108 bytes.
     root = Path(tempfile.mkdtemp(prefix="fcd-", dir="/tmp"))
+    _data_in_memory(root / "data")
     socket = root / "docker.sock"
     log = root / "dockerd.log"
     argv = [
@@ -224,21 +256,33 @@ def start_daemon() -> Daemon:
 
 
 def _build(daemon: Daemon, scratch: Path) -> str:
-    """The base (unless the daemon has it) and the peer image; return the image's tag."""
+    """The base (unless the daemon has it) and the peer image; return the image's tag.
+
+    Made ahead, if at all (``.ci/run`` does both while it installs and lints): the base's
+    file system, ``FEDCORE_DOCKER_ROOTFS`` (``scripts/docker_image.py --only rootfs``), and
+    the wheels, ``FEDCORE_DOCKER_WHEELS`` (``--only wheels``). Otherwise the wheels are
+    collected while the base is made."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     import docker_image
 
-    rootfs = os.environ.get("FEDCORE_DOCKER_ROOTFS")  # debootstrapped ahead, if at all
+    rootfs = os.environ.get("FEDCORE_DOCKER_ROOTFS")
+    ahead = os.environ.get("FEDCORE_DOCKER_WHEELS")
     try:
-        # A reused daemon that has the base already keeps it as it was.
-        if docker_image.make_base(
-            env=daemon.env, rootfs=Path(rootfs) if rootfs else None, log=False
-        ):
-            daemon.created.append(("images", docker_image.DEFAULT_BASE))
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            wheels = (
+                None
+                if ahead
+                else pool.submit(docker_image.collect_wheels, scratch / "wheels", log=False)
+            )
+            # A reused daemon that has the base already keeps it as it was.
+            if docker_image.make_base(
+                env=daemon.env, rootfs=Path(rootfs) if rootfs else None, log=False
+            ):
+                daemon.created.append(("images", docker_image.DEFAULT_BASE))
+            folder = Path(ahead) if wheels is None else wheels.result()
         tag = f"fedcore-test:{uuid.uuid4().hex[:12]}"
         daemon.created.append(("images", tag))
-        wheels = docker_image.collect_wheels(scratch / "wheels", log=False)
-        docker_image.build_image(tag, wheels=wheels, env=daemon.env, log=False)
+        docker_image.build_image(tag, wheels=folder, env=daemon.env, log=False)
     except docker_image.BuildError as exc:
         pytest.fail(f"could not build the peer image: {exc}")
     return tag
@@ -292,7 +336,17 @@ class _Preparation:
 
 
 _PREPARATION: _Preparation | None = None
-_HANDOFF: Path | None = None  # in an xdist worker: where the controller writes the outcome
+# Where the outcome is read from: in an xdist worker, the controller's hand-off file; in any
+# process, the file of a preparation started before pytest (AHEAD, below).
+AHEAD = "FEDCORE_DOCKER_HANDOFF"
+_HANDOFF: Path | None = Path(os.environ[AHEAD]) if os.environ.get(AHEAD) else None
+
+
+def ahead() -> Path | None:
+    """The hand-off file of a preparation started before pytest (``python -m tests.dockerd
+    prepare FILE``, what ``.ci/run`` does while it lints), named by ``FEDCORE_DOCKER_HANDOFF``:
+    the tests take its daemon and image, stop the daemon by its PID, and prepare nothing."""
+    return Path(os.environ[AHEAD]) if os.environ.get(AHEAD) else None
 
 
 def prepare(publish: Path | None = None) -> None:
@@ -304,14 +358,17 @@ def prepare(publish: Path | None = None) -> None:
 
 
 def publish_to(path: Path) -> None:
-    """In the xdist controller: prepare here, for the worker that will run the tests."""
-    prepare(publish=path)
+    """In the xdist controller: prepare here, for the worker that will run the tests (unless
+    a preparation started before pytest does it)."""
+    if ahead() is None:
+        prepare(publish=path)
 
 
 def receive_from(path: Path) -> None:
-    """In an xdist worker: take the daemon and image from the controller's hand-off file."""
+    """In an xdist worker: take the daemon and image from the controller's hand-off file
+    (or from the preparation started before pytest)."""
     global _HANDOFF
-    _HANDOFF = path
+    _HANDOFF = ahead() or path
 
 
 def _received(timeout: float) -> tuple[Daemon, str, float]:
@@ -371,3 +428,50 @@ def shutdown() -> None:
             _PREPARATION.daemon.proc.poll()  # reap one that an xdist worker stopped
     if _PREPARATION.publish is not None:
         shutil.rmtree(_PREPARATION.publish.parent, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.dockerd prepare FILE``: start a daemon and make the images now, write
+    the outcome to FILE and leave the daemon running, for pytest run with
+    ``FEDCORE_DOCKER_HANDOFF=FILE`` (whose docker tests stop it). ``stop FILE``: stop that
+    daemon if it still runs (a run that ended before its docker tests)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.dockerd", description=main.__doc__)
+    parser.add_argument("action", choices=("prepare", "stop"))
+    parser.add_argument("file", type=Path)
+    args = parser.parse_args(argv)
+    if args.action == "prepare":
+
+        def interrupted(signum: int, frame: object) -> None:
+            raise SystemExit(128 + signum)
+
+        # Ended early (CI stops at a failed lint): stop the daemon started so far too.
+        signal.signal(signal.SIGTERM, interrupted)
+        preparation = _Preparation(publish=args.file)
+        try:
+            preparation.thread.join()
+        except BaseException:
+            if preparation.daemon is not None:
+                preparation.daemon.stop()
+            raise
+        if preparation.error is not None:
+            print(f"docker preparation failed: {preparation.error}", file=sys.stderr)
+            return 1
+        print(f"docker: daemon and images ready after {preparation.seconds:.0f} s")
+        return 0
+    if not args.file.exists():
+        return 0
+    state = json.loads(args.file.read_text(encoding="utf-8"))
+    d = state.get("daemon")
+    if not d or not d["started"]:
+        return 0
+    daemon = Daemon(env=d["env"], started=True, pid=d["pid"], root=Path(d["root"]), log=None)
+    problems = daemon.stop()
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
