@@ -19,8 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_low_precision_script_at_ci_size(tmp_path: Path) -> None:
     cmd = [sys.executable, str(REPO / "scripts" / "low_precision_results.py"), "--tiny"]
+    # --jobs 1: the runs in the script's process (as tests/test_results_scripts.py says why).
     done = subprocess.run(
-        [*cmd, "--out", str(tmp_path), "--jobs", "2"],
+        [*cmd, "--out", str(tmp_path), "--jobs", "1"],
         capture_output=True,
         text=True,
         timeout=600,

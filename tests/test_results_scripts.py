@@ -18,6 +18,10 @@ import pytest
 from tests.clitools import TINY, cli
 
 ROOT = Path(__file__).resolve().parents[1]
+# The scripts run their grids with --jobs 1, in the script's process: a worker pool would
+# only add an interpreter a worker (a few CPU seconds each) on a CI box whose cores the
+# suite's own workers already fill; the runs are the same either way (the sweep's
+# test_jobs_2_runs_in_workers_and_gives_the_same_runs, tests/simulation/test_sweep.py).
 CHANCE = 0.1  # ten classes
 
 
@@ -41,7 +45,7 @@ def test_large_batch_results_tiny(tmp_path: Path) -> None:
             "scripts/large_batch_results.py",
             "--tiny",
             "--jobs",
-            "2",
+            "1",
             "--out",
             str(tmp_path),
         ],
@@ -90,7 +94,7 @@ def test_optimizer_step_benchmark_tiny(tmp_path: Path) -> None:
 def test_federated_results_tiny(tmp_path: Path) -> None:
     """FedAvg with C = 1, K = 1 tracks CENTRAL on the same split (within a few points: the
     Dirichlet parts differ in size, so the weights are not CENTRAL's equal ones)."""
-    _run(["scripts/federated_results.py", "--tiny", "--jobs", "2", "--out", str(tmp_path)], 400)
+    _run(["scripts/federated_results.py", "--tiny", "--jobs", "1", "--out", str(tmp_path)], 400)
     stem = tmp_path / "federated-digits"
     assert stem.with_suffix(".png").stat().st_size > 0
     rows = {r["method"]: r for r in json.loads(stem.with_suffix(".json").read_text("utf-8"))}
@@ -106,7 +110,7 @@ def test_time_results_tiny(tmp_path: Path) -> None:
     """Claims (a)-(c) at CI size: with homogeneous peers each asynchronous method ends
     within a few points of its synchronous counterpart; with 10% of the peers 10x slower,
     AD-PSGD, asynchronous push-sum and FedBuff reach the target in less virtual time."""
-    _run(["scripts/time_results.py", "--tiny", "--jobs", "2", "--out", str(tmp_path)], 600)
+    _run(["scripts/time_results.py", "--tiny", "--jobs", "1", "--out", str(tmp_path)], 600)
     stem = tmp_path / "time-digits"
     assert stem.with_suffix(".png").stat().st_size > 0
     rows = {r["case"]: r for r in json.loads(stem.with_suffix(".json").read_text("utf-8"))}

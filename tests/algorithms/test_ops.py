@@ -54,12 +54,18 @@ def test_mass_conservation(graph: TrustGraph, seed: int) -> None:
 @given(strongly_connected_digraphs(max_nodes=7), st.integers(0, 1000))
 @settings(max_examples=15)
 def test_exact_average_on_digraph(graph: TrustGraph, seed: int) -> None:
-    """I-OPS-2: with zero step, every z reaches the exact mean of x_0 (1e-8)."""
+    """I-OPS-2: with zero step, every z reaches the exact mean of x_0 (1e-8) within 1500
+    rounds. Run 100 rounds at a time, and stopped at the first hundred where it has."""
     params = _params(graph, seed)
     mean = torch.stack(list(params.values())).mean(dim=0)
-    states = lockstep(NodeRule(OPS()), graph, params, rounds=1500)
-    for s in states.values():
-        assert (s.x / s.omega - mean).abs().max() < 1e-8
+    algorithm = NodeRule(OPS())
+    states = None
+    for _ in range(15):  # 1500 rounds at most
+        states = lockstep(algorithm, graph, params, rounds=100, states=states)
+        apart = max(float((s.x / s.omega - mean).abs().max()) for s in states.values())
+        if apart < 1e-8:
+            break
+    assert apart < 1e-8
 
 
 def _plain_mixing(graph: TrustGraph, x0: np.ndarray, rounds: int) -> np.ndarray:

@@ -29,7 +29,7 @@ from fedcore.engines.messages import build_network
 from fedcore.engines.vectorized import VectorizedNetwork, unsupported
 from fedcore.errors import ConfigError
 from fedcore.setup.graph import build_topology
-from fedcore.setup.prepare import prepare_run
+from fedcore.setup.prepare import RunSetup, prepare_run
 from fedcore.simulation.drivers import run_vectorized
 from fedcore.simulation.observer import RunObserver
 from fedcore.simulation.simulate import choose_engine
@@ -161,31 +161,45 @@ def _observer(config: Config, setup: Any, nodes: Any) -> RunObserver:
     )
 
 
-def run_both(config: Config) -> tuple[tuple[RunObserver, Any], tuple[RunObserver, Any]]:
-    """``((observer, params), (observer, params))`` of the message and vectorized engines."""
-    setup = prepare_run(config)
+def run_both(
+    config: Config, setup: RunSetup | None = None
+) -> tuple[tuple[RunObserver, Any], tuple[RunObserver, Any]]:
+    """``((observer, params), (observer, params))`` of the message and vectorized engines.
+
+    ``setup``: the message engine's, ``prepare_run(config)`` fresh from the caller (that
+    used it for checks of its own; one set-up and model probe fewer). Each engine runs on
+    a set-up of its own, as ``simulate`` would."""
+    return _run_both(config, setup)[:2]
+
+
+def _run_both(
+    config: Config, setup: RunSetup | None = None
+) -> tuple[tuple[RunObserver, Any], tuple[RunObserver, Any], RunSetup]:
+    """:func:`run_both`, and the message engine's set-up."""
+    if setup is None:
+        setup = prepare_run(config)
     network = build_network(config, setup=setup)
     slow = _observer(config, setup, list(network.nodes))
     slow.attach(network)
     network.run(config.run.rounds)
     slow_params = torch.stack([node.model() for node in network.nodes.values()])
-    setup = prepare_run(config)
-    net = VectorizedNetwork(setup, device=torch.device("cpu"))
-    fast = _observer(config, setup, net.nodes)
+    fresh = prepare_run(config)
+    net = VectorizedNetwork(fresh, device=torch.device("cpu"))
+    fast = _observer(config, fresh, net.nodes)
     final = run_vectorized(net, fast, None, None)
-    return (slow, slow_params), (fast, torch.stack(list(final.values())))
+    return (slow, slow_params), (fast, torch.stack(list(final.values()))), setup
 
 
 def assert_same_run(config: Config) -> None:
     """Both engines agree on parameters, traffic, faults and accuracy."""
-    (slow, a), (fast, b) = run_both(config)
+    (slow, a), (fast, b), setup = _run_both(config)
     assert torch.equal(a, b), float((a - b).abs().max() / a.abs().max().clamp(min=1.0))
     assert slow.totals == fast.totals
     assert slow.missing == fast.missing
     assert slow.missing_edges == fast.missing_edges
     assert slow.dropped_edges == fast.dropped_edges
     assert slow.down == fast.down
-    tests = len(prepare_run(config).dataset.y_test)
+    tests = len(setup.dataset.y_test)  # the run's test set (a run does not change it)
     for e_slow, e_fast in zip(slow.evals, fast.evals, strict=True):
         assert e_slow["round"] == e_fast["round"]
         for key in ("avg_model_accuracy", "mean_node_accuracy", "min_node_accuracy"):
