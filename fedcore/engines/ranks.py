@@ -55,6 +55,9 @@ class Ranks:
         world: Number of ranks.
         local_rank: The rank on its own machine (``LOCAL_RANK``; GPUs only).
         address, port: The rendezvous (rank 0's ``MASTER_ADDR`` and ``MASTER_PORT``).
+        environment: Read from the environment (:func:`from_environment`): the group is
+            joined through it (``env://``), so that torchrun's own store serves it where
+            torchrun says so (``TORCHELASTIC_USE_AGENT_STORE``).
     """
 
     rank: int
@@ -62,6 +65,7 @@ class Ranks:
     local_rank: int = 0
     address: str = "127.0.0.1"
     port: int = 0
+    environment: bool = False
 
     @property
     def label(self) -> str:
@@ -96,7 +100,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Ranks | None:
         ) from None
     if world < 1 or not 0 <= rank < world:
         raise ConfigError(f"RANK = {rank} is not a rank of WORLD_SIZE = {world}.")
-    return Ranks(rank, world, local, env["MASTER_ADDR"], port)
+    return Ranks(rank, world, local, env["MASTER_ADDR"], port, environment=environ is None)
 
 
 def blocks(n: int, world: int) -> list[tuple[int, int]]:
@@ -124,7 +128,9 @@ def join(ranks: Ranks, timeout_s: float) -> None:
     try:
         dist.init_process_group(
             "gloo",
-            init_method=f"tcp://{_host(ranks.address)}:{ranks.port}",
+            init_method="env://"
+            if ranks.environment
+            else f"tcp://{_host(ranks.address)}:{ranks.port}",
             rank=ranks.rank,
             world_size=ranks.world,
             timeout=datetime.timedelta(seconds=timeout_s),

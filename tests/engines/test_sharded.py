@@ -24,8 +24,9 @@ import torch
 from fedcore.cli import main
 from fedcore.config import Config, load_config
 from fedcore.engines.ranks import Ranks, blocks, from_environment
-from fedcore.engines.sharded import config_refusal, plan_halo
+from fedcore.engines.sharded import config_refusal, plan_halo, setup_refusal
 from fedcore.errors import ConfigError
+from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.ranks import LOST, _cause, _Child, free_port, simulate_rank
 from fedcore.simulation.simulate import simulate
 from tests.engines.test_vectorized import GRAPHS, odd_graph
@@ -101,7 +102,18 @@ def _records(out: Path) -> list[dict[str, Any]]:
     return records
 
 
-SAME = ("params_sha256", "traffic", "final", "evals", "status", "nodes", "rounds")
+SAME = (
+    "params_sha256",
+    "traffic",
+    "final",
+    "status",
+    "nodes",
+    "rounds",
+    "rounds_completed",
+    "missing_rounds",
+    "faults",
+    "topology",
+)
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +170,9 @@ def test_the_halo_sends_each_boundary_row_once_per_rank() -> None:
         ("algorithm.robust=true", "robust push-sum"),
         ("simulate.device='cuda'", "CPU"),
         ("run.checkpoint_every=2", "checkpoints"),
+        ("run.local_steps=2", "local_steps"),
+        ("simulate.engine='messages'", "one process"),
+        ("transport.mode='deadline'", "deadline mode"),
     ],
 )
 def test_what_is_not_sharded_is_refused_in_one_line(
@@ -181,6 +196,20 @@ def test_a_schedule_is_refused_by_every_rank_before_it_joins(folder: Path) -> No
     for rank, what in outcomes.items():
         assert what.startswith(f"ConfigError: rank {rank} of 2: a sharded run cannot"), what
         assert "schedule" in what
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        (["topology.kind=one-peer-exponential", "topology.nodes=8"], "schedule of graphs"),
+        (["optimizer.name=adam"], "node optimizer"),
+    ],
+)
+def test_what_only_the_setup_tells_is_refused(settings: list[str], says: str) -> None:
+    config = load_config(None, ["algorithm.name=ops", "topology.nodes=8", *settings])
+    assert config_refusal(config) is None
+    why = setup_refusal(prepare_run(config))
+    assert why is not None and says in why
 
 
 def test_torchrun_environment_is_read() -> None:
