@@ -67,8 +67,11 @@ __all__ = [
     "setup_refusal",
 ]
 
-SHARDED_ALGORITHMS = ("dpsgd", "ops")
-"""The algorithms a sharded run runs (each held equal to one process by the tests)."""
+SHARDED_ALGORITHMS = ("central", "choco", "deepsqueeze", "dog", "dol", "dpsgd", "local", "ops")
+"""The algorithms a sharded run runs: the synchronous rules whose peers send one message to
+every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
+process by ``tests/engines/test_sharded.py``. The server family, RPS and robust push-sum
+(state per edge) wait for later slices; the asynchronous ones run on the event engine."""
 
 _NOT_FINITE = (
     "the messages of node {node} in round {round} were rejected: a tensor holds "
@@ -128,7 +131,7 @@ def setup_refusal(setup: RunSetup) -> str | None:
         return f"algorithm {algorithm.name!r} has no batched form"
     rule = cast(Rule, algorithm)
     if (
-        rule.pattern != "neighbours"
+        rule.pattern not in ("neighbours", "none")
         or rule.server is not None
         or rule.robust
         or rule.trains is not None
@@ -359,7 +362,7 @@ class ShardedNetwork:
         rows = self._rows(t, lr)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):
-            inbox = [] if send is None else self._inbox(send, t)
+            inbox = [] if send is None or self.rule.pattern == "none" else self._inbox(send, t)
             state, send = self.rule.mix(state, phase, inbox, rows)
         self.state = state
         loss = gather_rows(self.ranks, losses.to(torch.float64), self.spans)

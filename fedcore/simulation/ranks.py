@@ -34,7 +34,7 @@ import torch
 
 from fedcore.config import Config, config_to_dict, dumps_toml
 from fedcore.engines.clock import virtual_clock
-from fedcore.engines.ranks import ENVIRONMENT, Ranks, join, leave
+from fedcore.engines.ranks import Ranks, join, leave
 from fedcore.engines.sharded import ShardedNetwork, is_eval_round, setup_refusal
 from fedcore.engines.vectorized import Flusher
 from fedcore.errors import ConfigError, FedcoreError
@@ -353,8 +353,3 @@ def _cause(failed: list[_Child]) -> _Child:
         return own[0]
     stopped = [c for c in by_time if c.stopped]
     return stopped[0] if stopped else by_time[0]
-
-
-def environment_given() -> bool:
-    """Whether torchrun's environment (any of its variables) is set."""
-    return any(os.environ.get(name) for name in ENVIRONMENT)

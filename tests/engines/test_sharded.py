@@ -23,8 +23,8 @@ import torch
 
 from fedcore.cli import main
 from fedcore.config import Config, load_config
-from fedcore.engines.ranks import Ranks, blocks, from_environment
-from fedcore.engines.sharded import config_refusal, plan_halo, setup_refusal
+from fedcore.engines.ranks import Ranks, blocks, from_environment, join
+from fedcore.engines.sharded import SHARDED_ALGORITHMS, config_refusal, plan_halo, setup_refusal
 from fedcore.errors import ConfigError
 from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.ranks import LOST, _cause, _Child, free_port, simulate_rank
@@ -64,29 +64,40 @@ def _rank(config: Config, rank: int, world: int, port: int, out: Path, queue: An
 
 def _dying_rank(config: Config, rank: int, world: int, port: int, out: Path, queue: Any) -> None:
     """A rank that joins the others and dies at once (as a killed process does)."""
-    from fedcore.engines.ranks import join
-
     join(Ranks(rank, world, 0, "127.0.0.1", port), config.transport.strict_timeout_s)
     os._exit(3)
 
 
-def run_ranks(config: Config, world: int, out: Path, dying: int | None = None) -> dict[int, str]:
-    """Every rank's outcome (``"ok"`` or its error), the ranks forked from this process."""
+def _hanging_rank(config: Config, rank: int, world: int, port: int, out: Path, queue: Any) -> None:
+    """A rank that joins the others and then never answers (the test stops it)."""
+    join(Ranks(rank, world, 0, "127.0.0.1", port), config.transport.strict_timeout_s)
+    time.sleep(60)
+
+
+def run_ranks(
+    config: Config, world: int, out: Path, odd: Any = None, which: int = 1
+) -> dict[int, str]:
+    """Every rank's outcome (``"ok"`` or its error), the ranks forked from this process;
+    rank ``which`` runs ``odd`` instead, if given (and is stopped once the others end)."""
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     port = free_port()
     processes = [
         context.Process(
-            target=_dying_rank if r == dying else _rank,
+            target=odd if odd is not None and r == which else _rank,
             args=(config, r, world, port, out, queue),
         )
         for r in range(world)
     ]
     for p in processes:
         p.start()
-    for p in processes:
-        p.join(timeout=120)
-        assert p.exitcode is not None, "a rank did not end"
+    for r, p in enumerate(processes):
+        if odd is None or r != which:
+            p.join(timeout=120)
+            assert p.exitcode is not None, "a rank did not end"
+    if odd is not None:
+        processes[which].terminate()
+        processes[which].join()
     outcomes: dict[int, str] = {}
     while not queue.empty():
         rank, what = queue.get()
@@ -121,7 +132,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("sharded")
 
 
-@pytest.mark.parametrize("algorithm", ["dpsgd", "ops"])
+@pytest.mark.parametrize("algorithm", SHARDED_ALGORITHMS)
 def test_ranks_equal_one_process(algorithm: str, folder: Path) -> None:
     config = _config(algorithm, folder, *(s for s in GRAPHS[algorithm] if "topology" not in s))
     one = folder / f"{algorithm}-one"
@@ -166,7 +177,7 @@ def test_the_halo_sends_each_boundary_row_once_per_rank() -> None:
     [
         ("faults.drop=0.1", "fault plan"),
         ("compression.codec='topk'", "compression.codec = 'topk'"),
-        ("algorithm.name='dog'", "not sharded yet"),
+        ("algorithm.name='fedavg'", "not sharded yet"),
         ("algorithm.robust=true", "robust push-sum"),
         ("simulate.device='cuda'", "CPU"),
         ("run.checkpoint_every=2", "checkpoints"),
@@ -198,6 +209,14 @@ def test_a_schedule_is_refused_by_every_rank_before_it_joins(folder: Path) -> No
         assert "schedule" in what
 
 
+def test_a_sharded_run_is_one_new_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--ranks", "2", "--seeds", "0-1"]) == 2
+    assert main(["simulate", "--ranks", "2", "--resume", "somewhere"]) == 2
+    assert main(["simulate", "--ranks", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "drop --seeds" in err[0] and "drop --resume" in err[1], err
+
+
 @pytest.mark.parametrize(
     ("settings", "says"),
     [
@@ -226,11 +245,21 @@ def test_a_rank_that_dies_stops_the_others_in_bounded_time(folder: Path) -> None
     config = _config("ops", folder)
     out = folder / "dies"
     began = time.monotonic()
-    outcomes = run_ranks(config, 2, out, dying=1)
-    assert time.monotonic() - began < 30  # the group's timeout is 20 s
+    outcomes = run_ranks(config, 2, out, _dying_rank)
+    assert time.monotonic() - began < 15  # at once: its sockets closed (the timeout is 20 s)
     assert LOST in outcomes[0] and outcomes[0].startswith("PeerUnavailableError: rank 0 of 2")
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["status"] == "failed"
+
+
+def test_a_rank_that_hangs_stops_the_others_within_the_timeout(folder: Path) -> None:
+    config = _config("ops", folder, "transport.strict_timeout_s=3")
+    out = folder / "hangs"
+    began = time.monotonic()
+    outcomes = run_ranks(config, 2, out, _hanging_rank)
+    assert time.monotonic() - began < 15
+    assert LOST in outcomes[0] and outcomes[0].startswith("PeerUnavailableError: rank 0 of 2")
+    assert json.loads((out / "summary.json").read_text(encoding="utf-8"))["status"] == "failed"
 
 
 def test_the_launcher_names_the_rank_that_failed_first() -> None:
