@@ -29,6 +29,7 @@ from fedcore.errors import ConfigError, PeerUnavailableError
 
 __all__ = [
     "ENVIRONMENT",
+    "MEET_S",
     "Ranks",
     "blocks",
     "exchange",
@@ -116,29 +117,49 @@ def blocks(n: int, world: int) -> list[tuple[int, int]]:
     return out
 
 
+MEET_S = 60.0
+"""Seconds at least that ranks wait for each other to meet (their set-ups may take longer
+than a collective's timeout; a launcher bounds a start that never comes)."""
+
+
 def join(ranks: Ranks, timeout_s: float) -> None:
-    """Join the process group of ``ranks`` (gloo, TCP rendezvous at rank 0's address),
-    every collective bounded by ``timeout_s``.
+    """Join the process group of ``ranks`` (gloo), every collective bounded by
+    ``timeout_s``; the meeting itself waits up to ``max(timeout_s, MEET_S)``. The rendezvous
+    is a TCP store at rank 0's address, or torchrun's own store where torchrun says so
+    (``TORCHELASTIC_USE_AGENT_STORE``; the meeting then has ``timeout_s``).
 
     Raises:
-        PeerUnavailableError: the rendezvous did not complete within the timeout.
+        PeerUnavailableError: the ranks did not meet in time.
     """
     if dist.is_initialized():
         return
+    meet = max(timeout_s, MEET_S)
+    collective = datetime.timedelta(seconds=timeout_s)
     try:
+        if ranks.environment and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            dist.init_process_group(
+                "gloo",
+                init_method="env://",
+                rank=ranks.rank,
+                world_size=ranks.world,
+                timeout=collective,
+            )
+            return
+        # Rank 0's store waits until every rank has reached it: the group forms at once.
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
+            ranks.address,
+            ranks.port,
+            ranks.world,
+            is_master=ranks.rank == 0,
+            timeout=datetime.timedelta(seconds=meet),
+        )
         dist.init_process_group(
-            "gloo",
-            init_method="env://"
-            if ranks.environment
-            else f"tcp://{_host(ranks.address)}:{ranks.port}",
-            rank=ranks.rank,
-            world_size=ranks.world,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            "gloo", store=store, rank=ranks.rank, world_size=ranks.world, timeout=collective
         )
     except (RuntimeError, ValueError) as exc:
         raise PeerUnavailableError(
             f"could not meet the other ranks at {ranks.address}:{ranks.port} within "
-            f"{timeout_s:g} s: {_first(exc)}"
+            f"{meet:g} s: {_first(exc)}"
         ) from exc
 
 
@@ -146,10 +167,6 @@ def leave() -> None:
     """Leave the process group, if this process joined one."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _host(address: str) -> str:
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
 def _first(exc: BaseException) -> str:

@@ -19,6 +19,7 @@ rank still running after that, and says in one line which rank failed first and 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -40,13 +41,16 @@ from fedcore.engines.vectorized import Flusher
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.metrics import JsonlWriter
 from fedcore.progress import Progress, run_warnings
+from fedcore.runtime import auto_threads, usable_cores
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.simulation.drivers import Save
 from fedcore.simulation.observer import RunObserver
 from fedcore.simulation.results import open_run_dir, run_name
 from fedcore.simulation.simulate import _execute, _threads_for
 
-__all__ = ["LOST", "launch_local", "simulate_rank"]
+__all__ = ["LOST", "launch_local", "rank_threads", "simulate_rank"]
+
+logger = logging.getLogger(__name__)
 
 LOST = "lost contact with the other ranks"
 """What the error line of a rank that failed only because another did says."""
@@ -181,7 +185,7 @@ def _simulate_rank(
     seed_torch(config)
     join(ranks, config.transport.strict_timeout_s)
     try:
-        with _threads_for(setup, "vectorized", threads):
+        with _threads_for(setup, "vectorized", rank_threads(setup, ranks, threads)):
             net = ShardedNetwork(setup, ranks)
             if ranks.rank != 0:
                 _follow(net, config)
@@ -203,6 +207,21 @@ def _simulate_rank(
             return summary
     finally:
         leave()
+
+
+def rank_threads(setup: RunSetup, ranks: Ranks, threads: int | str | None) -> int | str | None:
+    """``threads`` for one rank: ``"auto"`` is one thread per
+    :data:`~fedcore.runtime.BYTES_PER_THREAD` of the rank's own block of the stack, up to
+    its share of this machine's cores (the usable cores over the ranks on this machine,
+    ``LOCAL_WORLD_SIZE`` as torchrun sets it, else all of them)."""
+    if threads != "auto":
+        return threads
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or ranks.world)
+    rows = -(-len(setup.graph.nodes) // ranks.world)
+    size = rows * setup.start.numel() * setup.start.element_size()
+    count = auto_threads(size, max(1, usable_cores() // max(1, local)))
+    logger.info("threads: %d (%s of %d on this machine)", count, ranks.label, local)
+    return count
 
 
 def free_port() -> int:
@@ -260,6 +279,7 @@ def launch_local(
                 RANK=str(rank),
                 WORLD_SIZE=str(world),
                 LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(world),
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port),
             )

@@ -40,7 +40,7 @@ def _config(algorithm: str, folder: Path, *extra: str) -> Config:
         "run.eval_every=3",
         f"algorithm.name={algorithm}",
         "algorithm.lr=0.3",
-        "transport.strict_timeout_s=20",
+        "transport.strict_timeout_s=120",
         *odd_graph(algorithm, folder),
         *extra,
     ]
@@ -64,13 +64,13 @@ def _rank(config: Config, rank: int, world: int, port: int, out: Path, queue: An
 
 def _dying_rank(config: Config, rank: int, world: int, port: int, out: Path, queue: Any) -> None:
     """A rank that joins the others and dies at once (as a killed process does)."""
-    join(Ranks(rank, world, 0, "127.0.0.1", port), config.transport.strict_timeout_s)
+    join(Ranks(rank, world, 0, "127.0.0.1", port), 120)
     os._exit(3)
 
 
 def _hanging_rank(config: Config, rank: int, world: int, port: int, out: Path, queue: Any) -> None:
     """A rank that joins the others and then never answers (the test stops it)."""
-    join(Ranks(rank, world, 0, "127.0.0.1", port), config.transport.strict_timeout_s)
+    join(Ranks(rank, world, 0, "127.0.0.1", port), 120)  # waits for rank 0's set-up
     time.sleep(60)
 
 
@@ -246,7 +246,7 @@ def test_a_rank_that_dies_stops_the_others_in_bounded_time(folder: Path) -> None
     out = folder / "dies"
     began = time.monotonic()
     outcomes = run_ranks(config, 2, out, _dying_rank)
-    assert time.monotonic() - began < 15  # at once: its sockets closed (the timeout is 20 s)
+    assert time.monotonic() - began < 60  # at once: its sockets closed (the timeout: 120 s)
     assert LOST in outcomes[0] and outcomes[0].startswith("PeerUnavailableError: rank 0 of 2")
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["status"] == "failed"
@@ -257,7 +257,7 @@ def test_a_rank_that_hangs_stops_the_others_within_the_timeout(folder: Path) -> 
     out = folder / "hangs"
     began = time.monotonic()
     outcomes = run_ranks(config, 2, out, _hanging_rank)
-    assert time.monotonic() - began < 15
+    assert time.monotonic() - began < 60  # set-up, then the first collective's 3 s
     assert LOST in outcomes[0] and outcomes[0].startswith("PeerUnavailableError: rank 0 of 2")
     assert json.loads((out / "summary.json").read_text(encoding="utf-8"))["status"] == "failed"
 
