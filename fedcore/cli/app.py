@@ -108,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit status."""
     top = parser()
     args = top.parse_args(argv)
+    # What a subcommand that starts copies of itself passes on (simulate --ranks).
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     verbose = args.verbose + getattr(args, "sub_verbose", 0)
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     # -v and -vv are about fedcore; other libraries (matplotlib's font search, grpc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,20 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(run.checkpoint_every); it ends as the uninterrupted run would. A seed sweep's "
         "folder: run the seeds that did not complete (--jobs allowed)",
     )
+    sim.add_argument(
+        "--ranks",
+        type=int,
+        metavar="R",
+        help="shard the vectorized engine over R local processes (torch.distributed, gloo "
+        "on 127.0.0.1); rank 0 writes the results. Under torchrun, rank and world size "
+        "come from its environment (docs/engines.md, 'Several processes')",
+    )
     sim.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ranks is not None or _torchrun_environment():
+        return _ranked(args)
     if args.device is not None and not args.device.strip():
         raise ConfigError(
             f"--device {args.device!r} names no device; give cpu, cuda or cuda:K, or leave "
@@ -124,9 +135,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
-    from fedcore.config import load_config
-
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` items and those the flags stand for."""
     overrides = [*args.overrides, *tracking_overrides(args)]
     if args.engine:
         overrides.append(f"simulate.engine={args.engine}")
@@ -134,6 +144,81 @@ def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
         overrides.append(f"simulate.device={json.dumps(args.device)}")
     if args.name is not None:
         overrides.append(f"run.name={json.dumps(args.name)}")
+    return overrides
+
+
+_TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""The variables torchrun sets (fedcore.engines.ranks.ENVIRONMENT, named here so that a
+plain run imports no torch before its config is checked)."""
+
+
+def _torchrun_environment() -> bool:
+    return any(os.environ.get(name) for name in _TORCHRUN)
+
+
+def _ranked(args: argparse.Namespace) -> int:
+    """``--ranks R``: start R local ranks; or, under torchrun's environment, be one."""
+    given = [
+        flag
+        for flag, value in (
+            ("--resume", args.resume),
+            ("--seeds", args.seeds),
+            ("--jobs", args.jobs != 1),
+        )
+        if value
+    ]
+    if given:
+        raise ConfigError(
+            f"a sharded run (--ranks, or torchrun's environment) runs one new run; drop "
+            f"{', '.join(given)}."
+        )
+    if args.ranks is not None and args.ranks < 1:
+        raise ConfigError(f"--ranks must be at least 1, got {args.ranks}.")
+    from fedcore.config import load_config
+
+    overrides = _overrides(args)
+    config = load_config(args.config, overrides)
+    from fedcore.engines.ranks import from_environment
+    from fedcore.engines.sharded import config_refusal
+
+    why = config_refusal(config)
+    if why is not None:
+        raise ConfigError(f"a sharded run cannot run this config: {why}.")
+    ranks = from_environment()
+    if ranks is None:  # the launcher of --ranks R
+        from fedcore.simulation.ranks import launch_local
+
+        return launch_local(args.argv, args.ranks, timeout_s=config.transport.strict_timeout_s)
+    if args.ranks is not None and args.ranks != ranks.world:
+        raise ConfigError(
+            f"--ranks {args.ranks} but the environment says WORLD_SIZE = {ranks.world}; "
+            "drop --ranks under torchrun."
+        )
+    start_run(args.threads)
+    from fedcore.simulation.ranks import simulate_rank
+
+    summary = simulate_rank(
+        config,
+        ranks,
+        out_dir=args.out,
+        show_progress=not args.quiet,
+        force=args.force,
+        overrides=overrides,
+        threads=args.threads,
+    )
+    if summary is None:  # not rank 0: rank 0 says how the run went
+        return 0
+    if args.quiet:
+        print(f"results: {summary['out_dir']}")
+    else:
+        print_table(summary)
+    return 0
+
+
+def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
+    from fedcore.config import load_config
+
+    overrides = _overrides(args)
     # The config first: a bad file or --set answers before torch is imported.
     config = load_config(args.config, overrides)
     if args.seeds is not None:

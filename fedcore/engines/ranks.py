@@ -1,0 +1,232 @@
+"""The process group a sharded run's ranks share (torch.distributed, gloo on CPUs), and the
+few collectives the sharded engine (:mod:`fedcore.engines.sharded`) makes.
+
+A rank learns who it is from the environment ``torchrun`` sets (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``; :func:`from_environment`), the same
+environment ``fedcore simulate --ranks R`` gives the R local processes it starts
+(:mod:`fedcore.simulation.ranks`). Every collective waits at most the group's timeout
+(:func:`join`'s ``timeout_s``), so a rank that died or hangs stops the others within a
+bounded time; a collective that fails raises
+:class:`~fedcore.errors.PeerUnavailableError`, one line that says so.
+
+Blocks: rank ``r`` of ``R`` holds the peers ``blocks(n, R)[r]``, contiguous in graph order,
+the first ``n % R`` blocks one peer larger (a graph partitioner can replace this later;
+everything downstream reads only the row lists).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from fedcore.errors import ConfigError, PeerUnavailableError
+
+__all__ = [
+    "ENVIRONMENT",
+    "MEET_S",
+    "Ranks",
+    "blocks",
+    "exchange",
+    "from_environment",
+    "gather_rows",
+    "join",
+    "leave",
+    "lost",
+]
+
+logger = logging.getLogger(__name__)
+
+ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun (and ``fedcore simulate --ranks``) sets for every rank; ``LOCAL_RANK``
+too, which only picks a GPU (not used on the CPU)."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Who this process is among the run's ranks.
+
+    Attributes:
+        rank: This process's rank, ``0 .. world - 1``; rank 0 writes the results.
+        world: Number of ranks.
+        local_rank: The rank on its own machine (``LOCAL_RANK``; GPUs only).
+        address, port: The rendezvous (rank 0's ``MASTER_ADDR`` and ``MASTER_PORT``).
+        environment: Read from the environment (:func:`from_environment`): the group is
+            joined through it (``env://``), so that torchrun's own store serves it where
+            torchrun says so (``TORCHELASTIC_USE_AGENT_STORE``).
+    """
+
+    rank: int
+    world: int
+    local_rank: int = 0
+    address: str = "127.0.0.1"
+    port: int = 0
+    environment: bool = False
+
+    @property
+    def label(self) -> str:
+        """``"rank 1 of 2"``: how an error line names this rank."""
+        return f"rank {self.rank} of {self.world}"
+
+
+def from_environment(environ: Mapping[str, str] | None = None) -> Ranks | None:
+    """The :class:`Ranks` torchrun's environment describes, or ``None`` where none of its
+    variables is set (a plain one-process run).
+
+    Raises:
+        ConfigError: some of the variables are set but not all, or one is not a number.
+    """
+    env = os.environ if environ is None else environ
+    present = [name for name in ENVIRONMENT if env.get(name)]
+    if not present:
+        return None
+    missing = [name for name in ENVIRONMENT if name not in present]
+    if missing:
+        raise ConfigError(
+            f"the environment sets {', '.join(present)} but not {', '.join(missing)}: a "
+            "sharded run needs all four (as torchrun sets them); unset them for a "
+            "one-process run."
+        )
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        port, local = int(env["MASTER_PORT"]), int(env.get("LOCAL_RANK") or 0)
+    except ValueError as exc:
+        raise ConfigError(
+            f"RANK, WORLD_SIZE, MASTER_PORT and LOCAL_RANK must be whole numbers: {exc}."
+        ) from None
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError(f"RANK = {rank} is not a rank of WORLD_SIZE = {world}.")
+    return Ranks(rank, world, local, env["MASTER_ADDR"], port, environment=environ is None)
+
+
+def blocks(n: int, world: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of each rank's peers: contiguous blocks of graph order, as equal as can
+    be (the first ``n % world`` one larger)."""
+    size, extra = divmod(n, world)
+    out = []
+    lo = 0
+    for r in range(world):
+        hi = lo + size + (1 if r < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+MEET_S = 60.0
+"""Seconds at least that ranks wait for each other to meet (their set-ups may take longer
+than a collective's timeout; a launcher bounds a start that never comes)."""
+
+
+def join(ranks: Ranks, timeout_s: float) -> None:
+    """Join the process group of ``ranks`` (gloo), every collective bounded by
+    ``timeout_s``; the meeting itself waits up to ``max(timeout_s, MEET_S)``. The rendezvous
+    is a TCP store at rank 0's address, or torchrun's own store where torchrun says so
+    (``TORCHELASTIC_USE_AGENT_STORE``; the meeting then has ``timeout_s``).
+
+    Raises:
+        PeerUnavailableError: the ranks did not meet in time.
+    """
+    if dist.is_initialized():
+        return
+    meet = max(timeout_s, MEET_S)
+    collective = datetime.timedelta(seconds=timeout_s)
+    try:
+        if ranks.environment and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            dist.init_process_group(
+                "gloo",
+                init_method="env://",
+                rank=ranks.rank,
+                world_size=ranks.world,
+                timeout=collective,
+            )
+            return
+        # Rank 0's store waits until every rank has reached it: the group forms at once.
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
+            ranks.address,
+            ranks.port,
+            ranks.world,
+            is_master=ranks.rank == 0,
+            timeout=datetime.timedelta(seconds=meet),
+        )
+        dist.init_process_group(
+            "gloo", store=store, rank=ranks.rank, world_size=ranks.world, timeout=collective
+        )
+    except (RuntimeError, ValueError) as exc:
+        raise PeerUnavailableError(
+            f"could not meet the other ranks at {ranks.address}:{ranks.port} within "
+            f"{meet:g} s: {_first(exc)}"
+        ) from exc
+
+
+def leave() -> None:
+    """Leave the process group, if this process joined one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def lost(ranks: Ranks, what: str, exc: BaseException) -> PeerUnavailableError:
+    """The one-line error of a collective ``what`` that failed with ``exc``."""
+    return PeerUnavailableError(
+        f"lost contact with the other ranks during {what} (another rank failed or "
+        f"stopped answering): {_first(exc)}"
+    )
+
+
+def exchange(
+    ranks: Ranks, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]
+) -> torch.Tensor:
+    """One ``all_to_all_single``: ``send``'s rows in blocks of ``send_counts`` (one per
+    destination rank, in rank order) go out; the rows every rank sends here come back in
+    blocks of ``recv_counts``, in rank order.
+
+    Raises:
+        PeerUnavailableError: the exchange failed.
+    """
+    out = send.new_empty((sum(recv_counts), *send.shape[1:]))
+    if ranks.world == 1:
+        out.copy_(send)
+        return out
+    try:
+        dist.all_to_all_single(
+            out,
+            send.contiguous(),
+            output_split_sizes=list(recv_counts),
+            input_split_sizes=list(send_counts),
+        )
+    except (RuntimeError, ValueError) as exc:
+        raise lost(ranks, "the halo exchange", exc) from exc
+    return out
+
+
+def gather_rows(
+    ranks: Ranks, local: torch.Tensor, spans: Sequence[tuple[int, int]]
+) -> torch.Tensor | None:
+    """Every rank's rows ``local`` (rank ``r``'s are rows ``spans[r]``) put together on
+    rank 0 (``None`` on the others), padded to the largest block for gloo's ``gather``.
+
+    Raises:
+        PeerUnavailableError: the gather failed.
+    """
+    if ranks.world == 1:
+        return local
+    widest = max(hi - lo for lo, hi in spans)
+    padded = local.new_zeros((widest, *local.shape[1:]))
+    padded[: local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in spans] if ranks.rank == 0 else None
+    try:
+        dist.gather(padded, parts, dst=0)
+    except (RuntimeError, ValueError) as exc:
+        raise lost(ranks, "a gather to rank 0", exc) from exc
+    if parts is None:
+        return None
+    return torch.cat([p[: hi - lo] for p, (lo, hi) in zip(parts, spans, strict=True)])

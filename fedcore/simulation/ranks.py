@@ -1,0 +1,375 @@
+"""``fedcore simulate`` over several ranks: one rank's program (:func:`simulate_rank`) and the
+local launcher of ``--ranks R`` (:func:`launch_local`).
+
+Every rank runs the same program: it reads the config, builds the same set-up (the same
+graph, data split and start, by the run's seeds), joins the others
+(:func:`fedcore.engines.ranks.join`, gloo) and runs its block of peers
+(:class:`~fedcore.engines.sharded.ShardedNetwork`). Rank 0 writes the results folder
+(``config.toml``, ``metrics.jsonl``, ``summary.json``) through the one-process run's own
+code, with the figures and models the others send it; the other ranks write nothing.
+
+``fedcore simulate --ranks R CONFIG`` starts R such processes on this machine
+(``python -m fedcore`` with the same arguments, the environment torchrun would set, the
+rendezvous on a free port of 127.0.0.1); ``torchrun ... -m fedcore simulate CONFIG`` starts
+them itself. A rank that fails ends the others: they lose contact within
+``transport.strict_timeout_s`` (the group's timeout) at most, the launcher stops any
+rank still running after that, and says in one line which rank failed first and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.engines.clock import virtual_clock
+from fedcore.engines.ranks import Ranks, join, leave
+from fedcore.engines.sharded import ShardedNetwork, is_eval_round, setup_refusal
+from fedcore.engines.vectorized import Flusher
+from fedcore.errors import ConfigError, FedcoreError
+from fedcore.metrics import JsonlWriter
+from fedcore.progress import Progress, run_warnings
+from fedcore.runtime import auto_threads, usable_cores
+from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
+from fedcore.simulation.drivers import Save
+from fedcore.simulation.observer import RunObserver
+from fedcore.simulation.results import open_run_dir, run_name
+from fedcore.simulation.simulate import _execute, _threads_for
+
+__all__ = ["LOST", "launch_local", "rank_threads", "simulate_rank"]
+
+logger = logging.getLogger(__name__)
+
+LOST = "lost contact with the other ranks"
+"""What the error line of a rank that failed only because another did says."""
+
+GRACE_S = 5.0
+"""Seconds the launcher gives the other ranks, beyond the group's timeout, to stop on their
+own once one failed, before it stops them."""
+
+
+class _Sharded:
+    """Rank 0's side of a sharded run, as :func:`~fedcore.simulation.simulate.simulate`
+    drives an engine (:class:`~fedcore.simulation.drivers.Engine`)."""
+
+    name = "vectorized"
+
+    def __init__(self, net: ShardedNetwork) -> None:
+        self.net = net
+        self.nodes: Sequence[str] = list(net.nodes)
+
+    def run(
+        self,
+        observer: RunObserver,
+        writer: JsonlWriter,
+        progress: Progress | None,
+        save: Save,
+        saved: Any,
+    ) -> dict[str, torch.Tensor] | None:
+        net = self.net
+        # The flusher reads of its network only what a ShardedNetwork answers on rank 0
+        # (nodes, setup, device, objective, check, model).
+        flusher = Flusher(
+            net,  # type: ignore[arg-type]
+            observer=observer,
+            writer=writer,
+            records=observer.records,
+            progress=progress,
+        )
+        try:
+            while net.round < observer.rounds:
+                figures = net.run_round()
+                assert figures is not None  # rank 0's
+                flusher.add(figures)
+        except BaseException:
+            with contextlib.suppress(Exception):  # account what ran, for the partial summary
+                flusher.flush()
+            raise
+        flusher.flush()
+        return self.final(observer, gather=True)
+
+    def final(self, observer: RunObserver, gather: bool = False) -> dict[str, torch.Tensor]:
+        """Every node's parameters: gathered (a collective) at the end of a run, else (a
+        run that failed, which no collective may wait on) those of the last gather."""
+        params = self.net.model() if gather else self.net.last
+        assert params is not None  # rank 0's
+        return {nid: params[i] for i, nid in enumerate(self.nodes)}
+
+    def summary(self) -> dict[str, Any]:
+        net = self.net
+        return {
+            "engine": self.name,
+            "device": str(net.device),
+            "gradients": net.objective.mode,
+            "ranks": net.ranks.world,
+        }
+
+
+def _follow(net: ShardedNetwork, config: Config) -> None:
+    """A rank other than 0: every round, the models at each evaluation and at the end,
+    in the order rank 0's run asks for them."""
+    while net.round < config.run.rounds:
+        t = net.round
+        net.run_round()
+        if is_eval_round(config, t):
+            net.model()
+    net.model()
+
+
+def simulate_rank(
+    config: Config,
+    ranks: Ranks,
+    *,
+    out_dir: str | Path | None = None,
+    progress_stream: TextIO | None = None,
+    show_progress: bool = True,
+    force: bool = False,
+    overrides: Sequence[str] = (),
+    threads: int | str | None = None,
+) -> dict[str, Any] | None:
+    """Run this rank's block of ``config`` (see the module docstring); rank 0 writes the
+    results folder and returns the summary, the others return ``None``. Arguments as
+    :func:`~fedcore.simulation.simulate.simulate`'s.
+
+    Raises:
+        ConfigError: what a sharded run cannot run
+            (:func:`~fedcore.engines.sharded.setup_refusal`), before joining the others.
+        PeerUnavailableError: another rank failed or stopped answering.
+    """
+    try:
+        with run_warnings(quiet=not show_progress):
+            return _simulate_rank(
+                config,
+                ranks,
+                out_dir=out_dir,
+                progress_stream=progress_stream,
+                show_progress=show_progress and ranks.rank == 0,
+                force=force,
+                overrides=overrides,
+                threads=threads,
+            )
+    except FedcoreError as exc:  # the one line names the rank
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (f"{ranks.label}: {exc.args[0]}", *exc.args[1:])
+        raise
+
+
+def _simulate_rank(
+    config: Config,
+    ranks: Ranks,
+    *,
+    out_dir: str | Path | None,
+    progress_stream: TextIO | None,
+    show_progress: bool,
+    force: bool,
+    overrides: Sequence[str],
+    threads: int | str | None,
+) -> dict[str, Any] | None:
+    setup: RunSetup = prepare_run(config, hosts_all=True, simulated=True)
+    setup.clock = virtual_clock(setup)
+    why = setup_refusal(setup)
+    if why is not None:
+        raise ConfigError(f"a sharded run cannot run this config: {why}.")
+    seed_torch(config)
+    join(ranks, config.transport.strict_timeout_s)
+    try:
+        with _threads_for(setup, "vectorized", rank_threads(setup, ranks, threads)):
+            net = ShardedNetwork(setup, ranks)
+            if ranks.rank != 0:
+                _follow(net, config)
+                return None
+            name = run_name(config, setup, overrides)
+            out = open_run_dir(out_dir, name, force=force)
+            (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
+            stream = progress_stream if progress_stream is not None else sys.stderr
+            summary: dict[str, Any] = _execute(
+                setup,
+                _Sharded(net),
+                out,
+                name=name,
+                overrides=overrides,
+                stream=stream,
+                show_progress=show_progress,
+                saved=None,
+            )
+            return summary
+    finally:
+        leave()
+
+
+def rank_threads(setup: RunSetup, ranks: Ranks, threads: int | str | None) -> int | str | None:
+    """``threads`` for one rank: ``"auto"`` is one thread per
+    :data:`~fedcore.runtime.BYTES_PER_THREAD` of the rank's own block of the stack, up to
+    its share of this machine's cores (the usable cores over the ranks on this machine,
+    ``LOCAL_WORLD_SIZE`` as torchrun sets it, else all of them)."""
+    if threads != "auto":
+        return threads
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or ranks.world)
+    rows = -(-len(setup.graph.nodes) // ranks.world)
+    size = rows * setup.start.numel() * setup.start.element_size()
+    count = auto_threads(size, max(1, usable_cores() // max(1, local)))
+    logger.info("threads: %d (%s of %d on this machine)", count, ranks.label, local)
+    return count
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (the rendezvous of local ranks)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class _Child:
+    rank: int
+    process: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+    error: str | None = None
+    ended: float | None = None
+    stopped: bool = False
+
+
+def _read(child: _Child, relay: TextIO | None) -> None:
+    """Keep a rank's stderr; rank 0's goes on to ``relay`` as it comes, but its error line,
+    which the launcher says once for the run."""
+    stream = child.process.stderr
+    assert stream is not None
+    for line in stream:
+        if line.startswith("fedcore: error:"):
+            child.error = line.rstrip("\n")
+            continue
+        child.lines.append(line)
+        del child.lines[:-20]
+        if relay is not None:
+            relay.write(line)
+            relay.flush()
+
+
+def launch_local(
+    argv: Sequence[str], world: int, *, timeout_s: float, stderr: TextIO | None = None
+) -> int:
+    """Run ``python -m fedcore ARGV`` as ``world`` local ranks (rendezvous on a free port of
+    127.0.0.1); return the exit status: 0 when every rank ended well, else the first
+    failed rank's, after one line on ``stderr`` (default ``sys.stderr``) naming it.
+
+    Rank 0 keeps this process's stdout (the results table); its stderr comes through as it
+    comes. A failed rank's peers stop within ``timeout_s`` (the group's timeout), plus
+    :data:`GRACE_S`, or are stopped."""
+    err = stderr if stderr is not None else sys.stderr
+    port = free_port()
+    children: list[_Child] = []
+    readers: list[threading.Thread] = []
+    try:
+        for rank in range(world):
+            env = dict(os.environ)
+            env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+            process = subprocess.Popen(
+                [sys.executable, "-m", "fedcore", *argv],
+                env=env,
+                stdout=None if rank == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            child = _Child(rank, process)
+            children.append(child)
+            reader = threading.Thread(
+                target=_read, args=(child, err if rank == 0 else None), daemon=True
+            )
+            reader.start()
+            readers.append(reader)
+        _wait(children, timeout_s + GRACE_S)
+    except BaseException:
+        for child in children:
+            _stop(child)
+        raise
+    finally:
+        for reader in readers:
+            reader.join(timeout=5)
+        for child in children:
+            if child.process.stderr is not None:
+                child.process.stderr.close()
+    failed = [c for c in children if c.process.returncode != 0]
+    if not failed:
+        return 0
+    cause = _cause(failed)
+    line = cause.error or (cause.lines[-1].strip() if cause.lines else "")
+    if cause.stopped:
+        text = (
+            f"fedcore: error: rank {cause.rank} of {world} stopped answering; it was stopped "
+            f"after the others gave up (transport.strict_timeout_s = {timeout_s:g})."
+        )
+    elif line.startswith("fedcore: error:"):
+        text = line
+    else:
+        text = (
+            f"fedcore: error: rank {cause.rank} of {world} failed (exit status "
+            f"{cause.process.returncode}): {line or 'no message'}"
+        )
+    print(text, file=err)
+    status = cause.process.returncode
+    return status if status and status > 0 else 1
+
+
+def _wait(children: list[_Child], grace_s: float) -> None:
+    """Wait for every rank; once one failed, give the others ``grace_s``, then stop them."""
+    first_failure: float | None = None
+    while True:
+        running = False
+        for child in children:
+            if child.ended is None and child.process.poll() is not None:
+                child.ended = time.monotonic()
+                if child.process.returncode != 0 and first_failure is None:
+                    first_failure = child.ended
+            running = running or child.ended is None
+        if not running:
+            return
+        if first_failure is not None and time.monotonic() - first_failure > grace_s:
+            for child in children:
+                if child.ended is None:
+                    child.stopped = True
+                    _stop(child)
+        time.sleep(0.05)
+
+
+def _stop(child: _Child) -> None:
+    """End one rank this launcher started: SIGTERM, then SIGKILL after 5 s."""
+    process = child.process
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _cause(failed: list[_Child]) -> _Child:
+    """The rank whose failure ended the run: the first to fail for a reason of its own
+    (not a lost contact); else one that had to be stopped (it hung); else the first."""
+    by_time = sorted(failed, key=lambda c: (c.ended or float("inf"), c.rank))
+    own = [c for c in by_time if not c.stopped and LOST not in (c.error or "")]
+    if own:
+        return own[0]
+    stopped = [c for c in by_time if c.stopped]
+    return stopped[0] if stopped else by_time[0]

@@ -1,0 +1,302 @@
+"""The vectorized engine sharded over torch.distributed ranks (gloo on 127.0.0.1) against one
+process: R = 1, 2 and 3 ranks end with the one-process run's parameters (``params_sha256``),
+traffic, byte counts, evaluations and per-node records, on a random graph with odd ids; what
+a sharded run cannot run yet is refused in one line before any rank starts; a rank that dies
+stops the others within the group's timeout.
+
+The ranks here are forked processes that call :func:`fedcore.simulation.ranks.simulate_rank`
+(no interpreter start); one test runs ``fedcore simulate --ranks 2`` end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedcore.cli import main
+from fedcore.config import Config, load_config
+from fedcore.engines.ranks import Ranks, blocks, from_environment, join
+from fedcore.engines.sharded import SHARDED_ALGORITHMS, config_refusal, plan_halo, setup_refusal
+from fedcore.errors import ConfigError
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.ranks import LOST, _cause, _Child, free_port, simulate_rank
+from fedcore.simulation.simulate import simulate
+from tests.engines.test_vectorized import GRAPHS, odd_graph
+
+ROUNDS = 6
+
+
+def _config(algorithm: str, folder: Path, *extra: str) -> Config:
+    settings = [
+        f"run.rounds={ROUNDS}",
+        "run.eval_every=3",
+        f"algorithm.name={algorithm}",
+        "algorithm.lr=0.3",
+        "transport.strict_timeout_s=120",
+        *odd_graph(algorithm, folder),
+        *extra,
+    ]
+    return load_config(None, settings)
+
+
+def _rank(config: Config, rank: int, world: int, port: int, out: Path, queue: Any) -> None:
+    torch.set_num_threads(1)
+    try:
+        simulate_rank(
+            config,
+            Ranks(rank, world, 0, "127.0.0.1", port),
+            out_dir=out,
+            show_progress=False,
+            threads=1,
+        )
+        queue.put((rank, "ok"))
+    except BaseException as exc:  # reported to the test
+        queue.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+def _dying_rank(config: Config, rank: int, world: int, port: int, out: Path, queue: Any) -> None:
+    """A rank that joins the others and dies at once (as a killed process does)."""
+    join(Ranks(rank, world, 0, "127.0.0.1", port), 120)
+    os._exit(3)
+
+
+def _hanging_rank(config: Config, rank: int, world: int, port: int, out: Path, queue: Any) -> None:
+    """A rank that joins the others and then never answers (the test stops it)."""
+    join(Ranks(rank, world, 0, "127.0.0.1", port), 120)  # waits for rank 0's set-up
+    time.sleep(60)
+
+
+def run_ranks(
+    config: Config, world: int, out: Path, odd: Any = None, which: int = 1
+) -> dict[int, str]:
+    """Every rank's outcome (``"ok"`` or its error), the ranks forked from this process;
+    rank ``which`` runs ``odd`` instead, if given (and is stopped once the others end)."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    port = free_port()
+    processes = [
+        context.Process(
+            target=odd if odd is not None and r == which else _rank,
+            args=(config, r, world, port, out, queue),
+        )
+        for r in range(world)
+    ]
+    for p in processes:
+        p.start()
+    for r, p in enumerate(processes):
+        if odd is None or r != which:
+            p.join(timeout=120)
+            assert p.exitcode is not None, "a rank did not end"
+    if odd is not None:
+        processes[which].terminate()
+        processes[which].join()
+    outcomes: dict[int, str] = {}
+    while not queue.empty():
+        rank, what = queue.get()
+        outcomes[rank] = what
+    return outcomes
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    lines = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    for r in records:
+        r.pop("wall_s", None)
+    return records
+
+
+SAME = (
+    "params_sha256",
+    "traffic",
+    "final",
+    "status",
+    "nodes",
+    "rounds",
+    "rounds_completed",
+    "missing_rounds",
+    "faults",
+    "topology",
+)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sharded")
+
+
+@pytest.mark.parametrize("algorithm", SHARDED_ALGORITHMS)
+def test_ranks_equal_one_process(algorithm: str, folder: Path) -> None:
+    config = _config(algorithm, folder, *(s for s in GRAPHS[algorithm] if "topology" not in s))
+    one = folder / f"{algorithm}-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    assert expected["engine"] == "vectorized"
+    for world in (1, 2, 3):
+        out = folder / f"{algorithm}-{world}"
+        assert run_ranks(config, world, out) == dict.fromkeys(range(world), "ok")
+        got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        assert got["ranks"] == world
+        for key in SAME:
+            assert got.get(key) == expected.get(key), (world, key)
+        assert _records(out) == _records(one), world
+
+
+def test_the_halo_sends_each_boundary_row_once_per_rank() -> None:
+    rng = np.random.default_rng(0)
+    n = 11
+    pairs = {(int(u), int(v)) for u, v in rng.integers(0, n, (40, 2)) if u != v}
+    src = np.array([u for u, _ in sorted(pairs)], dtype=np.int64)
+    dst = np.array([v for _, v in sorted(pairs)], dtype=np.int64)
+    spans = blocks(n, 3)
+    assert spans == [(0, 4), (4, 8), (8, 11)]
+    halos = [plan_halo(src, dst, spans, r) for r in range(3)]
+    for r, (lo, hi) in enumerate(spans):
+        at = 0
+        for q, count in enumerate(halos[r].send_counts):
+            sent = halos[r].send_rows[at : at + count] + lo
+            at += count
+            # What r sends q is what q expects from r, each row once, sorted.
+            start = sum(halos[q].recv_counts[:r])
+            assert sent.tolist() == halos[q].recv_rows[start : start + count].tolist()
+            needed = sorted(
+                {u for u, v in pairs if lo <= u < hi and q != r and spans[q][0] <= v < spans[q][1]}
+            )
+            assert sent.tolist() == needed
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ("faults.drop=0.1", "fault plan"),
+        ("compression.codec='topk'", "compression.codec = 'topk'"),
+        ("algorithm.name='fedavg'", "not sharded yet"),
+        ("algorithm.robust=true", "robust push-sum"),
+        ("simulate.device='cuda'", "CPU"),
+        ("run.checkpoint_every=2", "checkpoints"),
+        ("run.local_steps=2", "local_steps"),
+        ("simulate.engine='messages'", "one process"),
+        ("transport.mode='deadline'", "deadline mode"),
+    ],
+)
+def test_what_is_not_sharded_is_refused_in_one_line(
+    setting: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = load_config(None, [setting])
+    why = config_refusal(config)
+    assert why is not None and says in why
+    # Before any rank starts: the launcher answers at once.
+    assert main(["simulate", "--ranks", "2", "--quiet", "--set", setting]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a sharded run cannot run this config" in err[0] and says in err[0]
+
+
+def test_a_schedule_is_refused_by_every_rank_before_it_joins(folder: Path) -> None:
+    config = load_config(
+        None, ["algorithm.name=ops", "topology.kind=one-peer-exponential", "topology.nodes=8"]
+    )
+    outcomes = run_ranks(config, 2, folder / "schedule")
+    assert set(outcomes) == {0, 1}
+    for rank, what in outcomes.items():
+        assert what.startswith(f"ConfigError: rank {rank} of 2: a sharded run cannot"), what
+        assert "schedule" in what
+
+
+def test_a_sharded_run_is_one_new_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--ranks", "2", "--seeds", "0-1"]) == 2
+    assert main(["simulate", "--ranks", "2", "--resume", "somewhere"]) == 2
+    assert main(["simulate", "--ranks", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "drop --seeds" in err[0] and "drop --resume" in err[1], err
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        (["topology.kind=one-peer-exponential", "topology.nodes=8"], "schedule of graphs"),
+        (["optimizer.name=adam"], "node optimizer"),
+    ],
+)
+def test_what_only_the_setup_tells_is_refused(settings: list[str], says: str) -> None:
+    config = load_config(None, ["algorithm.name=ops", "topology.nodes=8", *settings])
+    assert config_refusal(config) is None
+    why = setup_refusal(prepare_run(config))
+    assert why is not None and says in why
+
+
+def test_torchrun_environment_is_read() -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert from_environment(env) == Ranks(1, 2, 0, "10.0.0.1", 29500)
+    assert from_environment({}) is None
+    with pytest.raises(ConfigError, match="not MASTER_PORT"):
+        from_environment({k: v for k, v in env.items() if k != "MASTER_PORT"})
+    with pytest.raises(ConfigError, match="not a rank"):
+        from_environment({**env, "RANK": "2"})
+
+
+def test_a_rank_that_dies_stops_the_others_in_bounded_time(folder: Path) -> None:
+    config = _config("ops", folder)
+    out = folder / "dies"
+    began = time.monotonic()
+    outcomes = run_ranks(config, 2, out, _dying_rank)
+    assert time.monotonic() - began < 60  # at once: its sockets closed (the timeout: 120 s)
+    assert LOST in outcomes[0] and outcomes[0].startswith("PeerUnavailableError: rank 0 of 2")
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["status"] == "failed"
+
+
+def test_a_rank_that_hangs_stops_the_others_within_the_timeout(folder: Path) -> None:
+    config = _config("ops", folder, "transport.strict_timeout_s=3")
+    out = folder / "hangs"
+    began = time.monotonic()
+    outcomes = run_ranks(config, 2, out, _hanging_rank)
+    assert time.monotonic() - began < 60  # set-up, then the first collective's 3 s
+    assert LOST in outcomes[0] and outcomes[0].startswith("PeerUnavailableError: rank 0 of 2")
+    assert json.loads((out / "summary.json").read_text(encoding="utf-8"))["status"] == "failed"
+
+
+def test_the_launcher_names_the_rank_that_failed_first() -> None:
+    def child(rank: int, ended: float, error: str | None, stopped: bool = False) -> _Child:
+        c = _Child(rank, None)  # type: ignore[arg-type]
+        c.ended, c.error, c.stopped = ended, error, stopped
+        return c
+
+    lost = f"fedcore: error: rank 0 of 3: {LOST} during the halo exchange"
+    own = "fedcore: error: rank 2 of 3: node 'a' diverged"
+    assert _cause([child(0, 1.0, lost), child(2, 2.0, own)]).rank == 2
+    assert _cause([child(0, 1.0, lost), child(1, 9.0, None, stopped=True)]).rank == 1
+    assert _cause([child(1, 1.0, lost), child(0, 2.0, lost)]).rank == 1
+
+
+def test_simulate_ranks_through_the_cli(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fedcore simulate --ranks 2``: two processes, rank 0 writes the folder; the same
+    parameters as one process."""
+    settings = ["--set", "algorithm.name=ops", "--set", "topology.nodes=6", "--set", "run.rounds=3"]
+    one = folder / "cli-one"
+    assert main(["simulate", "--quiet", "--threads", "1", "--out", str(one), *settings]) == 0
+    out = folder / "cli-two"
+    argv = ["simulate", "--ranks", "2", "--quiet", "--threads", "1", "--out", str(out), *settings]
+    assert main(argv) == 0
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    expected = json.loads((one / "summary.json").read_text(encoding="utf-8"))
+    assert got["ranks"] == 2
+    assert got["params_sha256"] == expected["params_sha256"]
+    assert got["traffic"] == expected["traffic"]
+
+
+def test_a_failed_rank_is_named_in_one_line(capfd: pytest.CaptureFixture[str]) -> None:
+    """What only the set-up tells (a schedule of graphs) fails every rank before it joins;
+    the launcher says one line, naming the rank, and exits non-zero."""
+    settings = ["--set", "topology.kind=one-peer-exponential", "--set", "topology.nodes=8"]
+    assert main(["simulate", "--ranks", "2", "--quiet", *settings]) == 2
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert err[0].startswith("fedcore: error: rank ") and "of 2: a sharded run" in err[0]
+    assert "schedule" in err[0]
