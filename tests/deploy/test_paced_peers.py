@@ -49,7 +49,8 @@ def test_a_paced_transport_takes_the_links_time() -> None:
 @pytest.mark.grpc
 def test_a_slow_peer_slows_a_synchronous_launch_as_simulated(tmp_path: Path) -> None:
     """Three peers on a ring, n1 4x slower: every round waits for it over gRPC as in the
-    simulation, and the parameters are the simulation's."""
+    simulation, and the parameters are the simulation's. (The three in one process,
+    ``peers_per_process``: still over gRPC, at a third of the start-up.)"""
     config = load_config(
         None,
         [
@@ -67,7 +68,7 @@ def test_a_slow_peer_slows_a_synchronous_launch_as_simulated(tmp_path: Path) -> 
     sim = simulate(config, out_dir=tmp_path / "sim", show_progress=False)
     assert sim["time"]["virtual_seconds"] == pytest.approx(4 * 0.4)
     began = time.monotonic()
-    grpc_run = launch(config, out_dir=tmp_path / "launch", show_progress=False)
+    grpc_run = launch(config, out_dir=tmp_path / "launch", show_progress=False, peers_per_process=3)
     assert grpc_run["params_sha256"] == sim["params_sha256"]
     assert "time" not in grpc_run  # real peers keep no virtual clock
     # Each of the 4 rounds waits for n1's 0.4 s (the launch's own start-up comes on top).
