@@ -400,8 +400,9 @@ def _supervise(
                 sys.executable, "-m", "fedcore", "node",
                 "--config", str(config_path), "--id", ",".join(group),
                 "--roster", str(roster_path), "--threads", str(threads),
-                # One peer: its folder; several: the folder of their folders nodes/<id>/.
-                "--out", str(peer_dir(out, group[0]) if k == 1 else out / "nodes"),
+                # One peer (a group of one, also the last of an uneven split): its folder;
+                # several: the folder of their folders nodes/<id>/.
+                "--out", str(peer_dir(out, group[0]) if len(group) == 1 else out / "nodes"),
                 *(["--resume"] if first is not None else []),
             ]  # fmt: skip
             folders = {n: peer_dir(out, n) for n in group}

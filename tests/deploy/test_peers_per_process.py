@@ -41,14 +41,14 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 
 def test_launch_with_peers_per_process_matches_simulate(tmp_path: Path) -> None:
-    """6 peers, 4 a process (uneven groups): bit for bit simulate's run, each peer its own
-    folder, one log a process, and start-up lines before the rounds."""
+    """5 peers, 4 a process (uneven groups, the last a peer alone): bit for bit simulate's
+    run, each peer its own folder, one log a process, and start-up lines before the rounds."""
     config = load_config(
         None,
         [
             "algorithm.name=ops",
             "topology.kind=social",
-            "topology.nodes=6",
+            "topology.nodes=5",
             "run.rounds=6",
             "run.eval_every=3",
             "simulate.engine=messages",
@@ -63,18 +63,18 @@ def test_launch_with_peers_per_process_matches_simulate(tmp_path: Path) -> None:
     assert grpc_run["final"] == sim["final"]
     assert _records(out / "metrics.jsonl") == _records(tmp_path / "sim" / "metrics.jsonl")
     procs = json.loads((out / "procs.json").read_text(encoding="utf-8"))
-    assert [p["peers"] for p in procs] == [["n0", "n1", "n2", "n3"], ["n4", "n5"]]
+    assert [p["peers"] for p in procs] == [["n0", "n1", "n2", "n3"], ["n4"]]
     log = (out / "procs" / "1.log").read_text(encoding="utf-8")
-    assert "n4: serving on 127.0.0.1:" in log and "n5: done after 6 rounds" in log
+    assert "n4: serving on 127.0.0.1:" in log and "n4: done after 6 rounds" in log
     for n in sim["params_sha256"]:
         assert json.loads((out / "nodes" / n / "node.json").read_text())["rounds"] == 6
         assert read_stage(out / "nodes" / n) == "done"
     pids = {(out / "nodes" / n / "node.pid").read_text() for n in ("n0", "n1", "n2", "n3")}
     assert len(pids) == 1  # one process
     text = said.getvalue()
-    assert "launch: 0/6 peers up; starting 6 (n0, n1, n2, n3, n4, n5)" in text
-    assert "launch: 6/6 peers up" in text
-    assert text.index("launch: 6/6 peers up") < text.index("round 6/6")
+    assert "launch: 0/5 peers up; starting 5 (n0, n1, n2, n3, n4)" in text
+    assert "launch: 5/5 peers up" in text
+    assert text.index("launch: 5/5 peers up") < text.index("round 6/6")
 
 
 def test_node_hosts_two_peers_that_talk_to_a_third(tmp_path: Path) -> None:
