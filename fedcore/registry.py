@@ -502,13 +502,9 @@ def _kind(
     edges: Callable[[int, Any], int],
     tags: tuple[str, ...] = (),
 ) -> Entry:
-    return Entry(
-        name,
-        f"fedcore.topology.kinds:_kind_{name.replace('-', '_')}",
-        keys,
-        frozenset(tags),
-        edges,
-    )
+    """A built-in topology kind: its builder is ``fedcore.topology.kinds._kind_<name>``."""
+    target = f"fedcore.topology.kinds:_kind_{name.replace('-', '_')}"
+    return Entry(name, target, keys, frozenset(tags), edges)
 
 
 TOPOLOGY_KINDS = Family(

@@ -58,7 +58,8 @@ from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runtime import physical_memory
 from fedcore.setup import checkpoint
-from fedcore.setup.plan import EngineInputs, size_text, vectorized_refusal
+from fedcore.setup.engine_checks import EngineInputs, vectorized_refusal
+from fedcore.setup.plan import size_text
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedObjective

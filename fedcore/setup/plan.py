@@ -12,13 +12,14 @@ the server of the server family, and a lower bound of the memory. A small graph 
 :data:`EARLY_GRAPH_EDGES` edges, a fraction of a second) is built, weighted and checked
 with these cheap checks (:func:`weigh_early`), so that a graph that does not suit the
 algorithm is refused before any data is loaded or model built; so is what ``simulate``'s
-engine cannot run, as far as the config tells (:func:`check_engine`). Each step is logged
-(INFO) with its time.
+engine cannot run, as far as the config tells
+(:func:`~fedcore.setup.engine_checks.check_engine`). Each step is logged (INFO) with its
+time.
 
 Each step reads only its part of the config: the tables it needs (``[topology]`` for the
 node count and the memory bound, ``[optimizer]`` for the node optimizer), or where it reads
 several, one frozen dataclass of them named for the step (:class:`AlgorithmInputs`,
-:class:`CombinationInputs`, :class:`EngineInputs`,
+:class:`CombinationInputs`, :class:`~fedcore.setup.engine_checks.EngineInputs`,
 :class:`~fedcore.setup.graph.GraphInputs`), made from the config by its ``of``. Only the
 entry points take the whole :class:`~fedcore.config.Config` and split it:
 :func:`outline_run`, :func:`plan_run`, and :func:`finish_plan`, whose fingerprint covers
@@ -37,12 +38,8 @@ from typing import Any
 
 from fedcore import registry
 from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
-from fedcore.algorithms.asynchronous import is_asynchronous
 from fedcore.algorithms.base import with_traits
 from fedcore.algorithms.optim import Optimizer, make_optimizer
-from fedcore.algorithms.rule import is_rule
-from fedcore.compression import CodecOptions, codec_seed
-from fedcore.compression.batched import make_row_codec
 from fedcore.config import (
     AlgorithmConfig,
     CompressionConfig,
@@ -50,7 +47,6 @@ from fedcore.config import (
     DataConfig,
     FaultsConfig,
     OptimizerConfig,
-    SimulateConfig,
     TopologyConfig,
     TransportConfig,
     fingerprint_json,
@@ -78,7 +74,6 @@ __all__ = [
     "LOSSY_SPARSE",
     "AlgorithmInputs",
     "CombinationInputs",
-    "EngineInputs",
     "Laps",
     "ModelSize",
     "Outline",
@@ -86,9 +81,7 @@ __all__ = [
     "Shape",
     "algorithm_options",
     "check_combinations",
-    "check_engine",
     "configured_algorithm",
-    "engine_error",
     "finish_plan",
     "node_optimizer",
     "outline_run",
@@ -99,7 +92,6 @@ __all__ = [
     "round_drift",
     "run_shape",
     "size_text",
-    "vectorized_refusal",
     "weigh_early",
 ]
 
@@ -268,97 +260,6 @@ def check_combinations(inputs: CombinationInputs, algorithm: Algorithm) -> None:
             f"grow without bound; codec {inputs.compression.codec!r} has an error relative to "
             "them. Use compression.codec = 'fp32', 'fp16', 'bf16' or 'raw'."
         )
-
-
-@dataclass(frozen=True, slots=True)
-class EngineInputs:
-    """What the engine checks (:func:`check_engine`, :func:`vectorized_refusal`) read of a
-    config (:meth:`of`).
-
-    Attributes:
-        simulate: ``[simulate]``: the engine and device asked for.
-        transport: ``[transport]`` (its mode).
-        compression: ``[compression]``: the codec every message is sent in.
-        seed: ``run.seed``, which seeds a node's codec.
-    """
-
-    simulate: SimulateConfig
-    transport: TransportConfig
-    compression: CompressionConfig
-    seed: int
-
-    @classmethod
-    def of(cls, config: Config) -> EngineInputs:
-        """The engine checks' part of ``config``."""
-        return cls(config.simulate, config.transport, config.compression, config.run.seed)
-
-
-def vectorized_refusal(inputs: EngineInputs, algorithm: Algorithm) -> str | None:
-    """Why ``simulate``'s vectorized engine cannot run ``algorithm`` under the config of
-    ``inputs``, as far as the config tells (one short clause), or None.
-
-    Only the set-up tells the rest (the engine's memory need, with the model's size:
-    :func:`fedcore.engines.vectorized.unsupported` calls this, then checks the rest).
-    Deadline mode and silent losses are no reason here: ``simulate`` runs them in virtual
-    time."""
-    if not is_rule(algorithm):
-        return (
-            f"algorithm {algorithm.name!r} has no batched form: it follows the per-message "
-            "protocol; write it as an update rule (fedcore.algorithms.rule.Rule) to run it on "
-            "every peer at once"
-        )
-    if inputs.transport.mode == "deadline" and algorithm.holds_in_deadline_mode:
-        return (
-            f"{algorithm.name} holds a silent peer's pushes in deadline mode, which only "
-            "the message engine models"
-        )
-    c = inputs.compression
-    codec = make_row_codec(c.codec, CodecOptions.of(c), seeds=(codec_seed(inputs.seed, 0),))
-    if getattr(algorithm, "widths", None) is not None and not codec.deterministic:
-        return (
-            f"{algorithm.name} with the stochastic codec {codec.name!r} draws for messages of "
-            "several lengths in an order only the message engine models"
-        )
-    return None
-
-
-def engine_error(simulate: SimulateConfig, reason: str) -> ConfigError:
-    """The refusal of a ``simulate.engine`` (``vectorized``), or a ``simulate.device``
-    other than the CPU, that the vectorized engine cannot run, for ``reason``."""
-    if simulate.engine == "vectorized":
-        return ConfigError(
-            f"simulate.engine = 'vectorized' cannot run this config: {reason}. Use "
-            "simulate.engine = 'messages' (or 'auto')."
-        )
-    return ConfigError(
-        f"simulate.device = {simulate.device!r} needs the vectorized engine, which "
-        f"cannot run this config: {reason}. Use simulate.device = 'cpu'."
-    )
-
-
-def check_engine(inputs: EngineInputs, algorithm: Algorithm) -> None:
-    """Refuse, with the cheap checks, a ``simulate.engine`` (or ``simulate.device``) that
-    cannot run ``algorithm``: an asynchronous algorithm on any engine but ``auto`` (the
-    event engine runs it), or the vectorized engine asked for (by name, or by a device
-    other than the CPU) where :func:`vectorized_refusal` gives a reason.
-
-    Raises:
-        ConfigError: such an engine or device.
-    """
-    engine = inputs.simulate.engine
-    if is_asynchronous(algorithm):
-        if engine != "auto":
-            raise ConfigError(
-                f"simulate.engine = {engine!r} cannot run the asynchronous algorithm "
-                f"{algorithm.name!r}, which runs on the event engine; set "
-                "simulate.engine = 'auto'."
-            )
-        return
-    if engine == "messages" or (engine == "auto" and inputs.simulate.device == "cpu"):
-        return
-    reason = vectorized_refusal(inputs, algorithm)
-    if reason is not None:
-        raise engine_error(inputs.simulate, reason)
 
 
 def resolve_algorithm(inputs: AlgorithmInputs, algorithm: Any = None) -> Any:

@@ -50,12 +50,11 @@ from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord, per_node
 from fedcore.node.arrivals import VirtualClock
 from fedcore.node.asynchronous import AsyncPeer
 from fedcore.node.pace import Pace
+from fedcore.setup.engine_checks import EngineInputs, check_engine
 from fedcore.setup.graph import GraphInputs
 from fedcore.setup.plan import (
-    EngineInputs,
     Laps,
     Shape,
-    check_engine,
     finish_plan,
     node_optimizer,
     outline_run,
@@ -348,7 +347,7 @@ def prepare_run(
             the memory bound counts them. False (a peer, a summary): the graph only.
         simulated: ``simulate`` runs it in this process: ``simulate.engine`` and
             ``simulate.device`` are checked with the cheap checks
-            (:func:`~fedcore.setup.plan.check_engine`).
+            (:func:`~fedcore.setup.engine_checks.check_engine`).
 
     Raises:
         ConfigError, TopologyError, DataError: on anything invalid, before any work.

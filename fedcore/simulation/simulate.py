@@ -31,7 +31,8 @@ from fedcore.metrics import JsonlWriter, to_json_text, write_text_atomic
 from fedcore.progress import Progress, announce_if_slow, current_warnings, run_warnings
 from fedcore.runtime import auto_threads, threads_sleep
 from fedcore.setup import checkpoint
-from fedcore.setup.plan import EngineInputs, check_engine, engine_error, planned_nodes
+from fedcore.setup.engine_checks import EngineInputs, check_engine, engine_error
+from fedcore.setup.plan import planned_nodes
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.simulation.drivers import Engine, build_engine
 from fedcore.simulation.observer import RunObserver
