@@ -209,3 +209,19 @@ def test_no_import_circles() -> None:
     assert not circles, "import circles among fedcore modules: " + "; ".join(
         " <-> ".join(c) for c in circles
     )
+
+
+LONG_MODULE = 600
+"""Lines past which a module is long: a sign that it holds two jobs."""
+
+
+def test_at_most_three_long_modules() -> None:
+    """A newcomer reads a module whole: at most three (the vectorized engine and its batched
+    adapter today) run past 600 lines; generated protobuf code does not count."""
+    long = sorted(
+        (len(p.read_text(encoding="utf-8").splitlines()), str(p.relative_to(PKG)))
+        for p in PKG.rglob("*.py")
+        if "proto" not in p.relative_to(PKG).parts
+    )
+    over = [(lines, name) for lines, name in long if lines > LONG_MODULE]
+    assert len(over) <= 3, f"modules over {LONG_MODULE} lines: {over}; split one along a seam"
