@@ -152,6 +152,10 @@ _TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 plain run imports no torch before its config is checked)."""
 
 
+RANKS_PER_CORE = 4
+"""``--ranks R`` starts at most this many local processes per usable core."""
+
+
 def _torchrun_environment() -> bool:
     return any(os.environ.get(name) for name in _TORCHRUN)
 
@@ -174,6 +178,17 @@ def _ranked(args: argparse.Namespace) -> int:
         )
     if args.ranks is not None and args.ranks < 1:
         raise ConfigError(f"--ranks must be at least 1, got {args.ranks}.")
+    if args.ranks is not None and not _torchrun_environment():
+        from fedcore.runtime import usable_cores
+
+        most = RANKS_PER_CORE * usable_cores()
+        if args.ranks > most:
+            raise ConfigError(
+                f"--ranks {args.ranks} would start {args.ranks} processes on this machine's "
+                f"{usable_cores()} cores; at most {most} ({RANKS_PER_CORE} a core: each rank "
+                "loads torch and the data, and more only wait on each other). Across "
+                "machines, start them with torchrun."
+            )
     from fedcore.config import load_config
 
     overrides = _overrides(args)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +57,8 @@ class Ranks:
         rank: This process's rank, ``0 .. world - 1``; rank 0 writes the results.
         world: Number of ranks.
         local_rank: The rank on its own machine (``LOCAL_RANK``; GPUs only).
+        local_world: The ranks on this machine (``LOCAL_WORLD_SIZE``, else ``world``): they
+            share its cores.
         address, port: The rendezvous (rank 0's ``MASTER_ADDR`` and ``MASTER_PORT``).
         environment: Read from the environment (:func:`from_environment`): the group is
             joined through it (``env://``), so that torchrun's own store serves it where
@@ -67,6 +71,12 @@ class Ranks:
     address: str = "127.0.0.1"
     port: int = 0
     environment: bool = False
+    local_world: int = 0
+
+    @property
+    def on_this_machine(self) -> int:
+        """The ranks that share this machine's cores."""
+        return self.local_world or self.world
 
     @property
     def label(self) -> str:
@@ -92,16 +102,35 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Ranks | None:
             "sharded run needs all four (as torchrun sets them); unset them for a "
             "one-process run."
         )
-    try:
-        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-        port, local = int(env["MASTER_PORT"]), int(env.get("LOCAL_RANK") or 0)
-    except ValueError as exc:
-        raise ConfigError(
-            f"RANK, WORLD_SIZE, MASTER_PORT and LOCAL_RANK must be whole numbers: {exc}."
-        ) from None
-    if world < 1 or not 0 <= rank < world:
+    numbers = {}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        text = env.get(name) or ""
+        if name.startswith("LOCAL") and not text:
+            numbers[name] = 0
+            continue
+        if not text.strip().isdigit() or len(text.strip()) > 9:
+            raise ConfigError(
+                f"{name} = {text[:40]!r} is not a whole number (0 or more) as torchrun sets it."
+            )
+        numbers[name] = int(text)
+    rank, world = numbers["RANK"], numbers["WORLD_SIZE"]
+    if world < 1 or not rank < world:
         raise ConfigError(f"RANK = {rank} is not a rank of WORLD_SIZE = {world}.")
-    return Ranks(rank, world, local, env["MASTER_ADDR"], port, environment=environ is None)
+    port = numbers["MASTER_PORT"]
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"MASTER_PORT = {port} is not a TCP port (1 to 65535).")
+    local, local_world = numbers["LOCAL_RANK"], numbers["LOCAL_WORLD_SIZE"]
+    if local_world > world or (local_world and local >= local_world):
+        raise ConfigError(
+            f"LOCAL_RANK = {local} and LOCAL_WORLD_SIZE = {local_world} do not fit "
+            f"WORLD_SIZE = {world}."
+        )
+    address = env["MASTER_ADDR"].strip()
+    if not address or any(c.isspace() for c in address) or len(address) > 253:
+        raise ConfigError(f"MASTER_ADDR = {env['MASTER_ADDR'][:40]!r} is not a host name.")
+    return Ranks(
+        rank, world, local, address, port, environment=environ is None, local_world=local_world
+    )
 
 
 def blocks(n: int, world: int) -> list[tuple[int, int]]:
@@ -136,6 +165,13 @@ def join(ranks: Ranks, timeout_s: float) -> None:
     meet = max(timeout_s, MEET_S)
     collective = datetime.timedelta(seconds=timeout_s)
     try:
+        socket.getaddrinfo(ranks.address, ranks.port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(
+            f"MASTER_ADDR = {ranks.address!r} does not resolve to an address: {_first(exc)}."
+        ) from None
+
+    def meet_them() -> None:
         if ranks.environment and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             dist.init_process_group(
                 "gloo",
@@ -156,11 +192,33 @@ def join(ranks: Ranks, timeout_s: float) -> None:
         dist.init_process_group(
             "gloo", store=store, rank=ranks.rank, world_size=ranks.world, timeout=collective
         )
-    except (RuntimeError, ValueError) as exc:
+
+    try:
+        _interruptible(meet_them)
+    except (RuntimeError, ValueError, TypeError, OSError) as exc:
         raise PeerUnavailableError(
             f"could not meet the other ranks at {ranks.address}:{ranks.port} within "
             f"{meet:g} s: {_first(exc)}"
         ) from exc
+
+
+def _interruptible(wait: Callable[[], None]) -> None:
+    """Run ``wait`` (a call into torch that blocks in C++ and would hold off Ctrl-C and
+    SIGTERM until it returns) in a thread, so that this one stays free to take them."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            wait()
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="fedcore-meet", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if failure:
+        raise failure[0]
 
 
 def leave() -> None:

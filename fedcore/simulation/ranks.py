@@ -182,6 +182,12 @@ def _simulate_rank(
     why = setup_refusal(setup)
     if why is not None:
         raise ConfigError(f"a sharded run cannot run this config: {why}.")
+    peers = len(setup.graph.nodes)
+    if ranks.world > peers:
+        raise ConfigError(
+            f"{ranks.world} ranks for {peers} peers: every rank holds a block of peers, so "
+            f"run at most {peers} ranks."
+        )
     seed_torch(config)
     join(ranks, config.transport.strict_timeout_s)
     try:
@@ -216,7 +222,7 @@ def rank_threads(setup: RunSetup, ranks: Ranks, threads: int | str | None) -> in
     ``LOCAL_WORLD_SIZE`` as torchrun sets it, else all of them)."""
     if threads != "auto":
         return threads
-    local = int(os.environ.get("LOCAL_WORLD_SIZE") or ranks.world)
+    local = ranks.on_this_machine
     rows = -(-len(setup.graph.nodes) // ranks.world)
     size = rows * setup.start.numel() * setup.start.element_size()
     count = auto_threads(size, max(1, usable_cores() // max(1, local)))

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedcore.cli import main
 from fedcore.config import Config, load_config
@@ -239,6 +243,106 @@ def test_torchrun_environment_is_read() -> None:
         from_environment({k: v for k, v in env.items() if k != "MASTER_PORT"})
     with pytest.raises(ConfigError, match="not a rank"):
         from_environment({**env, "RANK": "2"})
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"RANK": "abc"}, "RANK = 'abc' is not a whole number"),
+        ({"RANK": "-1"}, "RANK = '-1' is not a whole number"),
+        ({"WORLD_SIZE": "-1"}, "WORLD_SIZE = '-1' is not a whole number"),
+        ({"WORLD_SIZE": "0", "RANK": "0"}, "not a rank of WORLD_SIZE = 0"),
+        ({"RANK": "5"}, "RANK = 5 is not a rank of WORLD_SIZE = 2"),
+        ({"WORLD_SIZE": "9" * 40}, "is not a whole number"),
+        ({"MASTER_PORT": "99999"}, "MASTER_PORT = 99999 is not a TCP port"),
+        ({"MASTER_PORT": "0"}, "MASTER_PORT = 0 is not a TCP port"),
+        ({"LOCAL_WORLD_SIZE": "x"}, "LOCAL_WORLD_SIZE = 'x' is not a whole number"),
+        ({"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "do not fit"),
+        ({"LOCAL_WORLD_SIZE": "3"}, "do not fit"),
+        ({"MASTER_ADDR": "a b"}, "is not a host name"),
+    ],
+)
+def test_a_bad_torchrun_environment_is_refused_in_one_line(
+    changes: dict[str, str], says: str
+) -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    with pytest.raises(ConfigError) as caught:
+        from_environment({**env, **changes})
+    text = str(caught.value)
+    assert says in text and "\n" not in text
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"]
+        ),
+        st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12),
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_any_environment_gives_ranks_or_one_line(env: dict[str, str]) -> None:
+    """Whatever torchrun's variables hold: a :class:`Ranks` that is a rank of its world on
+    a TCP port, ``None``, or a one-line :class:`ConfigError`."""
+    try:
+        ranks = from_environment(env)
+    except ConfigError as exc:
+        assert "\n" not in str(exc)
+        return
+    if ranks is not None:
+        assert 0 <= ranks.rank < ranks.world and 1 <= ranks.port <= 65535
+        assert 1 <= ranks.on_this_machine <= ranks.world
+
+
+def test_a_master_address_that_does_not_resolve_is_refused_at_once() -> None:
+    began = time.monotonic()
+    with pytest.raises(
+        ConfigError, match=r"MASTER_ADDR = 'no\.such\.host\.invalid' does not resolve"
+    ):
+        join(Ranks(0, 1, 0, "no.such.host.invalid", free_port()), 120)
+    assert time.monotonic() - began < 30
+
+
+def test_too_many_ranks_are_refused_before_any_starts(
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # More local processes than four a core: refused by the launcher, no process started.
+    assert main(["simulate", "--ranks", "99999999", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "at most" in err[0] and "torchrun" in err[0], err
+    # More ranks than peers: every rank refuses before it joins the others.
+    config = load_config(None, ["algorithm.name=ops", "topology.kind=ring", "topology.nodes=2"])
+    outcomes = run_ranks(config, 3, folder / "more-ranks-than-peers")
+    assert set(outcomes) == {0, 1, 2}
+    for what in outcomes.values():
+        assert "3 ranks for 2 peers" in what, what
+
+
+def test_a_rank_waiting_for_the_others_stops_on_sigterm(folder: Path) -> None:
+    """A rank that waits to meet the others (for up to a minute) still stops at once when
+    it is told to: the wait runs beside the thread that takes the signal."""
+    env = {
+        **os.environ,
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    argv = [sys.executable, "-m", "fedcore", "simulate", "--quiet", "--out", str(folder / "w")]
+    process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(6)  # past the set-up, into the wait
+        assert process.poll() is None
+        began = time.monotonic()
+        process.terminate()
+        _, err = process.communicate(timeout=30)
+        assert time.monotonic() - began < 10
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode != 0
+    assert "Traceback" not in err and "interrupted" in err
 
 
 def test_a_rank_that_dies_stops_the_others_in_bounded_time(folder: Path) -> None:
