@@ -1,6 +1,9 @@
-"""The decode cache of LEAF's JSON: the decoded arrays of a dataset's ``train/`` and
-``test/``, kept in :data:`LEAF_CACHE` beside them and read back about 20x faster than the JSON
-is decoded.
+"""Two caches of arrays that are slow to make: the decode cache of LEAF's JSON (the decoded
+arrays of a dataset's ``train/`` and ``test/``, kept in :data:`LEAF_CACHE` beside them and read
+back about 20x faster than the JSON is decoded), and the cache of the built-in datasets that
+are made, not read (:func:`generated`: digits' split needs scikit-learn, whose import takes
+about a second of every peer's start; MNIST-1D takes 5 s to generate), kept in the user's
+cache folder (:func:`user_cache`).
 
 A cached file is as hostile as the JSON: it is read only where it is a regular file in a
 cache folder of the dataset's own (no link), and only when the dataset's check accepts every
@@ -30,7 +33,7 @@ from fedcore.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LEAF_CACHE"]
+__all__ = ["CACHE_ENV", "LEAF_CACHE", "generated", "user_cache"]
 
 LEAF_CACHE = ".fedcore-decoded"
 """The folder, beside LEAF's ``train/`` and ``test/``, that keeps their decoded arrays."""
@@ -126,40 +129,48 @@ def _read_cache(
         return None
     problem = problem_of(arrays)
     if problem is not None:
-        logger.info("not using %s (%s); decoding the JSON again", _at(path), problem)
+        logger.info("not using %s (%s); making its arrays again", _at(path), problem)
         return None
     return arrays
 
 
-def _ours(path: Path) -> bool:
-    """Whether ``path`` is a decoded file fedcore wrote: a regular file (not a link) that
-    is a zip of exactly the arrays of :data:`_CACHE_KEYS`."""
+def _ours(path: Path, keys: frozenset[str] = _CACHE_KEYS) -> bool:
+    """Whether ``path`` is a file fedcore wrote: a regular file (not a link) that is a zip
+    of exactly the arrays ``keys`` (default: a decoded LEAF file's, :data:`_CACHE_KEYS`)."""
     if not _regular(path):
         return False
     try:
         with zipfile.ZipFile(path) as z:
-            return {n.removesuffix(".npy") for n in z.namelist()} == _CACHE_KEYS
+            return {n.removesuffix(".npy") for n in z.namelist()} == keys
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
 
 
-def _write_cache(path: Path, name: str, arrays: dict[str, np.ndarray]) -> None:
-    """Write ``arrays`` to ``path`` whole or not at all (a temporary file renamed), and
-    remove the decoded files of earlier versions of the JSON: only files :func:`_ours`
-    recognizes (nor is another file at ``path`` replaced), in a cache folder that is no
-    link. A folder that cannot be written only costs the next run the decoding."""
+def _write_cache(
+    path: Path,
+    name: str,
+    arrays: dict[str, np.ndarray],
+    *,
+    keys: frozenset[str] = _CACHE_KEYS,
+    replace_earlier: bool = True,
+) -> None:
+    """Write ``arrays`` to ``path`` whole or not at all (a temporary file renamed), and,
+    where ``replace_earlier``, remove the decoded files of earlier versions of the JSON:
+    only files :func:`_ours` recognizes (nor is another file at ``path`` replaced), in a
+    cache folder that is no link. A folder that cannot be written only costs the next run
+    the decoding."""
     cache = path.parent
     temp: str | None = None
     try:
-        cache.mkdir(exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
         if not stat.S_ISDIR(os.lstat(cache).st_mode):
             return  # made a link meanwhile
-        if os.path.lexists(path) and not _ours(path):  # a link, a folder, another's file
+        if os.path.lexists(path) and not _ours(path, keys):  # a link, a folder, another's
             logger.info("not replacing %s, which fedcore did not write", _at(path))
             return
         earlier = re.compile(rf"{re.escape(name)}-[0-9a-f]{{20}}\.npz")
-        for old in cache.iterdir():
-            if old != path and earlier.fullmatch(old.name) and _ours(old):
+        for old in cache.iterdir() if replace_earlier else ():
+            if old != path and earlier.fullmatch(old.name) and _ours(old, keys):
                 old.unlink()
         with tempfile.NamedTemporaryFile(
             dir=cache, prefix=f".{name}-", suffix=".tmp", delete=False
@@ -174,3 +185,98 @@ def _write_cache(path: Path, name: str, arrays: dict[str, np.ndarray]) -> None:
         if temp is not None:  # written by this call: never anyone else's file
             with suppress(OSError):
                 os.unlink(temp)
+
+
+CACHE_ENV = "FEDCORE_CACHE_DIR"
+"""The environment variable that names the folder of :func:`generated`'s files; set and
+empty, it turns that cache off."""
+
+_GENERATED_FORMAT = 1
+"""Bump when what a built-in dataset's maker returns changes (its key changes with it)."""
+
+_GENERATED_KEYS = frozenset({"x_train", "y_train", "x_test", "y_test"})
+
+
+def user_cache() -> Path | None:
+    """The folder of :func:`generated`'s files: ``$FEDCORE_CACHE_DIR`` (empty: no cache),
+    else ``$XDG_CACHE_HOME/fedcore``, else ``~/.cache/fedcore``; None where it is a link
+    or not a folder, or no home is known."""
+    given = os.environ.get(CACHE_ENV)
+    if given is not None:
+        if not given.strip():
+            return None
+        folder = Path(given)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or ""
+        try:
+            folder = (Path(base) if base.strip() else Path.home() / ".cache") / "fedcore"
+        except RuntimeError:  # no home directory
+            return None
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return folder  # made when first written
+    except OSError:
+        return None
+    return folder if stat.S_ISDIR(info.st_mode) else None
+
+
+def _generated_problem(
+    arrays: dict[str, np.ndarray], *, features: int, train: int | None, classes: int
+) -> str | None:
+    """What is wrong with a cached built-in dataset's arrays, or None (the dataset is then
+    made again)."""
+    if set(arrays) != _GENERATED_KEYS:
+        return "not the arrays of a built-in dataset"
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != features or not x.shape[0]:
+            return f"x_{split} is not a float32 table of {features} features"
+        if y.dtype != np.int64 or y.shape != (x.shape[0],):
+            return f"y_{split} is not one int64 label per example"
+        if y.size and (int(y.min()) < 0 or int(y.max()) >= classes):
+            return f"y_{split} holds a label outside [0, {classes})"
+        if not np.isfinite(x).all():
+            return f"x_{split} holds a value that is not finite"
+    if train is not None and arrays["x_train"].shape[0] != train:
+        return f"not {train} training examples"
+    return None
+
+
+def generated(
+    name: str,
+    key: list[object],
+    make: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    *,
+    features: int,
+    classes: int,
+    train: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``make()``'s ``(x_train, y_train, x_test, y_test)`` (float32 tables of ``features``
+    columns, int64 labels below ``classes``), kept in :func:`user_cache` under ``name`` and
+    a digest of ``key`` (everything the arrays depend on: the dataset's arguments and the
+    version of the package that makes them). A file is read back only where it is a
+    regular file holding exactly such arrays (``train`` of them, where given); anything
+    else is made again, and a folder that cannot be written costs only the making."""
+    folder = user_cache()
+    text = json.dumps([_GENERATED_FORMAT, name, key], sort_keys=True, default=str)
+    path = (
+        None
+        if folder is None
+        else folder / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:20]}.npz"
+    )
+    if path is not None:
+
+        def problem_of(arrays: dict[str, np.ndarray]) -> str | None:
+            return _generated_problem(arrays, features=features, train=train, classes=classes)
+
+        arrays = _read_cache(path, problem_of)
+        if arrays is not None:
+            return arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"]
+    made = make()
+    if path is not None:
+        names = ("x_train", "y_train", "x_test", "y_test")
+        arrays = dict(zip(names, made, strict=True))
+        if _generated_problem(arrays, features=features, train=train, classes=classes) is None:
+            _write_cache(path, name, arrays, keys=_GENERATED_KEYS, replace_earlier=False)
+    return made
