@@ -21,11 +21,14 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import signal
 import sys
 
 __all__ = [
     "BYTES_PER_THREAD",
+    "PARENT_ENV",
     "auto_threads",
+    "end_with_parent",
     "keep_freed_memory",
     "physical_memory",
     "threads_sleep",
@@ -109,3 +112,35 @@ def auto_threads(pass_bytes: int, cores: int | None = None) -> int:
     :func:`usable_cores`)."""
     limit = usable_cores() if cores is None else max(1, cores)
     return max(1, min(limit, pass_bytes // BYTES_PER_THREAD))
+
+
+PARENT_ENV = "FEDCORE_PARENT_PID"
+"""Set by a fedcore launcher (``fedcore launch``, ``simulate --ranks``) in the environment of
+each process it starts: the launcher's pid (:func:`end_with_parent`)."""
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def end_with_parent() -> bool:
+    """A process a fedcore launcher started (:data:`PARENT_ENV`) ends with it: the kernel
+    sends it SIGTERM when the launcher dies, however it dies (``kill -9`` included), so no
+    peer is left running on its own. Where the launcher is gone already, SIGTERM now.
+
+    Returns:
+        Whether the watch is set (False outside a launcher, off Linux, without glibc).
+    """
+    text = os.environ.get(PARENT_ENV, "")
+    if not text.isdigit() or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return False
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    if prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != int(text):  # the launcher died before the watch was set
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True

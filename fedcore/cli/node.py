@@ -101,7 +101,9 @@ def _node_listen(listen: str | None, ids: list[str]) -> dict[str, str] | None:
 def run(args: argparse.Namespace) -> int:
     from fedcore.config import load_config
     from fedcore.progress import write_stage
+    from fedcore.runtime import end_with_parent
 
+    end_with_parent()  # a launcher's peer: not left running when it dies
     ids = _node_ids(args.node_id)
     listen = _node_listen(args.listen, ids)
     outs = _node_outs(args.out, ids)

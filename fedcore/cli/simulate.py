@@ -209,6 +209,9 @@ def _ranked(args: argparse.Namespace) -> int:
             f"--ranks {args.ranks} but the environment says WORLD_SIZE = {ranks.world}; "
             "drop --ranks under torchrun."
         )
+    from fedcore.runtime import end_with_parent
+
+    end_with_parent()  # a rank of `--ranks R`: not left running when its launcher dies
     start_run(args.threads)
     from fedcore.simulation.ranks import simulate_rank
 

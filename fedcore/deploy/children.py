@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO
 
 from fedcore.progress import STATUS_FILE, read_stage
+from fedcore.runtime import PARENT_ENV
 
 _UP = ("running", "done")
 """Stages of a peer that is up: connected, in its rounds or through them."""
@@ -53,6 +54,7 @@ class _Children:
         self._logs[index] = log
         self.log_paths[index] = log_path
         self.members[index] = list(peers)
+        env = {**env, PARENT_ENV: str(os.getpid())}  # the peers end with this process
         self.procs[index] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def poll_progress(self, skip: Collection[str] = ()) -> int:

@@ -41,7 +41,7 @@ from fedcore.engines.vectorized import Flusher
 from fedcore.errors import ConfigError, FedcoreError
 from fedcore.metrics import JsonlWriter
 from fedcore.progress import Progress, run_warnings
-from fedcore.runtime import auto_threads, usable_cores
+from fedcore.runtime import PARENT_ENV, auto_threads, usable_cores
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.simulation.drivers import Save
 from fedcore.simulation.observer import RunObserver
@@ -289,6 +289,7 @@ def launch_local(
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port),
             )
+            env[PARENT_ENV] = str(os.getpid())  # the ranks end with this process
             process = subprocess.Popen(
                 [sys.executable, "-m", "fedcore", *argv],
                 env=env,

@@ -7,6 +7,7 @@ parameters, records and figures of the run that was never stopped.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -369,6 +370,47 @@ def test_a_launch_whose_peer_dies_says_failed(tmp_path: Path) -> None:
     summary = _summary(out)
     assert summary["status"] == "failed" and "n1" in summary["error"]
     assert 20 <= summary["rounds_completed"] < 100000
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead; it waits for its parent (here: init) to reap it.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+@pytest.mark.grpc
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's"
+)
+def test_peers_end_when_their_launcher_is_killed(tmp_path: Path) -> None:
+    """``kill -9`` of ``fedcore launch`` (no chance to stop its children): its peers end
+    too, within seconds, instead of running on with no one to collect them."""
+    out = tmp_path / "run"
+    pids: list[int] = []
+
+    def ready() -> bool:
+        if min(_lines(out / "nodes" / p / "metrics.jsonl") for p in ("n0", "n1", "n2")) < 5:
+            return False
+        pids[:] = [int((out / "nodes" / p / "node.pid").read_text()) for p in ("n0", "n1", "n2")]
+        return True
+
+    err = _stop_when(
+        ["launch", "-q", "--out", str(out), *RING3, "--peers-per-process", "2"],
+        ready,
+        lambda pid: os.kill(pid, signal.SIGKILL),
+    )
+    try:
+        assert err.startswith("exit -9"), err
+        assert len(set(pids)) == 2  # two processes: n0 and n1 share one
+        _wait_for(lambda: not any(_alive(p) for p in pids), 30)
+    finally:  # where they did not end: not left running after the test
+        for pid in set(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 LAUNCH = ["--set", "topology.kind=ring", "--set", "topology.nodes=3"]
