@@ -8,16 +8,20 @@ method here is deterministic, a function of the edge arrays and the rank count a
 * ``"graph"``: recursive bisection grown by breadth-first search: the rank range is split
   in two halves, the peers of the part are ordered by a breadth-first search of the
   part's own (undirected) subgraph from a pseudo-peripheral peer (the last one a search
-  from the part's first peer reaches; each connected component in turn, isolated peers
-  last), and the first peers of that order, as many as the left ranks' blocks hold, go
-  left. A ball grown from the edge of the graph keeps its neighbours with it, so few
-  edges cross. The sizes are exactly those of ``"blocks"`` (they differ by at most one
-  peer, every rank holds at least one where there are as many peers as ranks), and where
-  the contiguous blocks cut fewer edges (a graph already laid out well, such as a torus
-  in row order) they are kept: ``"graph"`` never cuts more edges than ``"blocks"``.
-  Scipy's compiled search: about a second per million edges per level of the bisection.
+  from the part's first peer reaches), component by component (the large ones searched,
+  the small ones kept whole), and the first peers of that order, as many as the left
+  ranks' blocks hold, go left. A ball grown from the edge of the graph keeps its
+  neighbours with it, so few edges cross. The sizes are exactly those of ``"blocks"``
+  (they differ by at most one peer; every rank holds at least one where there are at
+  least as many peers as ranks), and where the contiguous blocks cut fewer edges (a graph
+  already laid out well, such as a torus in row order) they are kept: ``"graph"`` never
+  cuts more edges than ``"blocks"``. Scipy's compiled search: about 2.5 s for a million
+  peers of degree 4 on 8 ranks (measured on the project machine).
 * ``"metis"``: METIS's k-way partition (``pymetis``, the optional extra
-  ``fedcore[partition]``), seed 0; its sizes differ by METIS's tolerance (a few per cent).
+  ``fedcore[partition]``), seed 0; its sizes differ by METIS's tolerance (a few per cent),
+  and a partition that leaves a rank without peers is refused. It cuts fewer edges than
+  ``"graph"`` on expanders (a random 4-regular graph of a million peers on 2 ranks: 16 %
+  of the edges against 29 %, in 3.3 s).
 * ``"auto"``: ``"graph"`` up to :data:`AUTO_GRAPH_EDGES` edges, ``"blocks"`` above.
 """
 
@@ -118,6 +122,48 @@ def _search_order(adjacency: Any) -> _Array:
     return np.concatenate(pieces).astype(np.int64)
 
 
+REFINE_PASSES = 8
+"""Passes of swaps that refine each bisection of ``"graph"`` (each a few sparse passes
+over the part's edges)."""
+
+
+def _refine(adjacency: Any, side: _Array) -> _Array:
+    """``side`` (``True``: the left half) with pairs of peers swapped across while that cuts
+    fewer edges: each pass takes the peers that have more neighbours across than on their
+    own side, as many from each side (the largest gains first, ties by index), and keeps
+    the swap if the cut shrinks (else tries half as many). Sizes do not change."""
+    rows = np.repeat(np.arange(adjacency.shape[0]), np.diff(adjacency.indptr))
+    cols = adjacency.indices
+    weight = adjacency.data.astype(np.int64)
+    degree = np.bincount(rows, weights=weight, minlength=adjacency.shape[0]).astype(np.int64)
+
+    def cut(side: _Array) -> int:
+        return int(weight[side[rows] != side[cols]].sum())
+
+    now = cut(side)
+    for _ in range(REFINE_PASSES):
+        on_left = np.asarray(adjacency @ side.astype(np.int64)).ravel()
+        across = np.where(side, degree - on_left, on_left)
+        gain = across - (degree - across)
+        movers = []
+        for mask in (side, ~side):
+            candidates = np.flatnonzero(mask & (gain > 0))
+            movers.append(candidates[np.argsort(-gain[candidates], kind="stable")])
+        k = min(movers[0].size, movers[1].size)
+        while k:
+            trial = side.copy()
+            trial[movers[0][:k]] = False
+            trial[movers[1][:k]] = True
+            after = cut(trial)
+            if after < now:
+                side, now = trial, after
+                break
+            k //= 2
+        if not k:
+            break
+    return side
+
+
 def _graph(n: int, src: _Array, dst: _Array, world: int) -> Placement:
     sizes = [hi - lo for lo, hi in blocks(n, world)]
     owner = np.empty(n, dtype=np.int64)
@@ -130,9 +176,13 @@ def _graph(n: int, src: _Array, dst: _Array, world: int) -> Placement:
             continue
         mid = (first + last) // 2
         left = sum(sizes[first:mid])
-        order = _search_order(adjacency[part][:, part])
-        todo.append((np.sort(part[order[:left]]), first, mid))
-        todo.append((np.sort(part[order[left:]]), mid, last))
+        sub = adjacency[part][:, part]
+        order = _search_order(sub)
+        side = np.zeros(part.size, dtype=np.bool_)
+        side[order[:left]] = True
+        side = _refine(sub, side)
+        todo.append((part[side], first, mid))
+        todo.append((part[~side], mid, last))
     grown = _from_owner("graph", owner, world)
     kept = _blocks(n, world)
     if _cut(src, dst, kept.owner) < _cut(src, dst, grown.owner):
@@ -145,13 +195,13 @@ def _metis(n: int, src: _Array, dst: _Array, world: int) -> Placement:
 
     adjacency = _undirected(n, src, dst)
     adjacency.sum_duplicates()
+    starts, adjacent = adjacency.indptr.astype(np.int64), adjacency.indices.astype(np.int64)
     options = pymetis.Options(seed=0)
-    _, membership = pymetis.part_graph(
-        world,
-        xadj=adjacency.indptr.astype(np.int64),
-        adjncy=adjacency.indices.astype(np.int64),
-        options=options,
-    )
+    if hasattr(pymetis, "CSRAdjacency"):  # 2025.2 on; the lists are deprecated there
+        graph = pymetis.CSRAdjacency(starts, adjacent)
+        _, membership = pymetis.part_graph(world, graph, options=options)
+    else:
+        _, membership = pymetis.part_graph(world, xadj=starts, adjncy=adjacent, options=options)
     owner = np.asarray(membership, dtype=np.int64)
     empty = np.flatnonzero(np.bincount(owner, minlength=world) == 0)
     if empty.size:

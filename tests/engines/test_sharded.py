@@ -568,3 +568,18 @@ def test_every_rank_holds_a_peer_at_the_extremes(method: str) -> None:
         placed = place(method, n, src, dst, n)
         assert sorted(r.tolist() for r in placed.rows) == [[i] for i in range(n)]
         assert cut_fraction(src, dst, placed.owner) == (1.0 if src.size else 0.0)
+
+
+def test_metis_places_every_peer_the_same_way_each_time() -> None:
+    """Where the partition extra is installed: METIS's placement of a shuffled ring (an
+    arc a rank), the same when computed again, no rank empty."""
+    pytest.importorskip("pymetis")
+    n = 12
+    ring = np.random.default_rng(5).permutation(n)
+    src = np.concatenate([ring, np.roll(ring, -1)])
+    dst = np.concatenate([np.roll(ring, -1), ring])
+    placed = place("metis", n, src, dst, 3)
+    again = place("metis", n, src, dst, 3)
+    assert placed.method == "metis" and all(r.size for r in placed.rows)
+    assert all(np.array_equal(a, b) for a, b in zip(placed.rows, again.rows, strict=True))
+    assert cut_fraction(src, dst, placed.owner) == 6 / 24
