@@ -10,18 +10,21 @@ method here is deterministic, a function of the edge arrays and the rank count a
   part's own (undirected) subgraph from a pseudo-peripheral peer (the last one a search
   from the part's first peer reaches), component by component (the large ones searched,
   the small ones kept whole), and the first peers of that order, as many as the left
-  ranks' blocks hold, go left. A ball grown from the edge of the graph keeps its
-  neighbours with it, so few edges cross. The sizes are exactly those of ``"blocks"``
-  (they differ by at most one peer; every rank holds at least one where there are at
-  least as many peers as ranks), and where the contiguous blocks cut fewer edges (a graph
-  already laid out well, such as a torus in row order) they are kept: ``"graph"`` never
-  cuts more edges than ``"blocks"``. Scipy's compiled search: about 2.5 s for a million
-  peers of degree 4 on 8 ranks (measured on the project machine).
+  ranks' blocks hold, go left; then passes of swaps refine the halves (pairs of peers
+  with more neighbours across than at home change sides while that cuts fewer edges). A
+  ball grown from the edge of the graph keeps its neighbours with it, so few edges cross.
+  The sizes are exactly those of ``"blocks"`` (they differ by at most one peer; every rank
+  holds at least one where there are at least as many peers as ranks), and where the
+  contiguous blocks cut fewer edges (a graph already laid out well, such as a torus in
+  row order) they are kept: ``"graph"`` never cuts more edges than ``"blocks"``. Scipy's
+  compiled search and sparse products: ``random-regular`` of a million peers of degree
+  4 (seed 0) took 2.0 CPU seconds on 2 ranks (22 % of its edges cut, against 50 % for
+  blocks) and 3.9 on 8 ranks (42 %, against 87 %), on the project machine.
 * ``"metis"``: METIS's k-way partition (``pymetis``, the optional extra
   ``fedcore[partition]``), seed 0; its sizes differ by METIS's tolerance (a few per cent),
   and a partition that leaves a rank without peers is refused. It cuts fewer edges than
-  ``"graph"`` on expanders (a random 4-regular graph of a million peers on 2 ranks: 16 %
-  of the edges against 29 %, in 3.3 s).
+  ``"graph"`` on expanders (the same million peers on 2 ranks: 16 % of the edges, in
+  3.2 CPU seconds; on 8 ranks 33 %, in 6.8).
 * ``"auto"``: ``"graph"`` up to :data:`AUTO_GRAPH_EDGES` edges, ``"blocks"`` above.
 """
 
@@ -47,8 +50,8 @@ __all__ = [
 
 AUTO_GRAPH_EDGES = 10_000_000
 """Up to this many (directed, non-self) edges ``simulate.partition = "auto"`` runs the
-``"graph"`` partition (a few seconds of every rank's set-up there, measured by
-``benchmarks/sharded.py``); above, contiguous blocks."""
+``"graph"`` partition (up to about 10 s of every rank's set-up there: 2 to 4 CPU seconds
+for 4 million edges, measured as the module docstring says); above, contiguous blocks."""
 
 METIS_MISSING = (
     "simulate.partition = 'metis' needs pymetis, which is not installed: pip install "
