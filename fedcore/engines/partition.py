@@ -219,7 +219,16 @@ def _metis(n: int, src: _Array, dst: _Array, world: int) -> Placement:
 
 def place(method: str, n: int, src: _Array, dst: _Array, world: int) -> Placement:
     """The :class:`Placement` of ``n`` peers with the edges ``src -> dst`` (global rows)
-    on ``world`` ranks (``1 <= world <= n``) by ``method`` (see the module docstring)."""
+    on ``world`` ranks (``1 <= world <= n``) by ``method`` (see the module docstring).
+
+    Raises:
+        ValueError: ``world`` is not from 1 to ``n``, or ``method`` is not one of
+            :data:`~fedcore.config.constants.RANK_PARTITIONS`.
+    """
+    if not 1 <= world <= n:
+        raise ValueError(f"{world} ranks for {n} peers: every rank holds at least one peer")
+    if method not in ("auto", "blocks", "graph", "metis"):
+        raise ValueError(f"unknown partition {method!r}")
     if method == "auto":
         method = "graph" if src.size <= AUTO_GRAPH_EDGES else "blocks"
     if world == 1:  # one rank holds every peer, whatever the method

@@ -568,6 +568,10 @@ def test_every_rank_holds_a_peer_at_the_extremes(method: str) -> None:
         placed = place(method, n, src, dst, n)
         assert sorted(r.tolist() for r in placed.rows) == [[i] for i in range(n)]
         assert cut_fraction(src, dst, placed.owner) == (1.0 if src.size else 0.0)
+    with pytest.raises(ValueError, match="8 ranks for 7 peers"):
+        place(method, n, none, none, n + 1)
+    with pytest.raises(ValueError, match="0 ranks"):
+        place(method, n, none, none, 0)
 
 
 def test_metis_places_every_peer_the_same_way_each_time() -> None:
