@@ -268,8 +268,8 @@ class ShardedNetwork:
         self.shards = self.placement.rows
         """Per rank, its sorted global rows (:mod:`fedcore.engines.partition`)."""
         rows = self.shards[ranks.rank]
-        self.index = torch.from_numpy(rows)
-        """This rank's global rows: local row ``i`` is node ``nodes[index[i]]``."""
+        self.mine = torch.from_numpy(rows)
+        """This rank's global rows: local row ``i`` is node ``nodes[mine[i]]``."""
         self.b = int(rows.size)
         self.local_nodes = tuple(self.nodes[i] for i in rows.tolist())
         self.start = setup.start.to(self.device)
@@ -283,9 +283,9 @@ class ShardedNetwork:
         self.halo = plan_halo(src, dst, self.shards, ranks.rank)
         # Global row -> row of the extended stack (own rows, then the halo's).
         where = torch.full((self.n,), -1, dtype=torch.long)
-        where[self.index] = torch.arange(self.b)
+        where[self.mine] = torch.arange(self.b)
         where[self.halo.recv_rows] = self.b + torch.arange(self.halo.recv_rows.numel())
-        mine = self.index
+        mine = self.mine
         self.nbr = where[graph.nbr[mine]]  # [B, K]: padding points at the row itself
         assert bool((self.nbr >= 0).all()), "an in-neighbour outside the halo"
         self.slot_weight = graph.slots(graph.weight)[mine]  # [B, K] float64, padding 0
@@ -357,7 +357,7 @@ class ShardedNetwork:
             nodes=self.nodes,
             samples=self.samples,
             codec=self.codec.name,
-            index=self.index,
+            index=self.mine,
         )
 
     def _inbox(self, send: Send, t: int) -> list[Slot]:
