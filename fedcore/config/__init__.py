@@ -22,7 +22,7 @@ A config file has eleven tables; every key is optional and defaults to the built
     [time]       seed, step_s, compute, sigma, alpha, slow_fraction, slow_factor, speeds,
                  compute_trace, latency_s, bandwidth_mb_s, edge_latency_s,
                  edge_bandwidth_mb_s, on_s, off_s, availability_trace
-    [simulate]   engine, device, node_records  (how ``fedcore simulate`` runs; not part
+    [simulate]   engine, device, node_records, partition  (how ``fedcore simulate`` runs; not part
                  of the experiment: left out of the run fingerprint)
 
 ``--set KEY=VALUE`` overrides any key by dotted path; VALUE is read as a TOML value
@@ -88,6 +88,7 @@ from fedcore.config.constants import (
     OPTIMIZER_NAMES,
     ORDERS,
     PARTITIONS,
+    RANK_PARTITIONS,
     REMOVED_KEYS,
     SEED_LIMIT,
     STREAMS,
@@ -143,6 +144,7 @@ __all__ = [
     "ORDERS",
     "PARTITIONS",
     "PATH_KEYS",
+    "RANK_PARTITIONS",
     "REMOVED_KEYS",
     "SEED_LIMIT",
     "STREAMS",

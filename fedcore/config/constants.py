@@ -36,6 +36,7 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "ORDERS",
     "PARTITIONS",
+    "RANK_PARTITIONS",
     "REMOVED_KEYS",
     "SEED_LIMIT",
     "STREAMS",
@@ -88,6 +89,10 @@ ENGINES = ("auto", "vectorized", "messages")
 
 NODE_RECORDS = ("auto", "all", "eval", "none")
 """Values of ``simulate.node_records``."""
+
+RANK_PARTITIONS = ("auto", "blocks", "graph", "metis")
+"""Values of ``simulate.partition``: how a sharded run places peers on its ranks
+(:mod:`fedcore.engines.partition`)."""
 
 DATA_ENV = "FEDCORE_DATA"
 """The environment variable that sets the default ``data.root``."""

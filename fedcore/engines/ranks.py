@@ -9,9 +9,10 @@ environment ``fedcore simulate --ranks R`` gives the R local processes it starts
 bounded time; a collective that fails raises
 :class:`~fedcore.errors.PeerUnavailableError`, one line that says so.
 
-Blocks: rank ``r`` of ``R`` holds the peers ``blocks(n, R)[r]``, contiguous in graph order,
-the first ``n % R`` blocks one peer larger (a graph partitioner can replace this later;
-everything downstream reads only the row lists).
+Which peers a rank holds is a sorted list of global rows per rank
+(:mod:`fedcore.engines.partition`): contiguous :func:`blocks` of graph order, the first
+``n % R`` one peer larger, or a partition of the graph of the same sizes; the gathers here
+read only those lists.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.distributed as dist
 
@@ -267,24 +270,29 @@ def exchange(
 
 
 def gather_rows(
-    ranks: Ranks, local: torch.Tensor, spans: Sequence[tuple[int, int]]
+    ranks: Ranks, local: torch.Tensor, shards: Sequence[npt.NDArray[np.int64]]
 ) -> torch.Tensor | None:
-    """Every rank's rows ``local`` (rank ``r``'s are rows ``spans[r]``) put together on
-    rank 0 (``None`` on the others), padded to the largest block for gloo's ``gather``.
+    """Every rank's rows ``local`` (rank ``r``'s are the global rows ``shards[r]``, in that
+    order) put together on rank 0 in global order (``None`` on the others), padded to the
+    largest share for gloo's ``gather``.
 
     Raises:
         PeerUnavailableError: the gather failed.
     """
     if ranks.world == 1:
         return local
-    widest = max(hi - lo for lo, hi in spans)
+    widest = max(int(rows.size) for rows in shards)
     padded = local.new_zeros((widest, *local.shape[1:]))
     padded[: local.shape[0]] = local
-    parts = [torch.empty_like(padded) for _ in spans] if ranks.rank == 0 else None
+    parts = [torch.empty_like(padded) for _ in shards] if ranks.rank == 0 else None
     try:
         dist.gather(padded, parts, dst=0)
     except (RuntimeError, ValueError) as exc:
         raise lost(ranks, "a gather to rank 0", exc) from exc
     if parts is None:
         return None
-    return torch.cat([p[: hi - lo] for p, (lo, hi) in zip(parts, spans, strict=True)])
+    n = sum(int(rows.size) for rows in shards)
+    out = local.new_empty((n, *local.shape[1:]))
+    for part, rows in zip(parts, shards, strict=True):
+        out[torch.from_numpy(rows)] = part[: rows.size]
+    return out

@@ -1,23 +1,27 @@
-"""The vectorized engine sharded over torch.distributed ranks: each rank holds a block of
+"""The vectorized engine sharded over torch.distributed ranks: each rank holds a share of
 the peers' stacked rows and exchanges only the rows its neighbours need.
 
 Design (the first slice; :func:`refusal` says what it does not run yet):
 
-* **Rows.** Rank ``r`` of ``R`` holds the peers ``blocks(n, R)[r]``
-  (:func:`fedcore.engines.ranks.blocks`): a contiguous block of graph order. Its state is
-  the rule's state of those rows only (``B = hi - lo``), built and stepped by the same
-  :class:`~fedcore.algorithms.rule.Rule` the one-process engine runs with ``B = N``. A
-  graph partitioner can replace the blocks later: everything below reads only "which global
-  rows are mine", never that they are contiguous, but for the row order of the gathers.
+* **Rows.** Rank ``r`` of ``R`` holds a sorted list of global rows, ``shards[r]``, placed
+  by ``simulate.partition`` (:func:`fedcore.engines.partition.place`): contiguous blocks
+  of graph order, or a balanced partition of the graph that cuts few edges (grown by
+  breadth-first search, or METIS), each rank computing the same one from the same graph.
+  Its state is the rule's state of those rows only (``B = len(shards[r])``), in global
+  order, built and stepped by the same :class:`~fedcore.algorithms.rule.Rule` the
+  one-process engine runs with ``B = N``; the rows' ids, data (``own``), sample counts
+  and :attr:`~fedcore.algorithms.rule.Rows.index` are those global rows'. Nothing below
+  reads that a rank's rows are contiguous: the gathers put each rank's rows back at their
+  global places on rank 0.
 * **Halo.** Every rank reads the whole graph (the same file, the same seed) and derives the
   same plan (:class:`Halo`): for each destination rank, the sorted unique rows of this
-  block that have an out-edge into that rank's block. Each phase, the rows a rule sends
+  rank that have an out-edge into that rank's rows. Each phase, the rows a rule sends
   (its :class:`~fedcore.algorithms.rule.Send`: tensors and scalars, every dtype packed as
   bytes into one ``uint8`` row) go out in one ``all_to_all_single`` with those split sizes:
   each boundary row once per destination rank, never once per edge. What comes back,
   appended below the rank's own rows, is the *extended stack*: the receiver's in-neighbour
   table (:class:`~fedcore.engines.stacked_graph.StackedGraph`'s ``nbr``, its rows of this
-  block) is re-indexed into it.
+  rank) is re-indexed into it.
 * **Per-edge state** (robust push-sum's totals, RPS's blocks; not run yet) would travel the
   same way: a rule of pattern ``"edges"`` sends one row per out-edge, so the halo plan
   becomes one of cut edges (each cut edge's row once, to its receiver's rank), and a
@@ -28,18 +32,20 @@ Design (the first slice; :func:`refusal` says what it does not run yet):
   slot by slot (``gossip``, push-sum's ``mix``) with the same elementwise operations on
   the same operands: a sender's row arrives bit for bit (raw bytes, a lossless codec), and
   push-sum's share ``x_j * W_ji`` is formed from the same two values. Each row's result is
-  thus a function of its own inputs in a fixed order, whatever block holds it; the
+  thus a function of its own inputs in a fixed order, whatever rank holds it; the
   gradients are batch-invariant per row (:mod:`fedcore.gradients`). So R = 1, 2, 4 give the
   one-process engine's parameters, bit for bit (``tests/engines/test_sharded.py``).
 * **Figures.** Traffic of a static graph with no faults is the same every round: rank 0
   counts it once from the graph (as the one-process engine does). Each round the ranks'
   losses are gathered on rank 0, and the models on evaluation rounds and at the end; rank 0
-  writes the run's files (:mod:`fedcore.simulation.ranks`).
+  writes the run's files (:mod:`fedcore.simulation.ranks`), and its summary says how the
+  peers were placed: the ``partition`` that ran, the ``cut_fraction`` of edges whose ends
+  are on different ranks, and the ``halo_bytes_per_round`` that crossed ranks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -49,7 +55,14 @@ import torch
 from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
 from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
-from fedcore.engines.ranks import Ranks, blocks, exchange, gather_rows
+from fedcore.engines.partition import (
+    METIS_MISSING,
+    cut_fraction,
+    halo_rows,
+    metis_available,
+    place,
+)
+from fedcore.engines.ranks import Ranks, exchange, gather_rows
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.engines.vectorized import RoundFigures, _Counter, stacked_batches
 from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
@@ -115,6 +128,8 @@ def config_refusal(config: Config) -> str | None:
         return "run.local_steps > 1 is not sharded yet"
     if config.data.stream:
         return "an online data stream (data.stream) is not sharded yet"
+    if config.simulate.partition == "metis" and not metis_available():
+        return METIS_MISSING
     return None
 
 
@@ -164,20 +179,26 @@ class Halo:
 
 
 def plan_halo(
-    src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any], spans: list[tuple[int, int]], rank: int
+    src: np.ndarray[Any, Any],
+    dst: np.ndarray[Any, Any],
+    parts: Sequence[np.ndarray[Any, Any]],
+    rank: int,
 ) -> Halo:
     """The :class:`Halo` of ``rank`` for the edges ``src -> dst`` (global rows) when rank
-    ``r`` holds the rows ``spans[r]``; every rank computes every other's the same way."""
-    bounds = np.asarray([hi for _, hi in spans], dtype=np.int64)
-    owner_src = np.searchsorted(bounds, src, side="right")
-    owner_dst = np.searchsorted(bounds, dst, side="right")
+    ``r`` holds the sorted global rows ``parts[r]``; every rank computes every other's the
+    same way."""
+    n = sum(int(p.size) for p in parts)
+    owner = np.empty(n, dtype=np.int64)
+    for r, rows in enumerate(parts):
+        owner[rows] = r
+    owner_src, owner_dst = owner[src], owner[dst]
     cut = owner_src != owner_dst
-    lo = spans[rank][0]
+    mine = parts[rank]
     send: list[np.ndarray[Any, Any]] = []
     recv: list[np.ndarray[Any, Any]] = []
-    for q in range(len(spans)):
+    for q in range(len(parts)):
         out = cut & (owner_src == rank) & (owner_dst == q)
-        send.append(np.unique(src[out]) - lo)
+        send.append(np.searchsorted(mine, np.unique(src[out])))  # local rows
         into = cut & (owner_src == q) & (owner_dst == rank)
         recv.append(np.unique(src[into]))
     return Halo(
@@ -241,11 +262,16 @@ class ShardedNetwork:
         self.device = torch.device("cpu")
         self.nodes = setup.graph.nodes
         self.n = len(self.nodes)
-        self.spans = blocks(self.n, ranks.world)
-        self.lo, self.hi = self.spans[ranks.rank]
-        self.b = self.hi - self.lo
-        self.local_nodes = self.nodes[self.lo : self.hi]
         graph = stack_graph(setup.graph.at(0), device=self.device)
+        src, dst = graph.src.numpy(), graph.dst.numpy()
+        self.placement = place(setup.config.simulate.partition, self.n, src, dst, ranks.world)
+        self.shards = self.placement.rows
+        """Per rank, its sorted global rows (:mod:`fedcore.engines.partition`)."""
+        rows = self.shards[ranks.rank]
+        self.mine = torch.from_numpy(rows)
+        """This rank's global rows: local row ``i`` is node ``nodes[mine[i]]``."""
+        self.b = int(rows.size)
+        self.local_nodes = tuple(self.nodes[i] for i in rows.tolist())
         self.start = setup.start.to(self.device)
         self.d = int(self.start.numel())
         self.dtype = self.start.dtype
@@ -254,33 +280,47 @@ class ShardedNetwork:
             setup.algorithm, codec=self.codec.name, itemsize=self.start.element_size()
         )
         self.rule = self.form.rule
-        src, dst = graph.src.numpy(), graph.dst.numpy()
-        self.halo = plan_halo(src, dst, self.spans, ranks.rank)
+        self.halo = plan_halo(src, dst, self.shards, ranks.rank)
         # Global row -> row of the extended stack (own rows, then the halo's).
         where = torch.full((self.n,), -1, dtype=torch.long)
-        where[self.lo : self.hi] = torch.arange(self.b)
+        where[self.mine] = torch.arange(self.b)
         where[self.halo.recv_rows] = self.b + torch.arange(self.halo.recv_rows.numel())
-        mine = slice(self.lo, self.hi)
+        mine = self.mine
         self.nbr = where[graph.nbr[mine]]  # [B, K]: padding points at the row itself
         assert bool((self.nbr >= 0).all()), "an in-neighbour outside the halo"
         self.slot_weight = graph.slots(graph.weight)[mine]  # [B, K] float64, padding 0
         self.arrived = graph.slots(torch.ones_like(graph.src, dtype=torch.bool))[mine]
         self.self_weight = graph.self_weight[mine]
         self.in_degree = torch.bincount(graph.dst, minlength=self.n)[mine]
-        held = [len(p) for p in setup.parts]
-        self.samples = torch.tensor(held[mine], dtype=torch.float64)
+        held = np.asarray([len(p) for p in setup.parts], dtype=np.float64)
+        self.samples = torch.from_numpy(held[rows])
         self.state = self.rule.init(self.start.unsqueeze(0).repeat(self.b, 1))
         self.objective = StackedObjective(setup.objective, self.device, setup.evaluator)
         self.batches = stacked_batches(setup, self.device)  # every node's, read for ours
         self.own = np.zeros(self.n, dtype=np.bool_)
-        self.own[mine] = True
+        self.own[rows] = True
         self.round = 0
+        self.widths: list[int] = []
+        """Bytes of one packed row in each phase of the last round (the halo's rows)."""
         self.full = _Counter(self.n, self.device)  # the traffic of a round, on rank 0
+        self.cut_fraction = 0.0
+        """Rank 0: the share of the graph's edges whose ends are on different ranks."""
+        self.halo_rows = 0
+        """Rank 0: rows that cross ranks in one exchange, all ranks together."""
         if ranks.rank == 0:
             for p in range(self.rule.phases):
                 self.full.traffic(self.form.messages(p, graph, self._size, self.d), None)
+            owner = self.placement.owner
+            self.cut_fraction = cut_fraction(src, dst, owner)
+            self.halo_rows = halo_rows(src, dst, owner, ranks.world)
         self.last = self.start.unsqueeze(0).repeat(self.n, 1) if ranks.rank == 0 else None
         """Rank 0: the models of the last gather (what a failed run's summary holds)."""
+
+    @property
+    def halo_bytes_per_round(self) -> int:
+        """Rank 0: bytes that crossed ranks in the last round: each boundary row once per
+        destination rank, times the packed row's bytes, summed over the phases."""
+        return self.halo_rows * sum(self.widths)
 
     def _size(self, n: int) -> int:
         return self.codec.nbytes(n, self.dtype)
@@ -295,7 +335,7 @@ class ShardedNetwork:
     def model(self) -> torch.Tensor | None:
         """Every node's model, gathered on rank 0 (``[N, d]``); ``None`` on the others.
         A collective: every rank calls it at the same point of the run."""
-        full = gather_rows(self.ranks, self.rule.model(self.state), self.spans)
+        full = gather_rows(self.ranks, self.rule.model(self.state), self.shards)
         if full is not None:
             self.last = full
         return full
@@ -317,7 +357,7 @@ class ShardedNetwork:
             nodes=self.nodes,
             samples=self.samples,
             codec=self.codec.name,
-            index=torch.arange(self.lo, self.hi),
+            index=self.mine,
         )
 
     def _inbox(self, send: Send, t: int) -> list[Slot]:
@@ -331,6 +371,7 @@ class ShardedNetwork:
                 raise_bad(bad, _NOT_FINITE, self.local_nodes, t, ProtocolError)
         halo = self.halo
         packed, layout = _pack(send, halo.send_rows)
+        self.widths.append(int(packed.shape[1]))
         got = exchange(self.ranks, packed, halo.send_counts, halo.recv_counts)
         far_tensors, far_scalars = _unpack(got, layout)
         tensors = {k: torch.cat([v, far_tensors[k]]) for k, v in send.tensors.items()}
@@ -355,6 +396,7 @@ class ShardedNetwork:
         """Run round ``self.round`` for this block; rank 0 returns the round's figures
         (the others ``None``). A collective: every rank runs every round."""
         t = self.round
+        self.widths = []
         lr = self.setup.options.lr_at(t)
         params = self.rule.model(self.state)
         _, x, y, mask = self.batches.next(self.own)
@@ -365,7 +407,7 @@ class ShardedNetwork:
             inbox = [] if send is None or self.rule.pattern == "none" else self._inbox(send, t)
             state, send = self.rule.mix(state, phase, inbox, rows)
         self.state = state
-        loss = gather_rows(self.ranks, losses.to(torch.float64), self.spans)
+        loss = gather_rows(self.ranks, losses.to(torch.float64), self.shards)
         self.round = t + 1
         if loss is None:
             return None

@@ -114,6 +114,9 @@ class _Sharded:
             "device": str(net.device),
             "gradients": net.objective.mode,
             "ranks": net.ranks.world,
+            "partition": net.placement.method,
+            "cut_fraction": net.cut_fraction,
+            "halo_bytes_per_round": net.halo_bytes_per_round,
         }
 
 

@@ -25,12 +25,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedcore import topology
 from fedcore.cli import main
 from fedcore.config import Config, load_config
+from fedcore.engines.partition import (
+    METIS_MISSING,
+    cut_fraction,
+    halo_rows,
+    metis_available,
+    place,
+)
 from fedcore.engines.ranks import Ranks, blocks, from_environment, join
 from fedcore.engines.sharded import SHARDED_ALGORITHMS, config_refusal, plan_halo, setup_refusal
+from fedcore.engines.stacked_graph import stack_graph
 from fedcore.errors import ConfigError
-from fedcore.setup.prepare import prepare_run
+from fedcore.setup.prepare import RunSetup, prepare_run
 from fedcore.simulation.ranks import LOST, _cause, _Child, free_port, simulate_rank
 from fedcore.simulation.simulate import simulate
 from tests.engines.test_vectorized import GRAPHS, odd_graph
@@ -109,6 +118,12 @@ def run_ranks(
     return outcomes
 
 
+def _edges(setup: RunSetup) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The non-self edges of ``setup``'s graph as global rows (what every rank reads)."""
+    graph = stack_graph(setup.graph.at(0), device=torch.device("cpu"))
+    return graph.src.numpy(), graph.dst.numpy()
+
+
 def _records(out: Path) -> list[dict[str, Any]]:
     lines = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines]
@@ -148,32 +163,78 @@ def test_ranks_equal_one_process(algorithm: str, folder: Path) -> None:
         assert run_ranks(config, world, out) == dict.fromkeys(range(world), "ok")
         got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
         assert got["ranks"] == world
+        assert got["partition"] in ("graph", "blocks")  # auto; "blocks" where they cut fewer
         for key in SAME:
             assert got.get(key) == expected.get(key), (world, key)
         assert _records(out) == _records(one), world
 
 
-def test_the_halo_sends_each_boundary_row_once_per_rank() -> None:
+@pytest.mark.parametrize("algorithm", ["ops", "dpsgd"])
+def test_ranks_on_blocks_or_a_graph_partition_equal_one_process(
+    algorithm: str, folder: Path
+) -> None:
+    """The same bits whichever peers a rank holds: contiguous blocks, and the graph
+    partition, whose ranks hold rows that are not contiguous here (two and three ranks)."""
+    extra = [s for s in GRAPHS[algorithm] if "topology" not in s]
+    config = _config(algorithm, folder, *extra)
+    setup = prepare_run(config)
+    src, dst = _edges(setup)
+    n = len(setup.graph.nodes)
+    one = folder / f"{algorithm}-placed-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    for method, world in (("blocks", 2), ("blocks", 3), ("graph", 2)):
+        placed = place(method, n, src, dst, world)
+        assert placed.method == method
+        if method == "graph":
+            assert any(np.any(np.diff(rows) != 1) for rows in placed.rows)  # not contiguous
+        out = folder / f"{algorithm}-{method}-{world}"
+        placed_config = _config(algorithm, folder, *extra, f"simulate.partition={method}")
+        assert run_ranks(placed_config, world, out) == dict.fromkeys(range(world), "ok")
+        got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        assert got["partition"] == method
+        assert got["cut_fraction"] == cut_fraction(src, dst, placed.owner)
+        for key in SAME:
+            assert got.get(key) == expected.get(key), (method, world, key)
+        assert _records(out) == _records(one), (method, world)
+
+
+@pytest.mark.parametrize("method", ["blocks", "graph", "interleaved"])
+def test_the_halo_sends_each_boundary_row_once_per_rank(method: str) -> None:
     rng = np.random.default_rng(0)
     n = 11
     pairs = {(int(u), int(v)) for u, v in rng.integers(0, n, (40, 2)) if u != v}
     src = np.array([u for u, _ in sorted(pairs)], dtype=np.int64)
     dst = np.array([v for _, v in sorted(pairs)], dtype=np.int64)
-    spans = blocks(n, 3)
-    assert spans == [(0, 4), (4, 8), (8, 11)]
-    halos = [plan_halo(src, dst, spans, r) for r in range(3)]
-    for r, (lo, hi) in enumerate(spans):
+    if method == "interleaved":  # any sorted rows per rank, not the partitioner's
+        shards = [np.arange(r, n, 3, dtype=np.int64) for r in range(3)]
+    else:
+        shards = place(method, n, src, dst, 3).rows
+    if method == "blocks":
+        assert (
+            [(int(r[0]), int(r[-1]) + 1) for r in shards]
+            == blocks(n, 3)
+            == [
+                (0, 4),
+                (4, 8),
+                (8, 11),
+            ]
+        )
+    owner = {int(u): r for r, rows in enumerate(shards) for u in rows}
+    halos = [plan_halo(src, dst, shards, r) for r in range(3)]
+    crossing = 0
+    for r, rows in enumerate(shards):
         at = 0
         for q, count in enumerate(halos[r].send_counts):
-            sent = halos[r].send_rows[at : at + count] + lo
+            sent = rows[halos[r].send_rows[at : at + count].numpy()]  # local -> global
             at += count
             # What r sends q is what q expects from r, each row once, sorted.
             start = sum(halos[q].recv_counts[:r])
             assert sent.tolist() == halos[q].recv_rows[start : start + count].tolist()
-            needed = sorted(
-                {u for u, v in pairs if lo <= u < hi and q != r and spans[q][0] <= v < spans[q][1]}
-            )
+            needed = sorted({u for u, v in pairs if owner[u] == r and owner[v] == q != r})
             assert sent.tolist() == needed
+            crossing += count
+    assert crossing == halo_rows(src, dst, np.array([owner[i] for i in range(n)]), 3)
 
 
 @pytest.mark.parametrize(
@@ -404,3 +465,125 @@ def test_a_failed_rank_is_named_in_one_line(capfd: pytest.CaptureFixture[str]) -
     assert len(err) == 1, err
     assert err[0].startswith("fedcore: error: rank ") and "of 2: a sharded run" in err[0]
     assert "schedule" in err[0]
+
+
+def _shuffled_ring(folder: Path, n: int = 12) -> Path:
+    """A ring of ``n`` peers whose ids, sorted (graph order), are in no order of the ring:
+    contiguous blocks of graph order cut it almost everywhere."""
+    ids = [f"p{int(i):02d}" for i in np.random.default_rng(5).permutation(n)]
+    edges = [(ids[i], ids[(i + 1) % n]) for i in range(n)]
+    graph = topology.TrustGraph.from_edges(
+        edges + [(v, u) for u, v in edges], name="shuffled-ring", nodes=sorted(ids)
+    )
+    path = folder / "shuffled-ring.json"
+    topology.save(graph, path)
+    return path
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 12])
+def test_a_graph_partition_of_a_shuffled_ring_cuts_one_edge_pair_a_rank(
+    world: int, folder: Path
+) -> None:
+    """On a ring of 12 the graph partition gives each rank an arc: R of its 12 links cut,
+    2R of its 24 directed edges, at most what contiguous blocks cut; sizes those of the
+    blocks (differing by at most one), the same placement every time it is computed."""
+    path = _shuffled_ring(folder)
+    setup = prepare_run(load_config(None, [f"topology.file={path}", "algorithm.name=dpsgd"]))
+    src, dst = _edges(setup)
+    assert src.size == 24
+    graph = place("graph", 12, src, dst, world)
+    kept = place("blocks", 12, src, dst, world)
+    assert graph.method == "graph" and kept.method == "blocks"
+    assert cut_fraction(src, dst, graph.owner) == 2 * world / 24
+    assert cut_fraction(src, dst, graph.owner) <= cut_fraction(src, dst, kept.owner)
+    assert [r.size for r in graph.rows] == [hi - lo for lo, hi in blocks(12, world)]
+    again = place("graph", 12, src, dst, world)
+    assert all(np.array_equal(a, b) for a, b in zip(graph.rows, again.rows, strict=True))
+    assert sorted(np.concatenate(graph.rows).tolist()) == list(range(12))
+
+
+def test_the_summary_says_how_the_peers_were_placed(folder: Path) -> None:
+    """Rank 0's summary: the partition that ran, the share of edges cut and the bytes that
+    crossed ranks a round, counted here edge by edge: every row with a neighbour on another
+    rank, once per such rank, times a D-PSGD row (the model, float32)."""
+    path = _shuffled_ring(folder)
+    config = load_config(None, [f"topology.file={path}", "algorithm.name=dpsgd", "run.rounds=2"])
+    setup = prepare_run(config)
+    src, dst = _edges(setup)
+    out = folder / "placed-ring"
+    assert run_ranks(config, 3, out) == dict.fromkeys(range(3), "ok")
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    owner = place("graph", 12, src, dst, 3).owner
+    pairs = {(int(u), int(owner[v])) for u, v in zip(src, dst, strict=True) if owner[u] != owner[v]}
+    assert len(pairs) == 6  # each arc's two ends, each to the one rank beside it
+    row = setup.start.numel() * 4
+    assert got["partition"] == "graph"
+    assert got["cut_fraction"] == 6 / 24
+    assert got["halo_bytes_per_round"] == len(pairs) * row
+    one = folder / "placed-ring-one"
+    alone = simulate(config, out_dir=one, show_progress=False, threads=1)
+    assert got["params_sha256"] == alone["params_sha256"]
+    blocked = folder / "placed-ring-blocks"
+    config = load_config(
+        None,
+        [
+            f"topology.file={path}",
+            "algorithm.name=dpsgd",
+            "run.rounds=2",
+            "simulate.partition=blocks",
+        ],
+    )
+    assert run_ranks(config, 3, blocked) == dict.fromkeys(range(3), "ok")
+    more = json.loads((blocked / "summary.json").read_text(encoding="utf-8"))
+    assert more["partition"] == "blocks" and more["cut_fraction"] > got["cut_fraction"]
+    assert more["halo_bytes_per_round"] > got["halo_bytes_per_round"]
+    assert more["params_sha256"] == alone["params_sha256"]
+
+
+@pytest.mark.skipif(metis_available(), reason="pymetis is installed here")
+def test_metis_without_pymetis_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    config = load_config(None, ["simulate.partition=metis"])
+    assert config_refusal(config) == METIS_MISSING
+    assert main(["simulate", "--ranks", "2", "--quiet", "--set", "simulate.partition=metis"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'fedcore[partition]'" in err[0], err
+
+
+@pytest.mark.parametrize("value", ["", "Graph", "metis ", "kl", "1"])
+def test_a_partition_that_is_not_one_is_refused_in_one_line(value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, [f"simulate.partition={value!r}"])
+    assert "simulate.partition" in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("method", ["auto", "blocks", "graph"])
+def test_every_rank_holds_a_peer_at_the_extremes(method: str) -> None:
+    """One rank holds every peer; as many ranks as peers hold one each, whatever the
+    graph (here: none of its peers linked, and a complete one)."""
+    n = 7
+    none = np.zeros(0, dtype=np.int64)
+    u, v = np.nonzero(~np.eye(n, dtype=bool))
+    for src, dst in ((none, none), (u.astype(np.int64), v.astype(np.int64))):
+        assert [r.tolist() for r in place(method, n, src, dst, 1).rows] == [list(range(n))]
+        placed = place(method, n, src, dst, n)
+        assert sorted(r.tolist() for r in placed.rows) == [[i] for i in range(n)]
+        assert cut_fraction(src, dst, placed.owner) == (1.0 if src.size else 0.0)
+    with pytest.raises(ValueError, match="8 ranks for 7 peers"):
+        place(method, n, none, none, n + 1)
+    with pytest.raises(ValueError, match="0 ranks"):
+        place(method, n, none, none, 0)
+
+
+def test_metis_places_every_peer_the_same_way_each_time() -> None:
+    """Where the partition extra is installed: METIS's placement of a shuffled ring (an
+    arc a rank), the same when computed again, no rank empty."""
+    pytest.importorskip("pymetis")
+    n = 12
+    ring = np.random.default_rng(5).permutation(n)
+    src = np.concatenate([ring, np.roll(ring, -1)])
+    dst = np.concatenate([np.roll(ring, -1), ring])
+    placed = place("metis", n, src, dst, 3)
+    again = place("metis", n, src, dst, 3)
+    assert placed.method == "metis" and all(r.size for r in placed.rows)
+    assert all(np.array_equal(a, b) for a, b in zip(placed.rows, again.rows, strict=True))
+    assert cut_fraction(src, dst, placed.owner) == 6 / 24

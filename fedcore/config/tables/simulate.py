@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from fedcore.config.constants import DEVICES, ENGINES, NODE_RECORDS
+from fedcore.config.constants import DEVICES, ENGINES, NODE_RECORDS, RANK_PARTITIONS
 from fedcore.config.rules import Table, choice, require, rule
 from fedcore.registry import did_you_mean
 
@@ -38,6 +38,12 @@ class SimulateConfig(Table):
     round), ``"eval"`` (on evaluation rounds only), ``"none"``; ``"auto"`` is ``all`` up to
     ``AUTO_RECORDS_NODES`` nodes and ``eval`` above. Per-round network aggregates
     (``"kind": "round"``) are written whatever this says.
+    ``partition``: which peers each rank of a sharded run (``--ranks``) holds:
+    ``"blocks"`` (contiguous blocks of graph order), ``"graph"`` (a balanced partition
+    grown by breadth-first search that cuts few edges, block sizes those of ``blocks``),
+    ``"metis"`` (METIS, the ``fedcore[partition]`` extra); ``"auto"`` (the default) is
+    ``graph`` up to ``AUTO_GRAPH_EDGES`` edges and ``blocks`` above
+    (:mod:`fedcore.engines.partition`). One process ignores it.
     """
 
     TABLE: ClassVar[str] = "simulate"
@@ -45,6 +51,7 @@ class SimulateConfig(Table):
     engine: str = field(default="auto", metadata=choice(ENGINES))
     device: str = field(default="cpu", metadata=rule(_device))
     node_records: str = field(default="auto", metadata=choice(NODE_RECORDS))
+    partition: str = field(default="auto", metadata=choice(RANK_PARTITIONS))
 
     def check(self) -> None:
         """The messages engine runs on the CPU."""
