@@ -506,7 +506,36 @@ class TrustGraph:
         """Whether every node can reach every other node along directed edges."""
         if self._scc is not None:
             return len(self._scc) == 1
+        quick = self._reaches_all()
+        if quick is not None:
+            return quick
         return self._components()[0] == 1
+
+    def _reaches_all(self, levels: int = 64, most_edges: int = 200_000) -> bool | None:
+        """Whether the first node reaches every node and every node reaches it (strongly
+        connected), by breadth-first search in both directions; None where the graph has
+        more than ``most_edges`` edges or a search takes more than ``levels`` steps (then
+        scipy's components answer). Spares a peer of a small graph scipy's import (about
+        0.4 s of its start)."""
+        n = len(self._nodes)
+        if self._src.size > most_edges:
+            return None
+        for src, dst in ((self._src, self._dst), (self._dst, self._src)):
+            seen = np.zeros(n, dtype=np.bool_)
+            seen[0] = True
+            frontier = np.zeros(1, dtype=self._src.dtype)
+            for _ in range(levels):
+                reached = dst[np.isin(src, frontier)]
+                reached = reached[~seen[reached]]
+                if not reached.size:
+                    break
+                seen[reached] = True
+                frontier = np.unique(reached)
+            else:
+                return None
+            if not seen.all():
+                return False
+        return True
 
     def mixing_matrix(self) -> npt.NDArray[np.float64]:
         """The weights as a dense matrix with ``W[i, j] = weight(nodes[i], nodes[j])``.

@@ -7,6 +7,8 @@ import statistics
 
 import networkx as nx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedcore.errors import TopologyError
 from fedcore.topology import (
@@ -336,3 +338,31 @@ def test_star_is_the_server_and_its_workers_both_ways() -> None:
         build("star", nodes=3, server="n2")
     with pytest.raises(TopologyError, match="not a safe name"):
         build("star", nodes=3, server="a/b")
+
+
+@given(
+    st.integers(1, 12).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=40),
+        )
+    ),
+    st.integers(1, 64),
+)
+@settings(max_examples=300, deadline=None)
+def test_the_quick_reachability_check_agrees_with_the_components(
+    graph: tuple[int, list[tuple[int, int]]], levels: int
+) -> None:
+    """Strong connectivity by two breadth-first searches (no scipy import) says what
+    scipy's components say, or leaves the answer to them (a search past ``levels``)."""
+    from fedcore.topology.graph import TrustGraph
+
+    n, pairs = graph
+    nodes = [f"p{i}" for i in range(n)]
+    t = TrustGraph.from_edges(
+        sorted({(nodes[u], nodes[v]) for u, v in pairs}), name="g", nodes=nodes
+    )
+    quick = t._reaches_all(levels=levels)
+    if quick is not None:
+        assert quick == (t._components()[0] == 1)
+    assert t.is_strongly_connected() == (t._components()[0] == 1)
