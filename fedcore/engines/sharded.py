@@ -39,6 +39,7 @@ Design (the first slice; :func:`refusal` says what it does not run yet):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -50,8 +51,14 @@ from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
 from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
 from fedcore.engines.ranks import Ranks, blocks, exchange, gather_rows
+from fedcore.engines.shard_faults import ShardFaults, reduce_counts
 from fedcore.engines.stacked_graph import stack_graph
-from fedcore.engines.vectorized import RoundFigures, _Counter, stacked_batches
+from fedcore.engines.vectorized import (
+    RoundFigures,
+    _Counter,
+    node_records_mode,
+    stacked_batches,
+)
 from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
@@ -72,6 +79,14 @@ SHARDED_ALGORITHMS = ("central", "choco", "deepsqueeze", "dog", "dol", "dpsgd", 
 every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
 process by ``tests/engines/test_sharded.py``. The server family, RPS and robust push-sum
 (state per edge) wait for later slices; the asynchronous ones run on the event engine."""
+
+_PUSH_SUM = ("dol", "ops")
+"""The sharded algorithms whose peers push weighted shares (push-sum)."""
+
+_SHARES = (
+    "push-sum encodes one share per sender and distinct weight, which the halo does not "
+    "carry yet (use compression.codec = 'raw', or 'fp32' on a float32 model)"
+)
 
 _NOT_FINITE = (
     "the messages of node {node} in round {round} were rejected: a tensor holds "
@@ -100,13 +115,11 @@ def config_refusal(config: Config) -> str | None:
     if algorithm.options.get("robust"):
         return "robust push-sum keeps state per edge, which ranks do not exchange yet"
     codec, dtype = config.compression.codec, config.model.dtype
-    if not (codec == "raw" or (codec == "fp32" and dtype == "float32")):
-        return (
-            f"compression.codec = {codec!r} on a {dtype} model changes what is sent; ranks "
-            "send rows as they are (fp32 on float32 models, or raw) for now"
-        )
-    if config.faults.active:
-        return "a fault plan is not sharded yet (ranks run with no faults)"
+    lossless = codec == "raw" or (codec == "fp32" and dtype == "float32")
+    if algorithm.name in _PUSH_SUM and not lossless:
+        return f"{algorithm.name!r} with compression.codec = {codec!r}: {_SHARES}"
+    if config.faults.active and not config.faults.announce:
+        return "faults.announce = false loses messages silently, which needs deadline mode"
     if config.time.active or config.transport.mode != "strict":
         return "virtual time ([time], deadline mode) is not sharded yet"
     if config.run.checkpoint_every:
@@ -281,6 +294,19 @@ class ShardedNetwork:
                 self.full.traffic(self.form.messages(p, graph, self._size, self.d), None)
         self.last = self.start.unsqueeze(0).repeat(self.n, 1) if ranks.rank == 0 else None
         """Rank 0: the models of the last gather (what a failed run's summary holds)."""
+        # Faults and codecs: the global row of each local row (its codec's owner), the
+        # fault plan asked for this block's in-edges, and which rounds' records list faults.
+        self.mine = torch.arange(self.lo, self.hi)
+        self.local_of = torch.full((self.n,), -1, dtype=torch.long)
+        self.local_of[self.mine] = torch.arange(self.b)
+        self.faults: ShardFaults | None = None
+        if setup.faults is not None:
+            messages = [
+                self.form.messages(p, graph, self._size, self.d) for p in range(self.rule.phases)
+            ]
+            own = torch.from_numpy(self.own)
+            self.faults = ShardFaults(setup.faults, messages, own, graph.slot_edge[self.mine])
+        self.records = node_records_mode(setup.config, self.n)
 
     def _size(self, n: int) -> int:
         return self.codec.nbytes(n, self.dtype)
@@ -288,9 +314,14 @@ class ShardedNetwork:
     def check(self) -> None:
         """Nothing deferred: every check of a CPU rank is read at once."""
 
-    def fault_counts(self) -> tuple[dict[str, int], dict[str, int]]:
-        """No fault plan: nothing missing, nothing lost."""
-        return {}, {}
+    def fault_counts(self) -> tuple[dict[str, int], dict[str, int]] | None:
+        """``(missing per edge, lost per edge)`` of the run so far, keyed
+        ``"sender->receiver"``, as the summary's ``faults`` tables: on rank 0 (``None`` on
+        the others). With a fault plan a collective (every rank calls it once, at the
+        end); without one nothing is missing or lost."""
+        if self.faults is None:
+            return ({}, {}) if self.ranks.rank == 0 else None
+        return self.faults.tables(self.ranks, self.nodes)
 
     def model(self) -> torch.Tensor | None:
         """Every node's model, gathered on rank 0 (``[N, d]``); ``None`` on the others.
@@ -300,16 +331,32 @@ class ShardedNetwork:
             self.last = full
         return full
 
-    def _rows(self, t: int, lr: float) -> Rows:
+    def _rows(self, t: int, lr: float, up: torch.Tensor, compressed: set[int]) -> Rows:
+        """What the rule reads of round ``t`` for this block: ``up`` (``[B]`` bool) says
+        which rows run it; ``rows.compress`` encodes the up rows (their own codecs, owned
+        by their global rows) and notes the tensors it made in ``compressed``."""
         nodes = self.local_nodes
 
         def fail(bad: torch.Tensor, why: str) -> None:
-            raise_bad(bad, why, nodes, t, AlgorithmError)
+            raise_bad(bad & up, why, nodes, t, AlgorithmError)
+
+        def compress(
+            v: torch.Tensor,
+            where: torch.Tensor | None,
+            owners: torch.Tensor | None,
+            width: torch.Tensor | None,
+        ) -> torch.Tensor:
+            if owners is not None or width is not None:
+                raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
+            out = self._roundtrip(v, up if where is None else up & where, t)
+            compressed.add(id(out))
+            return out
 
         return Rows(
             round=t,
             lr=lr,
             self_weight=self.self_weight,
+            compress=compress,
             fail=fail,
             in_degree=self.in_degree,
             n=self.n,
@@ -317,23 +364,51 @@ class ShardedNetwork:
             nodes=self.nodes,
             samples=self.samples,
             codec=self.codec.name,
-            index=torch.arange(self.lo, self.hi),
+            index=self.mine,
         )
 
-    def _inbox(self, send: Send, t: int) -> list[Slot]:
+    def _roundtrip(self, values: torch.Tensor, sending: torch.Tensor, t: int) -> torch.Tensor:
+        """What receivers decode of this block's rows ``values``: the rows ``sending``
+        (``[B]`` bool) go through their senders' codecs (each row draws from its global
+        row's generator, as the one-process engine's rows do), the others come back as
+        they are (a crashed peer encodes nothing). A decoded row that is not finite stops
+        the run as a strict receiver does."""
+        if self.codec.lossless(values.dtype):
+            out = values
+        else:
+            rows = torch.nonzero(sending).squeeze(1)
+            out = values.clone()
+            if rows.numel():
+                out[rows] = self.codec.roundtrip(values[rows], self.mine[rows])
+        flat = out.reshape(out.shape[0], -1)
+        bad = ~torch.isfinite(flat.sum(dim=1)) & ~torch.isfinite(flat).all(dim=1) & sending
+        raise_bad(bad, _NOT_FINITE, self.local_nodes, t, ProtocolError)
+        return out
+
+    def _inbox(
+        self,
+        send: Send,
+        t: int,
+        up: torch.Tensor,
+        arrived: torch.Tensor,
+        compressed: set[int],
+    ) -> list[Slot]:
         """This block's slots of the phase whose messages are ``send``: its rows and the
-        halo's, exchanged once (see the module docstring)."""
+        halo's, decoded as receivers decode them and exchanged once (see the module
+        docstring); ``arrived`` (``[B, K]`` bool) says which slots' messages arrived."""
         if send.to is not None or send.shared:
             raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
-        for value in send.tensors.values():  # as a receiver checks what it decodes
-            bad = ~torch.isfinite(value.reshape(value.shape[0], -1).sum(dim=1))
-            if bool(bad.any()):
-                raise_bad(bad, _NOT_FINITE, self.local_nodes, t, ProtocolError)
+        if send.weighted and not self.codec.lossless(self.dtype):  # see config_refusal
+            raise AlgorithmError(f"{self.rule.name!r}: {_SHARES}.")
+        decoded = {
+            name: value if id(value) in compressed else self._roundtrip(value, up, t)
+            for name, value in send.tensors.items()
+        }
         halo = self.halo
-        packed, layout = _pack(send, halo.send_rows)
+        packed, layout = _pack(Send(decoded, send.scalars), halo.send_rows)
         got = exchange(self.ranks, packed, halo.send_counts, halo.recv_counts)
         far_tensors, far_scalars = _unpack(got, layout)
-        tensors = {k: torch.cat([v, far_tensors[k]]) for k, v in send.tensors.items()}
+        tensors = {k: torch.cat([v, far_tensors[k]]) for k, v in decoded.items()}
         scalars = {k: torch.cat([v, far_scalars[k]]) for k, v in send.scalars.items()}
         slots = []
         for k in range(self.nbr.shape[1]):
@@ -348,32 +423,86 @@ class ShardedNetwork:
             else:
                 got_t = SenderRows(tensors, at)
                 got_s = {name: value.index_select(0, at) for name, value in scalars.items()}
-            slots.append(Slot(got_t, got_s, w, self.arrived[:, k]))
+            slots.append(Slot(got_t, got_s, w, arrived[:, k]))
         return slots
+
+    def _gradients(
+        self, params: torch.Tensor, up: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This block's losses (float64, NaN for a crashed row) and gradients (0 for a
+        crashed row) of its next batches: a crashed row reads no batch."""
+        if bool(up.all()):
+            _, x, y, mask = self.batches.next(self.own)
+            losses, grad = self.objective.loss_and_grad(params, x, y, mask)
+            return losses.to(torch.float64), grad
+        reading = self.own.copy()
+        reading[self.mine[~up].numpy()] = False
+        rows, x, y, mask = self.batches.next(reading)
+        loss = torch.full((self.b,), math.nan, dtype=torch.float64)
+        grad = torch.zeros_like(params)
+        local = self.local_of[rows]
+        if local.numel():
+            losses, grads = self.objective.loss_and_grad(params[local], x, y, mask)
+            loss[local] = losses.to(torch.float64)
+            grad[local] = grads
+        return loss, grad
 
     def run_round(self) -> RoundFigures | None:
         """Run round ``self.round`` for this block; rank 0 returns the round's figures
         (the others ``None``). A collective: every rank runs every round."""
         t = self.round
         lr = self.setup.options.lr_at(t)
+        faults = self.faults
+        up_all = torch.ones(self.n, dtype=torch.bool) if faults is None else faults.up(t)
+        up = up_all[self.mine]
         params = self.rule.model(self.state)
-        _, x, y, mask = self.batches.next(self.own)
-        losses, grad = self.objective.loss_and_grad(params, x, y, mask)
-        rows = self._rows(t, lr)
+        loss, grad = self._gradients(params, up)
+        compressed: set[int] = set()
+        rows = self._rows(t, lr, up, compressed)
+        counter = _Counter(self.n, self.device)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):
-            inbox = [] if send is None or self.rule.pattern == "none" else self._inbox(send, t)
+            arrived = self.arrived
+            if faults is not None:
+                arrived = faults.arrived(t, phase, up_all, counter)
+            inbox: list[Slot] = []
+            if send is not None and self.rule.pattern != "none":
+                inbox = self._inbox(send, t, up, arrived, compressed)
             state, send = self.rule.mix(state, phase, inbox, rows)
-        self.state = state
-        loss = gather_rows(self.ranks, losses.to(torch.float64), self.spans)
+        self.state = _keep(up, state, self.state)
+        loss_all = gather_rows(self.ranks, loss, self.spans)
         self.round = t + 1
-        if loss is None:
-            return None
-        figures = _Counter(self.n, self.device)
-        figures.add(self.full)
-        up = torch.ones(self.n, dtype=torch.bool)
+        if faults is None:
+            if loss_all is None:
+                return None
+            counter.add(self.full)  # the same every round: counted once
+        else:
+            total = reduce_counts(self.ranks, counter)
+            if total is None or loss_all is None:
+                return None
+            counter = total
+            if self.records == "all" or (
+                self.records == "eval" and is_eval_round(self.setup.config, t)
+            ):
+                faults.lost_everywhere(t, up_all, counter)
         idle = torch.zeros(self.n, dtype=torch.bool)
-        return figures.done(t, up, loss, idle)
+        return counter.done(t, up_all, loss_all, idle)
+
+
+def _keep(up: torch.Tensor, new: Any, old: Any) -> Any:
+    """``new`` for the up rows, ``old`` for the crashed ones, field by field (a crashed
+    peer keeps its state), as the one-process engine keeps its crashed nodes'."""
+    if bool(up.all()):
+        return new
+    b = up.shape[0]
+    return type(new)(
+        *(
+            torch.where(up.reshape(-1, *([1] * (a.dim() - 1))), a, o)
+            if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == b
+            else a
+            for a, o in zip(new, old, strict=True)
+        )
+    )
 
 
 def is_eval_round(config: Config, t: int) -> bool:
