@@ -1,0 +1,182 @@
+"""Codecs and fault plans on a sharded run (``fedcore simulate --ranks R``) against one
+process: every sharded algorithm with ``fp32``, ``sign`` and ``topk`` (and the stochastic
+``qsgd`` and ``randk``, whose draws come from each sender's own generator), without faults
+and with drops, a partition and a crash, ends with the one-process run's parameters
+(``params_sha256``), traffic, byte and fault counts, evaluations and per-node records, on a
+random graph with odd ids. The world sizes 1, 2 and 3 take turns over the matrix (each
+case one of them, every size many times). What stays refused is refused in one line.
+
+The ranks are forked processes, as in ``tests/engines/test_sharded.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedcore.cli import main
+from fedcore.config import Config, load_config
+from fedcore.engines.sharded import SHARDED_ALGORITHMS, config_refusal
+from fedcore.errors import FedcoreError
+from fedcore.simulation.simulate import simulate
+from tests.engines.test_sharded import SAME, _config, _records, run_ranks
+from tests.engines.test_vectorized import GRAPHS, ODD_IDS
+
+CODECS = {
+    "fp32": [],
+    "sign": ["compression.codec=sign"],
+    "topk": ["compression.codec=topk", "compression.ratio=0.1"],
+    "qsgd": ["compression.codec=qsgd", "compression.bits=4"],
+    "randk": ["compression.codec=randk", "compression.ratio=0.2"],
+    "bf16": ["compression.codec=bf16"],
+}
+
+FAULTS = [
+    "faults.drop=0.2",
+    f"faults.crashes=[{{node={ODD_IDS[3]!r},at=1,back=3}}]",
+    f"faults.partitions=[{{nodes={list(ODD_IDS[:3])!r},start=4,end=5}}]",
+]
+"""Within the 6 rounds: drops every round, a peer down in rounds 1 and 2, a partition in
+round 4."""
+
+PUSH_SUM = ("dol", "ops")
+"""Push-sum's shares are encoded per (sender, weight): refused with a lossy codec."""
+
+CASES = [
+    (algorithm, codec, faults)
+    for algorithm in SHARDED_ALGORITHMS
+    for codec in ("fp32", "sign", "topk")
+    for faults in (False, True)
+    if not (algorithm in PUSH_SUM and codec != "fp32")
+    # CHOCO needs every message: a fault plan is refused by one process too.
+    and not (algorithm == "choco" and faults)
+] + [("dpsgd", "qsgd", True), ("deepsqueeze", "randk", True), ("dog", "bf16", False)]
+
+
+def _case(algorithm: str, codec: str, faults: bool, folder: Path, *extra: str) -> Config:
+    return _config(
+        algorithm,
+        folder,
+        *(s for s in GRAPHS[algorithm] if "topology" not in s),
+        *CODECS[codec],
+        *(FAULTS if faults else []),
+        *extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sharded-faults")
+
+
+@pytest.mark.parametrize(("algorithm", "codec", "faults"), CASES)
+def test_codecs_and_faults_on_ranks_equal_one_process(
+    algorithm: str, codec: str, faults: bool, folder: Path
+) -> None:
+    world = 1 + CASES.index((algorithm, codec, faults)) % 3
+    case = f"{algorithm}-{codec}-{'faults' if faults else 'none'}"
+    config = _case(algorithm, codec, faults, folder)
+    assert config_refusal(config) is None
+    one = folder / f"{case}-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    assert expected["engine"] == "vectorized"
+    out = folder / f"{case}-{world}"
+    assert run_ranks(config, world, out) == dict.fromkeys(range(world), "ok")
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert got["ranks"] == world
+    for key in SAME:
+        assert got.get(key) == expected.get(key), (world, key)
+    sends = algorithm != "local"
+    if faults:  # the plan lost messages, and a crashed peer sent none
+        assert got["faults"]["down_rounds"] == {ODD_IDS[3]: [[1, 2]]}
+    if faults and sends:
+        assert got["traffic"]["messages_dropped"] > 0
+        assert got["faults"]["lost_per_edge"] and got["faults"]["missing_per_edge"]
+    if codec != "fp32" and sends:
+        assert got["traffic"]["compression_ratio_vs_fp32"] > 1.5
+    assert _records(out) == _records(one), world
+
+
+def test_the_matrix_covers_every_world_size() -> None:
+    sizes = {1 + i % 3 for i, (_, _, faults) in enumerate(CASES) if faults}
+    assert sizes == {1, 2, 3}
+    assert {1 + i % 3 for i, (_, codec, _) in enumerate(CASES) if codec != "fp32"} == {1, 2, 3}
+
+
+@pytest.mark.parametrize("algorithm", PUSH_SUM)
+@pytest.mark.parametrize("codec", ["sign", "topk", "fp16"])
+def test_push_sum_with_a_lossy_codec_is_refused_in_one_line(
+    algorithm: str, codec: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = [f"algorithm.name={algorithm}", f"compression.codec={codec}"]
+    why = config_refusal(load_config(None, settings))
+    assert why is not None and "push-sum" in why and repr(codec) in why
+    argv = ["simulate", "--ranks", "2", "--quiet"]
+    for setting in settings:
+        argv += ["--set", setting]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a sharded run cannot run this config" in err[0], err
+    assert "push-sum" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("settings", "refused"),
+    [
+        (["algorithm.name=ops", "compression.codec=raw"], False),
+        (["algorithm.name=ops", "compression.codec=fp32"], False),
+        (["algorithm.name=ops", "compression.codec=fp32", "model.dtype=float64"], True),
+        (["algorithm.name=dpsgd", "compression.codec=fp32", "model.dtype=float64"], False),
+        (["algorithm.name=dpsgd", "compression.codec=sign"], False),
+    ],
+)
+def test_push_sum_runs_only_lossless_codecs(settings: list[str], refused: bool) -> None:
+    why = config_refusal(load_config(None, settings))
+    assert (why is not None and "push-sum" in why) is refused, why
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        (["faults.drop=0.1", "faults.announce=false"], "faults.announce = false"),
+        (["faults.drop=1"], None),
+        (["faults.drop=0.1", "faults.delay_s=0.5"], None),
+        (["faults.crashes=[{node='n0',at=0}]"], None),
+    ],
+)
+def test_fault_plans_run_but_unannounced_ones(settings: list[str], says: str | None) -> None:
+    why = config_refusal(load_config(None, ["algorithm.name=dpsgd", *settings]))
+    assert why == says or (says is not None and why is not None and says in why), why
+
+
+def test_every_message_lost_and_a_peer_down_for_good(folder: Path) -> None:
+    """The extremes of a plan: every message lost (drop = 1) and a peer down from the first
+    round to the last: still the one-process run's figures, on 2 ranks."""
+    down = f"faults.crashes=[{{node={ODD_IDS[1]!r},at=0}}]"
+    config = _case("dpsgd", "sign", False, folder, "faults.drop=1", down)
+    one = folder / "extreme-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    out = folder / "extreme-2"
+    assert run_ranks(config, 2, out) == {0: "ok", 1: "ok"}
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    assert got["traffic"]["messages_sent"] == 0
+    assert _records(out) == _records(one)
+
+
+def test_a_diverged_sender_stops_every_rank_in_one_line(folder: Path) -> None:
+    """A diverged run stops on ranks with the one-process run's error, in one line."""
+    config = _case("dpsgd", "sign", True, folder, "algorithm.lr=1e38")
+    with pytest.raises(FedcoreError) as one:
+        simulate(config, out_dir=folder / "diverged-one", show_progress=False, threads=1)
+    outcomes = run_ranks(config, 2, folder / "diverged-2")
+    assert set(outcomes) == {0, 1}
+    assert all("\n" not in what for what in outcomes.values())
+    said = [what.split(": ", 2)[-1] for what in outcomes.values()]
+    assert str(one.value) in said, (str(one.value), outcomes)
