@@ -32,7 +32,7 @@ from fedcore.engines.ranks import Ranks, lost
 from fedcore.engines.vectorized import _Counter
 from fedcore.faults import FaultPlan
 
-__all__ = ["ShardFaults", "reduce_counts"]
+__all__ = ["ShardFaults", "reduce_counts", "reduce_total"]
 
 _FIELDS = (
     "sent",
@@ -67,6 +67,23 @@ def reduce_counts(ranks: Ranks, counter: _Counter) -> _Counter | None:
     for name, value in zip(_FIELDS, stacked, strict=True):
         setattr(total, name, value > 0 if name == "missing_senders" else value)
     return total
+
+
+def reduce_total(ranks: Ranks, value: int) -> int | None:
+    """Every rank's ``value`` added up on rank 0 (``None`` on the others): one ``reduce``.
+
+    Raises:
+        PeerUnavailableError: the reduce failed.
+    """
+    total = torch.tensor([value], dtype=torch.long)
+    if ranks.world > 1:
+        try:
+            dist.reduce(total, dst=0, op=dist.ReduceOp.SUM)
+        except (RuntimeError, ValueError) as exc:
+            raise lost(ranks, "the reduce of a total", exc) from exc
+        if ranks.rank != 0:
+            return None
+    return int(total[0])
 
 
 class ShardFaults:

@@ -48,10 +48,12 @@ import numpy as np
 import torch
 
 from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
+from fedcore.compression.rowwire import encode_rows, wire_width
 from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
+from fedcore.engines.halo_rows import layout_of, pack_rows, unpack_rows
 from fedcore.engines.ranks import Ranks, blocks, exchange, gather_rows
-from fedcore.engines.shard_faults import ShardFaults, reduce_counts
+from fedcore.engines.shard_faults import ShardFaults, reduce_counts, reduce_total
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.engines.vectorized import (
     RoundFigures,
@@ -201,39 +203,12 @@ def plan_halo(
     )
 
 
-_Layout = list[tuple[str, str, torch.dtype, tuple[int, ...], int]]
-"""How :func:`_pack` laid out a send's rows: (kind, name, dtype, row shape, bytes) each."""
-
-
-def _pack(send: Send, rows: torch.Tensor) -> tuple[torch.Tensor, _Layout]:
-    """The rows ``rows`` of every tensor and scalar of ``send`` as one ``[len(rows), bytes]``
-    uint8 tensor (bit for bit), and how to unpack it."""
-    parts: list[torch.Tensor] = []
-    layout: _Layout = []
-    for kind, values in (("tensor", send.tensors), ("scalar", send.scalars)):
-        for name, value in values.items():
-            picked = value.index_select(0, rows).contiguous()
-            per_row = int(np.prod(value.shape[1:], dtype=np.int64))
-            raw = picked.reshape(picked.shape[0], per_row).view(torch.uint8)
-            parts.append(raw)
-            layout.append((kind, name, value.dtype, tuple(value.shape[1:]), raw.shape[1]))
-    packed = torch.cat(parts, dim=1) if parts else torch.zeros((rows.numel(), 0), dtype=torch.uint8)
-    return packed, layout
-
-
-def _unpack(
-    packed: torch.Tensor, layout: _Layout
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, torch.Tensor] = {}
-    at = 0
-    m = packed.shape[0]
-    for kind, name, dtype, shape, width in layout:
-        raw = packed[:, at : at + width].contiguous()
-        at += width
-        value = raw.view(dtype).reshape(m, *shape)
-        (tensors if kind == "tensor" else scalars)[name] = value
-    return tensors, scalars
+def _block_sums(widths: torch.Tensor, counts: list[int]) -> list[int]:
+    """The sums of ``widths`` over consecutive blocks of ``counts`` rows."""
+    ends = torch.cumsum(torch.as_tensor(counts, dtype=torch.long), 0)
+    total = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(widths, 0)])
+    at = total[ends]
+    return torch.diff(at, prepend=total[:1]).tolist()
 
 
 class ShardedNetwork:
@@ -307,6 +282,13 @@ class ShardedNetwork:
             own = torch.from_numpy(self.own)
             self.faults = ShardFaults(setup.faults, messages, own, graph.slot_edge[self.mine])
         self.records = node_records_mode(setup.config, self.n)
+        self.wire: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """The round's encoded rows (``[B, width]`` uint8) of each tensor the codec
+        encoded, by the decoded tensor's id (kept with it, so the id stays its own)."""
+        self.halo_bytes = 0
+        """Bytes this rank sent other ranks in halo exchanges (what codecs shrink)."""
+        self.halo_total: int | None = None
+        """Rank 0, after :meth:`finish`: the halo bytes of every rank, added up."""
 
     def _size(self, n: int) -> int:
         return self.codec.nbytes(n, self.dtype)
@@ -322,6 +304,22 @@ class ShardedNetwork:
         if self.faults is None:
             return ({}, {}) if self.ranks.rank == 0 else None
         return self.faults.tables(self.ranks, self.nodes)
+
+    def finish(self) -> tuple[dict[str, int], dict[str, int], int] | None:
+        """The end of a run (a collective: every rank calls it once, after the last
+        :meth:`model`): on rank 0 the fault tables (:meth:`fault_counts`) and the bytes
+        every rank sent in halo exchanges (:attr:`halo_bytes`, added up); ``None`` on the
+        others.
+
+        Raises:
+            PeerUnavailableError: a collective failed.
+        """
+        tables = self.fault_counts()
+        sent = reduce_total(self.ranks, self.halo_bytes)
+        if tables is None or sent is None:
+            return None
+        self.halo_total = sent
+        return tables[0], tables[1], sent
 
     def model(self) -> torch.Tensor | None:
         """Every node's model, gathered on rank 0 (``[N, d]``); ``None`` on the others.
@@ -346,9 +344,9 @@ class ShardedNetwork:
             owners: torch.Tensor | None,
             width: torch.Tensor | None,
         ) -> torch.Tensor:
-            if owners is not None or width is not None:
+            if owners is not None or width is not None or where is not None:
                 raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
-            out = self._roundtrip(v, up if where is None else up & where, t)
+            out = self._roundtrip(v, up, t)
             compressed.add(id(out))
             return out
 
@@ -371,14 +369,21 @@ class ShardedNetwork:
         """What receivers decode of this block's rows ``values``: the rows ``sending``
         (``[B]`` bool) go through their senders' codecs (each row draws from its global
         row's generator, as the one-process engine's rows do), the others come back as
-        they are (a crashed peer encodes nothing). A decoded row that is not finite stops
-        the run as a strict receiver does."""
+        they are (a crashed peer encodes nothing). Where the codec has a row form, the
+        encoded rows are kept for the halo (:attr:`wire`). A decoded row that is not
+        finite stops the run as a strict receiver does."""
+        width = wire_width(self.codec, int(values[0].numel()), values.dtype) if self.b else None
         if self.codec.lossless(values.dtype):
             out = values
         else:
             rows = torch.nonzero(sending).squeeze(1)
             out = values.clone()
-            if rows.numel():
+            if width is not None:
+                encoded = torch.zeros(self.b, width, dtype=torch.uint8)
+                decoded, encoded[rows] = encode_rows(self.codec, values[rows], self.mine[rows])
+                out[rows] = decoded
+                self.wire[id(out)] = (out, encoded)
+            elif rows.numel():
                 out[rows] = self.codec.roundtrip(values[rows], self.mine[rows])
         flat = out.reshape(out.shape[0], -1)
         bad = ~torch.isfinite(flat.sum(dim=1)) & ~torch.isfinite(flat).all(dim=1) & sending
@@ -389,13 +394,16 @@ class ShardedNetwork:
         self,
         send: Send,
         t: int,
-        up: torch.Tensor,
+        up_all: torch.Tensor,
         arrived: torch.Tensor,
         compressed: set[int],
     ) -> list[Slot]:
         """This block's slots of the phase whose messages are ``send``: its rows and the
         halo's, decoded as receivers decode them and exchanged once (see the module
-        docstring); ``arrived`` (``[B, K]`` bool) says which slots' messages arrived."""
+        docstring): each row as its codec encoded it, or as it is where it goes as values
+        (:mod:`fedcore.engines.halo_rows`). ``up_all`` (``[N]`` bool) says which senders
+        are up, ``arrived`` (``[B, K]`` bool) which slots' messages arrived."""
+        up = up_all[self.mine]
         if send.to is not None or send.shared:
             raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
         if send.weighted and not self.codec.lossless(self.dtype):  # see config_refusal
@@ -405,9 +413,15 @@ class ShardedNetwork:
             for name, value in send.tensors.items()
         }
         halo = self.halo
-        packed, layout = _pack(Send(decoded, send.scalars), halo.send_rows)
-        got = exchange(self.ranks, packed, halo.send_counts, halo.recv_counts)
-        far_tensors, far_scalars = _unpack(got, layout)
+        layout = layout_of(decoded, send.scalars, self.codec)
+        encoded = {name: self.wire[id(v)][1] for name, v in decoded.items() if id(v) in self.wire}
+        flat = pack_rows(layout, decoded, encoded, send.scalars, halo.send_rows, up)
+        far_up = up_all[halo.recv_rows]
+        sent = _block_sums(layout.widths(up[halo.send_rows]), halo.send_counts)
+        coming = _block_sums(layout.widths(far_up), halo.recv_counts)
+        self.halo_bytes += int(flat.numel())
+        got = exchange(self.ranks, flat, sent, coming)
+        far_tensors, far_scalars = unpack_rows(layout, got, far_up, self.codec)
         tensors = {k: torch.cat([v, far_tensors[k]]) for k, v in decoded.items()}
         scalars = {k: torch.cat([v, far_scalars[k]]) for k, v in send.scalars.items()}
         slots = []
@@ -458,6 +472,7 @@ class ShardedNetwork:
         params = self.rule.model(self.state)
         loss, grad = self._gradients(params, up)
         compressed: set[int] = set()
+        self.wire = {}
         rows = self._rows(t, lr, up, compressed)
         counter = _Counter(self.n, self.device)
         state, send = self.rule.step(self.state, grad, rows)
@@ -467,7 +482,7 @@ class ShardedNetwork:
                 arrived = faults.arrived(t, phase, up_all, counter)
             inbox: list[Slot] = []
             if send is not None and self.rule.pattern != "none":
-                inbox = self._inbox(send, t, up, arrived, compressed)
+                inbox = self._inbox(send, t, up_all, arrived, compressed)
             state, send = self.rule.mix(state, phase, inbox, rows)
         self.state = _keep(up, state, self.state)
         loss_all = gather_rows(self.ranks, loss, self.spans)

@@ -106,11 +106,11 @@ class _Sharded:
         the last gather."""
         params = self.net.model() if gather else self.net.last
         assert params is not None  # rank 0's
-        if gather:  # the fault tables, added up over the ranks (a collective)
-            tables = self.net.fault_counts()
-            assert tables is not None  # rank 0's
-            observer.missing_edges.update(tables[0])
-            observer.dropped_edges.update(tables[1])
+        if gather:  # the fault tables and halo bytes, added up over the ranks
+            ended = self.net.finish()
+            assert ended is not None  # rank 0's
+            observer.missing_edges.update(ended[0])
+            observer.dropped_edges.update(ended[1])
         return {nid: params[i] for i, nid in enumerate(self.nodes)}
 
     def summary(self) -> dict[str, Any]:
@@ -120,19 +120,20 @@ class _Sharded:
             "device": str(net.device),
             "gradients": net.objective.mode,
             "ranks": net.ranks.world,
+            "halo_bytes": net.halo_total,
         }
 
 
 def _follow(net: ShardedNetwork, config: Config) -> None:
     """A rank other than 0: every round, the models at each evaluation and at the end,
-    then the fault tables, in the order rank 0's run asks for them."""
+    then the fault tables and halo bytes, in the order rank 0's run asks for them."""
     while net.round < config.run.rounds:
         t = net.round
         net.run_round()
         if is_eval_round(config, t):
             net.model()
     net.model()
-    net.fault_counts()  # as rank 0's run ends (a collective)
+    net.finish()  # as rank 0's run ends (a collective)
 
 
 def simulate_rank(

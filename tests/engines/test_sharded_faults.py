@@ -18,8 +18,11 @@ import pytest
 import torch
 
 from fedcore.cli import main
+from fedcore.compression import make_row_codec
+from fedcore.compression.rowwire import encode_rows, wire_width
 from fedcore.config import Config, load_config
-from fedcore.engines.sharded import SHARDED_ALGORITHMS, config_refusal
+from fedcore.engines.halo_rows import layout_of, pack_rows, unpack_rows
+from fedcore.engines.sharded import SHARDED_ALGORITHMS, _block_sums, config_refusal
 from fedcore.errors import FedcoreError
 from fedcore.simulation.simulate import simulate
 from tests.engines.test_sharded import SAME, _config, _records, run_ranks
@@ -180,3 +183,56 @@ def test_a_diverged_sender_stops_every_rank_in_one_line(folder: Path) -> None:
     assert all("\n" not in what for what in outcomes.values())
     said = [what.split(": ", 2)[-1] for what in outcomes.values()]
     assert str(one.value) in said, (str(one.value), outcomes)
+
+
+@pytest.mark.parametrize("codec", ["raw", "sign", "topk", "randk", "qsgd", "fp16", "fp8"])
+def test_halo_rows_carry_what_the_codec_encodes(codec: str) -> None:
+    """A halo row of an up sender is its codec's encoded bytes (far fewer than the values
+    where the codec compresses), a crashed sender's row its values; the receiving end
+    decodes exactly what the sender decoded."""
+    rows_codec = make_row_codec(codec, seeds=range(6), ratio=0.1, bits=4)
+    g = torch.Generator().manual_seed(5)
+    values = torch.randn(6, 100, generator=g)
+    scalars = {"w": torch.rand(6, generator=g, dtype=torch.float64)}
+    up = torch.tensor([True, True, False, True, True, True])
+    owners = torch.nonzero(up).squeeze(1)
+    width = wire_width(rows_codec, 100, values.dtype)
+    decoded, encoded = values.clone(), {}
+    if width is not None:  # as the sending rank encodes its up rows
+        bytes_ = torch.zeros(6, width, dtype=torch.uint8)
+        decoded[owners], bytes_[owners] = encode_rows(rows_codec, values[owners], owners)
+        encoded["x"] = bytes_
+    elif not rows_codec.lossless(values.dtype):
+        decoded[owners] = rows_codec.roundtrip(values[owners], owners)
+    layout = layout_of({"x": decoded}, scalars, rows_codec)
+    sent = torch.tensor([4, 0, 2, 5])
+    flat = pack_rows(layout, {"x": decoded}, encoded, scalars, sent, up)
+    assert flat.numel() == int(layout.widths(up[sent]).sum())
+    assert layout.width_down == 100 * 4 + 8
+    if codec in ("sign", "topk", "randk", "qsgd", "fp16"):
+        assert layout.width_up <= 100 * 2 + 8  # the codec's bytes, not 4 a value
+    if codec == "sign":
+        assert layout.width_up == 13 + 8 + 8  # the bits, the scale, the scalar
+    got, got_scalars = unpack_rows(layout, flat, up[sent], make_row_codec(codec, ratio=0.1, bits=4))
+    assert torch.equal(got["x"].view(torch.int32), decoded[sent].view(torch.int32))
+    assert torch.equal(got_scalars["w"], scalars["w"][sent])
+    assert torch.equal(got["x"][2], values[2])  # the crashed sender's row, as it is
+
+
+def test_halo_byte_blocks_per_rank() -> None:
+    widths = torch.tensor([3, 5, 7, 11, 13])
+    assert _block_sums(widths, [2, 0, 3]) == [8, 0, 31]
+    assert _block_sums(widths[:0], [0, 0]) == [0, 0]
+
+
+def test_a_compressing_codec_shrinks_the_halo(folder: Path) -> None:
+    """The summary's ``halo_bytes`` (what every rank sent the others) of a sign run is a
+    small part of the fp32 run's: encoded rows cross ranks, not decoded values."""
+    sizes = {}
+    for codec in ("fp32", "sign"):
+        config = _case("dpsgd", codec, False, folder)
+        out = folder / f"halo-{codec}"
+        assert run_ranks(config, 2, out) == {0: "ok", 1: "ok"}
+        sizes[codec] = json.loads((out / "summary.json").read_text(encoding="utf-8"))["halo_bytes"]
+    assert sizes["fp32"] > 0
+    assert sizes["sign"] * 20 < sizes["fp32"], sizes

@@ -1,0 +1,166 @@
+"""The bytes of a sharded rank's halo rows: each sent row as its codec encoded it.
+
+A phase's :class:`~fedcore.algorithms.rule.Send` holds, per tensor, what receivers decode
+(the sending rank round-trips its own rows with their own codecs). What crosses ranks is
+each boundary row's *encoded* tensors (:mod:`fedcore.compression.rowwire`: the sign bits
+and scale, the top-k indices and values, ...), which the receiving rank decodes into the
+very same values, and its scalars as they are. Two kinds of rows go as values instead:
+every row of a lossless codec (its values are its bytes) or of a codec with no row form
+(``fp8``, ``s2fp8``, ``float``: their decoded values, four or eight bytes a value), and the
+rows of a crashed sender, which encodes nothing and whose rows the one-process engine reads
+as they are. Every rank knows which senders are down (the fault plan), so rows have one of
+two widths, known to both ends: the message goes as one flat byte buffer whose blocks per
+rank both ends compute (:meth:`Layout.widths`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedcore.compression.batched import RowCodec
+from fedcore.compression.rowwire import decode_rows, wire_width
+
+__all__ = ["Layout", "layout_of", "pack_rows", "unpack_rows"]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One tensor or scalar of a send: its name, dtype, row shape, values per row, and
+    the bytes of an encoded row (``None``: sent as values)."""
+
+    scalar: bool
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    n: int
+    encoded: int | None
+
+    @property
+    def raw(self) -> int:
+        """Bytes of a row as values."""
+        return self.n * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the rows of one send go on the wire (see the module docstring)."""
+
+    parts: tuple[_Part, ...]
+
+    @property
+    def width_up(self) -> int:
+        """Bytes of an up sender's row: encoded tensors (where a codec encodes), scalars."""
+        return sum(p.raw if p.encoded is None else p.encoded for p in self.parts)
+
+    @property
+    def width_down(self) -> int:
+        """Bytes of a crashed sender's row: every tensor and scalar as values."""
+        return sum(p.raw for p in self.parts)
+
+    def widths(self, up: torch.Tensor) -> torch.Tensor:
+        """``[m]`` long: the bytes of rows whose senders are ``up`` (``[m]`` bool)."""
+        return torch.where(up, self.width_up, self.width_down).to(torch.long)
+
+
+def layout_of(
+    tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, torch.Tensor], codec: RowCodec
+) -> Layout:
+    """The :class:`Layout` of a send's ``tensors`` (what receivers decode; encoded where
+    ``codec`` has a row form for them) and ``scalars``."""
+    parts = []
+    for name, value in tensors.items():
+        n = int(np.prod(value.shape[1:], dtype=np.int64))
+        width = wire_width(codec, n, value.dtype)
+        parts.append(_Part(False, name, value.dtype, tuple(value.shape[1:]), n, width))
+    for name, value in scalars.items():
+        n = int(np.prod(value.shape[1:], dtype=np.int64))
+        parts.append(_Part(True, name, value.dtype, tuple(value.shape[1:]), n, None))
+    return Layout(tuple(parts))
+
+
+def _values(value: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """The rows ``rows`` of ``value`` as ``[len(rows), bytes]`` uint8 (bit for bit)."""
+    picked = value.index_select(0, rows).contiguous()
+    return picked.reshape(-1).view(torch.uint8).reshape(rows.numel(), n * value.element_size())
+
+
+def _place(offsets: torch.Tensor, width: int) -> torch.Tensor:
+    """``[m, width]`` positions in a flat buffer of rows starting at ``offsets``."""
+    return offsets.unsqueeze(1) + torch.arange(width).unsqueeze(0)
+
+
+def pack_rows(
+    layout: Layout,
+    tensors: Mapping[str, torch.Tensor],
+    encoded: Mapping[str, torch.Tensor],
+    scalars: Mapping[str, torch.Tensor],
+    rows: torch.Tensor,
+    up: torch.Tensor,
+) -> torch.Tensor:
+    """The local rows ``rows`` as one flat ``uint8`` buffer, row after row, each of
+    :meth:`Layout.widths` bytes.
+
+    Args:
+        layout: The send's layout (:func:`layout_of`).
+        tensors: Name -> ``[B, ...]`` decoded rows (a crashed sender's: as they are).
+        encoded: Name -> ``[B, width]`` encoded bytes of each row (the tensors a codec
+            encodes; only up rows are read).
+        scalars: Name -> ``[B, ...]`` scalars.
+        rows: ``[m]`` local rows to send, in order.
+        up: ``[B]`` bool: whose senders are up.
+    """
+    is_up = up[rows]
+    widths = layout.widths(is_up)
+    offsets = torch.cumsum(widths, 0) - widths
+    flat = torch.empty(int(widths.sum()), dtype=torch.uint8)
+    for alive in (True, False):
+        picked = rows[is_up == alive]
+        if picked.numel() == 0:
+            continue
+        parts = []
+        for p in layout.parts:
+            if p.encoded is not None and alive:
+                parts.append(encoded[p.name].index_select(0, picked))
+            else:
+                source = scalars if p.scalar else tensors
+                parts.append(_values(source[p.name], picked, p.n))
+        width = layout.width_up if alive else layout.width_down
+        block = torch.cat(parts, dim=1) if parts else torch.zeros(picked.numel(), 0)
+        flat[_place(offsets[is_up == alive], width)] = block.to(torch.uint8)
+    return flat
+
+
+def unpack_rows(
+    layout: Layout, flat: torch.Tensor, up: torch.Tensor, codec: RowCodec
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``(tensors, scalars)`` of the rows in ``flat`` (:func:`pack_rows`' buffer), whose
+    senders are ``up`` (``[m]`` bool): each tensor decoded as its receivers decode it."""
+    m = up.numel()
+    widths = layout.widths(up)
+    offsets = torch.cumsum(widths, 0) - widths
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, torch.Tensor] = {}
+    for p in layout.parts:
+        (scalars if p.scalar else tensors)[p.name] = torch.empty(m, *p.shape, dtype=p.dtype)
+    for alive in (True, False):
+        where = torch.nonzero(up == alive).squeeze(1)
+        if where.numel() == 0:
+            continue
+        width = layout.width_up if alive else layout.width_down
+        block = flat[_place(offsets[where], width)]
+        at = 0
+        for p in layout.parts:
+            size = p.encoded if p.encoded is not None and alive else p.raw
+            raw = block[:, at : at + size].clone()  # its own storage: aligned for any dtype
+            at += size
+            if p.encoded is not None and alive:
+                value = decode_rows(codec, raw, p.n, p.dtype)
+            else:
+                value = raw.reshape(-1).view(p.dtype)
+            out = scalars if p.scalar else tensors
+            out[p.name][where] = value.reshape(where.numel(), *p.shape)
+    return tensors, scalars
