@@ -24,7 +24,7 @@ import torch
 from fedcore.compression.batched import RowCodec
 from fedcore.compression.rowwire import decode_rows, wire_width
 
-__all__ = ["Layout", "layout_of", "pack_rows", "unpack_rows"]
+__all__ = ["Layout", "Shares", "block_sums", "layout_of", "pack_rows", "plan_shares", "unpack_rows"]
 
 
 @dataclass(frozen=True)
@@ -164,3 +164,93 @@ def unpack_rows(
             out = scalars if p.scalar else tensors
             out[p.name][where] = value.reshape(where.numel(), *p.shape)
     return tensors, scalars
+
+
+@dataclass(frozen=True, eq=False)
+class Shares:
+    """Push-sum's messages on one rank when a codec encodes them: a sender encodes one
+    share ``W_ij x_i`` per distinct out-weight (a *unit*, as the one-process engine's
+    :func:`~fedcore.engines.batched._share_units`), so units, not rows, cross ranks: every
+    unit of each boundary sender, to each rank its halo row goes to.
+
+    Attributes:
+        sender: ``[U]`` the local row of each of this rank's units (global unit order:
+            each sender's in its encoding order).
+        weight: ``[U]`` float64: each unit's weight.
+        send: Positions among this rank's units to send, grouped by destination rank
+            (each halo row's units, in halo order); ``send_counts`` per rank.
+        recv_sender: ``[V]`` the global sender of each received unit, grouped by source
+            rank; ``recv_counts`` per rank.
+        slot: ``[B, K]`` each inbox slot's unit among this rank's units, then the received
+            ones, then one row of zeros (padding).
+    """
+
+    sender: torch.Tensor
+    weight: torch.Tensor
+    send: torch.Tensor
+    send_counts: list[int]
+    recv_sender: torch.Tensor
+    recv_counts: list[int]
+    slot: torch.Tensor
+
+
+def _units_of(start: torch.Tensor, count: torch.Tensor, senders: torch.Tensor) -> torch.Tensor:
+    """The global ids of every unit of ``senders``, sender after sender (units are numbered
+    sender by sender: ``start[j]`` on, ``count[j]`` of them)."""
+    c = count[senders]
+    first = torch.repeat_interleave(start[senders], c)
+    within = torch.arange(int(c.sum())) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+    return first + within
+
+
+def block_sums(values: torch.Tensor, counts: list[int]) -> list[int]:
+    """The sums of ``values`` over consecutive blocks of ``counts`` (the bytes or units
+    per rank of rows grouped by rank)."""
+    ends = torch.cumsum(torch.as_tensor(counts, dtype=torch.long), 0)
+    total = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(values, 0)])
+    return torch.diff(total[ends], prepend=total[:1]).tolist()
+
+
+def plan_shares(
+    units: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    mine: torch.Tensor,
+    send_rows: torch.Tensor,
+    send_counts: list[int],
+    recv_rows: torch.Tensor,
+    recv_counts: list[int],
+    slot_edge: torch.Tensor,
+    n: int,
+) -> Shares:
+    """The :class:`Shares` of a rank holding the global rows ``mine``, whose halo sends
+    its local rows ``send_rows`` and receives the global rows ``recv_rows`` (blocks of
+    ``send_counts``, ``recv_counts`` per rank), and whose inbox slots read the edges
+    ``slot_edge`` (``[B, K]``, ``E``: padding), of ``n`` nodes. ``units``: ``(unit of
+    each edge, sender of each unit, weight of each unit)`` of the whole graph."""
+    unit_of_edge, unit_sender, unit_weight = units
+    count = torch.bincount(unit_sender, minlength=n)
+    start = torch.cumsum(count, 0) - count
+    own = torch.zeros(n, dtype=torch.bool)
+    own[mine] = True
+    local_of = torch.full((n,), -1, dtype=torch.long)
+    local_of[mine] = torch.arange(mine.numel())
+    local_ids = torch.nonzero(own[unit_sender]).squeeze(1)
+    at = torch.full((unit_sender.numel(),), -1, dtype=torch.long)
+    at[local_ids] = torch.arange(local_ids.numel())
+    sent = _units_of(start, count, mine[send_rows])
+    got = _units_of(start, count, recv_rows)
+    place = torch.full((unit_sender.numel(),), -1, dtype=torch.long)
+    place[local_ids] = torch.arange(local_ids.numel())
+    place[got] = local_ids.numel() + torch.arange(got.numel())
+    pad = local_ids.numel() + got.numel()  # the row of zeros
+    edge_unit = torch.cat([place[unit_of_edge], torch.tensor([pad])])
+    slot = edge_unit[slot_edge]
+    assert bool((slot >= 0).all()), "a slot's unit outside the halo"
+    return Shares(
+        sender=local_of[unit_sender[local_ids]],
+        weight=unit_weight[local_ids],
+        send=at[sent],
+        send_counts=block_sums(count[mine[send_rows]], send_counts),
+        recv_sender=unit_sender[got],
+        recv_counts=block_sums(count[recv_rows], recv_counts),
+        slot=slot,
+    )

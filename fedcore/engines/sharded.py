@@ -50,8 +50,15 @@ import torch
 from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
 from fedcore.compression.rowwire import encode_rows, wire_width
 from fedcore.config import Config
-from fedcore.engines.batched import batched_form, raise_bad
-from fedcore.engines.halo_rows import layout_of, pack_rows, unpack_rows
+from fedcore.engines.batched import _share_units, batched_form, raise_bad
+from fedcore.engines.halo_rows import (
+    Shares,
+    block_sums,
+    layout_of,
+    pack_rows,
+    plan_shares,
+    unpack_rows,
+)
 from fedcore.engines.ranks import Ranks, blocks, exchange, gather_rows
 from fedcore.engines.shard_faults import ShardFaults, reduce_counts, reduce_total
 from fedcore.engines.stacked_graph import stack_graph
@@ -82,14 +89,6 @@ every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal t
 process by ``tests/engines/test_sharded.py``. The server family, RPS and robust push-sum
 (state per edge) wait for later slices; the asynchronous ones run on the event engine."""
 
-_PUSH_SUM = ("dol", "ops")
-"""The sharded algorithms whose peers push weighted shares (push-sum)."""
-
-_SHARES = (
-    "push-sum encodes one share per sender and distinct weight, which the halo does not "
-    "carry yet (use compression.codec = 'raw', or 'fp32' on a float32 model)"
-)
-
 _NOT_FINITE = (
     "the messages of node {node} in round {round} were rejected: a tensor holds "
     "non-finite values (the run diverged; strict mode stops here). Lower algorithm.lr."
@@ -116,10 +115,6 @@ def config_refusal(config: Config) -> str | None:
         )
     if algorithm.options.get("robust"):
         return "robust push-sum keeps state per edge, which ranks do not exchange yet"
-    codec, dtype = config.compression.codec, config.model.dtype
-    lossless = codec == "raw" or (codec == "fp32" and dtype == "float32")
-    if algorithm.name in _PUSH_SUM and not lossless:
-        return f"{algorithm.name!r} with compression.codec = {codec!r}: {_SHARES}"
     if config.faults.active and not config.faults.announce:
         return "faults.announce = false loses messages silently, which needs deadline mode"
     if config.time.active or config.transport.mode != "strict":
@@ -203,14 +198,6 @@ def plan_halo(
     )
 
 
-def _block_sums(widths: torch.Tensor, counts: list[int]) -> list[int]:
-    """The sums of ``widths`` over consecutive blocks of ``counts`` rows."""
-    ends = torch.cumsum(torch.as_tensor(counts, dtype=torch.long), 0)
-    total = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(widths, 0)])
-    at = total[ends]
-    return torch.diff(at, prepend=total[:1]).tolist()
-
-
 class ShardedNetwork:
     """This rank's block of the peers of ``setup`` (see the module docstring); rank 0 also
     answers what a run's figures need (:meth:`run_round`'s figures, :meth:`model`).
@@ -288,6 +275,9 @@ class ShardedNetwork:
         self.halo_bytes = 0
         """Bytes this rank sent other ranks in halo exchanges (what codecs shrink)."""
         self.halo_total: int | None = None
+        self.graph = graph
+        self.shares: Shares | None = None
+        """Push-sum's units on this rank (:meth:`_units`, made at the first need)."""
         """Rank 0, after :meth:`finish`: the halo bytes of every rank, added up."""
 
     def _size(self, n: int) -> int:
@@ -365,30 +355,76 @@ class ShardedNetwork:
             index=self.mine,
         )
 
-    def _roundtrip(self, values: torch.Tensor, sending: torch.Tensor, t: int) -> torch.Tensor:
-        """What receivers decode of this block's rows ``values``: the rows ``sending``
-        (``[B]`` bool) go through their senders' codecs (each row draws from its global
-        row's generator, as the one-process engine's rows do), the others come back as
-        they are (a crashed peer encodes nothing). Where the codec has a row form, the
-        encoded rows are kept for the halo (:attr:`wire`). A decoded row that is not
-        finite stops the run as a strict receiver does."""
-        width = wire_width(self.codec, int(values[0].numel()), values.dtype) if self.b else None
+    def _roundtrip(
+        self, values: torch.Tensor, sending: torch.Tensor, t: int, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """What receivers decode of the messages ``values``, one a row, row ``r`` sent by
+        the local row ``rows[r]`` (default: row ``r``): the rows ``sending`` (``[m]`` bool)
+        go through their senders' codecs (each drawing from its global row's generator, as
+        the one-process engine's rows do), the others come back as they are (a crashed
+        peer encodes nothing). Where the codec has a row form, the encoded rows are kept
+        for the halo (:attr:`wire`). A decoded message that is not finite stops the run
+        as a strict receiver does."""
+        m = values.shape[0]
+        owner = torch.arange(m) if rows is None else rows
+        width = wire_width(self.codec, int(values[0].numel()), values.dtype) if m else None
         if self.codec.lossless(values.dtype):
             out = values
         else:
-            rows = torch.nonzero(sending).squeeze(1)
+            picked = torch.nonzero(sending).squeeze(1)
             out = values.clone()
+            who = self.mine[owner[picked]]
             if width is not None:
-                encoded = torch.zeros(self.b, width, dtype=torch.uint8)
-                decoded, encoded[rows] = encode_rows(self.codec, values[rows], self.mine[rows])
-                out[rows] = decoded
+                encoded = torch.zeros(m, width, dtype=torch.uint8)
+                decoded, encoded[picked] = encode_rows(self.codec, values[picked], who)
+                out[picked] = decoded
                 self.wire[id(out)] = (out, encoded)
-            elif rows.numel():
-                out[rows] = self.codec.roundtrip(values[rows], self.mine[rows])
-        flat = out.reshape(out.shape[0], -1)
+            elif picked.numel():
+                out[picked] = self.codec.roundtrip(values[picked], who)
+        flat = out.reshape(m, -1)
         bad = ~torch.isfinite(flat.sum(dim=1)) & ~torch.isfinite(flat).all(dim=1) & sending
-        raise_bad(bad, _NOT_FINITE, self.local_nodes, t, ProtocolError)
+        senders = torch.zeros(self.b, dtype=torch.bool)
+        senders[owner[bad]] = True
+        raise_bad(senders, _NOT_FINITE, self.local_nodes, t, ProtocolError)
         return out
+
+    def _units(self) -> Shares:
+        """Push-sum's units on this rank (:class:`~fedcore.engines.halo_rows.Shares`)."""
+        if self.shares is None:
+            halo = self.halo
+            self.shares = plan_shares(
+                _share_units(self.graph),
+                self.mine,
+                halo.send_rows,
+                halo.send_counts,
+                halo.recv_rows,
+                halo.recv_counts,
+                self.graph.slot_edge[self.mine],
+                self.n,
+            )
+        return self.shares
+
+    def _exchange(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        scalars: Mapping[str, torch.Tensor],
+        rows: torch.Tensor,
+        counts: tuple[list[int], list[int]],
+        up: torch.Tensor,
+        far_up: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """One halo exchange: the messages ``rows`` of ``tensors`` and ``scalars`` (blocks
+        of ``counts[0]`` per destination rank; their senders ``up[rows]``) go out, each as
+        its codec encoded it (:mod:`fedcore.engines.halo_rows`); what comes back (blocks
+        of ``counts[1]`` per source rank, from senders ``far_up``) is decoded."""
+        layout = layout_of(tensors, scalars, self.codec)
+        encoded = {name: self.wire[id(v)][1] for name, v in tensors.items() if id(v) in self.wire}
+        flat = pack_rows(layout, tensors, encoded, scalars, rows, up)
+        sent = block_sums(layout.widths(up[rows]), counts[0])
+        coming = block_sums(layout.widths(far_up), counts[1])
+        self.halo_bytes += int(flat.numel())
+        got = exchange(self.ranks, flat, sent, coming)
+        return unpack_rows(layout, got, far_up, self.codec)
 
     def _inbox(
         self,
@@ -406,24 +442,18 @@ class ShardedNetwork:
         up = up_all[self.mine]
         if send.to is not None or send.shared:
             raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
-        if send.weighted and not self.codec.lossless(self.dtype):  # see config_refusal
-            raise AlgorithmError(f"{self.rule.name!r}: {_SHARES}.")
+        halo = self.halo
+        far_up = up_all[halo.recv_rows]
+        counts = (halo.send_counts, halo.recv_counts)
+        if send.weighted and not self.codec.lossless(self.dtype):
+            return self._shares(send, t, up_all, arrived)
         decoded = {
             name: value if id(value) in compressed else self._roundtrip(value, up, t)
             for name, value in send.tensors.items()
         }
-        halo = self.halo
-        layout = layout_of(decoded, send.scalars, self.codec)
-        encoded = {name: self.wire[id(v)][1] for name, v in decoded.items() if id(v) in self.wire}
-        flat = pack_rows(layout, decoded, encoded, send.scalars, halo.send_rows, up)
-        far_up = up_all[halo.recv_rows]
-        sent = _block_sums(layout.widths(up[halo.send_rows]), halo.send_counts)
-        coming = _block_sums(layout.widths(far_up), halo.recv_counts)
-        self.halo_bytes += int(flat.numel())
-        got = exchange(self.ranks, flat, sent, coming)
-        far_tensors, far_scalars = unpack_rows(layout, got, far_up, self.codec)
-        tensors = {k: torch.cat([v, far_tensors[k]]) for k, v in decoded.items()}
-        scalars = {k: torch.cat([v, far_scalars[k]]) for k, v in send.scalars.items()}
+        far_t, far_s = self._exchange(decoded, send.scalars, halo.send_rows, counts, up, far_up)
+        tensors = {k: torch.cat([v, far_t[k]]) for k, v in decoded.items()}
+        scalars = {k: torch.cat([v, far_s[k]]) for k, v in send.scalars.items()}
         slots = []
         for k in range(self.nbr.shape[1]):
             at = self.nbr[:, k]
@@ -437,6 +467,46 @@ class ShardedNetwork:
             else:
                 got_t = SenderRows(tensors, at)
                 got_s = {name: value.index_select(0, at) for name, value in scalars.items()}
+            slots.append(Slot(got_t, got_s, w, arrived[:, k]))
+        return slots
+
+    def _shares(
+        self, send: Send, t: int, up_all: torch.Tensor, arrived: torch.Tensor
+    ) -> list[Slot]:
+        """Push-sum's slots when a codec encodes the shares: each sender forms and encodes
+        one share a distinct out-weight (a unit, in the one-process engine's order), the
+        units of boundary senders cross ranks, encoded; the scalars go with the rows."""
+        up = up_all[self.mine]
+        halo, plan = self.halo, self._units()
+        shares = {
+            name: self._roundtrip(
+                value.index_select(0, plan.sender) * plan.weight.to(value.dtype).unsqueeze(1),
+                up[plan.sender],
+                t,
+                plan.sender,
+            )
+            for name, value in send.tensors.items()
+        }
+        far_t, _ = self._exchange(
+            shares,
+            {},
+            plan.send,
+            (plan.send_counts, plan.recv_counts),
+            up[plan.sender],
+            up_all[plan.recv_sender],
+        )
+        far_up = up_all[halo.recv_rows]
+        counts = (halo.send_counts, halo.recv_counts)
+        _, far_s = self._exchange({}, send.scalars, halo.send_rows, counts, up, far_up)
+        units = {
+            k: torch.cat([v, far_t[k], v.new_zeros((1, *v.shape[1:]))]) for k, v in shares.items()
+        }
+        scalars = {k: torch.cat([v, far_s[k]]) for k, v in send.scalars.items()}
+        slots = []
+        for k in range(self.nbr.shape[1]):
+            at, w = self.nbr[:, k], self.slot_weight[:, k]
+            got_t = {name: value.index_select(0, plan.slot[:, k]) for name, value in units.items()}
+            got_s = {name: value.index_select(0, at) * w for name, value in scalars.items()}
             slots.append(Slot(got_t, got_s, w, arrived[:, k]))
         return slots
 

@@ -1,10 +1,12 @@
 """Codecs and fault plans on a sharded run (``fedcore simulate --ranks R``) against one
 process: every sharded algorithm with ``fp32``, ``sign`` and ``topk`` (and the stochastic
-``qsgd`` and ``randk``, whose draws come from each sender's own generator), without faults
-and with drops, a partition and a crash, ends with the one-process run's parameters
-(``params_sha256``), traffic, byte and fault counts, evaluations and per-node records, on a
-random graph with odd ids. The world sizes 1, 2 and 3 take turns over the matrix (each
-case one of them, every size many times). What stays refused is refused in one line.
+``qsgd`` and ``randk``, whose draws come from each sender's own generator; push-sum's
+shares of distinct weights), without faults and with drops, a partition and a crash, ends
+with the one-process run's parameters (``params_sha256``), traffic, byte and fault counts,
+evaluations and per-node records, on a random graph with odd ids. The world sizes 1, 2 and
+3 take turns over the matrix (each case one of them, every size many times). The halo
+carries encoded rows: a compressing codec shrinks it. What stays refused is refused in one
+line.
 
 The ranks are forked processes, as in ``tests/engines/test_sharded.py``.
 """
@@ -21,8 +23,8 @@ from fedcore.cli import main
 from fedcore.compression import make_row_codec
 from fedcore.compression.rowwire import encode_rows, wire_width
 from fedcore.config import Config, load_config
-from fedcore.engines.halo_rows import layout_of, pack_rows, unpack_rows
-from fedcore.engines.sharded import SHARDED_ALGORITHMS, _block_sums, config_refusal
+from fedcore.engines.halo_rows import block_sums, layout_of, pack_rows, unpack_rows
+from fedcore.engines.sharded import SHARDED_ALGORITHMS, config_refusal
 from fedcore.errors import FedcoreError
 from fedcore.simulation.simulate import simulate
 from tests.engines.test_sharded import SAME, _config, _records, run_ranks
@@ -45,17 +47,13 @@ FAULTS = [
 """Within the 6 rounds: drops every round, a peer down in rounds 1 and 2, a partition in
 round 4."""
 
-PUSH_SUM = ("dol", "ops")
-"""Push-sum's shares are encoded per (sender, weight): refused with a lossy codec."""
-
 CASES = [
     (algorithm, codec, faults)
     for algorithm in SHARDED_ALGORITHMS
     for codec in ("fp32", "sign", "topk")
     for faults in (False, True)
-    if not (algorithm in PUSH_SUM and codec != "fp32")
     # CHOCO needs every message: a fault plan is refused by one process too.
-    and not (algorithm == "choco" and faults)
+    if not (algorithm == "choco" and faults)
 ] + [("dpsgd", "qsgd", True), ("deepsqueeze", "randk", True), ("dog", "bf16", False)]
 
 
@@ -110,36 +108,41 @@ def test_the_matrix_covers_every_world_size() -> None:
     assert {1 + i % 3 for i, (_, codec, _) in enumerate(CASES) if codec != "fp32"} == {1, 2, 3}
 
 
-@pytest.mark.parametrize("algorithm", PUSH_SUM)
-@pytest.mark.parametrize("codec", ["sign", "topk", "fp16"])
-def test_push_sum_with_a_lossy_codec_is_refused_in_one_line(
-    algorithm: str, codec: str, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("algorithm", "codec", "world"), [("ops", "qsgd", 3), ("dol", "sign", 2), ("ops", "randk", 2)]
+)
+def test_push_sum_shares_of_distinct_weights(
+    algorithm: str, codec: str, world: int, folder: Path
 ) -> None:
-    settings = [f"algorithm.name={algorithm}", f"compression.codec={codec}"]
-    why = config_refusal(load_config(None, settings))
-    assert why is not None and "push-sum" in why and repr(codec) in why
-    argv = ["simulate", "--ranks", "2", "--quiet"]
-    for setting in settings:
-        argv += ["--set", setting]
-    assert main(argv) == 2
+    """Push-sum encodes one share per sender and distinct out-weight: on a graph whose
+    every sender pushes three different weights, the encoded shares cross ranks and the
+    run is the one-process run, with faults."""
+    ids = list(ODD_IDS[:8])
+    edges: list[list[object]] = []
+    for i, u in enumerate(ids):
+        edges.append([u, u, 0.4])
+        for step, w in zip((1, 3, 4), (0.3, 0.2, 0.1), strict=True):
+            edges.append([u, ids[(i + step) % len(ids)], w])
+    graph = folder / "three-weights.json"
+    graph.write_text(json.dumps({"nodes": ids, "edges": edges}), encoding="utf-8")
+    config = _config(algorithm, folder, f"topology.file={graph}", *CODECS[codec], *FAULTS)
+    one = folder / f"weights-{algorithm}-{codec}-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    out = folder / f"weights-{algorithm}-{codec}-{world}"
+    assert run_ranks(config, world, out) == dict.fromkeys(range(world), "ok")
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    assert _records(out) == _records(one)
+
+
+def test_unannounced_faults_are_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--ranks", "2", "--quiet", "--set", "faults.drop=0.1"]
+    assert main([*argv, "--set", "faults.announce=false"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a sharded run cannot run this config" in err[0], err
-    assert "push-sum" in err[0]
-
-
-@pytest.mark.parametrize(
-    ("settings", "refused"),
-    [
-        (["algorithm.name=ops", "compression.codec=raw"], False),
-        (["algorithm.name=ops", "compression.codec=fp32"], False),
-        (["algorithm.name=ops", "compression.codec=fp32", "model.dtype=float64"], True),
-        (["algorithm.name=dpsgd", "compression.codec=fp32", "model.dtype=float64"], False),
-        (["algorithm.name=dpsgd", "compression.codec=sign"], False),
-    ],
-)
-def test_push_sum_runs_only_lossless_codecs(settings: list[str], refused: bool) -> None:
-    why = config_refusal(load_config(None, settings))
-    assert (why is not None and "push-sum" in why) is refused, why
+    assert "faults.announce = false" in err[0]
 
 
 @pytest.mark.parametrize(
@@ -221,8 +224,8 @@ def test_halo_rows_carry_what_the_codec_encodes(codec: str) -> None:
 
 def test_halo_byte_blocks_per_rank() -> None:
     widths = torch.tensor([3, 5, 7, 11, 13])
-    assert _block_sums(widths, [2, 0, 3]) == [8, 0, 31]
-    assert _block_sums(widths[:0], [0, 0]) == [0, 0]
+    assert block_sums(widths, [2, 0, 3]) == [8, 0, 31]
+    assert block_sums(widths[:0], [0, 0]) == [0, 0]
 
 
 def test_a_compressing_codec_shrinks_the_halo(folder: Path) -> None:
