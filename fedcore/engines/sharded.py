@@ -12,8 +12,8 @@ Design (the first slice; :func:`refusal` says what it does not run yet):
 * **Halo.** Every rank reads the whole graph (the same file, the same seed) and derives the
   same plan (:class:`Halo`): for each destination rank, the sorted unique rows of this
   block that have an out-edge into that rank's block. Each phase, the rows a rule sends
-  (its :class:`~fedcore.algorithms.rule.Send`: tensors and scalars, every dtype packed as
-  bytes into one ``uint8`` row) go out in one ``all_to_all_single`` with those split sizes:
+  (its :class:`~fedcore.algorithms.rule.Send`: tensors and scalars, each row as bytes,
+  see **Codecs**) go out in one ``all_to_all_single`` with those split sizes:
   each boundary row once per destination rank, never once per edge. What comes back,
   appended below the rank's own rows, is the *extended stack*: the receiver's in-neighbour
   table (:class:`~fedcore.engines.stacked_graph.StackedGraph`'s ``nbr``, its rows of this
@@ -26,15 +26,33 @@ Design (the first slice; :func:`refusal` says what it does not run yet):
   global neighbour table: its in-neighbours in sorted-id order, padded to the whole graph's
   largest in-degree, exactly the slots the one-process engine builds. The rule adds them
   slot by slot (``gossip``, push-sum's ``mix``) with the same elementwise operations on
-  the same operands: a sender's row arrives bit for bit (raw bytes, a lossless codec), and
+  the same operands: a sender's row arrives bit for bit (what its codec decodes), and
   push-sum's share ``x_j * W_ji`` is formed from the same two values. Each row's result is
   thus a function of its own inputs in a fixed order, whatever block holds it; the
   gradients are batch-invariant per row (:mod:`fedcore.gradients`). So R = 1, 2, 4 give the
   one-process engine's parameters, bit for bit (``tests/engines/test_sharded.py``).
+* **Codecs.** The sending rank round-trips its own rows through each peer's own codec
+  (:meth:`ShardedNetwork._roundtrip`; a stochastic codec draws from the generator of the
+  row's global peer, so a row's draws do not depend on which rank holds it), and what
+  crosses ranks is each boundary row's *encoded* bytes
+  (:mod:`fedcore.compression.rowwire`: sign bits and scale, top-k indices and values,
+  ...), which the receiving rank decodes into the same values
+  (:mod:`fedcore.engines.halo_rows`). A codec with no row form (``fp8``, ``s2fp8``,
+  ``float``), a lossless one, and a crashed sender's rows send values. Push-sum with a
+  codec that changes values encodes one share per sender and distinct out-weight (as the
+  one-process engine does): those shares, not rows, cross ranks
+  (:class:`~fedcore.engines.halo_rows.Shares`). The summary's ``halo_bytes`` adds up what
+  every rank sent.
+* **Faults.** The fault plan is a keyed hash of ``(round, phase, edge)``: each rank asks it
+  about the in-edges of its rows (:mod:`fedcore.engines.shard_faults`) for which slots
+  arrive; a crashed row takes no step, reads no batch, encodes nothing and keeps its state.
 * **Figures.** Traffic of a static graph with no faults is the same every round: rank 0
-  counts it once from the graph (as the one-process engine does). Each round the ranks'
-  losses are gathered on rank 0, and the models on evaluation rounds and at the end; rank 0
-  writes the run's files (:mod:`fedcore.simulation.ranks`).
+  counts it once from the graph (as the one-process engine does). With a fault plan each
+  rank counts its rows' in-edges (each edge once, at its receiver's rank) and rank 0 adds
+  the counts up (one ``reduce`` a round; the per-edge fault tables once, at the end:
+  :meth:`ShardedNetwork.finish`). Each round the ranks' losses are gathered on rank 0, and
+  the models on evaluation rounds and at the end; rank 0 writes the run's files
+  (:mod:`fedcore.simulation.ranks`).
 """
 
 from __future__ import annotations
