@@ -4,16 +4,16 @@ The one-process vectorized engine (:mod:`fedcore.engines.vectorized`) asks the r
 :class:`~fedcore.faults.FaultPlan` every round which nodes are down and which messages of
 every edge are lost, and counts each phase's traffic and faults per node from those masks.
 The plan is a keyed hash of ``(round, phase, edge)``, so a rank asks it the same questions
-of the edges into its own rows (its receivers' in-edges) and gets the same answers:
+of the edges of its own rows (their in- and out-edges) and gets the same answers:
 
 * :meth:`ShardFaults.arrived`: which slots of its rows' inboxes arrive this phase (the
   in-edge's message not lost: no drop, no partition, neither end down);
-* the phase's figures of those in-edges, counted as the one-process engine counts them
-  (:class:`~fedcore.engines.vectorized._Counter`: sent, bytes and the fp32 bytes at the
-  sender, received at the receiver, a loss as dropped at an up sender and missing at an
-  up receiver): every edge is counted by exactly one rank, its receiver's, so the sum of
-  the ranks' counts is the one-process count. :func:`reduce_counts` adds them up on rank 0
-  (one ``reduce`` of ``[8, N]`` integers a round: exact in any order);
+* the phase's figures of its own rows, counted as the one-process engine counts them:
+  what a row sent (messages, bytes, fp32 bytes), lost as an up sender (dropped) or lost to
+  an up receiver (a missing sender), from its out-edges, and what it received or missed
+  as an up receiver, from its in-edges (:class:`RowCounts`). A rank's rows' counts travel
+  with their losses in the round's one gather to rank 0 (:func:`pack_counts`), so faults
+  add no collective to a round;
 * per in-edge, the rounds its message was missing or dropped (the summary's ``faults``
   tables), added up on rank 0 once, at the end (:meth:`ShardFaults.tables`).
 
@@ -32,7 +32,7 @@ from fedcore.engines.ranks import Ranks, lost
 from fedcore.engines.vectorized import _Counter
 from fedcore.faults import FaultPlan
 
-__all__ = ["ShardFaults", "reduce_counts", "reduce_total"]
+__all__ = ["RowCounts", "ShardFaults", "pack_counts", "reduce_total", "unpack_counts"]
 
 _FIELDS = (
     "sent",
@@ -44,29 +44,39 @@ _FIELDS = (
     "dropped",
     "missing_senders",
 )
-"""The per-node counts of a :class:`_Counter` the ranks add up, in this order."""
+"""The per-node counts of a :class:`_Counter`, in the order :class:`RowCounts` holds them."""
 
 
-def reduce_counts(ranks: Ranks, counter: _Counter) -> _Counter | None:
-    """Every rank's ``counter`` added up on rank 0 (``None`` on the others): one ``reduce``
-    (a sum of integers, so the order of the additions does not matter).
+class RowCounts:
+    """One round's counts of a rank's ``b`` rows, ``[b, 8]`` integers in the order of
+    :data:`_FIELDS` (``missing_senders``: how many of a row's messages were missing at an
+    up receiver)."""
 
-    Raises:
-        PeerUnavailableError: the reduce failed.
-    """
-    values = [getattr(counter, name).to(torch.long) for name in _FIELDS]
-    stacked = torch.stack(values)
-    if ranks.world > 1:
-        try:
-            dist.reduce(stacked, dst=0, op=dist.ReduceOp.SUM)
-        except (RuntimeError, ValueError) as exc:
-            raise lost(ranks, "the reduce of a round's counts", exc) from exc
-        if ranks.rank != 0:
-            return None
-    total = _Counter(counter.n, counter.sent.device)
-    for name, value in zip(_FIELDS, stacked, strict=True):
-        setattr(total, name, value > 0 if name == "missing_senders" else value)
-    return total
+    def __init__(self, b: int) -> None:
+        """Zero counts for ``b`` rows."""
+        self.values = torch.zeros(b, len(_FIELDS), dtype=torch.long)
+
+    def add(self, name: str, rows: torch.Tensor, amounts: torch.Tensor) -> None:
+        """Add ``amounts[e]`` to row ``rows[e]``'s count ``name``."""
+        column = _FIELDS.index(name)
+        self.values[:, column].index_add_(0, rows, amounts.to(torch.long))
+
+
+def pack_counts(loss: torch.Tensor, counts: RowCounts) -> torch.Tensor:
+    """``[b, 9]`` float64: each row's loss, then its counts' bits (exact, whatever their
+    size), to gather on rank 0 in one go (:func:`unpack_counts`)."""
+    return torch.cat([loss.unsqueeze(1), counts.values.view(torch.float64)], dim=1)
+
+
+def unpack_counts(packed: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, _Counter]:
+    """Every node's loss and the round's :class:`_Counter` from the gathered
+    :func:`pack_counts` rows (``[N, 9]``)."""
+    values = packed[:, 1:].contiguous().view(torch.long)
+    counter = _Counter(packed.shape[0], device)
+    for column, name in enumerate(_FIELDS):
+        value = values[:, column].to(device)
+        setattr(counter, name, value > 0 if name == "missing_senders" else value)
+    return packed[:, 0].contiguous(), counter
 
 
 def reduce_total(ranks: Ranks, value: int) -> int | None:
@@ -95,6 +105,7 @@ class ShardFaults:
         messages: Per phase, every message of the graph (the one-process engine's
             :class:`Messages`, one per edge in the graph's edge order).
         own: ``[N]`` bool: the rows this rank holds.
+        local_of: ``[N]`` long: each row's place among this rank's rows (-1: not held).
         slot_edge: ``[B, K]`` long: the edge of each slot of this rank's rows' inboxes
             (the graph's ``slot_edge`` rows of this rank; ``E``: padding).
     """
@@ -104,12 +115,15 @@ class ShardFaults:
         plan: FaultPlan,
         messages: list[Messages],
         own: torch.Tensor,
+        local_of: torch.Tensor,
         slot_edge: torch.Tensor,
     ) -> None:
         """Index the in-edges of ``own`` in every phase."""
         self.plan = plan
         self.messages = messages
         self.n = int(own.numel())
+        self.local_of = local_of
+        self.outward: list[Messages] = []  # per phase, the out-edges' messages
         self.inward: list[Messages] = []
         self.edges: list[torch.Tensor] = []  # per phase, the in-edges' indices
         self.slots: list[torch.Tensor] = []  # per phase, [B, K] positions among them
@@ -119,6 +133,8 @@ class ShardFaults:
             edges = torch.nonzero(own[m.dst]).squeeze(1)
             self.edges.append(edges)
             self.inward.append(Messages(*(part[edges] for part in m)))
+            out = torch.nonzero(own[m.src]).squeeze(1)
+            self.outward.append(Messages(*(part[out] for part in m)))
             at = torch.full((m.src.numel() + 1,), edges.numel(), dtype=torch.long)
             at[edges] = torch.arange(edges.numel())
             self.slots.append(at[slot_edge])
@@ -129,18 +145,30 @@ class ShardFaults:
         """``[N]`` bool: the nodes that run round ``t`` (every rank knows every node's)."""
         return ~self.plan.down_mask(t)
 
-    def arrived(self, t: int, phase: int, up: torch.Tensor, counter: _Counter) -> torch.Tensor:
+    def arrived(self, t: int, phase: int, up: torch.Tensor, counts: RowCounts) -> torch.Tensor:
         """``[B, K]`` bool: the slots of this rank's inboxes whose message of ``phase``
-        arrives in round ``t``; counts the phase's traffic and faults of the in-edges into
-        ``counter`` and the per-edge tables, as the one-process engine counts them."""
+        arrives in round ``t``; adds the phase's figures of this rank's rows to ``counts``
+        (its in-edges' and out-edges', see the module docstring) and the in-edges' to the
+        per-edge tables, as the one-process engine counts them."""
+        m = self.outward[phase]
+        gone = self.plan.lost_mask(m.src, m.dst, t, phase)
+        ok = (~gone).to(torch.long)
+        senders = self.local_of[m.src]
+        counts.add("sent", senders, ok)
+        counts.add("bytes_sent", senders, m.nbytes * ok)
+        counts.add("fp32", senders, m.fp32 * ok)
+        counts.add("dropped", senders, gone & up[m.src])
+        counts.add("missing_senders", senders, gone & up[m.dst])
         m = self.inward[phase]
         gone = self.plan.lost_mask(m.src, m.dst, t, phase)
         ok = ~gone
         dropped, missing = gone & up[m.src], gone & up[m.dst]
         self.dropped[phase] += dropped
         self.missing[phase] += missing
-        counter.faults(m, dropped, missing)
-        counter.traffic(m, ok)
+        receivers = self.local_of[m.dst]
+        counts.add("received", receivers, ok)
+        counts.add("bytes_received", receivers, m.nbytes * ok)
+        counts.add("missing", receivers, missing)
         return torch.cat([ok, ok.new_zeros(1)])[self.slots[phase]]
 
     def lost_everywhere(self, t: int, up: torch.Tensor, counter: _Counter) -> None:

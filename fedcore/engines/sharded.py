@@ -44,12 +44,13 @@ Design (the first slice; :func:`refusal` says what it does not run yet):
   (:class:`~fedcore.engines.halo_rows.Shares`). The summary's ``halo_bytes`` adds up what
   every rank sent.
 * **Faults.** The fault plan is a keyed hash of ``(round, phase, edge)``: each rank asks it
-  about the in-edges of its rows (:mod:`fedcore.engines.shard_faults`) for which slots
-  arrive; a crashed row takes no step, reads no batch, encodes nothing and keeps its state.
+  about the edges of its rows (:mod:`fedcore.engines.shard_faults`): which slots of its
+  inboxes arrive, and what its rows sent, received and lost; a crashed row takes no step,
+  reads no batch, encodes nothing and keeps its state.
 * **Figures.** Traffic of a static graph with no faults is the same every round: rank 0
   counts it once from the graph (as the one-process engine does). With a fault plan each
-  rank counts its rows' in-edges (each edge once, at its receiver's rank) and rank 0 adds
-  the counts up (one ``reduce`` a round; the per-edge fault tables once, at the end:
+  rank counts its own rows' figures, from their out- and in-edges, and they travel to
+  rank 0 with the rows' losses (the per-edge fault tables once, at the end:
   :meth:`ShardedNetwork.finish`). Each round the ranks' losses are gathered on rank 0, and
   the models on evaluation rounds and at the end; rank 0 writes the run's files
   (:mod:`fedcore.simulation.ranks`).
@@ -78,7 +79,13 @@ from fedcore.engines.halo_rows import (
     unpack_rows,
 )
 from fedcore.engines.ranks import Ranks, blocks, exchange, gather_rows
-from fedcore.engines.shard_faults import ShardFaults, reduce_counts, reduce_total
+from fedcore.engines.shard_faults import (
+    RowCounts,
+    ShardFaults,
+    pack_counts,
+    reduce_total,
+    unpack_counts,
+)
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.engines.vectorized import (
     RoundFigures,
@@ -285,7 +292,8 @@ class ShardedNetwork:
                 self.form.messages(p, graph, self._size, self.d) for p in range(self.rule.phases)
             ]
             own = torch.from_numpy(self.own)
-            self.faults = ShardFaults(setup.faults, messages, own, graph.slot_edge[self.mine])
+            slot_edge = graph.slot_edge[self.mine]
+            self.faults = ShardFaults(setup.faults, messages, own, self.local_of, slot_edge)
         self.records = node_records_mode(setup.config, self.n)
         self.wire: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         """The round's encoded rows (``[B, width]`` uint8) of each tensor the codec
@@ -562,33 +570,35 @@ class ShardedNetwork:
         compressed: set[int] = set()
         self.wire = {}
         rows = self._rows(t, lr, up, compressed)
-        counter = _Counter(self.n, self.device)
+        counts = RowCounts(self.b)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):
             arrived = self.arrived
             if faults is not None:
-                arrived = faults.arrived(t, phase, up_all, counter)
+                arrived = faults.arrived(t, phase, up_all, counts)
             inbox: list[Slot] = []
             if send is not None and self.rule.pattern != "none":
                 inbox = self._inbox(send, t, up_all, arrived, compressed)
             state, send = self.rule.mix(state, phase, inbox, rows)
         self.state = _keep(up, state, self.state)
-        loss_all = gather_rows(self.ranks, loss, self.spans)
         self.round = t + 1
+        idle = torch.zeros(self.n, dtype=torch.bool)
         if faults is None:
+            loss_all = gather_rows(self.ranks, loss, self.spans)
             if loss_all is None:
                 return None
+            counter = _Counter(self.n, self.device)
             counter.add(self.full)  # the same every round: counted once
-        else:
-            total = reduce_counts(self.ranks, counter)
-            if total is None or loss_all is None:
-                return None
-            counter = total
-            if self.records == "all" or (
-                self.records == "eval" and is_eval_round(self.setup.config, t)
-            ):
-                faults.lost_everywhere(t, up_all, counter)
-        idle = torch.zeros(self.n, dtype=torch.bool)
+            return counter.done(t, up_all, loss_all, idle)
+        # The rows' counts travel with their losses: one gather, as without faults.
+        gathered = gather_rows(self.ranks, pack_counts(loss, counts), self.spans)
+        if gathered is None:
+            return None
+        loss_all, counter = unpack_counts(gathered, self.device)
+        if self.records == "all" or (
+            self.records == "eval" and is_eval_round(self.setup.config, t)
+        ):
+            faults.lost_everywhere(t, up_all, counter)
         return counter.done(t, up_all, loss_all, idle)
 
 
