@@ -88,11 +88,6 @@ def _values(value: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
     return picked.reshape(-1).view(torch.uint8).reshape(rows.numel(), n * value.element_size())
 
 
-def _place(offsets: torch.Tensor, width: int) -> torch.Tensor:
-    """``[m, width]`` positions in a flat buffer of rows starting at ``offsets``."""
-    return offsets.unsqueeze(1) + torch.arange(width).unsqueeze(0)
-
-
 def pack_rows(
     layout: Layout,
     tensors: Mapping[str, torch.Tensor],
@@ -114,9 +109,7 @@ def pack_rows(
         up: ``[B]`` bool: whose senders are up.
     """
     is_up = up[rows]
-    widths = layout.widths(is_up)
-    offsets = torch.cumsum(widths, 0) - widths
-    flat = torch.empty(int(widths.sum()), dtype=torch.uint8)
+    blocks: dict[bool, torch.Tensor] = {}
     for alive in (True, False):
         picked = rows[is_up == alive]
         if picked.numel() == 0:
@@ -128,10 +121,19 @@ def pack_rows(
             else:
                 source = scalars if p.scalar else tensors
                 parts.append(_values(source[p.name], picked, p.n))
-        width = layout.width_up if alive else layout.width_down
-        block = torch.cat(parts, dim=1) if parts else torch.zeros(picked.numel(), 0)
-        flat[_place(offsets[is_up == alive], width)] = block.to(torch.uint8)
-    return flat
+        empty = torch.zeros(picked.numel(), 0, dtype=torch.uint8)
+        blocks[alive] = torch.cat(parts, dim=1) if parts else empty
+    if len(blocks) < 2:  # every sender up (or every one down): the rows in order
+        return (
+            next(iter(blocks.values())).reshape(-1) if blocks else torch.zeros(0, dtype=torch.uint8)
+        )
+    # Up and crashed senders' rows of two widths, interleaved in order.
+    at = {True: 0, False: 0}
+    pieces = []
+    for alive in is_up.tolist():
+        pieces.append(blocks[alive][at[alive]])
+        at[alive] += 1
+    return torch.cat(pieces)
 
 
 def unpack_rows(
@@ -141,17 +143,21 @@ def unpack_rows(
     senders are ``up`` (``[m]`` bool): each tensor decoded as its receivers decode it."""
     m = up.numel()
     widths = layout.widths(up)
-    offsets = torch.cumsum(widths, 0) - widths
+    starts = (torch.cumsum(widths, 0) - widths).tolist()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, torch.Tensor] = {}
     for p in layout.parts:
         (scalars if p.scalar else tensors)[p.name] = torch.empty(m, *p.shape, dtype=p.dtype)
+    uniform = bool(up.all()) or not bool(up.any())
     for alive in (True, False):
         where = torch.nonzero(up == alive).squeeze(1)
         if where.numel() == 0:
             continue
         width = layout.width_up if alive else layout.width_down
-        block = flat[_place(offsets[where], width)]
+        if uniform:  # the rows in order, of one width
+            block = flat.reshape(m, width)
+        else:
+            block = torch.stack([flat[starts[i] : starts[i] + width] for i in where.tolist()])
         at = 0
         for p in layout.parts:
             size = p.encoded if p.encoded is not None and alive else p.raw

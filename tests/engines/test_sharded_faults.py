@@ -3,8 +3,8 @@ process: every sharded algorithm with ``fp32``, ``sign`` and ``topk`` (and the s
 ``qsgd`` and ``randk``, whose draws come from each sender's own generator; push-sum's
 shares of distinct weights), without faults and with drops, a partition and a crash, ends
 with the one-process run's parameters (``params_sha256``), traffic, byte and fault counts,
-evaluations and per-node records, on a random graph with odd ids. The world sizes 1, 2 and
-3 take turns over the matrix (each case one of them, every size many times). The halo
+evaluations and per-node records, on a random graph with odd ids. The world sizes 1 to 4
+take turns over the matrix (each case one of them, every size many times). The halo
 carries encoded rows: a compressing codec shrinks it. What stays refused is refused in one
 line.
 
@@ -14,6 +14,7 @@ The ranks are forked processes, as in ``tests/engines/test_sharded.py``.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from fedcore.compression import make_row_codec
 from fedcore.compression.rowwire import encode_rows, wire_width
 from fedcore.config import Config, load_config
 from fedcore.engines.halo_rows import block_sums, layout_of, pack_rows, unpack_rows
+from fedcore.engines.shard_faults import RowCounts, pack_counts, unpack_counts
 from fedcore.engines.sharded import SHARDED_ALGORITHMS, config_refusal
 from fedcore.errors import FedcoreError
 from fedcore.simulation.simulate import simulate
@@ -77,7 +79,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_codecs_and_faults_on_ranks_equal_one_process(
     algorithm: str, codec: str, faults: bool, folder: Path
 ) -> None:
-    world = 1 + CASES.index((algorithm, codec, faults)) % 3
+    world = 1 + CASES.index((algorithm, codec, faults)) % 4
     case = f"{algorithm}-{codec}-{'faults' if faults else 'none'}"
     config = _case(algorithm, codec, faults, folder)
     assert config_refusal(config) is None
@@ -103,9 +105,9 @@ def test_codecs_and_faults_on_ranks_equal_one_process(
 
 
 def test_the_matrix_covers_every_world_size() -> None:
-    sizes = {1 + i % 3 for i, (_, _, faults) in enumerate(CASES) if faults}
-    assert sizes == {1, 2, 3}
-    assert {1 + i % 3 for i, (_, codec, _) in enumerate(CASES) if codec != "fp32"} == {1, 2, 3}
+    sizes = {1 + i % 4 for i, (_, _, faults) in enumerate(CASES) if faults}
+    assert sizes == {1, 2, 3, 4}
+    assert {1 + i % 4 for i, (_, codec, _) in enumerate(CASES) if codec != "fp32"} == {1, 2, 3, 4}
 
 
 @pytest.mark.parametrize(
@@ -239,3 +241,17 @@ def test_a_compressing_codec_shrinks_the_halo(folder: Path) -> None:
         sizes[codec] = json.loads((out / "summary.json").read_text(encoding="utf-8"))["halo_bytes"]
     assert sizes["fp32"] > 0
     assert sizes["sign"] * 20 < sizes["fp32"], sizes
+
+
+def test_row_counts_travel_with_the_losses_exactly() -> None:
+    """A rank's counts ride in the float64 columns of the losses' gather as bits: any
+    integer comes back as it was, NaN losses (crashed rows) too."""
+    counts = RowCounts(3)
+    counts.add("bytes_sent", torch.tensor([0, 2, 2]), torch.tensor([2**62, 1, 5]))
+    counts.add("missing_senders", torch.tensor([1]), torch.tensor([True]))
+    loss = torch.tensor([0.5, math.nan, -1.0], dtype=torch.float64)
+    got_loss, counter = unpack_counts(pack_counts(loss, counts), torch.device("cpu"))
+    assert torch.equal(got_loss.view(torch.long), loss.view(torch.long))
+    assert counter.bytes_sent.tolist() == [2**62, 0, 6]
+    assert counter.missing_senders.tolist() == [False, True, False]
+    assert counter.sent.tolist() == [0, 0, 0]
