@@ -255,3 +255,21 @@ def test_row_counts_travel_with_the_losses_exactly() -> None:
     assert counter.bytes_sent.tolist() == [2**62, 0, 6]
     assert counter.missing_senders.tolist() == [False, True, False]
     assert counter.sent.tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("records", ["eval", "none"])
+def test_fault_lists_of_the_records_written(records: str, folder: Path) -> None:
+    """Rank 0 lists the lost messages of the rounds whose node records it writes
+    (``simulate.node_records``): the records and tables are one process's."""
+    config = _case("dog", "topk", True, folder, f"simulate.node_records={records}")
+    one = folder / f"records-{records}-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    out = folder / f"records-{records}-2"
+    assert run_ranks(config, 2, out) == {0: "ok", 1: "ok"}
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    if records == "eval":
+        assert _records(out) == _records(one)
+        assert any(r.get("missing") for r in _records(out))
