@@ -39,6 +39,7 @@ CODECS = {
     "qsgd": ["compression.codec=qsgd", "compression.bits=4"],
     "randk": ["compression.codec=randk", "compression.ratio=0.2"],
     "bf16": ["compression.codec=bf16"],
+    "fp16": ["compression.codec=fp16"],
 }
 
 FAULTS = [
@@ -178,16 +179,24 @@ def test_every_message_lost_and_a_peer_down_for_good(folder: Path) -> None:
     assert _records(out) == _records(one)
 
 
-def test_a_diverged_sender_stops_every_rank_in_one_line(folder: Path) -> None:
-    """A diverged run stops on ranks with the one-process run's error, in one line."""
-    config = _case("dpsgd", "sign", True, folder, "algorithm.lr=1e38")
+@pytest.mark.parametrize(
+    ("codec", "lr", "world", "error"),
+    [("sign", "1e38", 2, "CompressionError"), ("fp16", "1e5", 3, "ProtocolError")],
+)
+def test_a_diverged_sender_stops_every_rank_in_one_line(
+    codec: str, lr: str, world: int, error: str, folder: Path
+) -> None:
+    """A diverged run stops on ranks with the one-process run's error, in one line: the
+    codec's own refusal (a sign scale not finite), or a receiver's of a decoded message
+    that is not (fp16 overflows)."""
+    config = _case("dpsgd", codec, True, folder, f"algorithm.lr={lr}")
     with pytest.raises(FedcoreError) as one:
-        simulate(config, out_dir=folder / "diverged-one", show_progress=False, threads=1)
-    outcomes = run_ranks(config, 2, folder / "diverged-2")
-    assert set(outcomes) == {0, 1}
+        simulate(config, out_dir=folder / f"diverged-{codec}", show_progress=False, threads=1)
+    assert type(one.value).__name__ == error
+    outcomes = run_ranks(config, world, folder / f"diverged-{codec}-{world}")
+    assert set(outcomes) == set(range(world))
+    assert outcomes[0] == f"{error}: rank 0 of {world}: {one.value}", outcomes
     assert all("\n" not in what for what in outcomes.values())
-    said = [what.split(": ", 2)[-1] for what in outcomes.values()]
-    assert str(one.value) in said, (str(one.value), outcomes)
 
 
 @pytest.mark.parametrize("codec", ["raw", "sign", "topk", "randk", "qsgd", "fp16", "fp8"])
