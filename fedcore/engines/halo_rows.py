@@ -22,9 +22,20 @@ import numpy as np
 import torch
 
 from fedcore.compression.batched import RowCodec
-from fedcore.compression.rowwire import decode_rows, wire_width
+from fedcore.compression.rowwire import decode_rows, encode_rows, wire_width
+from fedcore.engines.ranks import Ranks, exchange
 
-__all__ = ["Layout", "Shares", "block_sums", "layout_of", "pack_rows", "plan_shares", "unpack_rows"]
+__all__ = [
+    "Layout",
+    "Shares",
+    "block_sums",
+    "encode_sent",
+    "layout_of",
+    "pack_rows",
+    "plan_shares",
+    "swap_rows",
+    "unpack_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -170,6 +181,62 @@ def unpack_rows(
             out = scalars if p.scalar else tensors
             out[p.name][where] = value.reshape(where.numel(), *p.shape)
     return tensors, scalars
+
+
+def encode_sent(
+    codec: RowCodec, values: torch.Tensor, sending: torch.Tensor, owners: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(decoded, encoded)`` of the messages ``values`` (one a row, row ``r`` sent by node
+    ``owners[r]``): the rows ``sending`` (``[m]`` bool) go through their senders' codecs
+    (each drawing from its owner's generator), the others come back as they are (a crashed
+    peer encodes nothing). ``encoded``: ``[m, width]`` bytes of the sent rows, where the
+    codec has a row form (else ``None``); a lossless codec returns ``values`` itself."""
+    m = values.shape[0]
+    if codec.lossless(values.dtype):
+        return values, None
+    picked = torch.nonzero(sending).squeeze(1)
+    out = values.clone()
+    width = wire_width(codec, int(values[0].numel()), values.dtype) if m else None
+    if width is None:
+        if picked.numel():
+            out[picked] = codec.roundtrip(values[picked], owners[picked])
+        return out, None
+    encoded = torch.zeros(m, width, dtype=torch.uint8)
+    out[picked], encoded[picked] = encode_rows(codec, values[picked], owners[picked])
+    return out, encoded
+
+
+_Rows = Mapping[str, torch.Tensor]
+
+
+def swap_rows(
+    ranks: Ranks,
+    codec: RowCodec,
+    parts: tuple[
+        Mapping[str, torch.Tensor], Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]
+    ],
+    rows: torch.Tensor,
+    counts: tuple[list[int], list[int]],
+    up: torch.Tensor,
+    far_up: torch.Tensor,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
+    """One halo exchange: the messages ``rows`` of ``parts`` (``(tensors, their encoded
+    bytes, scalars)`` as :func:`pack_rows` takes them; blocks of ``counts[0]`` rows per
+    destination rank, sent by ``up[rows]``) go out; what comes back (blocks of
+    ``counts[1]`` per source rank, from senders ``far_up``) is decoded. Returns the
+    received ``(tensors, scalars)`` and the bytes sent.
+
+    Raises:
+        PeerUnavailableError: the exchange failed.
+    """
+    tensors, encoded, scalars = parts
+    layout = layout_of(tensors, scalars, codec)
+    flat = pack_rows(layout, tensors, encoded, scalars, rows, up)
+    sent = block_sums(layout.widths(up[rows]), counts[0])
+    coming = block_sums(layout.widths(far_up), counts[1])
+    got = exchange(ranks, flat, sent, coming)
+    far_tensors, far_scalars = unpack_rows(layout, got, far_up, codec)
+    return far_tensors, far_scalars, int(flat.numel())
 
 
 @dataclass(frozen=True, eq=False)

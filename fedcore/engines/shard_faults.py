@@ -24,6 +24,8 @@ lost edge: rank 0 asks the plan for them itself in the rounds whose records it w
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -32,7 +34,14 @@ from fedcore.engines.ranks import Ranks, lost
 from fedcore.engines.vectorized import _Counter
 from fedcore.faults import FaultPlan
 
-__all__ = ["RowCounts", "ShardFaults", "pack_counts", "reduce_total", "unpack_counts"]
+__all__ = [
+    "RowCounts",
+    "ShardFaults",
+    "keep_up",
+    "pack_counts",
+    "reduce_total",
+    "unpack_counts",
+]
 
 _FIELDS = (
     "sent",
@@ -77,6 +86,23 @@ def unpack_counts(packed: torch.Tensor, device: torch.device) -> tuple[torch.Ten
         value = values[:, column].to(device)
         setattr(counter, name, value > 0 if name == "missing_senders" else value)
     return packed[:, 0].contiguous(), counter
+
+
+def keep_up(up: torch.Tensor, new: Any, old: Any) -> Any:
+    """``new`` for the up rows (``up``: ``[B]`` bool), ``old`` for the crashed ones, field
+    by field of a rule's state (a crashed peer keeps its state), as the one-process engine
+    keeps its crashed nodes'."""
+    if bool(up.all()):
+        return new
+    b = up.shape[0]
+    return type(new)(
+        *(
+            torch.where(up.reshape(-1, *([1] * (a.dim() - 1))), a, o)
+            if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == b
+            else a
+            for a, o in zip(new, old, strict=True)
+        )
+    )
 
 
 def reduce_total(ranks: Ranks, value: int) -> int | None:

@@ -32,21 +32,13 @@ Design (the first slice; :func:`refusal` says what it does not run yet):
   gradients are batch-invariant per row (:mod:`fedcore.gradients`). So R = 1, 2, 4 give the
   one-process engine's parameters, bit for bit (``tests/engines/test_sharded.py``).
 * **Codecs.** The sending rank round-trips its own rows through each peer's own codec
-  (:meth:`ShardedNetwork._roundtrip`; a stochastic codec draws from the generator of the
-  row's global peer, so a row's draws do not depend on which rank holds it), and what
-  crosses ranks is each boundary row's *encoded* bytes
-  (:mod:`fedcore.compression.rowwire`: sign bits and scale, top-k indices and values,
-  ...), which the receiving rank decodes into the same values
-  (:mod:`fedcore.engines.halo_rows`). A codec with no row form (``fp8``, ``s2fp8``,
-  ``float``), a lossless one, and a crashed sender's rows send values. Push-sum with a
-  codec that changes values encodes one share per sender and distinct out-weight (as the
-  one-process engine does): those shares, not rows, cross ranks
-  (:class:`~fedcore.engines.halo_rows.Shares`). The summary's ``halo_bytes`` adds up what
-  every rank sent.
+  (a stochastic codec draws from the generator of the row's global peer, whatever rank
+  holds it); each boundary row crosses ranks *encoded* and is decoded on the receiving
+  rank into the same values (:mod:`fedcore.engines.shard_codecs`, push-sum's shares
+  there too). The summary's ``halo_bytes`` adds up what every rank sent.
 * **Faults.** The fault plan is a keyed hash of ``(round, phase, edge)``: each rank asks it
-  about the edges of its rows (:mod:`fedcore.engines.shard_faults`): which slots of its
-  inboxes arrive, and what its rows sent, received and lost; a crashed row takes no step,
-  reads no batch, encodes nothing and keeps its state.
+  about the edges of its rows (:mod:`fedcore.engines.shard_faults`); a crashed row takes
+  no step, reads no batch, encodes nothing and keeps its state.
 * **Figures.** Traffic of a static graph with no faults is the same every round: rank 0
   counts it once from the graph (as the one-process engine does). With a fault plan each
   rank counts its own rows' figures, from their out- and in-edges, and they travel to
@@ -67,21 +59,15 @@ import numpy as np
 import torch
 
 from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
-from fedcore.compression.rowwire import encode_rows, wire_width
 from fedcore.config import Config
-from fedcore.engines.batched import _share_units, batched_form, raise_bad
-from fedcore.engines.halo_rows import (
-    Shares,
-    block_sums,
-    layout_of,
-    pack_rows,
-    plan_shares,
-    unpack_rows,
-)
-from fedcore.engines.ranks import Ranks, blocks, exchange, gather_rows
+from fedcore.engines.batched import batched_form, raise_bad
+from fedcore.engines.halo_rows import Shares
+from fedcore.engines.ranks import Ranks, blocks, gather_rows
+from fedcore.engines.shard_codecs import ShardCodecs
 from fedcore.engines.shard_faults import (
     RowCounts,
     ShardFaults,
+    keep_up,
     pack_counts,
     reduce_total,
     unpack_counts,
@@ -93,7 +79,7 @@ from fedcore.engines.vectorized import (
     node_records_mode,
     stacked_batches,
 )
-from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
+from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedObjective
@@ -113,12 +99,6 @@ SHARDED_ALGORITHMS = ("central", "choco", "deepsqueeze", "dog", "dol", "dpsgd", 
 every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
 process by ``tests/engines/test_sharded.py``. The server family, RPS and robust push-sum
 (state per edge) wait for later slices; the asynchronous ones run on the event engine."""
-
-_NOT_FINITE = (
-    "the messages of node {node} in round {round} were rejected: a tensor holds "
-    "non-finite values (the run diverged; strict mode stops here). Lower algorithm.lr."
-)
-"""What a receiving node says of a diverged sender (as the one-process engine says)."""
 
 
 def config_refusal(config: Config) -> str | None:
@@ -223,7 +203,7 @@ def plan_halo(
     )
 
 
-class ShardedNetwork:
+class ShardedNetwork(ShardCodecs):
     """This rank's block of the peers of ``setup`` (see the module docstring); rank 0 also
     answers what a run's figures need (:meth:`run_round`'s figures, :meth:`model`).
 
@@ -381,81 +361,6 @@ class ShardedNetwork:
             index=self.mine,
         )
 
-    def _roundtrip(
-        self, values: torch.Tensor, sending: torch.Tensor, t: int, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """What receivers decode of the messages ``values``, one a row, row ``r`` sent by
-        the local row ``rows[r]`` (default: row ``r``): the rows ``sending`` (``[m]`` bool)
-        go through their senders' codecs (each drawing from its global row's generator, as
-        the one-process engine's rows do), the others come back as they are (a crashed
-        peer encodes nothing). Where the codec has a row form, the encoded rows are kept
-        for the halo (:attr:`wire`). A decoded message that is not finite stops the run
-        as a strict receiver does."""
-        m = values.shape[0]
-        owner = torch.arange(m) if rows is None else rows
-        width = wire_width(self.codec, int(values[0].numel()), values.dtype) if m else None
-        if self.codec.lossless(values.dtype):
-            out = values
-        else:
-            picked = torch.nonzero(sending).squeeze(1)
-            out = values.clone()
-            who = self.mine[owner[picked]]
-            if width is not None:
-                encoded = torch.zeros(m, width, dtype=torch.uint8)
-                decoded, encoded[picked] = encode_rows(self.codec, values[picked], who)
-                out[picked] = decoded
-                self.wire[id(out)] = (out, encoded)
-            elif picked.numel():
-                out[picked] = self.codec.roundtrip(values[picked], who)
-        flat = out.reshape(m, -1)
-        # A row whose sum is finite holds only finite values: the exact test runs only on
-        # rows whose sum is not (an overflow of large finite values), as one process does.
-        suspect = ~torch.isfinite(flat.sum(dim=1)) & sending
-        if bool(suspect.any()):
-            bad = suspect & ~torch.isfinite(flat).all(dim=1)
-            senders = torch.zeros(self.b, dtype=torch.bool)
-            senders[owner[bad]] = True
-            raise_bad(senders, _NOT_FINITE, self.local_nodes, t, ProtocolError)
-        return out
-
-    def _units(self) -> Shares:
-        """Push-sum's units on this rank (:class:`~fedcore.engines.halo_rows.Shares`)."""
-        if self.shares is None:
-            halo = self.halo
-            self.shares = plan_shares(
-                _share_units(self.graph),
-                self.mine,
-                halo.send_rows,
-                halo.send_counts,
-                halo.recv_rows,
-                halo.recv_counts,
-                self.graph.slot_edge[self.mine],
-                self.n,
-            )
-        return self.shares
-
-    def _exchange(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        scalars: Mapping[str, torch.Tensor],
-        rows: torch.Tensor,
-        counts: tuple[list[int], list[int]],
-        up: torch.Tensor,
-        far_up: torch.Tensor,
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """One halo exchange: the messages ``rows`` of ``tensors`` and ``scalars`` (blocks
-        of ``counts[0]`` per destination rank; their senders ``up[rows]``) go out, each as
-        its codec encoded it (:mod:`fedcore.engines.halo_rows`); what comes back (blocks
-        of ``counts[1]`` per source rank, from senders ``far_up``) is decoded."""
-        layout = layout_of(tensors, scalars, self.codec)
-        encoded = {name: self.wire[id(v)][1] for name, v in tensors.items() if id(v) in self.wire}
-        flat = pack_rows(layout, tensors, encoded, scalars, rows, up)
-        sent = block_sums(layout.widths(up[rows]), counts[0])
-        coming = block_sums(layout.widths(far_up), counts[1])
-        self.halo_bytes += int(flat.numel())
-        got = exchange(self.ranks, flat, sent, coming)
-        return unpack_rows(layout, got, far_up, self.codec)
-
     def _inbox(
         self,
         send: Send,
@@ -497,46 +402,6 @@ class ShardedNetwork:
             else:
                 got_t = SenderRows(tensors, at)
                 got_s = {name: value.index_select(0, at) for name, value in scalars.items()}
-            slots.append(Slot(got_t, got_s, w, arrived[:, k]))
-        return slots
-
-    def _shares(
-        self, send: Send, t: int, up_all: torch.Tensor, arrived: torch.Tensor
-    ) -> list[Slot]:
-        """Push-sum's slots when a codec encodes the shares: each sender forms and encodes
-        one share a distinct out-weight (a unit, in the one-process engine's order), the
-        units of boundary senders cross ranks, encoded; the scalars go with the rows."""
-        up = up_all[self.mine]
-        halo, plan = self.halo, self._units()
-        shares = {
-            name: self._roundtrip(
-                value.index_select(0, plan.sender) * plan.weight.to(value.dtype).unsqueeze(1),
-                up[plan.sender],
-                t,
-                plan.sender,
-            )
-            for name, value in send.tensors.items()
-        }
-        far_t, _ = self._exchange(
-            shares,
-            {},
-            plan.send,
-            (plan.send_counts, plan.recv_counts),
-            up[plan.sender],
-            up_all[plan.recv_sender],
-        )
-        far_up = up_all[halo.recv_rows]
-        counts = (halo.send_counts, halo.recv_counts)
-        _, far_s = self._exchange({}, send.scalars, halo.send_rows, counts, up, far_up)
-        units = {
-            k: torch.cat([v, far_t[k], v.new_zeros((1, *v.shape[1:]))]) for k, v in shares.items()
-        }
-        scalars = {k: torch.cat([v, far_s[k]]) for k, v in send.scalars.items()}
-        slots = []
-        for k in range(self.nbr.shape[1]):
-            at, w = self.nbr[:, k], self.slot_weight[:, k]
-            got_t = {name: value.index_select(0, plan.slot[:, k]) for name, value in units.items()}
-            got_s = {name: value.index_select(0, at) * w for name, value in scalars.items()}
             slots.append(Slot(got_t, got_s, w, arrived[:, k]))
         return slots
 
@@ -584,7 +449,7 @@ class ShardedNetwork:
             if send is not None and self.rule.pattern != "none":
                 inbox = self._inbox(send, t, up_all, arrived, compressed)
             state, send = self.rule.mix(state, phase, inbox, rows)
-        self.state = _keep(up, state, self.state)
+        self.state = keep_up(up, state, self.state)
         self.wire = {}  # the round's encoded rows, sent
         self.round = t + 1
         idle = torch.zeros(self.n, dtype=torch.bool)
@@ -605,22 +470,6 @@ class ShardedNetwork:
         ):
             faults.lost_everywhere(t, up_all, counter)
         return counter.done(t, up_all, loss_all, idle)
-
-
-def _keep(up: torch.Tensor, new: Any, old: Any) -> Any:
-    """``new`` for the up rows, ``old`` for the crashed ones, field by field (a crashed
-    peer keeps its state), as the one-process engine keeps its crashed nodes'."""
-    if bool(up.all()):
-        return new
-    b = up.shape[0]
-    return type(new)(
-        *(
-            torch.where(up.reshape(-1, *([1] * (a.dim() - 1))), a, o)
-            if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == b
-            else a
-            for a, o in zip(new, old, strict=True)
-        )
-    )
 
 
 def is_eval_round(config: Config, t: int) -> bool:
