@@ -195,7 +195,9 @@ def test_a_diverged_sender_stops_every_rank_in_one_line(
     assert type(one.value).__name__ == error
     outcomes = run_ranks(config, world, folder / f"diverged-{codec}-{world}")
     assert set(outcomes) == set(range(world))
-    assert outcomes[0] == f"{error}: rank 0 of {world}: {one.value}", outcomes
+    # The rank that holds the first diverged peer names it as one process does.
+    said = {f"{error}: rank {r} of {world}: {one.value}" for r in range(world)}
+    assert said & set(outcomes.values()), outcomes
     assert all("\n" not in what for what in outcomes.values())
 
 
