@@ -16,8 +16,8 @@ Design (the first slice; :func:`refusal` says what it does not run yet):
 * **Halo.** Every rank reads the whole graph (the same file, the same seed) and derives the
   same plan (:class:`Halo`): for each destination rank, the sorted unique rows of this
   rank that have an out-edge into that rank's rows. Each phase, the rows a rule sends
-  (its :class:`~fedcore.algorithms.rule.Send`: tensors and scalars, every dtype packed as
-  bytes into one ``uint8`` row) go out in one ``all_to_all_single`` with those split sizes:
+  (its :class:`~fedcore.algorithms.rule.Send`: tensors and scalars, each row as bytes,
+  see **Codecs**) go out in one ``all_to_all_single`` with those split sizes:
   each boundary row once per destination rank, never once per edge. What comes back,
   appended below the rank's own rows, is the *extended stack*: the receiver's in-neighbour
   table (:class:`~fedcore.engines.stacked_graph.StackedGraph`'s ``nbr``, its rows of this
@@ -30,21 +30,34 @@ Design (the first slice; :func:`refusal` says what it does not run yet):
   global neighbour table: its in-neighbours in sorted-id order, padded to the whole graph's
   largest in-degree, exactly the slots the one-process engine builds. The rule adds them
   slot by slot (``gossip``, push-sum's ``mix``) with the same elementwise operations on
-  the same operands: a sender's row arrives bit for bit (raw bytes, a lossless codec), and
+  the same operands: a sender's row arrives bit for bit (what its codec decodes), and
   push-sum's share ``x_j * W_ji`` is formed from the same two values. Each row's result is
   thus a function of its own inputs in a fixed order, whatever rank holds it; the
   gradients are batch-invariant per row (:mod:`fedcore.gradients`). So R = 1, 2, 4 give the
   one-process engine's parameters, bit for bit (``tests/engines/test_sharded.py``).
+* **Codecs.** The sending rank round-trips its own rows through each peer's own codec
+  (a stochastic codec draws from the generator of the row's global peer, whatever rank
+  holds it); each boundary row crosses ranks *encoded* and is decoded on the receiving
+  rank into the same values (:mod:`fedcore.engines.shard_codecs`, push-sum's shares
+  there too). The summary's ``halo_bytes`` adds up what every rank sent.
+* **Faults.** The fault plan is a keyed hash of ``(round, phase, edge)``: each rank asks it
+  about the edges of its rows (:mod:`fedcore.engines.shard_faults`); a crashed row takes
+  no step, reads no batch, encodes nothing and keeps its state.
 * **Figures.** Traffic of a static graph with no faults is the same every round: rank 0
-  counts it once from the graph (as the one-process engine does). Each round the ranks'
-  losses are gathered on rank 0, and the models on evaluation rounds and at the end; rank 0
-  writes the run's files (:mod:`fedcore.simulation.ranks`), and its summary says how the
-  peers were placed: the ``partition`` that ran, the ``cut_fraction`` of edges whose ends
-  are on different ranks, and the ``halo_bytes_per_round`` that crossed ranks.
+  counts it once from the graph (as the one-process engine does). With a fault plan each
+  rank counts its own rows' figures, from their out- and in-edges, and they travel to
+  rank 0 with the rows' losses (the per-edge fault tables once, at the end:
+  :meth:`ShardedNetwork.finish`). Each round the ranks' losses are gathered on rank 0, and
+  the models on evaluation rounds and at the end; rank 0 writes the run's files
+  (:mod:`fedcore.simulation.ranks`).
+  Rank 0's summary also says how the peers were placed: the ``partition`` that ran,
+  the ``cut_fraction`` of edges whose ends are on different ranks, and the
+  ``halo_bytes_per_round`` that crossed ranks.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -55,6 +68,7 @@ import torch
 from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
 from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
+from fedcore.engines.halo_rows import Shares
 from fedcore.engines.partition import (
     METIS_MISSING,
     cut_fraction,
@@ -62,10 +76,24 @@ from fedcore.engines.partition import (
     metis_available,
     place,
 )
-from fedcore.engines.ranks import Ranks, exchange, gather_rows
+from fedcore.engines.ranks import Ranks, gather_rows
+from fedcore.engines.shard_codecs import ShardCodecs
+from fedcore.engines.shard_faults import (
+    RowCounts,
+    ShardFaults,
+    keep_up,
+    pack_counts,
+    reduce_total,
+    unpack_counts,
+)
 from fedcore.engines.stacked_graph import stack_graph
-from fedcore.engines.vectorized import RoundFigures, _Counter, stacked_batches
-from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
+from fedcore.engines.vectorized import (
+    RoundFigures,
+    _Counter,
+    node_records_mode,
+    stacked_batches,
+)
+from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedObjective
@@ -85,12 +113,6 @@ SHARDED_ALGORITHMS = ("central", "choco", "deepsqueeze", "dog", "dol", "dpsgd", 
 every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
 process by ``tests/engines/test_sharded.py``. The server family, RPS and robust push-sum
 (state per edge) wait for later slices; the asynchronous ones run on the event engine."""
-
-_NOT_FINITE = (
-    "the messages of node {node} in round {round} were rejected: a tensor holds "
-    "non-finite values (the run diverged; strict mode stops here). Lower algorithm.lr."
-)
-"""What a receiving node says of a diverged sender (as the one-process engine says)."""
 
 
 def config_refusal(config: Config) -> str | None:
@@ -112,14 +134,8 @@ def config_refusal(config: Config) -> str | None:
         )
     if algorithm.options.get("robust"):
         return "robust push-sum keeps state per edge, which ranks do not exchange yet"
-    codec, dtype = config.compression.codec, config.model.dtype
-    if not (codec == "raw" or (codec == "fp32" and dtype == "float32")):
-        return (
-            f"compression.codec = {codec!r} on a {dtype} model changes what is sent; ranks "
-            "send rows as they are (fp32 on float32 models, or raw) for now"
-        )
-    if config.faults.active:
-        return "a fault plan is not sharded yet (ranks run with no faults)"
+    if config.faults.active and not config.faults.announce:
+        return "faults.announce = false loses messages silently, which needs deadline mode"
     if config.time.active or config.transport.mode != "strict":
         return "virtual time ([time], deadline mode) is not sharded yet"
     if config.run.checkpoint_every:
@@ -209,42 +225,7 @@ def plan_halo(
     )
 
 
-_Layout = list[tuple[str, str, torch.dtype, tuple[int, ...], int]]
-"""How :func:`_pack` laid out a send's rows: (kind, name, dtype, row shape, bytes) each."""
-
-
-def _pack(send: Send, rows: torch.Tensor) -> tuple[torch.Tensor, _Layout]:
-    """The rows ``rows`` of every tensor and scalar of ``send`` as one ``[len(rows), bytes]``
-    uint8 tensor (bit for bit), and how to unpack it."""
-    parts: list[torch.Tensor] = []
-    layout: _Layout = []
-    for kind, values in (("tensor", send.tensors), ("scalar", send.scalars)):
-        for name, value in values.items():
-            picked = value.index_select(0, rows).contiguous()
-            per_row = int(np.prod(value.shape[1:], dtype=np.int64))
-            raw = picked.reshape(picked.shape[0], per_row).view(torch.uint8)
-            parts.append(raw)
-            layout.append((kind, name, value.dtype, tuple(value.shape[1:]), raw.shape[1]))
-    packed = torch.cat(parts, dim=1) if parts else torch.zeros((rows.numel(), 0), dtype=torch.uint8)
-    return packed, layout
-
-
-def _unpack(
-    packed: torch.Tensor, layout: _Layout
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, torch.Tensor] = {}
-    at = 0
-    m = packed.shape[0]
-    for kind, name, dtype, shape, width in layout:
-        raw = packed[:, at : at + width].contiguous()
-        at += width
-        value = raw.view(dtype).reshape(m, *shape)
-        (tensors if kind == "tensor" else scalars)[name] = value
-    return tensors, scalars
-
-
-class ShardedNetwork:
+class ShardedNetwork(ShardCodecs):
     """This rank's block of the peers of ``setup`` (see the module docstring); rank 0 also
     answers what a run's figures need (:meth:`run_round`'s figures, :meth:`model`).
 
@@ -300,8 +281,6 @@ class ShardedNetwork:
         self.own = np.zeros(self.n, dtype=np.bool_)
         self.own[rows] = True
         self.round = 0
-        self.widths: list[int] = []
-        """Bytes of one packed row in each phase of the last round (the halo's rows)."""
         self.full = _Counter(self.n, self.device)  # the traffic of a round, on rank 0
         self.cut_fraction = 0.0
         """Rank 0: the share of the graph's edges whose ends are on different ranks."""
@@ -315,12 +294,37 @@ class ShardedNetwork:
             self.halo_rows = halo_rows(src, dst, owner, ranks.world)
         self.last = self.start.unsqueeze(0).repeat(self.n, 1) if ranks.rank == 0 else None
         """Rank 0: the models of the last gather (what a failed run's summary holds)."""
+        # Faults and codecs: the global row of each local row (its codec's owner), the
+        # fault plan asked for this block's in-edges, and which rounds' records list faults.
+        self.local_of = torch.full((self.n,), -1, dtype=torch.long)
+        self.local_of[self.mine] = torch.arange(self.b)
+        self.faults: ShardFaults | None = None
+        if setup.faults is not None:
+            messages = [
+                self.form.messages(p, graph, self._size, self.d) for p in range(self.rule.phases)
+            ]
+            own = torch.from_numpy(self.own)
+            slot_edge = graph.slot_edge[self.mine]
+            self.faults = ShardFaults(setup.faults, messages, own, self.local_of, slot_edge)
+        self.records = node_records_mode(setup.config, self.n)
+        self.wire: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """The round's encoded rows (``[B, width]`` uint8) of each tensor the codec
+        encoded, by the decoded tensor's id (kept with it, so the id stays its own)."""
+        self.halo_bytes = 0
+        """Bytes this rank sent other ranks in halo exchanges (what codecs shrink)."""
+        self.halo_total: int | None = None
+        """Rank 0, after :meth:`finish`: the halo bytes of every rank, added up."""
+        self.graph = graph
+        self.shares: Shares | None = None
+        """Push-sum's units on this rank (:meth:`_units`, made at the first need)."""
 
     @property
     def halo_bytes_per_round(self) -> int:
-        """Rank 0: bytes that crossed ranks in the last round: each boundary row once per
-        destination rank, times the packed row's bytes, summed over the phases."""
-        return self.halo_rows * sum(self.widths)
+        """Rank 0, after :meth:`finish`: the bytes that crossed ranks a round, all ranks
+        together (the same every round but where a crashed peer's rows cross as values)."""
+        if self.halo_total is None or self.round == 0:
+            return 0
+        return self.halo_total // self.round
 
     def _size(self, n: int) -> int:
         return self.codec.nbytes(n, self.dtype)
@@ -328,9 +332,30 @@ class ShardedNetwork:
     def check(self) -> None:
         """Nothing deferred: every check of a CPU rank is read at once."""
 
-    def fault_counts(self) -> tuple[dict[str, int], dict[str, int]]:
-        """No fault plan: nothing missing, nothing lost."""
-        return {}, {}
+    def fault_counts(self) -> tuple[dict[str, int], dict[str, int]] | None:
+        """``(missing per edge, lost per edge)`` of the run so far, keyed
+        ``"sender->receiver"``, as the summary's ``faults`` tables: on rank 0 (``None`` on
+        the others). With a fault plan a collective (every rank calls it once, at the
+        end); without one nothing is missing or lost."""
+        if self.faults is None:
+            return ({}, {}) if self.ranks.rank == 0 else None
+        return self.faults.tables(self.ranks, self.nodes)
+
+    def finish(self) -> tuple[dict[str, int], dict[str, int], int] | None:
+        """The end of a run (a collective: every rank calls it once, after the last
+        :meth:`model`): on rank 0 the fault tables (:meth:`fault_counts`) and the bytes
+        every rank sent in halo exchanges (:attr:`halo_bytes`, added up); ``None`` on the
+        others.
+
+        Raises:
+            PeerUnavailableError: a collective failed.
+        """
+        tables = self.fault_counts()
+        sent = reduce_total(self.ranks, self.halo_bytes)
+        if tables is None or sent is None:
+            return None
+        self.halo_total = sent
+        return tables[0], tables[1], sent
 
     def model(self) -> torch.Tensor | None:
         """Every node's model, gathered on rank 0 (``[N, d]``); ``None`` on the others.
@@ -340,16 +365,32 @@ class ShardedNetwork:
             self.last = full
         return full
 
-    def _rows(self, t: int, lr: float) -> Rows:
+    def _rows(self, t: int, lr: float, up: torch.Tensor, compressed: set[int]) -> Rows:
+        """What the rule reads of round ``t`` for this block: ``up`` (``[B]`` bool) says
+        which rows run it; ``rows.compress`` encodes the up rows (their own codecs, owned
+        by their global rows) and notes the tensors it made in ``compressed``."""
         nodes = self.local_nodes
 
         def fail(bad: torch.Tensor, why: str) -> None:
-            raise_bad(bad, why, nodes, t, AlgorithmError)
+            raise_bad(bad & up, why, nodes, t, AlgorithmError)
+
+        def compress(
+            v: torch.Tensor,
+            where: torch.Tensor | None,
+            owners: torch.Tensor | None,
+            width: torch.Tensor | None,
+        ) -> torch.Tensor:
+            if owners is not None or width is not None or where is not None:
+                raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
+            out = self._roundtrip(v, up, t)
+            compressed.add(id(out))
+            return out
 
         return Rows(
             round=t,
             lr=lr,
             self_weight=self.self_weight,
+            compress=compress,
             fail=fail,
             in_degree=self.in_degree,
             n=self.n,
@@ -360,22 +401,34 @@ class ShardedNetwork:
             index=self.mine,
         )
 
-    def _inbox(self, send: Send, t: int) -> list[Slot]:
+    def _inbox(
+        self,
+        send: Send,
+        t: int,
+        up_all: torch.Tensor,
+        arrived: torch.Tensor,
+        compressed: set[int],
+    ) -> list[Slot]:
         """This block's slots of the phase whose messages are ``send``: its rows and the
-        halo's, exchanged once (see the module docstring)."""
+        halo's, decoded as receivers decode them and exchanged once (see the module
+        docstring): each row as its codec encoded it, or as it is where it goes as values
+        (:mod:`fedcore.engines.halo_rows`). ``up_all`` (``[N]`` bool) says which senders
+        are up, ``arrived`` (``[B, K]`` bool) which slots' messages arrived."""
+        up = up_all[self.mine]
         if send.to is not None or send.shared:
             raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
-        for value in send.tensors.values():  # as a receiver checks what it decodes
-            bad = ~torch.isfinite(value.reshape(value.shape[0], -1).sum(dim=1))
-            if bool(bad.any()):
-                raise_bad(bad, _NOT_FINITE, self.local_nodes, t, ProtocolError)
         halo = self.halo
-        packed, layout = _pack(send, halo.send_rows)
-        self.widths.append(int(packed.shape[1]))
-        got = exchange(self.ranks, packed, halo.send_counts, halo.recv_counts)
-        far_tensors, far_scalars = _unpack(got, layout)
-        tensors = {k: torch.cat([v, far_tensors[k]]) for k, v in send.tensors.items()}
-        scalars = {k: torch.cat([v, far_scalars[k]]) for k, v in send.scalars.items()}
+        far_up = up_all[halo.recv_rows]
+        counts = (halo.send_counts, halo.recv_counts)
+        if send.weighted and not self.codec.lossless(self.dtype):
+            return self._shares(send, t, up_all, arrived)
+        decoded = {
+            name: value if id(value) in compressed else self._roundtrip(value, up, t)
+            for name, value in send.tensors.items()
+        }
+        far_t, far_s = self._exchange(decoded, send.scalars, halo.send_rows, counts, up, far_up)
+        tensors = {k: torch.cat([v, far_t[k]]) for k, v in decoded.items()}
+        scalars = {k: torch.cat([v, far_s[k]]) for k, v in send.scalars.items()}
         slots = []
         for k in range(self.nbr.shape[1]):
             at = self.nbr[:, k]
@@ -389,33 +442,74 @@ class ShardedNetwork:
             else:
                 got_t = SenderRows(tensors, at)
                 got_s = {name: value.index_select(0, at) for name, value in scalars.items()}
-            slots.append(Slot(got_t, got_s, w, self.arrived[:, k]))
+            slots.append(Slot(got_t, got_s, w, arrived[:, k]))
         return slots
+
+    def _gradients(
+        self, params: torch.Tensor, up: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This block's losses (float64, NaN for a crashed row) and gradients (0 for a
+        crashed row) of its next batches: a crashed row reads no batch."""
+        if bool(up.all()):
+            _, x, y, mask = self.batches.next(self.own)
+            losses, grad = self.objective.loss_and_grad(params, x, y, mask)
+            return losses.to(torch.float64), grad
+        reading = self.own.copy()
+        reading[self.mine[~up].numpy()] = False
+        rows, x, y, mask = self.batches.next(reading)
+        loss = torch.full((self.b,), math.nan, dtype=torch.float64)
+        grad = torch.zeros_like(params)
+        local = self.local_of[rows]
+        if local.numel():
+            losses, grads = self.objective.loss_and_grad(params[local], x, y, mask)
+            loss[local] = losses.to(torch.float64)
+            grad[local] = grads
+        return loss, grad
 
     def run_round(self) -> RoundFigures | None:
         """Run round ``self.round`` for this block; rank 0 returns the round's figures
         (the others ``None``). A collective: every rank runs every round."""
         t = self.round
-        self.widths = []
         lr = self.setup.options.lr_at(t)
+        faults = self.faults
+        up_all = torch.ones(self.n, dtype=torch.bool) if faults is None else faults.up(t)
+        up = up_all[self.mine]
         params = self.rule.model(self.state)
-        _, x, y, mask = self.batches.next(self.own)
-        losses, grad = self.objective.loss_and_grad(params, x, y, mask)
-        rows = self._rows(t, lr)
+        loss, grad = self._gradients(params, up)
+        compressed: set[int] = set()
+        self.wire = {}
+        rows = self._rows(t, lr, up, compressed)
+        counts = RowCounts(self.b)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):
-            inbox = [] if send is None or self.rule.pattern == "none" else self._inbox(send, t)
+            arrived = self.arrived
+            if faults is not None:
+                arrived = faults.arrived(t, phase, up_all, counts)
+            inbox: list[Slot] = []
+            if send is not None and self.rule.pattern != "none":
+                inbox = self._inbox(send, t, up_all, arrived, compressed)
             state, send = self.rule.mix(state, phase, inbox, rows)
-        self.state = state
-        loss = gather_rows(self.ranks, losses.to(torch.float64), self.shards)
+        self.state = keep_up(up, state, self.state)
+        self.wire = {}  # the round's encoded rows, sent
         self.round = t + 1
-        if loss is None:
-            return None
-        figures = _Counter(self.n, self.device)
-        figures.add(self.full)
-        up = torch.ones(self.n, dtype=torch.bool)
         idle = torch.zeros(self.n, dtype=torch.bool)
-        return figures.done(t, up, loss, idle)
+        if faults is None:
+            loss_all = gather_rows(self.ranks, loss, self.shards)
+            if loss_all is None:
+                return None
+            counter = _Counter(self.n, self.device)
+            counter.add(self.full)  # the same every round: counted once
+            return counter.done(t, up_all, loss_all, idle)
+        # The rows' counts travel with their losses: one gather, as without faults.
+        gathered = gather_rows(self.ranks, pack_counts(loss, counts), self.shards)
+        if gathered is None:
+            return None
+        loss_all, counter = unpack_counts(gathered, self.device)
+        if self.records == "all" or (
+            self.records == "eval" and is_eval_round(self.setup.config, t)
+        ):
+            faults.lost_everywhere(t, up_all, counter)
+        return counter.done(t, up_all, loss_all, idle)
 
 
 def is_eval_round(config: Config, t: int) -> bool:

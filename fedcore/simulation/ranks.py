@@ -101,10 +101,16 @@ class _Sharded:
         return self.final(observer, gather=True)
 
     def final(self, observer: RunObserver, gather: bool = False) -> dict[str, torch.Tensor]:
-        """Every node's parameters: gathered (a collective) at the end of a run, else (a
-        run that failed, which no collective may wait on) those of the last gather."""
+        """Every node's parameters: gathered (a collective) at the end of a run, with the
+        fault tables, else (a run that failed, which no collective may wait on) those of
+        the last gather."""
         params = self.net.model() if gather else self.net.last
         assert params is not None  # rank 0's
+        if gather:  # the fault tables and halo bytes, added up over the ranks
+            ended = self.net.finish()
+            assert ended is not None  # rank 0's
+            observer.missing_edges.update(ended[0])
+            observer.dropped_edges.update(ended[1])
         return {nid: params[i] for i, nid in enumerate(self.nodes)}
 
     def summary(self) -> dict[str, Any]:
@@ -114,6 +120,7 @@ class _Sharded:
             "device": str(net.device),
             "gradients": net.objective.mode,
             "ranks": net.ranks.world,
+            "halo_bytes": net.halo_total,
             "partition": net.placement.method,
             "cut_fraction": net.cut_fraction,
             "halo_bytes_per_round": net.halo_bytes_per_round,
@@ -122,13 +129,14 @@ class _Sharded:
 
 def _follow(net: ShardedNetwork, config: Config) -> None:
     """A rank other than 0: every round, the models at each evaluation and at the end,
-    in the order rank 0's run asks for them."""
+    then the fault tables and halo bytes, in the order rank 0's run asks for them."""
     while net.round < config.run.rounds:
         t = net.round
         net.run_round()
         if is_eval_round(config, t):
             net.model()
     net.model()
+    net.finish()  # as rank 0's run ends (a collective)
 
 
 def simulate_rank(

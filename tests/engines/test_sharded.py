@@ -2,7 +2,8 @@
 process: R = 1, 2 and 3 ranks end with the one-process run's parameters (``params_sha256``),
 traffic, byte counts, evaluations and per-node records, on a random graph with odd ids; what
 a sharded run cannot run yet is refused in one line before any rank starts; a rank that dies
-stops the others within the group's timeout.
+stops the others within the group's timeout. Codecs and fault plans on ranks:
+``tests/engines/test_sharded_faults.py``.
 
 The ranks here are forked processes that call :func:`fedcore.simulation.ranks.simulate_rank`
 (no interpreter start); one test runs ``fedcore simulate --ranks 2`` end to end.
@@ -240,8 +241,6 @@ def test_the_halo_sends_each_boundary_row_once_per_rank(method: str) -> None:
 @pytest.mark.parametrize(
     ("setting", "says"),
     [
-        ("faults.drop=0.1", "fault plan"),
-        ("compression.codec='topk'", "compression.codec = 'topk'"),
         ("algorithm.name='fedavg'", "not sharded yet"),
         ("algorithm.robust=true", "robust push-sum"),
         ("simulate.device='cuda'", "CPU"),
