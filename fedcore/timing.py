@@ -56,6 +56,9 @@ _SLOW = keyed.string_id("slow")
 _ON = keyed.string_id("on")
 _OFF = keyed.string_id("off")
 _F64 = torch.float64
+_MOST_PERIODS = 256
+"""The most on/off periods :meth:`TimeModel.available_from` draws for a peer in one step
+(it starts at one and doubles while a peer is still behind)."""
 _MIB = float(2**20)
 
 
@@ -386,19 +389,41 @@ class TimeModel:
             self._on_start[again] = 0.0
             self._off_start[again] = 0.0
             self._on_end[again] = self._period(_ON, again, self._cycle[again])
+        chunk = 1
         while True:
             end = self._on_end[nodes]  # the end of the current on period
             behind = at >= end
             if not bool(behind.any()):
                 break
-            moving = torch.unique(nodes[behind])
-            k = self._cycle[moving]
-            self._off_start[moving] = self._on_end[moving]
-            start = self._on_end[moving] + self._period(_OFF, moving, k)
-            self._cycle[moving] = k + 1
-            self._on_start[moving] = start
-            self._on_end[moving] = start + self._period(_ON, moving, k + 1)
+            self._advance(nodes[behind], at[behind], chunk)
+            chunk = min(2 * chunk, _MOST_PERIODS)
         return torch.maximum(at, self._on_start[nodes])
+
+    def _advance(self, nodes: torch.Tensor, at: torch.Tensor, chunk: int) -> None:
+        """Step each peer ``nodes[b]`` (behind ``at[b]``) on by up to ``chunk`` off/on
+        periods: until its on period ends after ``at[b]``, or ``chunk`` periods on.
+
+        The moments are the running sums of one peer's durations, in the order the one by
+        one steps add them (``start = end + off``, ``end = start + on``): a cumulative sum
+        along a row adds in that order, so a peer lands on the same bits in one call of
+        ``chunk`` periods as in ``chunk`` calls of one (``tests/test_timing.py``)."""
+        moving, where = torch.unique(nodes, return_inverse=True)
+        goal = torch.full(moving.shape, -math.inf, dtype=_F64)
+        goal.scatter_reduce_(0, where, at, reduce="amax")  # a peer asked twice: the later
+        k = self._cycle[moving].unsqueeze(1) + torch.arange(chunk)  # [m, chunk]
+        peers = moving.unsqueeze(1).expand_as(k)
+        durations = torch.stack(
+            [self._period(_OFF, peers, k), self._period(_ON, peers, k + 1)], dim=2
+        ).reshape(len(moving), 2 * chunk)
+        moments = torch.cumsum(torch.cat([self._on_end[moving].unsqueeze(1), durations], 1), 1)
+        ends = moments[:, 2::2]  # the end of the on period after each step
+        ahead = goal.unsqueeze(1) < ends
+        step = torch.where(ahead.any(dim=1), ahead.to(torch.int8).argmax(dim=1), chunk - 1)
+        rows = torch.arange(len(moving))
+        self._off_start[moving] = moments[rows, 2 * step]
+        self._on_start[moving] = moments[rows, 2 * step + 1]
+        self._on_end[moving] = moments[rows, 2 * step + 2]
+        self._cycle[moving] = self._cycle[moving] + 1 + step
 
     def _period(self, kind: int, nodes: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Exponential on (``kind`` ``_ON``) or off durations of the peers' ``k``-th period."""

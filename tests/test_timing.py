@@ -131,6 +131,67 @@ def test_on_off_periods_answer_the_same_whatever_was_asked_before(
         fresh = model(on_s=3.0, off_s=2.0)
 
 
+def _one_period_at_a_time(m: TimeModel, nodes: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """:meth:`TimeModel.available_from` as it stepped before, one off/on period a step."""
+    from fedcore.timing import _OFF, _ON
+
+    at = at.to(torch.float64)
+    back = at < m._off_start[nodes]
+    if bool(back.any()):
+        again = nodes[back]
+        m._cycle[again] = 0
+        m._on_start[again] = 0.0
+        m._off_start[again] = 0.0
+        m._on_end[again] = m._period(_ON, again, m._cycle[again])
+    while True:
+        behind = at >= m._on_end[nodes]
+        if not bool(behind.any()):
+            break
+        moving = torch.unique(nodes[behind])
+        k = m._cycle[moving]
+        m._off_start[moving] = m._on_end[moving]
+        start = m._on_end[moving] + m._period(_OFF, moving, k)
+        m._cycle[moving] = k + 1
+        m._on_start[moving] = start
+        m._on_end[moving] = start + m._period(_ON, moving, k + 1)
+    return torch.maximum(at, m._on_start[nodes])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(0, 100, allow_subnormal=False), min_size=8, max_size=8),
+        min_size=1,
+        max_size=6,
+    ),
+    st.floats(0.5, 5.0),
+    st.floats(0.5, 5.0),
+)
+def test_many_periods_a_step_land_on_the_bits_of_one_a_step(
+    calls: list[list[float]], on_s: float, off_s: float
+) -> None:
+    """Periods drawn many at a time and summed by a cumulative sum give every moment bit
+    for bit as stepping one period at a time did (long schedules in one call, calls that go
+    back, peers far apart)."""
+    new, old = model(on_s=on_s, off_s=off_s), model(on_s=on_s, off_s=off_s)
+    every = torch.arange(8)
+    for times in calls:
+        at = torch.tensor(times, dtype=torch.float64)
+        got = new.available_from(every, at)
+        assert torch.equal(got, _one_period_at_a_time(old, every, at))
+        for name in ("_cycle", "_on_start", "_off_start", "_on_end"):
+            assert torch.equal(getattr(new, name), getattr(old, name)), name
+
+
+def test_a_thousand_periods_in_one_call_land_on_the_bits_of_one_a_step() -> None:
+    """Past the largest step (256 periods): the steps that follow it start where it ended."""
+    new, old = model(on_s=1.0, off_s=1.0), model(on_s=1.0, off_s=1.0)
+    at = torch.tensor([1500.0, 3.0, 700.0, 0.0], dtype=torch.float64)
+    nodes = torch.tensor([0, 1, 2, 3])
+    assert torch.equal(new.available_from(nodes, at), _one_period_at_a_time(old, nodes, at))
+    assert int(new._cycle.max()) > 600 and torch.equal(new._on_end, old._on_end)
+
+
 def test_peers_are_off_about_the_share_their_periods_say() -> None:
     m = model(on_s=3.0, off_s=1.0)
     off = 0
