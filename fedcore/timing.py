@@ -407,6 +407,8 @@ class TimeModel:
         one steps add them (``start = end + off``, ``end = start + on``): a cumulative sum
         along a row adds in that order, so a peer lands on the same bits in one call of
         ``chunk`` periods as in ``chunk`` calls of one (``tests/test_timing.py``)."""
+        on_end = self._on_end
+        assert on_end is not None  # on/off periods configured (available_from's check)
         moving, where = torch.unique(nodes, return_inverse=True)
         goal = torch.full(moving.shape, -math.inf, dtype=_F64)
         goal.scatter_reduce_(0, where, at, reduce="amax")  # a peer asked twice: the later
@@ -415,14 +417,14 @@ class TimeModel:
         durations = torch.stack(
             [self._period(_OFF, peers, k), self._period(_ON, peers, k + 1)], dim=2
         ).reshape(len(moving), 2 * chunk)
-        moments = torch.cumsum(torch.cat([self._on_end[moving].unsqueeze(1), durations], 1), 1)
+        moments = torch.cumsum(torch.cat([on_end[moving].unsqueeze(1), durations], 1), 1)
         ends = moments[:, 2::2]  # the end of the on period after each step
         ahead = goal.unsqueeze(1) < ends
         step = torch.where(ahead.any(dim=1), ahead.to(torch.int8).argmax(dim=1), chunk - 1)
         rows = torch.arange(len(moving))
         self._off_start[moving] = moments[rows, 2 * step]
         self._on_start[moving] = moments[rows, 2 * step + 1]
-        self._on_end[moving] = moments[rows, 2 * step + 2]
+        on_end[moving] = moments[rows, 2 * step + 2]
         self._cycle[moving] = self._cycle[moving] + 1 + step
 
     def _period(self, kind: int, nodes: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
