@@ -1,8 +1,9 @@
 """Schedules of graphs (time-varying topologies) on a sharded run against one process: the
-one-peer exponential schedule, and a schedule of three random graphs over the odd ids
-whose largest in-degrees and halos differ from graph to graph, end with the one-process
-run's parameters (``params_sha256``), traffic, byte and fault counts, evaluations and
-per-node records, with a codec and a fault plan, on R = 1 to 4 ranks. Each graph of the
+one-peer exponential schedule (``ops``), and a schedule of three random graphs over the
+odd ids whose largest in-degrees and halos differ from graph to graph (``ops``, ``dpsgd``,
+``dol``, ``deepsqueeze``), end with the one-process run's parameters (``params_sha256``),
+traffic, byte and fault counts, evaluations and per-node records, with codecs and a fault
+plan, on R = 1 to 4 ranks. Each graph of the
 period has its own plan on every rank (:mod:`fedcore.engines.shard_plan`), and the
 summary's placement figures are those of one period's rounds.
 
@@ -93,28 +94,34 @@ def _stacked(config: Config) -> list[StackedGraph]:
 
 
 CASES = [
-    ("ops", (), (1, 2, 3), False),  # examples/ops-time-varying.toml's schedule, n0 .. n7
-    ("ops", ("topk",), (2, 3), True),  # push-sum's encoded shares, each graph's own
-    ("dpsgd", ("sign",), (4,), True),
+    # examples/ops-time-varying.toml's schedule (n0 .. n7), without codec or faults
+    ("ops", "one-peer", "fp32", (1, 2, 3), False),
+    # the odd schedule: push-sum's encoded shares, each graph's own; gossip; a stochastic
+    # codec's draws; error feedback
+    ("ops", "odd", "topk", (2, 3), True),
+    ("dpsgd", "odd", "sign", (4,), True),
+    ("dol", "odd", "qsgd", (3,), True),
+    ("deepsqueeze", "odd", "randk", (2,), False),
 ]
 
 
-@pytest.mark.parametrize(("algorithm", "codec", "worlds", "faults"), CASES)
+@pytest.mark.parametrize(("algorithm", "graph", "codec", "worlds", "faults"), CASES)
 def test_a_schedule_on_ranks_equals_one_process(
     algorithm: str,
-    codec: tuple[str, ...],
+    graph: str,
+    codec: str,
     worlds: tuple[int, ...],
     faults: bool,
     folder: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if faults:  # the fault plan names odd ids: on the odd schedule
+    if graph == "odd":
         monkeypatch.setattr(plan, "build_topology", lambda cfg: odd_schedule())
-    extra = [s for c in codec for s in CODECS[c]] + (FAULTS if faults else [])
+    extra = CODECS[codec] + (FAULTS if faults else [])
     config = _config(algorithm, *extra)
     setup = prepare_run(config)
     assert setup.graph.period == 3 and setup_refusal(setup) is None
-    case = f"{algorithm}-{'-'.join(codec) or 'fp32'}-{faults}"
+    case = f"{algorithm}-{graph}-{codec}-{faults}"
     one = folder / f"{case}-one"
     torch.set_num_threads(1)
     expected = simulate(config, out_dir=one, show_progress=False, threads=1)
@@ -136,6 +143,8 @@ def test_a_schedule_on_ranks_equals_one_process(
     if faults:
         assert expected["traffic"]["messages_dropped"] > 0
         assert expected["faults"]["down_rounds"] == {ODD_IDS[3]: [[1, 2]]}
+    if codec != "fp32":
+        assert expected["traffic"]["compression_ratio_vs_fp32"] > 1.5
 
 
 def test_each_graph_of_a_schedule_has_its_own_plan(odd: None) -> None:
