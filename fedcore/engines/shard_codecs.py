@@ -50,7 +50,6 @@ class ShardCodecs:
     nbr: torch.Tensor
     slot_weight: torch.Tensor
     wire: dict[int, tuple[torch.Tensor, torch.Tensor]]
-    shares: Shares | None
     halo_bytes: int
 
     def _roundtrip(
@@ -80,10 +79,13 @@ class ShardCodecs:
         return out
 
     def _units(self) -> Shares:
-        """Push-sum's units on this rank (:class:`~fedcore.engines.halo_rows.Shares`)."""
-        if self.shares is None:
+        """Push-sum's units on this rank (:class:`~fedcore.engines.halo_rows.Shares`) of
+        the current graph, made at the first need (kept with the graph: a schedule's
+        graphs have their own)."""
+        shares: Shares | None = self.graph.cache.get("shard_shares")
+        if shares is None:
             halo = self.halo
-            self.shares = plan_shares(
+            shares = plan_shares(
                 _share_units(self.graph),
                 self.mine,
                 halo.send_rows,
@@ -93,7 +95,8 @@ class ShardCodecs:
                 self.graph.slot_edge[self.mine],
                 self.n,
             )
-        return self.shares
+            self.graph.cache["shard_shares"] = shares
+        return shares
 
     def _exchange(
         self,

@@ -128,12 +128,14 @@ class ShardFaults:
 
     Args:
         plan: The run's fault plan.
-        messages: Per phase, every message of the graph (the one-process engine's
+        messages: Per graph of the period (one for a static graph) and phase, graph by
+            graph, every message of the graph (the one-process engine's
             :class:`Messages`, one per edge in the graph's edge order).
         own: ``[N]`` bool: the rows this rank holds.
         local_of: ``[N]`` long: each row's place among this rank's rows (-1: not held).
-        slot_edge: ``[B, K]`` long: the edge of each slot of this rank's rows' inboxes
-            (the graph's ``slot_edge`` rows of this rank; ``E``: padding).
+        slot_edges: Per graph of the period, ``[B, K]`` long: the edge of each slot of
+            this rank's rows' inboxes (the graph's ``slot_edge`` rows of this rank;
+            ``E``: padding).
     """
 
     def __init__(
@@ -142,20 +144,23 @@ class ShardFaults:
         messages: list[Messages],
         own: torch.Tensor,
         local_of: torch.Tensor,
-        slot_edge: torch.Tensor,
+        slot_edges: list[torch.Tensor],
     ) -> None:
-        """Index the in-edges of ``own`` in every phase."""
+        """Index the in-edges of ``own`` in every phase of every graph."""
         self.plan = plan
         self.messages = messages
+        self.period = len(slot_edges)
+        self.phases = len(messages) // self.period
         self.n = int(own.numel())
         self.local_of = local_of
-        self.outward: list[Messages] = []  # per phase, the out-edges' messages
+        # Per graph and phase (entry ``graph * phases + phase``):
+        self.outward: list[Messages] = []  # the out-edges' messages
         self.inward: list[Messages] = []
-        self.edges: list[torch.Tensor] = []  # per phase, the in-edges' indices
-        self.slots: list[torch.Tensor] = []  # per phase, [B, K] positions among them
-        self.missing: list[torch.Tensor] = []  # per phase and in-edge: rounds missing
-        self.dropped: list[torch.Tensor] = []  # per phase and in-edge: rounds dropped
-        for m in messages:
+        self.edges: list[torch.Tensor] = []  # the in-edges' indices
+        self.slots: list[torch.Tensor] = []  # [B, K] positions among them
+        self.missing: list[torch.Tensor] = []  # per in-edge: rounds missing
+        self.dropped: list[torch.Tensor] = []  # per in-edge: rounds dropped
+        for i, m in enumerate(messages):
             edges = torch.nonzero(own[m.dst]).squeeze(1)
             self.edges.append(edges)
             self.inward.append(Messages(*(part[edges] for part in m)))
@@ -163,9 +168,14 @@ class ShardFaults:
             self.outward.append(Messages(*(part[out] for part in m)))
             at = torch.full((m.src.numel() + 1,), edges.numel(), dtype=torch.long)
             at[edges] = torch.arange(edges.numel())
-            self.slots.append(at[slot_edge])
+            self.slots.append(at[slot_edges[i // self.phases]])
             self.missing.append(torch.zeros(edges.numel(), dtype=torch.long))
             self.dropped.append(torch.zeros(edges.numel(), dtype=torch.long))
+
+    def _entry(self, t: int, phase: int) -> int:
+        """The entry of round ``t``'s graph and ``phase`` (round ``t`` runs the graph of
+        ``t % period``)."""
+        return (t % self.period) * self.phases + phase
 
     def up(self, t: int) -> torch.Tensor:
         """``[N]`` bool: the nodes that run round ``t`` (every rank knows every node's)."""
@@ -176,7 +186,8 @@ class ShardFaults:
         arrives in round ``t``; adds the phase's figures of this rank's rows to ``counts``
         (its in-edges' and out-edges', see the module docstring) and the in-edges' to the
         per-edge tables, as the one-process engine counts them."""
-        m = self.outward[phase]
+        at = self._entry(t, phase)
+        m = self.outward[at]
         gone = self.plan.lost_mask(m.src, m.dst, t, phase)
         ok = (~gone).to(torch.long)
         senders = self.local_of[m.src]
@@ -185,23 +196,24 @@ class ShardFaults:
         counts.add("fp32", senders, m.fp32 * ok)
         counts.add("dropped", senders, gone & up[m.src])
         counts.add("missing_senders", senders, gone & up[m.dst])
-        m = self.inward[phase]
+        m = self.inward[at]
         gone = self.plan.lost_mask(m.src, m.dst, t, phase)
         ok = ~gone
         dropped, missing = gone & up[m.src], gone & up[m.dst]
-        self.dropped[phase] += dropped
-        self.missing[phase] += missing
+        self.dropped[at] += dropped
+        self.missing[at] += missing
         receivers = self.local_of[m.dst]
         counts.add("received", receivers, ok)
         counts.add("bytes_received", receivers, m.nbytes * ok)
         counts.add("missing", receivers, missing)
-        return torch.cat([ok, ok.new_zeros(1)])[self.slots[phase]]
+        return torch.cat([ok, ok.new_zeros(1)])[self.slots[at]]
 
     def lost_everywhere(self, t: int, up: torch.Tensor, counter: _Counter) -> None:
-        """Put every phase's lost messages of round ``t`` (all edges) into ``counter``'s
-        ``lost``, as the one-process engine lists them for the node records (rank 0, in
-        the rounds whose records it writes)."""
-        for phase, m in enumerate(self.messages):
+        """Put every phase's lost messages of round ``t`` (all edges of its graph) into
+        ``counter``'s ``lost``, as the one-process engine lists them for the node records
+        (rank 0, in the rounds whose records it writes)."""
+        for phase in range(self.phases):
+            m = self.messages[self._entry(t, phase)]
             gone = self.plan.lost_mask(m.src, m.dst, t, phase)
             counter.lost.append((m, (gone & up[m.src]) | (gone & up[m.dst]), False))
 

@@ -1,7 +1,7 @@
 """The vectorized engine sharded over torch.distributed ranks: each rank holds a share of
 the peers' stacked rows and exchanges only the rows its neighbours need.
 
-Design (the first slice; :func:`refusal` says what it does not run yet):
+Design (:func:`setup_refusal` says what it does not run yet):
 
 * **Rows.** Rank ``r`` of ``R`` holds a sorted list of global rows, ``shards[r]``, placed
   by ``simulate.partition`` (:func:`fedcore.engines.partition.place`): contiguous blocks
@@ -22,6 +22,13 @@ Design (the first slice; :func:`refusal` says what it does not run yet):
   appended below the rank's own rows, is the *extended stack*: the receiver's in-neighbour
   table (:class:`~fedcore.engines.stacked_graph.StackedGraph`'s ``nbr``, its rows of this
   rank) is re-indexed into it.
+* **Schedules.** A time-varying topology (a schedule of ``P`` graphs, round ``t`` on the
+  graph of ``t % P``) keeps one placement for the whole run, computed from the union of
+  the period's edges, and has one plan a graph (:mod:`fedcore.engines.shard_plan`): its
+  halo with its own split sizes per rank, the re-indexed neighbour table (padded to that
+  graph's largest in-degree, as one process pads it), slot weights, in-degrees, self
+  weights, its traffic and its fault plan's edges. Each round uses the plan of
+  ``t % P`` (:meth:`ShardedNetwork._use`).
 * **Per-edge state** (robust push-sum's totals, RPS's blocks; not run yet) would travel the
   same way: a rule of pattern ``"edges"`` sends one row per out-edge, so the halo plan
   becomes one of cut edges (each cut edge's row once, to its receiver's rank), and a
@@ -44,23 +51,24 @@ Design (the first slice; :func:`refusal` says what it does not run yet):
   about the edges of its rows (:mod:`fedcore.engines.shard_faults`); a crashed row takes
   no step, reads no batch, encodes nothing and keeps its state.
 * **Figures.** Traffic of a static graph with no faults is the same every round: rank 0
-  counts it once from the graph (as the one-process engine does). With a fault plan each
-  rank counts its own rows' figures, from their out- and in-edges, and they travel to
-  rank 0 with the rows' losses (the per-edge fault tables once, at the end:
+  counts it once from the graph (as the one-process engine does; a schedule: once a
+  graph of its period). With a fault plan each rank counts its own rows' figures, from
+  their out- and in-edges, and they travel to rank 0 with the rows' losses (the per-edge
+  fault tables once, at the end:
   :meth:`ShardedNetwork.finish`). Each round the ranks' losses are gathered on rank 0, and
   the models on evaluation rounds and at the end; rank 0 writes the run's files
   (:mod:`fedcore.simulation.ranks`).
   Rank 0's summary also says how the peers were placed: the ``partition`` that ran,
-  the ``cut_fraction`` of edges whose ends are on different ranks, and the
-  ``halo_bytes_per_round`` that crossed ranks.
+  the ``cut_fraction`` of edges whose ends are on different ranks (a schedule: of the
+  edges of one period's rounds, an edge counted in each round that uses it), and the
+  ``halo_bytes_per_round`` that crossed ranks (the mean over the rounds run).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import cast
 
 import numpy as np
 import torch
@@ -68,14 +76,7 @@ import torch
 from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
 from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
-from fedcore.engines.halo_rows import Shares
-from fedcore.engines.partition import (
-    METIS_MISSING,
-    cut_fraction,
-    halo_rows,
-    metis_available,
-    place,
-)
+from fedcore.engines.partition import METIS_MISSING, metis_available, place
 from fedcore.engines.ranks import Ranks, gather_rows
 from fedcore.engines.shard_codecs import ShardCodecs
 from fedcore.engines.shard_faults import (
@@ -85,6 +86,14 @@ from fedcore.engines.shard_faults import (
     pack_counts,
     reduce_total,
     unpack_counts,
+)
+from fedcore.engines.shard_plan import (
+    GraphPlan,
+    Halo,
+    placement_figures,
+    plan_graph,
+    plan_halo,
+    union_edges,
 )
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.engines.vectorized import (
@@ -156,8 +165,6 @@ def setup_refusal(setup: RunSetup) -> str | None:
     why = config_refusal(setup.config)
     if why is not None:
         return why
-    if setup.graph.period != 1:
-        return "a schedule of graphs (time-varying topology) is not sharded yet"
     if not is_rule(algorithm):
         return f"algorithm {algorithm.name!r} has no batched form"
     rule = cast(Rule, algorithm)
@@ -173,56 +180,6 @@ def setup_refusal(setup: RunSetup) -> str | None:
     if setup.source is not None:
         return "an online data source is not sharded yet"
     return None
-
-
-@dataclass(frozen=True, eq=False)
-class Halo:
-    """What one rank sends and receives each phase (see the module docstring).
-
-    Attributes:
-        send_rows: Local row indices to send, grouped by destination rank in rank order,
-            each group the sorted unique rows some peer of that rank listens to.
-        send_counts: Rows per destination rank.
-        recv_rows: Global row indices received, grouped by source rank in rank order,
-            each group sorted (what the source's ``send_rows`` to this rank are).
-        recv_counts: Rows per source rank.
-    """
-
-    send_rows: torch.Tensor
-    send_counts: list[int]
-    recv_rows: torch.Tensor
-    recv_counts: list[int]
-
-
-def plan_halo(
-    src: np.ndarray[Any, Any],
-    dst: np.ndarray[Any, Any],
-    parts: Sequence[np.ndarray[Any, Any]],
-    rank: int,
-) -> Halo:
-    """The :class:`Halo` of ``rank`` for the edges ``src -> dst`` (global rows) when rank
-    ``r`` holds the sorted global rows ``parts[r]``; every rank computes every other's the
-    same way."""
-    n = sum(int(p.size) for p in parts)
-    owner = np.empty(n, dtype=np.int64)
-    for r, rows in enumerate(parts):
-        owner[rows] = r
-    owner_src, owner_dst = owner[src], owner[dst]
-    cut = owner_src != owner_dst
-    mine = parts[rank]
-    send: list[np.ndarray[Any, Any]] = []
-    recv: list[np.ndarray[Any, Any]] = []
-    for q in range(len(parts)):
-        out = cut & (owner_src == rank) & (owner_dst == q)
-        send.append(np.searchsorted(mine, np.unique(src[out])))  # local rows
-        into = cut & (owner_src == q) & (owner_dst == rank)
-        recv.append(np.unique(src[into]))
-    return Halo(
-        torch.from_numpy(np.concatenate(send).astype(np.int64)),
-        [int(s.size) for s in send],
-        torch.from_numpy(np.concatenate(recv).astype(np.int64)),
-        [int(r.size) for r in recv],
-    )
 
 
 class ShardedNetwork(ShardCodecs):
@@ -243,8 +200,9 @@ class ShardedNetwork(ShardCodecs):
         self.device = torch.device("cpu")
         self.nodes = setup.graph.nodes
         self.n = len(self.nodes)
-        graph = stack_graph(setup.graph.at(0), device=self.device)
-        src, dst = graph.src.numpy(), graph.dst.numpy()
+        # One graph a round of the period (a static graph: one); one placement for all.
+        graphs = [stack_graph(setup.graph.at(t), device=self.device) for t in range(self.period)]
+        src, dst = union_edges(graphs)
         self.placement = place(setup.config.simulate.partition, self.n, src, dst, ranks.world)
         self.shards = self.placement.rows
         """Per rank, its sorted global rows (:mod:`fedcore.engines.partition`)."""
@@ -261,18 +219,10 @@ class ShardedNetwork(ShardCodecs):
             setup.algorithm, codec=self.codec.name, itemsize=self.start.element_size()
         )
         self.rule = self.form.rule
-        self.halo = plan_halo(src, dst, self.shards, ranks.rank)
-        # Global row -> row of the extended stack (own rows, then the halo's).
-        where = torch.full((self.n,), -1, dtype=torch.long)
-        where[self.mine] = torch.arange(self.b)
-        where[self.halo.recv_rows] = self.b + torch.arange(self.halo.recv_rows.numel())
-        mine = self.mine
-        self.nbr = where[graph.nbr[mine]]  # [B, K]: padding points at the row itself
-        assert bool((self.nbr >= 0).all()), "an in-neighbour outside the halo"
-        self.slot_weight = graph.slots(graph.weight)[mine]  # [B, K] float64, padding 0
-        self.arrived = graph.slots(torch.ones_like(graph.src, dtype=torch.bool))[mine]
-        self.self_weight = graph.self_weight[mine]
-        self.in_degree = torch.bincount(graph.dst, minlength=self.n)[mine]
+        self.plans = [plan_graph(g, self.shards, ranks.rank) for g in graphs]
+        """This rank's :class:`GraphPlan` of each graph of the period (round ``t`` runs
+        that of ``t % period``: :meth:`_use` makes it the current one)."""
+        self._use(0)
         held = np.asarray([len(p) for p in setup.parts], dtype=np.float64)
         self.samples = torch.from_numpy(held[rows])
         self.state = self.rule.init(self.start.unsqueeze(0).repeat(self.b, 1))
@@ -281,17 +231,20 @@ class ShardedNetwork(ShardCodecs):
         self.own = np.zeros(self.n, dtype=np.bool_)
         self.own[rows] = True
         self.round = 0
-        self.full = _Counter(self.n, self.device)  # the traffic of a round, on rank 0
+        self.fulls = [_Counter(self.n, self.device) for _ in graphs]
+        """Rank 0: the traffic of a round of each graph of the period (every message)."""
         self.cut_fraction = 0.0
-        """Rank 0: the share of the graph's edges whose ends are on different ranks."""
-        self.halo_rows = 0
-        """Rank 0: rows that cross ranks in one exchange, all ranks together."""
+        """Rank 0: the share of the graph's edges whose ends are on different ranks (a
+        schedule: of the edges of one period's rounds, :func:`placement_figures`)."""
+        self.halo_rows = 0.0
+        """Rank 0: rows that cross ranks in one exchange, all ranks together (a schedule:
+        the mean over its period's rounds)."""
         if ranks.rank == 0:
-            for p in range(self.rule.phases):
-                self.full.traffic(self.form.messages(p, graph, self._size, self.d), None)
-            owner = self.placement.owner
-            self.cut_fraction = cut_fraction(src, dst, owner)
-            self.halo_rows = halo_rows(src, dst, owner, ranks.world)
+            for full, g in zip(self.fulls, graphs, strict=True):
+                for p in range(self.rule.phases):
+                    full.traffic(self.form.messages(p, g, self._size, self.d), None)
+            figures = placement_figures(graphs, self.placement.owner, ranks.world)
+            self.cut_fraction, self.halo_rows = figures
         self.last = self.start.unsqueeze(0).repeat(self.n, 1) if ranks.rank == 0 else None
         """Rank 0: the models of the last gather (what a failed run's summary holds)."""
         # Faults and codecs: the global row of each local row (its codec's owner), the
@@ -300,12 +253,14 @@ class ShardedNetwork(ShardCodecs):
         self.local_of[self.mine] = torch.arange(self.b)
         self.faults: ShardFaults | None = None
         if setup.faults is not None:
-            messages = [
-                self.form.messages(p, graph, self._size, self.d) for p in range(self.rule.phases)
+            messages = [  # graph by graph, phase by phase
+                self.form.messages(p, g, self._size, self.d)
+                for g in graphs
+                for p in range(self.rule.phases)
             ]
             own = torch.from_numpy(self.own)
-            slot_edge = graph.slot_edge[self.mine]
-            self.faults = ShardFaults(setup.faults, messages, own, self.local_of, slot_edge)
+            slot_edges = [g.slot_edge[self.mine] for g in graphs]
+            self.faults = ShardFaults(setup.faults, messages, own, self.local_of, slot_edges)
         self.records = node_records_mode(setup.config, self.n)
         self.wire: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         """The round's encoded rows (``[B, width]`` uint8) of each tensor the codec
@@ -314,14 +269,25 @@ class ShardedNetwork(ShardCodecs):
         """Bytes this rank sent other ranks in halo exchanges (what codecs shrink)."""
         self.halo_total: int | None = None
         """Rank 0, after :meth:`finish`: the halo bytes of every rank, added up."""
-        self.graph = graph
-        self.shares: Shares | None = None
-        """Push-sum's units on this rank (:meth:`_units`, made at the first need)."""
+
+    @property
+    def period(self) -> int:
+        """Rounds after which the graphs repeat (1: a static graph)."""
+        return self.setup.graph.period
+
+    def _use(self, slot: int) -> None:
+        """Make the plan of graph ``slot`` of the period the current one: the halo, the
+        inbox slots, their weights, the self weights and in-degrees the round reads."""
+        plan: GraphPlan = self.plans[slot]
+        self.graph, self.halo, self.nbr = plan.graph, plan.halo, plan.nbr
+        self.slot_weight, self.arrived = plan.slot_weight, plan.arrived
+        self.self_weight, self.in_degree = plan.self_weight, plan.in_degree
 
     @property
     def halo_bytes_per_round(self) -> int:
         """Rank 0, after :meth:`finish`: the bytes that crossed ranks a round, all ranks
-        together (the same every round but where a crashed peer's rows cross as values)."""
+        together, their mean over the rounds run (the same every round of a static graph
+        but where a crashed peer's rows cross as values)."""
         if self.halo_total is None or self.round == 0:
             return 0
         return self.halo_total // self.round
@@ -470,6 +436,7 @@ class ShardedNetwork(ShardCodecs):
         """Run round ``self.round`` for this block; rank 0 returns the round's figures
         (the others ``None``). A collective: every rank runs every round."""
         t = self.round
+        self._use(t % self.period)  # a schedule's graph of this round
         lr = self.setup.options.lr_at(t)
         faults = self.faults
         up_all = torch.ones(self.n, dtype=torch.bool) if faults is None else faults.up(t)
@@ -498,7 +465,7 @@ class ShardedNetwork(ShardCodecs):
             if loss_all is None:
                 return None
             counter = _Counter(self.n, self.device)
-            counter.add(self.full)  # the same every round: counted once
+            counter.add(self.fulls[t % self.period])  # the same every period: counted once
             return counter.done(t, up_all, loss_all, idle)
         # The rows' counts travel with their losses: one gather, as without faults.
         gathered = gather_rows(self.ranks, pack_counts(loss, counts), self.shards)

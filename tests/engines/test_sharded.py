@@ -262,17 +262,6 @@ def test_what_is_not_sharded_is_refused_in_one_line(
     assert len(err) == 1 and "a sharded run cannot run this config" in err[0] and says in err[0]
 
 
-def test_a_schedule_is_refused_by_every_rank_before_it_joins(folder: Path) -> None:
-    config = load_config(
-        None, ["algorithm.name=ops", "topology.kind=one-peer-exponential", "topology.nodes=8"]
-    )
-    outcomes = run_ranks(config, 2, folder / "schedule")
-    assert set(outcomes) == {0, 1}
-    for rank, what in outcomes.items():
-        assert what.startswith(f"ConfigError: rank {rank} of 2: a sharded run cannot"), what
-        assert "schedule" in what
-
-
 def test_a_sharded_run_is_one_new_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--ranks", "2", "--seeds", "0-1"]) == 2
     assert main(["simulate", "--ranks", "2", "--resume", "somewhere"]) == 2
@@ -284,7 +273,6 @@ def test_a_sharded_run_is_one_new_run(capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.parametrize(
     ("settings", "says"),
     [
-        (["topology.kind=one-peer-exponential", "topology.nodes=8"], "schedule of graphs"),
         (["optimizer.name=adam"], "node optimizer"),
     ],
 )
@@ -456,14 +444,14 @@ def test_simulate_ranks_through_the_cli(folder: Path, capsys: pytest.CaptureFixt
 
 
 def test_a_failed_rank_is_named_in_one_line(capfd: pytest.CaptureFixture[str]) -> None:
-    """What only the set-up tells (a schedule of graphs) fails every rank before it joins;
+    """What only the set-up tells (a node optimizer) fails every rank before it joins;
     the launcher says one line, naming the rank, and exits non-zero."""
-    settings = ["--set", "topology.kind=one-peer-exponential", "--set", "topology.nodes=8"]
+    settings = ["--set", "optimizer.name=adam", "--set", "topology.nodes=8"]
     assert main(["simulate", "--ranks", "2", "--quiet", *settings]) == 2
     err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1, err
     assert err[0].startswith("fedcore: error: rank ") and "of 2: a sharded run" in err[0]
-    assert "schedule" in err[0]
+    assert "node optimizer" in err[0]
 
 
 def _shuffled_ring(folder: Path, n: int = 12) -> Path:
