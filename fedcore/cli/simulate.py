@@ -108,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
                 f"--resume continues the {'sweep' if sweep else 'run'} in its folder as it "
                 f"was configured; drop {', '.join(given)}."
             )
+        if not sweep:
+            from fedcore.simulation.rank_checkpoints import sharded_world
+
+            if sharded_world(Path(args.resume)) is not None:  # its ranks resume it
+                return _ranked(args)
         start_run(args.threads)
         if sweep:
             from fedcore.simulation.sweep import resume_sweep, sweep_table
@@ -161,21 +166,16 @@ def _torchrun_environment() -> bool:
 
 
 def _ranked(args: argparse.Namespace) -> int:
-    """``--ranks R``: start R local ranks; or, under torchrun's environment, be one."""
-    given = [
-        flag
-        for flag, value in (
-            ("--resume", args.resume),
-            ("--seeds", args.seeds),
-            ("--jobs", args.jobs != 1),
-        )
-        if value
-    ]
+    """``--ranks R``: start R local ranks; or, under torchrun's environment, be one (of a
+    new run, or of the sharded run ``--resume`` continues)."""
+    given = [flag for flag, value in (("--seeds", args.seeds), ("--jobs", args.jobs != 1)) if value]
     if given:
         raise ConfigError(
-            f"a sharded run (--ranks, or torchrun's environment) runs one new run; drop "
+            f"a sharded run (--ranks, or torchrun's environment) runs one run; drop "
             f"{', '.join(given)}."
         )
+    if args.resume is not None:
+        return _resume_ranked(args)
     if args.ranks is not None and args.ranks < 1:
         raise ConfigError(f"--ranks must be at least 1, got {args.ranks}.")
     if args.ranks is not None and not _torchrun_environment():
@@ -193,6 +193,67 @@ def _ranked(args: argparse.Namespace) -> int:
 
     overrides = _overrides(args)
     config = load_config(args.config, overrides)
+    return _rank_or_launch(args, config, overrides, args.ranks, resume=None)
+
+
+def _resume_ranked(args: argparse.Namespace) -> int:
+    """``--resume RUN_DIR`` of a sharded run: start its ranks (as many as wrote its
+    checkpoints), or, under torchrun's environment, be one."""
+    given = [
+        flag
+        for flag, value in (
+            ("CONFIG", args.config),
+            ("--set", args.overrides),
+            ("--out", args.out),
+            ("--name", args.name),
+            ("--engine", args.engine),
+            ("--device", args.device),
+            ("--force", args.force),
+            ("--tensorboard", args.tensorboard),
+            ("--csv", args.csv),
+        )
+        if value
+    ]
+    if given:
+        raise ConfigError(
+            f"--resume continues the run in its folder as it was configured; drop "
+            f"{', '.join(given)}."
+        )
+    if args.ranks is not None and args.ranks < 1:
+        raise ConfigError(f"--ranks must be at least 1, got {args.ranks}.")
+    from fedcore.config import load_config
+    from fedcore.simulation.rank_checkpoints import (
+        check_world,
+        read_manifest,
+        sharded_world,
+        verify_files,
+    )
+
+    run_dir = Path(args.resume)
+    world = sharded_world(run_dir)
+    if world is None:
+        raise ConfigError(
+            f"{str(run_dir)!r} holds a one-process run: resume it without --ranks "
+            f"(fedcore simulate --resume {run_dir})."
+        )
+    config = load_config(run_dir / "config.toml")
+    manifest = read_manifest(run_dir)
+    if manifest is not None and not _torchrun_environment():
+        check_world(manifest, args.ranks or world, run_dir, torchrun=False)
+        verify_files(manifest)
+    return _rank_or_launch(args, config, [], args.ranks or world, resume=run_dir)
+
+
+def _rank_or_launch(
+    args: argparse.Namespace,
+    config: Any,
+    overrides: list[str],
+    world: int | None,
+    *,
+    resume: Path | None,
+) -> int:
+    """Start ``world`` local ranks of ``config`` (or the run ``resume`` continues), or,
+    under torchrun's environment, be one."""
     from fedcore.engines.ranks import from_environment
     from fedcore.engines.sharded import config_refusal
 
@@ -201,9 +262,14 @@ def _ranked(args: argparse.Namespace) -> int:
         raise ConfigError(f"a sharded run cannot run this config: {why}.")
     ranks = from_environment()
     if ranks is None:  # the launcher of --ranks R
+        import signal
+
+        from fedcore.cli.common import interrupt
         from fedcore.simulation.ranks import launch_local
 
-        return launch_local(args.argv, args.ranks, timeout_s=config.transport.strict_timeout_s)
+        assert world is not None
+        signal.signal(signal.SIGTERM, interrupt)  # SIGTERM stops the ranks as Ctrl-C does
+        return launch_local(args.argv, world, timeout_s=config.transport.strict_timeout_s)
     if args.ranks is not None and args.ranks != ranks.world:
         raise ConfigError(
             f"--ranks {args.ranks} but the environment says WORLD_SIZE = {ranks.world}; "
@@ -218,11 +284,12 @@ def _ranked(args: argparse.Namespace) -> int:
     summary = simulate_rank(
         config,
         ranks,
-        out_dir=args.out,
+        out_dir=args.out if resume is None else resume,
         show_progress=not args.quiet,
         force=args.force,
         overrides=overrides,
         threads=args.threads,
+        resume=resume is not None,
     )
     if summary is None:  # not rank 0: rank 0 says how the run went
         return 0
