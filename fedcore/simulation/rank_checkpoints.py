@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from fedcore.engines.ranks import Ranks, lost
@@ -104,39 +106,54 @@ def sharded_world(run_dir: Path) -> int | None:
 
 def share_folder(ranks: Ranks, out: Path | None) -> Path:
     """Rank 0's run folder ``out``, told every rank (a collective; the others pass
-    ``None``): where they write their checkpoints.
+    ``None``): where they write their checkpoints. Its UTF-8 bytes travel as a tensor
+    (its length first), no pickle.
 
     Raises:
         PeerUnavailableError: the broadcast failed.
     """
-    box: list[Any] = [str(out) if out is not None else None]
+    text = os.fsencode(str(out)) if out is not None else b""
     if ranks.world > 1:
+        size = torch.tensor([len(text)], dtype=torch.long)
         try:
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast(size, src=0)
+            data = torch.zeros(int(size[0]), dtype=torch.uint8)
+            if ranks.rank == 0:
+                data = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+            dist.broadcast(data, src=0)
         except (RuntimeError, ValueError) as exc:
             raise lost(ranks, "the broadcast of the run folder", exc) from exc
-    return Path(str(box[0]))
+        text = bytes(data.tolist())
+    return Path(os.fsdecode(text))
 
 
 def seal(ranks: Ranks, out: Path, round: int, *, run_id: str, placement: Any) -> None:
     """After every rank wrote its checkpoint of ``round`` (a collective): rank 0 writes the
-    manifest naming them all, with their digests and sizes, atomically.
+    manifest naming them all (each rank's file's name is its rank's), with their digests
+    and sizes (one gather of 33 numbers a rank), atomically.
 
     Raises:
         PeerUnavailableError: the gather failed (no manifest is written).
     """
-    path = rank_file(out, ranks.rank, ranks.world, round)
-    digest, size = checkpoint.header(path)
-    mine = {"path": str(path.relative_to(out / CHECKPOINTS)), "sha256": digest, "bytes": size}
-    files: list[Any] = [mine]
+    digest, size = checkpoint.header(rank_file(out, ranks.rank, ranks.world, round))
+    mine = torch.tensor([size, *bytes.fromhex(digest)], dtype=torch.long)
+    parts = [mine]
     if ranks.world > 1:
-        files = [None] * ranks.world if ranks.rank == 0 else []
+        parts = [torch.empty_like(mine) for _ in range(ranks.world)] if ranks.rank == 0 else []
         try:
-            dist.gather_object(mine, files if ranks.rank == 0 else None, dst=0)
+            dist.gather(mine, parts if ranks.rank == 0 else None, dst=0)
         except (RuntimeError, ValueError) as exc:
-            raise lost(ranks, "the gather of the checkpoints' names", exc) from exc
+            raise lost(ranks, "the gather of the checkpoints' digests", exc) from exc
     if ranks.rank != 0:
         return
+    files = [
+        {
+            "path": str(rank_file(out, r, ranks.world, round).relative_to(out / CHECKPOINTS)),
+            "sha256": bytes(part[1:].tolist()).hex(),
+            "bytes": int(part[0]),
+        }
+        for r, part in enumerate(parts)
+    ]
     manifest = {
         "kind": KIND,
         "round": round,
@@ -256,8 +273,8 @@ def check_world(manifest: Manifest, world: int, run_dir: Path, *, torchrun: bool
     if world == manifest.world:
         return
     how = (
-        f"start {manifest.world} ranks (torchrun --nproc-per-node ... for WORLD_SIZE = "
-        f"{manifest.world})"
+        f"start {manifest.world} ranks (WORLD_SIZE = {manifest.world}; on one machine, "
+        f"torchrun --nproc-per-node {manifest.world})"
         if torchrun
         else f"resume with --ranks {manifest.world}, or leave --ranks out"
     )

@@ -140,6 +140,13 @@ def _swapped(out: Path) -> None:  # rank 1's file replaced by another of the sam
     path.write_bytes(bytes(data))
 
 
+def _three_ranks(out: Path) -> None:  # a manifest of 3 ranks in a folder of 2 ranks' files
+    where = out / "checkpoints" / MANIFEST
+    manifest = json.loads(where.read_text(encoding="utf-8"))
+    files = [*manifest["files"], manifest["files"][1]]
+    where.write_text(json.dumps({**manifest, "world": 3, "files": files}), encoding="utf-8")
+
+
 def _manifest(change: dict[str, Any]) -> Any:
     def damage(out: Path) -> None:
         where = out / "checkpoints" / MANIFEST
@@ -156,6 +163,7 @@ def _manifest(change: dict[str, Any]) -> Any:
         (_truncated, "bytes, not the"),
         (_swapped, "is not the file the manifest names"),
         (_manifest({"world": 3}), "it names 2 files for 3 ranks"),
+        (_three_ranks, "rank 0's file is not named 'rank-0-of-3/round-000002.ckpt'"),
         (_manifest({"kind": "other"}), "it does not say it is one"),
         (_manifest({"round": 0}), "not whole numbers >= 1"),
         (_manifest({"run_id": "f" * 64}), "belong to another run than its config.toml"),
@@ -189,6 +197,10 @@ def test_another_number_of_ranks_is_refused_with_the_one_to_use(
     err = capsys.readouterr().err.strip()
     assert err.startswith("fedcore: error: the checkpoints in") and "\n" not in err
     assert "written by 2 ranks" in err and "resume with --ranks 2" in err
+    manifest = read_manifest(out)
+    assert manifest is not None
+    with pytest.raises(ConfigError, match="start 2 ranks"):  # each of torchrun's 3 ranks
+        load_rank(out, manifest, Ranks(2, 3), manifest.run_id)
     assert main(["simulate", "--ranks", "2", "--resume", str(out), "--set", "run.rounds=9"]) == 2
     assert "drop --set" in capsys.readouterr().err
     assert main(["simulate", "--ranks", "2", "--resume", str(one)]) == 2
