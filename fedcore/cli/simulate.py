@@ -60,8 +60,9 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--resume",
         metavar="RUN_DIR",
         help="continue the interrupted run in RUN_DIR from its last checkpoint "
-        "(run.checkpoint_every); it ends as the uninterrupted run would. A seed sweep's "
-        "folder: run the seeds that did not complete (--jobs allowed)",
+        "(run.checkpoint_every); it ends as the uninterrupted run would. A sharded run's "
+        "folder (--ranks): its ranks start again, each from its own checkpoint. A seed "
+        "sweep's folder: run the seeds that did not complete (--jobs allowed)",
     )
     sim.add_argument(
         "--ranks",
@@ -179,21 +180,26 @@ def _ranked(args: argparse.Namespace) -> int:
     if args.ranks is not None and args.ranks < 1:
         raise ConfigError(f"--ranks must be at least 1, got {args.ranks}.")
     if args.ranks is not None and not _torchrun_environment():
-        from fedcore.runtime import usable_cores
-
-        most = RANKS_PER_CORE * usable_cores()
-        if args.ranks > most:
-            raise ConfigError(
-                f"--ranks {args.ranks} would start {args.ranks} processes on this machine's "
-                f"{usable_cores()} cores; at most {most} ({RANKS_PER_CORE} a core: each rank "
-                "loads torch and the data, and more only wait on each other). Across "
-                "machines, start them with torchrun."
-            )
+        _check_local_ranks(args.ranks)
     from fedcore.config import load_config
 
     overrides = _overrides(args)
     config = load_config(args.config, overrides)
     return _rank_or_launch(args, config, overrides, args.ranks, resume=None)
+
+
+def _check_local_ranks(count: int) -> None:
+    """Refuse to start more local ranks than :data:`RANKS_PER_CORE` a usable core."""
+    from fedcore.runtime import usable_cores
+
+    most = RANKS_PER_CORE * usable_cores()
+    if count > most:
+        raise ConfigError(
+            f"--ranks {count} would start {count} processes on this machine's "
+            f"{usable_cores()} cores; at most {most} ({RANKS_PER_CORE} a core: each rank "
+            "loads torch and the data, and more only wait on each other). Across "
+            "machines, start them with torchrun."
+        )
 
 
 def _resume_ranked(args: argparse.Namespace) -> int:
@@ -238,9 +244,11 @@ def _resume_ranked(args: argparse.Namespace) -> int:
         )
     config = load_config(run_dir / "config.toml")
     manifest = read_manifest(run_dir)
-    if manifest is not None and not _torchrun_environment():
-        check_world(manifest, args.ranks or world, run_dir, torchrun=False)
-        verify_files(manifest)
+    if not _torchrun_environment():
+        if manifest is not None:
+            check_world(manifest, args.ranks or world, run_dir, torchrun=False)
+            verify_files(manifest)
+        _check_local_ranks(args.ranks or world)
     return _rank_or_launch(args, config, [], args.ranks or world, resume=run_dir)
 
 
