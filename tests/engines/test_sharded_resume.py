@@ -32,7 +32,7 @@ from fedcore.simulation.rank_checkpoints import (
     verify_files,
 )
 from fedcore.simulation.ranks import free_port, simulate_rank
-from fedcore.simulation.simulate import simulate
+from fedcore.simulation.simulate import resume, simulate
 from tests.engines.test_sharded import SAME, _records
 from tests.engines.test_sharded_faults import _case
 
@@ -201,6 +201,8 @@ def test_another_number_of_ranks_is_refused_with_the_one_to_use(
     assert manifest is not None
     with pytest.raises(ConfigError, match="start 2 ranks"):  # each of torchrun's 3 ranks
         load_rank(out, manifest, Ranks(2, 3), manifest.run_id)
+    with pytest.raises(ConfigError, match="is a sharded run's"):  # not on one process
+        resume(out, show_progress=False)
     assert main(["simulate", "--ranks", "2", "--resume", str(out), "--set", "run.rounds=9"]) == 2
     assert "drop --set" in capsys.readouterr().err
     assert main(["simulate", "--ranks", "2", "--resume", str(one)]) == 2
