@@ -60,8 +60,9 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--resume",
         metavar="RUN_DIR",
         help="continue the interrupted run in RUN_DIR from its last checkpoint "
-        "(run.checkpoint_every); it ends as the uninterrupted run would. A seed sweep's "
-        "folder: run the seeds that did not complete (--jobs allowed)",
+        "(run.checkpoint_every); it ends as the uninterrupted run would. A sharded run's "
+        "folder (--ranks): its ranks start again, each from its own checkpoint. A seed "
+        "sweep's folder: run the seeds that did not complete (--jobs allowed)",
     )
     sim.add_argument(
         "--ranks",
@@ -108,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
                 f"--resume continues the {'sweep' if sweep else 'run'} in its folder as it "
                 f"was configured; drop {', '.join(given)}."
             )
+        if not sweep:
+            from fedcore.simulation.rank_checkpoints import sharded_world
+
+            if sharded_world(Path(args.resume)) is not None:  # its ranks resume it
+                return _ranked(args)
         start_run(args.threads)
         if sweep:
             from fedcore.simulation.sweep import resume_sweep, sweep_table
@@ -161,38 +167,101 @@ def _torchrun_environment() -> bool:
 
 
 def _ranked(args: argparse.Namespace) -> int:
-    """``--ranks R``: start R local ranks; or, under torchrun's environment, be one."""
+    """``--ranks R``: start R local ranks; or, under torchrun's environment, be one (of a
+    new run, or of the sharded run ``--resume`` continues)."""
+    given = [flag for flag, value in (("--seeds", args.seeds), ("--jobs", args.jobs != 1)) if value]
+    if given:
+        raise ConfigError(
+            f"a sharded run (--ranks, or torchrun's environment) runs one run; drop "
+            f"{', '.join(given)}."
+        )
+    if args.resume is not None:
+        return _resume_ranked(args)
+    if args.ranks is not None and args.ranks < 1:
+        raise ConfigError(f"--ranks must be at least 1, got {args.ranks}.")
+    if args.ranks is not None and not _torchrun_environment():
+        _check_local_ranks(args.ranks)
+    from fedcore.config import load_config
+
+    overrides = _overrides(args)
+    config = load_config(args.config, overrides)
+    return _rank_or_launch(args, config, overrides, args.ranks, resume=None)
+
+
+def _check_local_ranks(count: int) -> None:
+    """Refuse to start more local ranks than :data:`RANKS_PER_CORE` a usable core."""
+    from fedcore.runtime import usable_cores
+
+    most = RANKS_PER_CORE * usable_cores()
+    if count > most:
+        raise ConfigError(
+            f"--ranks {count} would start {count} processes on this machine's "
+            f"{usable_cores()} cores; at most {most} ({RANKS_PER_CORE} a core: each rank "
+            "loads torch and the data, and more only wait on each other). Across "
+            "machines, start them with torchrun."
+        )
+
+
+def _resume_ranked(args: argparse.Namespace) -> int:
+    """``--resume RUN_DIR`` of a sharded run: start its ranks (as many as wrote its
+    checkpoints), or, under torchrun's environment, be one."""
     given = [
         flag
         for flag, value in (
-            ("--resume", args.resume),
-            ("--seeds", args.seeds),
-            ("--jobs", args.jobs != 1),
+            ("CONFIG", args.config),
+            ("--set", args.overrides),
+            ("--out", args.out),
+            ("--name", args.name),
+            ("--engine", args.engine),
+            ("--device", args.device),
+            ("--force", args.force),
+            ("--tensorboard", args.tensorboard),
+            ("--csv", args.csv),
         )
         if value
     ]
     if given:
         raise ConfigError(
-            f"a sharded run (--ranks, or torchrun's environment) runs one new run; drop "
+            f"--resume continues the run in its folder as it was configured; drop "
             f"{', '.join(given)}."
         )
     if args.ranks is not None and args.ranks < 1:
         raise ConfigError(f"--ranks must be at least 1, got {args.ranks}.")
-    if args.ranks is not None and not _torchrun_environment():
-        from fedcore.runtime import usable_cores
-
-        most = RANKS_PER_CORE * usable_cores()
-        if args.ranks > most:
-            raise ConfigError(
-                f"--ranks {args.ranks} would start {args.ranks} processes on this machine's "
-                f"{usable_cores()} cores; at most {most} ({RANKS_PER_CORE} a core: each rank "
-                "loads torch and the data, and more only wait on each other). Across "
-                "machines, start them with torchrun."
-            )
     from fedcore.config import load_config
+    from fedcore.simulation.rank_checkpoints import (
+        check_world,
+        read_manifest,
+        sharded_world,
+        verify_files,
+    )
 
-    overrides = _overrides(args)
-    config = load_config(args.config, overrides)
+    run_dir = Path(args.resume)
+    world = sharded_world(run_dir)
+    if world is None:
+        raise ConfigError(
+            f"{str(run_dir)!r} holds a one-process run: resume it without --ranks "
+            f"(fedcore simulate --resume {run_dir})."
+        )
+    config = load_config(run_dir / "config.toml")
+    manifest = read_manifest(run_dir)
+    if not _torchrun_environment():
+        if manifest is not None:
+            check_world(manifest, args.ranks or world, run_dir, torchrun=False)
+            verify_files(manifest)
+        _check_local_ranks(args.ranks or world)
+    return _rank_or_launch(args, config, [], args.ranks or world, resume=run_dir)
+
+
+def _rank_or_launch(
+    args: argparse.Namespace,
+    config: Any,
+    overrides: list[str],
+    world: int | None,
+    *,
+    resume: Path | None,
+) -> int:
+    """Start ``world`` local ranks of ``config`` (or the run ``resume`` continues), or,
+    under torchrun's environment, be one."""
     from fedcore.engines.ranks import from_environment
     from fedcore.engines.sharded import config_refusal
 
@@ -201,9 +270,14 @@ def _ranked(args: argparse.Namespace) -> int:
         raise ConfigError(f"a sharded run cannot run this config: {why}.")
     ranks = from_environment()
     if ranks is None:  # the launcher of --ranks R
+        import signal
+
+        from fedcore.cli.common import interrupt
         from fedcore.simulation.ranks import launch_local
 
-        return launch_local(args.argv, args.ranks, timeout_s=config.transport.strict_timeout_s)
+        assert world is not None
+        signal.signal(signal.SIGTERM, interrupt)  # SIGTERM stops the ranks as Ctrl-C does
+        return launch_local(args.argv, world, timeout_s=config.transport.strict_timeout_s)
     if args.ranks is not None and args.ranks != ranks.world:
         raise ConfigError(
             f"--ranks {args.ranks} but the environment says WORLD_SIZE = {ranks.world}; "
@@ -218,11 +292,12 @@ def _ranked(args: argparse.Namespace) -> int:
     summary = simulate_rank(
         config,
         ranks,
-        out_dir=args.out,
+        out_dir=args.out if resume is None else resume,
         show_progress=not args.quiet,
         force=args.force,
         overrides=overrides,
         threads=args.threads,
+        resume=resume is not None,
     )
     if summary is None:  # not rank 0: rank 0 says how the run went
         return 0

@@ -112,21 +112,26 @@ class StackedBatches:
         self._widest_batch = int(self._batch_np.max())
         self._ragged = bool((self._batch_np != self._widest_batch).any())
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, rows: Sequence[int] | None = None) -> dict[str, Any]:
         """Where every node is in its epoch (for a checkpoint): generators, positions and
-        orders, as CPU tensors."""
+        orders, as CPU tensors; of the nodes ``rows`` only, in that order, where given (a
+        sharded rank's)."""
+        at = list(range(len(self._gens))) if rows is None else [int(i) for i in rows]
+        index = torch.tensor(at, dtype=torch.long)
         return {
-            "generators": [g.get_state() for g in self._gens],
-            "positions": torch.from_numpy(self._pos_np.copy()),
-            "orders": self._perm.cpu(),
+            "generators": [self._gens[i].get_state() for i in at],
+            "positions": torch.from_numpy(self._pos_np[at].copy()),
+            "orders": self._perm.cpu()[index],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`."""
-        for g, s in zip(self._gens, state["generators"], strict=True):
-            g.set_state(s)
-        self._pos_np[:] = state["positions"].numpy()
-        self._perm.copy_(state["orders"].to(self.device))
+    def load_state_dict(self, state: dict[str, Any], rows: Sequence[int] | None = None) -> None:
+        """Continue from a :meth:`state_dict` (of the nodes ``rows``, where given)."""
+        at = list(range(len(self._gens))) if rows is None else [int(i) for i in rows]
+        for i, s in zip(at, state["generators"], strict=True):
+            self._gens[i].set_state(s)
+        self._pos_np[at] = state["positions"].numpy()
+        index = torch.tensor(at, dtype=torch.long, device=self.device)
+        self._perm[index] = state["orders"].to(self.device)
 
     def _order(self, i: int) -> torch.Tensor:
         """Node ``i``'s next epoch: a permutation of the positions in its part, drawn from

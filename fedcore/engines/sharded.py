@@ -62,13 +62,20 @@ Design (:func:`setup_refusal` says what it does not run yet):
   the ``cut_fraction`` of edges whose ends are on different ranks (a schedule: of the
   edges of one period's rounds, an edge counted in each round that uses it), and the
   ``halo_bytes_per_round`` that crossed ranks (the mean over the rounds run).
+* **Checkpoints.** Everything a rank's next round reads is its own: its rows' rule state,
+  their places in their data, their codecs' generators, its fault counts per in-edge, its
+  halo bytes, torch's generator. :meth:`ShardedNetwork.state_dict` holds them
+  (:mod:`fedcore.engines.shard_state`); each rank writes its own file every
+  ``run.checkpoint_every`` rounds, rank 0 a manifest once all are written, and ``--resume``
+  loads each rank's file of the manifest's round on the same R ranks (the same blocks):
+  :mod:`fedcore.simulation.rank_checkpoints`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -95,6 +102,7 @@ from fedcore.engines.shard_plan import (
     plan_halo,
     union_edges,
 )
+from fedcore.engines.shard_state import load_rank_state, rank_state
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.engines.vectorized import (
     RoundFigures,
@@ -147,8 +155,6 @@ def config_refusal(config: Config) -> str | None:
         return "faults.announce = false loses messages silently, which needs deadline mode"
     if config.time.active or config.transport.mode != "strict":
         return "virtual time ([time], deadline mode) is not sharded yet"
-    if config.run.checkpoint_every:
-        return "checkpoints of a sharded run are not written yet (set run.checkpoint_every = 0)"
     if config.run.local_steps != 1:
         return "run.local_steps > 1 is not sharded yet"
     if config.data.stream:
@@ -477,6 +483,19 @@ class ShardedNetwork(ShardCodecs):
         ):
             faults.lost_everywhere(t, up_all, counter)
         return counter.done(t, up_all, loss_all, idle)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's checkpoint: everything :meth:`load_state_dict` needs to run its
+        next round exactly (:func:`~fedcore.engines.shard_state.rank_state`)."""
+        return rank_state(self)
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict` of this rank of the same run.
+
+        Raises:
+            ConfigError: it is of other rows or another layout (one line).
+        """
+        load_rank_state(self, saved)
 
 
 def is_eval_round(config: Config, t: int) -> bool:

@@ -34,9 +34,12 @@ __all__ = [
     "drop_after",
     "from_tree",
     "good_rounds",
+    "header",
     "latest",
+    "read",
     "restore",
     "restore_state",
+    "round_path",
     "save",
     "snapshot",
     "to_device",
@@ -164,7 +167,7 @@ def write(folder: Path, round: int, content: dict[str, Any]) -> Path:
     buffer = io.BytesIO()
     torch.save(content, buffer)
     payload = buffer.getvalue()
-    path = folder / f"round-{round:06d}.ckpt"
+    path = round_path(folder, round)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as fh:
         fh.write(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
@@ -181,7 +184,33 @@ def write(folder: Path, round: int, content: dict[str, Any]) -> Path:
     return path
 
 
-def _read(path: Path) -> dict[str, Any]:
+def round_path(folder: Path, round: int) -> Path:
+    """Where :func:`write` puts the checkpoint of ``round`` in ``folder``."""
+    return folder / f"round-{round:06d}.ckpt"
+
+
+def header(path: Path) -> tuple[str, int]:
+    """``(digest, size)`` of the checkpoint file ``path`` as its header says (the hex
+    SHA-256 of its payload) and as it lies: what a manifest records of it.
+
+    Raises:
+        ValueError: it is not a fedcore checkpoint.
+        OSError: it cannot be read.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(len(MAGIC) + 65)
+    if not head.startswith(MAGIC) or len(head) < len(MAGIC) + 65 or head[-1:] != b"\n":
+        raise ValueError("not a fedcore checkpoint (bad header)")
+    return head[len(MAGIC) : -1].decode(), path.stat().st_size
+
+
+def read(path: Path) -> dict[str, Any]:
+    """The checkpoint ``path`` holds, its digest checked.
+
+    Raises:
+        ValueError: it is not a checkpoint, or torn or corrupt.
+        OSError: it cannot be read.
+    """
     data = path.read_bytes()
     head = len(MAGIC) + 65
     if not data.startswith(MAGIC) or len(data) < head or data[head - 1 : head] != b"\n":
@@ -199,7 +228,7 @@ def latest(folder: Path) -> dict[str, Any] | None:
     """The newest good checkpoint in ``folder`` (None if there is none), with warnings."""
     for path in sorted(folder.glob("round-*.ckpt"), reverse=True):
         try:
-            return _read(path)
+            return read(path)
         except Exception as exc:  # any damage: fall back to the previous one
             logger.warning("skipping checkpoint %s: %s", path, exc)
     return None
@@ -211,7 +240,7 @@ def good_rounds(folder: Path) -> list[int]:
     rounds = []
     for path in sorted(folder.glob("round-*.ckpt")):
         try:
-            rounds.append(int(_read(path)["round"]))
+            rounds.append(int(read(path)["round"]))
         except Exception as exc:
             logger.warning("skipping checkpoint %s: %s", path, exc)
     return rounds

@@ -42,9 +42,19 @@ from fedcore.errors import ConfigError, FedcoreError
 from fedcore.metrics import JsonlWriter
 from fedcore.progress import Progress, run_warnings
 from fedcore.runtime import PARENT_ENV, auto_threads, usable_cores
+from fedcore.setup import checkpoint
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.simulation.drivers import Save
 from fedcore.simulation.observer import RunObserver
+from fedcore.simulation.rank_checkpoints import (
+    due,
+    load_rank,
+    prior_summary,
+    rank_folder,
+    read_manifest,
+    seal,
+    share_folder,
+)
 from fedcore.simulation.results import open_run_dir, run_name
 from fedcore.simulation.simulate import _execute, _threads_for
 
@@ -60,14 +70,23 @@ GRACE_S = 5.0
 own once one failed, before it stops them."""
 
 
+INTERRUPT_GRACE_S = 60.0
+"""Seconds the launcher gives rank 0, once interrupted, to write the interrupted run's
+summary and end."""
+
+INTERRUPTED = "fedcore: interrupted"
+"""How an interrupted rank's line begins (what the launcher says once for the run)."""
+
+
 class _Sharded:
     """Rank 0's side of a sharded run, as :func:`~fedcore.simulation.simulate.simulate`
     drives an engine (:class:`~fedcore.simulation.drivers.Engine`)."""
 
     name = "vectorized"
 
-    def __init__(self, net: ShardedNetwork) -> None:
+    def __init__(self, net: ShardedNetwork, out: Path) -> None:
         self.net = net
+        self.out = out
         self.nodes: Sequence[str] = list(net.nodes)
 
     def run(
@@ -88,11 +107,21 @@ class _Sharded:
             records=observer.records,
             progress=progress,
         )
+        if saved is not None:  # this rank's file holds the run's figures too
+            net.load_state_dict(saved["network"])
+            flusher.load_state_dict(saved["flusher"])
+            net.model()  # the models a failed run's summary holds (a collective)
+        every = net.setup.config.run.checkpoint_every
         try:
             while net.round < observer.rounds:
                 figures = net.run_round()
                 assert figures is not None  # rank 0's
                 flusher.add(figures)
+                if due(every, net.round, observer.rounds):
+                    flusher.flush()
+                    state = {"network": net.state_dict(), "flusher": flusher.state_dict()}
+                    save(net.round, {**state, "rank": 0, "world": net.ranks.world})
+                    _seal(net, self.out)
         except BaseException:
             with contextlib.suppress(Exception):  # account what ran, for the partial summary
                 flusher.flush()
@@ -127,16 +156,43 @@ class _Sharded:
         }
 
 
-def _follow(net: ShardedNetwork, config: Config) -> None:
+def _follow(
+    net: ShardedNetwork, config: Config, out: Path | None, saved: dict[str, Any] | None
+) -> None:
     """A rank other than 0: every round, the models at each evaluation and at the end,
-    then the fault tables and halo bytes, in the order rank 0's run asks for them."""
-    while net.round < config.run.rounds:
+    then the fault tables and halo bytes, in the order rank 0's run asks for them; its
+    checkpoints in the run folder ``out`` (continuing from ``saved``, its own)."""
+    if saved is not None:
+        net.load_state_dict(saved["network"])
+        net.model()  # as rank 0 gathers them
+    rounds, every = config.run.rounds, config.run.checkpoint_every
+    while net.round < rounds:
         t = net.round
         net.run_round()
         if is_eval_round(config, t):
             net.model()
+        if out is not None and due(every, net.round, rounds):
+            ranks = net.ranks
+            checkpoint.write(
+                rank_folder(out, ranks.rank, ranks.world),
+                net.round,
+                {
+                    "kind": "sharded-rank",
+                    "rank": ranks.rank,
+                    "world": ranks.world,
+                    "round": net.round,
+                    "run_id": net.setup.run_id,
+                    "network": net.state_dict(),
+                },
+            )
+            _seal(net, out)
     net.model()
     net.finish()  # as rank 0's run ends (a collective)
+
+
+def _seal(net: ShardedNetwork, out: Path) -> None:
+    """Every rank wrote its checkpoint of this round: rank 0 writes the manifest."""
+    seal(net.ranks, out, net.round, run_id=net.setup.run_id, placement=net.placement)
 
 
 def simulate_rank(
@@ -149,10 +205,13 @@ def simulate_rank(
     force: bool = False,
     overrides: Sequence[str] = (),
     threads: int | str | None = None,
+    resume: bool = False,
 ) -> dict[str, Any] | None:
     """Run this rank's block of ``config`` (see the module docstring); rank 0 writes the
     results folder and returns the summary, the others return ``None``. Arguments as
-    :func:`~fedcore.simulation.simulate.simulate`'s.
+    :func:`~fedcore.simulation.simulate.simulate`'s; with ``resume``, continue the run in
+    ``out_dir`` from the round of its manifest
+    (:mod:`fedcore.simulation.rank_checkpoints`), or from round 0 where it has none.
 
     Raises:
         ConfigError: what a sharded run cannot run
@@ -170,6 +229,7 @@ def simulate_rank(
                 force=force,
                 overrides=overrides,
                 threads=threads,
+                resume=resume,
             )
     except FedcoreError as exc:  # the one line names the rank
         if exc.args and isinstance(exc.args[0], str):
@@ -187,6 +247,7 @@ def _simulate_rank(
     force: bool,
     overrides: Sequence[str],
     threads: int | str | None,
+    resume: bool,
 ) -> dict[str, Any] | None:
     setup: RunSetup = prepare_run(config, hosts_all=True, simulated=True)
     setup.clock = virtual_clock(setup)
@@ -199,31 +260,72 @@ def _simulate_rank(
             f"{ranks.world} ranks for {peers} peers: every rank holds a block of peers, so "
             f"run at most {peers} ranks."
         )
+    saved: dict[str, Any] | None = None
+    if resume:  # every rank checks its own file before it joins the others
+        assert out_dir is not None
+        manifest = read_manifest(Path(out_dir))
+        if manifest is not None:
+            saved = load_rank(Path(out_dir), manifest, ranks, setup.run_id)
     seed_torch(config)
     join(ranks, config.transport.strict_timeout_s)
     try:
         with _threads_for(setup, "vectorized", rank_threads(setup, ranks, threads)):
             net = ShardedNetwork(setup, ranks)
+            every = config.run.checkpoint_every
             if ranks.rank != 0:
-                _follow(net, config)
+                _follow(net, config, share_folder(ranks, None) if every else None, saved)
                 return None
-            name = run_name(config, setup, overrides)
-            out = open_run_dir(out_dir, name, force=force)
-            (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
             stream = progress_stream if progress_stream is not None else sys.stderr
+            if resume:
+                assert out_dir is not None
+                out = Path(out_dir)
+                name, overrides = _resumed(out, config, setup, saved, stream, show_progress)
+            else:
+                name = run_name(config, setup, overrides)
+                out = open_run_dir(out_dir, name, force=force)
+                text = dumps_toml(config_to_dict(config))
+                (out / "config.toml").write_text(text, encoding="utf-8")
+            if every:
+                share_folder(ranks, out)
             summary: dict[str, Any] = _execute(
                 setup,
-                _Sharded(net),
+                _Sharded(net, out),
                 out,
                 name=name,
                 overrides=overrides,
                 stream=stream,
                 show_progress=show_progress,
-                saved=None,
+                saved=saved,
+                checkpoints=rank_folder(out, 0, ranks.world),
             )
             return summary
     finally:
         leave()
+
+
+def _resumed(
+    out: Path,
+    config: Config,
+    setup: RunSetup,
+    saved: dict[str, Any] | None,
+    stream: TextIO,
+    show_progress: bool,
+) -> tuple[str, list[str]]:
+    """Rank 0 of a resumed run: its name and ``--set`` items (as its checkpoint, else its
+    summary, says), having said where it goes on from."""
+    if saved is not None:
+        if show_progress:
+            print(f"simulate: resuming {out} after round {saved['round']}", file=stream)
+        return str(saved["name"]), list(saved["overrides"])
+    logger.warning(
+        "%s has no checkpoint of its ranks (run.checkpoint_every = %d); starting again from "
+        "round 0",
+        out,
+        config.run.checkpoint_every,
+    )
+    prior = prior_summary(out)
+    overrides = list(prior.get("overrides", []))
+    return str(prior.get("name") or run_name(config, setup, overrides)), overrides
 
 
 def rank_threads(setup: RunSetup, ranks: Ranks, threads: int | str | None) -> int | str | None:
@@ -255,6 +357,7 @@ class _Child:
     process: subprocess.Popen[str]
     lines: list[str] = field(default_factory=list)
     error: str | None = None
+    interrupted: str | None = None
     ended: float | None = None
     stopped: bool = False
 
@@ -267,6 +370,9 @@ def _read(child: _Child, relay: TextIO | None) -> None:
     for line in stream:
         if line.startswith("fedcore: error:"):
             child.error = line.rstrip("\n")
+            continue
+        if line.startswith(INTERRUPTED):  # the launcher says it, once for the run
+            child.interrupted = line.rstrip("\n").removeprefix(INTERRUPTED).strip()
             continue
         child.lines.append(line)
         del child.lines[:-20]
@@ -307,6 +413,7 @@ def launch_local(
                 stdout=None if rank == 0 else subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
+                start_new_session=True,  # Ctrl-C reaches the launcher, which tells them in turn
             )
             child = _Child(rank, process)
             children.append(child)
@@ -316,11 +423,15 @@ def launch_local(
             reader.start()
             readers.append(reader)
         _wait(children, timeout_s + GRACE_S)
-    except BaseException:
+    except KeyboardInterrupt:
+        _interrupt(children)
+        for reader in readers:
+            reader.join(timeout=5)
+        said = children[0].interrupted if children else None
+        raise KeyboardInterrupt(said or "") from None
+    finally:  # a launcher that failed leaves no rank running
         for child in children:
             _stop(child)
-        raise
-    finally:
         for reader in readers:
             reader.join(timeout=5)
         for child in children:
@@ -367,6 +478,24 @@ def _wait(children: list[_Child], grace_s: float) -> None:
                     child.stopped = True
                     _stop(child)
         time.sleep(0.05)
+
+
+def _interrupt(children: list[_Child]) -> None:
+    """Ctrl-C or SIGTERM to the launcher: SIGTERM (a rank's Ctrl-C) to rank 0 first, which
+    stops between two collectives, writes the summary of the interrupted run and names its
+    ``--resume`` (:data:`INTERRUPT_GRACE_S` at most), then to the others (:data:`GRACE_S`
+    at most); a rank still running after that is killed."""
+    for group, grace in ((children[:1], INTERRUPT_GRACE_S), (children[1:], GRACE_S)):
+        for child in group:
+            if child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.terminate()
+        deadline = time.monotonic() + grace
+        for child in group:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for child in children:
+        _stop(child)
 
 
 def _stop(child: _Child) -> None:

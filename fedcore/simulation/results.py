@@ -47,6 +47,7 @@ from fedcore.topology import spectral_gap
 
 __all__ = [
     "CHECKPOINTS",
+    "MANIFEST",
     "MAX_GAP_NODES",
     "RUN_FILES",
     "add_regret",
@@ -115,6 +116,10 @@ def default_out_dir(name: str) -> Path:
 
 CHECKPOINTS = "checkpoints"
 """The folder of a run's checkpoints (every ``run.checkpoint_every`` rounds)."""
+
+MANIFEST = "manifest.json"
+"""A sharded run's manifest in its checkpoints folder
+(:mod:`fedcore.simulation.rank_checkpoints`)."""
 
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")

@@ -38,6 +38,7 @@ from fedcore.simulation.drivers import Engine, build_engine
 from fedcore.simulation.observer import RunObserver
 from fedcore.simulation.results import (
     CHECKPOINTS,
+    MANIFEST,
     finish_run,
     open_run_dir,
     regret_tracker,
@@ -252,6 +253,11 @@ def _resume(
             f"{str(out)!r} is a `fedcore launch` run; resume it with `fedcore launch "
             "--resume`, not `fedcore simulate --resume`."
         )
+    if (out / CHECKPOINTS / MANIFEST).is_file() or "ranks" in prior:
+        raise ConfigError(
+            f"{str(out)!r} is a sharded run's (--ranks); resume it with `fedcore simulate "
+            f"--resume {out}`, which starts its ranks again."
+        )
     config = load_config(out / "config.toml")
     setup = prepare_run(config, hosts_all=True)
     setup.clock = virtual_clock(setup)
@@ -298,8 +304,10 @@ def _execute(
     stream: TextIO,
     show_progress: bool,
     saved: dict[str, Any] | None,
+    checkpoints: Path | None = None,
 ) -> dict[str, Any]:
-    """Run (or continue, from checkpoint ``saved``) a run in its folder ``out``.
+    """Run (or continue, from checkpoint ``saved``) a run in its folder ``out``; its
+    checkpoints go to ``checkpoints`` (default ``out/checkpoints``).
 
     An interrupted run (Ctrl-C, SIGTERM) or a failed one still writes ``summary.json``,
     with ``status`` ``interrupted`` or ``failed`` and the rounds completed, then the
@@ -346,9 +354,10 @@ def _execute(
         writer.flush()
         if observer.tracker is not None:
             observer.tracker.flush()
-        logger.debug("checkpoint of round %d in %s", round, out / CHECKPOINTS)
+        folder = checkpoints if checkpoints is not None else out / CHECKPOINTS
+        logger.debug("checkpoint of round %d in %s", round, folder)
         checkpoint.write(
-            out / CHECKPOINTS,
+            folder,
             round,
             {
                 "kind": "simulate",
