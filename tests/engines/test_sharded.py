@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +89,65 @@ def _hanging_rank(config: Config, rank: int, world: int, port: int, out: Path, q
     time.sleep(60)
 
 
+RANKS = multiprocessing.get_context("forkserver")
+"""How the tests start ranks: forked from a server process that imported fedcore and this
+module and runs no thread. A fork of the test process itself inherits whatever its other
+threads (gRPC's, after the gRPC tests) held at that moment: a rank hung before it met the
+others in one CI run."""
+RANKS.set_forkserver_preload(["fedcore", "networkx", "tests.engines.test_sharded"])
+
+
+def _no_curves() -> None:
+    """What ``tests/conftest.py`` does in the test process, done in a rank's: a finished run
+    leaves out its ``curves.png`` (matplotlib's import and a drawing, 1.5 s of each rank)."""
+    from fedcore import plotting
+
+    draw = plotting.plot_runs
+
+    def plot_runs(run_dirs: Any, out: Path, **options: Any) -> Path:
+        if options or [Path(d) for d in run_dirs] != [out.parent] or out.name != "curves.png":
+            return draw(run_dirs, out, **options)
+        return out
+
+    plotting.plot_runs = plot_runs
+
+
+def in_rank(prepare: Callable[[], None] | None, target: Callable[..., None], *args: Any) -> None:
+    """A rank's process (:data:`RANKS`): no curves, ``prepare()`` (what a test changed in its
+    own process, such as a patched builder, done again here), then ``target(*args)``."""
+    _no_curves()
+    if prepare is not None:
+        prepare()
+    target(*args)
+
+
 def run_ranks(
-    config: Config, world: int, out: Path, odd: Any = None, which: int = 1
+    config: Config,
+    world: int,
+    out: Path,
+    odd: Any = None,
+    which: int = 1,
+    prepare: Callable[[], None] | None = None,
 ) -> dict[int, str]:
-    """Every rank's outcome (``"ok"`` or its error), the ranks forked from this process;
-    rank ``which`` runs ``odd`` instead, if given (and is stopped once the others end)."""
-    context = multiprocessing.get_context("fork")
+    """Every rank's outcome (``"ok"`` or its error), the ranks started by :data:`RANKS`;
+    rank ``which`` runs ``odd`` instead, if given (and is stopped once the others end);
+    ``prepare`` runs first in every rank."""
+    context = RANKS
     queue = context.Queue()
     port = free_port()
     processes = [
         context.Process(
-            target=odd if odd is not None and r == which else _rank,
-            args=(config, r, world, port, out, queue),
+            target=in_rank,
+            args=(
+                prepare,
+                odd if odd is not None and r == which else _rank,
+                config,
+                r,
+                world,
+                port,
+                out,
+                queue,
+            ),
         )
         for r in range(world)
     ]

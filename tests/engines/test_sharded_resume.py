@@ -11,7 +11,6 @@ becomes in each rank).
 from __future__ import annotations
 
 import json
-import multiprocessing
 import shutil
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from fedcore.simulation.rank_checkpoints import (
 )
 from fedcore.simulation.ranks import free_port, simulate_rank
 from fedcore.simulation.simulate import resume, simulate
-from tests.engines.test_sharded import SAME, _records
+from tests.engines.test_sharded import RANKS, SAME, _records, in_rank
 from tests.engines.test_sharded_faults import _case
 
 STOP_AT = 3
@@ -68,11 +67,13 @@ def _rank(
 
 
 def _two_ranks(config: Config, out: Path, *, resume: bool = False, stop: int = 0) -> dict[int, str]:
-    context = multiprocessing.get_context("fork")
+    context = RANKS  # forked from a server with no threads (tests/engines/test_sharded.py)
     queue = context.Queue()
     port = free_port()
     processes = [
-        context.Process(target=_rank, args=(config, r, port, out, queue, resume, stop))
+        context.Process(
+            target=in_rank, args=(None, _rank, config, r, port, out, queue, resume, stop)
+        )
         for r in range(2)
     ]
     for p in processes:
