@@ -69,23 +69,14 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: only the tests that will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Start the docker tests' daemon and image build now, in the background (minutes of
-    debootstrap and torch install that the other tests cover), and run the docker tests
-    after :data:`DOCKER_AFTER` of the others: late enough that the images are ready
-    (their daemon runs at a higher CPU priority than the tests: :mod:`tests.dockerd`),
-    early enough that the other workers still have tests to run beside them (last, they
-    were the run's tail). Under xdist the controller starts the build instead (above);
-    the docker tests are one ``xdist_group``, so one worker runs them all."""
+    """Run the docker tests last, and start their daemon and image build now, in the
+    background (minutes of debootstrap and torch install that the other tests cover).
+    Under xdist the controller starts it instead (above); the docker tests are one
+    ``xdist_group``, so one worker runs them all."""
     docker = [item for item in items if item.get_closest_marker("docker")]
     if docker and not config.option.collectonly:
-        others = [item for item in items if not item.get_closest_marker("docker")]
-        at = int(len(others) * DOCKER_AFTER)
-        items[:] = others[:at] + docker + others[at:]
+        items[:] = [item for item in items if not item.get_closest_marker("docker")] + docker
         dockerd.prepare()  # does nothing in an xdist worker
-
-
-DOCKER_AFTER = 0.5
-"""The share of the other tests (in collection order) that run before the docker tests."""
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

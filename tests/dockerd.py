@@ -15,11 +15,9 @@ No daemon and none can be started: the tests skip, unless ``FEDCORE_REQUIRE_DOCK
 
 Making the images takes minutes (debootstrap, a torch install in the image), so
 :func:`prepare` does it in a background thread from the moment the docker tests are
-collected (``tests/conftest.py``, which runs them after half of the others): by the time
-they run, the rest of the suite has given it the time (``.ci/run`` makes the base's file
-system even earlier: ``FEDCORE_DOCKER_ROOTFS``; the wheels can be made ahead too:
-``FEDCORE_DOCKER_WHEELS``). The daemon runs at nice -5, above the tests: the build and the
-containers are what the docker tests wait on. :func:`prepared`
+collected (``tests/conftest.py``, which also runs them last): by the time they run, the
+rest of the suite has given it the time (``.ci/run`` makes the base's file system and the
+wheels even earlier: ``FEDCORE_DOCKER_ROOTFS``, ``FEDCORE_DOCKER_WHEELS``). :func:`prepared`
 waits for it and hands over the daemon and the image, or raises what stopped it (a skip, a
 failure).
 
@@ -234,10 +232,7 @@ def start_daemon() -> Daemon:
     _data_in_memory(root / "data")
     socket = root / "docker.sock"
     log = root / "dockerd.log"
-    # A higher CPU priority than the tests' (nice -5; root may): the image build and the
-    # containers run beside the rest of the suite, and the docker tests wait on them.
     argv = [
-        *(["nice", "-n", "-5"] if shutil.which("nice") else []),
         "dockerd",
         "--data-root", str(root / "data"),
         "--exec-root", str(root / "exec"),

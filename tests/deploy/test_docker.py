@@ -4,7 +4,7 @@ The module starts (or reuses) a Docker daemon (:mod:`tests.dockerd`), makes the 
 from Debian packages and builds the peer image from ``nodes/Dockerfile`` with no network in
 the build (``scripts/docker_image.py``: debootstrap, a folder of wheels, ``docker build
 --network none``), all in the background from the moment these tests are collected; they
-run after half of the other tests (``tests/conftest.py``). Then:
+run last. Then:
 
 - a ``fedcore compose`` deployment of 4 peers, strict mode, mutual TLS, runs with
   ``docker-compose up`` and ``fedcore summarize`` gives ``simulate``'s ``params_sha256``;

@@ -5,7 +5,8 @@ a sharded run cannot run yet is refused in one line before any rank starts; a ra
 stops the others within the group's timeout. Codecs and fault plans on ranks:
 ``tests/engines/test_sharded_faults.py``.
 
-The ranks here are forked processes that call :func:`fedcore.simulation.ranks.simulate_rank`
+The ranks here are processes forked from a fork server (:data:`RANKS`) that call
+:func:`fedcore.simulation.ranks.simulate_rank`
 (no interpreter start); one test runs ``fedcore simulate --ranks 2`` end to end.
 """
 
@@ -91,9 +92,10 @@ def _hanging_rank(config: Config, rank: int, world: int, port: int, out: Path, q
 
 RANKS = multiprocessing.get_context("forkserver")
 """How the tests start ranks: forked from a server process that imported fedcore and this
-module and runs no thread. A fork of the test process itself inherits whatever its other
-threads (gRPC's, after the gRPC tests) held at that moment: a rank hung before it met the
-others in one CI run."""
+module and holds nothing else. A fork of the test process itself inherits its objects: in
+one CI run a rank's garbage collector met a gRPC object left by an earlier test, whose
+release spun forever in the child (where gRPC's threads do not exist), before the rank
+met the others."""
 RANKS.set_forkserver_preload(["fedcore", "networkx", "tests.engines.test_sharded"])
 
 

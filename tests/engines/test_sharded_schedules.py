@@ -8,7 +8,7 @@ period has its own plan on every rank (:mod:`fedcore.engines.shard_plan`), and t
 summary's placement figures are those of one period's rounds.
 
 The ranks are forked processes, as in ``tests/engines/test_sharded.py``; the odd schedule
-is built in place of the generator (the forked ranks inherit it).
+is built in place of the generator (``_odd_builder``, run in every rank first).
 """
 
 from __future__ import annotations
