@@ -90,13 +90,12 @@ def _cache_folder(folder: Path) -> Path | None:
     """``folder``'s :data:`LEAF_CACHE`, or None where it is a link or not a folder: the
     cache never follows a link out of the dataset's folder (nor into it)."""
     cache = folder / LEAF_CACHE
-    try:
-        info = os.lstat(cache)
-    except FileNotFoundError:
+    kind = _folder_kind(cache)
+    if kind == "absent":
         return cache  # made when first written
-    except OSError:
+    if kind == "unreadable":
         return None
-    if not stat.S_ISDIR(info.st_mode):  # a link (lstat does not follow it), a file
+    if kind == "other":  # a link (lstat does not follow it), a file
         logger.warning(
             "%s is not a folder of the dataset's own (a link or a file): fedcore neither "
             "reads nor writes decoded files there, and decodes the JSON each time",
@@ -104,6 +103,18 @@ def _cache_folder(folder: Path) -> Path | None:
         )
         return None
     return cache
+
+
+def _folder_kind(path: Path) -> str:
+    """``"folder"`` (a real one, not a link), ``"absent"``, ``"other"`` (a link, a file) or
+    ``"unreadable"``: what a cache may use as its folder (the first two)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return "absent"
+    except OSError:
+        return "unreadable"
+    return "folder" if stat.S_ISDIR(info.st_mode) else "other"
 
 
 def _regular(path: Path) -> bool:
@@ -212,13 +223,7 @@ def user_cache() -> Path | None:
             folder = (Path(base) if base.strip() else Path.home() / ".cache") / "fedcore"
         except RuntimeError:  # no home directory
             return None
-    try:
-        info = os.lstat(folder)
-    except FileNotFoundError:
-        return folder  # made when first written
-    except OSError:
-        return None
-    return folder if stat.S_ISDIR(info.st_mode) else None
+    return folder if _folder_kind(folder) in ("absent", "folder") else None
 
 
 def _generated_problem(
