@@ -43,6 +43,7 @@ __all__ = [
     "join",
     "leave",
     "lost",
+    "reduce_to_first",
 ]
 
 logger = logging.getLogger(__name__)
@@ -267,6 +268,21 @@ def exchange(
     except (RuntimeError, ValueError) as exc:
         raise lost(ranks, "the halo exchange", exc) from exc
     return out
+
+
+def reduce_to_first(ranks: Ranks, value: torch.Tensor, what: str) -> bool:
+    """Sum ``value`` over the ranks into rank 0's ``value`` (in place); return whether this
+    is rank 0 (the only one whose ``value`` then holds the sum).
+
+    Raises:
+        PeerUnavailableError: the reduce failed.
+    """
+    if ranks.world > 1:
+        try:
+            dist.reduce(value, dst=0, op=dist.ReduceOp.SUM)
+        except (RuntimeError, ValueError) as exc:
+            raise lost(ranks, what, exc) from exc
+    return ranks.rank == 0
 
 
 def gather_rows(

@@ -27,10 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from fedcore.engines.batched import Messages
-from fedcore.engines.ranks import Ranks, lost
+from fedcore.engines.ranks import Ranks, reduce_to_first
 from fedcore.engines.vectorized import _Counter
 from fedcore.faults import FaultPlan
 
@@ -112,13 +111,8 @@ def reduce_total(ranks: Ranks, value: int) -> int | None:
         PeerUnavailableError: the reduce failed.
     """
     total = torch.tensor([value], dtype=torch.long)
-    if ranks.world > 1:
-        try:
-            dist.reduce(total, dst=0, op=dist.ReduceOp.SUM)
-        except (RuntimeError, ValueError) as exc:
-            raise lost(ranks, "the reduce of a total", exc) from exc
-        if ranks.rank != 0:
-            return None
+    if not reduce_to_first(ranks, total, "the reduce of a total"):
+        return None
     return int(total[0])
 
 
@@ -234,13 +228,8 @@ class ShardFaults:
             counts = torch.zeros(2, m.src.numel(), dtype=torch.long)
             parts.append(counts.index_copy_(1, edges, torch.stack([missing, dropped])))
         full = torch.cat(parts, dim=1)
-        if ranks.world > 1:
-            try:
-                dist.reduce(full, dst=0, op=dist.ReduceOp.SUM)
-            except (RuntimeError, ValueError) as exc:
-                raise lost(ranks, "the reduce of the fault tables", exc) from exc
-            if ranks.rank != 0:
-                return None
+        if not reduce_to_first(ranks, full, "the reduce of the fault tables"):
+            return None
         missing_table: dict[str, int] = {}
         dropped_table: dict[str, int] = {}
         at = 0
