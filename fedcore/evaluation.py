@@ -18,22 +18,41 @@ The figures equal those of :meth:`fedcore.models.Objective.evaluate` and
 :func:`fedcore.metrics.consensus_distance` (accuracy exactly where the logits are the same
 floats, as they are for the built-in models; the distance within float64 rounding of a
 sum taken in another order).
+
+**The average of the rows** (the average model, and the centre of the consensus distance)
+is taken from exact sums (:func:`column_sums`): every value is split into integer limbs
+whose sums no order of addition changes, so the average is the same bits whichever rows
+are added first, by one process or by ranks that each add their own rows and add the
+ranks' sums (:func:`mean_of_sums`), and on any number of threads.
+
+**A sample of the peers** (``run.eval_peers``): :func:`eval_sample` picks ``k`` of them
+by keyed hashes of the run's seed and each peer's place in node order, the same ``k``
+peers at every evaluation, on every engine and whichever rank holds them.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from fedcore.counter_random import hash64_tensor, make_key
 from fedcore.gradients import RowGradient
 
 __all__ = [
     "CHUNK_BYTES",
     "EVAL_INPUT_BYTES",
+    "SUM_COLUMNS",
     "VMAP_CHUNK_VALUES",
     "chunk_rows",
+    "column_sums",
+    "eval_sample",
+    "exact_mean",
     "example_chunk",
     "hits",
+    "mean_of_sums",
     "row_accuracy",
+    "row_figures",
     "stacked_figures",
 ]
 
@@ -142,24 +161,42 @@ def stacked_figures(
     chunk_bytes: int = CHUNK_BYTES,
 ) -> tuple[torch.Tensor, float]:
     """Every row's test accuracy ``[M]`` (float64) and, with ``distance``, the consensus
-    distance ``(1/M) sum_i ||p_i - mean||_2`` (float64; NaN when not asked), in one pass
-    over ``params`` after the mean (see the module docstring). Modes ``batched`` and
-    ``vmap`` (the module mode evaluates one model at a time, elsewhere)."""
+    distance ``(1/M) sum_i ||p_i - mean||_2`` (float64, the mean :func:`exact_mean`; NaN
+    when not asked), in one pass over ``params`` after the mean (see the module
+    docstring). Modes ``batched`` and ``vmap`` (the module mode evaluates one model at a
+    time, elsewhere)."""
+    mean = exact_mean(params) if distance else None
+    acc, norms = row_figures(rows, params, x, y, mean=mean, chunk_bytes=chunk_bytes)
+    return acc, float(norms.mean()) if distance else float("nan")
+
+
+@torch.no_grad()
+def row_figures(
+    rows: RowGradient,
+    params: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    mean: torch.Tensor | None,
+    accuracy: bool = True,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's test accuracy ``[M]`` (float64; empty without ``accuracy``) and, given
+    the rows' ``mean`` (float64 ``[d]``), each row's distance to it ``||p_i - mean||_2``
+    ``[M]`` (float64; empty without), in one pass over ``params`` in chunks (see the
+    module docstring): every row's figures are its own, whichever chunk holds it. The
+    accuracy: modes ``batched`` and ``vmap``; the distances alone: any mode."""
     total = params.shape[0]
-    acc = torch.empty(total, dtype=torch.float64, device=params.device)
+    acc = torch.empty(total if accuracy else 0, dtype=torch.float64, device=params.device)
+    norms = torch.empty(total if mean is not None else 0, dtype=torch.float64, device=params.device)
     examples = len(y)
-    mean: torch.Tensor | None = None
-    if distance:
-        mean = torch.zeros(params.shape[1], dtype=torch.float64, device=params.device)
-        step = chunk_rows(params.shape[1], 1, 8, chunk_bytes=chunk_bytes)
-        for start in range(0, total, step):
-            mean += params[start : start + step].to(torch.float64).sum(dim=0)
-        mean /= total
-    norms = torch.empty(total if distance else 0, dtype=torch.float64, device=params.device)
     batched = rows.mode == "batched" and rows._layers is not None
-    step = chunk_rows(examples, _widest(rows), params.element_size(), chunk_bytes=chunk_bytes)
+    if not accuracy:
+        step = chunk_rows(params.shape[1], 1, 8, chunk_bytes=chunk_bytes)
+    else:
+        step = chunk_rows(examples, _widest(rows), params.element_size(), chunk_bytes=chunk_bytes)
     part = examples  # examples a pass: all of them, but for a deep model's many
-    if not batched:
+    if accuracy and not batched:
         step = 1  # one row first, to learn the number of classes
         example_bytes = x[:1].numel() * max(params.element_size(), x.element_size())
         part = example_chunk(examples, example_bytes)
@@ -167,18 +204,135 @@ def stacked_figures(
     while start < total:
         chunk = params[start : start + step]
         end = start + chunk.shape[0]
-        if batched:
+        if accuracy and batched:
             correct = hits(_batched_logits(rows, chunk, x), y)
-        else:
+        elif accuracy:
             correct = torch.zeros(chunk.shape[0], dtype=torch.int64, device=params.device)
             for first in range(0, examples, part):
                 logits = rows.logits(chunk, x[first : first + part])
                 correct += hits(logits, y[first : first + part])
-        acc[start:end] = correct.to(torch.float64) / examples
+        if accuracy:
+            acc[start:end] = correct.to(torch.float64) / examples
         if mean is not None:
             norms[start:end] = (chunk.to(torch.float64) - mean).norm(dim=1)
         start = end
-        if not batched:
+        if accuracy and not batched:
             step = max(1, VMAP_CHUNK_VALUES // max(1, part * int(logits.shape[-1])))
             step = min(step, max(1, EVAL_INPUT_BYTES // (part * example_bytes)))
-    return acc, float(norms.mean()) if distance else float("nan")
+    return acc, norms
+
+
+# --- exact sums of the rows: the average model, whatever adds them ---------------------------
+
+_LIMB = 32
+_FORMS = {  # (integer view, mantissa bits, exponent mask, limbs)
+    torch.float32: (torch.int32, 23, 0xFF, 9),
+    torch.float64: (torch.int64, 52, 0x7FF, 67),
+}
+"""A finite float is ``m * 2**(p - lowest)`` with ``m`` its mantissa (hidden bit included)
+and ``0 <= p < 2**exponent_bits - 2``: 32-bit limbs at ``p // 32`` and above hold every
+value of the format (float32: 9 limbs, 288 bits; float64: 67)."""
+
+SUM_COLUMNS = 3
+"""Counts of NaN, +inf and -inf beside a column's limbs in :func:`column_sums`."""
+
+_SUM_CHUNK_VALUES = 1 << 20
+"""Values of the rows a pass of :func:`column_sums` takes (its int64 temporaries: a few
+MiB each)."""
+
+
+def _sum_form(dtype: torch.dtype) -> tuple[torch.dtype, int, int, int]:
+    """How :func:`column_sums` reads ``dtype`` (float16 and bfloat16 as float32)."""
+    return _FORMS[torch.float64 if dtype == torch.float64 else torch.float32]
+
+
+@torch.no_grad()
+def column_sums(params: torch.Tensor) -> torch.Tensor:
+    """The sum of each column of ``params`` (``[M, d]``, floating) as exact integers:
+    ``[d, L + 3]`` int64, ``L`` 32-bit limbs (the sum in units of the format's smallest
+    subnormal, limb ``l`` worth ``2**(32 l)``; any limb may hold more than 32 bits until
+    :func:`mean_of_sums` carries them) and the counts of NaN, +inf and -inf.
+
+    Integer sums are associative: the sums of two sets of rows added together are the
+    sums of their union, exactly, in any order (an all-reduce of ranks' sums included).
+    Good for up to ``2**31`` rows."""
+    view, bits, top, limbs = _sum_form(params.dtype)
+    if params.dtype not in (torch.float32, torch.float64):
+        params = params.to(torch.float32)  # exact
+    m, d = params.shape
+    out = torch.zeros(d * (limbs + SUM_COLUMNS), dtype=torch.int64, device=params.device)
+    base = torch.arange(d, device=params.device) * (limbs + SUM_COLUMNS)
+    step = max(1, _SUM_CHUNK_VALUES // max(1, d))
+    low = (1 << _LIMB) - 1
+    for start in range(0, m, step):
+        word = params[start : start + step].contiguous().view(view).to(torch.int64)
+        negative = word < 0
+        exponent = (word >> bits) & top
+        fraction = word & ((1 << bits) - 1)
+        finite = exponent != top
+        mantissa = torch.where(exponent > 0, fraction | (1 << bits), fraction)
+        mantissa = torch.where(finite, mantissa, 0)
+        place = exponent.clamp(min=1) - 1
+        limb, shift = place >> 5, place & (_LIMB - 1)
+        at = base + limb
+        for piece in range(0, bits + 1, _LIMB):  # float64's 53 bits in two pieces
+            part = ((mantissa >> piece) & low) << shift  # < 2**63
+            for extra, value in ((0, part & low), (1, part >> _LIMB)):
+                signed = torch.where(negative, -value, value)
+                out.index_add_(0, (at + piece // _LIMB + extra).flatten(), signed.flatten())
+        nan = ~finite & (fraction != 0)
+        inf = ~finite & (fraction == 0)
+        for k, flag in enumerate((nan, inf & ~negative, inf & negative)):
+            out.index_add_(0, base + limbs + k, flag.sum(dim=0))
+    return out.view(d, limbs + SUM_COLUMNS)
+
+
+def _carry(limbs: torch.Tensor) -> None:
+    """Bring every limb but the top one into ``[0, 2**32)`` (in place), the value kept."""
+    for k in range(limbs.shape[1] - 1):
+        carry = limbs[:, k] >> _LIMB  # floor
+        limbs[:, k] -= carry << _LIMB
+        limbs[:, k + 1] += carry
+
+
+@torch.no_grad()
+def mean_of_sums(sums: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """The mean of ``count`` rows (float64, ``[d]``) from their :func:`column_sums` (of
+    rows of ``dtype``): the exact sum's magnitude, its limbs carried into ``[0, 2**32)``,
+    added in float64 from the largest limb, its sign, divided by ``count``. A column with a
+    NaN, or with both infinities, is NaN; one with an infinity of one sign is that
+    infinity."""
+    _, bits, top, limbs = _sum_form(dtype)
+    value = sums[:, :limbs].clone()
+    _carry(value)
+    negative = value[:, -1] < 0  # the top limb carries the sign of the whole
+    value = torch.where(negative.unsqueeze(1), -value, value)
+    _carry(value)
+    lowest = (top >> 1) + bits - 1  # the smallest subnormal is 2**-lowest
+    total = torch.zeros(sums.shape[0], dtype=torch.float64, device=sums.device)
+    for k in range(limbs - 1, -1, -1):
+        power = _LIMB * k - lowest  # 2**power in two factors, each within float64's range
+        half = power // 2
+        total += value[:, k].to(torch.float64) * 2.0**half * 2.0 ** (power - half)
+    mean = torch.where(negative, -total, total) / count
+    nan, up, down = sums[:, limbs], sums[:, limbs + 1], sums[:, limbs + 2]
+    mean = torch.where(up > 0, math.inf, mean)
+    mean = torch.where(down > 0, -math.inf, mean)
+    return torch.where((nan > 0) | ((up > 0) & (down > 0)), math.nan, mean)
+
+
+def exact_mean(params: torch.Tensor) -> torch.Tensor:
+    """The mean of the rows of ``params`` (float64, ``[d]``) from exact sums: the same bits
+    in any order of the rows (:func:`column_sums`, :func:`mean_of_sums`)."""
+    return mean_of_sums(column_sums(params), params.shape[0], params.dtype)
+
+
+def eval_sample(seed: int, population: int, k: int) -> torch.Tensor:
+    """``k`` of ``population`` peers (their places in node order, sorted, int64): those whose
+    keyed hash of ``(seed, place)`` is smallest, so a pure function of the run's seed
+    (whichever rank holds a peer) and the same peers at every evaluation; a sample of
+    ``k`` holds the sample of ``k - 1``."""
+    words = hash64_tensor(make_key("fedcore.eval_peers", seed), torch.arange(population))
+    keys = words ^ torch.tensor(-(1 << 63), dtype=torch.int64)  # unsigned order, as signed
+    picked = torch.topk(keys, k, largest=False, sorted=False).indices
+    return picked.sort().values

@@ -38,14 +38,17 @@ from typing import IO, Any
 import torch
 
 from fedcore.config import NODE_MAPS_NODES
-from fedcore.evaluation import stacked_figures
+from fedcore.errors import ConfigError
+from fedcore.evaluation import eval_sample, exact_mean, row_accuracy
 from fedcore.models import Objective
 
 __all__ = [
     "JsonlWriter",
     "all_params_sha256",
+    "check_eval_peers",
     "consensus_distance",
     "dynamic_regret",
+    "eval_peers_sample",
     "evaluate_models",
     "evaluation_record",
     "minimize",
@@ -60,9 +63,37 @@ __all__ = [
 
 
 def consensus_distance(models: Sequence[torch.Tensor]) -> float:
-    """``(1/n) sum_i ||m_i - mean||_2``."""
-    stacked = torch.stack([m.to(torch.float64) for m in models])
-    return float((stacked - stacked.mean(dim=0)).norm(dim=1).mean())
+    """``(1/n) sum_i ||m_i - mean||_2``, the mean from exact sums
+    (:func:`~fedcore.evaluation.exact_mean`)."""
+    stacked = torch.stack(list(models))
+    mean = exact_mean(stacked)
+    return float((stacked.to(torch.float64) - mean).norm(dim=1).mean())
+
+
+def eval_peers_sample(seed: int, population: int, eval_peers: int | str) -> torch.Tensor | None:
+    """The peers whose own models an evaluation measures (``run.eval_peers``): ``None`` for
+    ``"all"``, else the sorted places in node order of a seeded sample of ``eval_peers`` of
+    the ``population`` peers evaluated (:func:`~fedcore.evaluation.eval_sample`).
+
+    Raises:
+        ConfigError: more peers than the population (one line)."""
+    check_eval_peers(eval_peers, population)
+    if not isinstance(eval_peers, int):
+        return None
+    return eval_sample(seed, population, eval_peers)
+
+
+def check_eval_peers(eval_peers: int | str, population: int) -> None:
+    """Refuse ``run.eval_peers`` above the ``population`` of peers whose own models are
+    evaluated (one line).
+
+    Raises:
+        ConfigError: more peers than there are."""
+    if isinstance(eval_peers, int) and eval_peers > population:
+        raise ConfigError(
+            f"run.eval_peers = {eval_peers} is more than the {population} peers whose models "
+            f'are evaluated; give at most {population}, or "all".'
+        )
 
 
 def evaluate_models(
@@ -73,6 +104,7 @@ def evaluate_models(
     *,
     server: str | None = None,
     own_tests: Mapping[str, Any] | None = None,
+    sample: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Accuracy and loss of the average model and of every node's model on ``(x, y)``.
 
@@ -84,27 +116,36 @@ def evaluate_models(
     model) and the per-node figures are the workers' alone. The nodes' models are evaluated
     together, chunk by chunk, with the consensus distance in the same pass
     (:func:`fedcore.evaluation.stacked_figures`), unless the objective's gradient mode is
-    ``module`` (one model at a time, as :meth:`~fedcore.models.Objective.evaluate`)."""
+    ``module`` (one model at a time, as :meth:`~fedcore.models.Objective.evaluate`).
+
+    With a ``sample`` (:func:`eval_peers_sample`: places in the order of ``models``, the
+    server left out), only those nodes' own models are evaluated and the per-node figures
+    are theirs, labelled ``eval_peers``; the average model and the consensus distance are
+    every node's."""
     if server is not None:
         average = models[server]
         models = {nid: m for nid, m in models.items() if nid != server}
     tensors = list(models.values())
+    stacked = torch.stack(tensors)
+    mean = exact_mean(stacked)
     if server is None:
-        average = torch.stack(tensors).mean(dim=0)
+        average = mean.to(stacked.dtype)
     avg_loss, avg_acc = objective.evaluate(average, x, y)
+    distance = float((stacked.to(torch.float64) - mean).norm(dim=1).mean())
+    names = list(models)
+    if sample is not None:
+        names = [names[i] for i in sample.tolist()]
+        tensors = [models[nid] for nid in names]
+    label = None if sample is None else (len(names), len(models))
     if own_tests is not None:
-        mine = own_test_accuracy(objective, tensors, x, y, [own_tests[nid] for nid in models])
-        return evaluation_record(
-            avg_acc, avg_loss, list(models), mine, consensus_distance(tensors), own=True
-        )
+        mine = own_test_accuracy(objective, tensors, x, y, [own_tests[nid] for nid in names])
+        return evaluation_record(avg_acc, avg_loss, names, mine, distance, own=True, sampled=label)
     if objective.rows.mode == "module":
-        node_acc = {nid: objective.evaluate(m, x, y)[1] for nid, m in models.items()}
-        distance = consensus_distance(tensors)
-    else:  # every model at once, chunk by chunk, with the distance (fedcore.evaluation)
-        stacked = torch.stack([m.to(objective.dtype) for m in tensors])
-        accuracy, distance = stacked_figures(objective.rows, stacked, x, y)
-        node_acc = dict(zip(models, accuracy.tolist(), strict=True))
-    return evaluation_record(avg_acc, avg_loss, list(node_acc), list(node_acc.values()), distance)
+        accuracy = [objective.evaluate(m, x, y)[1] for m in tensors]
+    else:  # every model at once, chunk by chunk (fedcore.evaluation)
+        rows = torch.stack([m.to(objective.dtype) for m in tensors])
+        accuracy = row_accuracy(objective.rows, rows, x, y).tolist()
+    return evaluation_record(avg_acc, avg_loss, names, accuracy, distance, sampled=label)
 
 
 def evaluation_record(
@@ -115,11 +156,15 @@ def evaluation_record(
     distance: float,
     *,
     own: bool = False,
+    sampled: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """An evaluation's figures (both engines' record): the average model's accuracy and
     loss, the nodes' mean and worst accuracy (``accuracy[i]`` is ``nodes[i]``'s), the
     consensus distance, and each node's accuracy up to
-    :data:`~fedcore.config.NODE_MAPS_NODES` nodes."""
+    :data:`~fedcore.config.NODE_MAPS_NODES` nodes. ``sampled``: ``(k, n)`` where the
+    nodes are a sample of ``k`` of the ``n`` (``run.eval_peers``): the record says
+    ``"eval_peers": {"sampled": k, "of": n}``, so that the per-node figures are never
+    read as every node's."""
     out: dict[str, Any] = {
         "avg_model_accuracy": avg_acc,
         "avg_model_test_loss": avg_loss,
@@ -127,6 +172,8 @@ def evaluation_record(
         "min_node_accuracy": min(accuracy),
         "consensus_distance": distance,
     }
+    if sampled is not None:
+        out["eval_peers"] = {"sampled": sampled[0], "of": sampled[1]}
     if own:
         out["node_test_sets"] = "own"
     if len(accuracy) <= NODE_MAPS_NODES:

@@ -34,6 +34,7 @@ def fingerprint_json(config: Config, edges_json: Iterable[bytes]) -> str:
     tables.pop("simulate", None)  # how one process runs it, not what runs
     for key in TRACKING_KEYS:  # what is written beside the records, not what runs
         tables["run"].pop(key, None)
+    tables["run"].pop("eval_peers", None)  # whose models are measured, not what runs
     tables["transport"].pop("tls", None)
     tables["topology"].pop("file", None)
     tables["data"].pop("root", None)

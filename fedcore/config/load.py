@@ -26,10 +26,16 @@ __all__ = ["PATH_KEYS", "config_from_dict", "load_config"]
 _KEEPS_SPACES = frozenset({"topology.file"})
 """String keys whose value may start or end with whitespace (a file's name may)."""
 
+_NAME_OR_COUNT = frozenset({"run.eval_peers"})
+"""Keys that take a name or a whole number (``"all"`` or a count): their own rule checks
+the type."""
+
 
 def _coerce(key: str, value: object, default: object) -> object:
     """Check ``value`` against the type of the field's default (int accepted for float)."""
-    if isinstance(default, bool):
+    if key in _NAME_OR_COUNT:
+        ok = True
+    elif isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, int):
         ok = isinstance(value, int) and not isinstance(value, bool)

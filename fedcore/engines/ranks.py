@@ -36,6 +36,7 @@ __all__ = [
     "ENVIRONMENT",
     "MEET_S",
     "Ranks",
+    "add_everywhere",
     "blocks",
     "exchange",
     "from_environment",
@@ -283,6 +284,20 @@ def reduce_to_first(ranks: Ranks, value: torch.Tensor, what: str) -> bool:
         except (RuntimeError, ValueError) as exc:
             raise lost(ranks, what, exc) from exc
     return ranks.rank == 0
+
+
+def add_everywhere(ranks: Ranks, value: torch.Tensor, what: str) -> None:
+    """Sum ``value`` over the ranks into every rank's ``value`` (in place; an integer
+    tensor's sum is the same whatever order the ranks' parts are added in).
+
+    Raises:
+        PeerUnavailableError: the all-reduce failed.
+    """
+    if ranks.world > 1:
+        try:
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        except (RuntimeError, ValueError) as exc:
+            raise lost(ranks, what, exc) from exc
 
 
 def gather_rows(

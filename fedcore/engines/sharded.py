@@ -56,8 +56,15 @@ Design (:func:`setup_refusal` says what it does not run yet):
   their out- and in-edges, and they travel to rank 0 with the rows' losses (the per-edge
   fault tables once, at the end:
   :meth:`ShardedNetwork.finish`). Each round the ranks' losses are gathered on rank 0, and
-  the models on evaluation rounds and at the end; rank 0 writes the run's files
-  (:mod:`fedcore.simulation.ranks`).
+  every peer's model at the end (the summary's ``params_sha256``); rank 0 writes the run's
+  files (:mod:`fedcore.simulation.ranks`).
+* **Evaluation** (:meth:`ShardedNetwork.evaluate`): each rank evaluates its own rows (of
+  the ``run.eval_peers`` sample, its share) in batched passes, all ranks at once; the
+  average model comes from the ranks' exact column sums, added up on every rank (one
+  all-reduce of integers: the same sums in any order), and rank 0 gathers two figures a
+  peer (its accuracy, its distance to the mean) to make the record, in node order. No
+  model travels: one process and any R give the same record, bit for bit
+  (:mod:`fedcore.engines.stacked_eval`).
   Rank 0's summary also says how the peers were placed: the ``partition`` that ran,
   the ``cut_fraction`` of edges whose ends are on different ranks (a schedule: of the
   edges of one period's rounds, an edge counted in each round that uses it), and the
@@ -84,7 +91,7 @@ from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
 from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
 from fedcore.engines.partition import METIS_MISSING, metis_available, place
-from fedcore.engines.ranks import Ranks, gather_rows
+from fedcore.engines.ranks import Ranks, add_everywhere, gather_rows
 from fedcore.engines.shard_codecs import ShardCodecs
 from fedcore.engines.shard_faults import (
     RowCounts,
@@ -103,6 +110,7 @@ from fedcore.engines.shard_plan import (
     union_edges,
 )
 from fedcore.engines.shard_state import load_rank_state, rank_state
+from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.engines.vectorized import (
     RoundFigures,
@@ -111,6 +119,7 @@ from fedcore.engines.vectorized import (
     stacked_batches,
 )
 from fedcore.errors import AlgorithmError, ConfigError
+from fedcore.evaluation import column_sums, mean_of_sums
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedObjective
@@ -337,6 +346,32 @@ class ShardedNetwork(ShardCodecs):
             self.last = full
         return full
 
+    def evaluate(self) -> dict[str, Any] | None:
+        """The evaluation record of every peer's current model on rank 0 (``None`` on the
+        others), each rank evaluating its own peers (see the module docstring). A
+        collective: every rank calls it on the same evaluation rounds.
+
+        Raises:
+            PeerUnavailableError: a collective failed.
+        """
+        params = self.rule.model(self.state)
+        sums = column_sums(params)
+        add_everywhere(self.ranks, sums, "an evaluation's sums")
+        mean = mean_of_sums(sums, self.n, params.dtype)
+        sample = sample_of(self.setup, self.n)
+        pick = None
+        if sample is not None:  # this rank's share of the sample, as local rows (sorted)
+            local = self.local_of[sample]
+            pick = local[local >= 0]
+        acc, norms = row_figures_of(
+            self.setup, self.objective, self.local_nodes, params, mean, pick
+        )
+        figures = gather_rows(self.ranks, torch.stack([acc, norms], dim=1), self.shards)
+        if figures is None:
+            return None
+        acc_all, norms_all = figures[:, 0].contiguous(), figures[:, 1].contiguous()
+        return record_of(self.setup, self.nodes, mean.to(params.dtype), acc_all, norms_all, sample)
+
     def _rows(self, t: int, lr: float, up: torch.Tensor, compressed: set[int]) -> Rows:
         """What the rule reads of round ``t`` for this block: ``up`` (``[B]`` bool) says
         which rows run it; ``rows.compress`` encodes the up rows (their own codecs, owned
@@ -500,6 +535,6 @@ class ShardedNetwork(ShardCodecs):
 
 def is_eval_round(config: Config, t: int) -> bool:
     """Whether round ``t`` ends with an evaluation (as the run's observer says), so every
-    rank gathers the models there."""
+    rank evaluates its peers there (:meth:`ShardedNetwork.evaluate`)."""
     rounds, every = config.run.rounds, config.run.eval_every
     return (t + 1) % every == 0 or t + 1 == rounds

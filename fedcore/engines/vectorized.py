@@ -44,16 +44,11 @@ from fedcore.config import AUTO_RECORDS_NODES, Config
 from fedcore.data import StackedBatches
 from fedcore.engines.batched import BatchRound, Messages, batched_form, raise_bad
 from fedcore.engines.clock import SharedClock, phase_traffic
+from fedcore.engines.stacked_eval import evaluate_rows
 from fedcore.engines.stacked_graph import EdgeUnion, StackedGraph, stack_graph
 from fedcore.errors import CompressionError, ConfigError
-from fedcore.evaluation import stacked_figures
 from fedcore.gradients import model_input
-from fedcore.metrics import (
-    JsonlWriter,
-    consensus_distance,
-    evaluation_record,
-    own_test_accuracy,
-)
+from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
 from fedcore.progress import Progress
 from fedcore.runtime import physical_memory
@@ -223,6 +218,10 @@ class VectorizedNetwork:
     def model(self) -> torch.Tensor:
         """``[N, d]``: every node's current model."""
         return self.form.model(self.state)
+
+    def evaluate(self) -> dict[str, Any]:
+        """The evaluation record of every node's current model (:func:`evaluate_stacked`)."""
+        return evaluate_stacked(self, self.model())
 
     def up(self, t: int) -> np.ndarray[Any, np.dtype[np.bool_]]:
         """Host bool array: the nodes that run round ``t`` (the fault plan's not down)."""
@@ -628,36 +627,9 @@ def memory_shortfall(setup: RunSetup, *, edges: int | None = None) -> str | None
 
 def evaluate_stacked(net: VectorizedNetwork, params: torch.Tensor) -> dict[str, Any]:
     """:func:`~fedcore.metrics.evaluate_models` of every row of ``params`` at once: the
-    average model's loss and accuracy, every node's accuracy, the consensus distance."""
-    setup = net.setup
-    x, y = setup.dataset.x_test, setup.dataset.y_test
-    nodes = net.nodes
-    server = setup.algorithm.server
-    if server is not None and server in nodes:
-        # As evaluate_models: the server's model is the "average model"; the per-node
-        # figures are the workers' alone.
-        at = nodes.index(server)
-        average = params[at].cpu()
-        keep = [i for i in range(len(nodes)) if i != at]
-        params = params[torch.tensor(keep, device=params.device)]
-        nodes = tuple(nodes[i] for i in keep)
-    else:
-        average = params.mean(dim=0).cpu()
-    avg_loss, avg_acc = setup.evaluator.evaluate(average, x, y)
-    own = setup.own_tests()
-    if own is not None:  # per-node test sets: as evaluate_models, node by node
-        rows = list(params.cpu())
-        mine = own_test_accuracy(setup.evaluator, rows, x, y, [own[n] for n in nodes])
-        return evaluation_record(avg_acc, avg_loss, nodes, mine, consensus_distance(rows), own=True)
-    xd, yd = x.to(net.device), y.to(net.device)
-    if net.objective.mode == "module":
-        acc = net.objective.accuracy(params, xd, yd).cpu().tolist()
-        p64 = params.to(torch.float64)
-        distance = float((p64 - p64.mean(dim=0)).norm(dim=1).mean())
-    else:  # accuracies and distance in one pass, chunk by chunk (fedcore.evaluation)
-        accuracy, distance = stacked_figures(net.objective.rows, params, xd, yd)
-        acc = accuracy.cpu().tolist()
-    return evaluation_record(avg_acc, avg_loss, nodes, acc, distance)
+    average model's loss and accuracy, every node's accuracy (of the ``run.eval_peers``
+    sample), the consensus distance (:mod:`fedcore.engines.stacked_eval`)."""
+    return evaluate_rows(net.setup, net.objective, net.nodes, params)
 
 
 _COLUMNS = (
@@ -718,9 +690,7 @@ class Flusher:
         if is_eval or len(self.pending) >= _FLUSH_EVERY:
             self.flush()
             if is_eval:
-                self.observer.add_eval(
-                    t, self.last_loss, evaluate_stacked(self.net, self.net.model())
-                )
+                self.observer.add_eval(t, self.last_loss, self.net.evaluate())
             if self.progress is not None:
                 self.progress.update(
                     t + 1, loss=self.last_loss, accuracy=self.observer.last_accuracy

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from fedcore.data import (
     training_examples,
 )
 from fedcore.faults import FaultPlan
+from fedcore.metrics import check_eval_peers
 from fedcore.models import Objective
 from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord, per_node
 from fedcore.node.arrivals import VirtualClock
@@ -378,7 +379,14 @@ def prepare_run(
         source=data.source,
         test_parts=data.test_parts,
     )
+    _check_eval_peers(config, plan.graph.nodes, plan.algorithm.server)
     logger.info(
         "prepared %d nodes in %.2f s", len(plan.graph.nodes), time.perf_counter() - laps.began
     )
     return setup
+
+
+def _check_eval_peers(config: Config, nodes: Sequence[str], server: str | None) -> None:
+    """Refuse ``run.eval_peers`` above the peers whose own models are evaluated (every
+    node, the server left out), in one line, before any work."""
+    check_eval_peers(config.run.eval_peers, len(nodes) - (server is not None and server in nodes))

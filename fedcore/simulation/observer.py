@@ -15,7 +15,7 @@ import torch
 
 from fedcore.config import Config
 from fedcore.data import Dataset
-from fedcore.metrics import JsonlWriter, evaluate_models, round_record
+from fedcore.metrics import JsonlWriter, eval_peers_sample, evaluate_models, round_record
 from fedcore.models import Objective
 from fedcore.node import Node, RoundRecord
 from fedcore.progress import Progress
@@ -77,6 +77,10 @@ class RunObserver:
         self.server = server
         self.records = records
         self.n = len(self.nodes)
+        evaluated = self.n - (server in self.nodes)
+        self.sample = eval_peers_sample(config.run.seed, evaluated, config.run.eval_peers)
+        """The peers ``run.eval_peers`` samples (places among the evaluated nodes), or
+        None for all of them."""
         self.rounds = config.run.rounds
         self.eval_every = config.run.eval_every
         self.evaluator = evaluator
@@ -231,6 +235,7 @@ class RunObserver:
                 self.dataset.y_test,
                 server=self.server,
                 own_tests=self.own_tests,
+                sample=self.sample,
             )
             self.add_eval(t, train_loss, result)
         if self.progress is not None:

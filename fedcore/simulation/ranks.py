@@ -99,7 +99,7 @@ class _Sharded:
     ) -> dict[str, torch.Tensor] | None:
         net = self.net
         # The flusher reads of its network only what a ShardedNetwork answers on rank 0
-        # (nodes, setup, device, objective, check, model).
+        # (nodes, setup, device, objective, check, evaluate).
         flusher = Flusher(
             net,  # type: ignore[arg-type]
             observer=observer,
@@ -159,8 +159,9 @@ class _Sharded:
 def _follow(
     net: ShardedNetwork, config: Config, out: Path | None, saved: dict[str, Any] | None
 ) -> None:
-    """A rank other than 0: every round, the models at each evaluation and at the end,
-    then the fault tables and halo bytes, in the order rank 0's run asks for them; its
+    """A rank other than 0: every round, its peers' evaluation at each evaluation round,
+    the models at the end, then the fault tables and halo bytes, in the order rank 0's
+    run asks for them; its
     checkpoints in the run folder ``out`` (continuing from ``saved``, its own)."""
     if saved is not None:
         net.load_state_dict(saved["network"])
@@ -170,7 +171,7 @@ def _follow(
         t = net.round
         net.run_round()
         if is_eval_round(config, t):
-            net.model()
+            net.evaluate()
         if out is not None and due(every, net.round, rounds):
             ranks = net.ranks
             checkpoint.write(

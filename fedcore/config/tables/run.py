@@ -6,11 +6,20 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from fedcore.config.constants import MAX_LOCAL_STEPS, MAX_ROUNDS
+from fedcore.config.constants import MAX_LOCAL_STEPS, MAX_NODES, MAX_ROUNDS
 from fedcore.config.rules import Table, holds, is_int, number, require, rule, whole
 from fedcore.errors import ConfigError
 
 __all__ = ["RunConfig"]
+
+
+def _peers_or_all(key: str, value: object) -> None:
+    require(
+        value == "all" or (is_int(value) and 1 <= value <= MAX_NODES),  # type: ignore[operator]
+        key,
+        value,
+        f'must be "all" or a whole number of peers from 1 to {MAX_NODES:,}',
+    )
 
 
 def _tensorboard_installed(key: str, value: object) -> None:
@@ -40,6 +49,10 @@ class RunConfig(Table):
     ``<run>/rounds.csv``, one row of round aggregates a round. ``target_accuracy``: the
     summary says when the average model first reached it. None of the three changes the
     run (they are not part of its fingerprint).
+    ``eval_peers``: whose own models an evaluation measures: ``"all"`` (the default), or a
+    seeded sample of that many peers (the same ones at every evaluation), whose figures the
+    records label ``"eval_peers": {"sampled": k, "of": n}``; the average model and the
+    consensus distance are always every peer's. It does not change the run either.
     """
 
     TABLE: ClassVar[str] = "run"
@@ -55,6 +68,7 @@ class RunConfig(Table):
     )
     rounds: int = field(default=300, metadata=whole(1, MAX_ROUNDS))
     eval_every: int = field(default=25, metadata=whole(1, MAX_ROUNDS))
+    eval_peers: int | str = field(default="all", metadata=rule(_peers_or_all))
     regret: bool = False
     checkpoint_every: int = field(default=0, metadata=whole(0, MAX_ROUNDS))
     local_steps: int = field(default=1, metadata=whole(1, MAX_LOCAL_STEPS))
