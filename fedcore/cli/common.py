@@ -244,6 +244,9 @@ def print_table(summary: dict[str, Any]) -> None:
     traffic = summary.get("traffic", {})
     gap = summary["topology"]["spectral_gap"]
     own = " (own test sets)" if final.get("node_test_sets") == "own" else ""
+    sample = final.get("eval_peers")  # run.eval_peers: the per-node figures are a sample's
+    if isinstance(sample, dict):
+        own += f" (a sample of {sample.get('sampled')} of {sample.get('of')} peers)"
     rows = [
         ("algorithm", summary["algorithm"]),
         (

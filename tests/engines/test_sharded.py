@@ -250,6 +250,24 @@ def test_ranks_on_blocks_or_a_graph_partition_equal_one_process(
         assert _records(out) == _records(one), (method, world)
 
 
+def test_a_sample_of_peers_on_ranks_equals_one_process(folder: Path) -> None:
+    """``run.eval_peers``: each rank evaluates its share of the sample (rows that are not
+    contiguous on the graph partition), and the records are one process's, bit for bit."""
+    extra = [s for s in GRAPHS["dpsgd"] if "topology" not in s]
+    config = _config("dpsgd", folder, *extra, "run.eval_peers=5", "simulate.partition=graph")
+    one = folder / "sample-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    assert expected["final"]["eval_peers"]["sampled"] == 5
+    for world in (3,):  # R = 1, 2, 3 of every peer: test_ranks_equal_one_process
+        out = folder / f"sample-{world}"
+        assert run_ranks(config, world, out) == dict.fromkeys(range(world), "ok")
+        got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        for key in SAME:
+            assert got.get(key) == expected.get(key), (world, key)
+        assert _records(out) == _records(one), world
+
+
 @pytest.mark.parametrize("method", ["blocks", "graph", "interleaved"])
 def test_the_halo_sends_each_boundary_row_once_per_rank(method: str) -> None:
     rng = np.random.default_rng(0)
