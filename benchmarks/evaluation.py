@@ -169,16 +169,19 @@ def main() -> None:
         parser.error("--peers must be at least --sample and the largest --ranks")
     load_start = list(os.getloadavg())
     rows: list[dict[str, Any]] = []
-    print("| peers | way | CPU (s) | wall (s) |")
-    print("|---:|---|---:|---:|")
+    print("| peers | way | CPU (s) | wall (s) | CPU a rank (s) | load |")
+    print("|---:|---|---:|---:|---|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for peers in args.peers:
             found = one_process(peers, args.sample)
             found += [ranks_run(peers, world, Path(tmp)) for world in args.ranks]
             for row in found:
                 rows.append(row)
+                row["loadavg"] = os.getloadavg()[0]
+                each = ", ".join(f"{c:.2f}" for c in row.get("per_rank_cpu_s", []))
                 print(
-                    f"| {peers:,} | {row['way']} | {row['cpu_s']:.2f} | {row['wall_s']:.2f} |",
+                    f"| {peers:,} | {row['way']} | {row['cpu_s']:.2f} | {row['wall_s']:.2f} | "
+                    f"{each or '-'} | {row['loadavg']:.1f} |",
                     flush=True,
                 )
     report = {

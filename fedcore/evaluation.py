@@ -332,7 +332,9 @@ def eval_sample(seed: int, population: int, k: int) -> torch.Tensor:
     keyed hash of ``(seed, place)`` is smallest, so a pure function of the run's seed
     (whichever rank holds a peer) and the same peers at every evaluation; a sample of
     ``k`` holds the sample of ``k - 1``."""
-    words = hash64_tensor(make_key("fedcore.eval_peers", seed), torch.arange(population))
-    keys = words ^ torch.tensor(-(1 << 63), dtype=torch.int64)  # unsigned order, as signed
+    cpu = torch.device("cpu")
+    places = torch.arange(population, device=cpu)
+    words = hash64_tensor(make_key("fedcore.eval_peers", seed), places)
+    keys = words ^ torch.tensor(-(1 << 63), dtype=torch.int64, device=cpu)  # unsigned order
     picked = torch.topk(keys, k, largest=False, sorted=False).indices
     return picked.sort().values

@@ -32,6 +32,8 @@ from fedcore.stacked_training import StackedObjective
 
 __all__ = ["PICK_ROWS", "evaluate_rows", "record_of", "row_figures_of", "sample_of"]
 
+_CPU = torch.device("cpu")
+
 PICK_ROWS = 1 << 14
 """Sampled rows copied out of the stack at a time (:func:`row_figures_of`)."""
 
@@ -67,15 +69,15 @@ def row_figures_of(
         acc, norms = row_figures(rows, params, xd, yd, mean=mean)
         return acc.cpu(), norms.cpu()
     _, norms = row_figures(rows, params, xd, yd, mean=mean, accuracy=False)
-    acc = torch.full((total,), float("nan"), dtype=torch.float64)
-    chosen = torch.arange(total) if pick is None else pick
+    acc = torch.full((total,), float("nan"), dtype=torch.float64, device=_CPU)
+    chosen = torch.arange(total, device=_CPU) if pick is None else pick
     for start in range(0, len(chosen), PICK_ROWS):
         at = chosen[start : start + PICK_ROWS]
         some = params.index_select(0, at.to(device))
         if own is not None:  # per-node test sets: node by node
             parts = [own[ids[i]] for i in at.tolist()]
             mine = own_test_accuracy(setup.evaluator, list(some.cpu()), x, y, parts)
-            acc[at] = torch.tensor(mine, dtype=torch.float64)
+            acc[at] = torch.tensor(mine, dtype=torch.float64, device=_CPU)
         elif objective.mode == "module":
             acc[at] = objective.accuracy(some, xd, yd).cpu().to(torch.float64)
         else:
