@@ -225,7 +225,8 @@ def row_figures(
 # --- exact sums of the rows: the average model, whatever adds them ---------------------------
 
 _LIMB = 32
-_FORMS = {  # (integer view, mantissa bits, exponent mask, limbs)
+_Form = tuple[torch.dtype, int, int, int]
+_FORMS: dict[torch.dtype, _Form] = {  # (integer view, mantissa bits, exponent mask, limbs)
     torch.float32: (torch.int32, 23, 0xFF, 9),
     torch.float64: (torch.int64, 52, 0x7FF, 67),
 }
@@ -241,9 +242,36 @@ _SUM_CHUNK_VALUES = 1 << 20
 MiB each)."""
 
 
-def _sum_form(dtype: torch.dtype) -> tuple[torch.dtype, int, int, int]:
+def _sum_form(dtype: torch.dtype) -> _Form:
     """How :func:`column_sums` reads ``dtype`` (float16 and bfloat16 as float32)."""
     return _FORMS[torch.float64 if dtype == torch.float64 else torch.float32]
+
+
+@torch.no_grad()
+def _add_limbs(out: torch.Tensor, base: torch.Tensor, word: torch.Tensor, form: _Form) -> None:
+    """Add the values whose bits are ``word`` (``[m, c]`` int64; read as ``form`` says,
+    :data:`_FORMS`) to their columns' limbs and counts in ``out`` (a column's first entry
+    at ``base``)."""
+    _, bits, top, limbs = form
+    low = (1 << _LIMB) - 1
+    negative = word < 0
+    exponent = (word >> bits) & top
+    fraction = word & ((1 << bits) - 1)
+    finite = exponent != top
+    mantissa = torch.where(exponent > 0, fraction | (1 << bits), fraction)
+    mantissa = torch.where(finite, mantissa, 0)
+    place = exponent.clamp(min=1) - 1
+    at = base + (place >> 5)
+    shift = place & (_LIMB - 1)
+    for piece in range(0, bits + 1, _LIMB):  # float64's 53 bits in two pieces
+        part = ((mantissa >> piece) & low) << shift  # < 2**63
+        for extra, value in ((0, part & low), (1, part >> _LIMB)):
+            signed = torch.where(negative, -value, value)
+            out.index_add_(0, (at + piece // _LIMB + extra).flatten(), signed.flatten())
+    nan = ~finite & (fraction != 0)
+    inf = ~finite & (fraction == 0)
+    for k, flag in enumerate((nan, inf & ~negative, inf & negative)):
+        out.index_add_(0, base + limbs + k, flag.sum(dim=0))
 
 
 @torch.no_grad()
@@ -256,34 +284,20 @@ def column_sums(params: torch.Tensor) -> torch.Tensor:
     Integer sums are associative: the sums of two sets of rows added together are the
     sums of their union, exactly, in any order (an all-reduce of ranks' sums included).
     Good for up to ``2**31`` rows."""
-    view, bits, top, limbs = _sum_form(params.dtype)
+    form = _sum_form(params.dtype)
+    view, limbs = form[0], form[3]
     if params.dtype not in (torch.float32, torch.float64):
         params = params.to(torch.float32)  # exact
     m, d = params.shape
-    out = torch.zeros(d * (limbs + SUM_COLUMNS), dtype=torch.int64, device=params.device)
-    base = torch.arange(d, device=params.device) * (limbs + SUM_COLUMNS)
-    step = max(1, _SUM_CHUNK_VALUES // max(1, d))
-    low = (1 << _LIMB) - 1
-    for start in range(0, m, step):
-        word = params[start : start + step].contiguous().view(view).to(torch.int64)
-        negative = word < 0
-        exponent = (word >> bits) & top
-        fraction = word & ((1 << bits) - 1)
-        finite = exponent != top
-        mantissa = torch.where(exponent > 0, fraction | (1 << bits), fraction)
-        mantissa = torch.where(finite, mantissa, 0)
-        place = exponent.clamp(min=1) - 1
-        limb, shift = place >> 5, place & (_LIMB - 1)
-        at = base + limb
-        for piece in range(0, bits + 1, _LIMB):  # float64's 53 bits in two pieces
-            part = ((mantissa >> piece) & low) << shift  # < 2**63
-            for extra, value in ((0, part & low), (1, part >> _LIMB)):
-                signed = torch.where(negative, -value, value)
-                out.index_add_(0, (at + piece // _LIMB + extra).flatten(), signed.flatten())
-        nan = ~finite & (fraction != 0)
-        inf = ~finite & (fraction == 0)
-        for k, flag in enumerate((nan, inf & ~negative, inf & negative)):
-            out.index_add_(0, base + limbs + k, flag.sum(dim=0))
+    width = limbs + SUM_COLUMNS
+    out = torch.zeros(d * width, dtype=torch.int64, device=params.device)
+    cols = min(d, _SUM_CHUNK_VALUES)  # a block of rows and columns a pass
+    step = max(1, _SUM_CHUNK_VALUES // max(1, cols))
+    for first in range(0, d, cols):
+        base = torch.arange(first, min(d, first + cols), device=params.device) * width
+        for start in range(0, m, step):
+            block = params[start : start + step, first : first + cols]
+            _add_limbs(out, base, block.contiguous().view(view).to(torch.int64), form)
     return out.view(d, limbs + SUM_COLUMNS)
 
 

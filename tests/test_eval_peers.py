@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from fedcore import evaluation
 from fedcore.cli import main
 from fedcore.cli.common import print_table
 from fedcore.config import load_config
@@ -27,7 +28,9 @@ from fedcore.simulation.simulate import simulate
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_mean_is_the_same_bits_in_any_order_and_split(dtype: torch.dtype) -> None:
+def test_the_mean_is_the_same_bits_in_any_order_and_split(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     g = torch.Generator().manual_seed(1)
     scale = torch.logspace(-30, 30, 300, dtype=torch.float64).unsqueeze(1)
     rows = (torch.randn(300, 4, generator=g, dtype=torch.float64) * scale).to(dtype)
@@ -42,6 +45,8 @@ def test_the_mean_is_the_same_bits_in_any_order_and_split(dtype: torch.dtype) ->
     summed = sum((column_sums(p) for p in parts), torch.zeros_like(column_sums(rows)))
     assert torch.equal(mean_of_sums(summed, 300, dtype), mean)
     assert torch.equal(exact_mean(rows.flip(0)), mean)
+    monkeypatch.setattr(evaluation, "_SUM_CHUNK_VALUES", 3)  # passes of a block of 3 values
+    assert torch.equal(exact_mean(rows), mean)
 
 
 def test_a_mean_with_nan_or_infinities_says_so() -> None:
