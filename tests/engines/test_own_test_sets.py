@@ -70,6 +70,19 @@ def test_both_engines_evaluate_each_peer_on_its_own_test_set(
         assert set(groups[own[node]]) <= set(setup.dataset.groups_train[setup.parts[i]])
 
 
+def test_a_sample_of_workers_on_their_own_test_sets(root: Path) -> None:
+    """``run.eval_peers`` with a server and per-node test sets: both engines measure the
+    same 3 workers (the server left out), each on its own test examples."""
+    config = _config(root, "fedavg", "star", eval_peers=3)
+    (slow, _), (fast, _) = run_both(config)  # type: ignore[arg-type]
+    for a, b in zip(slow.evals, fast.evals, strict=True):
+        assert a["eval_peers"] == b["eval_peers"] == {"sampled": 3, "of": 6}
+        assert a["node_accuracy"] == b["node_accuracy"] and len(a["node_accuracy"]) == 3
+        assert "server" not in a["node_accuracy"]
+        for key in ("avg_model_accuracy", "consensus_distance", "mean_node_accuracy"):
+            assert a[key] == b[key], key
+
+
 def test_without_natural_every_peer_is_evaluated_on_the_whole_test_split(root: Path) -> None:
     config = config_from_dict(
         {
