@@ -157,6 +157,18 @@ def _simulate(
     threads: int | str | None,
 ) -> dict[str, Any]:
     """:func:`simulate`, its warnings collected."""
+    if config.simulate.engine == "cohort":  # a population: no graph, no part per client
+        from fedcore.simulation.population import simulate_cohort
+
+        return simulate_cohort(
+            config,
+            out_dir=out_dir,
+            progress_stream=progress_stream,
+            show_progress=show_progress,
+            force=force,
+            overrides=overrides,
+            threads=threads,
+        )
     stream = progress_stream if progress_stream is not None else sys.stderr
     with announce_if_slow(stream if show_progress else None, planned_nodes(config.topology)):
         # What the config says the engine cannot run is refused with the cheap checks,
@@ -252,6 +264,10 @@ def _resume(
         raise ConfigError(
             f"{str(out)!r} is a `fedcore launch` run; resume it with `fedcore launch "
             "--resume`, not `fedcore simulate --resume`."
+        )
+    if prior.get("engine") == "cohort":
+        raise ConfigError(
+            f"{str(out)!r} is a cohort engine run, which writes no checkpoints; run it again."
         )
     if (out / CHECKPOINTS / MANIFEST).is_file() or "ranks" in prior:
         raise ConfigError(

@@ -1,0 +1,247 @@
+"""``fedcore simulate`` on the cohort engine (``simulate.engine = "cohort"``): a population
+of clients with only the round's cohort in memory (:mod:`fedcore.engines.cohort`).
+
+The results folder holds ``config.toml``, ``metrics.jsonl`` and ``summary.json`` as a run
+of the other engines does (no ``curves.png``, no checkpoints). ``metrics.jsonl`` has the
+same ``"kind": "round"`` records as the vectorized engine's run of the config, and
+``"kind": "eval"`` records with its keys less those that need every client's model
+(``mean_node_accuracy``, ``min_node_accuracy``, ``consensus_distance``,
+``node_accuracy``). The summary's ``params_sha256`` holds the server's (the global model's)
+digest only; ``population``, ``cohort`` and ``clients_held`` say how many clients the run
+had, sampled a round, and held at its end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.engines.cohort import CohortNetwork, mean_loss
+from fedcore.engines.vectorized import resolve_device
+from fedcore.errors import ConfigError
+from fedcore.ids import first_line
+from fedcore.metrics import (
+    JsonlWriter,
+    params_sha256,
+    round_record,
+    to_json_text,
+    write_text_atomic,
+)
+from fedcore.progress import Progress, current_warnings, run_warnings
+from fedcore.runtime import auto_threads
+from fedcore.simulation.results import NAME_SKIPS, name_part, open_run_dir
+
+__all__ = ["simulate_cohort"]
+
+
+def _run_name(config: Config, overrides: Sequence[str]) -> str:
+    """:func:`~fedcore.simulation.results.run_name` of a star run, without its graph."""
+    keys = [item.partition("=")[0].strip() for item in overrides]
+    if "run.name" in keys and config.run.name:
+        return config.run.name
+    base = config.run.name or f"{config.algorithm.name}-star-{config.topology.nodes}"
+    changed = [
+        name_part(item, config.algorithm.name)
+        for item, key in zip(overrides, keys, strict=True)
+        if not key.startswith(NAME_SKIPS)
+    ]
+    return "-".join([base, *changed])
+
+
+@contextlib.contextmanager
+def _threads(net: CohortNetwork, threads: int | str | None) -> Iterator[None]:
+    """torch's intra-op threads for the run: as ``simulate``'s, ``auto`` sized by the
+    cohort's ``[m, d]`` stack."""
+    if threads is None:
+        yield
+        return
+    if threads == "auto":
+        count = auto_threads(net.m * net.d * net.x.element_size(), None)
+    elif isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
+        count = threads
+    else:
+        raise ConfigError(f"threads must be a whole number >= 1 or 'auto', got {threads!r}.")
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def simulate_cohort(
+    config: Config,
+    *,
+    out_dir: str | Path | None = None,
+    progress_stream: TextIO | None = None,
+    show_progress: bool = True,
+    force: bool = False,
+    overrides: Sequence[str] = (),
+    threads: int | str | None = None,
+) -> dict[str, Any]:
+    """Run ``config`` on the cohort engine; write the results folder (see the module
+    docstring); return the summary. The arguments are
+    :func:`~fedcore.simulation.simulate.simulate`'s.
+
+    Raises:
+        ConfigError: the cohort engine cannot run ``config`` (one line saying why).
+    """
+    with run_warnings(quiet=not show_progress):
+        net = CohortNetwork(config, device=resolve_device(config.simulate.device))
+        name = _run_name(config, overrides)
+        out = open_run_dir(out_dir, name, force=force)
+        (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
+        stream = progress_stream if progress_stream is not None else sys.stderr
+        with _threads(net, threads):
+            summary = _execute(net, out, name, overrides, stream if show_progress else None)
+        summary["warnings"] = current_warnings()
+        write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
+        summary["out_dir"] = str(out)
+        return summary
+
+
+class _Account:
+    """The run's figures so far, as the other engines' observer accounts them."""
+
+    def __init__(self, net: CohortNetwork) -> None:
+        self.net = net
+        self.loss_sum = 0.0
+        self.loss_count = 0
+        self.bytes = 0
+        self.messages = 0
+        self.rounds_done = 0
+        self.evals: list[dict[str, Any]] = []
+        self.target_hit: dict[str, Any] | None = None
+
+
+def _execute(
+    net: CohortNetwork,
+    out: Path,
+    name: str,
+    overrides: Sequence[str],
+    stream: TextIO | None,
+) -> dict[str, Any]:
+    """Run every round into ``out/metrics.jsonl``; the summary (written by the caller)."""
+    config = net.config
+    run = config.run
+    rounds = run.rounds
+    account = _Account(net)
+    writer = JsonlWriter(out / "metrics.jsonl")
+    progress = Progress(rounds, label="simulate", stream=stream) if stream is not None else None
+    began = time.perf_counter()
+    status, error = "completed", None
+    try:
+        while net.round < rounds:
+            figures = net.run_round()
+            t = figures.round
+            train_loss = mean_loss(figures.losses)
+            writer.write(
+                round_record(
+                    t,
+                    train_loss=train_loss,
+                    nodes_up=len(figures.losses),
+                    messages_sent=figures.sent,
+                    bytes_sent=figures.bytes_sent,
+                    messages_missing=0,
+                    messages_dropped=0,
+                )
+            )
+            account.loss_sum += sum(figures.losses)
+            account.loss_count += len(figures.losses)
+            account.bytes += figures.bytes_sent
+            account.messages += figures.sent
+            account.rounds_done = t + 1
+            if (t + 1) % run.eval_every == 0 or t + 1 == rounds:
+                _evaluate(net, account, t, train_loss, writer)
+                if progress is not None:
+                    progress.update(t + 1, loss=train_loss, accuracy=account.evals[-1]["acc"])
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except BaseException as exc:
+        status, error = "failed", first_line(str(exc)) or type(exc).__name__
+        raise
+    finally:
+        writer.close()
+        wall = time.perf_counter() - began
+        summary = _summary(net, account, name, overrides, wall, status, error)
+        if status != "completed":  # the summary of a run that stopped, then its exception
+            write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
+    return summary
+
+
+def _evaluate(
+    net: CohortNetwork, account: _Account, t: int, train_loss: float, writer: JsonlWriter
+) -> None:
+    """The ``"eval"`` record of round ``t``: the global model's figures (the other
+    engines' average model), with the observer's running figures."""
+    loss, acc = net.evaluate()
+    record: dict[str, Any] = {
+        "kind": "eval",
+        "round": t,
+        "train_loss": train_loss,
+        "average_loss": account.loss_sum / account.loss_count if account.loss_count else math.nan,
+        "bytes_sent_per_node": account.bytes / (net.n + 1),  # the server is a node
+        "avg_model_accuracy": acc,
+        "avg_model_test_loss": loss,
+    }
+    target = net.config.run.target_accuracy
+    if target > 0 and account.target_hit is None and acc >= target:
+        account.target_hit = {"round": t, "vtime": None, "accuracy": acc}
+    writer.write(record)
+    writer.flush()
+    account.evals.append({**record, "acc": acc})
+
+
+def _summary(
+    net: CohortNetwork,
+    account: _Account,
+    name: str,
+    overrides: Sequence[str],
+    wall: float,
+    status: str,
+    error: str | None,
+) -> dict[str, Any]:
+    """``summary.json`` of a cohort run (see the module docstring)."""
+    config = net.config
+    final: dict[str, Any] = {}
+    if account.evals:
+        final = {k: v for k, v in account.evals[-1].items() if k not in ("kind", "round", "acc")}
+        final.pop("bytes_sent_per_node", None)
+    summary: dict[str, Any] = {
+        "name": name,
+        "algorithm": config.algorithm.name,
+        "transport": "inproc",
+        "engine": "cohort",
+        "device": str(net.device),
+        "gradients": net.objective.mode,
+        "nodes": net.n + 1,
+        "population": net.n,
+        "cohort": net.m,
+        "clients_held": len(net.store),
+        "examples_per_client": net.k,
+        "rounds": config.run.rounds,
+        "rounds_completed": account.rounds_done,
+        "status": status,
+        "wall_seconds": wall,
+        "rounds_per_second": account.rounds_done / wall if wall > 0 else None,
+        "final": final,
+        "traffic": {"bytes_sent": account.bytes, "messages_sent": account.messages},
+        "params_sha256": {config.topology.server: params_sha256(net.model().cpu())},
+        "threads": torch.get_num_threads(),
+        "overrides": list(overrides),
+    }
+    if config.run.target_accuracy > 0:
+        summary["target_accuracy"] = config.run.target_accuracy
+        summary["time_to_target"] = account.target_hit
+    if error is not None:
+        summary["error"] = error
+    return summary
