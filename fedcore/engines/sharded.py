@@ -136,6 +136,11 @@ def config_refusal(config: Config) -> str | None:
     """Why a sharded run cannot run ``config``, as far as the config tells (one clause),
     or None: checked before any rank starts."""
     algorithm = config.algorithm
+    if config.simulate.engine == "cohort":
+        return (
+            "simulate.engine = 'cohort' runs a population's cohort in one process; ranks do "
+            "not shard the cohort yet (drop --ranks)"
+        )
     if config.simulate.engine == "messages":
         return (
             "simulate.engine = 'messages' runs every peer in one process; ranks shard the "

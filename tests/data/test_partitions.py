@@ -100,7 +100,7 @@ def test_slices_are_a_pure_function_of_seed_and_index() -> None:
     assert all(len(p) == 70 and len(np.unique(p)) == 70 for p in parts)
     assert np.array_equal(slice_part(order, 10**6, 70), slice_part(order, 10**6, 70))
     assert len(np.unique(np.concatenate(parts[:14]))) == 980  # 14 x 70 <= 1000: disjoint
-    with pytest.raises(DataError, match="set data.examples_per_node"):
+    with pytest.raises(DataError, match=r"set data\.examples_per_node"):
         partition(LABELS, 501, "slices", seed=0)  # 1 example a node
     with pytest.raises(DataError, match="use at most 1000"):
         partition(LABELS, 2, "slices", seed=0, examples_per_node=1001)
