@@ -11,10 +11,10 @@ engine holds
   engine's :class:`~fedcore.stacked_training.StackedObjective` and mixed by the run's own
   :class:`~fedcore.algorithms.server.FedAvgRule` (its phase-0 mix over a
   :class:`~fedcore.algorithms.rule.Gathered` of the cohort's messages);
-* per client that has ever been sampled, where it is in its data (its batch stream's
-  generator, position and epoch order: :class:`ClientStore`), the only state a FedAvg
-  client keeps across rounds; no node optimizer (``[optimizer]`` is refused: its state
-  would be per client too).
+* per client that has ever been sampled, where it is in its data (:class:`ClientStore`:
+  the streams of the last ``2 m`` clients whole, every other one parked as two integers),
+  the only state a FedAvg client keeps across rounds; no node optimizer (``[optimizer]``
+  is refused: its state would be per client too).
 
 The cohort is :func:`~fedcore.algorithms.server.sample_indices` of ``(run.seed, t)``
 (``algorithm.sampler = "floyd"``: O(m) a round), and a client's examples are
@@ -32,6 +32,7 @@ bit (``tests/engines/test_cohort.py``): the global model, the ``"round"`` record
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,16 +137,62 @@ def cohort_refusal(config: Config) -> str | None:
     return None
 
 
+class _ClientStream(StackedBatches):
+    """One client's batch stream (a one-row :class:`~fedcore.data.StackedBatches`, so its
+    batches are the vectorized engine's row's) that can be parked as two integers: the
+    epochs it has started and its position in the last one. Its generator is a pure
+    function of its seed, so :meth:`__init__` with them replays the epochs' permutations
+    and is where it was."""
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        part: np.ndarray,
+        *,
+        batch_size: int,
+        seed: int,
+        order: str,
+        device: torch.device,
+        parked: tuple[int, int] = (1, 0),
+    ) -> None:
+        """The stream from its start, or from where it was ``parked``."""
+        super().__init__(
+            x, y, [part], batch_size=batch_size, seeds=[seed], order=order, device=device
+        )
+        self.epochs = 1  # the first permutation is drawn on construction
+        epochs, position = parked
+        first = np.zeros(1, dtype=np.int64)
+        while self.epochs < epochs:
+            self._new_orders(first)
+            self.epochs += 1
+        self._pos_np[0] = position
+
+    def next_positions(self) -> torch.Tensor:
+        """The client's next batch, as positions in its part (:meth:`take`)."""
+        if self._pos_np[0] + self._batch_np[0] > self._sizes_np[0]:  # take starts an epoch
+            self.epochs += 1
+        return self.take(0)
+
+    def parked(self) -> tuple[int, int]:
+        """``(epochs started, position)``: all it takes to continue it."""
+        return self.epochs, int(self._pos_np[0])
+
+
 class ClientStore:
-    """Where each client that has been sampled is in its data: one one-row
-    :class:`~fedcore.data.StackedBatches` (its generator, position and epoch order), as
-    the vectorized engine holds that client's row; clients never sampled hold nothing.
+    """Where each client that has been sampled is in its data, the only state a FedAvg
+    client keeps across rounds: the streams of the last ``live`` clients used (an LRU of
+    :class:`_ClientStream`), and every other client sampled so far parked as two integers
+    (epochs started, position), rebuilt when it is sampled again. Clients never sampled
+    hold nothing.
 
     Args:
         dataset: The training data every client's examples index.
         order: The ``slices`` permutation (:func:`~fedcore.data.partitions.slice_order`).
         k: Examples a client.
         batch_size, order_kind, seed, device: As the other engines' streams.
+        live: Streams kept whole (at least a cohort's, so a client sampled every round
+            never replays its epochs).
     """
 
     def __init__(
@@ -158,6 +205,7 @@ class ClientStore:
         order_kind: str,
         seed: int,
         device: torch.device,
+        live: int,
     ) -> None:
         """Hold nothing yet."""
         self.x = dataset.x_train.to(device)
@@ -168,26 +216,34 @@ class ClientStore:
         self.order_kind = order_kind
         self.seed = seed
         self.device = device
-        self.streams: dict[int, tuple[StackedBatches, torch.Tensor]] = {}
+        self.live = live
+        self.streams: OrderedDict[int, tuple[_ClientStream, torch.Tensor]] = OrderedDict()
+        self.parked: dict[int, tuple[int, int]] = {}
 
     def __len__(self) -> int:
         """Clients held (every client sampled so far)."""
-        return len(self.streams)
+        return len(self.streams) + len(self.parked)
 
-    def _stream(self, i: int) -> tuple[StackedBatches, torch.Tensor]:
+    def _stream(self, i: int) -> tuple[_ClientStream, torch.Tensor]:
         held = self.streams.get(i)
-        if held is None:
-            part = slice_part(self.order, i, self.k)
-            stream = StackedBatches(
-                self.x,
-                self.y,
-                [part],
-                batch_size=self.batch_size,
-                seeds=[self.seed * _STREAM_SEED + i],
-                order=self.order_kind,
-                device=self.device,
-            )
-            held = self.streams[i] = (stream, torch.from_numpy(part).to(self.device))
+        if held is not None:
+            self.streams.move_to_end(i)
+            return held
+        part = slice_part(self.order, i, self.k)
+        stream = _ClientStream(
+            self.x,
+            self.y,
+            part,
+            batch_size=self.batch_size,
+            seed=self.seed * _STREAM_SEED + i,
+            order=self.order_kind,
+            device=self.device,
+            parked=self.parked.pop(i, (1, 0)),
+        )
+        held = self.streams[i] = (stream, torch.from_numpy(part).to(self.device))
+        while len(self.streams) > self.live:
+            j, (old, _) = self.streams.popitem(last=False)
+            self.parked[j] = old.parked()
         return held
 
     def batches(self, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,7 +252,7 @@ class ClientStore:
         rows = []
         for i in clients:
             stream, part = self._stream(i)
-            rows.append(part[stream.take(0)])
+            rows.append(part[stream.next_positions()])
         idx = torch.stack(rows)
         return self.x[idx], self.y[idx]
 
@@ -255,6 +311,7 @@ class CohortNetwork:
             order_kind=data.order,
             seed=run.seed,
             device=device,
+            live=2 * self.m,
         )
         start = self.evaluator.initial_params().to(device)
         self.x = start.unsqueeze(0)  # [1, d]: the server's row, the global model
@@ -349,7 +406,8 @@ class CohortNetwork:
 
     def live_bytes(self) -> int:
         """Bytes of the tensors this network holds for its clients and model: the global
-        model and server state, and every held client's stream (for the memory test)."""
+        model, and the live clients' streams (for the memory test; a parked client holds
+        two integers)."""
         total = self.x.numel() * self.x.element_size()
         for stream, part in self.store.streams.values():
             total += part.numel() * part.element_size()

@@ -14,12 +14,13 @@ import torch
 
 from fedcore.algorithms.server import FedAvgRule, sample_indices, sample_workers
 from fedcore.config import load_config
-from fedcore.engines.cohort import CohortNetwork
+from fedcore.engines.cohort import ClientStore, CohortNetwork
 from fedcore.errors import ConfigError
 from fedcore.simulation.simulate import simulate
 from tests.clitools import cli, one_line_error
 
 REPO = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
 POPULATION = [
     "algorithm.name=fedavg",
     "topology.kind=star",
@@ -87,6 +88,26 @@ def test_the_cohort_engine_equals_the_vectorized_engine(tmp_path: Path) -> None:
     assert coh["traffic"]["bytes_sent"] == vec["traffic"]["bytes_sent"]
 
 
+def test_a_parked_client_continues_its_stream_exactly() -> None:
+    """A store that keeps one stream whole (every other client parked as two integers,
+    its epochs replayed when it is sampled again) draws the batches of one that keeps
+    them all, epochs and all (5 examples, batches of 2)."""
+    from fedcore.data import load_dataset
+    from fedcore.data.partitions import slice_order
+
+    data = load_dataset("digits", seed=0)
+    order = slice_order(len(data.y_train), 0)
+    stores = [
+        ClientStore(data, order, 5, batch_size=2, order_kind=kind, seed=0, device=CPU, live=live)
+        for kind in ("shuffled", "sorted")
+        for live in (1, 100)
+    ]
+    for clients in ([3, 7], [3], [7, 9], [3, 9], [7], [3, 7, 9], [3, 7, 9], [9, 3]):
+        x = [store.batches(clients)[0] for store in stores]
+        assert torch.equal(x[0], x[1]) and torch.equal(x[2], x[3])
+    assert stores[0].parked and len(stores[0].streams) == 1 and len(stores[0]) == 3
+
+
 def _population_peak(clients: int) -> tuple[int, int, int]:
     """(tracemalloc peak, tensor bytes held, clients held) of 3 rounds of 10 clients."""
     config = load_config(
@@ -101,7 +122,7 @@ def _population_peak(clients: int) -> tuple[int, int, int]:
     )
     tracemalloc.start()
     try:
-        net = CohortNetwork(config, device=torch.device("cpu"))
+        net = CohortNetwork(config, device=CPU)
         for _ in range(3):
             net.run_round()
         peak = tracemalloc.get_traced_memory()[1]
@@ -148,7 +169,7 @@ def test_what_the_cohort_engine_does_not_run_is_refused_in_one_line(
 ) -> None:
     config = load_config(None, [*POPULATION, "simulate.engine=cohort", *settings])
     with pytest.raises(ConfigError, match=r"simulate.engine = 'cohort' cannot run") as caught:
-        CohortNetwork(config, device=torch.device("cpu"))
+        CohortNetwork(config, device=CPU)
     assert needle in str(caught.value) and "\n" not in str(caught.value)
 
 
