@@ -13,8 +13,8 @@ engine holds
   :class:`~fedcore.algorithms.rule.Gathered` of the cohort's messages);
 * per client that has ever been sampled, where it is in its data (:class:`ClientStore`:
   the streams of the last ``2 m`` clients whole, every other one parked as two integers),
-  the only state a FedAvg client keeps across rounds; no node optimizer (``[optimizer]``
-  is refused: its state would be per client too).
+  and, with a node optimizer (``[optimizer]``), its optimizer state (one row per field, in
+  :attr:`ClientStore.states`): the state a FedAvg client keeps across rounds.
 
 The cohort is :func:`~fedcore.algorithms.server.sample_indices` of ``(run.seed, t)``
 (``algorithm.sampler = "floyd"``: O(m) a round), and a client's examples are
@@ -87,10 +87,6 @@ def cohort_refusal(config: Config) -> str | None:
         (
             data.partition != "slices",
             "it finds a client's examples by index: set data.partition = 'slices'",
-        ),
-        (
-            node_optimizer(config.optimizer) is not None,
-            "it keeps no node optimizer state per client yet: leave [optimizer] out (plain SGD)",
         ),
         (
             config.faults.active,
@@ -219,10 +215,24 @@ class ClientStore:
         self.live = live
         self.streams: OrderedDict[int, tuple[_ClientStream, torch.Tensor]] = OrderedDict()
         self.parked: dict[int, tuple[int, int]] = {}
+        self.states: dict[int, tuple[torch.Tensor, ...]] = {}
+        """Each client's node optimizer state, one row per field (a run with one)."""
 
     def __len__(self) -> int:
         """Clients held (every client sampled so far)."""
         return len(self.streams) + len(self.parked)
+
+    def optimizer_state(self, clients: list[int], fresh: Any) -> Any:
+        """The node optimizer states of ``clients``, stacked (``fresh``, one row a field:
+        a client's before its first step)."""
+        rows = [self.states.get(i, fresh) for i in clients]
+        return type(fresh)(*(torch.stack(field) for field in zip(*rows, strict=True)))
+
+    def keep_optimizer_state(self, clients: list[int], state: Any) -> None:
+        """Keep each of ``clients``' row of the stacked ``state`` (copies: no row holds the
+        stack's memory)."""
+        for j, i in enumerate(clients):
+            self.states[i] = tuple(field[j].clone() for field in state)
 
     def _stream(self, i: int) -> tuple[_ClientStream, torch.Tensor]:
         held = self.streams.get(i)
@@ -315,6 +325,14 @@ class CohortNetwork:
         )
         start = self.evaluator.initial_params().to(device)
         self.x = start.unsqueeze(0)  # [1, d]: the server's row, the global model
+        self.optimizer = node_optimizer(config.optimizer, self.evaluator.segments)
+        # A client's optimizer state before its first step: its row of the vectorized
+        # engine's init over every row (each the start).
+        self.fresh: Any = (
+            None
+            if self.optimizer is None
+            else type(init := self.optimizer.init(self.x))(*(f[0] for f in init))
+        )
         self.server_opt: Any = None
         self.received = False  # the clients hold the global model of a message (round >= 1)
         self.d = int(start.numel())
@@ -359,6 +377,7 @@ class CohortNetwork:
         t = self.round
         clients = self.cohort(t)
         lr = self.options.lr_at(t)
+        step_lr = lr if self.optimizer is None else 1.0  # with an optimizer, the step is u
         steps = self.options.local_steps
         # Each client holds the global model: the start, or the server's last message
         # (received as 0 + x, which turns a -0.0 into 0.0: what index_add_ gives a peer).
@@ -366,24 +385,31 @@ class CohortNetwork:
         loss_sum: torch.Tensor | None = None
         loss = torch.empty(0)
         grad = torch.empty(0)
+        opt = None if self.optimizer is None else self.store.optimizer_state(clients, self.fresh)
         for k in range(steps):
             x, y = self.store.batches(clients)
             losses, grad = self.objective.loss_and_grad(rows, x, y, self.mask)
             loss = losses.to(torch.float64)
+            if self.optimizer is not None:
+                grad, opt = self.optimizer.update(grad, opt, rows, lr)
             if steps > 1:
                 loss_sum = loss if loss_sum is None else loss_sum + loss
             if k + 1 < steps:
-                rows = rows - lr * grad
+                rows = rows - step_lr * grad
+        if opt is not None:
+            self.store.keep_optimizer_state(clients, opt)
         if loss_sum is not None:
             loss = loss_sum / steps
-        rows = rows - lr * grad  # the rule's step: each sampled worker's last local step
+        rows = rows - step_lr * grad  # the rule's step: each sampled worker's last local step
         inbox = Gathered(
             SenderRows({"x": rows}, torch.arange(self.m, device=self.device)),
             {"samples": self.samples},
             torch.zeros(self.m, dtype=torch.long, device=self.device),
             1,
         )
-        stub = Rows(round=t, lr=lr, self_weight=torch.zeros(1, dtype=torch.float64), n=self.n + 1)
+        stub = Rows(
+            round=t, lr=step_lr, self_weight=torch.zeros(1, dtype=torch.float64), n=self.n + 1
+        )
         state, _ = self.rule.mix(FedAvgState(self.x, self.server_opt), 0, inbox, stub)
         self.x, self.server_opt = state.x, state.server_opt
         self.received = True
@@ -406,9 +432,11 @@ class CohortNetwork:
 
     def live_bytes(self) -> int:
         """Bytes of the tensors this network holds for its clients and model: the global
-        model, and the live clients' streams (for the memory test; a parked client holds
-        two integers)."""
+        model, the live clients' streams and the clients' optimizer states (for the memory
+        test; a parked client's stream is two integers)."""
         total = self.x.numel() * self.x.element_size()
+        for fields in self.store.states.values():
+            total += sum(f.numel() * f.element_size() for f in fields)
         for stream, part in self.store.streams.values():
             total += part.numel() * part.element_size()
             total += stream._perm.numel() * stream._perm.element_size()
