@@ -27,6 +27,11 @@ bit (``tests/engines/test_cohort.py``): the global model, the ``"round"`` record
 ``"eval"`` records' average-model figures. Per-client figures of clients it does not hold
 (a worker's accuracy, the consensus distance, per-node records) it does not report;
 :func:`cohort_refusal` says what else it does not run.
+
+Over ranks (``ranks``), client ``i`` is trained on rank ``i % world``, which alone holds
+its state; :meth:`CohortNetwork._gather` brings every rank's rows to every rank in the
+cohort's order, so each rank mixes the same rows in the same order: the same bits for any
+number of ranks.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from fedcore.algorithms.rule import Gathered, Rows, SenderRows, lossless, schema_of
 from fedcore.algorithms.server import FedAvgRule, FedAvgState, cohort_size, sample_indices
@@ -46,6 +52,7 @@ from fedcore.compression.batched import make_row_codec
 from fedcore.config import Config
 from fedcore.data import Dataset, StackedBatches, load_dataset
 from fedcore.data.partitions import slice_order, slice_part, slice_size
+from fedcore.engines.ranks import Ranks, lost
 from fedcore.errors import ConfigError
 from fedcore.node.schedule import NodeOptions
 from fedcore.setup.plan import AlgorithmInputs, configured_algorithm, node_optimizer
@@ -288,13 +295,16 @@ class CohortNetwork:
         DataError: the data cannot be loaded or sliced.
     """
 
-    def __init__(self, config: Config, *, device: torch.device) -> None:
-        """Load the data, build the model and the rule; hold no client yet."""
+    def __init__(self, config: Config, *, device: torch.device, ranks: Ranks | None = None) -> None:
+        """Load the data, build the model and the rule; hold no client yet. With
+        ``ranks`` (a sharded run, joined already), this rank trains the clients ``i`` of
+        each cohort with ``i % world == rank`` and holds only theirs."""
         why = cohort_refusal(config)
         if why is not None:
             raise ConfigError(f"simulate.engine = 'cohort' cannot run this config: {why}.")
         self.config = config
         self.device = device
+        self.ranks = ranks
         run, data = config.run, config.data
         self.n = config.topology.nodes
         rule = configured_algorithm(AlgorithmInputs.of(config))
@@ -337,13 +347,6 @@ class CohortNetwork:
         self.received = False  # the clients hold the global model of a message (round >= 1)
         self.d = int(start.numel())
         self.batch = min(self.k, data.batch_size)
-        # The vectorized engine gives its server a stand-in part of one example, so its
-        # batches are ragged (a mask, every worker's entries kept) unless batches are 1.
-        self.mask = (
-            torch.ones(self.m, self.batch, dtype=torch.bool, device=device)
-            if self.batch != 1
-            else None
-        )
         self.samples = torch.full((self.m,), float(self.k), dtype=torch.float64, device=device)
         self.message_bytes = [self._message_bytes(p) for p in range(rule.phases)]
         self.round = 0
@@ -376,37 +379,18 @@ class CohortNetwork:
         server's mix of their models; return what it did."""
         t = self.round
         clients = self.cohort(t)
-        lr = self.options.lr_at(t)
-        step_lr = lr if self.optimizer is None else 1.0  # with an optimizer, the step is u
-        steps = self.options.local_steps
-        # Each client holds the global model: the start, or the server's last message
-        # (received as 0 + x, which turns a -0.0 into 0.0: what index_add_ gives a peer).
-        rows = (self.x + 0.0 if self.received else self.x).repeat(self.m, 1)
-        loss_sum: torch.Tensor | None = None
-        loss = torch.empty(0)
-        grad = torch.empty(0)
-        opt = None if self.optimizer is None else self.store.optimizer_state(clients, self.fresh)
-        for k in range(steps):
-            x, y = self.store.batches(clients)
-            losses, grad = self.objective.loss_and_grad(rows, x, y, self.mask)
-            loss = losses.to(torch.float64)
-            if self.optimizer is not None:
-                grad, opt = self.optimizer.update(grad, opt, rows, lr)
-            if steps > 1:
-                loss_sum = loss if loss_sum is None else loss_sum + loss
-            if k + 1 < steps:
-                rows = rows - step_lr * grad
-        if opt is not None:
-            self.store.keep_optimizer_state(clients, opt)
-        if loss_sum is not None:
-            loss = loss_sum / steps
-        rows = rows - step_lr * grad  # the rule's step: each sampled worker's last local step
+        ranks = self.ranks
+        mine = clients if ranks is None else [i for i in clients if i % ranks.world == ranks.rank]
+        rows, loss = self._train(t, mine)
+        if ranks is not None:  # every rank's rows, in the cohort's order
+            rows, loss = self._gather(ranks, clients, rows, loss)
         inbox = Gathered(
             SenderRows({"x": rows}, torch.arange(self.m, device=self.device)),
             {"samples": self.samples},
             torch.zeros(self.m, dtype=torch.long, device=self.device),
             1,
         )
+        step_lr = self.options.lr_at(t) if self.optimizer is None else 1.0
         stub = Rows(
             round=t, lr=step_lr, self_weight=torch.zeros(1, dtype=torch.float64), n=self.n + 1
         )
@@ -422,6 +406,82 @@ class CohortNetwork:
             sent=m * self.rule.phases,
             bytes_sent=m * sum(self.message_bytes),
         )
+
+    def _train(self, t: int, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, loss)``: the models of ``clients`` after their local steps of round
+        ``t`` from the global model (the rule's step last), and their training losses."""
+        lr = self.options.lr_at(t)
+        step_lr = lr if self.optimizer is None else 1.0  # with an optimizer, the step is u
+        steps = self.options.local_steps
+        # Each client holds the global model: the start, or the server's last message
+        # (received as 0 + x, which turns a -0.0 into 0.0: what index_add_ gives a peer).
+        rows = (self.x + 0.0 if self.received else self.x).repeat(len(clients), 1)
+        if not clients:
+            return rows, torch.zeros(0, dtype=torch.float64, device=self.device)
+        # The vectorized engine gives its server a stand-in part of one example, so its
+        # batches are ragged (a mask, every worker's entries kept) unless batches are 1.
+        mask = (
+            torch.ones(len(clients), self.batch, dtype=torch.bool, device=self.device)
+            if self.batch != 1
+            else None
+        )
+        loss_sum: torch.Tensor | None = None
+        loss = torch.empty(0)
+        grad = torch.empty(0)
+        opt = None if self.optimizer is None else self.store.optimizer_state(clients, self.fresh)
+        for k in range(steps):
+            x, y = self.store.batches(clients)
+            losses, grad = self.objective.loss_and_grad(rows, x, y, mask)
+            loss = losses.to(torch.float64)
+            if self.optimizer is not None:
+                grad, opt = self.optimizer.update(grad, opt, rows, lr)
+            if steps > 1:
+                loss_sum = loss if loss_sum is None else loss_sum + loss
+            if k + 1 < steps:
+                rows = rows - step_lr * grad
+        if opt is not None:
+            self.store.keep_optimizer_state(clients, opt)
+        if loss_sum is not None:
+            loss = loss_sum / steps
+        rows = rows - step_lr * grad  # the rule's step: each sampled worker's last local step
+        return rows, loss
+
+    def _gather(
+        self, ranks: Ranks, clients: list[int], rows: torch.Tensor, loss: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every rank's trained rows and losses, put in the cohort's order on every rank
+        (one ``all_gather`` of each, padded to the largest share): each rank then mixes
+        the same rows in the same order, so the sum does not depend on the ranks."""
+        world = ranks.world
+        owner = [i % world for i in clients]
+        counts = [owner.count(r) for r in range(world)]
+        widest = max(counts)
+        out_rows = rows.new_empty((self.m, self.d))
+        out_loss = loss.new_empty(self.m)
+        for local, out in ((rows, out_rows), (loss, out_loss)):
+            padded = local.new_zeros((widest, *local.shape[1:]))
+            padded[: local.shape[0]] = local
+            parts = [torch.empty_like(padded) for _ in range(world)]
+            try:
+                dist.all_gather(parts, padded)
+            except (RuntimeError, ValueError) as exc:
+                raise lost(ranks, "the cohort's gather", exc) from exc
+            taken = [0] * world
+            for j, r in enumerate(owner):
+                out[j] = parts[r][taken[r]]
+                taken[r] += 1
+        return out_rows, out_loss
+
+    def clients_held(self) -> int:
+        """Clients held over every rank (a collective on a sharded run: every rank calls
+        it, after the same rounds)."""
+        held = torch.tensor([len(self.store)], dtype=torch.int64)
+        if self.ranks is not None and self.ranks.world > 1:
+            try:
+                dist.all_reduce(held)
+            except (RuntimeError, ValueError) as exc:
+                raise lost(self.ranks, "the count of clients held", exc) from exc
+        return int(held)
 
     def evaluate(self) -> tuple[float, float]:
         """``(loss, accuracy)`` of the global model on the test split (the other engines'

@@ -25,6 +25,7 @@ import torch
 
 from fedcore.config import Config, config_to_dict, dumps_toml
 from fedcore.engines.cohort import CohortNetwork, mean_loss
+from fedcore.engines.ranks import Ranks, join, leave
 from fedcore.engines.vectorized import resolve_device
 from fedcore.errors import ConfigError
 from fedcore.ids import first_line
@@ -36,10 +37,10 @@ from fedcore.metrics import (
     write_text_atomic,
 )
 from fedcore.progress import Progress, current_warnings, run_warnings
-from fedcore.runtime import auto_threads
+from fedcore.runtime import auto_threads, usable_cores
 from fedcore.simulation.results import NAME_SKIPS, name_part, open_run_dir
 
-__all__ = ["simulate_cohort"]
+__all__ = ["simulate_cohort", "simulate_cohort_rank"]
 
 
 def _run_name(config: Config, overrides: Sequence[str]) -> str:
@@ -59,12 +60,16 @@ def _run_name(config: Config, overrides: Sequence[str]) -> str:
 @contextlib.contextmanager
 def _threads(net: CohortNetwork, threads: int | str | None) -> Iterator[None]:
     """torch's intra-op threads for the run: as ``simulate``'s, ``auto`` sized by the
-    cohort's ``[m, d]`` stack."""
+    cohort's ``[m, d]`` stack (on a sharded run: a rank's share of it and of this
+    machine's cores)."""
     if threads is None:
         yield
         return
     if threads == "auto":
-        count = auto_threads(net.m * net.d * net.x.element_size(), None)
+        ranks = net.ranks
+        share = 1 if ranks is None else ranks.world
+        cores = None if ranks is None else max(1, usable_cores() // ranks.on_this_machine)
+        count = auto_threads(-(-net.m // share) * net.d * net.x.element_size(), cores)
     elif isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
         count = threads
     else:
@@ -172,10 +177,10 @@ def _execute(
     finally:
         writer.close()
         wall = time.perf_counter() - began
-        summary = _summary(net, account, name, overrides, wall, status, error)
         if status != "completed":  # the summary of a run that stopped, then its exception
+            summary = _summary(net, account, name, overrides, wall, status, error, len(net.store))
             write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
-    return summary
+    return _summary(net, account, name, overrides, wall, status, error, net.clients_held())
 
 
 def _evaluate(
@@ -209,8 +214,10 @@ def _summary(
     wall: float,
     status: str,
     error: str | None,
+    held: int,
 ) -> dict[str, Any]:
-    """``summary.json`` of a cohort run (see the module docstring)."""
+    """``summary.json`` of a cohort run (see the module docstring); ``held``: the clients
+    held (on this rank alone where the run stopped)."""
     config = net.config
     final: dict[str, Any] = {}
     if account.evals:
@@ -226,7 +233,7 @@ def _summary(
         "nodes": net.n + 1,
         "population": net.n,
         "cohort": net.m,
-        "clients_held": len(net.store),
+        "clients_held": held,
         "examples_per_client": net.k,
         "rounds": config.run.rounds,
         "rounds_completed": account.rounds_done,
@@ -255,9 +262,64 @@ def _summary(
         "threads": torch.get_num_threads(),
         "overrides": list(overrides),
     }
+    if net.ranks is not None:
+        summary["ranks"] = net.ranks.world
     if config.run.target_accuracy > 0:
         summary["target_accuracy"] = config.run.target_accuracy
         summary["time_to_target"] = account.target_hit
     if error is not None:
         summary["error"] = error
     return summary
+
+
+def simulate_cohort_rank(
+    config: Config,
+    ranks: Ranks,
+    *,
+    out_dir: str | Path | None = None,
+    progress_stream: TextIO | None = None,
+    show_progress: bool = True,
+    force: bool = False,
+    overrides: Sequence[str] = (),
+    threads: int | str | None = None,
+    resume: bool = False,
+) -> dict[str, Any] | None:
+    """One rank of a cohort run over ranks (``--ranks R``, torchrun): every rank trains
+    its share of each cohort (client ``i`` on rank ``i % R``, which alone holds its state)
+    and gathers the others' rows, so every rank mixes the same rows in the same order and
+    holds the same global model; rank 0 writes the results folder (as
+    :func:`simulate_cohort`, the summary with ``ranks``) and returns the summary, the
+    others ``None``. The arguments are
+    :func:`~fedcore.simulation.ranks.simulate_rank`'s.
+
+    Raises:
+        ConfigError: ``resume`` (the cohort engine writes no checkpoints), or what the
+            cohort engine does not run, before joining the others.
+        PeerUnavailableError: another rank failed or stopped answering.
+    """
+    if resume:
+        raise ConfigError(
+            "the cohort engine writes no checkpoints, so its run cannot be resumed; run it again."
+        )
+    with run_warnings(quiet=not show_progress):
+        net = CohortNetwork(config, device=resolve_device(config.simulate.device), ranks=ranks)
+        join(ranks, config.transport.strict_timeout_s)
+        try:
+            with _threads(net, threads):
+                if ranks.rank != 0:
+                    while net.round < config.run.rounds:
+                        net.run_round()
+                    net.clients_held()
+                    return None
+                name = _run_name(config, overrides)
+                out = open_run_dir(out_dir, name, force=force)
+                text = dumps_toml(config_to_dict(config))
+                (out / "config.toml").write_text(text, encoding="utf-8")
+                stream = progress_stream if progress_stream is not None else sys.stderr
+                summary = _execute(net, out, name, overrides, stream if show_progress else None)
+            summary["warnings"] = current_warnings()
+            write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
+            summary["out_dir"] = str(out)
+            return summary
+        finally:
+            leave()

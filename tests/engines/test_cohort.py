@@ -188,7 +188,8 @@ def test_the_population_example_runs_a_million_clients(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """examples/population.toml as shipped (1,000,000 clients, 100 a round), two rounds;
-    --ranks and --resume of such a run are refused in one line."""
+    --resume of such a run, and --ranks of what the cohort engine does not run, are refused
+    in one line."""
     example = str(REPO / "examples" / "population.toml")
     out = tmp_path / "run"
     status, _, err = cli(
@@ -198,7 +199,48 @@ def test_the_population_example_runs_a_million_clients(
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["population"], summary["cohort"], summary["clients_held"]) == (10**6, 100, 200)
     assert summary["status"] == "completed" and summary["final"]["avg_model_accuracy"] > 0
-    one_line_error(capsys, ["simulate", example, "--ranks", "2"], "ranks do not shard the cohort")
+    one_line_error(
+        capsys,
+        ["simulate", example, "--ranks", "2", "--set", "algorithm.sampler=sha256"],
+        "a sharded run cannot run this config: simulate.engine = 'cohort': it needs "
+        "algorithm.sampler = 'floyd'",
+    )
     summary["status"] = "interrupted"  # as a Ctrl-C leaves it
     (out / "summary.json").write_text(json.dumps(summary))
     one_line_error(capsys, ["simulate", "--resume", str(out)], "writes no checkpoints")
+
+
+def test_the_cohort_sharded_over_ranks_equals_one_process(tmp_path: Path) -> None:
+    """2 ranks (client i on rank i % 2, holding its stream and LAMB state): the one-process
+    run's global model, records and summary figures; a rank that dies ends the other with
+    the lost-contact line and a failed summary."""
+    from fedcore.simulation.ranks import LOST
+    from tests.engines.test_sharded import _dying_rank, run_ranks
+
+    config = load_config(
+        None,
+        [
+            *POPULATION,
+            "simulate.engine=cohort",
+            "topology.nodes=12",
+            "algorithm.fraction=0.5",
+            "optimizer.name=lamb",
+            "algorithm.lr=0.01",
+            "run.local_steps=2",
+            "run.rounds=3",
+            "run.eval_every=2",
+            "transport.strict_timeout_s=60",
+        ],
+    )
+    torch.set_num_threads(1)
+    one = simulate(config, out_dir=tmp_path / "one", show_progress=False, threads=1)
+    assert run_ranks(config, 2, tmp_path / "two") == {0: "ok", 1: "ok"}
+    two = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert two["ranks"] == 2 and "ranks" not in one
+    for key in ("params_sha256", "final", "traffic", "clients_held", "status", "rounds_completed"):
+        assert two[key] == one[key], key
+    assert _records(tmp_path / "two") == _records(tmp_path / "one")
+    outcomes = run_ranks(config, 2, tmp_path / "dead", odd=_dying_rank)
+    assert LOST in outcomes[0]
+    failed = json.loads((tmp_path / "dead" / "summary.json").read_text())
+    assert failed["status"] == "failed" and LOST in failed["error"]
