@@ -78,7 +78,10 @@ def test_the_cohort_engine_equals_the_vectorized_engine(
         "data.batch_size=8",
     ]
     runs = {}
-    for engine in ("vectorized", "cohort"):
+    # The reference engine too, once: the floyd sample and the slices on every engine.
+    server_adam = "algorithm.server_optimizer=adam" in optimizers
+    engines = ("vectorized", "cohort", *(("messages",) if server_adam else ()))
+    for engine in engines:
         config = load_config(None, [*settings, f"simulate.engine={engine}"])
         summary = simulate(config, out_dir=tmp_path / engine, show_progress=False)
         runs[engine] = (summary, _records(tmp_path / engine))
@@ -96,6 +99,8 @@ def test_the_cohort_engine_equals_the_vectorized_engine(
     }
     assert coh["final"] == {k: v for k, v in vec["final"].items() if k in coh["final"]}
     assert coh["traffic"]["bytes_sent"] == vec["traffic"]["bytes_sent"]
+    if "messages" in runs:
+        assert runs["messages"][0]["params_sha256"] == vec["params_sha256"]
 
 
 def test_a_parked_client_continues_its_stream_exactly() -> None:
