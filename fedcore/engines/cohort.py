@@ -338,11 +338,10 @@ class CohortNetwork:
         self.optimizer = node_optimizer(config.optimizer, self.evaluator.segments)
         # A client's optimizer state before its first step: its row of the vectorized
         # engine's init over every row (each the start).
-        self.fresh: Any = (
-            None
-            if self.optimizer is None
-            else type(init := self.optimizer.init(self.x))(*(f[0] for f in init))
-        )
+        self.fresh: Any = None
+        if self.optimizer is not None:
+            init = self.optimizer.init(self.x)
+            self.fresh = type(init)(*(field[0] for field in init))
         self.server_opt: Any = None
         self.received = False  # the clients hold the global model of a message (round >= 1)
         self.d = int(start.numel())

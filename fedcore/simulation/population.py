@@ -116,8 +116,7 @@ def simulate_cohort(
 class _Account:
     """The run's figures so far, as the other engines' observer accounts them."""
 
-    def __init__(self, net: CohortNetwork) -> None:
-        self.net = net
+    def __init__(self) -> None:
         self.loss_sum = 0.0
         self.loss_count = 0
         self.bytes = 0
@@ -138,7 +137,7 @@ def _execute(
     config = net.config
     run = config.run
     rounds = run.rounds
-    account = _Account(net)
+    account = _Account()
     writer = JsonlWriter(out / "metrics.jsonl")
     progress = Progress(rounds, label="simulate", stream=stream) if stream is not None else None
     began = time.perf_counter()
@@ -167,7 +166,8 @@ def _execute(
             if (t + 1) % run.eval_every == 0 or t + 1 == rounds:
                 _evaluate(net, account, t, train_loss, writer)
                 if progress is not None:
-                    progress.update(t + 1, loss=train_loss, accuracy=account.evals[-1]["acc"])
+                    accuracy = account.evals[-1]["avg_model_accuracy"]
+                    progress.update(t + 1, loss=train_loss, accuracy=accuracy)
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -203,7 +203,7 @@ def _evaluate(
         account.target_hit = {"round": t, "vtime": None, "accuracy": acc}
     writer.write(record)
     writer.flush()
-    account.evals.append({**record, "acc": acc})
+    account.evals.append(record)
 
 
 def _summary(
@@ -221,8 +221,8 @@ def _summary(
     config = net.config
     final: dict[str, Any] = {}
     if account.evals:
-        final = {k: v for k, v in account.evals[-1].items() if k not in ("kind", "round", "acc")}
-        final.pop("bytes_sent_per_node", None)
+        skip = ("kind", "round", "bytes_sent_per_node")
+        final = {k: v for k, v in account.evals[-1].items() if k not in skip}
     summary: dict[str, Any] = {
         "name": name,
         "algorithm": config.algorithm.name,
