@@ -107,6 +107,9 @@ def test_slices_are_a_pure_function_of_seed_and_index() -> None:
     assert len(partition(LABELS, 2, "slices", seed=0, examples_per_node=1000)[1]) == 1000
     with pytest.raises(ConfigError, match="sizes the 'slices' partition"):
         config_from_dict({"data": {"examples_per_node": 5}})
+    for size in (-1, 10**6 + 1):
+        with pytest.raises(ConfigError, match="a whole number from 0 to 1,000,000"):
+            config_from_dict({"data": {"partition": "slices", "examples_per_node": size}})
 
 
 @pytest.mark.parametrize("n", [4, 16, 60])
