@@ -55,6 +55,7 @@ from fedcore.data.partitions import slice_order, slice_part, slice_size
 from fedcore.engines.ranks import Ranks, lost
 from fedcore.errors import ConfigError
 from fedcore.node.schedule import NodeOptions
+from fedcore.setup import checkpoint
 from fedcore.setup.plan import AlgorithmInputs, configured_algorithm, node_optimizer
 from fedcore.setup.prepare import NodeInputs, node_options
 from fedcore.setup.training import build_evaluator, make_objective
@@ -111,10 +112,6 @@ def cohort_refusal(config: Config) -> str | None:
             config.simulate.node_records in ("all", "eval"),
             "it writes no per-client records (they would need every client): set "
             "simulate.node_records = 'none'",
-        ),
-        (
-            run.checkpoint_every > 0,
-            "it writes no checkpoints yet: set run.checkpoint_every = 0",
         ),
         (
             run.regret,
@@ -470,6 +467,44 @@ class CohortNetwork:
                 out[j] = parts[r][taken[r]]
                 taken[r] += 1
         return out_rows, out_loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything :meth:`load_state_dict` needs to continue from this round exactly (a
+        checkpoint, as CPU tensors): the global model, the server optimizer's state, and
+        every held client's place in its data (live streams parked) and optimizer state."""
+        store = self.store
+        parked = {**store.parked, **{i: s.parked() for i, (s, _) in store.streams.items()}}
+        clients = sorted(parked)
+        states = [store.states[i] for i in sorted(store.states)]
+        return {
+            "round": self.round,
+            "received": self.received,
+            "x": self.x.cpu().clone(),
+            "server_opt": checkpoint.to_tree(self.server_opt),
+            "clients": torch.tensor(clients, dtype=torch.int64),
+            "places": torch.tensor([parked[i] for i in clients], dtype=torch.int64),
+            "state_clients": torch.tensor(sorted(store.states), dtype=torch.int64),
+            "states": [torch.stack(f).cpu() for f in zip(*states, strict=True)] if states else [],
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict` of a network of the same config."""
+        self.round = int(saved["round"])
+        self.received = bool(saved["received"])
+        self.x = saved["x"].to(self.device)
+        self.server_opt = checkpoint.to_device(
+            checkpoint.from_tree(saved["server_opt"]), self.device
+        )
+        store = self.store
+        store.streams.clear()
+        places = saved["places"].tolist()
+        store.parked = {
+            i: (int(e), int(p)) for i, (e, p) in zip(saved["clients"].tolist(), places, strict=True)
+        }
+        fields = [f.to(self.device) for f in saved["states"]]
+        store.states = {
+            i: tuple(f[j] for f in fields) for j, i in enumerate(saved["state_clients"].tolist())
+        }
 
     def clients_held(self) -> int:
         """Clients held over every rank (a collective on a sharded run: every rank calls

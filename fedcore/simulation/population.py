@@ -2,7 +2,9 @@
 of clients with only the round's cohort in memory (:mod:`fedcore.engines.cohort`).
 
 The results folder holds ``config.toml``, ``metrics.jsonl`` and ``summary.json`` as a run
-of the other engines does (no ``curves.png``, no checkpoints). ``metrics.jsonl`` has the
+of the other engines does (no ``curves.png``), and with ``run.checkpoint_every`` its
+checkpoints, from which :func:`resume_cohort` (``fedcore simulate --resume``) continues
+to the uninterrupted run's results. ``metrics.jsonl`` has the
 same ``"kind": "round"`` records as the vectorized engine's run of the config, and
 ``"kind": "eval"`` records with its keys less those that need every client's model
 (``mean_node_accuracy``, ``min_node_accuracy``, ``consensus_distance``,
@@ -14,6 +16,7 @@ had, sampled a round, and held at its end.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import sys
 import time
@@ -38,9 +41,13 @@ from fedcore.metrics import (
 )
 from fedcore.progress import Progress, current_warnings, run_warnings
 from fedcore.runtime import auto_threads, usable_cores
-from fedcore.simulation.results import NAME_SKIPS, name_part, open_run_dir
+from fedcore.setup import checkpoint
+from fedcore.setup.prepare import seed_torch
+from fedcore.simulation.results import CHECKPOINTS, NAME_SKIPS, name_part, open_run_dir
 
-__all__ = ["simulate_cohort", "simulate_cohort_rank"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["resume_cohort", "simulate_cohort", "simulate_cohort_rank"]
 
 
 def _run_name(config: Config, overrides: Sequence[str]) -> str:
@@ -101,6 +108,7 @@ def simulate_cohort(
     """
     with run_warnings(quiet=not show_progress):
         net = CohortNetwork(config, device=resolve_device(config.simulate.device))
+        seed_torch(config)
         name = _run_name(config, overrides)
         out = open_run_dir(out_dir, name, force=force)
         (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
@@ -124,6 +132,7 @@ class _Account:
         self.rounds_done = 0
         self.evals: list[dict[str, Any]] = []
         self.target_hit: dict[str, Any] | None = None
+        self.wall_before = 0.0  # seconds run before a resume
 
 
 def _execute(
@@ -132,14 +141,35 @@ def _execute(
     name: str,
     overrides: Sequence[str],
     stream: TextIO | None,
+    saved: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every round into ``out/metrics.jsonl``; the summary (written by the caller)."""
+    """Run every round (or those after checkpoint ``saved``) into ``out/metrics.jsonl``,
+    checkpointing every ``run.checkpoint_every`` rounds; the summary (written by the
+    caller)."""
     config = net.config
     run = config.run
     rounds = run.rounds
     account = _Account()
-    writer = JsonlWriter(out / "metrics.jsonl")
-    progress = Progress(rounds, label="simulate", stream=stream) if stream is not None else None
+    metrics = out / "metrics.jsonl"
+    if saved is not None:
+        kept = int(saved["metrics_bytes"])
+        if not metrics.is_file() or metrics.stat().st_size < kept:
+            raise ConfigError(
+                f"{metrics} is shorter than its checkpoint of round {saved['round']} says; "
+                "the folder was changed since, so it cannot be resumed."
+            )
+        with open(metrics, "r+b") as fh:  # what was written after the checkpoint runs again
+            fh.truncate(kept)
+        net.load_state_dict(saved["network"])
+        vars(account).update(saved["account"])
+        torch.set_rng_state(saved["torch_rng"])
+    writer = JsonlWriter(metrics, append=saved is not None)
+    progress = (
+        Progress(rounds, label="simulate", stream=stream, first=net.round)
+        if stream is not None
+        else None
+    )
+    every = run.checkpoint_every
     began = time.perf_counter()
     status, error = "completed", None
     try:
@@ -168,6 +198,9 @@ def _execute(
                 if progress is not None:
                     accuracy = account.evals[-1]["avg_model_accuracy"]
                     progress.update(t + 1, loss=train_loss, accuracy=accuracy)
+            if every and net.round % every == 0 and net.round < rounds:
+                writer.flush()
+                _save(net, account, out, name, overrides, began)
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -176,11 +209,40 @@ def _execute(
         raise
     finally:
         writer.close()
-        wall = time.perf_counter() - began
+        wall = account.wall_before + time.perf_counter() - began
         if status != "completed":  # the summary of a run that stopped, then its exception
             summary = _summary(net, account, name, overrides, wall, status, error, len(net.store))
             write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
     return _summary(net, account, name, overrides, wall, status, error, net.clients_held())
+
+
+def _save(
+    net: CohortNetwork,
+    account: _Account,
+    out: Path,
+    name: str,
+    overrides: Sequence[str],
+    began: float,
+) -> None:
+    """A checkpoint of the round just ended in ``out/checkpoints`` (what
+    :func:`resume_cohort` continues from)."""
+    figures = dict(vars(account))
+    figures["wall_before"] = account.wall_before + time.perf_counter() - began
+    checkpoint.write(
+        out / CHECKPOINTS,
+        net.round,
+        {
+            "kind": "simulate",
+            "engine": "cohort",
+            "round": net.round,
+            "name": name,
+            "overrides": list(overrides),
+            "metrics_bytes": (out / "metrics.jsonl").stat().st_size,
+            "account": figures,
+            "network": net.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        },
+    )
 
 
 def _evaluate(
@@ -303,6 +365,12 @@ def simulate_cohort_rank(
         )
     with run_warnings(quiet=not show_progress):
         net = CohortNetwork(config, device=resolve_device(config.simulate.device), ranks=ranks)
+        if config.run.checkpoint_every:
+            raise ConfigError(
+                "a cohort run over ranks writes no checkpoints yet: set "
+                "run.checkpoint_every = 0, or run it in one process."
+            )
+        seed_torch(config)
         join(ranks, config.transport.strict_timeout_s)
         try:
             with _threads(net, threads):
@@ -323,3 +391,47 @@ def simulate_cohort_rank(
             return summary
         finally:
             leave()
+
+
+def resume_cohort(
+    config: Config,
+    out: Path,
+    *,
+    progress_stream: TextIO | None = None,
+    show_progress: bool = True,
+    threads: int | str | None = None,
+) -> dict[str, Any]:
+    """Continue the interrupted cohort run in ``out`` (its ``config.toml`` is ``config``)
+    from its newest good checkpoint, to the uninterrupted run's results; from round 0, with
+    a warning, where it has none.
+
+    Raises:
+        ConfigError: the checkpoints are not a cohort run's.
+    """
+    with run_warnings(quiet=not show_progress):
+        net = CohortNetwork(config, device=resolve_device(config.simulate.device))
+        seed_torch(config)
+        saved = checkpoint.latest(out / CHECKPOINTS)
+        if saved is not None and saved.get("engine") != "cohort":
+            raise ConfigError(f"{str(out / CHECKPOINTS)!r} holds another engine's checkpoints.")
+        stream = progress_stream if progress_stream is not None else sys.stderr
+        if saved is None:
+            logger.warning(
+                "%s has no good checkpoint (run.checkpoint_every = %d); starting again from "
+                "round 0",
+                out,
+                config.run.checkpoint_every,
+            )
+            name, overrides = _run_name(config, ()), []
+        else:
+            name, overrides = str(saved["name"]), list(saved["overrides"])
+            if show_progress:
+                print(f"simulate: resuming {out} after round {saved['round']}", file=stream)
+        with _threads(net, threads):
+            summary = _execute(
+                net, out, name, overrides, stream if show_progress else None, saved=saved
+            )
+        summary["warnings"] = current_warnings()
+        write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
+        summary["out_dir"] = str(out)
+        return summary

@@ -265,16 +265,22 @@ def _resume(
             f"{str(out)!r} is a `fedcore launch` run; resume it with `fedcore launch "
             "--resume`, not `fedcore simulate --resume`."
         )
-    if prior.get("engine") == "cohort":
-        raise ConfigError(
-            f"{str(out)!r} is a cohort engine run, which writes no checkpoints; run it again."
-        )
     if (out / CHECKPOINTS / MANIFEST).is_file() or "ranks" in prior:
         raise ConfigError(
             f"{str(out)!r} is a sharded run's (--ranks); resume it with `fedcore simulate "
             f"--resume {out}`, which starts its ranks again."
         )
     config = load_config(out / "config.toml")
+    if config.simulate.engine == "cohort":  # a population: no graph, no part per client
+        from fedcore.simulation.population import resume_cohort
+
+        return resume_cohort(
+            config,
+            out,
+            progress_stream=progress_stream,
+            show_progress=show_progress,
+            threads=threads,
+        )
     setup = prepare_run(config, hosts_all=True)
     setup.clock = virtual_clock(setup)
     seed_torch(config)

@@ -123,6 +123,52 @@ def test_a_parked_client_continues_its_stream_exactly() -> None:
     assert stores[0].parked and len(stores[0].streams) == 1 and len(stores[0]) == 3
 
 
+def test_an_interrupted_cohort_run_resumes_to_the_uninterrupted_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints every 2 rounds, Ctrl-C in round 3, --resume: the global model, records
+    and figures of the run that never stopped (clients parked mid-epoch, Adam states and
+    FedAvgM's velocity carried over)."""
+    from fedcore.simulation.simulate import resume
+
+    config = load_config(
+        None,
+        [
+            *POPULATION,
+            "simulate.engine=cohort",
+            "topology.nodes=12",
+            "algorithm.fraction=0.25",
+            "algorithm.server_optimizer=momentum",
+            "optimizer.name=adam",
+            "algorithm.lr=0.01",
+            "data.examples_per_node=5",
+            "data.batch_size=2",
+            "run.local_steps=2",
+            "run.rounds=5",
+            "run.eval_every=2",
+            "run.checkpoint_every=2",
+        ],
+    )
+    whole = simulate(config, out_dir=tmp_path / "whole", show_progress=False)
+    run_round = CohortNetwork.run_round
+
+    def interrupted(net: CohortNetwork) -> Any:
+        if net.round == 3:
+            raise KeyboardInterrupt
+        return run_round(net)
+
+    monkeypatch.setattr(CohortNetwork, "run_round", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(config, out_dir=tmp_path / "cut", show_progress=False)
+    monkeypatch.undo()
+    cut = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert (cut["status"], cut["rounds_completed"]) == ("interrupted", 3)
+    resumed = resume(tmp_path / "cut", show_progress=False)
+    for key in ("params_sha256", "final", "traffic", "clients_held", "status", "rounds_completed"):
+        assert resumed[key] == whole[key], key
+    assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
+
+
 def _population_peak(clients: int) -> tuple[int, int, int]:
     """(tracemalloc peak, tensor bytes held, clients held) of 3 rounds of 10 clients."""
     config = load_config(
@@ -171,7 +217,6 @@ def test_memory_does_not_grow_with_the_population() -> None:
         (["time.step_s=1.0"], "leave [time] out"),
         (["transport.mode=deadline"], "set transport.mode = 'strict'"),
         (["simulate.node_records=all"], "set simulate.node_records = 'none'"),
-        (["run.checkpoint_every=2"], "set run.checkpoint_every = 0"),
         (["run.regret=true"], "set run.regret = false"),
         (["run.csv=true"], "set run.tensorboard = false and run.csv = false"),
         (["compression.codec=sign"], "set compression.codec = 'fp32'"),
@@ -193,8 +238,8 @@ def test_the_population_example_runs_a_million_clients(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """examples/population.toml as shipped (1,000,000 clients, 100 a round), two rounds;
-    --resume of such a run, and --ranks of what the cohort engine does not run, are refused
-    in one line."""
+    --resume of it without a checkpoint runs it again from round 0; --ranks of what the
+    cohort engine does not run is refused in one line."""
     example = str(REPO / "examples" / "population.toml")
     out = tmp_path / "run"
     status, _, err = cli(
@@ -210,9 +255,25 @@ def test_the_population_example_runs_a_million_clients(
         "a sharded run cannot run this config: simulate.engine = 'cohort': it needs "
         "algorithm.sampler = 'floyd'",
     )
-    summary["status"] = "interrupted"  # as a Ctrl-C leaves it
+    summary["status"] = "interrupted"  # as a Ctrl-C leaves it, with no checkpoint
     (out / "summary.json").write_text(json.dumps(summary))
-    one_line_error(capsys, ["simulate", "--resume", str(out)], "writes no checkpoints")
+    status, _, err = cli(capsys, "simulate", "--resume", str(out), "--quiet")
+    assert status == 0, err
+    again = json.loads((out / "summary.json").read_text())
+    assert again["status"] == "completed"  # from round 0: the same run
+    assert again["params_sha256"] == summary["params_sha256"]
+
+
+def test_what_a_cohort_run_over_ranks_does_not_run_is_refused_before_it_joins() -> None:
+    from fedcore.engines.ranks import Ranks
+    from fedcore.simulation.population import simulate_cohort_rank
+
+    config = load_config(None, [*POPULATION, "simulate.engine=cohort", "run.checkpoint_every=2"])
+    ranks = Ranks(0, 2, 0, "127.0.0.1", 1)  # nobody there: a join would wait
+    with pytest.raises(ConfigError, match=r"cannot be resumed; run it again\.$"):
+        simulate_cohort_rank(config, ranks, resume=True)
+    with pytest.raises(ConfigError, match=r"over ranks writes no checkpoints yet: set run\."):
+        simulate_cohort_rank(config, ranks, show_progress=False)
 
 
 def test_the_cohort_sharded_over_ranks_equals_one_process(tmp_path: Path) -> None:
