@@ -4,8 +4,8 @@ of clients with only the round's cohort in memory (:mod:`fedcore.engines.cohort`
 The results folder holds ``config.toml``, ``metrics.jsonl`` and ``summary.json`` as a run
 of the other engines does (no ``curves.png``), and with ``run.checkpoint_every`` its
 checkpoints, from which :func:`resume_cohort` (``fedcore simulate --resume``) continues
-to the uninterrupted run's results. ``metrics.jsonl`` has the
-same ``"kind": "round"`` records as the vectorized engine's run of the config, and
+to the uninterrupted run's results. ``metrics.jsonl`` has the same ``"kind": "round"``
+records as the vectorized engine's run of the config, and
 ``"kind": "eval"`` records with its keys less those that need every client's model
 (``mean_node_accuracy``, ``min_node_accuracy``, ``consensus_distance``,
 ``node_accuracy``). The summary's ``params_sha256`` holds the server's (the global model's)
@@ -355,21 +355,23 @@ def simulate_cohort_rank(
     :func:`~fedcore.simulation.ranks.simulate_rank`'s.
 
     Raises:
-        ConfigError: ``resume`` (the cohort engine writes no checkpoints), or what the
-            cohort engine does not run, before joining the others.
+        ConfigError: ``resume`` or ``run.checkpoint_every`` (a cohort run over ranks
+            writes no checkpoints yet), or what the cohort engine does not run, before
+            joining the others.
         PeerUnavailableError: another rank failed or stopped answering.
     """
     if resume:
         raise ConfigError(
-            "the cohort engine writes no checkpoints, so its run cannot be resumed; run it again."
+            "a cohort run over ranks writes no checkpoints yet, so it cannot be resumed; run "
+            "it again."
+        )
+    if config.run.checkpoint_every:
+        raise ConfigError(
+            "a cohort run over ranks writes no checkpoints yet: set run.checkpoint_every = 0, "
+            "or run it in one process."
         )
     with run_warnings(quiet=not show_progress):
         net = CohortNetwork(config, device=resolve_device(config.simulate.device), ranks=ranks)
-        if config.run.checkpoint_every:
-            raise ConfigError(
-                "a cohort run over ranks writes no checkpoints yet: set "
-                "run.checkpoint_every = 0, or run it in one process."
-            )
         seed_torch(config)
         join(ranks, config.transport.strict_timeout_s)
         try:
