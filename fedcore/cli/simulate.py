@@ -37,8 +37,9 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--engine",
         choices=ENGINES,
         help="simulate.engine: 'vectorized' (every node's round at once), 'messages' (one "
-        "node object per peer, exchanging encoded messages) or 'auto' (vectorized where "
-        "it supports the config; the default)",
+        "node object per peer, exchanging encoded messages), 'auto' (vectorized where "
+        "it supports the config; the default) or 'cohort' (FedAvg over a population, only "
+        "the round's cohort in memory)",
     )
     sim.add_argument(
         "--device", metavar="DEV", help="simulate.device: cpu (default), cuda or cuda:K"
