@@ -751,8 +751,9 @@ class Flusher:
             ):
                 lr = self.net.setup.options.lr_at(t)
                 lists = _fault_lists(f, up, nodes)
+                row = {key: stacked[key][k].tolist() for key in _COLUMNS}  # read once a round
                 for i, node in enumerate(nodes):
-                    record = _node_record(node, t, i, lr, wall, stacked, k)
+                    record = _node_record(node, t, i, lr, wall, row)
                     if i in lists and not record.down:
                         missing, dropped_in, dropped_out = lists[i]
                         record = replace(
@@ -824,29 +825,31 @@ def _fault_lists(
 
 
 def _node_record(
-    node: str, t: int, i: int, lr: float, wall: float, stacked: Mapping[str, Any], k: int
+    node: str, t: int, i: int, lr: float, wall: float, row: Mapping[str, list[Any]]
 ) -> RoundRecord:
-    vtime = float(stacked["vtime"][k][i])
-    if not bool(stacked["up"][k][i]):
+    """Node ``i``'s record of round ``t`` from ``row``, the round's :data:`_COLUMNS` as
+    lists."""
+    vtime = float(row["vtime"][i])
+    if not row["up"][i]:
         down = RoundRecord.down_round(node, t, lr=lr, wall_s=wall)
         return down if math.isnan(vtime) else replace(down, vtime=vtime)
     return RoundRecord(
-        messages_late=int(stacked["late"][k][i]),
+        messages_late=int(row["late"][i]),
         vtime=None if math.isnan(vtime) else vtime,
-        compute_s=float(stacked["compute"][k][i]),
+        compute_s=float(row["compute"][i]),
         node=node,
         round=t,
-        loss=float(stacked["loss"][k][i]),
+        loss=float(row["loss"][i]),
         lr=lr,
-        messages_sent=int(stacked["sent"][k][i]),
-        bytes_sent=int(stacked["bytes_sent"][k][i]),
-        messages_received=int(stacked["received"][k][i]),
-        bytes_received=int(stacked["bytes_received"][k][i]),
-        messages_missing=int(stacked["missing"][k][i]),
+        messages_sent=int(row["sent"][i]),
+        bytes_sent=int(row["bytes_sent"][i]),
+        messages_received=int(row["received"][i]),
+        bytes_received=int(row["bytes_received"][i]),
+        messages_missing=int(row["missing"][i]),
         messages_rejected=0,
         missing=(),
         wall_s=wall,
-        messages_dropped=int(stacked["dropped"][k][i]),
-        fp32_bytes_sent=int(stacked["fp32"][k][i]),
-        idle=bool(stacked["idle"][k][i]),
+        messages_dropped=int(row["dropped"][i]),
+        fp32_bytes_sent=int(row["fp32"][i]),
+        idle=bool(row["idle"][i]),
     )
