@@ -200,7 +200,7 @@ class VectorizedNetwork:
                 [] if self._batched_source else [setup.source.stream(i) for i in range(self.n)]
             )
         else:
-            self.batches = stacked_batches(setup, device)
+            self.batches = self._stacked_batches()
         self._checks: list[tuple[int, torch.Tensor, str, type[Exception]]] = []
         self.read = np.zeros(self.n, dtype=np.int64)  # batches each node read (online streams)
         self.round = 0
@@ -208,6 +208,11 @@ class VectorizedNetwork:
         clock = setup.clock
         assert clock is None or isinstance(clock, SharedClock)  # a simulation's (virtual_clock)
         self.clock = clock
+
+    def _stacked_batches(self) -> StackedBatches | None:
+        """Every node's batches (a subclass that draws them otherwise returns None and
+        draws them in its own :meth:`_data`)."""
+        return stacked_batches(self.setup, self.device)
 
     def _size(self, n: int) -> int:
         """Bytes one encoded tensor of ``n`` values puts on the wire."""

@@ -1,0 +1,185 @@
+"""Several runs of one config that differ only in ``run.seed`` as blocks of rows of one
+vectorized network (``fedcore simulate --seeds ... --batch-seeds``).
+
+Run ``k`` of ``S`` is rows ``k N .. (k + 1) N - 1`` of a :class:`SeedBlocks` network: its
+graph is the disjoint union of the runs' weighted graphs (so mixing is block-diagonal: no
+row reads another block's row), and each block's rows start from their own run's
+initial model, draw their own run's batches (its data split, its stream seeds) and their
+own run's codec seeds. Every computation of a round is a row's own (its gradient, its
+in-neighbours' sum in sorted-id order, its codec's draws), so each block computes what its
+separate run computes, bit for bit; ``tests/simulation/test_seed_batch.py`` holds them
+equal. :func:`block_refusal` names what cannot be batched so (the algorithms whose round
+reads the whole network, faults, virtual time, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedcore.compression import CodecOptions, codec_seed
+from fedcore.compression.batched import make_row_codec
+from fedcore.data import StackedBatches
+from fedcore.engines.vectorized import RoundFigures, VectorizedNetwork, stacked_batches
+from fedcore.errors import ConfigError
+from fedcore.setup.prepare import RunSetup
+from fedcore.topology import TrustGraph
+
+__all__ = ["BATCHED_ALGORITHMS", "SeedBlocks", "block_figures", "block_refusal", "union_graph"]
+
+BATCHED_ALGORITHMS = ("ops", "dpsgd", "dog", "dol", "local", "deepsqueeze", "choco")
+"""The algorithms whose round is row by row over in-neighbours (no row reads the network's
+size, its ids or another block): those :class:`SeedBlocks` runs. ``central`` (every node's
+sorted ids), ``rps`` (blocks of the model by the network's size) and the server family
+(a sample of the network's ids) are not."""
+
+
+def config_refusal(config: Any) -> str | None:
+    """Why the runs of ``config`` cannot be batched, from what the config says (one
+    clause), or None. :func:`block_refusal` checks the rest once the runs are set up."""
+    if config.simulate.engine == "messages":
+        return "simulate.engine = 'messages' runs one node object per peer"
+    if config.algorithm.name not in BATCHED_ALGORITHMS:
+        return (
+            f"algorithm {config.algorithm.name!r} is not batched (batched: "
+            f"{', '.join(BATCHED_ALGORITHMS)})"
+        )
+    if config.faults.active:
+        return "a [faults] plan is not batched"
+    if config.time.active:
+        return "virtual time ([time]) is not batched"
+    if config.data.stream:
+        return "an online data stream (data.stream) is not batched"
+    if config.run.checkpoint_every:
+        return "run.checkpoint_every: a batch of seeds is not checkpointed"
+    if config.run.tensorboard or config.run.csv:
+        return "run.tensorboard and run.csv are not written by a batch of seeds"
+    return None
+
+
+def block_refusal(setup: RunSetup) -> str | None:
+    """Why a set-up run cannot be a block of a :class:`SeedBlocks` network (one clause),
+    or None."""
+    why = config_refusal(setup.config)
+    if why is not None:
+        return why
+    if setup.graph.period != 1:
+        return "a graph schedule (topology.schedule) is not batched"
+    if setup.algorithm.server is not None:
+        return f"the server family ({setup.algorithm.name!r}) is not batched"
+    module = setup.evaluator.module
+    if next(module.buffers(), None) is not None:
+        return "a model with buffers (BatchNorm's running statistics) is not batched"
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in module.modules()):
+        return "a model with dropout draws from torch's one global generator: not batched"
+    if setup.evaluator.rows.mode == "module":
+        return "a model whose gradients are computed one module per node is not batched"
+    return None
+
+
+def union_graph(graphs: Sequence[TrustGraph]) -> TrustGraph:
+    """The disjoint union of ``graphs`` (weighted, static), graph ``k``'s node ``v`` named
+    ``"b{k}.{v}"`` and at index ``k N + i``: one common prefix a block keeps each block's
+    sorted-id order, the order an inbox is summed in."""
+    srcs, dsts, weights, names = [], [], [], []
+    offset = 0
+    for k, graph in enumerate(graphs):
+        src, dst, w = graph.index_edges()
+        loops = np.arange(len(graph.nodes), dtype=np.int64)
+        assert w is not None, "a run's communication graph has weights"
+        srcs += [src + offset, loops + offset]
+        dsts += [dst + offset, loops + offset]
+        weights += [w, graph.self_weights()]
+        names += [f"b{k}.{v}" for v in graph.nodes]
+        offset += len(graph.nodes)
+    return TrustGraph.from_index_edges(
+        np.concatenate(srcs),
+        np.concatenate(dsts),
+        weight=np.concatenate(weights),
+        name=f"{graphs[0].name}-x{len(graphs)}",
+        nodes=names,
+        trusted_ids=True,
+    )
+
+
+class SeedBlocks(VectorizedNetwork):
+    """The runs ``setups`` (one config, seeds apart) as blocks of one network (see the
+    module docstring); :meth:`block_figures` splits a round's figures by run.
+
+    Raises:
+        ConfigError: a run that :func:`block_refusal` refuses, runs of different sizes,
+            or the union that the vectorized engine cannot run (its memory).
+    """
+
+    def __init__(self, setups: Sequence[RunSetup], *, device: torch.device) -> None:
+        """Build the union network, then give each block its run's start, batches and
+        codec seeds."""
+        first = setups[0]
+        for setup in setups:
+            why = block_refusal(setup)
+            if why is not None:
+                raise ConfigError(f"--batch-seeds cannot batch this config: {why}.")
+        self.block_n = len(first.graph.nodes)
+        if any(len(s.graph.nodes) != self.block_n for s in setups):
+            raise ConfigError("--batch-seeds: the seeds' runs have different node counts.")
+        self.blocks = list(setups)
+        graph = union_graph([s.graph.at(0) for s in setups])  # static: block_refusal
+        union = dataclasses.replace(
+            first, graph=graph, trust=graph, parts=[p for s in setups for p in s.parts]
+        )
+        super().__init__(union, device=device)
+        starts = torch.stack([s.start for s in setups]).to(device)
+        self.state = self.form.init(starts.repeat_interleave(self.block_n, dim=0))
+        self.opt_state = (
+            self.optimizer.init(self.form.model(self.state)) if self.optimizer else None
+        )
+        c = first.config.compression
+        seeds = [codec_seed(s.config.run.seed, i) for s in setups for i in range(self.block_n)]
+        self.codec = make_row_codec(c.codec, CodecOptions.of(c, first.layers), seeds=seeds)
+        self.block_batches = [stacked_batches(s, device) for s in setups]
+
+    def _stacked_batches(self) -> StackedBatches | None:
+        return None  # each block draws its own run's (:meth:`_data`)
+
+    def _data(
+        self, t: int, up: np.ndarray[Any, np.dtype[np.bool_]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Each block's batches as its run draws them, as one group where the blocks'
+        batches have one shape (and all or none have a mask), else a group a block."""
+        n = self.block_n
+        groups = []
+        for k, batches in enumerate(self.block_batches):
+            rows, x, y, mask = batches.next(up[k * n : (k + 1) * n])
+            groups.append((rows + k * n, x, y, mask))
+        shapes = {(g[1].shape[1:], g[3] is None) for g in groups}
+        if len(shapes) > 1:
+            return groups
+        masks = [g[3] for g in groups]
+        return [
+            (
+                torch.cat([g[0] for g in groups]),
+                torch.cat([g[1] for g in groups]),
+                torch.cat([g[2] for g in groups]),
+                None if masks[0] is None else torch.cat([m for m in masks if m is not None]),
+            )
+        ]
+
+    def block_rows(self, k: int) -> slice:
+        """The rows of block ``k``."""
+        return slice(k * self.block_n, (k + 1) * self.block_n)
+
+
+def block_figures(figures: RoundFigures, rows: slice) -> RoundFigures:
+    """One block's part of a round's figures (no faults: nothing was lost)."""
+    return dataclasses.replace(
+        figures,
+        **{
+            f.name: getattr(figures, f.name)[rows]
+            for f in dataclasses.fields(figures)
+            if f.name not in ("round", "lost")
+        },
+    )
