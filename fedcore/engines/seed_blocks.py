@@ -148,23 +148,32 @@ class SeedBlocks(VectorizedNetwork):
     def _data(
         self, t: int, up: np.ndarray[Any, np.dtype[np.bool_]]
     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        """Each block's batches as its run draws them, as one group where the blocks'
-        batches have one shape (and all or none have a mask), else a group a block."""
+        """Each block's batches as its run draws them, as one group where their batches
+        have one shape (a block without a mask given one of every example: a row gets the
+        bits of its own examples alone either way, :meth:`~fedcore.gradients.RowGradient.
+        loss_and_grad`), else a group a block."""
         n = self.block_n
         groups = []
         for k, batches in enumerate(self.block_batches):
             rows, x, y, mask = batches.next(up[k * n : (k + 1) * n])
             groups.append((rows + k * n, x, y, mask))
-        shapes = {(g[1].shape[1:], g[3] is None) for g in groups}
-        if len(shapes) > 1:
+        if len({g[1].shape[1:] for g in groups}) > 1:
             return groups
         masks = [g[3] for g in groups]
+        mask = None
+        if any(m is not None for m in masks):
+            mask = torch.cat(
+                [
+                    torch.ones(g[2].shape, dtype=torch.bool, device=self.device) if m is None else m
+                    for g, m in zip(groups, masks, strict=True)
+                ]
+            )
         return [
             (
                 torch.cat([g[0] for g in groups]),
                 torch.cat([g[1] for g in groups]),
                 torch.cat([g[2] for g in groups]),
-                None if masks[0] is None else torch.cat([m for m in masks if m is not None]),
+                mask,
             )
         ]
 
