@@ -10,7 +10,10 @@ are given. Modes (``--modes``): ``jobs2`` (``--jobs 2``: two worker processes), 
 (one process, seed after seed), ``batch`` (``--batch-seeds``) and ``batch-threads2``
 (``--batch-seeds --threads 2``). The modes run interleaved, ``--repeats`` times each; the
 table gives the fastest and the median of each, and the speed-up of each mode's median
-over ``jobs2``'s. "same bits" compares every seed's ``params_sha256`` across every run of
+over ``jobs2``'s; "round loops" is the seconds spent in round loops (rounds, records,
+evaluations: each run's ``wall_seconds``, summed over a plain sweep's runs; a batch's once,
+as every seed's is the batch's), the rest being start-up, set-up and each seed's summary and
+picture. "same bits" compares every seed's ``params_sha256`` across every run of
 every mode: a batch ends each seed where its separate run ends.
 
 Usage::
@@ -69,14 +72,18 @@ def run_mode(mode: str, seeds: str, overrides: list[str], out: Path) -> float:
     return wall
 
 
-def digests(out: Path, seeds: list[int]) -> list[Any]:
-    """Every seed's ``params_sha256`` in the sweep folder ``out``."""
+def summaries(out: Path, seeds: list[int]) -> list[dict[str, Any]]:
+    """Every seed's ``summary.json`` in the sweep folder ``out``."""
     return [
-        json.loads((out / f"seed-{k}" / "summary.json").read_text(encoding="utf-8"))[
-            "params_sha256"
-        ]
-        for k in seeds
+        json.loads((out / f"seed-{k}" / "summary.json").read_text(encoding="utf-8")) for k in seeds
     ]
+
+
+def loop_seconds(mode: str, runs: list[dict[str, Any]]) -> float:
+    """The seconds the sweep spent in round loops (with their records and evaluations):
+    the sum of the runs' ``wall_seconds``, or a batch's one (every seed's is the batch's)."""
+    walls = [float(r["wall_seconds"]) for r in runs]
+    return max(walls) if mode.startswith("batch") else sum(walls)
 
 
 def main() -> None:
@@ -89,14 +96,21 @@ def main() -> None:
     args = parser.parse_args()
     seeds = parse_seeds(args.seeds)
     walls: dict[str, list[float]] = {mode: [] for mode in args.modes}
+    loops: dict[str, list[float]] = {mode: [] for mode in args.modes}
     seen: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="seed-batch-") as tmp:
         for r in range(args.repeats):
             for mode in args.modes:
                 out = Path(tmp) / f"{mode}-{r}"
                 walls[mode].append(run_mode(mode, args.seeds, args.overrides, out))
-                seen.append(digests(out, seeds))
-                print(f"{mode} #{r + 1}: {walls[mode][-1]:.2f} s", flush=True)
+                runs = summaries(out, seeds)
+                seen.append([run["params_sha256"] for run in runs])
+                loops[mode].append(loop_seconds(mode, runs))
+                print(
+                    f"{mode} #{r + 1}: {walls[mode][-1]:.2f} s, "
+                    f"round loops {loops[mode][-1]:.2f} s",
+                    flush=True,
+                )
     same = all(d == seen[0] for d in seen)
     base = statistics.median(walls["jobs2"]) if "jobs2" in walls else None
     rows = []
@@ -110,16 +124,21 @@ def main() -> None:
                 "fastest": min(walls[mode]),
                 "median": median,
                 "speedup_vs_jobs2": None if base is None else base / median,
+                "round_loops": loops[mode],
+                "round_loops_median": statistics.median(loops[mode]),
             }
         )
     print()
-    print("| mode | flags | fastest (s) | median (s) | speed-up over --jobs 2 (median) |")
-    print("|---|---|---:|---:|---:|")
+    print(
+        "| mode | flags | fastest (s) | median (s) | speed-up over --jobs 2 (median) "
+        "| round loops, all seeds (s, median) |"
+    )
+    print("|---|---|---:|---:|---:|---:|")
     for row in rows:
         speed = "-" if row["speedup_vs_jobs2"] is None else f"{row['speedup_vs_jobs2']:.2f}x"
         print(
             f"| {row['mode']} | `{row['flags']}` | {row['fastest']:.2f} | {row['median']:.2f} "
-            f"| {speed} |"
+            f"| {speed} | {row['round_loops_median']:.2f} |"
         )
     print(f"\nsame bits (every seed's params_sha256, every run): {'yes' if same else 'NO'}")
     report = {

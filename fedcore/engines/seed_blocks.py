@@ -5,7 +5,8 @@ Run ``k`` of ``S`` is rows ``k N .. (k + 1) N - 1`` of a :class:`SeedBlocks` net
 graph is the disjoint union of the runs' weighted graphs (so mixing is block-diagonal: no
 row reads another block's row), and each block's rows start from their own run's
 initial model, draw their own run's batches (its data split, its stream seeds) and their
-own run's codec seeds. Every computation of a round is a row's own (its gradient, its
+own run's codec seeds, and the messages of each block are lost or its nodes crashed as its
+own run's fault plan says. Every computation of a round is a row's own (its gradient, its
 in-neighbours' sum in sorted-id order, its codec's draws), so each block computes what its
 separate run computes, bit for bit; ``tests/simulation/test_seed_batch.py`` holds them
 equal. :func:`block_refusal` names what cannot be batched so (the algorithms whose round
@@ -24,8 +25,10 @@ import torch
 from fedcore.compression import CodecOptions, codec_seed
 from fedcore.compression.batched import make_row_codec
 from fedcore.data import StackedBatches
+from fedcore.engines.batched import Messages
 from fedcore.engines.vectorized import RoundFigures, VectorizedNetwork, stacked_batches
 from fedcore.errors import ConfigError
+from fedcore.faults import FaultPlan
 from fedcore.setup.prepare import RunSetup
 from fedcore.topology import TrustGraph
 
@@ -48,8 +51,6 @@ def config_refusal(config: Any) -> str | None:
             f"algorithm {config.algorithm.name!r} is not batched (batched: "
             f"{', '.join(BATCHED_ALGORITHMS)})"
         )
-    if config.faults.active:
-        return "a [faults] plan is not batched"
     if config.time.active:
         return "virtual time ([time]) is not batched"
     if config.data.stream:
@@ -141,6 +142,9 @@ class SeedBlocks(VectorizedNetwork):
         seeds = [codec_seed(s.config.run.seed, i) for s in setups for i in range(self.block_n)]
         self.codec = make_row_codec(c.codec, CodecOptions.of(c, first.layers), seeds=seeds)
         self.block_batches = [stacked_batches(s, device) for s in setups]
+        plans = [s.faults for s in setups]
+        if any(plan is not None for plan in plans):
+            self.plan = _BlockPlans(plans, self.block_n)  # type: ignore[assignment]
 
     def _stacked_batches(self) -> StackedBatches | None:
         return None  # each block draws its own run's (:meth:`_data`)
@@ -181,11 +185,71 @@ class SeedBlocks(VectorizedNetwork):
         """The rows of block ``k``."""
         return slice(k * self.block_n, (k + 1) * self.block_n)
 
+    def block_fault_counts(self, k: int) -> tuple[dict[str, int], dict[str, int]]:
+        """Block ``k``'s :meth:`~fedcore.engines.vectorized.VectorizedNetwork.fault_counts`
+        (its messages in their order, its own node ids)."""
+        nodes, rows = self.blocks[k].graph.nodes, self.block_rows(k)
+        missing: dict[str, int] = {}
+        dropped: dict[str, int] = {}
+        for phases in self.phases:
+            for phase in phases:
+                src, dst = phase.messages.src.cpu(), phase.messages.dst.cpu()
+                mine = (src >= rows.start) & (src < rows.stop)
+                for table, counts in ((missing, phase.missing), (dropped, phase.dropped)):
+                    hits = torch.nonzero(mine & (counts.cpu() != 0)).flatten().tolist()
+                    for e in hits:
+                        u, v = int(src[e]) - rows.start, int(dst[e]) - rows.start
+                        key = f"{nodes[u]}->{nodes[v]}"
+                        table[key] = table.get(key, 0) + int(counts[e])
+        return missing, dropped
+
+
+class _BlockPlans:
+    """The blocks' fault plans as one, over the union's rows (what the vectorized engine
+    asks of a :class:`~fedcore.faults.FaultPlan`): each block's nodes and messages as its
+    own run's plan decides them, by its own node indices."""
+
+    def __init__(self, plans: Sequence[FaultPlan | None], n: int) -> None:
+        self.plans = plans
+        self.n = n
+
+    def down_mask(self, round: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """``[S N]`` bool: the crashed nodes of every block."""
+        return torch.cat(
+            [
+                torch.zeros(self.n, dtype=torch.bool, device=device)
+                if plan is None
+                else plan.down_mask(round, device)
+                for plan in self.plans
+            ]
+        )
+
+    def lost_mask(
+        self, src: torch.Tensor, dst: torch.Tensor, round: int, phase: int
+    ) -> torch.Tensor:
+        """``[E]`` bool: the messages ``src[e] -> dst[e]`` (union rows) their block's plan
+        loses in ``(round, phase)``."""
+        lost = torch.zeros(src.shape, dtype=torch.bool, device=src.device)
+        block = torch.div(src, self.n, rounding_mode="floor")
+        for k, plan in enumerate(self.plans):
+            at = torch.nonzero(block == k).flatten()
+            if plan is not None and at.numel():
+                offset = k * self.n
+                lost[at] = plan.lost_mask(src[at] - offset, dst[at] - offset, round, phase)
+        return lost
+
 
 def block_figures(figures: RoundFigures, rows: slice) -> RoundFigures:
-    """One block's part of a round's figures (no faults: nothing was lost)."""
+    """One block's part of a round's figures: its rows, and its lost messages by its own
+    node indices."""
+    lost = []
+    for m, mask, late in figures.lost:
+        at = torch.nonzero((m.src >= rows.start) & (m.src < rows.stop)).flatten()
+        mine = Messages(m.src[at] - rows.start, m.dst[at] - rows.start, m.nbytes[at], m.fp32[at])
+        lost.append((mine, mask[at], late))
     return dataclasses.replace(
         figures,
+        lost=tuple(lost),
         **{
             f.name: getattr(figures, f.name)[rows]
             for f in dataclasses.fields(figures)

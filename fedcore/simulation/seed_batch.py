@@ -83,6 +83,7 @@ class _Block:
     def __init__(self, net: SeedBlocks, k: int) -> None:
         self.net = net
         self.setup: RunSetup = net.blocks[k]
+        self.k = k
         self.rows = net.block_rows(k)
         self.nodes = self.setup.graph.nodes
         self.device = net.device
@@ -97,7 +98,11 @@ class _Block:
         self.net.check()
 
     def final(self, observer: RunObserver) -> dict[str, torch.Tensor]:
-        """Every node's parameters now, on the CPU."""
+        """Every node's parameters now, on the CPU, with the block's fault tables put into
+        ``observer`` (as a vectorized run's end does)."""
+        missing, dropped = self.net.block_fault_counts(self.k)
+        observer.missing_edges.update(missing)
+        observer.dropped_edges.update(dropped)
         final = self.model().cpu()
         return {nid: final[i] for i, nid in enumerate(self.nodes)}
 
