@@ -30,7 +30,7 @@ from fedcore.engines.vectorized import RoundFigures, VectorizedNetwork, stacked_
 from fedcore.errors import ConfigError
 from fedcore.faults import FaultPlan
 from fedcore.setup.prepare import RunSetup
-from fedcore.topology import TrustGraph
+from fedcore.topology import Schedule, TrustGraph
 
 __all__ = ["BATCHED_ALGORITHMS", "SeedBlocks", "block_figures", "block_refusal", "union_graph"]
 
@@ -57,8 +57,6 @@ def config_refusal(config: Any) -> str | None:
         return "an online data stream (data.stream) is not batched"
     if config.run.checkpoint_every:
         return "run.checkpoint_every: a batch of seeds is not checkpointed"
-    if config.run.tensorboard or config.run.csv:
-        return "run.tensorboard and run.csv are not written by a batch of seeds"
     return None
 
 
@@ -68,8 +66,6 @@ def block_refusal(setup: RunSetup) -> str | None:
     why = config_refusal(setup.config)
     if why is not None:
         return why
-    if setup.graph.period != 1:
-        return "a graph schedule (topology.schedule) is not batched"
     if setup.algorithm.server is not None:
         return f"the server family ({setup.algorithm.name!r}) is not batched"
     module = setup.evaluator.module
@@ -125,10 +121,17 @@ class SeedBlocks(VectorizedNetwork):
             if why is not None:
                 raise ConfigError(f"--batch-seeds cannot batch this config: {why}.")
         self.block_n = len(first.graph.nodes)
-        if any(len(s.graph.nodes) != self.block_n for s in setups):
-            raise ConfigError("--batch-seeds: the seeds' runs have different node counts.")
+        period = first.graph.period
+        if any(len(s.graph.nodes) != self.block_n or s.graph.period != period for s in setups):
+            raise ConfigError(
+                "--batch-seeds: the seeds' runs have graphs of different sizes or periods."
+            )
         self.blocks = list(setups)
-        graph = union_graph([s.graph.at(0) for s in setups])  # static: block_refusal
+        # A schedule: round t's union is the union of the seeds' round-t graphs.
+        unions = [union_graph([s.graph.at(t) for s in setups]) for t in range(period)]
+        graph: TrustGraph | Schedule = (
+            unions[0] if period == 1 else Schedule(unions, name=unions[0].name)
+        )
         union = dataclasses.replace(
             first, graph=graph, trust=graph, parts=[p for s in setups for p in s.parts]
         )

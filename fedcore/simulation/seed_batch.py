@@ -44,6 +44,7 @@ from fedcore.simulation.results import open_run_dir, regret_tracker, run_name
 from fedcore.simulation.simulate import _finish, _threads_for, choose_engine
 from fedcore.simulation.sweep_figures import final_figures
 from fedcore.simulation.sweep_workers import _execute, _Outcome, _RunSpec
+from fedcore.simulation.tracking import make_tracker
 
 __all__ = ["check_batchable", "run_batched"]
 
@@ -211,6 +212,7 @@ def _run(seeds: list[_Seed], threads: int | str, on_done: Callable[[_Outcome], N
                 server=setup.algorithm.server,
                 own_tests=setup.own_tests(),
                 regret=regret_tracker(setup),
+                tracker=make_tracker(seed.config, out, text),
             )
             observers.append(observer)
             writers.append(writer)
