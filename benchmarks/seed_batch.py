@@ -13,7 +13,9 @@ table gives the fastest and the median of each, and the speed-up of each mode's 
 over ``jobs2``'s; "round loops" is the seconds spent in round loops (rounds, records,
 evaluations: each run's ``wall_seconds``, summed over a plain sweep's runs; a batch's once,
 as every seed's is the batch's), the rest being start-up, set-up and each seed's summary and
-picture. "same bits" compares every seed's ``params_sha256`` across every run of
+picture; "CPU" is the user and system seconds of the command and every process it started
+(a measure the other jobs on a shared machine move less than the wall time). "same bits"
+compares every seed's ``params_sha256`` across every run of
 every mode: a batch ends each seed where its separate run ends.
 
 Usage::
@@ -28,6 +30,7 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,8 +57,9 @@ MODES: dict[str, list[str]] = {
 """Each mode's flags after ``fedcore simulate -q --seeds SEEDS``."""
 
 
-def run_mode(mode: str, seeds: str, overrides: list[str], out: Path) -> float:
-    """Run one mode's whole command into ``out``; its wall seconds."""
+def run_mode(mode: str, seeds: str, overrides: list[str], out: Path) -> tuple[float, float]:
+    """Run one mode's whole command into ``out``; its wall seconds, and the CPU seconds
+    (user and system) of it and every process it started."""
     argv = [sys.executable, "-m", "fedcore", "simulate", "-q", "--seeds", seeds]
     argv += [*MODES[mode], "--out", str(out)]
     for item in overrides:
@@ -64,12 +68,15 @@ def run_mode(mode: str, seeds: str, overrides: list[str], out: Path) -> float:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if done.returncode != 0:
         raise SystemExit(f"{mode} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return wall
+    return wall, cpu
 
 
 def summaries(out: Path, seeds: list[int]) -> list[dict[str, Any]]:
@@ -97,17 +104,20 @@ def main() -> None:
     seeds = parse_seeds(args.seeds)
     walls: dict[str, list[float]] = {mode: [] for mode in args.modes}
     loops: dict[str, list[float]] = {mode: [] for mode in args.modes}
+    cpus: dict[str, list[float]] = {mode: [] for mode in args.modes}
     seen: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="seed-batch-") as tmp:
         for r in range(args.repeats):
             for mode in args.modes:
                 out = Path(tmp) / f"{mode}-{r}"
-                walls[mode].append(run_mode(mode, args.seeds, args.overrides, out))
+                wall, cpu = run_mode(mode, args.seeds, args.overrides, out)
+                walls[mode].append(wall)
+                cpus[mode].append(cpu)
                 runs = summaries(out, seeds)
                 seen.append([run["params_sha256"] for run in runs])
                 loops[mode].append(loop_seconds(mode, runs))
                 print(
-                    f"{mode} #{r + 1}: {walls[mode][-1]:.2f} s, "
+                    f"{mode} #{r + 1}: {wall:.2f} s, CPU {cpu:.2f} s, "
                     f"round loops {loops[mode][-1]:.2f} s",
                     flush=True,
                 )
@@ -124,6 +134,8 @@ def main() -> None:
                 "fastest": min(walls[mode]),
                 "median": median,
                 "speedup_vs_jobs2": None if base is None else base / median,
+                "cpu": cpus[mode],
+                "cpu_median": statistics.median(cpus[mode]),
                 "round_loops": loops[mode],
                 "round_loops_median": statistics.median(loops[mode]),
             }
@@ -131,14 +143,14 @@ def main() -> None:
     print()
     print(
         "| mode | flags | fastest (s) | median (s) | speed-up over --jobs 2 (median) "
-        "| round loops, all seeds (s, median) |"
+        "| CPU (s, median) | round loops, all seeds (s, median) |"
     )
-    print("|---|---|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for row in rows:
         speed = "-" if row["speedup_vs_jobs2"] is None else f"{row['speedup_vs_jobs2']:.2f}x"
         print(
             f"| {row['mode']} | `{row['flags']}` | {row['fastest']:.2f} | {row['median']:.2f} "
-            f"| {speed} | {row['round_loops_median']:.2f} |"
+            f"| {speed} | {row['cpu_median']:.2f} | {row['round_loops_median']:.2f} |"
         )
     print(f"\nsame bits (every seed's params_sha256, every run): {'yes' if same else 'NO'}")
     report = {

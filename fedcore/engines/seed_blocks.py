@@ -10,7 +10,7 @@ own run's fault plan says. Every computation of a round is a row's own (its grad
 in-neighbours' sum in sorted-id order, its codec's draws), so each block computes what its
 separate run computes, bit for bit; ``tests/simulation/test_seed_batch.py`` holds them
 equal. :func:`block_refusal` names what cannot be batched so (the algorithms whose round
-reads the whole network, faults, virtual time, ...).
+reads the whole network, virtual time, models with their own randomness, ...).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 from fedcore.compression import CodecOptions, codec_seed
 from fedcore.compression.batched import make_row_codec
+from fedcore.config import Config
 from fedcore.data import StackedBatches
 from fedcore.engines.batched import Messages
 from fedcore.engines.vectorized import RoundFigures, VectorizedNetwork, stacked_batches
@@ -38,10 +39,12 @@ BATCHED_ALGORITHMS = ("ops", "dpsgd", "dog", "dol", "local", "deepsqueeze", "cho
 """The algorithms whose round is row by row over in-neighbours (no row reads the network's
 size, its ids or another block): those :class:`SeedBlocks` runs. ``central`` (every node's
 sorted ids), ``rps`` (blocks of the model by the network's size) and the server family
-(a sample of the network's ids) are not."""
+(a sample of the network's ids) are not. (OPS reads the network's size only as the bound it
+checks a share's weight against, ``(0, n]``: a batch checks against ``S n``, so a share
+that broke it would stop a separate run but not the batch; no correct run breaks it.)"""
 
 
-def config_refusal(config: Any) -> str | None:
+def config_refusal(config: Config) -> str | None:
     """Why the runs of ``config`` cannot be batched, from what the config says (one
     clause), or None. :func:`block_refusal` checks the rest once the runs are set up."""
     if config.simulate.engine == "messages":
