@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -36,8 +36,9 @@ from fedcore.engines.seed_blocks import (
 )
 from fedcore.engines.vectorized import Flusher, node_records_mode, resolve_device
 from fedcore.errors import ConfigError
+from fedcore.ids import first_line
 from fedcore.metrics import JsonlWriter
-from fedcore.progress import Note, run_warnings
+from fedcore.progress import Note, Progress, run_warnings
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.simulation.observer import RunObserver
 from fedcore.simulation.results import open_run_dir, regret_tracker, run_name
@@ -134,12 +135,14 @@ def run_batched(
     *,
     threads: int | str,
     on_done: Callable[[_Outcome], None],
+    stream: TextIO | None = None,
 ) -> None:
     """Run ``specs`` (one sweep's seeds) as one batch, ``on_done`` called with each seed's
     outcome as its folder is written. A batch that fails otherwise than by a refusal (a
     seed's data that cannot be loaded, a seed that diverges) runs the seeds without an
     outcome one by one (:func:`~fedcore.simulation.sweep_workers._execute`), so that
-    each seed's failure is its own, as in a plain sweep.
+    each seed's failure is its own, as in a plain sweep. ``stream``: where the batch's
+    progress (the rounds, with its first seed's loss and accuracy) and its fallback go.
 
     Raises:
         BatchRefused: a config or set-up that cannot be batched (before any round).
@@ -154,14 +157,14 @@ def run_batched(
 
     with run_warnings(quiet=True):
         try:
-            _run(_set_up(specs), threads, said)
+            _run(_set_up(specs), threads, said, stream)
         except (KeyboardInterrupt, BatchRefused):
             raise
         except Exception as exc:
-            logger.warning(
-                "the batch of seeds stopped (%s); its seeds run one by one",
-                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-            )
+            why = first_line(str(exc)) or type(exc).__name__
+            logger.info("the batch of seeds stopped (%s); its seeds run one by one", why)
+            if stream is not None:
+                print(f"sweep: the batch stopped ({why}); its seeds run one by one", file=stream)
             rest = [dataclasses.replace(s, force=True) for s in specs if s.seed not in done]
             _execute(rest, jobs=1, threads=threads, on_done=on_done)
 
@@ -187,13 +190,23 @@ def _set_up(specs: Sequence[_RunSpec]) -> list[_Seed]:
     return seeds
 
 
-def _run(seeds: list[_Seed], threads: int | str, on_done: Callable[[_Outcome], None]) -> None:
+def _run(
+    seeds: list[_Seed],
+    threads: int | str,
+    on_done: Callable[[_Outcome], None],
+    stream: TextIO | None,
+) -> None:
     """Build the batch, run its rounds, write each seed's folder."""
     setups = [s.setup for s in seeds]
     with run_warnings(quiet=True) as rounds_said, _threads_for(setups[0], "vectorized", threads):
         net = SeedBlocks(setups, device=resolve_device(setups[0].config.simulate.device))
         blocks = [_Block(net, k) for k in range(len(seeds))]
-        observers, writers, flushers = [], [], []
+        observers: list[RunObserver] = []
+        writers: list[JsonlWriter] = []
+        flushers: list[Flusher] = []
+        rounds = seeds[0].config.run.rounds
+        label = f"batch, seed {seeds[0].spec.seed}"  # the bar's loss and accuracy: its
+        progress = None if stream is None else Progress(rounds, label=label, stream=stream)
         for seed, block in zip(seeds, blocks, strict=True):
             seed.name = run_name(seed.config, seed.setup, seed.overrides)
             seed.out = out = open_run_dir(seed.spec.out_dir, seed.name, force=seed.spec.force)
@@ -221,13 +234,12 @@ def _run(seeds: list[_Seed], threads: int | str, on_done: Callable[[_Outcome], N
                 observer=observer,
                 writer=writer,
                 records=observer.records,
-                progress=None,
+                progress=progress if not flushers else None,
             )
             flushers.append(flusher)
         seed_torch(seeds[0].config)
         before = torch.get_rng_state()
         began = time.perf_counter()
-        rounds = seeds[0].config.run.rounds
         try:
             while net.round < rounds:
                 figures = net.run_round()

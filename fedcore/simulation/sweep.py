@@ -44,6 +44,7 @@ from fedcore.metrics import to_json_text, write_text_atomic
 from fedcore.progress import Note
 from fedcore.setup.plan import AlgorithmInputs, configured_algorithm
 from fedcore.simulation.results import NAME_SKIPS, RUN_FILES, name_part, open_run_dir
+from fedcore.simulation.seed_batch import check_batchable, run_batched
 from fedcore.simulation.seeds import _SEED_FORMS, MAX_SEEDS, format_seeds
 from fedcore.simulation.sweep_figures import FIGURES, _csv_text, mean_std
 from fedcore.simulation.sweep_workers import _execute, _Outcome, _RunSpec
@@ -272,9 +273,9 @@ def _run_groups(
 
     try:
         if batch:  # the seeds as blocks of one vectorized network
-            from fedcore.simulation.seed_batch import run_batched
-
-            run_batched(specs, threads=threads, on_done=on_done)
+            run_batched(
+                specs, threads=threads, on_done=on_done, stream=stream if show_progress else None
+            )
         else:
             _execute(specs, jobs=jobs, threads=threads, on_done=on_done)
     except KeyboardInterrupt:
@@ -354,8 +355,6 @@ def run_sweep(
     seeds = list(seeds)
     base = _validate(path, overrides, seeds, jobs, threads)
     if batch:
-        from fedcore.simulation.seed_batch import check_batchable
-
         check_batchable(base, jobs)
     name = sweep_name(base, overrides, seeds)
     folder = open_run_dir(out_dir, name, force=force)

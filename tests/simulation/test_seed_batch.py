@@ -101,10 +101,11 @@ def test_a_seed_that_fails_in_a_batch_fails_alone(
     """A batch that cannot go on (seed 1's data fails) runs its seeds one by one: each
     seed's failure is its own, as in a plain sweep."""
     out = tmp_path / "flaky"
-    argv = ["simulate", "-q", "--seeds", "0-1", "--batch-seeds", "--out", str(out), *TINY]
+    argv = ["simulate", "--seeds", "0-1", "--batch-seeds", "--out", str(out), *TINY]
     argv += ["--set", "data.dataset=tests.simulation.test_sweep:flaky_digits"]
     status, _, err = cli(capsys, *argv)
     assert status == 0, err
+    assert "the batch stopped (" in err and "no data for seed 1); its seeds run one by" in err
     record = read_json(out / "sweep.json")
     assert (record["completed"], record["failed"]) == ([0], [1])
     assert "no data for seed 1" in record["runs"][1]["reason"]
