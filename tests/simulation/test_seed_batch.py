@@ -121,6 +121,7 @@ def test_a_seed_that_fails_in_a_batch_fails_alone(
         (["--seeds", "0-1", "--set", "algorithm.name='central'"], ("'central' is not batched",)),
         (["--seeds", "0-1", "--set", "algorithm.name='fedavg'"], ("'fedavg' is not batched",)),
         (["--seeds", "0-1", "--set", "time.step_s=0.1"], ("virtual time ([time])",)),
+        (["--seeds", "0-1", "--set", "transport.mode='deadline'"], ("deadline mode",)),
         (["--seeds", "0-1", "--set", "run.checkpoint_every=2"], ("checkpoint_every",)),
     ],
 )
