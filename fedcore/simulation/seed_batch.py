@@ -9,10 +9,11 @@ parameters (``params_sha256``), records and figures; only the wall times differ 
 seed's is the batch's).
 
 What cannot be batched exactly is refused before any round
-(:func:`~fedcore.engines.seed_blocks.config_refusal`, one line naming the plain sweep
-instead). A batch that fails once its rounds have begun (a seed that diverges in strict
-mode) runs its seeds again one by one, so that each seed's failure is its own, as in a
-plain sweep.
+(:func:`~fedcore.engines.seed_blocks.config_refusal` and
+:func:`~fedcore.engines.seed_blocks.block_refusal`, one line naming the plain sweep
+instead). A batch that fails otherwise (a seed's data that cannot be loaded, a seed that
+diverges in strict mode, a draw from torch's global generator) runs its seeds again one by
+one, so that each seed's failure is its own, as in a plain sweep.
 """
 
 from __future__ import annotations
