@@ -236,7 +236,8 @@ def run(
         config: A TOML path, a :class:`~fedcore.config.Config`, a dict of tables, or
             None (the built-in run).
         out_dir: The run folder (default ``runs/<name>-<timestamp>``).
-        engine: ``vectorized``, ``messages`` or ``auto`` (``simulate.engine``).
+        engine: ``vectorized``, ``messages``, ``auto`` or ``cohort``
+            (``simulate.engine``).
         threads: torch threads for the rounds: a number, or ``"auto"`` (by the run's
             shape, as ``fedcore simulate``).
         progress: Print the progress line and fedcore's warnings on stderr (default:

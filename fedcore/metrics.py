@@ -303,6 +303,10 @@ def strict_json(value: Any) -> Any:
 def to_json_text(value: Any, *, indent: int | None = None) -> str:
     """``value`` as strict JSON text (see :func:`strict_json`); never writes ``NaN``."""
     separators = (",", ":") if indent is None else None
+    try:  # most values hold only finite floats: written as they are, no copy first
+        return json.dumps(value, indent=indent, separators=separators, allow_nan=False)
+    except (ValueError, TypeError):  # a NaN or an infinity (or a mapping json cannot take)
+        pass
     return json.dumps(strict_json(value), indent=indent, separators=separators, allow_nan=False)
 
 

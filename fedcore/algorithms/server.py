@@ -19,8 +19,11 @@ computes no gradient); the model it holds is the global model, which is what a r
     worker k in S_{t+1}: x_k <- x
 
 ``n_k`` is the worker's number of training examples. The sample is a pure function of
-``(seed, t)`` (the run seed; a SHA-256 key per worker, the m smallest), so every peer on
-every transport computes the same one and nobody waits for a worker that was not sampled.
+``(seed, t)`` (the run seed), so every peer on every transport computes the same one and
+nobody waits for a worker that was not sampled. ``sampler`` says how it is drawn:
+``"sha256"`` (the default): a SHA-256 key per worker, the m smallest (O(N) a round);
+``"floyd"``: Floyd's algorithm over m keyed draws of :mod:`fedcore.counter_random`
+(:func:`sample_indices`: O(m) a round, what a population of millions needs).
 
 **Between rounds** a worker that is not sampled does nothing: no gradient, no message,
 its model unchanged. A worker holds the global model from the round before each round it
@@ -51,10 +54,22 @@ from fedcore import registry
 from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.optim import Optimizer, keep_rows, make_optimizer
 from fedcore.algorithms.rule import Gathered, Rows, Rule, Send
+from fedcore.counter_random import MASK64, hash64_tensor, make_key
 from fedcore.errors import ConfigError
 from fedcore.messages import MessageSchema, ScalarSpec
 
-__all__ = ["FedAvg", "FedAvgRule", "FedAvgState", "sample_workers"]
+__all__ = [
+    "SAMPLERS",
+    "FedAvg",
+    "FedAvgRule",
+    "FedAvgState",
+    "cohort_size",
+    "sample_indices",
+    "sample_workers",
+]
+
+SAMPLERS = ("sha256", "floyd")
+"""What ``algorithm.sampler`` may name (see the module docstring)."""
 
 SERVER_OPTIMIZERS = registry.OPTIMIZERS.tagged("server")
 """What ``algorithm.server_optimizer`` may name."""
@@ -62,10 +77,38 @@ SERVER_OPTIMIZERS = registry.OPTIMIZERS.tagged("server")
 _SAMPLES = ScalarSpec(0.0, 2.0**53, "a worker's count of training examples")
 
 
-def sample_workers(workers: tuple[str, ...], fraction: float, seed: int, t: int) -> set[str]:
-    """The workers of round ``t``: the ``max(1, round(fraction * N))`` whose SHA-256 key
-    of ``(seed, t, id)`` is smallest (a pure function: every peer gets the same)."""
-    m = max(1, min(len(workers), round(fraction * len(workers))))
+def cohort_size(n: int, fraction: float) -> int:
+    """How many of ``n`` workers a round samples: ``max(1, round(fraction * n))``, at most
+    ``n``."""
+    return max(1, min(n, round(fraction * n)))
+
+
+def sample_indices(n: int, m: int, seed: int, t: int) -> list[int]:
+    """``m`` distinct worker indices of ``0 .. n-1`` for round ``t``, ascending: Floyd's
+    algorithm (each ``j`` of ``n-m .. n-1`` draws ``r`` uniform in ``0 .. j`` and takes
+    ``r``, or ``j`` where ``r`` is taken already) over the keyed words ``hash64(key(seed),
+    t, j)``. O(m) work and memory a round, a pure function of ``(n, m, seed, t)``."""
+    if m >= n:
+        return list(range(n))
+    key = make_key("fedcore.fedavg.sample", seed)
+    js = torch.arange(n - m, n, dtype=torch.int64)
+    words = hash64_tensor(key, t, js).tolist()
+    chosen: set[int] = set()
+    for j, word in zip(js.tolist(), words, strict=True):
+        r = (word & MASK64) % (j + 1)
+        chosen.add(j if r in chosen else r)
+    return sorted(chosen)
+
+
+def sample_workers(
+    workers: tuple[str, ...], fraction: float, seed: int, t: int, sampler: str = "sha256"
+) -> set[str]:
+    """The workers of round ``t``: ``m = max(1, round(fraction * N))`` of them, a pure
+    function (every peer gets the same). ``sampler``: ``"sha256"``, the m whose SHA-256 key
+    of ``(seed, t, id)`` is smallest; ``"floyd"``, those at :func:`sample_indices`."""
+    m = cohort_size(len(workers), fraction)
+    if sampler == "floyd":
+        return {workers[i] for i in sample_indices(len(workers), m, seed, t)}
     if m >= len(workers):
         return set(workers)
 
@@ -95,6 +138,8 @@ class FedAvgRule(Rule):
             (FedAvgM) or ``"adam"`` (FedAdam), on the averaged difference.
         server_lr: The server optimizer's step size.
         server_momentum: ``momentum``'s coefficient.
+        sampler: How the round's workers are drawn: ``"sha256"`` or ``"floyd"`` (see the
+            module docstring).
     """
 
     name = "fedavg"
@@ -110,8 +155,15 @@ class FedAvgRule(Rule):
         server_optimizer: str = "sgd",
         server_lr: float = 1.0,
         server_momentum: float = 0.9,
+        sampler: str = "sha256",
     ) -> None:
         """Check the options."""
+        if sampler not in SAMPLERS:
+            hint = registry.did_you_mean(str(sampler), SAMPLERS)
+            raise ConfigError(
+                f"algorithm.sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}"
+                + (f"; {hint}" if hint else ".")
+            )
         if isinstance(fraction, bool) or not isinstance(fraction, int | float):
             raise ConfigError(f"algorithm.fraction must be a number, got {fraction!r}.")
         if not 0 < fraction <= 1:
@@ -131,6 +183,7 @@ class FedAvgRule(Rule):
         self.seed = int(seed)
         self.server_optimizer = server_optimizer
         self.server_lr = float(server_lr)
+        self.sampler = sampler
         options: dict[str, Any] = {}
         if server_optimizer == "momentum":
             options["momentum"] = server_momentum
@@ -153,7 +206,7 @@ class FedAvgRule(Rule):
         if len(self._samples) > 8:
             self._samples.clear()
         workers = tuple(v for v in nodes if v != self.server)
-        chosen = sample_workers(workers, self.fraction, self.seed, t)
+        chosen = sample_workers(workers, self.fraction, self.seed, t, self.sampler)
         self._samples[key] = (nodes, chosen)
         return chosen
 

@@ -261,9 +261,21 @@ def print_table(summary: dict[str, Any]) -> None:
             else []
         ),
         ("avg-model accuracy", f"{final.get('avg_model_accuracy', float('nan')):.4f}"),
-        ("mean node accuracy", f"{final.get('mean_node_accuracy', float('nan')):.4f}{own}"),
-        ("min node accuracy", f"{final.get('min_node_accuracy', float('nan')):.4f}{own}"),
-        ("consensus distance", f"{final.get('consensus_distance', float('nan')):.4g}"),
+        *(
+            [  # a cohort run holds no other client's model: the global model's figures only
+                (
+                    "clients",
+                    f"{summary['population']}, {summary['cohort']} a round, "
+                    f"{summary['clients_held']} held at the end",
+                ),
+            ]
+            if "population" in summary
+            else [
+                ("mean node accuracy", f"{final.get('mean_node_accuracy', math.nan):.4f}{own}"),
+                ("min node accuracy", f"{final.get('min_node_accuracy', math.nan):.4f}{own}"),
+                ("consensus distance", f"{final.get('consensus_distance', math.nan):.4g}"),
+            ]
+        ),
         ("average loss", f"{final.get('average_loss', float('nan')):.4f}"),
         *(
             (label, f"{final[key]:.4g} (average {final[f'average_{key}']:.4g})")

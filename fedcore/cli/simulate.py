@@ -37,8 +37,9 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--engine",
         choices=ENGINES,
         help="simulate.engine: 'vectorized' (every node's round at once), 'messages' (one "
-        "node object per peer, exchanging encoded messages) or 'auto' (vectorized where "
-        "it supports the config; the default)",
+        "node object per peer, exchanging encoded messages), 'auto' (vectorized where "
+        "it supports the config; the default) or 'cohort' (FedAvg over a population, only "
+        "the round's cohort in memory)",
     )
     sim.add_argument(
         "--device", metavar="DEV", help="simulate.device: cpu (default), cuda or cuda:K"
@@ -55,6 +56,13 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=1,
         metavar="N",
         help="with --seeds: runs in parallel worker processes (default 1)",
+    )
+    sim.add_argument(
+        "--batch-seeds",
+        action="store_true",
+        help="with --seeds: run the seeds as blocks of rows of one vectorized network in "
+        "this process (a small config's seeds several times faster), each seed's folder "
+        "as its separate run's (docs/command-line.md)",
     )
     sim.add_argument(
         "--resume",
@@ -101,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
                 ("--tensorboard", args.tensorboard),
                 ("--csv", args.csv),
                 ("--jobs", args.jobs != 1 and not sweep),
+                ("--batch-seeds", args.batch_seeds),
             )
             if value
         ]
@@ -130,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         )
     elif args.jobs != 1 and args.seeds is None:
         raise ConfigError("--jobs runs the seeds of a sweep in parallel; give --seeds too.")
+    elif args.batch_seeds and args.seeds is None:
+        raise ConfigError("--batch-seeds runs the seeds of a sweep as one batch; give --seeds too.")
     else:
         summary = _simulate_new(args)
     if summary is None:  # a sweep, which printed its own table
@@ -169,7 +180,15 @@ def _torchrun_environment() -> bool:
 def _ranked(args: argparse.Namespace) -> int:
     """``--ranks R``: start R local ranks; or, under torchrun's environment, be one (of a
     new run, or of the sharded run ``--resume`` continues)."""
-    given = [flag for flag, value in (("--seeds", args.seeds), ("--jobs", args.jobs != 1)) if value]
+    given = [
+        flag
+        for flag, value in (
+            ("--seeds", args.seeds),
+            ("--jobs", args.jobs != 1),
+            ("--batch-seeds", args.batch_seeds),
+        )
+        if value
+    ]
     if given:
         raise ConfigError(
             f"a sharded run (--ranks, or torchrun's environment) runs one run; drop "
@@ -330,6 +349,7 @@ def _simulate_new(args: argparse.Namespace) -> dict[str, Any] | None:
             force=args.force,
             show_progress=not args.quiet,
             threads=args.threads,
+            batch=args.batch_seeds,
         )
         print(f"results: {result['out_dir']}" if args.quiet else sweep_table(result))
         return None

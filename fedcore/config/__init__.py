@@ -11,8 +11,9 @@ A config file has eleven tables; every key is optional and defaults to the built
     [algorithm]  name, lr, lr_schedule, warmup_rounds, lr_power, lr_scaling,
                  base_batch_size, and the algorithm's own options
     [optimizer]  name, momentum, nesterov, betas, eps, weight_decay, eta, trust_clip
-    [data]       dataset, root, partition, alpha, shards_per_node, batch_size,
-                 test_fraction, order, stream, features, adversarial, noise, drift
+    [data]       dataset, root, partition, alpha, shards_per_node, examples_per_node,
+                 batch_size, test_fraction, order, stream, features, adversarial, noise,
+                 drift
     [model]      name, hidden, dtype, and a model's own options (``norm``)
     [compression] codec, bits, ratio, chunk, scaled, format, exp_bits, man_bits, scaling
     [transport]  mode, deadline_s, strict_timeout_s, startup_timeout_s,

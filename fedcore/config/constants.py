@@ -67,7 +67,7 @@ half a millisecond a period, measured on 16 peers with 10,000 periods each), so 
 shorter than the run would hold the run for hours
 (:func:`~fedcore.config.check_clock_horizon`)."""
 
-PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "natural")
+PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "natural", "slices")
 """How training data is split across nodes (``data.partition``)."""
 MODES = ("strict", "deadline")
 """How a node waits for its in-neighbours (``transport.mode``)."""
@@ -84,7 +84,7 @@ REMOVED_KEYS = {
     "fedcore launch and fedcore node: gRPC). Delete the line.",
 }
 """Keys a config may no longer set, each with what to do instead (one line, exit 2)."""
-ENGINES = ("auto", "vectorized", "messages")
+ENGINES = ("auto", "vectorized", "messages", "cohort")
 """Values of ``simulate.engine``."""
 
 NODE_RECORDS = ("auto", "all", "eval", "none")

@@ -1,7 +1,8 @@
 """Training examples split across peers: ``iid``, ``dirichlet`` (label skew with
 concentration ``alpha``: small alpha, few labels per node), ``shards`` (sort by label, deal
 ``shards_per_node`` contiguous shards to each node), ``quantity`` (quantity skew) and
-``natural`` (whole writers per node, for data with writers).
+``natural`` (whole writers per node, for data with writers) and ``slices`` (node ``i``'s
+examples found by index: :func:`slice_part`, for populations of millions).
 
 Every split is a pure function of its inputs and seed, so a run's split replays exactly.
 """
@@ -22,11 +23,51 @@ __all__ = [
     "natural_owners",
     "own_test_parts",
     "partition",
+    "slice_order",
+    "slice_part",
+    "slice_size",
 ]
 
 
 MIN_EXAMPLES = 2
 """Fewest training examples :func:`partition` gives a node by default."""
+
+
+def slice_size(n_examples: int, n_parts: int, examples_per_node: int = 0) -> int:
+    """The examples each node holds in a ``slices`` partition: ``examples_per_node``, or
+    (0) ``n_examples // n_parts``.
+
+    Raises:
+        DataError: fewer than :data:`MIN_EXAMPLES`, or more than ``n_examples``.
+    """
+    k = examples_per_node or n_examples // max(n_parts, 1)
+    if examples_per_node > n_examples:
+        raise DataError(
+            f"data.examples_per_node = {examples_per_node} is more than the "
+            f"{n_examples} training examples; use at most {n_examples}."
+        )
+    if k < MIN_EXAMPLES:
+        raise DataError(
+            f"{n_examples} training examples over {n_parts} nodes leave {k} a node (fewer "
+            f"than {MIN_EXAMPLES}); set data.examples_per_node (nodes then share examples)."
+        )
+    return k
+
+
+def slice_order(n_examples: int, seed: int) -> np.ndarray:
+    """The one seeded permutation of the training examples that ``slices`` cuts."""
+    return np.random.default_rng(seed).permutation(n_examples)
+
+
+def slice_part(order: np.ndarray, i: int, k: int) -> np.ndarray:
+    """Node ``i``'s examples in a ``slices`` partition, sorted: the ``k`` entries of
+    ``order`` (:func:`slice_order`) from entry ``i * k`` on, wrapping around. A pure
+    function of ``(seed, i)``: a population's client finds its examples by index, with no
+    part held for any other."""
+    n = len(order)
+    start = (i * k) % n
+    at = (start + np.arange(k, dtype=np.int64)) % n
+    return np.sort(order[at])
 
 
 def check_partition_size(
@@ -36,6 +77,7 @@ def check_partition_size(
     *,
     shards_per_node: int = 2,
     min_size: int = MIN_EXAMPLES,
+    examples_per_node: int = 0,
 ) -> None:
     """Refuse, from the sizes alone, a split :func:`partition` could never make.
 
@@ -47,6 +89,9 @@ def check_partition_size(
     """
     if n_parts < 1:
         raise DataError(f"cannot partition data across {n_parts} nodes.")
+    if scheme == "slices":  # nodes share examples where they outnumber them
+        slice_size(n_examples, n_parts, examples_per_node)
+        return
     if n_examples < n_parts * min_size:
         most = n_examples // min_size
         fix = f"use at most {most} nodes, or more data" if most else "use more data"
@@ -71,6 +116,7 @@ def partition(
     shards_per_node: int = 2,
     min_size: int = MIN_EXAMPLES,
     groups: np.ndarray | None = None,
+    examples_per_node: int = 0,
 ) -> list[np.ndarray]:
     """Split example indices ``0..len(labels)-1`` into ``n_parts`` disjoint parts.
 
@@ -88,16 +134,30 @@ def partition(
         shards_per_node: Shards per node (``shards`` only).
         min_size: Every part gets at least this many examples.
         groups: Each example's writer (``natural`` only).
+        examples_per_node: Examples a node (``slices`` only; 0: ``len(labels) //
+            n_parts``).
 
     Returns:
-        One sorted index array per node; together they cover every example once.
+        One sorted index array per node; together they cover every example once (but
+        ``slices``: :func:`slice_part`, which may share examples or leave some out).
 
     Raises:
         DataError: on an unknown scheme, bad parameters, or too little data.
     """
     y = np.asarray(labels, dtype=np.int64)
     n = len(y)
-    check_partition_size(n, n_parts, scheme, shards_per_node=shards_per_node, min_size=min_size)
+    check_partition_size(
+        n,
+        n_parts,
+        scheme,
+        shards_per_node=shards_per_node,
+        min_size=min_size,
+        examples_per_node=examples_per_node,
+    )
+    if scheme == "slices":
+        k = slice_size(n, n_parts, examples_per_node)
+        order = slice_order(n, seed)
+        return [slice_part(order, i, k) for i in range(n_parts)]
     rng = np.random.default_rng(seed)
     if scheme == "iid":
         parts = np.array_split(rng.permutation(n), n_parts)

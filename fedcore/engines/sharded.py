@@ -138,13 +138,20 @@ SHARDED_ALGORITHMS = ("central", "choco", "deepsqueeze", "dog", "dol", "dpsgd", 
 """The algorithms a sharded run runs: the synchronous rules whose peers send one message to
 every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
 process by ``tests/engines/test_sharded.py``. The server family, RPS and robust push-sum
-(state per edge) wait for later slices; the asynchronous ones run on the event engine."""
+(state per edge) wait for later slices (FedAvg over a population shards its cohort on the
+cohort engine: :mod:`fedcore.engines.cohort`); the asynchronous ones run on the event
+engine."""
 
 
 def config_refusal(config: Config) -> str | None:
     """Why a sharded run cannot run ``config``, as far as the config tells (one clause),
     or None: checked before any rank starts."""
     algorithm = config.algorithm
+    if config.simulate.engine == "cohort":  # the cohort shards by client (fedcore.engines.cohort)
+        from fedcore.engines.cohort import cohort_refusal
+
+        why = cohort_refusal(config)
+        return None if why is None else f"simulate.engine = 'cohort': {why}"
     if config.simulate.engine == "messages":
         return (
             "simulate.engine = 'messages' runs every peer in one process; ranks shard the "

@@ -195,7 +195,7 @@ class VectorizedNetwork:
                 [] if self._batched_source else [setup.source.stream(i) for i in range(self.n)]
             )
         else:
-            self.batches = stacked_batches(setup, device)
+            self.batches = self._stacked_batches()
         self._checks: list[tuple[int, torch.Tensor, str, type[Exception]]] = []
         self.read = np.zeros(self.n, dtype=np.int64)  # batches each node read (online streams)
         self.round = 0
@@ -203,6 +203,11 @@ class VectorizedNetwork:
         clock = setup.clock
         assert clock is None or isinstance(clock, SharedClock)  # a simulation's (virtual_clock)
         self.clock = clock
+
+    def _stacked_batches(self) -> StackedBatches | None:
+        """Every node's batches (a subclass that draws them otherwise returns None and
+        draws them in its own :meth:`_data`)."""
+        return stacked_batches(self.setup, self.device)
 
     def _size(self, n: int) -> int:
         """Bytes one encoded tensor of ``n`` values puts on the wire."""
@@ -721,8 +726,9 @@ class Flusher:
             ):
                 lr = self.net.setup.options.lr_at(t)
                 lists = _fault_lists(f, up, nodes)
+                row = {key: stacked[key][k].tolist() for key in _COLUMNS}  # read once a round
                 for i, node in enumerate(nodes):
-                    record = _node_record(node, t, i, lr, wall, stacked, k)
+                    record = _node_record(node, t, i, lr, wall, row)
                     if i in lists and not record.down:
                         missing, dropped_in, dropped_out = lists[i]
                         record = replace(
@@ -794,29 +800,31 @@ def _fault_lists(
 
 
 def _node_record(
-    node: str, t: int, i: int, lr: float, wall: float, stacked: Mapping[str, Any], k: int
+    node: str, t: int, i: int, lr: float, wall: float, row: Mapping[str, list[Any]]
 ) -> RoundRecord:
-    vtime = float(stacked["vtime"][k][i])
-    if not bool(stacked["up"][k][i]):
+    """Node ``i``'s record of round ``t`` from ``row``, the round's :data:`_COLUMNS` as
+    lists."""
+    vtime = float(row["vtime"][i])
+    if not row["up"][i]:
         down = RoundRecord.down_round(node, t, lr=lr, wall_s=wall)
         return down if math.isnan(vtime) else replace(down, vtime=vtime)
     return RoundRecord(
-        messages_late=int(stacked["late"][k][i]),
+        messages_late=int(row["late"][i]),
         vtime=None if math.isnan(vtime) else vtime,
-        compute_s=float(stacked["compute"][k][i]),
+        compute_s=float(row["compute"][i]),
         node=node,
         round=t,
-        loss=float(stacked["loss"][k][i]),
+        loss=float(row["loss"][i]),
         lr=lr,
-        messages_sent=int(stacked["sent"][k][i]),
-        bytes_sent=int(stacked["bytes_sent"][k][i]),
-        messages_received=int(stacked["received"][k][i]),
-        bytes_received=int(stacked["bytes_received"][k][i]),
-        messages_missing=int(stacked["missing"][k][i]),
+        messages_sent=int(row["sent"][i]),
+        bytes_sent=int(row["bytes_sent"][i]),
+        messages_received=int(row["received"][i]),
+        bytes_received=int(row["bytes_received"][i]),
+        messages_missing=int(row["missing"][i]),
         messages_rejected=0,
         missing=(),
         wall_s=wall,
-        messages_dropped=int(stacked["dropped"][k][i]),
-        fp32_bytes_sent=int(stacked["fp32"][k][i]),
-        idle=bool(stacked["idle"][k][i]),
+        messages_dropped=int(row["dropped"][i]),
+        fp32_bytes_sent=int(row["fp32"][i]),
+        idle=bool(row["idle"][i]),
     )

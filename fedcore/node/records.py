@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
@@ -100,7 +100,9 @@ class RoundRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The record as one ``metrics.jsonl`` line (``kind = "node"``; strict JSON)."""
-        line = asdict(self)
+        # Field by field (every value a number, a string or a tuple of strings): what
+        # ``asdict`` gives, without its deep copy (a large run writes millions of lines).
+        line = {name: getattr(self, name) for name in _FIELDS}
         if not self.idle:
             del line["idle"]
         if self.vtime is None:
@@ -141,3 +143,7 @@ class RoundRecord:
         if raw["loss"] is None:
             raw["loss"] = math.nan
         return cls(**raw)
+
+
+_FIELDS = tuple(f.name for f in fields(RoundRecord))
+"""The record's fields, in their order (the keys of a line)."""

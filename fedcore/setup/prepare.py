@@ -324,7 +324,11 @@ def _check_split_size(data: DataConfig, shape: Shape) -> None:
     known = training_examples(data.dataset, test_fraction=data.test_fraction)
     if known is not None:
         check_partition_size(
-            known, shape.holders, data.partition, shards_per_node=data.shards_per_node
+            known,
+            shape.holders,
+            data.partition,
+            shards_per_node=data.shards_per_node,
+            examples_per_node=data.examples_per_node,
         )
 
 

@@ -116,7 +116,11 @@ def load_training_data(
         known = training_examples(data.dataset, test_fraction=data.test_fraction)
         if known is not None:  # refuse too many nodes before even loading the data
             check_partition_size(
-                known, shape.holders, data.partition, shards_per_node=data.shards_per_node
+                known,
+                shape.holders,
+                data.partition,
+                shards_per_node=data.shards_per_node,
+                examples_per_node=data.examples_per_node,
             )
         dataset = load_dataset(
             data.dataset, seed=inputs.seed, test_fraction=data.test_fraction, root=data.root
@@ -178,6 +182,7 @@ def _split(inputs: TrainingInputs, dataset: Dataset, shape: Shape) -> list[Any]:
         alpha=data.alpha,
         shards_per_node=data.shards_per_node,
         groups=dataset.groups_train,
+        examples_per_node=data.examples_per_node,
     )
     smallest = min(len(p) for p in parts)
     if data.batch_size > smallest:

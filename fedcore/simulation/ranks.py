@@ -250,6 +250,20 @@ def _simulate_rank(
     threads: int | str | None,
     resume: bool,
 ) -> dict[str, Any] | None:
+    if config.simulate.engine == "cohort":  # a population: no graph, no part per client
+        from fedcore.simulation.population import simulate_cohort_rank
+
+        return simulate_cohort_rank(
+            config,
+            ranks,
+            out_dir=out_dir,
+            progress_stream=progress_stream,
+            show_progress=show_progress,
+            force=force,
+            overrides=overrides,
+            threads=threads,
+            resume=resume,
+        )
     setup: RunSetup = prepare_run(config, hosts_all=True, simulated=True)
     setup.clock = virtual_clock(setup)
     why = setup_refusal(setup)

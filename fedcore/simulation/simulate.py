@@ -157,6 +157,18 @@ def _simulate(
     threads: int | str | None,
 ) -> dict[str, Any]:
     """:func:`simulate`, its warnings collected."""
+    if config.simulate.engine == "cohort":  # a population: no graph, no part per client
+        from fedcore.simulation.population import simulate_cohort
+
+        return simulate_cohort(
+            config,
+            out_dir=out_dir,
+            progress_stream=progress_stream,
+            show_progress=show_progress,
+            force=force,
+            overrides=overrides,
+            threads=threads,
+        )
     stream = progress_stream if progress_stream is not None else sys.stderr
     with announce_if_slow(stream if show_progress else None, planned_nodes(config.topology)):
         # What the config says the engine cannot run is refused with the cheap checks,
@@ -259,6 +271,16 @@ def _resume(
             f"--resume {out}`, which starts its ranks again."
         )
     config = load_config(out / "config.toml")
+    if config.simulate.engine == "cohort":  # a population: no graph, no part per client
+        from fedcore.simulation.population import resume_cohort
+
+        return resume_cohort(
+            config,
+            out,
+            progress_stream=progress_stream,
+            show_progress=show_progress,
+            threads=threads,
+        )
     setup = prepare_run(config, hosts_all=True)
     setup.clock = virtual_clock(setup)
     seed_torch(config)

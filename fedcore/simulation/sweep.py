@@ -44,6 +44,7 @@ from fedcore.metrics import to_json_text, write_text_atomic
 from fedcore.progress import Note
 from fedcore.setup.plan import AlgorithmInputs, configured_algorithm
 from fedcore.simulation.results import NAME_SKIPS, RUN_FILES, name_part, open_run_dir
+from fedcore.simulation.seed_batch import check_batchable, run_batched
 from fedcore.simulation.seeds import _SEED_FORMS, MAX_SEEDS, format_seeds
 from fedcore.simulation.sweep_figures import FIGURES, _csv_text, mean_std
 from fedcore.simulation.sweep_workers import _execute, _Outcome, _RunSpec
@@ -212,6 +213,7 @@ def _run_groups(
     stream: TextIO,
     prefix: Callable[[_Group], str],
     on_update: Callable[[], None] | None = None,
+    batch: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every seed of every group that has no outcome yet (a resumed sweep keeps its
     completed runs), writing each group's files as its runs end; ``on_update`` is called
@@ -270,7 +272,12 @@ def _run_groups(
         print(line, file=stream, flush=True)
 
     try:
-        _execute(specs, jobs=jobs, threads=threads, on_done=on_done)
+        if batch:  # the seeds as blocks of one vectorized network
+            run_batched(
+                specs, threads=threads, on_done=on_done, stream=stream if show_progress else None
+            )
+        else:
+            _execute(specs, jobs=jobs, threads=threads, on_done=on_done)
     except KeyboardInterrupt:
         for group in groups:
             _write(group, status=_final_status(group, "interrupted"), jobs=jobs)
@@ -313,6 +320,7 @@ def run_sweep(
     show_progress: bool = True,
     threads: int | str = 1,
     progress_stream: TextIO | None = None,
+    batch: bool = False,
 ) -> dict[str, Any]:
     """Run ``config`` with ``overrides`` once per seed; write the sweep folder.
 
@@ -329,13 +337,15 @@ def run_sweep(
             :func:`~fedcore.simulation.simulate.choose_threads`; one per worker process
             when ``jobs > 1``).
         progress_stream: Where the progress lines go.
+        batch: The seeds as blocks of one vectorized network in this process
+            (``--batch-seeds``, :mod:`~fedcore.simulation.seed_batch`); ``jobs`` 1.
 
     Returns:
         The ``sweep.json`` content, plus ``out_dir`` (the sweep folder).
 
     Raises:
-        ConfigError: invalid config, overrides, seeds, ``jobs`` or ``out_dir`` (before
-            any run).
+        ConfigError: invalid config, overrides, seeds, ``jobs`` or ``out_dir``, or a
+            ``batch`` of a config whose seeds cannot be batched (before any run).
         FedcoreError: every run failed (the first run's error class, with its reason).
         KeyboardInterrupt: Ctrl-C; the workers are stopped and ``sweep.json`` says which
             seeds completed.
@@ -344,6 +354,8 @@ def run_sweep(
     path = None if config is None else str(Path(config).resolve())
     seeds = list(seeds)
     base = _validate(path, overrides, seeds, jobs, threads)
+    if batch:
+        check_batchable(base, jobs)
     name = sweep_name(base, overrides, seeds)
     folder = open_run_dir(out_dir, name, force=force)
     _check_folder(folder, seeds, force=force)
@@ -355,6 +367,7 @@ def run_sweep(
         force=force,
         show_progress=show_progress,
         progress_stream=progress_stream,
+        batch=batch,
     )
 
 
@@ -421,6 +434,7 @@ def _run_sweep_group(
     force: bool,
     show_progress: bool,
     progress_stream: TextIO | None,
+    batch: bool = False,
 ) -> dict[str, Any]:
     """Run a seed sweep's group; its result, or its error when every run failed."""
     folder, seeds = group.folder, group.seeds
@@ -433,6 +447,7 @@ def _run_sweep_group(
             show_progress=show_progress,
             stream=progress_stream if progress_stream is not None else sys.stderr,
             prefix=lambda _: "sweep: ",
+            batch=batch,
         )
     except KeyboardInterrupt as stop:
         raise KeyboardInterrupt(

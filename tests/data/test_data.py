@@ -186,6 +186,7 @@ def test_load_object() -> None:
 # --- partitions -------------------------------------------------------------------------
 
 SCHEMES = list(PARTITIONS)
+COVERING = [s for s in SCHEMES if s != "slices"]  # slices may leave some out: test_partitions.py
 
 
 def writers_of(n: int) -> np.ndarray:
@@ -204,7 +205,7 @@ def check_split(parts: list[np.ndarray], n: int, n_parts: int, min_size: int) ->
         assert len(p) >= min_size
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", COVERING)
 @pytest.mark.parametrize("n_parts", [1, 4, 16])
 def test_partition_covers_every_index_once(ds: Dataset, scheme: str, n_parts: int) -> None:
     y = ds.y_train.numpy()

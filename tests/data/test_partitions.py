@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from fedcore.config import PARTITIONS, config_from_dict
 from fedcore.data import natural_owners, own_test_parts, partition
+from fedcore.data.partitions import slice_order, slice_part
 from fedcore.errors import ConfigError, DataError
 
 LABELS = np.random.default_rng(7).integers(0, 10, 1000)
@@ -33,7 +34,12 @@ PINNED = {
     ("natural", 4): "0a56944071a1a67c",
     ("natural", 16): "604df429fa8192bc",
     ("natural", 50): "7bf470c7bfb52ff7",
+    # One seeded permutation cut in slices: iid's split where the nodes divide the examples.
+    ("slices", 4): "fcd8411ca19e7e2f",
+    ("slices", 16): "07dad419897f724f",
+    ("slices", 50): "dff9fbcf1a64ba4b",
 }
+COVERING = tuple(s for s in PARTITIONS if s != "slices")  # slices: its own test below
 
 
 def digest(parts: list[np.ndarray]) -> str:
@@ -59,12 +65,15 @@ def test_partition_is_pinned(scheme: str, n: int) -> None:
     assert digest(parts) == PINNED[scheme, n]
     assert digest(split(scheme, n)) == PINNED[scheme, n]  # two calls, one answer
     joined = np.sort(np.concatenate(parts))
-    assert np.array_equal(joined, np.arange(len(LABELS)))
+    if scheme == "slices":  # 1000 // n a node, disjoint: 16 nodes leave 8 examples out
+        assert len(np.unique(joined)) == len(joined) == len(LABELS) - len(LABELS) % n
+    else:
+        assert np.array_equal(joined, np.arange(len(LABELS)))
 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    scheme=st.sampled_from(PARTITIONS),
+    scheme=st.sampled_from(COVERING),
     n=st.integers(1, 30),
     seed=st.integers(0, 2**31),
     alpha=st.floats(0.05, 5.0),
@@ -79,6 +88,28 @@ def test_every_example_once_and_no_peer_below_the_minimum(
     joined = np.concatenate(parts)
     assert len(joined) == len(LABELS) and np.array_equal(np.sort(joined), np.arange(1000))
     assert min(len(p) for p in parts) >= 2 and len(parts) == n
+
+
+def test_slices_are_a_pure_function_of_seed_and_index() -> None:
+    """A client's part is found by index, alone (what a population needs); examples wrap
+    around when the nodes outnumber them, and sizes are refused at their extremes."""
+    parts = partition(LABELS, 30, "slices", seed=5, examples_per_node=70)
+    order = slice_order(len(LABELS), 5)
+    for i in (0, 13, 29):
+        assert np.array_equal(parts[i], slice_part(order, i, 70))
+    assert all(len(p) == 70 and len(np.unique(p)) == 70 for p in parts)
+    assert np.array_equal(slice_part(order, 10**6, 70), slice_part(order, 10**6, 70))
+    assert len(np.unique(np.concatenate(parts[:14]))) == 980  # 14 x 70 <= 1000: disjoint
+    with pytest.raises(DataError, match=r"set data\.examples_per_node"):
+        partition(LABELS, 501, "slices", seed=0)  # 1 example a node
+    with pytest.raises(DataError, match="use at most 1000"):
+        partition(LABELS, 2, "slices", seed=0, examples_per_node=1001)
+    assert len(partition(LABELS, 2, "slices", seed=0, examples_per_node=1000)[1]) == 1000
+    with pytest.raises(ConfigError, match="sizes the 'slices' partition"):
+        config_from_dict({"data": {"examples_per_node": 5}})
+    for size in (-1, 10**6 + 1):
+        with pytest.raises(ConfigError, match="a whole number from 0 to 1,000,000"):
+            config_from_dict({"data": {"partition": "slices", "examples_per_node": size}})
 
 
 @pytest.mark.parametrize("n", [4, 16, 60])

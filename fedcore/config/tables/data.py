@@ -52,8 +52,12 @@ class DataConfig(Table):
     (``cifar10``, ``femnist``, ...; :func:`fedcore.data.files.data_root`: ``""`` is
     ``$FEDCORE_DATA``, else ``~/.cache/fedcore/data``). ``partition``: ``iid``,
     ``dirichlet`` (label skew, ``alpha``), ``shards`` (``shards_per_node`` classes a node),
-    ``quantity`` (size skew, ``alpha``) or ``natural`` (whole writers a node; per-node test
-    sets where every test writer has training data).
+    ``quantity`` (size skew, ``alpha``), ``natural`` (whole writers a node; per-node test
+    sets where every test writer has training data) or ``slices`` (node ``i`` holds
+    ``examples_per_node`` consecutive entries of one seeded permutation of the training
+    set from entry ``i * examples_per_node`` on, wrapping around: a pure function of the
+    seed and ``i``, so a population of millions finds a client's examples by index;
+    ``examples_per_node = 0``: the training examples over the nodes, rounded down).
     """
 
     TABLE: ClassVar[str] = "data"
@@ -65,6 +69,7 @@ class DataConfig(Table):
     partition: str = field(default="dirichlet", metadata=choice(PARTITIONS))
     alpha: float = field(default=0.3, metadata=number("> 0"))
     shards_per_node: int = field(default=2, metadata=whole(1, MAX_BATCH))
+    examples_per_node: int = field(default=0, metadata=whole(0, MAX_BATCH))
     batch_size: int = field(default=32, metadata=whole(1, MAX_BATCH))
     test_fraction: float = field(default=0.2, metadata=number("(0, 1)"))
     order: str = field(default="shuffled", metadata=choice(ORDERS))
@@ -76,7 +81,15 @@ class DataConfig(Table):
     drift: float = field(default=10.0, metadata=number(">= 0"))
 
     def check(self) -> None:
-        """The natural partition needs a dataset of writers."""
+        """The natural partition needs a dataset of writers; ``examples_per_node`` is the
+        ``slices`` partition's."""
+        require(
+            not self.examples_per_node or self.partition == "slices",
+            "data.examples_per_node",
+            self.examples_per_node,
+            f"sizes the 'slices' partition, not {self.partition!r}: set data.partition = "
+            "'slices', or leave data.examples_per_node out",
+        )
         if self.partition == "natural" and self.dataset in registry.DATASETS:
             require(
                 "writers" in registry.DATASETS.entry(self.dataset).tags,

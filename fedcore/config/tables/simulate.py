@@ -32,7 +32,9 @@ class SimulateConfig(Table):
     ``engine``: ``"messages"`` runs one asyncio node per peer exchanging encoded messages
     (the reference, and what gRPC peers do); ``"vectorized"`` holds every node's state
     stacked and applies each round to all nodes at once; ``"auto"`` (the default) takes
-    ``vectorized`` whenever it supports the config and says why not otherwise.
+    ``vectorized`` whenever it supports the config and says why not otherwise;
+    ``"cohort"`` runs FedAvg over a population with only the round's cohort in memory
+    (:mod:`fedcore.engines.cohort`).
     ``device``: ``"cpu"``, ``"cuda"`` or ``"cuda:K"`` (the vectorized engine only).
     ``node_records``: the per-node lines of ``metrics.jsonl``: ``"all"`` (one a node a
     round), ``"eval"`` (on evaluation rounds only), ``"none"``; ``"auto"`` is ``all`` up to

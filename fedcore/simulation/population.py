@@ -1,0 +1,439 @@
+"""``fedcore simulate`` on the cohort engine (``simulate.engine = "cohort"``): a population
+of clients with only the round's cohort in memory (:mod:`fedcore.engines.cohort`).
+
+The results folder holds ``config.toml``, ``metrics.jsonl`` and ``summary.json`` as a run
+of the other engines does (no ``curves.png``), and with ``run.checkpoint_every`` its
+checkpoints, from which :func:`resume_cohort` (``fedcore simulate --resume``) continues
+to the uninterrupted run's results. ``metrics.jsonl`` has the same ``"kind": "round"``
+records as the vectorized engine's run of the config, and
+``"kind": "eval"`` records with its keys less those that need every client's model
+(``mean_node_accuracy``, ``min_node_accuracy``, ``consensus_distance``,
+``node_accuracy``). The summary's ``params_sha256`` holds the server's (the global model's)
+digest only; ``population``, ``cohort`` and ``clients_held`` say how many clients the run
+had, sampled a round, and held at its end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.engines.cohort import CohortNetwork, mean_loss
+from fedcore.engines.ranks import Ranks, join, leave
+from fedcore.engines.vectorized import resolve_device
+from fedcore.errors import ConfigError
+from fedcore.ids import first_line
+from fedcore.metrics import (
+    JsonlWriter,
+    params_sha256,
+    round_record,
+    to_json_text,
+    write_text_atomic,
+)
+from fedcore.progress import Progress, current_warnings, run_warnings
+from fedcore.runtime import auto_threads, usable_cores
+from fedcore.setup import checkpoint
+from fedcore.setup.prepare import seed_torch
+from fedcore.simulation.results import CHECKPOINTS, NAME_SKIPS, name_part, open_run_dir
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["resume_cohort", "simulate_cohort", "simulate_cohort_rank"]
+
+
+def _run_name(config: Config, overrides: Sequence[str]) -> str:
+    """:func:`~fedcore.simulation.results.run_name` of a star run, without its graph."""
+    keys = [item.partition("=")[0].strip() for item in overrides]
+    if "run.name" in keys and config.run.name:
+        return config.run.name
+    base = config.run.name or f"{config.algorithm.name}-star-{config.topology.nodes}"
+    changed = [
+        name_part(item, config.algorithm.name)
+        for item, key in zip(overrides, keys, strict=True)
+        if not key.startswith(NAME_SKIPS)
+    ]
+    return "-".join([base, *changed])
+
+
+@contextlib.contextmanager
+def _threads(net: CohortNetwork, threads: int | str | None) -> Iterator[None]:
+    """torch's intra-op threads for the run: as ``simulate``'s, ``auto`` sized by the
+    cohort's ``[m, d]`` stack (on a sharded run: a rank's share of it and of this
+    machine's cores)."""
+    if threads is None:
+        yield
+        return
+    if threads == "auto":
+        ranks = net.ranks
+        share = 1 if ranks is None else ranks.world
+        cores = None if ranks is None else max(1, usable_cores() // ranks.on_this_machine)
+        count = auto_threads(-(-net.m // share) * net.d * net.x.element_size(), cores)
+    elif isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
+        count = threads
+    else:
+        raise ConfigError(f"threads must be a whole number >= 1 or 'auto', got {threads!r}.")
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def simulate_cohort(
+    config: Config,
+    *,
+    out_dir: str | Path | None = None,
+    progress_stream: TextIO | None = None,
+    show_progress: bool = True,
+    force: bool = False,
+    overrides: Sequence[str] = (),
+    threads: int | str | None = None,
+) -> dict[str, Any]:
+    """Run ``config`` on the cohort engine; write the results folder (see the module
+    docstring); return the summary. The arguments are
+    :func:`~fedcore.simulation.simulate.simulate`'s.
+
+    Raises:
+        ConfigError: the cohort engine cannot run ``config`` (one line saying why).
+    """
+    with run_warnings(quiet=not show_progress):
+        net = CohortNetwork(config, device=resolve_device(config.simulate.device))
+        seed_torch(config)
+        name = _run_name(config, overrides)
+        out = open_run_dir(out_dir, name, force=force)
+        (out / "config.toml").write_text(dumps_toml(config_to_dict(config)), encoding="utf-8")
+        stream = progress_stream if progress_stream is not None else sys.stderr
+        with _threads(net, threads):
+            summary = _execute(net, out, name, overrides, stream if show_progress else None)
+        summary["warnings"] = current_warnings()
+        write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
+        summary["out_dir"] = str(out)
+        return summary
+
+
+class _Account:
+    """The run's figures so far, as the other engines' observer accounts them."""
+
+    def __init__(self) -> None:
+        self.loss_sum = 0.0
+        self.loss_count = 0
+        self.bytes = 0
+        self.messages = 0
+        self.rounds_done = 0
+        self.evals: list[dict[str, Any]] = []
+        self.target_hit: dict[str, Any] | None = None
+        self.wall_before = 0.0  # seconds run before a resume
+
+
+def _execute(
+    net: CohortNetwork,
+    out: Path,
+    name: str,
+    overrides: Sequence[str],
+    stream: TextIO | None,
+    saved: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run every round (or those after checkpoint ``saved``) into ``out/metrics.jsonl``,
+    checkpointing every ``run.checkpoint_every`` rounds; the summary (written by the
+    caller)."""
+    config = net.config
+    run = config.run
+    rounds = run.rounds
+    account = _Account()
+    metrics = out / "metrics.jsonl"
+    if saved is not None:
+        kept = int(saved["metrics_bytes"])
+        if not metrics.is_file() or metrics.stat().st_size < kept:
+            raise ConfigError(
+                f"{metrics} is shorter than its checkpoint of round {saved['round']} says; "
+                "the folder was changed since, so it cannot be resumed."
+            )
+        with open(metrics, "r+b") as fh:  # what was written after the checkpoint runs again
+            fh.truncate(kept)
+        net.load_state_dict(saved["network"])
+        vars(account).update(saved["account"])
+        torch.set_rng_state(saved["torch_rng"])
+    writer = JsonlWriter(metrics, append=saved is not None)
+    progress = (
+        Progress(rounds, label="simulate", stream=stream, first=net.round)
+        if stream is not None
+        else None
+    )
+    every = run.checkpoint_every
+    began = time.perf_counter()
+    status, error = "completed", None
+    try:
+        while net.round < rounds:
+            figures = net.run_round()
+            t = figures.round
+            train_loss = mean_loss(figures.losses)
+            writer.write(
+                round_record(
+                    t,
+                    train_loss=train_loss,
+                    nodes_up=len(figures.losses),
+                    messages_sent=figures.sent,
+                    bytes_sent=figures.bytes_sent,
+                    messages_missing=0,
+                    messages_dropped=0,
+                )
+            )
+            account.loss_sum += sum(figures.losses)
+            account.loss_count += len(figures.losses)
+            account.bytes += figures.bytes_sent
+            account.messages += figures.sent
+            account.rounds_done = t + 1
+            if (t + 1) % run.eval_every == 0 or t + 1 == rounds:
+                _evaluate(net, account, t, train_loss, writer)
+                if progress is not None:
+                    accuracy = account.evals[-1]["avg_model_accuracy"]
+                    progress.update(t + 1, loss=train_loss, accuracy=accuracy)
+            if every and net.round % every == 0 and net.round < rounds:
+                writer.flush()
+                _save(net, account, out, name, overrides, began)
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except BaseException as exc:
+        status, error = "failed", first_line(str(exc)) or type(exc).__name__
+        raise
+    finally:
+        writer.close()
+        wall = account.wall_before + time.perf_counter() - began
+        if status != "completed":  # the summary of a run that stopped, then its exception
+            summary = _summary(net, account, name, overrides, wall, status, error, len(net.store))
+            write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
+    return _summary(net, account, name, overrides, wall, status, error, net.clients_held())
+
+
+def _save(
+    net: CohortNetwork,
+    account: _Account,
+    out: Path,
+    name: str,
+    overrides: Sequence[str],
+    began: float,
+) -> None:
+    """A checkpoint of the round just ended in ``out/checkpoints`` (what
+    :func:`resume_cohort` continues from)."""
+    figures = dict(vars(account))
+    figures["wall_before"] = account.wall_before + time.perf_counter() - began
+    checkpoint.write(
+        out / CHECKPOINTS,
+        net.round,
+        {
+            "kind": "simulate",
+            "engine": "cohort",
+            "round": net.round,
+            "name": name,
+            "overrides": list(overrides),
+            "metrics_bytes": (out / "metrics.jsonl").stat().st_size,
+            "account": figures,
+            "network": net.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        },
+    )
+
+
+def _evaluate(
+    net: CohortNetwork, account: _Account, t: int, train_loss: float, writer: JsonlWriter
+) -> None:
+    """The ``"eval"`` record of round ``t``: the global model's figures (the other
+    engines' average model), with the observer's running figures."""
+    loss, acc = net.evaluate()
+    record: dict[str, Any] = {
+        "kind": "eval",
+        "round": t,
+        "train_loss": train_loss,
+        "average_loss": account.loss_sum / account.loss_count if account.loss_count else math.nan,
+        "bytes_sent_per_node": account.bytes / (net.n + 1),  # the server is a node
+        "avg_model_accuracy": acc,
+        "avg_model_test_loss": loss,
+    }
+    target = net.config.run.target_accuracy
+    if target > 0 and account.target_hit is None and acc >= target:
+        account.target_hit = {"round": t, "vtime": None, "accuracy": acc}
+    writer.write(record)
+    writer.flush()
+    account.evals.append(record)
+
+
+def _summary(
+    net: CohortNetwork,
+    account: _Account,
+    name: str,
+    overrides: Sequence[str],
+    wall: float,
+    status: str,
+    error: str | None,
+    held: int,
+) -> dict[str, Any]:
+    """``summary.json`` of a cohort run (see the module docstring); ``held``: the clients
+    held (on this rank alone where the run stopped)."""
+    config = net.config
+    final: dict[str, Any] = {}
+    if account.evals:
+        skip = ("kind", "round", "bytes_sent_per_node")
+        final = {k: v for k, v in account.evals[-1].items() if k not in skip}
+    summary: dict[str, Any] = {
+        "name": name,
+        "algorithm": config.algorithm.name,
+        "transport": "inproc",
+        "engine": "cohort",
+        "device": str(net.device),
+        "gradients": net.objective.mode,
+        "nodes": net.n + 1,
+        "population": net.n,
+        "cohort": net.m,
+        "clients_held": held,
+        "examples_per_client": net.k,
+        "rounds": config.run.rounds,
+        "rounds_completed": account.rounds_done,
+        "status": status,
+        "wall_seconds": wall,
+        "rounds_per_second": account.rounds_done / wall if wall > 0 else None,
+        "topology": {
+            "name": f"star-{net.n}",
+            "communication_graph": f"star-{net.n}",
+            "spectral_gap": None,
+            "period": 1,
+        },
+        "final": final,
+        "traffic": {
+            "bytes_sent": account.bytes,
+            "messages_sent": account.messages,
+            "messages_missing": 0,
+            "messages_dropped": 0,
+            "bytes_per_node_per_round": account.bytes / ((net.n + 1) * max(1, account.rounds_done)),
+            "local_steps": config.run.local_steps,
+            "bytes_per_node_per_local_step": account.bytes
+            / ((net.n + 1) * max(1, account.rounds_done) * config.run.local_steps),
+            "codec": config.compression.codec,
+        },
+        "params_sha256": {config.topology.server: params_sha256(net.model().cpu())},
+        "threads": torch.get_num_threads(),
+        "overrides": list(overrides),
+    }
+    if net.ranks is not None:
+        summary["ranks"] = net.ranks.world
+    if config.run.target_accuracy > 0:
+        summary["target_accuracy"] = config.run.target_accuracy
+        summary["time_to_target"] = account.target_hit
+    if error is not None:
+        summary["error"] = error
+    return summary
+
+
+def simulate_cohort_rank(
+    config: Config,
+    ranks: Ranks,
+    *,
+    out_dir: str | Path | None = None,
+    progress_stream: TextIO | None = None,
+    show_progress: bool = True,
+    force: bool = False,
+    overrides: Sequence[str] = (),
+    threads: int | str | None = None,
+    resume: bool = False,
+) -> dict[str, Any] | None:
+    """One rank of a cohort run over ranks (``--ranks R``, torchrun): every rank trains
+    its share of each cohort (client ``i`` on rank ``i % R``, which alone holds its state)
+    and gathers the others' rows, so every rank mixes the same rows in the same order and
+    holds the same global model; rank 0 writes the results folder (as
+    :func:`simulate_cohort`, the summary with ``ranks``) and returns the summary, the
+    others ``None``. The arguments are
+    :func:`~fedcore.simulation.ranks.simulate_rank`'s.
+
+    Raises:
+        ConfigError: ``resume`` or ``run.checkpoint_every`` (a cohort run over ranks
+            writes no checkpoints yet), or what the cohort engine does not run, before
+            joining the others.
+        PeerUnavailableError: another rank failed or stopped answering.
+    """
+    if resume:
+        raise ConfigError(
+            "a cohort run over ranks writes no checkpoints yet, so it cannot be resumed; run "
+            "it again."
+        )
+    if config.run.checkpoint_every:
+        raise ConfigError(
+            "a cohort run over ranks writes no checkpoints yet: set run.checkpoint_every = 0, "
+            "or run it in one process."
+        )
+    with run_warnings(quiet=not show_progress):
+        net = CohortNetwork(config, device=resolve_device(config.simulate.device), ranks=ranks)
+        seed_torch(config)
+        join(ranks, config.transport.strict_timeout_s)
+        try:
+            with _threads(net, threads):
+                if ranks.rank != 0:
+                    while net.round < config.run.rounds:
+                        net.run_round()
+                    net.clients_held()
+                    return None
+                name = _run_name(config, overrides)
+                out = open_run_dir(out_dir, name, force=force)
+                text = dumps_toml(config_to_dict(config))
+                (out / "config.toml").write_text(text, encoding="utf-8")
+                stream = progress_stream if progress_stream is not None else sys.stderr
+                summary = _execute(net, out, name, overrides, stream if show_progress else None)
+            summary["warnings"] = current_warnings()
+            write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
+            summary["out_dir"] = str(out)
+            return summary
+        finally:
+            leave()
+
+
+def resume_cohort(
+    config: Config,
+    out: Path,
+    *,
+    progress_stream: TextIO | None = None,
+    show_progress: bool = True,
+    threads: int | str | None = None,
+) -> dict[str, Any]:
+    """Continue the interrupted cohort run in ``out`` (its ``config.toml`` is ``config``)
+    from its newest good checkpoint, to the uninterrupted run's results; from round 0, with
+    a warning, where it has none.
+
+    Raises:
+        ConfigError: the checkpoints are not a cohort run's.
+    """
+    with run_warnings(quiet=not show_progress):
+        net = CohortNetwork(config, device=resolve_device(config.simulate.device))
+        seed_torch(config)
+        saved = checkpoint.latest(out / CHECKPOINTS)
+        if saved is not None and saved.get("engine") != "cohort":
+            raise ConfigError(f"{str(out / CHECKPOINTS)!r} holds another engine's checkpoints.")
+        stream = progress_stream if progress_stream is not None else sys.stderr
+        if saved is None:
+            logger.warning(
+                "%s has no good checkpoint (run.checkpoint_every = %d); starting again from "
+                "round 0",
+                out,
+                config.run.checkpoint_every,
+            )
+            name, overrides = _run_name(config, ()), []
+        else:
+            name, overrides = str(saved["name"]), list(saved["overrides"])
+            if show_progress:
+                print(f"simulate: resuming {out} after round {saved['round']}", file=stream)
+        with _threads(net, threads):
+            summary = _execute(
+                net, out, name, overrides, stream if show_progress else None, saved=saved
+            )
+        summary["warnings"] = current_warnings()
+        write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
+        summary["out_dir"] = str(out)
+        return summary
