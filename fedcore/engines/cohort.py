@@ -121,6 +121,11 @@ def cohort_refusal(config: Config) -> str | None:
             run.tensorboard or run.csv,
             "it writes metrics.jsonl only: set run.tensorboard = false and run.csv = false",
         ),
+        (
+            run.eval_peers != "all",
+            "it evaluates the global model alone, no client's own: leave run.eval_peers "
+            "out (or 'all')",
+        ),
     )
     for refused, why in checks:
         if refused:

@@ -35,6 +35,7 @@ from fedcore.engines.seed_blocks import (
     block_refusal,
     config_refusal,
 )
+from fedcore.engines.stacked_eval import evaluate_rows
 from fedcore.engines.vectorized import Flusher, node_records_mode, resolve_device
 from fedcore.errors import ConfigError
 from fedcore.ids import first_line
@@ -95,6 +96,10 @@ class _Block:
     def model(self) -> torch.Tensor:
         """``[N, d]``: this block's models."""
         return self.net.model()[self.rows]
+
+    def evaluate(self) -> dict[str, Any]:
+        """The evaluation record of this block's models, as its own run makes it."""
+        return evaluate_rows(self.setup, self.objective, self.nodes, self.model())
 
     def check(self) -> None:
         """The network's deferred checks."""

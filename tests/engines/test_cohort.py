@@ -219,6 +219,7 @@ def test_memory_does_not_grow_with_the_population() -> None:
         (["simulate.node_records=all"], "set simulate.node_records = 'none'"),
         (["run.regret=true"], "set run.regret = false"),
         (["run.csv=true"], "set run.tensorboard = false and run.csv = false"),
+        (["run.eval_peers=5"], "leave run.eval_peers out"),
         (["compression.codec=sign"], "set compression.codec = 'fp32'"),
         (["model.dtype=float64"], "and model.dtype = 'float32'"),
         (["data.stream=synthetic", "data.partition=slices"], "leave data.stream out"),
