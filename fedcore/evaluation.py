@@ -20,10 +20,15 @@ floats, as they are for the built-in models; the distance within float64 roundin
 sum taken in another order).
 
 **The average of the rows** (the average model, and the centre of the consensus distance)
-is taken from exact sums (:func:`column_sums`): every value is split into integer limbs
+is taken from integer sums (:func:`column_sums`): every value is split into integer limbs
 whose sums no order of addition changes, so the average is the same bits whichever rows
 are added first, by one process or by ranks that each add their own rows and add the
-ranks' sums (:func:`mean_of_sums`), and on any number of threads.
+ranks' sums (:func:`mean_of_sums`), and on any number of threads. The limbs cover the bits
+the rows hold (:func:`sum_window`: from the lowest bit of any value to the highest, at
+most :data:`SUM_WINDOW_BITS`), not the format's whole range (288 bits for float32, 2,144
+for float64, which took 15 GB for a 6.6-million-parameter model in float64): the sum is
+exact unless the values span more than that, and then the bits below the window are
+dropped from every value alike, the same whatever the order.
 
 **A sample of the peers** (``run.eval_peers``): :func:`eval_sample` picks ``k`` of them
 by keyed hashes of the run's seed and each peer's place in node order, the same ``k``
@@ -54,6 +59,8 @@ __all__ = [
     "row_accuracy",
     "row_figures",
     "stacked_figures",
+    "sum_extremes",
+    "sum_window",
 ]
 
 CHUNK_BYTES = 1 << 20
@@ -225,21 +232,28 @@ def row_figures(
 # --- exact sums of the rows: the average model, whatever adds them ---------------------------
 
 _LIMB = 32
-_Form = tuple[torch.dtype, int, int, int]
-_FORMS: dict[torch.dtype, _Form] = {  # (integer view, mantissa bits, exponent mask, limbs)
-    torch.float32: (torch.int32, 23, 0xFF, 9),
-    torch.float64: (torch.int64, 52, 0x7FF, 67),
+_Form = tuple[torch.dtype, int, int]
+_FORMS: dict[torch.dtype, _Form] = {  # (integer view, mantissa bits, exponent mask)
+    torch.float32: (torch.int32, 23, 0xFF),
+    torch.float64: (torch.int64, 52, 0x7FF),
 }
 """A finite float is ``m * 2**(p - lowest)`` with ``m`` its mantissa (hidden bit included)
-and ``0 <= p < 2**exponent_bits - 2``: 32-bit limbs at ``p // 32`` and above hold every
-value of the format (float32: 9 limbs, 288 bits; float64: 67)."""
+and ``0 <= p < 2**exponent_bits - 2`` its place."""
 
 SUM_COLUMNS = 3
 """Counts of NaN, +inf and -inf beside a column's limbs in :func:`column_sums`."""
 
+SUM_WINDOW_BITS = 160
+"""The most bits the limbs of :func:`column_sums` cover in a column, from the highest bit
+any of its values holds down (and to a limb boundary below that): bits more than
+``2**-160`` below the column's largest value are dropped, from every value alike, and only
+where a column's values span more than that; far below float64's 53 bits of a mean."""
+
 _SUM_CHUNK_VALUES = 1 << 20
 """Values of the rows a pass of :func:`column_sums` takes (its int64 temporaries: a few
 MiB each)."""
+
+_EMPTY = -(1 << 62)
 
 
 def _sum_form(dtype: torch.dtype) -> _Form:
@@ -247,25 +261,80 @@ def _sum_form(dtype: torch.dtype) -> _Form:
     return _FORMS[torch.float64 if dtype == torch.float64 else torch.float32]
 
 
+def _words(params: torch.Tensor) -> tuple[torch.Tensor, _Form]:
+    form = _sum_form(params.dtype)
+    if params.dtype not in (torch.float32, torch.float64):
+        params = params.to(torch.float32)  # exact
+    return params.contiguous().view(form[0]), form
+
+
 @torch.no_grad()
-def _add_limbs(out: torch.Tensor, base: torch.Tensor, word: torch.Tensor, form: _Form) -> None:
+def sum_extremes(params: torch.Tensor) -> torch.Tensor:
+    """``[d, 2]`` int64: each column's ``-lowest place`` and ``highest bit`` of its finite
+    nonzero values (both very negative where there is none), so that a maximum over
+    ranks (``all_reduce(MAX)``) gives every rank's. :func:`sum_window` makes the window
+    of each column from them."""
+    words, (_, bits, top) = _words(params)
+    magnitude = (1 << (bits + top.bit_length())) - 1  # every bit but the sign
+    m, d = words.shape
+    out = torch.full((d, 2), _EMPTY, dtype=torch.int64, device=params.device)
+    step = max(1, _SUM_CHUNK_VALUES // max(1, d))
+    for start in range(0, m, step):
+        word = words[start : start + step].to(torch.int64)
+        exponent = (word >> bits) & top
+        held = (exponent != top) & ((word & magnitude) != 0)
+        place = exponent.clamp(min=1) - 1
+        lowest = torch.where(held, -place, _EMPTY).amax(dim=0)
+        highest = torch.where(held, place + bits + 1, _EMPTY).amax(dim=0)
+        out = torch.maximum(out, torch.stack([lowest, highest], dim=1))
+    return out
+
+
+def sum_window(extremes: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """``(low, limbs)`` of :func:`column_sums` for rows of ``dtype`` whose
+    :func:`sum_extremes` are ``extremes``: each column's place of limb 0's lowest bit
+    (``[d]`` int64), and the number of 32-bit limbs (with room for the carries of up to
+    ``2**31`` rows)."""
+    bits = _sum_form(dtype)[1]
+    lowest, highest = -extremes[:, 0], extremes[:, 1]
+    held = highest != _EMPTY  # a column of zeros: any window holds it
+    # On a limb boundary of the format's whole range (a multiple of 32 places): the limbs
+    # are then those of an accumulator of every place, and so is the float64 they add to.
+    low = torch.where(held, torch.maximum(lowest, highest - SUM_WINDOW_BITS), 0)
+    low = torch.div(low, _LIMB, rounding_mode="floor") * _LIMB
+    span = torch.where(held, highest - bits - 1 - low, 0)
+    return low, (int(span.max()) >> 5) + 4 if span.numel() else 4
+
+
+@torch.no_grad()
+def _add_limbs(
+    out: torch.Tensor,
+    base: torch.Tensor,
+    word: torch.Tensor,
+    form: _Form,
+    low: torch.Tensor,
+    limbs: int,
+) -> None:
     """Add the values whose bits are ``word`` (``[m, c]`` int64; read as ``form`` says,
     :data:`_FORMS`) to their columns' limbs and counts in ``out`` (a column's first entry
-    at ``base``)."""
-    _, bits, top, limbs = form
-    low = (1 << _LIMB) - 1
+    at ``base``; ``low``: each column's place of limb 0's lowest bit, bits below it
+    dropped; ``limbs`` a column)."""
+    _, bits, top = form
+    low_mask = (1 << _LIMB) - 1
     negative = word < 0
     exponent = (word >> bits) & top
     fraction = word & ((1 << bits) - 1)
     finite = exponent != top
     mantissa = torch.where(exponent > 0, fraction | (1 << bits), fraction)
     mantissa = torch.where(finite, mantissa, 0)
-    place = exponent.clamp(min=1) - 1
+    place = exponent.clamp(min=1) - 1 - low
+    mantissa = mantissa >> (-place).clamp(min=0, max=63)  # below the window: dropped
+    place = place.clamp(min=0)
     at = base + (place >> 5)
     shift = place & (_LIMB - 1)
     for piece in range(0, bits + 1, _LIMB):  # float64's 53 bits in two pieces
-        part = ((mantissa >> piece) & low) << shift  # < 2**63
-        for extra, value in ((0, part & low), (1, part >> _LIMB)):
+        part = ((mantissa >> piece) & low_mask) << shift  # < 2**63
+        for extra, value in ((0, part & low_mask), (1, part >> _LIMB)):
             signed = torch.where(negative, -value, value)
             out.index_add_(0, (at + piece // _LIMB + extra).flatten(), signed.flatten())
     nan = ~finite & (fraction != 0)
@@ -275,20 +344,25 @@ def _add_limbs(out: torch.Tensor, base: torch.Tensor, word: torch.Tensor, form: 
 
 
 @torch.no_grad()
-def column_sums(params: torch.Tensor) -> torch.Tensor:
-    """The sum of each column of ``params`` (``[M, d]``, floating) as exact integers:
-    ``[d, L + 3]`` int64, ``L`` 32-bit limbs (the sum in units of the format's smallest
-    subnormal, limb ``l`` worth ``2**(32 l)``; any limb may hold more than 32 bits until
-    :func:`mean_of_sums` carries them) and the counts of NaN, +inf and -inf.
+def column_sums(
+    params: torch.Tensor, window: tuple[torch.Tensor, int] | None = None
+) -> torch.Tensor:
+    """The sum of each column of ``params`` (``[M, d]``, floating) as integers:
+    ``[d, L + 3]`` int64, ``L`` 32-bit limbs (the sum in units of ``2**(low - lowest)``,
+    ``low`` the column's in ``window``; limb ``l`` worth ``2**(32 l)``; any limb may hold
+    more than 32 bits until :func:`mean_of_sums` carries them) and the counts of NaN,
+    +inf and -inf.
 
+    ``window``: :func:`sum_window`'s ``(low, L)``, the same for every part whose sums are
+    added (ranks: of their :func:`sum_extremes`' maximum); by default ``params``' own.
     Integer sums are associative: the sums of two sets of rows added together are the
     sums of their union, exactly, in any order (an all-reduce of ranks' sums included).
     Good for up to ``2**31`` rows."""
-    form = _sum_form(params.dtype)
-    view, limbs = form[0], form[3]
-    if params.dtype not in (torch.float32, torch.float64):
-        params = params.to(torch.float32)  # exact
-    m, d = params.shape
+    if window is None:
+        window = sum_window(sum_extremes(params), params.dtype)
+    words, form = _words(params)
+    m, d = words.shape
+    low, limbs = window
     width = limbs + SUM_COLUMNS
     out = torch.zeros(d * width, dtype=torch.int64, device=params.device)
     cols = min(d, _SUM_CHUNK_VALUES)  # a block of rows and columns a pass
@@ -296,9 +370,10 @@ def column_sums(params: torch.Tensor) -> torch.Tensor:
     for first in range(0, d, cols):
         base = torch.arange(first, min(d, first + cols), device=params.device) * width
         for start in range(0, m, step):
-            block = params[start : start + step, first : first + cols]
-            _add_limbs(out, base, block.contiguous().view(view).to(torch.int64), form)
-    return out.view(d, limbs + SUM_COLUMNS)
+            block = words[start : start + step, first : first + cols]
+            cut = low[first : first + cols]
+            _add_limbs(out, base, block.to(torch.int64), form, cut, limbs)
+    return out.view(d, width)
 
 
 def _carry(limbs: torch.Tensor) -> None:
@@ -310,13 +385,17 @@ def _carry(limbs: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def mean_of_sums(sums: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Tensor:
+def mean_of_sums(
+    sums: torch.Tensor, count: int, dtype: torch.dtype, low: torch.Tensor
+) -> torch.Tensor:
     """The mean of ``count`` rows (float64, ``[d]``) from their :func:`column_sums` (of
-    rows of ``dtype``): the exact sum's magnitude, its limbs carried into ``[0, 2**32)``,
-    added in float64 from the largest limb, its sign, divided by ``count``. A column with a
-    NaN, or with both infinities, is NaN; one with an infinity of one sign is that
-    infinity."""
-    _, bits, top, limbs = _sum_form(dtype)
+    rows of ``dtype``, each column's limb 0 at its place in ``low``: :func:`sum_window`'s):
+    the sum's
+    magnitude, its limbs carried into ``[0, 2**32)``, added in float64 from the largest
+    limb, its sign, divided by ``count``. A column with a NaN, or with both infinities,
+    is NaN; one with an infinity of one sign is that infinity."""
+    _, bits, top = _sum_form(dtype)
+    limbs = sums.shape[1] - SUM_COLUMNS
     value = sums[:, :limbs].clone()
     _carry(value)
     negative = value[:, -1] < 0  # the top limb carries the sign of the whole
@@ -325,9 +404,9 @@ def mean_of_sums(sums: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Te
     lowest = (top >> 1) + bits - 1  # the smallest subnormal is 2**-lowest
     total = torch.zeros(sums.shape[0], dtype=torch.float64, device=sums.device)
     for k in range(limbs - 1, -1, -1):
-        power = _LIMB * k - lowest  # 2**power in two factors, each within float64's range
-        half = power // 2
-        total += value[:, k].to(torch.float64) * 2.0**half * 2.0 ** (power - half)
+        power = _LIMB * k + low - lowest  # 2**power in two factors, each within range
+        half = torch.div(power, 2, rounding_mode="floor")
+        total += torch.ldexp(torch.ldexp(value[:, k].to(torch.float64), half), power - half)
     mean = torch.where(negative, -total, total) / count
     nan, up, down = sums[:, limbs], sums[:, limbs + 1], sums[:, limbs + 2]
     mean = torch.where(up > 0, math.inf, mean)
@@ -336,9 +415,18 @@ def mean_of_sums(sums: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Te
 
 
 def exact_mean(params: torch.Tensor) -> torch.Tensor:
-    """The mean of the rows of ``params`` (float64, ``[d]``) from exact sums: the same bits
-    in any order of the rows (:func:`column_sums`, :func:`mean_of_sums`)."""
-    return mean_of_sums(column_sums(params), params.shape[0], params.dtype)
+    """The mean of the rows of ``params`` (float64, ``[d]``) from integer sums: the same
+    bits in any order of the rows (:func:`column_sums`, :func:`mean_of_sums`), taken a
+    block of columns at a time (memory: a few int64 a column of the block)."""
+    m, d = params.shape
+    mean = torch.empty(d, dtype=torch.float64, device=params.device)
+    cols = max(1, _SUM_CHUNK_VALUES // 16)
+    for first in range(0, d, cols):
+        block = params[:, first : first + cols]
+        low, limbs = sum_window(sum_extremes(block), params.dtype)
+        sums = column_sums(block, (low, limbs))
+        mean[first : first + cols] = mean_of_sums(sums, m, params.dtype, low)
+    return mean
 
 
 def eval_sample(seed: int, population: int, k: int) -> torch.Tensor:

@@ -22,7 +22,14 @@ from fedcore.config import load_config
 from fedcore.engines import sharded
 from fedcore.engines.ranks import Ranks
 from fedcore.errors import ConfigError
-from fedcore.evaluation import column_sums, eval_sample, exact_mean, mean_of_sums
+from fedcore.evaluation import (
+    column_sums,
+    eval_sample,
+    exact_mean,
+    mean_of_sums,
+    sum_extremes,
+    sum_window,
+)
 from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.simulate import simulate
 
@@ -37,13 +44,18 @@ def test_the_mean_is_the_same_bits_in_any_order_and_split(
     rows[7, 0] = torch.finfo(dtype).tiny / 8  # a subnormal
     rows[9, 1] = -torch.finfo(dtype).max
     mean = exact_mean(rows)
+    # The limbs cover the window, not the format's range (float64's: 67 limbs).
+    assert column_sums(rows).shape[1] <= (evaluation.SUM_WINDOW_BITS + 31) // 32 + 4 + 3
     for c in range(4):  # the exact mean, rounded (to within float64's last places)
         exact = float(sum(Fraction(v) for v in rows[:, c].tolist()) / 300)
         assert mean[c].item() == pytest.approx(exact, rel=1e-15, abs=0.0)
     order = torch.randperm(300, generator=g)
     parts = [rows[order[:1]], rows[order[1:120]], rows[order[120:]]]
-    summed = sum((column_sums(p) for p in parts), torch.zeros_like(column_sums(rows)))
-    assert torch.equal(mean_of_sums(summed, 300, dtype), mean)
+    window = sum_window(sum_extremes(rows), dtype)  # the union's: a maximum of the parts'
+    most = torch.stack([sum_extremes(p) for p in parts]).amax(dim=0)
+    assert torch.equal(most, sum_extremes(rows))
+    summed = sum((column_sums(p, window) for p in parts), torch.zeros_like(column_sums(rows)))
+    assert torch.equal(mean_of_sums(summed, 300, dtype, window[0]), mean)
     assert torch.equal(exact_mean(rows.flip(0)), mean)
     monkeypatch.setattr(evaluation, "_SUM_CHUNK_VALUES", 3)  # passes of a block of 3 values
     assert torch.equal(exact_mean(rows), mean)

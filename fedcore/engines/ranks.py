@@ -42,6 +42,7 @@ __all__ = [
     "from_environment",
     "gather_rows",
     "join",
+    "largest_everywhere",
     "leave",
     "lost",
     "reduce_to_first",
@@ -296,6 +297,20 @@ def add_everywhere(ranks: Ranks, value: torch.Tensor, what: str) -> None:
     if ranks.world > 1:
         try:
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        except (RuntimeError, ValueError) as exc:
+            raise lost(ranks, what, exc) from exc
+
+
+def largest_everywhere(ranks: Ranks, value: torch.Tensor, what: str) -> None:
+    """The element-wise maximum of ``value`` over the ranks into every rank's ``value``
+    (in place).
+
+    Raises:
+        PeerUnavailableError: the all-reduce failed.
+    """
+    if ranks.world > 1:
+        try:
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
         except (RuntimeError, ValueError) as exc:
             raise lost(ranks, what, exc) from exc
 

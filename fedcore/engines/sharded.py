@@ -91,7 +91,7 @@ from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
 from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
 from fedcore.engines.partition import METIS_MISSING, metis_available, place
-from fedcore.engines.ranks import Ranks, add_everywhere, gather_rows
+from fedcore.engines.ranks import Ranks, add_everywhere, gather_rows, largest_everywhere
 from fedcore.engines.shard_codecs import ShardCodecs
 from fedcore.engines.shard_faults import (
     RowCounts,
@@ -119,7 +119,7 @@ from fedcore.engines.vectorized import (
     stacked_batches,
 )
 from fedcore.errors import AlgorithmError, ConfigError
-from fedcore.evaluation import column_sums, mean_of_sums
+from fedcore.evaluation import column_sums, mean_of_sums, sum_extremes, sum_window
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedObjective
@@ -362,9 +362,12 @@ class ShardedNetwork(ShardCodecs):
             PeerUnavailableError: a collective failed.
         """
         params = self.rule.model(self.state)
-        sums = column_sums(params)
+        extremes = sum_extremes(params)  # one window of limbs for every rank's sums
+        largest_everywhere(self.ranks, extremes, "an evaluation's sum window")
+        window = sum_window(extremes, params.dtype)
+        sums = column_sums(params, window)
         add_everywhere(self.ranks, sums, "an evaluation's sums")
-        mean = mean_of_sums(sums, self.n, params.dtype)
+        mean = mean_of_sums(sums, self.n, params.dtype, window[0])
         sample = sample_of(self.setup, self.n)
         pick = None
         if sample is not None:  # this rank's share of the sample, as local rows (sorted)

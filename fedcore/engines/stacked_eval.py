@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from fedcore.evaluation import column_sums, mean_of_sums, row_figures
+from fedcore.evaluation import exact_mean, row_figures
 from fedcore.metrics import eval_peers_sample, evaluation_record, own_test_accuracy
 from fedcore.setup.prepare import RunSetup
 from fedcore.stacked_training import StackedObjective
@@ -133,7 +133,7 @@ def evaluate_rows(
         keep = [i for i in range(len(nodes)) if i != at]
         params = params[torch.tensor(keep, device=params.device)]
         nodes = tuple(nodes[i] for i in keep)
-    mean = mean_of_sums(column_sums(params), params.shape[0], params.dtype)
+    mean = exact_mean(params)
     if average is None:
         average = mean.to(params.dtype)
     sample = sample_of(setup, len(nodes))
