@@ -327,7 +327,8 @@ def _add_limbs(
     finite = exponent != top
     mantissa = torch.where(exponent > 0, fraction | (1 << bits), fraction)
     mantissa = torch.where(finite, mantissa, 0)
-    place = exponent.clamp(min=1) - 1 - low
+    # A NaN or an infinity (mantissa 0 here; counted below) adds nothing at place 0.
+    place = torch.where(finite, exponent.clamp(min=1) - 1 - low, 0)
     mantissa = mantissa >> (-place).clamp(min=0, max=63)  # below the window: dropped
     place = place.clamp(min=0)
     at = base + (place >> 5)

@@ -68,6 +68,13 @@ def test_a_mean_with_nan_or_infinities_says_so() -> None:
     got = exact_mean(rows).tolist()
     assert math.isnan(got[0]) and got[1] == math.inf and math.isnan(got[2])
     assert got[3] == -math.inf
+    # Columns of nothing finite (a diverged run's models), of both dtypes.
+    for dtype in (torch.float32, torch.float64):
+        rows = torch.full((3, 4), math.inf, dtype=dtype)
+        rows[:, 1], rows[:, 2], rows[0, 3] = math.nan, -math.inf, 0.0
+        got = exact_mean(rows).tolist()
+        assert got[0] == math.inf and math.isnan(got[1]) and got[2] == -math.inf
+        assert got[3] == math.inf
 
 
 def test_the_sample_is_a_pure_function_of_the_seed() -> None:
