@@ -416,18 +416,39 @@ def mean_of_sums(
 
 
 def exact_mean(params: torch.Tensor) -> torch.Tensor:
-    """The mean of the rows of ``params`` (float64, ``[d]``) from integer sums: the same
-    bits in any order of the rows (:func:`column_sums`, :func:`mean_of_sums`), taken a
-    block of columns at a time (memory: a few int64 a column of the block)."""
+    """The mean of the rows of ``params`` (float64, ``[d]``) from exact sums: the same
+    bits in any order of the rows (:func:`column_sums`, :func:`mean_of_sums`).
+
+    Most columns take a shortcut to the same bits: a column whose values (of ``M`` rows,
+    float32 or narrower) lie within ``2**(29 - ceil(log2 M))`` of each other in magnitude
+    sums exactly in float64 in any order (every partial sum fits float64's 53 bits), so
+    its float64 sum is its exact sum, as are its limbs'; a NaN or an infinity gives what
+    :func:`mean_of_sums` gives too. The other columns (and every float64 column) go
+    through the limbs, a block of columns at a time (memory: a few int64 a column)."""
     m, d = params.shape
-    mean = torch.empty(d, dtype=torch.float64, device=params.device)
+    mean = params.to(torch.float64).sum(dim=0) / max(1, m)
+    if params.dtype == torch.float64 or m == 0:
+        slow = torch.arange(d, device=params.device)
+    else:
+        rows = params.to(torch.float32).abs()
+        largest = rows.amax(dim=0)
+        smallest = torch.where(rows > 0, rows, math.inf).amin(dim=0)
+        spread = torch.frexp(largest).exponent - torch.frexp(smallest).exponent
+        slow = torch.nonzero(
+            torch.isfinite(largest) & (smallest < math.inf) & (spread > 29 - _log2_ceil(m))
+        ).flatten()
     cols = max(1, _SUM_CHUNK_VALUES // 16)
-    for first in range(0, d, cols):
-        block = params[:, first : first + cols]
+    for first in range(0, slow.numel(), cols):
+        which = slow[first : first + cols]
+        block = params.index_select(1, which)
         low, limbs = sum_window(sum_extremes(block), params.dtype)
         sums = column_sums(block, (low, limbs))
-        mean[first : first + cols] = mean_of_sums(sums, m, params.dtype, low)
+        mean[which] = mean_of_sums(sums, m, params.dtype, low)
     return mean
+
+
+def _log2_ceil(m: int) -> int:
+    return max(0, (m - 1).bit_length())
 
 
 def eval_sample(seed: int, population: int, k: int) -> torch.Tensor:
