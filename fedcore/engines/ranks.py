@@ -294,11 +294,7 @@ def add_everywhere(ranks: Ranks, value: torch.Tensor, what: str) -> None:
     Raises:
         PeerUnavailableError: the all-reduce failed.
     """
-    if ranks.world > 1:
-        try:
-            dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        except (RuntimeError, ValueError) as exc:
-            raise lost(ranks, what, exc) from exc
+    _all_reduce(ranks, value, what, dist.ReduceOp.SUM)
 
 
 def largest_everywhere(ranks: Ranks, value: torch.Tensor, what: str) -> None:
@@ -308,9 +304,13 @@ def largest_everywhere(ranks: Ranks, value: torch.Tensor, what: str) -> None:
     Raises:
         PeerUnavailableError: the all-reduce failed.
     """
+    _all_reduce(ranks, value, what, dist.ReduceOp.MAX)
+
+
+def _all_reduce(ranks: Ranks, value: torch.Tensor, what: str, op: dist.ReduceOp.RedOpType) -> None:
     if ranks.world > 1:
         try:
-            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+            dist.all_reduce(value, op=op)
         except (RuntimeError, ValueError) as exc:
             raise lost(ranks, what, exc) from exc
 
