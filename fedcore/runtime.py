@@ -17,12 +17,14 @@ whole-state pass (see :data:`BYTES_PER_THREAD`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
 
 __all__ = [
     "BYTES_PER_THREAD",
@@ -31,6 +33,7 @@ __all__ = [
     "end_with_parent",
     "keep_freed_memory",
     "physical_memory",
+    "run_threads",
     "threads_sleep",
     "usable_cores",
 ]
@@ -144,3 +147,33 @@ def end_with_parent() -> bool:
     if os.getppid() != int(text):  # the launcher died before the watch was set
         os.kill(os.getpid(), signal.SIGTERM)
     return True
+
+
+@contextlib.contextmanager
+def run_threads(threads: int | str | None, auto: Callable[[], int]) -> Iterator[None]:
+    """torch's intra-op threads for a run (``--threads``: a count, ``"auto"``, for which
+    ``auto()`` gives the count once the run's shape is known, or ``None``: left as they
+    are), put back after it.
+
+    Raises:
+        ConfigError: ``threads`` is none of those.
+    """
+    if threads is None:
+        yield
+        return
+    if threads == "auto":
+        count = auto()
+    elif isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
+        count = threads
+    else:
+        from fedcore.errors import ConfigError
+
+        raise ConfigError(f"threads must be a whole number >= 1 or 'auto', got {threads!r}.")
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

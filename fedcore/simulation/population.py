@@ -20,7 +20,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -40,7 +40,7 @@ from fedcore.metrics import (
     write_text_atomic,
 )
 from fedcore.progress import Progress, current_warnings, run_warnings
-from fedcore.runtime import auto_threads, usable_cores
+from fedcore.runtime import auto_threads, run_threads, usable_cores
 from fedcore.setup import checkpoint
 from fedcore.setup.prepare import seed_torch
 from fedcore.simulation.results import CHECKPOINTS, NAME_SKIPS, name_part, open_run_dir
@@ -64,29 +64,20 @@ def _run_name(config: Config, overrides: Sequence[str]) -> str:
     return "-".join([base, *changed])
 
 
-@contextlib.contextmanager
-def _threads(net: CohortNetwork, threads: int | str | None) -> Iterator[None]:
+def _threads(
+    net: CohortNetwork, threads: int | str | None
+) -> contextlib.AbstractContextManager[None]:
     """torch's intra-op threads for the run: as ``simulate``'s, ``auto`` sized by the
     cohort's ``[m, d]`` stack (on a sharded run: a rank's share of it and of this
     machine's cores)."""
-    if threads is None:
-        yield
-        return
-    if threads == "auto":
+
+    def auto() -> int:
         ranks = net.ranks
         share = 1 if ranks is None else ranks.world
         cores = None if ranks is None else max(1, usable_cores() // ranks.on_this_machine)
-        count = auto_threads(-(-net.m // share) * net.d * net.x.element_size(), cores)
-    elif isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
-        count = threads
-    else:
-        raise ConfigError(f"threads must be a whole number >= 1 or 'auto', got {threads!r}.")
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+        return auto_threads(-(-net.m // share) * net.d * net.x.element_size(), cores)
+
+    return run_threads(threads, auto)
 
 
 def simulate_cohort(

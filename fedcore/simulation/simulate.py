@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,7 +29,7 @@ from fedcore.errors import ConfigError, UserCodeError
 from fedcore.ids import first_line
 from fedcore.metrics import JsonlWriter, to_json_text, write_text_atomic
 from fedcore.progress import Progress, announce_if_slow, current_warnings, run_warnings
-from fedcore.runtime import auto_threads, threads_sleep
+from fedcore.runtime import auto_threads, run_threads, threads_sleep
 from fedcore.setup import checkpoint
 from fedcore.setup.engine_checks import EngineInputs, check_engine, engine_error
 from fedcore.setup.plan import planned_nodes
@@ -198,25 +198,17 @@ def _simulate(
         )
 
 
-@contextlib.contextmanager
-def _threads_for(setup: RunSetup, engine: str, threads: int | str | None) -> Iterator[None]:
+def _threads_for(
+    setup: RunSetup, engine: str, threads: int | str | None
+) -> contextlib.AbstractContextManager[None]:
     """torch's intra-op threads for the run (see :func:`simulate`), put back after it."""
-    if threads is None:
-        yield
-        return
-    if threads == "auto":
+
+    def auto() -> int:
         count, why = choose_threads(setup, engine)
         logger.info("threads: %d (%s)", count, why)
-    elif isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
-        count = threads
-    else:
-        raise ConfigError(f"threads must be a whole number >= 1 or 'auto', got {threads!r}.")
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+        return count
+
+    return run_threads(threads, auto)
 
 
 def resume(
