@@ -166,3 +166,27 @@ def test_codecs_and_optimizers_give_the_same_bits_with_one_or_two_threads(
     ]
     one, two = (_digest(overrides, t, tmp_path / "run") for t in (1, 2))
     assert one == two
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, 1.5, "x", "", [2]], ids=repr)
+def test_a_thread_count_that_is_not_one_is_refused_in_one_line(threads: object) -> None:
+    from fedcore.errors import ConfigError
+    from fedcore.runtime import run_threads
+
+    with (
+        pytest.raises(ConfigError, match="whole number >= 1 or 'auto'"),
+        run_threads(threads, lambda: 1),  # type: ignore[arg-type]
+    ):
+        pass
+
+
+def test_run_threads_sets_the_count_and_puts_it_back() -> None:
+    from fedcore.runtime import run_threads
+
+    before = torch.get_num_threads()
+    seen = []
+    for threads in (None, 1, "auto"):
+        with run_threads(threads, lambda: 1):
+            seen.append(torch.get_num_threads())
+        assert torch.get_num_threads() == before
+    assert seen == [before, 1, 1]
