@@ -173,6 +173,35 @@ def tracking_overrides(args: argparse.Namespace) -> list[str]:
     return [f"run.{key}=true" for key in ("tensorboard", "csv") if getattr(args, key, False)]
 
 
+def refuse_beside_resume(args: argparse.Namespace, what: str, *more: tuple[str, object]) -> None:
+    """``--resume`` continues ``what`` (a run, a launch, a sweep) as its folder says: refuse,
+    in one line, the flags that would configure it again (``more``: a command's own
+    ``(flag, value)`` pairs, refused when the value is truthy).
+
+    Raises:
+        ConfigError: such a flag was given.
+    """
+    given = [
+        flag
+        for flag, value in (
+            ("CONFIG", args.config),
+            ("--set", args.overrides),
+            ("--out", args.out),
+            ("--name", args.name),
+            ("--force", args.force),
+            ("--tensorboard", args.tensorboard),
+            ("--csv", args.csv),
+            *more,
+        )
+        if value
+    ]
+    if given:
+        raise ConfigError(
+            f"--resume continues the {what} in its folder as it was configured; drop "
+            f"{', '.join(given)}."
+        )
+
+
 def interrupt(signum: int, frame: object) -> None:
     """SIGTERM as Ctrl-C: a run stops as it does on Ctrl-C (its summary says so)."""
     raise KeyboardInterrupt

@@ -12,10 +12,10 @@ from fedcore.cli.common import (
     THREADS,
     VERBOSE,
     print_table,
+    refuse_beside_resume,
     start_run,
     tracking_overrides,
 )
-from fedcore.errors import ConfigError
 
 __all__ = ["add"]
 
@@ -75,24 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    given = [
-        flag
-        for flag, value in (
-            ("CONFIG", args.config),
-            ("--set", args.overrides),
-            ("--out", args.out),
-            ("--name", args.name),
-            ("--force", args.force),
-            ("--tensorboard", args.tensorboard),
-            ("--csv", args.csv),
-        )
-        if value
-    ]
-    if given:
-        raise ConfigError(
-            f"--resume continues the launch in its folder as it was configured; drop "
-            f"{', '.join(given)}."
-        )
+    refuse_beside_resume(args, "launch")
     start_run(args.threads)
     from fedcore.deploy.launch import resume_launch
 

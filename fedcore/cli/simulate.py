@@ -15,6 +15,7 @@ from fedcore.cli.common import (
     SIM_THREADS,
     VERBOSE,
     print_table,
+    refuse_beside_resume,
     start_run,
     tracking_overrides,
 )
@@ -95,29 +96,15 @@ def run(args: argparse.Namespace) -> int:
         from fedcore.simulation.sweep import SWEEP_FILE
 
         sweep = (Path(args.resume) / SWEEP_FILE).is_file()
-        given = [
-            flag
-            for flag, value in (
-                ("CONFIG", args.config),
-                ("--set", args.overrides),
-                ("--out", args.out),
-                ("--name", args.name),
-                ("--seeds", args.seeds),
-                ("--engine", args.engine),
-                ("--device", args.device),
-                ("--force", args.force),
-                ("--tensorboard", args.tensorboard),
-                ("--csv", args.csv),
-                ("--jobs", args.jobs != 1 and not sweep),
-                ("--batch-seeds", args.batch_seeds),
-            )
-            if value
-        ]
-        if given:
-            raise ConfigError(
-                f"--resume continues the {'sweep' if sweep else 'run'} in its folder as it "
-                f"was configured; drop {', '.join(given)}."
-            )
+        refuse_beside_resume(
+            args,
+            "sweep" if sweep else "run",
+            ("--seeds", args.seeds),
+            ("--engine", args.engine),
+            ("--device", args.device),
+            ("--jobs", args.jobs != 1 and not sweep),
+            ("--batch-seeds", args.batch_seeds),
+        )
         if not sweep:
             from fedcore.simulation.rank_checkpoints import sharded_world
 
@@ -224,26 +211,7 @@ def _check_local_ranks(count: int) -> None:
 def _resume_ranked(args: argparse.Namespace) -> int:
     """``--resume RUN_DIR`` of a sharded run: start its ranks (as many as wrote its
     checkpoints), or, under torchrun's environment, be one."""
-    given = [
-        flag
-        for flag, value in (
-            ("CONFIG", args.config),
-            ("--set", args.overrides),
-            ("--out", args.out),
-            ("--name", args.name),
-            ("--engine", args.engine),
-            ("--device", args.device),
-            ("--force", args.force),
-            ("--tensorboard", args.tensorboard),
-            ("--csv", args.csv),
-        )
-        if value
-    ]
-    if given:
-        raise ConfigError(
-            f"--resume continues the run in its folder as it was configured; drop "
-            f"{', '.join(given)}."
-        )
+    refuse_beside_resume(args, "run", ("--engine", args.engine), ("--device", args.device))
     if args.ranks is not None and args.ranks < 1:
         raise ConfigError(f"--ranks must be at least 1, got {args.ranks}.")
     from fedcore.config import load_config
