@@ -43,7 +43,7 @@ from fedcore.progress import Progress, current_warnings, run_warnings
 from fedcore.runtime import auto_threads, run_threads, usable_cores
 from fedcore.setup import checkpoint
 from fedcore.setup.prepare import seed_torch
-from fedcore.simulation.results import CHECKPOINTS, NAME_SKIPS, name_part, open_run_dir
+from fedcore.simulation.results import CHECKPOINTS, named_run, open_run_dir
 
 logger = logging.getLogger(__name__)
 
@@ -52,16 +52,8 @@ __all__ = ["resume_cohort", "simulate_cohort", "simulate_cohort_rank"]
 
 def _run_name(config: Config, overrides: Sequence[str]) -> str:
     """:func:`~fedcore.simulation.results.run_name` of a star run, without its graph."""
-    keys = [item.partition("=")[0].strip() for item in overrides]
-    if "run.name" in keys and config.run.name:
-        return config.run.name
-    base = config.run.name or f"{config.algorithm.name}-star-{config.topology.nodes}"
-    changed = [
-        name_part(item, config.algorithm.name)
-        for item, key in zip(overrides, keys, strict=True)
-        if not key.startswith(NAME_SKIPS)
-    ]
-    return "-".join([base, *changed])
+    name = config.algorithm.name
+    return named_run(config, name, f"{name}-star-{config.topology.nodes}", overrides)
 
 
 def _threads(

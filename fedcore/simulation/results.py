@@ -55,6 +55,7 @@ __all__ = [
     "finish_run",
     "make_summary",
     "name_part",
+    "named_run",
     "open_run_dir",
     "regret_tracker",
     "run_name",
@@ -80,12 +81,20 @@ def run_name(config: Config, setup: RunSetup, overrides: Sequence[str] = ()) -> 
     changed, e.g. ``online-ops-social64-algorithm.name=dol``, so runs that differ by an
     override can be told apart.
     """
+    algorithm = setup.algorithm.name
+    return named_run(config, algorithm, f"{algorithm}-{setup.trust.name}", overrides)
+
+
+def named_run(config: Config, algorithm: str, default: str, overrides: Sequence[str] = ()) -> str:
+    """:func:`run_name` of a run of ``algorithm`` (its name, for :func:`name_part`), with
+    ``default`` where the config names no run (the cohort engine builds no graph to name:
+    ``<algorithm>-star-<N>``)."""
     keys = [item.partition("=")[0].strip() for item in overrides]
     if "run.name" in keys and config.run.name:
         return config.run.name
-    base = config.run.name or f"{setup.algorithm.name}-{setup.trust.name}"
+    base = config.run.name or default
     changed = [
-        name_part(item, setup.algorithm.name)
+        name_part(item, algorithm)
         for item, key in zip(overrides, keys, strict=True)
         if not key.startswith(NAME_SKIPS)
     ]
