@@ -47,6 +47,15 @@ def test_the_floyd_sample_is_m_distinct_clients_a_pure_function_of_seed_and_roun
         FedAvgRule(sampler="floy")
 
 
+@pytest.mark.parametrize("value", ["''", "3", "[1]", "'FLOYD'", "'floyd '", "true"], ids=str)
+def test_a_sampler_that_is_not_one_is_refused_in_one_line(
+    value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    settings = ["algorithm.name=fedavg", "topology.kind=star", f"algorithm.sampler={value}"]
+    argv = ["simulate", "-q", "--out", str(tmp_path)]
+    one_line_error(capsys, [*argv, *(x for s in settings for x in ("--set", s))], "sampler")
+
+
 def _records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
