@@ -92,8 +92,10 @@ def _two_ranks(config: Config, out: Path, *, resume: bool = False, stop: int = 0
 def stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, Path]:
     """``(config, one-process run, the 2-rank run interrupted at round STOP_AT)``."""
     folder = tmp_path_factory.mktemp("sharded-resume")
-    # A stochastic codec (its generators), drops and a crash (fault counts), all resumed.
-    config = _case("dpsgd", "qsgd", True, folder, "run.checkpoint_every=2")
+    # A stochastic codec (its generators), drops and a crash (fault counts), a node
+    # optimizer's state and local steps, all resumed.
+    extra = ("run.checkpoint_every=2", "optimizer.name=momentum", "run.local_steps=2")
+    config = _case("dpsgd", "qsgd", True, folder, *extra)
     one = folder / "one"
     torch.set_num_threads(1)
     simulate(config, out_dir=one, show_progress=False, threads=1)
