@@ -22,6 +22,7 @@ from fedcore.compression.batched import RowCodec
 from fedcore.data.batches import StackedBatches
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.shard_faults import ShardFaults
+from fedcore.engines.shard_streams import RowStreams
 from fedcore.errors import ConfigError
 from fedcore.setup import checkpoint
 
@@ -37,7 +38,7 @@ class RankBlock(Protocol):
     rule: Rule
     state: Any
     opt_state: Any
-    batches: StackedBatches
+    batches: StackedBatches | RowStreams
     codec: RowCodec
     faults: ShardFaults | None
     halo_bytes: int

@@ -51,7 +51,8 @@ Design (:func:`setup_refusal` says what it does not run yet):
   about the edges of its rows (:mod:`fedcore.engines.shard_faults`); a crashed row takes
   no step, reads no batch, encodes nothing and keeps its state.
 * **Before the exchange** (:mod:`fedcore.engines.shard_local`): a node optimizer's
-  direction and ``run.local_steps`` are each row's own, as on one process.
+  direction and ``run.local_steps`` are each row's own, as on one process; so are an
+  online source's batches (``data.stream``: :mod:`fedcore.engines.shard_streams`).
 * **Figures.** Traffic of a static graph with no faults is the same every round: rank 0
   counts it once from the graph (as the one-process engine does; a schedule: once a
   graph of its period). With a fault plan each rank counts its own rows' figures, from
@@ -91,6 +92,7 @@ import torch
 
 from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
 from fedcore.config import Config
+from fedcore.data.batches import StackedBatches
 from fedcore.engines.batched import batched_form, raise_bad
 from fedcore.engines.partition import METIS_MISSING, metis_available, place
 from fedcore.engines.ranks import Ranks, add_everywhere, gather_rows, largest_everywhere
@@ -113,6 +115,7 @@ from fedcore.engines.shard_plan import (
     union_edges,
 )
 from fedcore.engines.shard_state import load_rank_state, rank_state
+from fedcore.engines.shard_streams import RowStreams
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.engines.vectorized import (
@@ -174,8 +177,6 @@ def config_refusal(config: Config) -> str | None:
         return "faults.announce = false loses messages silently, which needs deadline mode"
     if config.time.active or config.transport.mode != "strict":
         return "virtual time ([time], deadline mode) is not sharded yet"
-    if config.data.stream:
-        return "an online data stream (data.stream) is not sharded yet"
     if config.simulate.partition == "metis" and not metis_available():
         return METIS_MISSING
     return None
@@ -198,8 +199,6 @@ def setup_refusal(setup: RunSetup) -> str | None:
         or rule.trains is not None
     ):
         return f"algorithm {rule.name!r} is not sharded yet"
-    if setup.source is not None:
-        return "an online data source is not sharded yet"
     return None
 
 
@@ -245,6 +244,8 @@ class ShardedNetwork(ShardCodecs):
         that of ``t % period``: :meth:`_use` makes it the current one)."""
         self._use(0)
         held = np.asarray([len(p) for p in setup.parts], dtype=np.float64)
+        if setup.source is not None:  # an online stream: no examples held (as one process)
+            held = np.zeros(self.n, dtype=np.float64)
         self.samples = torch.from_numpy(held[rows])
         self.state = self.rule.init(self.start.unsqueeze(0).repeat(self.b, 1))
         self.optimizer = setup.optimizer()
@@ -253,7 +254,11 @@ class ShardedNetwork(ShardCodecs):
         )
         self.local_steps = setup.options.local_steps
         self.objective = StackedObjective(setup.objective, self.device, setup.evaluator)
-        self.batches = stacked_batches(setup, self.device)  # every node's, read for ours
+        self.batches: StackedBatches | RowStreams = (  # every node's, read for ours
+            stacked_batches(setup, self.device)
+            if setup.source is None
+            else RowStreams(setup.source, rows, self.n)
+        )
         self.own = np.zeros(self.n, dtype=np.bool_)
         self.own[rows] = True
         self.round = 0

@@ -45,7 +45,7 @@ from fedcore.errors import ConfigError
 from fedcore.setup.prepare import RunSetup, prepare_run
 from fedcore.simulation.ranks import LOST, _cause, _Child, free_port, simulate_rank
 from fedcore.simulation.simulate import simulate
-from tests.engines.test_vectorized import GRAPHS, odd_graph
+from tests.engines.test_vectorized import GRAPHS, ODD_IDS, odd_graph
 
 ROUNDS = 6
 
@@ -360,6 +360,35 @@ def test_node_optimizers_and_local_steps_on_ranks_equal_one_process(
     for key in SAME:
         assert got.get(key) == expected.get(key), key
     assert _records(out) == _records(one)
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        # The synthetic stream gives a round's batches at once; a crash puts a peer a batch
+        # behind the others (two groups of positions), and the regret replays every stream.
+        ["data.stream=synthetic", "model.name=logreg", "run.regret=true", "run.checkpoint_every=4"],
+        # A user's source of one stream a peer (tests/test_streams.py).
+        ["data.stream=tests.test_streams:make_source"],
+    ],
+)
+def test_online_streams_on_ranks_equal_one_process(stream: list[str], folder: Path) -> None:
+    """Each rank draws its own rows' batches, as one process draws them."""
+    crash = f"faults.crashes=[{{node={ODD_IDS[3]!r},at=1,back=3}}]"
+    graph = [s for s in GRAPHS["dog"] if "topology" not in s]
+    config = _config("dog", folder, *graph, *stream, crash)
+    name = stream[0].rpartition(":")[2].rpartition("=")[2]
+    one = folder / f"stream-{name}-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    out = folder / f"stream-{name}-2"
+    assert run_ranks(config, 2, out) == {0: "ok", 1: "ok"}
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    assert _records(out) == _records(one)
+    if "run.regret=true" in stream:
+        assert got["final"]["dynamic_regret"] == expected["final"]["dynamic_regret"]
 
 
 def test_torchrun_environment_is_read() -> None:
