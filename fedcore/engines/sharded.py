@@ -166,6 +166,11 @@ def config_refusal(config: Config) -> str | None:
     if config.simulate.device != "cpu":
         device = config.simulate.device
         return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"
+    if algorithm.name == "fedavg":
+        return (
+            "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
+            "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
+        )
     if algorithm.name not in SHARDED_ALGORITHMS:
         return (
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "

@@ -309,7 +309,8 @@ def test_the_halo_sends_each_boundary_row_once_per_rank(method: str) -> None:
 @pytest.mark.parametrize(
     ("setting", "says"),
     [
-        ("algorithm.name='fedavg'", "not sharded yet"),
+        ("algorithm.name='fedavg'", "set simulate.engine = 'cohort'"),
+        ("algorithm.name='doublesqueeze'", "not sharded yet"),
         ("algorithm.robust=true", "robust push-sum"),
         ("simulate.device='cuda'", "CPU"),
         ("simulate.engine='messages'", "one process"),
