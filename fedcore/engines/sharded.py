@@ -92,7 +92,7 @@ from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
 from fedcore.engines.partition import METIS_MISSING, metis_available, place
 from fedcore.engines.ranks import Ranks, add_everywhere, gather_rows, largest_everywhere
-from fedcore.engines.shard_codecs import ShardCodecs
+from fedcore.engines.shard_edges import ShardEdges, keep_edges
 from fedcore.engines.shard_faults import (
     RowCounts,
     ShardFaults,
@@ -111,7 +111,7 @@ from fedcore.engines.shard_plan import (
 )
 from fedcore.engines.shard_state import load_rank_state, rank_state
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
-from fedcore.engines.stacked_graph import stack_graph
+from fedcore.engines.stacked_graph import EdgeUnion, stack_graph
 from fedcore.engines.vectorized import (
     RoundFigures,
     _Counter,
@@ -120,6 +120,7 @@ from fedcore.engines.vectorized import (
 )
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.evaluation import column_sums, mean_of_sums, sum_extremes, sum_window
+from fedcore.setup.engine_checks import EngineInputs, vectorized_refusal
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedObjective
@@ -134,13 +135,28 @@ __all__ = [
     "setup_refusal",
 ]
 
-SHARDED_ALGORITHMS = ("central", "choco", "deepsqueeze", "dog", "dol", "dpsgd", "local", "ops")
+SHARDED_ALGORITHMS = (
+    "central",
+    "choco",
+    "deepsqueeze",
+    "dog",
+    "dol",
+    "dpsgd",
+    "local",
+    "ops",
+    "rps",
+)
 """The algorithms a sharded run runs: the synchronous rules whose peers send one message to
 every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
-process by ``tests/engines/test_sharded.py``. The server family, RPS and robust push-sum
-(state per edge) wait for later slices (FedAvg over a population shards its cohort on the
-cohort engine: :mod:`fedcore.engines.cohort`); the asynchronous ones run on the event
-engine."""
+process by ``tests/engines/test_sharded.py``, and those whose state and messages are per
+edge (pattern ``"edges"``: RPS, and ``ops`` with ``robust = true``, robust push-sum), held
+equal by ``tests/engines/test_sharded_edges.py``. The server family waits for a later
+slice (FedAvg over a population shards its cohort on the cohort engine:
+:mod:`fedcore.engines.cohort`); the asynchronous ones run on the event engine."""
+
+EDGE_ALGORITHMS = ("rps",)
+"""The algorithms of :data:`SHARDED_ALGORITHMS` whose state is per edge whatever their
+options (robust push-sum is ``ops`` with ``robust = true``)."""
 
 
 def config_refusal(config: Config) -> str | None:
@@ -165,8 +181,6 @@ def config_refusal(config: Config) -> str | None:
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
             f"{', '.join(SHARDED_ALGORITHMS)})"
         )
-    if algorithm.options.get("robust"):
-        return "robust push-sum keeps state per edge, which ranks do not exchange yet"
     if config.faults.active and not config.faults.announce:
         return "faults.announce = false loses messages silently, which needs deadline mode"
     if config.time.active or config.transport.mode != "strict":
@@ -191,12 +205,14 @@ def setup_refusal(setup: RunSetup) -> str | None:
         return f"algorithm {algorithm.name!r} has no batched form"
     rule = cast(Rule, algorithm)
     if (
-        rule.pattern not in ("neighbours", "none")
+        rule.pattern not in ("neighbours", "none", "edges")
         or rule.server is not None
-        or rule.robust
         or rule.trains is not None
     ):
         return f"algorithm {rule.name!r} is not sharded yet"
+    why = vectorized_refusal(EngineInputs.of(setup.config), algorithm)
+    if why is not None:  # what one process refuses (RPS with a stochastic codec)
+        return why
     if setup.optimizer() is not None:
         return "a node optimizer ([optimizer]) is not sharded yet"
     if setup.source is not None:
@@ -204,7 +220,7 @@ def setup_refusal(setup: RunSetup) -> str | None:
     return None
 
 
-class ShardedNetwork(ShardCodecs):
+class ShardedNetwork(ShardEdges):
     """This rank's block of the peers of ``setup`` (see the module docstring); rank 0 also
     answers what a run's figures need (:meth:`run_round`'s figures, :meth:`model`).
 
@@ -222,8 +238,12 @@ class ShardedNetwork(ShardCodecs):
         self.device = torch.device("cpu")
         self.nodes = setup.graph.nodes
         self.n = len(self.nodes)
-        # One graph a round of the period (a static graph: one); one placement for all.
-        graphs = [stack_graph(setup.graph.at(t), device=self.device) for t in range(self.period)]
+        # One graph a round of the period (a static graph: one); one placement for all. A
+        # rule of pattern "edges" numbers the edges of a schedule's graphs as one process.
+        trust = [setup.graph.at(t) for t in range(self.period)]
+        per_edge = cast(Rule, setup.algorithm).pattern == "edges"
+        union = EdgeUnion.of(trust) if per_edge and len(trust) > 1 else None
+        graphs = [stack_graph(g, union=union, device=self.device) for g in trust]
         src, dst = union_edges(graphs)
         self.placement = place(setup.config.simulate.partition, self.n, src, dst, ranks.world)
         self.shards = self.placement.rows
@@ -244,10 +264,11 @@ class ShardedNetwork(ShardCodecs):
         self.plans = [plan_graph(g, self.shards, ranks.rank) for g in graphs]
         """This rank's :class:`GraphPlan` of each graph of the period (round ``t`` runs
         that of ``t % period``: :meth:`_use` makes it the current one)."""
+        self.state = self.rule.init(self.start.unsqueeze(0).repeat(self.b, 1))
+        self._plan_edges(graphs, per_edge)  # a rule of pattern "edges" (after init: widths)
         self._use(0)
         held = np.asarray([len(p) for p in setup.parts], dtype=np.float64)
         self.samples = torch.from_numpy(held[rows])
-        self.state = self.rule.init(self.start.unsqueeze(0).repeat(self.b, 1))
         self.objective = StackedObjective(setup.objective, self.device, setup.evaluator)
         self.batches = stacked_batches(setup, self.device)  # every node's, read for ours
         self.own = np.zeros(self.n, dtype=np.bool_)
@@ -262,9 +283,10 @@ class ShardedNetwork(ShardCodecs):
         """Rank 0: rows that cross ranks in one exchange, all ranks together (a schedule:
         the mean over its period's rounds)."""
         if ranks.rank == 0:
-            for full, g in zip(self.fulls, graphs, strict=True):
+            for i, (full, g) in enumerate(zip(self.fulls, graphs, strict=True)):
                 for p in range(self.rule.phases):
-                    full.traffic(self.form.messages(p, g, self._size, self.d), None)
+                    sends = self._sends(i, p)
+                    full.traffic(self.form.messages(p, g, self._size, self.d), sends)
             figures = placement_figures(graphs, self.placement.owner, ranks.world)
             self.cut_fraction, self.halo_rows = figures
         self.last = self.start.unsqueeze(0).repeat(self.n, 1) if ranks.rank == 0 else None
@@ -282,7 +304,12 @@ class ShardedNetwork(ShardCodecs):
             ]
             own = torch.from_numpy(self.own)
             slot_edges = [g.slot_edge[self.mine] for g in graphs]
-            self.faults = ShardFaults(setup.faults, messages, own, self.local_of, slot_edges)
+            if per_edge:  # an inbox a row's in-edges
+                slot_edges = [p.graph_edge for p in self.edge_plans]
+            active = self.active or None
+            self.faults = ShardFaults(
+                setup.faults, messages, own, self.local_of, slot_edges, active
+            )
         self.records = node_records_mode(setup.config, self.n)
         self.wire: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         """The round's encoded rows (``[B, width]`` uint8) of each tensor the codec
@@ -304,6 +331,7 @@ class ShardedNetwork(ShardCodecs):
         self.graph, self.halo, self.nbr = plan.graph, plan.halo, plan.nbr
         self.slot_weight, self.arrived = plan.slot_weight, plan.arrived
         self.self_weight, self.in_degree = plan.self_weight, plan.in_degree
+        self._use_edges(slot)
 
     @property
     def halo_bytes_per_round(self) -> int:
@@ -397,9 +425,14 @@ class ShardedNetwork(ShardCodecs):
             owners: torch.Tensor | None,
             width: torch.Tensor | None,
         ) -> torch.Tensor:
-            if owners is not None or width is not None or where is not None:
+            if self.edge_plans:  # messages per edge, or rows of their edges' width
+                who = torch.arange(v.shape[0]) if owners is None else owners
+                sending = up[who] if where is None else up[who] & where
+                out = self._encode_edges(v, sending, t, who, width)
+            elif owners is not None or width is not None or where is not None:
                 raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
-            out = self._roundtrip(v, up, t)
+            else:
+                out = self._roundtrip(v, up, t)
             compressed.add(id(out))
             return out
 
@@ -416,6 +449,7 @@ class ShardedNetwork(ShardCodecs):
             samples=self.samples,
             codec=self.codec.name,
             index=self.mine,
+            edges=self.edge_plan.edges if self.edge_plans else None,
         )
 
     def _inbox(
@@ -495,20 +529,24 @@ class ShardedNetwork(ShardCodecs):
         params = self.rule.model(self.state)
         loss, grad = self._gradients(params, up)
         compressed: set[int] = set()
-        self.wire = {}
+        self.wire, self.edge_wire = {}, {}
         rows = self._rows(t, lr, up, compressed)
         counts = RowCounts(self.b)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):
-            arrived = self.arrived
+            arrived = self.edge_arrived[phase] if self.edge_plans else self.arrived
             if faults is not None:
                 arrived = faults.arrived(t, phase, up_all, counts)
-            inbox: list[Slot] = []
-            if send is not None and self.rule.pattern != "none":
+            inbox: Any = []
+            if self.edge_plans:
+                inbox = self._edge_inbox(send, phase, t, up_all, arrived, compressed, rows)
+            elif send is not None and self.rule.pattern != "none":
                 inbox = self._inbox(send, t, up_all, arrived, compressed)
             state, send = self.rule.mix(state, phase, inbox, rows)
-        self.state = keep_up(up, state, self.state)
-        self.wire = {}  # the round's encoded rows, sent
+        if self.edge_plans:
+            state = keep_edges(up, self.rule, self.edge_plan.edges, state, self.state)
+        self.state = keep_up(up, state, self.state, skip=set(self.rule.edge_fields))
+        self.wire, self.edge_wire = {}, {}  # the round's encoded rows, sent
         self.round = t + 1
         idle = torch.zeros(self.n, dtype=torch.bool)
         if faults is None:
