@@ -29,10 +29,15 @@ Design (:func:`setup_refusal` says what it does not run yet):
   graph's largest in-degree, as one process pads it), slot weights, in-degrees, self
   weights, its traffic and its fault plan's edges. Each round uses the plan of
   ``t % P`` (:meth:`ShardedNetwork._use`).
-* **Per-edge state** (robust push-sum's totals, RPS's blocks; not run yet) would travel the
-  same way: a rule of pattern ``"edges"`` sends one row per out-edge, so the halo plan
-  becomes one of cut edges (each cut edge's row once, to its receiver's rank), and a
-  receiver's in-edges index into the extended stack as the slots do here.
+* **Per-edge state** (pattern ``"edges"``: robust push-sum's totals, RPS's blocks;
+  :mod:`fedcore.engines.shard_edges`). A rank's :attr:`~fedcore.algorithms.rule.Rows.edges`
+  are the out- and in-edges of its rows in the one-process engine's edge order, and the
+  rule's state per edge is theirs: it never moves. A send of one message per out-edge
+  crosses as a halo of cut edges (each cut edge's message once, to its receiver's rank,
+  of the edge's width where the rule says ``widths``); a shared send (one message a
+  sender) as the row halo above. A receiver's in-edges index the extended stack of
+  messages (its own out-edges', the received ones) as the slots do here, and a crashed
+  row's edges keep their state, as one process keeps them.
 * **Order of sums, and why R does not matter.** A receiver's inbox is its row of the
   global neighbour table: its in-neighbours in sorted-id order, padded to the whole graph's
   largest in-degree, exactly the slots the one-process engine builds. The rule adds them
@@ -69,7 +74,8 @@ Design (:func:`setup_refusal` says what it does not run yet):
   the ``cut_fraction`` of edges whose ends are on different ranks (a schedule: of the
   edges of one period's rounds, an edge counted in each round that uses it), and the
   ``halo_bytes_per_round`` that crossed ranks (the mean over the rounds run).
-* **Checkpoints.** Everything a rank's next round reads is its own: its rows' rule state,
+* **Checkpoints.** Everything a rank's next round reads is its own: its rows' rule state
+  (its edges' too),
   their places in their data, their codecs' generators, its fault counts per in-edge, its
   halo bytes, torch's generator. :meth:`ShardedNetwork.state_dict` holds them
   (:mod:`fedcore.engines.shard_state`); each rank writes its own file every
