@@ -310,8 +310,8 @@ class ShardEdges(ShardCodecs):
             kept = self.wire.pop(id(decoded), None)
             if kept is not None:
                 groups.append((picked, kept[1]))
-        if groups:
-            widest = max(g[1].shape[1] for g in groups)
+        if wire_width(self.codec, 1, values.dtype) is not None:  # sent encoded (maybe none)
+            widest = max((g[1].shape[1] for g in groups), default=0)
             buf = torch.zeros(m, widest, dtype=torch.uint8)
             lengths = torch.zeros(m, dtype=torch.long)
             for picked, encoded in groups:
@@ -349,6 +349,8 @@ class ShardEdges(ShardCodecs):
             lengths = p.lengths(self.codec, sent, width)
             if p.encoded:
                 kept = self.edge_wire.get(id(value))
+                if kept is None and not bool(sent.any()):  # nothing to encode: no messages
+                    kept = (value, torch.zeros(value.shape[0], 0, dtype=torch.uint8), lengths)
                 if kept is None or not torch.equal(torch.where(sent, kept[2][rows], 0), lengths):
                     raise AlgorithmError(
                         f"{self.rule.name!r}: a send the sharded engine does not run."
