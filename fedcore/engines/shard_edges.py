@@ -202,6 +202,7 @@ class _Part:
 
     @property
     def n(self) -> int:
+        """Values a message holds at most."""
         return int(np.prod(self.shape, dtype=np.int64))
 
     def lengths(
@@ -323,6 +324,8 @@ class ShardEdges(ShardCodecs):
     def _parts(
         self, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, torch.Tensor]
     ) -> list[_Part]:
+        """How each tensor and scalar of a send crosses (encoded where the codec has a row
+        form for its dtype), in one order on every rank."""
         parts = []
         for name, value in tensors.items():
             encoded = wire_width(self.codec, 1, value.dtype) is not None
