@@ -45,6 +45,7 @@ from fedcore.engines.batched import BatchedRule
 from fedcore.engines.partition import Placement
 from fedcore.engines.ranks import exchange
 from fedcore.engines.shard_codecs import ShardCodecs
+from fedcore.engines.shard_faults import keep_up
 from fedcore.engines.shard_plan import GraphPlan, Halo
 from fedcore.engines.stacked_graph import StackedGraph
 from fedcore.errors import AlgorithmError
@@ -228,6 +229,7 @@ class ShardEdges(ShardCodecs):
     network it is part of sets the attributes."""
 
     rule: Rule
+    state: Any
     form: BatchedRule
     nodes: tuple[str, ...]
     placement: Placement
@@ -278,19 +280,40 @@ class ShardEdges(ShardCodecs):
             padded = torch.cat([every, every.new_zeros(1)])
             self.edge_arrived.append(padded[self.edge_plan.graph_edge])
 
+    def _inbox_edges(
+        self, graphs: Sequence[StackedGraph]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None] | None]:
+        """What the fault plan of this rank reads of each graph (:class:`ShardFaults`'s
+        ``slot_edges`` and ``active``): the edges of its rows' inbox slots, or of its
+        rows' in-edges (pattern ``"edges"``), and the messages sent at all."""
+        if not self.edge_plans:
+            return [g.slot_edge[self.mine] for g in graphs], None
+        return [p.graph_edge for p in self.edge_plans], self.active
+
+    def _kept(self, up: torch.Tensor, new: Any) -> Any:
+        """``new`` state for the up rows (``up``: ``[B]`` bool) and their edges, the
+        current one's for a crashed row and its edges (:func:`keep_edges`)."""
+        if self.edge_plans:
+            new = keep_edges(up, self.rule, self.edge_plan.edges, new, self.state)
+        return keep_up(up, new, self.state, skip=set(self.rule.edge_fields))
+
     def _encode_edges(
         self,
         values: torch.Tensor,
-        sending: torch.Tensor,
+        up: torch.Tensor,
         t: int,
-        owners: torch.Tensor,
+        owners: torch.Tensor | None,
         width: torch.Tensor | None,
+        where: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """What receivers decode of ``values`` (one message a row, row ``r`` sent by the
-        local row ``owners[r]``): the rows ``sending`` through their senders' codecs, of
-        their ``width`` first values (one codec call per width, as one process calls it);
-        each row's encoded bytes are kept for the exchange (:attr:`edge_wire`)."""
+        local row ``owners[r]``, default row ``r``): the rows ``where`` (default: all)
+        whose senders are ``up`` (``[B]`` bool) through their senders' codecs, of their
+        ``width`` first values (one codec call per width, as one process calls it); each
+        row's encoded bytes are kept for the exchange (:attr:`edge_wire`)."""
         m = values.shape[0]
+        owners = torch.arange(m) if owners is None else owners
+        sending = up[owners] if where is None else up[owners] & where
         if width is None:
             out = self._roundtrip(values, sending, t, owners)
             kept = self.wire.pop(id(out), None)
@@ -445,7 +468,7 @@ class ShardEdges(ShardCodecs):
         decoded = {
             name: value
             if id(value) in compressed
-            else self._encode_edges(value, sent, t, owners, width)
+            else self._encode_edges(value, up, t, owners, width, sent)
             for name, value in send.tensors.items()
         }
         parts = self._parts(decoded, send.scalars)

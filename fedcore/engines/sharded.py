@@ -55,6 +55,9 @@ Design (:func:`setup_refusal` says what it does not run yet):
 * **Faults.** The fault plan is a keyed hash of ``(round, phase, edge)``: each rank asks it
   about the edges of its rows (:mod:`fedcore.engines.shard_faults`); a crashed row takes
   no step, reads no batch, encodes nothing and keeps its state.
+* **Before the exchange** (:mod:`fedcore.engines.shard_local`): a node optimizer's
+  direction and ``run.local_steps`` are each row's own, as on one process; so are an
+  online source's batches (``data.stream``: :mod:`fedcore.engines.shard_streams`).
 * **Figures.** Traffic of a static graph with no faults is the same every round: rank 0
   counts it once from the graph (as the one-process engine does; a schedule: once a
   graph of its period). With a fault plan each rank counts its own rows' figures, from
@@ -95,18 +98,19 @@ import torch
 
 from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
 from fedcore.config import Config
+from fedcore.data.batches import StackedBatches
 from fedcore.engines.batched import batched_form, raise_bad
 from fedcore.engines.partition import METIS_MISSING, metis_available, place
 from fedcore.engines.ranks import Ranks, add_everywhere, gather_rows, largest_everywhere
-from fedcore.engines.shard_edges import ShardEdges, keep_edges
+from fedcore.engines.shard_edges import ShardEdges
 from fedcore.engines.shard_faults import (
     RowCounts,
     ShardFaults,
-    keep_up,
     pack_counts,
     reduce_total,
     unpack_counts,
 )
+from fedcore.engines.shard_local import step_lr, train_rows
 from fedcore.engines.shard_plan import (
     GraphPlan,
     Halo,
@@ -116,6 +120,7 @@ from fedcore.engines.shard_plan import (
     union_edges,
 )
 from fedcore.engines.shard_state import load_rank_state, rank_state
+from fedcore.engines.shard_streams import RowStreams
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
 from fedcore.engines.stacked_graph import EdgeUnion, stack_graph
 from fedcore.engines.vectorized import (
@@ -182,6 +187,11 @@ def config_refusal(config: Config) -> str | None:
     if config.simulate.device != "cpu":
         device = config.simulate.device
         return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"
+    if algorithm.name == "fedavg":
+        return (
+            "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
+            "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
+        )
     if algorithm.name not in SHARDED_ALGORITHMS:
         return (
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
@@ -191,10 +201,6 @@ def config_refusal(config: Config) -> str | None:
         return "faults.announce = false loses messages silently, which needs deadline mode"
     if config.time.active or config.transport.mode != "strict":
         return "virtual time ([time], deadline mode) is not sharded yet"
-    if config.run.local_steps != 1:
-        return "run.local_steps > 1 is not sharded yet"
-    if config.data.stream:
-        return "an online data stream (data.stream) is not sharded yet"
     if config.simulate.partition == "metis" and not metis_available():
         return METIS_MISSING
     return None
@@ -219,10 +225,6 @@ def setup_refusal(setup: RunSetup) -> str | None:
     why = vectorized_refusal(EngineInputs.of(setup.config), algorithm)
     if why is not None:  # what one process refuses (RPS with a stochastic codec)
         return why
-    if setup.optimizer() is not None:
-        return "a node optimizer ([optimizer]) is not sharded yet"
-    if setup.source is not None:
-        return "an online data source is not sharded yet"
     return None
 
 
@@ -274,9 +276,20 @@ class ShardedNetwork(ShardEdges):
         self._plan_edges(graphs, per_edge)  # a rule of pattern "edges" (after init: widths)
         self._use(0)
         held = np.asarray([len(p) for p in setup.parts], dtype=np.float64)
+        if setup.source is not None:  # an online stream: no examples held (as one process)
+            held = np.zeros(self.n, dtype=np.float64)
         self.samples = torch.from_numpy(held[rows])
+        self.optimizer = setup.optimizer()
+        self.opt_state = (
+            self.optimizer.init(self.rule.model(self.state)) if self.optimizer else None
+        )
+        self.local_steps = setup.options.local_steps
         self.objective = StackedObjective(setup.objective, self.device, setup.evaluator)
-        self.batches = stacked_batches(setup, self.device)  # every node's, read for ours
+        self.batches: StackedBatches | RowStreams = (  # every node's, read for ours
+            stacked_batches(setup, self.device)
+            if setup.source is None
+            else RowStreams(setup.source, rows, self.n)
+        )
         self.own = np.zeros(self.n, dtype=np.bool_)
         self.own[rows] = True
         self.round = 0
@@ -309,13 +322,8 @@ class ShardedNetwork(ShardEdges):
                 for p in range(self.rule.phases)
             ]
             own = torch.from_numpy(self.own)
-            slot_edges = [g.slot_edge[self.mine] for g in graphs]
-            if per_edge:  # an inbox a row's in-edges
-                slot_edges = [p.graph_edge for p in self.edge_plans]
-            active = self.active or None
-            self.faults = ShardFaults(
-                setup.faults, messages, own, self.local_of, slot_edges, active
-            )
+            slots = self._inbox_edges(graphs)
+            self.faults = ShardFaults(setup.faults, messages, own, self.local_of, *slots)
         self.records = node_records_mode(setup.config, self.n)
         self.wire: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         """The round's encoded rows (``[B, width]`` uint8) of each tensor the codec
@@ -432,9 +440,7 @@ class ShardedNetwork(ShardEdges):
             width: torch.Tensor | None,
         ) -> torch.Tensor:
             if self.edge_plans:  # messages per edge, or rows of their edges' width
-                who = torch.arange(v.shape[0]) if owners is None else owners
-                sending = up[who] if where is None else up[who] & where
-                out = self._encode_edges(v, sending, t, who, width)
+                out = self._encode_edges(v, up, t, owners, width, where)
             elif owners is not None or width is not None or where is not None:
                 raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
             else:
@@ -532,11 +538,10 @@ class ShardedNetwork(ShardEdges):
         faults = self.faults
         up_all = torch.ones(self.n, dtype=torch.bool) if faults is None else faults.up(t)
         up = up_all[self.mine]
-        params = self.rule.model(self.state)
-        loss, grad = self._gradients(params, up)
+        loss, grad = train_rows(self, t, lr, up)  # the optimizer, the local steps
         compressed: set[int] = set()
         self.wire, self.edge_wire = {}, {}
-        rows = self._rows(t, lr, up, compressed)
+        rows = self._rows(t, step_lr(self, lr), up, compressed)
         counts = RowCounts(self.b)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):
@@ -549,9 +554,7 @@ class ShardedNetwork(ShardEdges):
             elif send is not None and self.rule.pattern != "none":
                 inbox = self._inbox(send, t, up_all, arrived, compressed)
             state, send = self.rule.mix(state, phase, inbox, rows)
-        if self.edge_plans:
-            state = keep_edges(up, self.rule, self.edge_plan.edges, state, self.state)
-        self.state = keep_up(up, state, self.state, skip=set(self.rule.edge_fields))
+        self.state = self._kept(up, state)  # a crashed row's (and its edges') as it was
         self.wire, self.edge_wire = {}, {}  # the round's encoded rows, sent
         self.round = t + 1
         idle = torch.zeros(self.n, dtype=torch.bool)
