@@ -1,12 +1,12 @@
 """The rules whose state and messages are per edge (pattern ``"edges"``: RPS, and robust
 push-sum, ``ops`` with ``robust = true``) on a sharded run against one process: R = 2 (and
 4) ranks end with the one-process run's parameters (``params_sha256``), traffic, byte and
-fault counts, evaluations and per-node records, with ``fp32`` and a compressing codec
-(RPS: ``sign``; robust push-sum takes only cast codecs: ``bf16``), without faults and with
-drops and a crash, on a graph file with odd ids (RPS also with empty blocks: a model
-smaller than the peers), and robust push-sum on the one-peer
-exponential schedule; robust push-sum's totals per edge survive an interrupt and
-``--resume`` on 2 ranks. Each cut edge's message crosses once, to its receiver's rank
+fault counts, evaluations and per-node records, with ``fp32`` and a compressing codec (RPS:
+``sign``; robust push-sum takes only cast codecs: ``bf16``), without faults and with drops
+and a crash, on a graph file with odd ids (RPS also with empty blocks: a model smaller than
+the peers; robust push-sum also with a node optimizer and local steps), and robust push-sum
+on the one-peer exponential schedule; robust push-sum's totals per edge survive an interrupt
+and ``--resume`` on 2 ranks. Each cut edge's message crosses once, to its receiver's rank
 (:func:`~fedcore.engines.shard_edges.plan_edges`), and the summary's halo bytes are those
 messages' bytes.
 
@@ -53,7 +53,14 @@ CASES = {
     "rps-sign-faults": ("rps", "sign", True, (2, 4), []),
     # a model of 4 values on 8 peers: 4 owners of an empty block, no message on their edges
     "rps-empty-blocks": ("rps", "sign", True, (3,), TINY),
-    "robust-bf16": ("ops", "bf16", False, (2,), ROBUST),
+    # with a node optimizer and local steps (each row's own, beside its edges')
+    "robust-bf16": (
+        "ops",
+        "bf16",
+        False,
+        (2,),
+        [*ROBUST, "optimizer.name=adam", "run.local_steps=2"],
+    ),
     # its checkpoints are what the resume test interrupts and resumes
     "robust-fp32-faults": ("ops", "fp32", True, (), [*ROBUST, "run.checkpoint_every=2"]),
 }
