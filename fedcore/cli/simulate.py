@@ -233,7 +233,8 @@ def _resume_ranked(args: argparse.Namespace) -> int:
     manifest = read_manifest(run_dir)
     if not _torchrun_environment():
         if manifest is not None:
-            check_world(manifest, args.ranks or world, run_dir, torchrun=False)
+            held = "clients" if config.simulate.engine == "cohort" else "block of peers"
+            check_world(manifest, args.ranks or world, run_dir, torchrun=False, held=held)
             verify_files(manifest)
         _check_local_ranks(args.ranks or world)
     return _rank_or_launch(args, config, [], args.ranks or world, resume=run_dir)

@@ -127,10 +127,12 @@ def share_folder(ranks: Ranks, out: Path | None) -> Path:
     return Path(os.fsdecode(text))
 
 
-def seal(ranks: Ranks, out: Path, round: int, *, run_id: str, placement: Any) -> None:
+def seal(ranks: Ranks, out: Path, round: int, *, run_id: str, placement: Any | None) -> None:
     """After every rank wrote its checkpoint of ``round`` (a collective): rank 0 writes the
     manifest naming them all (each rank's file's name is its rank's), with their digests
-    and sizes (one gather of 33 numbers a rank), atomically.
+    and sizes (one gather of 33 numbers a rank), atomically; with the ``placement`` of a
+    sharded run's peers (its method, and each rank's rows), or none (the cohort engine's
+    clients: client ``i`` on rank ``i % world``).
 
     Raises:
         PeerUnavailableError: the gather failed (no manifest is written).
@@ -154,15 +156,14 @@ def seal(ranks: Ranks, out: Path, round: int, *, run_id: str, placement: Any) ->
         }
         for r, part in enumerate(parts)
     ]
-    manifest = {
-        "kind": KIND,
-        "round": round,
-        "world": ranks.world,
-        "run_id": run_id,
-        "partition": placement.method,
-        "rows": [[int(i) for i in rows] for rows in placement.rows],
-        "files": files,
-    }
+    manifest: dict[str, Any] = {"kind": KIND, "round": round, "world": ranks.world}
+    manifest["run_id"] = run_id
+    if placement is not None:
+        manifest["partition"] = placement.method
+        manifest["rows"] = [[int(i) for i in rows] for rows in placement.rows]
+    else:
+        manifest["partition"] = "client % world"
+    manifest["files"] = files
     write_text_atomic(out / CHECKPOINTS / MANIFEST, json.dumps(manifest) + "\n")
 
 
@@ -263,9 +264,11 @@ def _verify(path: Path, digest: str, rank: int, world: int) -> None:
         )
 
 
-def check_world(manifest: Manifest, world: int, run_dir: Path, *, torchrun: bool) -> None:
+def check_world(
+    manifest: Manifest, world: int, run_dir: Path, *, torchrun: bool, held: str = "block of peers"
+) -> None:
     """Refuse to resume ``manifest``'s run on ``world`` ranks when another number wrote
-    it (every rank's state is its block of peers: the same blocks resume).
+    it (every rank's state is its ``held``: the same ones resume).
 
     Raises:
         ConfigError: one line saying how many ranks to start.
@@ -280,13 +283,15 @@ def check_world(manifest: Manifest, world: int, run_dir: Path, *, torchrun: bool
     )
     raise ConfigError(
         f"the checkpoints in {str(run_dir)!r} were written by {manifest.world} ranks, and "
-        f"each rank resumes its own block of peers: {how}; {world} cannot resume them."
+        f"each rank resumes its own {held}: {how}; {world} cannot resume them."
     )
 
 
-def load_rank(run_dir: Path, manifest: Manifest, ranks: Ranks, run_id: str) -> dict[str, Any]:
+def load_rank(
+    run_dir: Path, manifest: Manifest, ranks: Ranks, run_id: str, *, held: str = "block of peers"
+) -> dict[str, Any]:
     """This rank's checkpoint of the manifest's round, checked: the run's, this rank's and
-    that round's, whole.
+    that round's, whole (``held``: what a rank's state is, for :func:`check_world`).
 
     Raises:
         ConfigError: it is not (one line).
@@ -296,7 +301,7 @@ def load_rank(run_dir: Path, manifest: Manifest, ranks: Ranks, run_id: str) -> d
             f"the checkpoints in {str(run_dir)!r} belong to another run than its config.toml "
             "(another config or graph): resume with the config that wrote them."
         )
-    check_world(manifest, ranks.world, run_dir, torchrun=True)
+    check_world(manifest, ranks.world, run_dir, torchrun=True, held=held)
     path, digest, _ = manifest.files[ranks.rank]
     try:
         said_digest, _ = checkpoint.header(path)

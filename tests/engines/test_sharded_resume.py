@@ -20,6 +20,7 @@ import torch
 
 from fedcore.cli import main
 from fedcore.config import Config
+from fedcore.engines.cohort import CohortNetwork
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.sharded import ShardedNetwork
 from fedcore.errors import ConfigError
@@ -40,22 +41,23 @@ STOP_AT = 3
 
 
 def _rank(
-    config: Config, rank: int, port: int, out: Path, queue: Any, resume: bool, stop: int
+    config: Config,
+    rank: int,
+    world: int,
+    port: int,
+    out: Path,
+    queue: Any,
+    resume: bool,
+    stop: int,
 ) -> None:
     torch.set_num_threads(1)
     if stop:  # Ctrl-C, as every rank takes it, at the start of round `stop`
-        run_round = ShardedNetwork.run_round
-
-        def stopping(net: ShardedNetwork) -> Any:
-            if net.round == stop:
-                raise KeyboardInterrupt
-            return run_round(net)
-
-        ShardedNetwork.run_round = stopping  # type: ignore[method-assign]
+        for network in (ShardedNetwork, CohortNetwork):
+            _stop_at(network, stop)
     try:
         simulate_rank(
             config,
-            Ranks(rank, 2, 0, "127.0.0.1", port),
+            Ranks(rank, world, 0, "127.0.0.1", port),
             out_dir=out,
             show_progress=False,
             threads=1,
@@ -66,15 +68,33 @@ def _rank(
         queue.put((rank, f"{type(exc).__name__}: {exc}"))
 
 
-def _two_ranks(config: Config, out: Path, *, resume: bool = False, stop: int = 0) -> dict[int, str]:
+def _stop_at(network: Any, stop: int) -> None:
+    """Make ``network``'s rounds raise :class:`KeyboardInterrupt` at the start of round
+    ``stop``."""
+    run_round = network.run_round
+
+    def stopping(net: Any) -> Any:
+        if net.round == stop:
+            raise KeyboardInterrupt
+        return run_round(net)
+
+    network.run_round = stopping
+
+
+def run_world(
+    config: Config, out: Path, *, world: int = 2, resume: bool = False, stop: int = 0
+) -> dict[int, str]:
+    """Every rank's outcome of ``config`` on ``world`` ranks into ``out`` (``"ok"`` or its
+    error): a new run, stopped at the start of round ``stop`` where given, or a resumed
+    one."""
     context = RANKS  # forked from a server with no threads (tests/engines/test_sharded.py)
     queue = context.Queue()
     port = free_port()
     processes = [
         context.Process(
-            target=in_rank, args=(None, _rank, config, r, port, out, queue, resume, stop)
+            target=in_rank, args=(None, _rank, config, r, world, port, out, queue, resume, stop)
         )
-        for r in range(2)
+        for r in range(world)
     ]
     for p in processes:
         p.start()
@@ -98,7 +118,7 @@ def stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, Pat
     torch.set_num_threads(1)
     simulate(config, out_dir=one, show_progress=False, threads=1)
     out = folder / "two"
-    outcomes = _two_ranks(config, out, stop=STOP_AT)
+    outcomes = run_world(config, out, stop=STOP_AT)
     assert outcomes[0].startswith("KeyboardInterrupt: after round 3 of 6"), outcomes
     assert f"continue with: fedcore simulate --resume {out}" in outcomes[0]
     assert outcomes[1] == "KeyboardInterrupt: ", outcomes
@@ -115,7 +135,7 @@ def test_resume_after_an_interrupt_on_2_ranks_equals_the_uninterrupted_run(
     assert summary["status"] == "interrupted" and summary["rounds_completed"] == STOP_AT
     manifest = json.loads((out / "checkpoints" / MANIFEST).read_text(encoding="utf-8"))
     assert (manifest["round"], manifest["world"]) == (2, 2)
-    assert _two_ranks(config, out, resume=True) == {0: "ok", 1: "ok"}
+    assert run_world(config, out, resume=True) == {0: "ok", 1: "ok"}
     got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     expected = json.loads((one / "summary.json").read_text(encoding="utf-8"))
     assert got["status"] == "completed" and got["ranks"] == 2
