@@ -25,7 +25,6 @@ from fedcore.engines.ranks import Ranks
 from fedcore.engines.shard_reshard import merge_parts
 from fedcore.engines.sharded import ShardedNetwork
 from fedcore.errors import ConfigError
-from fedcore.setup import checkpoint
 from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.rank_checkpoints import (
     MANIFEST,
@@ -173,35 +172,41 @@ def test_a_2_rank_run_resumed_on_another_number_of_ranks_equals_the_uninterrupte
     assert manifest is not None and (manifest.round, manifest.world) == (4, world)
 
 
+def _other_generator(network: dict[str, Any]) -> None:
+    network["torch_rng"] = torch.Generator().manual_seed(12345).get_state()
+
+
+def _state_not_per_row(network: dict[str, Any]) -> None:
+    fields = network["state"]["fields"]
+    fields["x"] = fields["x"][:-1]
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (_other_generator, "its ranks' torch generators differ"),
+        (_state_not_per_row, "its rule keeps state that is not one row per peer"),
+    ],
+)
 def test_a_checkpoint_that_cannot_be_resharded_is_refused_in_one_line(
-    stopped: tuple[Config, Path, Path], tmp_path: Path
+    stopped: tuple[Config, Path, Path], damage: Any, says: str
 ) -> None:
-    """Ranks whose torch generators differ (a rank drew from it for its own rows): no
+    """Ranks whose torch generators differ (a rank drew from it for its own rows), or a
+    rule state with a field that is not one row per peer, the same on every rank: no
     re-sharding can be exact, so it is refused with the number of ranks to use."""
     config, _, stopped_out = stopped
-    out = tmp_path / "two"
-    shutil.copytree(stopped_out, out)
-    path = rank_file(out, 1, 2, 2)
-    saved = checkpoint.read(path)
-    torch.manual_seed(12345)
-    saved["network"]["torch_rng"] = torch.get_rng_state()
-    checkpoint.write(path.parent, 2, saved)
-    where = out / "checkpoints" / MANIFEST
-    manifest = json.loads(where.read_text(encoding="utf-8"))
-    digest, size = checkpoint.header(path)
-    manifest["files"][1].update(sha256=digest, bytes=size)
-    where.write_text(json.dumps(manifest), encoding="utf-8")
     setup = prepare_run(config, hosts_all=True, simulated=True)
     net = ShardedNetwork(setup, Ranks(0, 1))
-    read = read_manifest(out)
-    assert read is not None
-    _, parts = load_parts(out, read, Ranks(0, 1), setup.run_id, net.mine.numpy())
+    manifest = read_manifest(stopped_out)
+    assert manifest is not None
+    _, parts = load_parts(stopped_out, manifest, Ranks(0, 1), setup.run_id, net.mine.numpy())
     assert [part.rank for part in parts] == [0, 1]
+    merge_parts(net, parts, manifest.world)  # as they are: they fit
+    damage(parts[1].network)
     with pytest.raises(ConfigError) as caught:
-        merge_parts(net, parts, read.world)
+        merge_parts(net, parts, manifest.world)
     text = str(caught.value)
-    assert "its ranks' torch generators differ" in text and "resume with --ranks 2" in text
-    assert "\n" not in text
+    assert says in text and "resume with --ranks 2" in text and "\n" not in text, text
 
 
 def _missing(out: Path) -> None:
