@@ -5,6 +5,7 @@ bit, in memory that does not grow with the population, refusing what it does not
 from __future__ import annotations
 
 import json
+import shutil
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -280,12 +281,13 @@ def test_a_cohort_run_over_ranks_resumes_to_the_uninterrupted_run(
     """2 ranks, checkpoints every 2 rounds, Ctrl-C at the start of round 3 on every rank,
     --resume on 2 ranks: the one-process run's global model, records and figures (each
     rank's clients parked mid-epoch with their Adam states, FedAvgM's velocity on every
-    rank). Another number of ranks, or a manifest of another run, is refused in one line
-    before any rank joins the others."""
+    rank). Another number of ranks, a manifest of another run, or a rank file of another
+    engine is refused in one line before any rank joins the others."""
     from fedcore.cli import main
     from fedcore.engines.ranks import Ranks
+    from fedcore.setup import checkpoint
     from fedcore.simulation.population import simulate_cohort_rank
-    from fedcore.simulation.rank_checkpoints import MANIFEST
+    from fedcore.simulation.rank_checkpoints import MANIFEST, rank_file
     from tests.engines.test_sharded_resume import run_world
 
     config = load_config(
@@ -324,6 +326,15 @@ def test_a_cohort_run_over_ranks_resumes_to_the_uninterrupted_run(
     other = load_config(None, [*POPULATION, "simulate.engine=cohort", "topology.nodes=13"])
     with pytest.raises(ConfigError, match=r"belong to another run than its config\.toml"):
         simulate_cohort_rank(other, Ranks(0, 2, 0, "127.0.0.1", 1), out_dir=out, resume=True)
+    swapped = tmp_path / "swapped"  # rank 1's file says it is another engine's
+    shutil.copytree(out, swapped)
+    path = rank_file(swapped, 1, 2, 2)
+    checkpoint.write(path.parent, 2, {**checkpoint.read(path), "kind": "sharded-rank"})
+    digest, size = checkpoint.header(path)
+    manifest["files"][1].update(sha256=digest, bytes=size)
+    (swapped / "checkpoints" / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"rank 1 of 2's checkpoint in .* is not a cohort run's"):
+        simulate_cohort_rank(config, Ranks(1, 2, 0, "127.0.0.1", 1), out_dir=swapped, resume=True)
     assert run_world(config, out, resume=True) == {0: "ok", 1: "ok"}
     resumed = json.loads((out / "summary.json").read_text())
     for key in ("params_sha256", "final", "traffic", "clients_held", "status", "rounds_completed"):
