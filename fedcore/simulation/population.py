@@ -210,7 +210,8 @@ def _execute(
                 _save(net, account, out, name, overrides, began)
     except KeyboardInterrupt:
         status = "interrupted"
-        raise
+        said = _where_it_stopped(out, account.rounds_done, rounds, every)
+        raise KeyboardInterrupt(said) from None
     except BaseException as exc:
         status, error = "failed", first_line(str(exc)) or type(exc).__name__
         raise
@@ -221,6 +222,16 @@ def _execute(
             summary = _summary(net, account, name, overrides, wall, status, error, len(net.store))
             write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
     return _summary(net, account, name, overrides, wall, status, error, net.clients_held())
+
+
+def _where_it_stopped(out: Path, done: int, rounds: int, every: int) -> str:
+    """What an interrupted run says (after ``fedcore: interrupted``), as the other engines'
+    runs say it: where its results are, and how to continue it."""
+    if not every:
+        how = " (set run.checkpoint_every to make a run resumable)"
+    else:
+        how = f"; continue with: fedcore simulate --resume {out}" if done >= every else ""
+    return f"after round {done} of {rounds}; the results so far are in {out}{how}"
 
 
 def _save(

@@ -313,7 +313,11 @@ def test_a_cohort_run_over_ranks_resumes_to_the_uninterrupted_run(
     whole = simulate(config, out_dir=tmp_path / "whole", show_progress=False, threads=1)
     out = tmp_path / "two"
     outcomes = run_world(config, out, stop=3)
-    assert outcomes == {0: "KeyboardInterrupt: ", 1: "KeyboardInterrupt: "}, outcomes
+    assert outcomes[0] == (
+        f"KeyboardInterrupt: after round 3 of 5; the results so far are in {out}; continue "
+        f"with: fedcore simulate --resume {out}"
+    ), outcomes
+    assert outcomes[1] == "KeyboardInterrupt: ", outcomes
     cut = json.loads((out / "summary.json").read_text())
     assert (cut["status"], cut["rounds_completed"], cut["ranks"]) == ("interrupted", 3, 2)
     manifest = json.loads((out / "checkpoints" / MANIFEST).read_text())
