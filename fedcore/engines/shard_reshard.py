@@ -16,8 +16,9 @@ bytes of every old rank go to the new rank 0 (the summary adds them up). torch's
 generator must be the same on every old rank (no rank drew from it for its own rows; the
 algorithms and models a sharded run runs draw nothing from it, so it is the run's seed):
 otherwise, or where a rule keeps state that is not one row per peer (an algorithm's
-state per edge), the checkpoint cannot be re-sharded and is refused in one line that
-says to resume on ``R`` ranks.
+state per edge), or a rank's checkpoint holds more than the parts above, the checkpoint
+cannot be re-sharded exactly and is refused in one line that says to resume on ``R``
+ranks.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ from fedcore.setup import checkpoint
 from fedcore.setup.prepare import RunSetup
 
 __all__ = ["Part", "merge_parts", "placement_rows"]
+
+
+_KNOWN = frozenset(
+    ("round", "rows", "state", "batches", "codec", "faults", "halo_bytes", "torch_rng")
+)
+"""What a rank's checkpoint holds that :func:`merge_parts` puts together; a checkpoint
+that holds more is refused (no guess at how it moves with the rows)."""
 
 
 class Part(NamedTuple):
@@ -108,6 +116,9 @@ def merge_parts(net: Any, parts: Sequence[Part], old_world: int) -> dict[str, An
         return out
 
     saved = [part.network for part in parts]
+    unknown = sorted(set().union(*saved) - _KNOWN)
+    if unknown:  # state a later rank_state keeps, which this module does not place
+        raise _refuse(old_world, f"it holds {', '.join(map(repr, unknown))}, not placed by row")
     rounds = {int(s["round"]) for s in saved}
     rng = [s["torch_rng"] for s in saved]
     if len(rounds) != 1 or any(not torch.equal(rng[0], r) for r in rng[1:]):

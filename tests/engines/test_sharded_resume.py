@@ -181,19 +181,25 @@ def _state_not_per_row(network: dict[str, Any]) -> None:
     fields["x"] = fields["x"][:-1]
 
 
+def _more_state(network: dict[str, Any]) -> None:
+    network["edges"] = torch.zeros(3)
+
+
 @pytest.mark.parametrize(
     ("damage", "says"),
     [
         (_other_generator, "its ranks' torch generators differ"),
         (_state_not_per_row, "its rule keeps state that is not one row per peer"),
+        (_more_state, "it holds 'edges', not placed by row"),
     ],
 )
 def test_a_checkpoint_that_cannot_be_resharded_is_refused_in_one_line(
     stopped: tuple[Config, Path, Path], damage: Any, says: str
 ) -> None:
-    """Ranks whose torch generators differ (a rank drew from it for its own rows), or a
-    rule state with a field that is not one row per peer, the same on every rank: no
-    re-sharding can be exact, so it is refused with the number of ranks to use."""
+    """Ranks whose torch generators differ (a rank drew from it for its own rows), a rule
+    state with a field that is not one row per peer, or a rank state this fedcore does
+    not place by row: no re-sharding can be exact, so it is refused with the number of
+    ranks to use."""
     config, _, stopped_out = stopped
     setup = prepare_run(config, hosts_all=True, simulated=True)
     net = ShardedNetwork(setup, Ranks(0, 1))
