@@ -483,8 +483,9 @@ def _resumed(
         out,
         config.run.checkpoint_every,
     )
-    overrides = list(prior_summary(out).get("overrides", []))
-    return str(prior_summary(out).get("name") or _run_name(config, overrides)), overrides
+    prior = prior_summary(out)
+    overrides = list(prior.get("overrides", []))
+    return str(prior.get("name") or _run_name(config, overrides)), overrides
 
 
 def resume_cohort(
