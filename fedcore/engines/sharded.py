@@ -89,7 +89,8 @@ Design (:func:`setup_refusal` says what it does not run yet):
   (:mod:`fedcore.engines.shard_state`); each rank writes its own file every
   ``run.checkpoint_every`` rounds, rank 0 a manifest once all are written, and ``--resume``
   loads each rank's file of the manifest's round on the same R ranks (the same blocks):
-  :mod:`fedcore.simulation.rank_checkpoints`.
+  :mod:`fedcore.simulation.rank_checkpoints`; on another number of ranks each new rank
+  reads the rows it now holds from the old ranks' files (:mod:`fedcore.engines.shard_reshard`).
 """
 
 from __future__ import annotations

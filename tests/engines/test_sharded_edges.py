@@ -40,7 +40,7 @@ from fedcore.simulation.rank_checkpoints import rank_file
 from fedcore.simulation.simulate import simulate
 from tests.engines.test_sharded import SAME, _config, _edges, _records, run_ranks
 from tests.engines.test_sharded_faults import CODECS, FAULTS
-from tests.engines.test_sharded_resume import STOP_AT, _two_ranks
+from tests.engines.test_sharded_resume import STOP_AT, run_world
 from tests.engines.test_sharded_schedules import _config as _schedule_config
 from tests.engines.test_vectorized import GRAPHS, ODD_IDS
 
@@ -164,14 +164,14 @@ def test_resume_of_robust_push_sum_on_2_ranks_equals_the_uninterrupted_run(
     one = folder / "robust-resume-one"
     expected = _one(config, one)
     out = folder / "robust-resume-2"
-    outcomes = _two_ranks(config, out, stop=STOP_AT)
+    outcomes = run_world(config, out, stop=STOP_AT)
     assert outcomes[0].startswith(f"KeyboardInterrupt: after round {STOP_AT} of 6"), outcomes
     saved = checkpoint.read(rank_file(out, 1, 2, 2))
     totals = saved["network"]["state"]["fields"]  # rank 1's out- and in-edges' totals
     assert totals["sent_x"].shape[0] > 0 and totals["seen_omega"].shape[0] > 0
     resumed = folder / "robust-resumed"
     shutil.copytree(out, resumed)
-    assert _two_ranks(config, resumed, resume=True) == {0: "ok", 1: "ok"}
+    assert run_world(config, resumed, resume=True) == {0: "ok", 1: "ok"}
     got = _equal(resumed, one, expected, 2)
     assert got["status"] == "completed" and got["faults"]
 
