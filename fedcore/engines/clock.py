@@ -189,6 +189,12 @@ class SharedClock:
         self._rounds[t] = _Round(times, edges)
         return times
 
+    def forget(self, t: int) -> None:
+        """Keep no times of the rounds before ``t``: an engine that asks about no past
+        round (a sharded run's ranks, :mod:`fedcore.engines.shard_time`)."""
+        for old in [r for r in self._rounds if r < t]:
+            del self._rounds[old]
+
     def _forget(self) -> None:
         """Drop the rounds every node is past (the message engine's nodes drift apart
         as far as the algorithm lets them: without messages, a whole run)."""

@@ -24,7 +24,7 @@ lost edge: rank 0 asks the plan for them itself in the rounds whose records it w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -34,6 +34,7 @@ from fedcore.engines.vectorized import _Counter
 from fedcore.faults import FaultPlan
 
 __all__ = [
+    "Lost",
     "RowCounts",
     "ShardFaults",
     "keep_up",
@@ -41,6 +42,10 @@ __all__ = [
     "reduce_total",
     "unpack_counts",
 ]
+
+Lost: TypeAlias = torch.Tensor | None
+"""A phase's mask over every message of the round's graph (``[M]`` bool), or ``None``:
+not known (the plan is asked) or, for late messages, none late."""
 
 _FIELDS = (
     "sent",
@@ -51,14 +56,15 @@ _FIELDS = (
     "missing",
     "dropped",
     "missing_senders",
+    "late",
 )
 """The per-node counts of a :class:`_Counter`, in the order :class:`RowCounts` holds them."""
 
 
 class RowCounts:
-    """One round's counts of a rank's ``b`` rows, ``[b, 8]`` integers in the order of
+    """One round's counts of a rank's ``b`` rows, ``[b, 9]`` integers in the order of
     :data:`_FIELDS` (``missing_senders``: how many of a row's messages were missing at an
-    up receiver)."""
+    up receiver; ``late``: its messages past the virtual deadline)."""
 
     def __init__(self, b: int) -> None:
         """Zero counts for ``b`` rows."""
@@ -71,14 +77,14 @@ class RowCounts:
 
 
 def pack_counts(loss: torch.Tensor, counts: RowCounts) -> torch.Tensor:
-    """``[b, 9]`` float64: each row's loss, then its counts' bits (exact, whatever their
+    """``[b, 10]`` float64: each row's loss, then its counts' bits (exact, whatever their
     size), to gather on rank 0 in one go (:func:`unpack_counts`)."""
     return torch.cat([loss.unsqueeze(1), counts.values.view(torch.float64)], dim=1)
 
 
 def unpack_counts(packed: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, _Counter]:
     """Every node's loss and the round's :class:`_Counter` from the gathered
-    :func:`pack_counts` rows (``[N, 9]``)."""
+    :func:`pack_counts` rows (``[N, 10]``)."""
     values = packed[:, 1:].contiguous().view(torch.long)
     counter = _Counter(packed.shape[0], device)
     for column, name in enumerate(_FIELDS):
@@ -124,7 +130,8 @@ class ShardFaults:
     docstring).
 
     Args:
-        plan: The run's fault plan.
+        plan: The run's fault plan (``None``: deadline mode without one, where only the
+            virtual clock's late messages go missing: :mod:`fedcore.engines.shard_time`).
         messages: Per graph of the period (one for a static graph) and phase, graph by
             graph, every message of the graph (the one-process engine's
             :class:`Messages`, one per edge in the graph's edge order).
@@ -140,7 +147,7 @@ class ShardFaults:
 
     def __init__(
         self,
-        plan: FaultPlan,
+        plan: FaultPlan | None,
         messages: list[Messages],
         own: torch.Tensor,
         local_of: torch.Tensor,
@@ -158,6 +165,7 @@ class ShardFaults:
         self.outward: list[Messages] = []  # the out-edges' messages
         self.inward: list[Messages] = []
         self.edges: list[torch.Tensor] = []  # the in-edges' indices
+        self.out_edges: list[torch.Tensor] = []  # the out-edges' indices
         self.slots: list[torch.Tensor] = []  # [B, K] positions among them
         self.missing: list[torch.Tensor] = []  # per in-edge: rounds missing
         self.dropped: list[torch.Tensor] = []  # per in-edge: rounds dropped
@@ -169,6 +177,7 @@ class ShardFaults:
             self.edges.append(edges)
             self.inward.append(Messages(*(part[edges] for part in m)))
             out = torch.nonzero(own[m.src]).squeeze(1)
+            self.out_edges.append(out)
             self.outward.append(Messages(*(part[out] for part in m)))
             sends = self.active[i]
             every = torch.ones_like(m.src, dtype=torch.bool) if sends is None else sends
@@ -187,16 +196,42 @@ class ShardFaults:
 
     def up(self, t: int) -> torch.Tensor:
         """``[N]`` bool: the nodes that run round ``t`` (every rank knows every node's)."""
+        if self.plan is None:
+            return torch.ones(self.n, dtype=torch.bool)
         return ~self.plan.down_mask(t)
 
-    def arrived(self, t: int, phase: int, up: torch.Tensor, counts: RowCounts) -> torch.Tensor:
+    def _lost(self, at: int, edges: torch.Tensor, t: int, phase: int, lost: Lost) -> torch.Tensor:
+        """Which of the messages ``edges`` of entry ``at`` the plan lost in ``(t, phase)``
+        (``lost``: the whole graph's mask, if known), of those the rule sends."""
+        m = self.messages[at]
+        if lost is not None:
+            gone = lost[edges]
+        elif self.plan is not None:
+            gone = self.plan.lost_mask(m.src[edges], m.dst[edges], t, phase)
+        else:
+            gone = torch.zeros(edges.shape, dtype=torch.bool)
+        sends = self.active[at]
+        return gone if sends is None else gone & sends[edges]
+
+    def arrived(
+        self,
+        t: int,
+        phase: int,
+        up: torch.Tensor,
+        counts: RowCounts,
+        lost: Lost = None,
+        late: Lost = None,
+    ) -> torch.Tensor:
         """``[B, K]`` bool: the slots of this rank's inboxes whose message of ``phase``
         arrives in round ``t``; adds the phase's figures of this rank's rows to ``counts``
         (its in-edges' and out-edges', see the module docstring) and the in-edges' to the
-        per-edge tables, as the one-process engine counts them."""
+        per-edge tables, as the one-process engine counts them. ``lost``, ``late``: the
+        whole graph's messages lost by the plan and past the virtual deadline (``[M]``
+        bool, :class:`~fedcore.engines.shard_time.ShardTime`), if known: a late message
+        was sent but is missing at its receiver."""
         at = self._entry(t, phase)
         m = self.outward[at]
-        gone = self.plan.lost_mask(m.src, m.dst, t, phase) & self.active_out[at]
+        gone = self._lost(at, self.out_edges[at], t, phase, lost)
         ok = (~gone & self.active_out[at]).to(torch.long)
         senders = self.local_of[m.src]
         counts.add("sent", senders, ok)
@@ -204,29 +239,46 @@ class ShardFaults:
         counts.add("fp32", senders, m.fp32 * ok)
         counts.add("dropped", senders, gone & up[m.src])
         counts.add("missing_senders", senders, gone & up[m.dst])
+        if late is not None:
+            counts.add("missing_senders", senders, late[self.out_edges[at]])
         m = self.inward[at]
-        gone = self.plan.lost_mask(m.src, m.dst, t, phase) & self.active_in[at]
+        gone = self._lost(at, self.edges[at], t, phase, lost)
         ok = ~gone & self.active_in[at]
         dropped, missing = gone & up[m.src], gone & up[m.dst]
+        receivers = self.local_of[m.dst]
+        if late is not None:  # sent, so counted sent, but not received in time
+            overdue = late[self.edges[at]]
+            ok = ok & ~overdue
+            missing = missing.to(torch.long) + overdue
+            counts.add("late", receivers, overdue)
         self.dropped[at] += dropped
         self.missing[at] += missing
-        receivers = self.local_of[m.dst]
         counts.add("received", receivers, ok)
         counts.add("bytes_received", receivers, m.nbytes * ok)
         counts.add("missing", receivers, missing)
         return torch.cat([ok, ok.new_zeros(1)])[self.slots[at]]
 
-    def lost_everywhere(self, t: int, up: torch.Tensor, counter: _Counter) -> None:
+    def lost_everywhere(
+        self,
+        t: int,
+        up: torch.Tensor,
+        counter: _Counter,
+        lost: list[Lost] | None = None,
+        late: list[Lost] | None = None,
+    ) -> None:
         """Put every phase's lost messages of round ``t`` (all edges of its graph) into
-        ``counter``'s ``lost``, as the one-process engine lists them for the node records
-        (rank 0, in the rounds whose records it writes)."""
+        ``counter``'s ``lost``, then its late ones, as the one-process engine lists them
+        for the node records (rank 0, in the rounds whose records it writes); ``lost``,
+        ``late``: per phase, as :meth:`arrived` takes them."""
         for phase in range(self.phases):
             at = self._entry(t, phase)
-            m, sends = self.messages[at], self.active[at]
-            gone = self.plan.lost_mask(m.src, m.dst, t, phase)
-            if sends is not None:
-                gone = gone & sends
+            m = self.messages[at]
+            every = torch.arange(m.src.numel())
+            gone = self._lost(at, every, t, phase, None if lost is None else lost[phase])
             counter.lost.append((m, (gone & up[m.src]) | (gone & up[m.dst]), False))
+            overdue = None if late is None else late[phase]
+            if overdue is not None:
+                counter.lost.append((m, overdue, True))
 
     def tables(
         self, ranks: Ranks, nodes: tuple[str, ...]

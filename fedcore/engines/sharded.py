@@ -127,6 +127,7 @@ from fedcore.engines.shard_plan import (
 )
 from fedcore.engines.shard_state import load_rank_state, rank_state
 from fedcore.engines.shard_streams import RowStreams
+from fedcore.engines.shard_time import ShardTime, masks_of, plan_faults_and_time
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
 from fedcore.engines.stacked_graph import EdgeUnion, stack_graph
 from fedcore.engines.vectorized import (
@@ -171,6 +172,10 @@ equal by ``tests/engines/test_sharded_edges.py``. The server family waits for a 
 slice (FedAvg over a population shards its cohort on the cohort engine:
 :mod:`fedcore.engines.cohort`); the asynchronous ones run on the event engine."""
 
+HOLDS_IN_DEADLINE_MODE = ("ops",)
+"""The algorithms of :data:`SHARDED_ALGORITHMS` whose peers hold their pushes when silent
+in deadline mode, which only the message engine models (``holds_in_deadline_mode``)."""
+
 EDGE_ALGORITHMS = ("rps",)
 """The algorithms of :data:`SHARDED_ALGORITHMS` whose state is per edge whatever their
 options (robust push-sum is ``ops`` with ``robust = true``)."""
@@ -203,10 +208,11 @@ def config_refusal(config: Config) -> str | None:
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
             f"{', '.join(SHARDED_ALGORITHMS)})"
         )
-    if config.faults.active and not config.faults.announce:
+    deadline = config.transport.mode == "deadline"
+    if config.faults.active and not config.faults.announce and not deadline:
         return "faults.announce = false loses messages silently, which needs deadline mode"
-    if config.time.active or config.transport.mode != "strict":
-        return "virtual time ([time], deadline mode) is not sharded yet"
+    if deadline and algorithm.name in HOLDS_IN_DEADLINE_MODE:  # as one process refuses
+        return f"{algorithm.name} holds a silent peer's pushes in deadline mode (strict mode runs)"
     if config.simulate.partition == "metis" and not metis_available():
         return METIS_MISSING
     return None
@@ -320,16 +326,9 @@ class ShardedNetwork(ShardEdges):
         # fault plan asked for this block's in-edges, and which rounds' records list faults.
         self.local_of = torch.full((self.n,), -1, dtype=torch.long)
         self.local_of[self.mine] = torch.arange(self.b)
-        self.faults: ShardFaults | None = None
-        if setup.faults is not None:
-            messages = [  # graph by graph, phase by phase
-                self.form.messages(p, g, self._size, self.d)
-                for g in graphs
-                for p in range(self.rule.phases)
-            ]
-            own = torch.from_numpy(self.own)
-            slots = self._inbox_edges(graphs)
-            self.faults = ShardFaults(setup.faults, messages, own, self.local_of, *slots)
+        self.faults: ShardFaults | None
+        self.time: ShardTime | None  # virtual time: every rank's clock of the whole graph
+        self.faults, self.time = plan_faults_and_time(self, graphs)
         self.records = node_records_mode(setup.config, self.n)
         self.wire: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         """The round's encoded rows (``[B, width]`` uint8) of each tensor the codec
@@ -530,6 +529,7 @@ class ShardedNetwork(ShardEdges):
         faults = self.faults
         up_all = torch.ones(self.n, dtype=torch.bool) if faults is None else faults.up(t)
         up = up_all[self.mine]
+        tick = None if self.time is None else self.time.advance(t, up_all)
         loss, grad = train_rows(self, t, lr, up)  # the optimizer, the local steps
         compressed: set[int] = set()
         self.wire, self.edge_wire = {}, {}
@@ -539,7 +539,7 @@ class ShardedNetwork(ShardEdges):
         for phase in range(self.rule.phases):
             arrived = self.edge_arrived[phase] if self.edge_plans else self.arrived
             if faults is not None:
-                arrived = faults.arrived(t, phase, up_all, counts)
+                arrived = faults.arrived(t, phase, up_all, counts, *masks_of(tick, phase))
             inbox: Any = []
             if self.edge_plans:
                 inbox = self._edge_inbox(send, phase, t, up_all, arrived, compressed, rows)
@@ -560,7 +560,7 @@ class ShardedNetwork(ShardEdges):
                 return None
             counter = _Counter(self.n, self.device)
             counter.add(self.fulls[t % self.period])  # the same every period: counted once
-            return counter.done(t, up_all, loss_all, idle)
+            return counter.done(t, up_all, loss_all, idle, tick and tick.times)
         # The rows' counts travel with their losses: one gather, as without faults.
         gathered = gather_rows(self.ranks, pack_counts(loss, counts), self.shards)
         if gathered is None:
@@ -569,8 +569,8 @@ class ShardedNetwork(ShardEdges):
         if self.records == "all" or (
             self.records == "eval" and is_eval_round(self.setup.config, t)
         ):
-            faults.lost_everywhere(t, up_all, counter)
-        return counter.done(t, up_all, loss_all, idle)
+            faults.lost_everywhere(t, up_all, counter, *masks_of(tick))
+        return counter.done(t, up_all, loss_all, idle, tick and tick.times)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's checkpoint: everything :meth:`load_state_dict` needs to run its

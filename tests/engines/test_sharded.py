@@ -319,7 +319,7 @@ def test_the_halo_sends_each_boundary_row_once_per_rank(method: str) -> None:
         ("algorithm.name='doublesqueeze'", "not sharded yet"),
         ("simulate.device='cuda'", "CPU"),
         ("simulate.engine='messages'", "one process"),
-        ("transport.mode='deadline'", "deadline mode"),
+        ("transport.mode='deadline'", "ops holds a silent peer's pushes in deadline mode"),
     ],
 )
 def test_what_is_not_sharded_is_refused_in_one_line(

@@ -1,0 +1,118 @@
+"""Virtual time on a sharded run (``[time]``, ``transport.mode = "deadline"``,
+:mod:`fedcore.engines.shard_time`) against one process: every rank advances the same clock
+over the whole graph, so the ranks end with the one-process run's parameters, traffic (late
+and missing messages included), fault tables, per-node records (each peer's clock and
+compute seconds) and the summary's ``time`` block; with drops and a crash, unannounced
+faults in deadline mode, and a run resumed on 2 ranks (its clock replayed) and on 3
+(re-sharded). What stays refused is refused in one line.
+
+The ranks are forked processes, as in ``tests/engines/test_sharded.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedcore.config import Config, load_config
+from fedcore.engines.sharded import config_refusal
+from fedcore.simulation.simulate import simulate
+from tests.engines.test_sharded import SAME, _records, run_ranks
+from tests.engines.test_sharded_faults import FAULTS, _case
+from tests.engines.test_sharded_resume import STOP_AT, run_world
+
+TIME = [
+    "time.step_s=0.1",
+    "time.slow_fraction=0.3",
+    "time.slow_factor=6",
+    "time.latency_s=0.05",
+    "time.bandwidth_mb_s=0.01",
+]
+"""A third of the peers compute six times slower, links with a latency and a bandwidth:
+their messages come after a fast receiver's deadline."""
+
+DEADLINE = ["transport.mode=deadline", "transport.deadline_s=0.3"]
+
+CASES = [
+    ("dpsgd", [*TIME, *DEADLINE, *FAULTS], 2),
+    ("dog", [*TIME, *DEADLINE, *FAULTS, "faults.announce=false"], 3),
+    ("ops", [*TIME, *FAULTS, "faults.delay_s=0.2"], 2),
+    ("dpsgd", TIME, 2),
+]
+"""D-PSGD in deadline mode with drops, a partition and a crash; DOG with those lost
+silently (3 ranks); push-sum (strict mode: it holds in deadline mode) with a fault plan's
+delays; ``[time]`` alone. Deadline mode without a plan: the resumed run below."""
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sharded-time")
+
+
+def _same(out: Path, one: Path, world: int) -> None:
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    expected = json.loads((one / "summary.json").read_text(encoding="utf-8"))
+    assert got["status"] == "completed" and got["ranks"] == world
+    for key in (*SAME, "time", "time_to_target"):
+        assert got.get(key) == expected.get(key), (world, key)
+    assert _records(out) == _records(one), world
+
+
+@pytest.mark.parametrize(("algorithm", "extra", "world"), CASES)
+def test_virtual_time_on_ranks_equals_one_process(
+    algorithm: str, extra: list[str], world: int, folder: Path
+) -> None:
+    config = _case(algorithm, "fp32", False, folder, *extra)
+    assert config_refusal(config) is None
+    case = f"{algorithm}-{CASES.index((algorithm, extra, world))}"
+    one = folder / f"{case}-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    assert expected["engine"] == "vectorized"
+    out = folder / f"{case}-{world}"
+    assert run_ranks(config, world, out) == dict.fromkeys(range(world), "ok")
+    _same(out, one, world)
+    if "time.step_s=0.1" in extra:
+        assert expected["time"]["virtual_seconds"] > 0
+    if "transport.mode=deadline" in extra and "time.step_s=0.1" in extra:
+        assert expected["traffic"]["messages_late"] > 0
+
+
+def test_a_resumed_run_replays_its_clock(folder: Path, tmp_path: Path) -> None:
+    """Deadline mode without a fault plan (only late messages go missing), interrupted on
+    2 ranks after a checkpoint, resumed on 2 and on 3 (the late messages' per-edge counts
+    re-sharded): the clock replays the rounds before the checkpoint; the figures are the
+    uninterrupted run's."""
+    extra = [*TIME, *DEADLINE, "run.checkpoint_every=2"]
+    config = _case("dpsgd", "fp32", False, folder, *extra)
+    one = folder / "resume-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    assert expected["traffic"]["messages_late"] > 0
+    stopped = folder / "resume-stopped"
+    outcomes = run_world(config, stopped, stop=STOP_AT)
+    assert outcomes[0].startswith(f"KeyboardInterrupt: after round {STOP_AT}"), outcomes
+    for world in (2, 3):
+        out = tmp_path / f"resumed-{world}"
+        shutil.copytree(stopped, out)
+        assert run_world(config, out, world=world, resume=True) == dict.fromkeys(range(world), "ok")
+        _same(out, one, world)
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        (["algorithm.name=ops", *DEADLINE], "ops holds a silent peer's pushes in deadline mode"),
+        (["faults.drop=0.1", "faults.announce=false", *TIME], "needs deadline mode"),
+        (["algorithm.name=ops", "time.step_s=0.1"], None),
+        (["algorithm.name=rps", *DEADLINE, "faults.drop=1", "faults.announce=false"], None),
+    ],
+)
+def test_what_virtual_time_still_refuses(settings: list[str], says: str | None) -> None:
+    config: Config = load_config(None, settings)
+    why = config_refusal(config)
+    assert why == says or (says is not None and why is not None and says in why), why
