@@ -13,7 +13,9 @@ So the rows a new rank holds under the placement a fresh run on ``R'`` ranks com
 (:func:`placement_rows`) are read from the old ranks' files that hold them (the
 manifest lists each file's rows), and put in the new rank's order
 (:func:`merge_parts`): the same bits each row had, so the run goes on exactly. The halo
-bytes of every old rank go to the new rank 0 (the summary adds them up). torch's
+bytes of every old rank go to the new rank 0 (the summary adds them up); a run's virtual
+clock is the same on every old rank (:mod:`fedcore.engines.shard_time`), and every new
+rank takes it. torch's
 generator must be the same on every old rank (no rank drew from it for its own rows; the
 algorithms and models a sharded run runs draw nothing from it, so it is the run's seed):
 otherwise, or where a rule keeps state that is not one row per peer (an algorithm's
@@ -51,6 +53,7 @@ _KNOWN = frozenset(
         "faults",
         "halo_bytes",
         "torch_rng",
+        "clock",
     )
 )
 """What a rank's checkpoint holds that :func:`merge_parts` puts together; a checkpoint
@@ -134,6 +137,9 @@ def merge_parts(net: Any, parts: Sequence[Part], old_world: int) -> dict[str, An
     rng = [s["torch_rng"] for s in saved]
     if len(rounds) != 1 or any(not torch.equal(rng[0], r) for r in rng[1:]):
         raise _refuse(old_world, "its ranks' torch generators differ")
+    clocks = [s.get("clock") for s in saved]
+    if any(not _same_tree(clocks[0], c) for c in clocks[1:]):
+        raise _refuse(old_world, "its ranks' virtual clocks differ")
     start = net.start.unsqueeze(0)
     probes = (net.rule.init(start.repeat(2, 1)), net.rule.init(start.repeat(3, 1)))
     sizes = [part.rows.size for part in parts]
@@ -164,7 +170,25 @@ def merge_parts(net: Any, parts: Sequence[Part], old_world: int) -> dict[str, An
         "faults": _merge_faults(net, parts),
         "halo_bytes": sum(int(s["halo_bytes"]) for s in saved) if net.ranks.rank == 0 else 0,
         "torch_rng": rng[0],
+        "clock": clocks[0],
     }
+
+
+def _same_tree(a: Any, b: Any) -> bool:
+    """Whether two checkpoint values (tensors, numbers, ``None``, in lists and dicts)
+    are equal, bit for bit."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and torch.equal(a, b)
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_tree(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same_tree(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
 
 
 def _merge_batches(

@@ -5,7 +5,8 @@ continues from it (:func:`load_rank_state`): the part of
 A rank's next round is a function of its rows' rule state (a rule whose state is per edge,
 robust push-sum: its rows' out- and in-edges' totals, which never leave the rank) and node
 optimizer state, their places in their data (generators, positions, epoch orders), the
-generators of its rows' codecs, and torch's global generator; its fault counts (per
+generators of its rows' codecs, torch's global generator and, with virtual time, the
+run's clock (every rank's the same: :mod:`fedcore.engines.shard_time`); its fault counts (per
 in-edge of its rows) and the halo bytes it has sent are what the run's figures add up at
 the end. All of it is this rank's own, so each rank writes and reads only its own file
 (:mod:`fedcore.simulation.rank_checkpoints` says where, and how a manifest ties the ranks'
@@ -24,6 +25,7 @@ from fedcore.data.batches import StackedBatches
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.shard_faults import ShardFaults
 from fedcore.engines.shard_streams import RowStreams
+from fedcore.engines.shard_time import ShardTime
 from fedcore.errors import ConfigError
 from fedcore.setup import checkpoint
 
@@ -42,6 +44,7 @@ class RankBlock(Protocol):
     batches: StackedBatches | RowStreams
     codec: RowCodec
     faults: ShardFaults | None
+    time: ShardTime | None
     halo_bytes: int
     round: int
 
@@ -64,6 +67,7 @@ def rank_state(net: RankBlock) -> dict[str, Any]:
         else [[m.clone(), d.clone()] for m, d in zip(faults.missing, faults.dropped, strict=True)],
         "halo_bytes": net.halo_bytes,
         "torch_rng": torch.get_rng_state(),
+        "clock": None if net.time is None else net.time.state_dict(),
     }
 
 
@@ -105,6 +109,10 @@ def load_rank_state(net: RankBlock, saved: dict[str, Any]) -> None:
                 dropped.copy_(d)
         net.halo_bytes = int(saved["halo_bytes"])
         torch.set_rng_state(saved["torch_rng"])
+        if (net.time is None) != (saved.get("clock") is None) and "clock" in saved:
+            raise ValueError("virtual time in one and not the other")
+        if net.time is not None:  # none saved (an older checkpoint): the clock replays
+            net.time.load_state_dict(saved.get("clock"))
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise ConfigError(
             f"the checkpoint of {label} does not fit this run ({str(exc).splitlines()[0]}): "

@@ -25,10 +25,11 @@ Deadline mode counts every message at its receiver's rank as a fault plan does
 was sent (its bytes count) and is missing at its receiver (the summary's
 ``messages_late``, the per-edge ``missing`` table). Unannounced faults
 (``faults.announce = false``) change only what the clock waits for, so they run in
-deadline mode as one process runs them. A resumed run's clock first replays the rounds
-before the checkpoint from its own traffic (:meth:`~fedcore.engines.clock.SharedClock.advance`,
-as one process resumes): it is a function of the config, so no checkpoint holds it and
-re-sharding has nothing of it to place.
+deadline mode as one process runs them. Every rank's checkpoint holds the clock
+(:meth:`ShardTime.state_dict`: each peer's time, busy seconds and steps, the on/off periods
+reached, ``O(peers)``), the same on every rank, so re-sharding takes any old rank's; a
+checkpoint without it (an older fedcore's) replays the clock from round 0 over its own
+traffic, as one process resumes (:meth:`~fedcore.engines.clock.SharedClock.advance`).
 """
 
 from __future__ import annotations
@@ -109,6 +110,20 @@ class ShardTime:
         deadline = self.clock.deadline
         late = [mask if deadline and bool(mask.any()) else None for mask in times.late]
         return Tick(times, lost, late)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The clock after the last round advanced (for a checkpoint: every rank's)."""
+        return self.clock.clock.state_dict()
+
+    def load_state_dict(self, saved: dict[str, Any] | None) -> None:
+        """Continue from a :meth:`state_dict` (``None``: a checkpoint without one, whose
+        next round replays the clock from round 0).
+
+        Raises:
+            ValueError: it is of other peers.
+        """
+        if saved is not None:
+            self.clock.clock.load_state_dict(saved)
 
 
 def masks_of(tick: Tick | None, phase: int | None = None) -> tuple[Any, Any]:

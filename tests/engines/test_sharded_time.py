@@ -3,8 +3,8 @@
 over the whole graph, so the ranks end with the one-process run's parameters, traffic (late
 and missing messages included), fault tables, per-node records (each peer's clock and
 compute seconds) and the summary's ``time`` block; with drops and a crash, unannounced
-faults in deadline mode, and a run resumed on 2 ranks (its clock replayed) and on 3
-(re-sharded). What stays refused is refused in one line.
+faults in deadline mode, and a run resumed on 2 ranks and on 3 (re-sharded), the clock
+read from the ranks' checkpoints. What stays refused is refused in one line.
 
 The ranks are forked processes, as in ``tests/engines/test_sharded.py``.
 """
@@ -19,7 +19,13 @@ import pytest
 import torch
 
 from fedcore.config import Config, load_config
-from fedcore.engines.sharded import config_refusal
+from fedcore.engines.clock import virtual_clock
+from fedcore.engines.ranks import Ranks
+from fedcore.engines.shard_reshard import merge_parts
+from fedcore.engines.sharded import ShardedNetwork, config_refusal
+from fedcore.errors import ConfigError
+from fedcore.setup.prepare import prepare_run
+from fedcore.simulation.rank_checkpoints import load_parts, read_manifest
 from fedcore.simulation.simulate import simulate
 from tests.engines.test_sharded import SAME, _records, run_ranks
 from tests.engines.test_sharded_faults import FAULTS, _case
@@ -82,11 +88,10 @@ def test_virtual_time_on_ranks_equals_one_process(
         assert expected["traffic"]["messages_late"] > 0
 
 
-def test_a_resumed_run_replays_its_clock(folder: Path, tmp_path: Path) -> None:
+def test_a_resumed_run_reads_its_clock(folder: Path, tmp_path: Path) -> None:
     """Deadline mode without a fault plan (only late messages go missing), interrupted on
     2 ranks after a checkpoint, resumed on 2 and on 3 (the late messages' per-edge counts
-    re-sharded): the clock replays the rounds before the checkpoint; the figures are the
-    uninterrupted run's."""
+    re-sharded): the figures are the uninterrupted run's."""
     extra = [*TIME, *DEADLINE, "run.checkpoint_every=2"]
     config = _case("dpsgd", "fp32", False, folder, *extra)
     one = folder / "resume-one"
@@ -101,6 +106,21 @@ def test_a_resumed_run_replays_its_clock(folder: Path, tmp_path: Path) -> None:
         shutil.copytree(stopped, out)
         assert run_world(config, out, world=world, resume=True) == dict.fromkeys(range(world), "ok")
         _same(out, one, world)
+    # Every rank's file holds the clock: one rank reads it from the 2 ranks' files
+    # (re-sharded) and goes on from the checkpoint's round, with no replay; clocks
+    # that differ cannot be re-sharded.
+    setup = prepare_run(config, hosts_all=True, simulated=True)
+    setup.clock = virtual_clock(setup)
+    net = ShardedNetwork(setup, Ranks(0, 1))
+    manifest = read_manifest(stopped)
+    assert manifest is not None and manifest.round == 2
+    _, parts = load_parts(stopped, manifest, Ranks(0, 1), setup.run_id, net.mine.numpy())
+    net.load_state_dict(merge_parts(net, parts, 2))
+    assert net.time is not None and net.time.clock.clock.round == 2
+    assert float(net.time.clock.clock.clock.max()) > 0
+    parts[1].network["clock"]["busy"][0] += 1.0
+    with pytest.raises(ConfigError, match="its ranks' virtual clocks differ"):
+        merge_parts(net, parts, 2)
 
 
 @pytest.mark.parametrize(
