@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedcore.config import Config, load_config
+from fedcore.config import Config, TimeConfig, load_config
 from fedcore.engines.clock import virtual_clock
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.shard_reshard import merge_parts
@@ -27,19 +27,22 @@ from fedcore.errors import ConfigError
 from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.rank_checkpoints import load_parts, read_manifest
 from fedcore.simulation.simulate import simulate
+from fedcore.timing import PhaseTraffic, RoundClock, TimeModel
 from tests.engines.test_sharded import SAME, _records, run_ranks
 from tests.engines.test_sharded_faults import FAULTS, _case
 from tests.engines.test_sharded_resume import STOP_AT, run_world
 
 TIME = [
     "time.step_s=0.1",
+    "time.compute=lognormal",
     "time.slow_fraction=0.3",
     "time.slow_factor=6",
     "time.latency_s=0.05",
     "time.bandwidth_mb_s=0.01",
 ]
-"""A third of the peers compute six times slower, links with a latency and a bandwidth:
-their messages come after a fast receiver's deadline."""
+"""Steps of lognormal seconds (drawn by each peer's step count), a third of the peers six
+times slower, links with a latency and a bandwidth: some messages come after their
+receiver's deadline."""
 
 DEADLINE = ["transport.mode=deadline", "transport.deadline_s=0.3"]
 
@@ -136,3 +139,32 @@ def test_what_virtual_time_still_refuses(settings: list[str], says: str | None) 
     config: Config = load_config(None, settings)
     why = config_refusal(config)
     assert why == says or (says is not None and why is not None and says in why), why
+
+
+@pytest.mark.parametrize("periods", [True, False])
+def test_a_clock_goes_on_from_its_state_exactly(periods: bool) -> None:
+    """A clock loaded from another's :meth:`~fedcore.timing.RoundClock.state_dict` (the
+    peers' times, busy seconds, steps, on/off periods reached) advances as that one does,
+    bit for bit; a state of other peers is refused."""
+    nodes = [f"p{i}" for i in range(5)]
+    keys = {"step_s": 0.3, "compute": "lognormal", "latency_s": 0.01, "bandwidth_mb_s": 1.0}
+    if periods:
+        keys |= {"on_s": 1.0, "off_s": 0.5}
+
+    def clock() -> RoundClock:
+        model = TimeModel(TimeConfig(**keys), run_seed=1, nodes=nodes)  # type: ignore[arg-type]
+        return RoundClock(model, steps=2, deadline_s=0.4)
+
+    src, dst = torch.tensor([0, 1, 2, 3, 4, 0]), torch.tensor([1, 2, 3, 4, 0, 2])
+    every = torch.ones(6, dtype=torch.bool)
+    traffic = [PhaseTraffic(src, dst, torch.full((6,), 1000), every, every)]
+    up = torch.ones(5, dtype=torch.bool)
+    first, second = clock(), clock()
+    for t in range(3):
+        first.advance(t, up, up, traffic)
+    second.load_state_dict(first.state_dict())
+    for t in range(3, 6):
+        a, b = first.advance(t, up, up, traffic), second.advance(t, up, up, traffic)
+        assert torch.equal(a.end, b.end) and torch.equal(a.late[0], b.late[0])
+    with pytest.raises(ValueError, match="other peers"):
+        second.load_state_dict({**first.state_dict(), "clock": torch.zeros(4)})
