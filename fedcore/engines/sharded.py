@@ -102,6 +102,7 @@ import numpy as np
 import torch
 
 from fedcore.algorithms.rule import Rows, Rule, Send, Slot, is_rule
+from fedcore.algorithms.user import is_import_path
 from fedcore.config import Config
 from fedcore.data.batches import StackedBatches
 from fedcore.engines.batched import batched_form, raise_bad
@@ -198,10 +199,10 @@ def config_refusal(config: Config) -> str | None:
             "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
             "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
         )
-    if algorithm.name not in SHARDED_ALGORITHMS:
+    if algorithm.name not in SHARDED_ALGORITHMS and not is_import_path(algorithm.name):
         return (
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
-            f"{', '.join(SHARDED_ALGORITHMS)})"
+            f"{', '.join(SHARDED_ALGORITHMS)} and a user's rule)"
         )
     if config.faults.active and not config.faults.announce:
         return "faults.announce = false loses messages silently, which needs deadline mode"

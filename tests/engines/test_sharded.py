@@ -45,6 +45,7 @@ from fedcore.engines.sharded import (
     SHARDED_ALGORITHMS,
     config_refusal,
     plan_halo,
+    setup_refusal,
 )
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.errors import ConfigError
@@ -395,6 +396,30 @@ def test_online_streams_on_ranks_equal_one_process(stream: list[str], folder: Pa
     assert _records(out) == _records(one)
     if "run.regret=true" in stream:
         assert got["final"]["dynamic_regret"] == expected["final"]["dynamic_regret"]
+
+
+def test_a_users_rule_on_ranks_equals_one_process(folder: Path) -> None:
+    """A user's rule by import path (the example's momentum gossip) runs stacked on each
+    rank as on one process, a peer crashed on the way; a per-message algorithm (no rule)
+    is refused by every rank before it joins."""
+    path = "examples.user_algorithm.momentum_gossip:MomentumGossip"
+    crash = f"faults.crashes=[{{node={ODD_IDS[3]!r},at=1,back=3}}]"
+    graph = [s for s in GRAPHS["dpsgd"] if "topology" not in s]
+    config = _config("dpsgd", folder, *graph, f"algorithm.name={path}", "algorithm.beta=0.5", crash)
+    assert config_refusal(config) is None
+    one = folder / "user-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    out = folder / "user-2"
+    assert run_ranks(config, 2, out) == {0: "ok", 1: "ok"}
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    assert _records(out) == _records(one)
+    other = "tests.algorithms.test_user_algorithm:MyCentral"
+    setup = prepare_run(load_config(None, [f"algorithm.name={other}", "topology.nodes=4"]))
+    why = setup_refusal(setup)
+    assert why is not None and "has no batched form" in why
 
 
 def test_torchrun_environment_is_read() -> None:
