@@ -496,7 +496,9 @@ class ShardedNetwork(ShardEdges):
             name: value if id(value) in compressed else self._roundtrip(value, up, t)
             for name, value in send.tensors.items()
         }
-        far_t, far_s = self._exchange(decoded, send.scalars, halo.send_rows, counts, up, far_up)
+        far_t, far_s = self._exchange_start(
+            decoded, send.scalars, halo.send_rows, counts, up, far_up
+        )()
         tensors = {k: torch.cat([v, far_t[k]]) for k, v in decoded.items()}
         scalars = {k: torch.cat([v, far_s[k]]) for k, v in send.scalars.items()}
         return slots_of(tensors, scalars, send.weighted, self.nbr, self.slot_weight, arrived)
