@@ -102,6 +102,7 @@ import numpy as np
 import torch
 
 from fedcore.algorithms.rule import Rows, Rule, Send, Slot, is_rule
+from fedcore.algorithms.user import is_import_path
 from fedcore.config import Config
 from fedcore.data.batches import StackedBatches
 from fedcore.engines.batched import batched_form, raise_bad
@@ -203,10 +204,10 @@ def config_refusal(config: Config) -> str | None:
             "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
             "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
         )
-    if algorithm.name not in SHARDED_ALGORITHMS:
+    if algorithm.name not in SHARDED_ALGORITHMS and not is_import_path(algorithm.name):
         return (
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
-            f"{', '.join(SHARDED_ALGORITHMS)})"
+            f"{', '.join(SHARDED_ALGORITHMS)} and a user's rule)"
         )
     deadline = config.transport.mode == "deadline"
     if config.faults.active and not config.faults.announce and not deadline:
@@ -494,7 +495,9 @@ class ShardedNetwork(ShardEdges):
             name: value if id(value) in compressed else self._roundtrip(value, up, t)
             for name, value in send.tensors.items()
         }
-        far_t, far_s = self._exchange(decoded, send.scalars, halo.send_rows, counts, up, far_up)
+        far_t, far_s = self._exchange_start(
+            decoded, send.scalars, halo.send_rows, counts, up, far_up
+        )()
         tensors = {k: torch.cat([v, far_t[k]]) for k, v in decoded.items()}
         scalars = {k: torch.cat([v, far_s[k]]) for k, v in send.scalars.items()}
         return slots_of(tensors, scalars, send.weighted, self.nbr, self.slot_weight, arrived)
