@@ -40,7 +40,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -427,29 +427,6 @@ class TimeModel:
         on_end[moving] = moments[rows, 2 * step + 2]
         self._cycle[moving] = self._cycle[moving] + 1 + step
 
-    def periods(self) -> list[torch.Tensor | None]:
-        """The on/off periods each peer has reached (what :meth:`available_from` moves
-        on), copied: a checkpoint's part of the model (:meth:`RoundClock.state_dict`)."""
-        on_end = None if self._on_end is None else self._on_end.clone()
-        return [self._cycle.clone(), self._on_start.clone(), self._off_start.clone(), on_end]
-
-    def set_periods(self, saved: Sequence[torch.Tensor | None]) -> None:
-        """Continue from :meth:`periods` of a model of the same ``[time]`` and peers.
-
-        Raises:
-            ValueError: they are of other peers or other periods.
-        """
-        cycle, on_start, off_start, on_end = saved
-        if (on_end is None) != (self._on_end is None) or cycle is None:
-            raise ValueError("on/off periods in one and not the other")
-        for mine, theirs in zip(
-            (self._cycle, self._on_start, self._off_start, self._on_end),
-            (cycle, on_start, off_start, on_end),
-            strict=True,
-        ):
-            if mine is not None and theirs is not None:
-                mine.copy_(theirs)
-
     def _period(self, kind: int, nodes: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Exponential on (``kind`` ``_ON``) or off durations of the peers' ``k``-th period."""
         mean = self.time.on_s if kind == _ON else self.time.off_s
@@ -539,33 +516,6 @@ class RoundClock:
         self.round = 0
         """The next round to advance."""
         self._all = torch.arange(n)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything the next :meth:`advance` reads that rounds change, copied (for a
-        checkpoint): every peer's time, busy seconds and steps taken, the round, the on/off
-        periods reached."""
-        return {
-            "round": self.round,
-            "clock": self.clock.clone(),
-            "busy": self.busy.clone(),
-            "taken": self.taken.clone(),
-            "periods": self.model.periods(),
-        }
-
-    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
-        """Continue from a :meth:`state_dict` of a clock of the same run.
-
-        Raises:
-            ValueError: it is of other peers (or not a clock's).
-        """
-        tensors = [saved["clock"], saved["busy"], saved["taken"]]
-        if any(not isinstance(v, torch.Tensor) or v.shape != self.clock.shape for v in tensors):
-            raise ValueError("a clock of other peers")
-        self.model.set_periods(saved["periods"])
-        self.clock = tensors[0].to(_F64).clone()
-        self.busy = tensors[1].to(_F64).clone()
-        self.taken = tensors[2].to(torch.int64).clone()
-        self.round = int(saved["round"])
 
     def advance(
         self, t: int, up: torch.Tensor, training: torch.Tensor, phases: Sequence[PhaseTraffic]

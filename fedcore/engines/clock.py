@@ -16,8 +16,9 @@ on the vectorized engine too. Real peers (``fedcore node``) keep wall-clock dead
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.timing import PhaseTraffic, RoundClock, RoundTimes, TimeModel
 
-__all__ = ["SharedClock", "phase_traffic", "virtual_clock"]
+__all__ = ["SharedClock", "clock_state", "load_clock_state", "phase_traffic", "virtual_clock"]
 
 _KEPT = 4
 """Rounds of times the clock keeps at least; it keeps every round some node may still
@@ -61,6 +62,34 @@ def phase_traffic(
     if plan.faults.delay_s > 0:
         delay = plan.faults.delay_s * plan.uniform_edges("delay", m.src, m.dst, t, phase)
     return PhaseTraffic(m.src, m.dst, m.nbytes, sent, expected, delay)
+
+
+def clock_state(clock: RoundClock) -> dict[str, Any]:
+    """What ``clock``'s next round reads that rounds change, copied (for a checkpoint):
+    every peer's time, busy seconds and steps taken, and the round. The time model's on/off
+    periods reached are not kept: they are a cache (its answers are a function of the
+    moments asked, :meth:`~fedcore.timing.TimeModel.available_from`)."""
+    return {
+        "round": clock.round,
+        "clock": clock.clock.clone(),
+        "busy": clock.busy.clone(),
+        "taken": clock.taken.clone(),
+    }
+
+
+def load_clock_state(clock: RoundClock, saved: Mapping[str, Any]) -> None:
+    """Continue ``clock`` from a :func:`clock_state` of a clock of the same run.
+
+    Raises:
+        ValueError: it is of other peers (or not a clock's).
+    """
+    values = [saved["clock"], saved["busy"], saved["taken"]]
+    if any(not isinstance(v, torch.Tensor) or v.shape != clock.clock.shape for v in values):
+        raise ValueError("a clock of other peers")
+    clock.clock = values[0].to(torch.float64).clone()
+    clock.busy = values[1].to(torch.float64).clone()
+    clock.taken = values[2].to(torch.int64).clone()
+    clock.round = int(saved["round"])
 
 
 def virtual_clock(setup: RunSetup) -> SharedClock | None:

@@ -26,10 +26,10 @@ was sent (its bytes count) and is missing at its receiver (the summary's
 ``messages_late``, the per-edge ``missing`` table). Unannounced faults
 (``faults.announce = false``) change only what the clock waits for, so they run in
 deadline mode as one process runs them. Every rank's checkpoint holds the clock
-(:meth:`ShardTime.state_dict`: each peer's time, busy seconds and steps, the on/off periods
-reached, ``O(peers)``), the same on every rank, so re-sharding takes any old rank's; a
-checkpoint without it (an older fedcore's) replays the clock from round 0 over its own
-traffic, as one process resumes (:meth:`~fedcore.engines.clock.SharedClock.advance`).
+(:meth:`ShardTime.state_dict`: each peer's time, busy seconds and steps, ``O(peers)``),
+the same on every rank, so re-sharding takes any old rank's; a checkpoint without it (an
+older fedcore's) replays the clock from round 0 over its own traffic, as one process
+resumes (:meth:`~fedcore.engines.clock.SharedClock.advance`).
 """
 
 from __future__ import annotations
@@ -38,15 +38,39 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from fedcore.config import Config
 from fedcore.engines.batched import BatchedRule, Messages
-from fedcore.engines.clock import SharedClock, phase_traffic
+from fedcore.engines.clock import SharedClock, clock_state, load_clock_state, phase_traffic
 from fedcore.engines.shard_faults import Lost, ShardFaults
 from fedcore.engines.stacked_graph import StackedGraph
 from fedcore.faults import FaultPlan
 from fedcore.setup.prepare import RunSetup
 from fedcore.timing import RoundTimes
 
-__all__ = ["ShardTime", "Tick", "masks_of", "plan_faults_and_time"]
+__all__ = [
+    "HOLDS_IN_DEADLINE_MODE",
+    "ShardTime",
+    "Tick",
+    "masks_of",
+    "plan_faults_and_time",
+    "time_refusal",
+]
+
+HOLDS_IN_DEADLINE_MODE = ("ops",)
+"""The built-in sharded algorithms whose peers hold their pushes when silent in deadline
+mode (``holds_in_deadline_mode``: push-sum), which only the message engine models."""
+
+
+def time_refusal(config: Config) -> str | None:
+    """Why a sharded run cannot run ``config``'s waits (one clause), or None: what one
+    process refuses too (checked before any rank starts)."""
+    deadline = config.transport.mode == "deadline"
+    if config.faults.active and not config.faults.announce and not deadline:
+        return "faults.announce = false loses messages silently, which needs deadline mode"
+    name = config.algorithm.name
+    if deadline and name in HOLDS_IN_DEADLINE_MODE:
+        return f"{name} holds a silent peer's pushes in deadline mode (strict mode runs)"
+    return None
 
 
 class Tick(NamedTuple):
@@ -113,7 +137,7 @@ class ShardTime:
 
     def state_dict(self) -> dict[str, Any]:
         """The clock after the last round advanced (for a checkpoint: every rank's)."""
-        return self.clock.clock.state_dict()
+        return clock_state(self.clock.clock)
 
     def load_state_dict(self, saved: dict[str, Any] | None) -> None:
         """Continue from a :meth:`state_dict` (``None``: a checkpoint without one, whose
@@ -123,7 +147,7 @@ class ShardTime:
             ValueError: it is of other peers.
         """
         if saved is not None:
-            self.clock.clock.load_state_dict(saved)
+            load_clock_state(self.clock.clock, saved)
 
 
 def masks_of(tick: Tick | None, phase: int | None = None) -> tuple[Any, Any]:

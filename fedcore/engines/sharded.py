@@ -60,6 +60,10 @@ Design (:func:`setup_refusal` says what it does not run yet):
 * **Faults.** The fault plan is a keyed hash of ``(round, phase, edge)``: each rank asks it
   about the edges of its rows (:mod:`fedcore.engines.shard_faults`); a crashed row takes
   no step, reads no batch, encodes nothing and keeps its state.
+* **Virtual time** (``[time]``, deadline mode: :mod:`fedcore.engines.shard_time`). The
+  clock is a function of the whole graph's traffic: every rank advances the same clock
+  over every edge (``O(edges)`` a round on every rank) and its rows' in-edges' late
+  messages are missing, counted as a fault plan's; every rank's checkpoint holds it.
 * **Before the exchange** (:mod:`fedcore.engines.shard_local`): a node optimizer's
   direction and ``run.local_steps`` are each row's own, as on one process; so are an
   online source's batches (``data.stream``: :mod:`fedcore.engines.shard_streams`).
@@ -85,7 +89,7 @@ Design (:func:`setup_refusal` says what it does not run yet):
 * **Checkpoints.** Everything a rank's next round reads is its own: its rows' rule state
   (its edges' too),
   their places in their data, their codecs' generators, its fault counts per in-edge, its
-  halo bytes, torch's generator. :meth:`ShardedNetwork.state_dict` holds them
+  halo bytes, torch's generator, the virtual clock. :meth:`ShardedNetwork.state_dict` holds them
   (:mod:`fedcore.engines.shard_state`); each rank writes its own file every
   ``run.checkpoint_every`` rounds, rank 0 a manifest once all are written, and ``--resume``
   loads each rank's file of the manifest's round on the same R ranks (the same blocks):
@@ -128,7 +132,7 @@ from fedcore.engines.shard_plan import (
 )
 from fedcore.engines.shard_state import load_rank_state, rank_state
 from fedcore.engines.shard_streams import RowStreams
-from fedcore.engines.shard_time import ShardTime, masks_of, plan_faults_and_time
+from fedcore.engines.shard_time import ShardTime, masks_of, plan_faults_and_time, time_refusal
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
 from fedcore.engines.stacked_graph import EdgeUnion, stack_graph
 from fedcore.engines.vectorized import (
@@ -173,10 +177,6 @@ equal by ``tests/engines/test_sharded_edges.py``. The server family waits for a 
 slice (FedAvg over a population shards its cohort on the cohort engine:
 :mod:`fedcore.engines.cohort`); the asynchronous ones run on the event engine."""
 
-HOLDS_IN_DEADLINE_MODE = ("ops",)
-"""The algorithms of :data:`SHARDED_ALGORITHMS` whose peers hold their pushes when silent
-in deadline mode, which only the message engine models (``holds_in_deadline_mode``)."""
-
 EDGE_ALGORITHMS = ("rps",)
 """The algorithms of :data:`SHARDED_ALGORITHMS` whose state is per edge whatever their
 options (robust push-sum is ``ops`` with ``robust = true``)."""
@@ -209,11 +209,9 @@ def config_refusal(config: Config) -> str | None:
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
             f"{', '.join(SHARDED_ALGORITHMS)} and a user's rule)"
         )
-    deadline = config.transport.mode == "deadline"
-    if config.faults.active and not config.faults.announce and not deadline:
-        return "faults.announce = false loses messages silently, which needs deadline mode"
-    if deadline and algorithm.name in HOLDS_IN_DEADLINE_MODE:  # as one process refuses
-        return f"{algorithm.name} holds a silent peer's pushes in deadline mode (strict mode runs)"
+    why = time_refusal(config)  # deadline mode: what one process refuses too
+    if why is not None:
+        return why
     if config.simulate.partition == "metis" and not metis_available():
         return METIS_MISSING
     return None

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fedcore.config import Config, TimeConfig, load_config
-from fedcore.engines.clock import virtual_clock
+from fedcore.engines.clock import clock_state, load_clock_state, virtual_clock
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.shard_reshard import merge_parts
 from fedcore.engines.sharded import ShardedNetwork, config_refusal
@@ -28,7 +28,7 @@ from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.rank_checkpoints import load_parts, read_manifest
 from fedcore.simulation.simulate import simulate
 from fedcore.timing import PhaseTraffic, RoundClock, TimeModel
-from tests.engines.test_sharded import SAME, _records, run_ranks
+from tests.engines.test_sharded import SAME, _records, equal_on_ranks
 from tests.engines.test_sharded_faults import FAULTS, _case
 from tests.engines.test_sharded_resume import STOP_AT, run_world
 
@@ -47,12 +47,13 @@ receiver's deadline."""
 DEADLINE = ["transport.mode=deadline", "transport.deadline_s=0.3"]
 
 CASES = [
-    ("dpsgd", [*TIME, *DEADLINE, *FAULTS], 2),
+    ("dpsgd", [*TIME, *DEADLINE, *FAULTS, "run.target_accuracy=0.5"], 2),
     ("dog", [*TIME, *DEADLINE, *FAULTS, "faults.announce=false"], 3),
     ("ops", [*TIME, *FAULTS, "faults.delay_s=0.2"], 2),
     ("dpsgd", TIME, 2),
 ]
-"""D-PSGD in deadline mode with drops, a partition and a crash; DOG with those lost
+"""D-PSGD in deadline mode with drops, a partition and a crash (and the virtual time it
+first reached a target accuracy); DOG with those lost
 silently (3 ranks); push-sum (strict mode: it holds in deadline mode) with a fault plan's
 delays; ``[time]`` alone. Deadline mode without a plan: the resumed run below."""
 
@@ -78,17 +79,17 @@ def test_virtual_time_on_ranks_equals_one_process(
     config = _case(algorithm, "fp32", False, folder, *extra)
     assert config_refusal(config) is None
     case = f"{algorithm}-{CASES.index((algorithm, extra, world))}"
-    one = folder / f"{case}-one"
-    torch.set_num_threads(1)
-    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
-    assert expected["engine"] == "vectorized"
-    out = folder / f"{case}-{world}"
-    assert run_ranks(config, world, out) == dict.fromkeys(range(world), "ok")
-    _same(out, one, world)
+    got = equal_on_ranks(config, folder, case, world)
+    expected = json.loads((folder / f"{case}-one" / "summary.json").read_text(encoding="utf-8"))
+    assert expected["engine"] == "vectorized" and got["ranks"] == world
+    for key in ("time", "time_to_target"):  # the virtual seconds, each peer's utilisation
+        assert got.get(key) == expected.get(key), key
     if "time.step_s=0.1" in extra:
         assert expected["time"]["virtual_seconds"] > 0
-    if "transport.mode=deadline" in extra and "time.step_s=0.1" in extra:
+    if "transport.mode=deadline" in extra:
         assert expected["traffic"]["messages_late"] > 0
+    if "run.target_accuracy=0.5" in extra:
+        assert expected["time_to_target"]["vtime"] > 0
 
 
 def test_a_resumed_run_reads_its_clock(folder: Path, tmp_path: Path) -> None:
@@ -143,9 +144,9 @@ def test_what_virtual_time_still_refuses(settings: list[str], says: str | None) 
 
 @pytest.mark.parametrize("periods", [True, False])
 def test_a_clock_goes_on_from_its_state_exactly(periods: bool) -> None:
-    """A clock loaded from another's :meth:`~fedcore.timing.RoundClock.state_dict` (the
-    peers' times, busy seconds, steps, on/off periods reached) advances as that one does,
-    bit for bit; a state of other peers is refused."""
+    """A clock loaded from another's :func:`~fedcore.engines.clock.clock_state` (the
+    peers' times, busy seconds, steps; with on/off periods, which it need not keep)
+    advances as that one does, bit for bit; a state of other peers is refused."""
     nodes = [f"p{i}" for i in range(5)]
     keys = {"step_s": 0.3, "compute": "lognormal", "latency_s": 0.01, "bandwidth_mb_s": 1.0}
     if periods:
@@ -162,9 +163,9 @@ def test_a_clock_goes_on_from_its_state_exactly(periods: bool) -> None:
     first, second = clock(), clock()
     for t in range(3):
         first.advance(t, up, up, traffic)
-    second.load_state_dict(first.state_dict())
+    load_clock_state(second, clock_state(first))
     for t in range(3, 6):
         a, b = first.advance(t, up, up, traffic), second.advance(t, up, up, traffic)
         assert torch.equal(a.end, b.end) and torch.equal(a.late[0], b.late[0])
     with pytest.raises(ValueError, match="other peers"):
-        second.load_state_dict({**first.state_dict(), "clock": torch.zeros(4)})
+        load_clock_state(second, {**clock_state(first), "clock": torch.zeros(4)})
