@@ -40,7 +40,13 @@ import torch
 
 from fedcore.config import Config
 from fedcore.engines.batched import BatchedRule, Messages
-from fedcore.engines.clock import SharedClock, clock_state, load_clock_state, phase_traffic
+from fedcore.engines.clock import (
+    SharedClock,
+    clock_state,
+    load_clock_state,
+    phase_traffic,
+    virtual_clock,
+)
 from fedcore.engines.shard_faults import Lost, ShardFaults
 from fedcore.engines.stacked_graph import StackedGraph
 from fedcore.faults import FaultPlan
@@ -182,9 +188,16 @@ def plan_faults_and_time(
     net: _Block, graphs: list[StackedGraph]
 ) -> tuple[ShardFaults | None, ShardTime | None]:
     """A rank's fault plan of its rows (with a plan, or in deadline mode, where late
-    messages go missing) and its clock (with ``[time]`` or in deadline mode), for the
-    period's ``graphs``."""
+    messages go missing) and its clock (with ``[time]`` or in deadline mode: the set-up's,
+    made here if it has none), for the period's ``graphs``.
+
+    Raises:
+        ConfigError: the run's costs could take its clock past its ceiling
+            (:func:`~fedcore.engines.clock.virtual_clock`).
+    """
     setup = net.setup
+    if setup.clock is None:  # a set-up made without its clock: the run's own
+        setup.clock = virtual_clock(setup)
     clock = setup.clock
     assert clock is None or isinstance(clock, SharedClock)  # a simulation's (virtual_clock)
     deadline = clock is not None and clock.deadline

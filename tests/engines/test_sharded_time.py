@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fedcore.config import Config, TimeConfig, load_config
-from fedcore.engines.clock import clock_state, load_clock_state, virtual_clock
+from fedcore.engines.clock import clock_state, load_clock_state
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.shard_reshard import merge_parts
 from fedcore.engines.sharded import ShardedNetwork, config_refusal
@@ -113,8 +113,7 @@ def test_a_resumed_run_reads_its_clock(folder: Path, tmp_path: Path) -> None:
     # Every rank's file holds the clock: one rank reads it from the 2 ranks' files
     # (re-sharded) and goes on from the checkpoint's round, with no replay; clocks
     # that differ cannot be re-sharded.
-    setup = prepare_run(config, hosts_all=True, simulated=True)
-    setup.clock = virtual_clock(setup)
+    setup = prepare_run(config, hosts_all=True, simulated=True)  # no clock: the net makes it
     net = ShardedNetwork(setup, Ranks(0, 1))
     manifest = read_manifest(stopped)
     assert manifest is not None and manifest.round == 2
