@@ -69,8 +69,8 @@ Design (:func:`setup_refusal` says what it does not run yet):
   online source's batches (``data.stream``: :mod:`fedcore.engines.shard_streams`).
 * **Figures.** Traffic of a static graph with no faults is the same every round: rank 0
   counts it once from the graph (as the one-process engine does; a schedule: once a
-  graph of its period). With a fault plan each rank counts its own rows' figures, from
-  their out- and in-edges, and they travel to rank 0 with the rows' losses (the per-edge
+  graph of its period). With faults (or late messages) each rank counts its rows' figures,
+  from their out- and in-edges, and they travel to rank 0 with the rows' losses (the per-edge
   fault tables once, at the end:
   :meth:`ShardedNetwork.finish`). Each round the ranks' losses are gathered on rank 0, and
   every peer's model at the end (the summary's ``params_sha256``); rank 0 writes the run's
@@ -561,7 +561,7 @@ class ShardedNetwork(ShardEdges):
                 return None
             counter = _Counter(self.n, self.device)
             counter.add(self.fulls[t % self.period])  # the same every period: counted once
-            return counter.done(t, up_all, loss_all, idle, tick and tick.times)
+            return counter.done(t, up_all, loss_all, idle, None if tick is None else tick.times)
         # The rows' counts travel with their losses: one gather, as without faults.
         gathered = gather_rows(self.ranks, pack_counts(loss, counts), self.shards)
         if gathered is None:
@@ -571,7 +571,7 @@ class ShardedNetwork(ShardEdges):
             self.records == "eval" and is_eval_round(self.setup.config, t)
         ):
             faults.lost_everywhere(t, up_all, counter, *masks_of(tick))
-        return counter.done(t, up_all, loss_all, idle, tick and tick.times)
+        return counter.done(t, up_all, loss_all, idle, None if tick is None else tick.times)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's checkpoint: everything :meth:`load_state_dict` needs to run its
