@@ -43,6 +43,9 @@ Design (:func:`setup_refusal` says what it does not run yet):
   sender) as the row halo above. A receiver's in-edges index the extended stack of
   messages (its own out-edges', the received ones) as the slots do here, and a crashed
   row's edges keep their state, as one process keeps them.
+* **A server and its workers** (pattern ``"chosen"``, :mod:`fedcore.engines.shard_server`):
+  only the round's messages that arrive cross ranks, each sender's row once per rank of its
+  receivers, into one process's ``Gathered`` inbox; rows that do not train read no batch.
 * **Order of sums, and why R does not matter.** A receiver's inbox is its row of the
   global neighbour table: its in-neighbours in sorted-id order, padded to the whole graph's
   largest in-degree, exactly the slots the one-process engine builds. The rule adds them
@@ -125,6 +128,7 @@ from fedcore.engines.shard_plan import (
     plan_halo,
     union_edges,
 )
+from fedcore.engines.shard_server import SERVER_ALGORITHMS, ShardServer
 from fedcore.engines.shard_state import load_rank_state, rank_state
 from fedcore.engines.shard_streams import RowStreams
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
@@ -162,14 +166,15 @@ SHARDED_ALGORITHMS = (
     "local",
     "ops",
     "rps",
+    *SERVER_ALGORITHMS,
 )
 """The algorithms a sharded run runs: the synchronous rules whose peers send one message to
 every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
 process by ``tests/engines/test_sharded.py``, and those whose state and messages are per
 edge (pattern ``"edges"``: RPS, and ``ops`` with ``robust = true``, robust push-sum), held
-equal by ``tests/engines/test_sharded_edges.py``. The server family waits for a later
-slice (FedAvg over a population shards its cohort on the cohort engine:
-:mod:`fedcore.engines.cohort`); the asynchronous ones run on the event engine."""
+equal by ``tests/engines/test_sharded_edges.py``, and the server family (pattern
+``"chosen"``: :data:`~fedcore.engines.shard_server.SERVER_ALGORITHMS`); the asynchronous
+ones run on the event engine."""
 
 EDGE_ALGORITHMS = ("rps",)
 """The algorithms of :data:`SHARDED_ALGORITHMS` whose state is per edge whatever their
@@ -193,11 +198,6 @@ def config_refusal(config: Config) -> str | None:
     if config.simulate.device != "cpu":
         device = config.simulate.device
         return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"
-    if algorithm.name == "fedavg":
-        return (
-            "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
-            "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
-        )
     if algorithm.name not in SHARDED_ALGORITHMS:
         return (
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
@@ -222,10 +222,8 @@ def setup_refusal(setup: RunSetup) -> str | None:
     if not is_rule(algorithm):
         return f"algorithm {algorithm.name!r} has no batched form"
     rule = cast(Rule, algorithm)
-    if (
-        rule.pattern not in ("neighbours", "none", "edges")
-        or rule.server is not None
-        or rule.trains is not None
+    if rule.pattern not in ("neighbours", "none", "edges", "chosen") or (
+        rule.pattern != "chosen" and (rule.server is not None or rule.trains is not None)
     ):
         return f"algorithm {rule.name!r} is not sharded yet"
     why = vectorized_refusal(EngineInputs.of(setup.config), algorithm)
@@ -234,7 +232,7 @@ def setup_refusal(setup: RunSetup) -> str | None:
     return None
 
 
-class ShardedNetwork(ShardEdges):
+class ShardedNetwork(ShardEdges, ShardServer):
     """This rank's block of the peers of ``setup`` (see the module docstring); rank 0 also
     answers what a run's figures need (:meth:`run_round`'s figures, :meth:`model`).
 
@@ -410,6 +408,8 @@ class ShardedNetwork(ShardEdges):
             PeerUnavailableError: a collective failed.
         """
         params = self.rule.model(self.state)
+        if self.setup.algorithm.server in self.nodes:  # the server's model is the average
+            return self._evaluate_server(params, self.nodes.index(self.setup.algorithm.server))
         extremes = sum_extremes(params)  # one window of limbs for every rank's sums
         largest_everywhere(self.ranks, extremes, "an evaluation's sum window")
         window = sum_window(extremes, params.dtype)
@@ -447,10 +447,10 @@ class ShardedNetwork(ShardEdges):
         ) -> torch.Tensor:
             if self.edge_plans:  # messages per edge, or rows of their edges' width
                 out = self._encode_edges(v, up, t, owners, width, where)
-            elif owners is not None or width is not None or where is not None:
+            elif owners is not None or width is not None:
                 raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
-            else:
-                out = self._roundtrip(v, up, t)
+            else:  # only the rows that send (``where``) draw from their codecs
+                out = self._roundtrip(v, up if where is None else up & where, t)
             compressed.add(id(out))
             return out
 
@@ -530,13 +530,18 @@ class ShardedNetwork(ShardEdges):
         faults = self.faults
         up_all = torch.ones(self.n, dtype=torch.bool) if faults is None else faults.up(t)
         up = up_all[self.mine]
-        loss, grad = train_rows(self, t, lr, up)  # the optimizer, the local steps
+        training, idle = self._training(t, up_all)  # the others read no batch
+        loss, grad = train_rows(self, t, lr, training)  # the optimizer, the local steps
         compressed: set[int] = set()
-        self.wire, self.edge_wire = {}, {}
+        self.wire, self.edge_wire, self.round_sent = {}, {}, []
         rows = self._rows(t, step_lr(self, lr), up, compressed)
         counts = RowCounts(self.b)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):
+            if self.chosen:  # the round's messages only
+                chosen = self._gathered(send, phase, t, up_all, counts, compressed)
+                state, send = self.rule.mix(state, phase, chosen, rows)
+                continue
             arrived = self.edge_arrived[phase] if self.edge_plans else self.arrived
             if faults is not None:
                 arrived = faults.arrived(t, phase, up_all, counts)
@@ -553,11 +558,12 @@ class ShardedNetwork(ShardEdges):
         self.state = self._kept(up, state)  # a crashed row's (and its edges') as it was
         self.wire, self.edge_wire = {}, {}  # the round's encoded rows, sent
         self.round = t + 1
-        idle = torch.zeros(self.n, dtype=torch.bool)
         if faults is None:
             loss_all = gather_rows(self.ranks, loss, self.shards)
             if loss_all is None:
                 return None
+            if self.chosen:  # the round's messages
+                return self._round_traffic().done(t, up_all, loss_all, idle)
             counter = _Counter(self.n, self.device)
             counter.add(self.fulls[t % self.period])  # the same every period: counted once
             return counter.done(t, up_all, loss_all, idle)
@@ -569,7 +575,7 @@ class ShardedNetwork(ShardEdges):
         if self.records == "all" or (
             self.records == "eval" and is_eval_round(self.setup.config, t)
         ):
-            faults.lost_everywhere(t, up_all, counter)
+            faults.lost_everywhere(t, up_all, counter, self.round_sent if self.chosen else None)
         return counter.done(t, up_all, loss_all, idle)
 
     def state_dict(self) -> dict[str, Any]:
