@@ -12,6 +12,7 @@ The ranks are forked processes, as in ``tests/engines/test_sharded.py``.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,11 @@ import torch
 from fedcore.simulation.simulate import simulate
 from tests.engines.test_sharded import SAME, _records, run_ranks
 from tests.engines.test_sharded_faults import _case
+from tests.engines.test_sharded_resume import STOP_AT, run_world
 
 CASES = [
-    # FedAvg: a sample of half the workers, two local steps (GRAPHS), FedAdam's server step.
-    ("fedavg", "topk", True, 2, ["algorithm.server_optimizer=adam", "algorithm.server_lr=0.5"]),
+    # FedAvg: a sample of half the workers, two local steps (GRAPHS), FedAvgM's server step
+    # and a node optimizer (FedAdam with drops and a crash on 2 ranks: the resume below).
     ("fedavg", "qsgd", False, 3, ["algorithm.server_optimizer=momentum", "optimizer.name=adam"]),
     ("doublesqueeze", "sign", True, 2, []),
     # APMSqueeze: three warm-up rounds at full precision, then compressed momentum.
@@ -55,3 +57,30 @@ def test_the_server_family_on_ranks_equals_one_process(
     if faults:
         assert got["traffic"]["messages_dropped"] > 0
     assert _records(out) == _records(one)
+
+
+def test_fedavg_interrupted_on_2_ranks_resumes_to_the_uninterrupted_run(folder: Path) -> None:
+    """FedAdam's server state on the server's rank, a stochastic codec's generators and the
+    fault counts go into each rank's checkpoint: resumed on 2 ranks, the run ends with one
+    process's bits; on 3 ranks (a re-sharding) the server's state, kept by one rank alone,
+    is refused in one line."""
+    extra = ("run.checkpoint_every=2", "algorithm.server_optimizer=adam")
+    config = _case("fedavg", "qsgd", True, folder, *extra)
+    one = folder / "resume-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    out = folder / "resume-two"
+    outcomes = run_world(config, out, stop=STOP_AT)
+    assert outcomes[0].startswith(f"KeyboardInterrupt: after round {STOP_AT}"), outcomes
+    moved = folder / "resume-three"
+    shutil.copytree(out, moved)
+    assert run_world(config, out, resume=True) == {0: "ok", 1: "ok"}
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert got["status"] == "completed" and got["ranks"] == 2
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    assert _records(out) == _records(one)
+    refused = run_world(config, moved, world=3, resume=True)
+    assert "cannot be re-sharded (its rule keeps state that is not one row per peer)" in str(
+        refused
+    ), refused
