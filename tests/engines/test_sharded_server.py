@@ -18,6 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedcore.compression.rowwire import wire_width
+from fedcore.config import Config
+from fedcore.engines.partition import place
+from fedcore.engines.stacked_graph import stack_graph
+from fedcore.setup.prepare import prepare_run
+from fedcore.setup.virtual import row_codec
 from fedcore.simulation.simulate import simulate
 from tests.engines.test_sharded import SAME, _records, run_ranks
 from tests.engines.test_sharded_faults import _case
@@ -56,7 +62,31 @@ def test_the_server_family_on_ranks_equals_one_process(
         assert got.get(key) == expected.get(key), (world, key)
     if faults:
         assert got["traffic"]["messages_dropped"] > 0
+    elif algorithm == "fedavg":  # only the round's messages crossed, each row once per rank
+        assert 0 < got["halo_bytes"] == _round_messages(config, got["partition"], world)
     assert _records(out) == _records(one)
+
+
+def _round_messages(config: Config, method: str, world: int) -> int:
+    """The bytes a FedAvg run with no faults sends across ranks: each round, a sampled
+    worker's encoded row and its example count to the server's rank (if elsewhere), and
+    the server's encoded row once to each other rank of the next round's sample."""
+    setup = prepare_run(config)
+    graph = stack_graph(setup.graph.at(0), device=torch.device("cpu"))
+    nodes = setup.graph.nodes
+    owner = place(method, len(nodes), graph.src.numpy(), graph.dst.numpy(), world).owner
+    codec = row_codec(setup)
+    row = wire_width(codec, setup.start.numel(), setup.start.dtype)
+    assert row is not None  # a codec with a row form: rows cross encoded
+    rule = setup.algorithm
+    server = owner[nodes.index(rule.server)]
+    total = 0
+    for t in range(config.run.rounds):
+        sampled = [owner[nodes.index(v)] for v in rule.sample(nodes, t)]
+        following = {owner[nodes.index(v)] for v in rule.sample(nodes, t + 1)}
+        total += sum(row + 8 for r in sampled if r != server)
+        total += row * len(following - {server})
+    return total
 
 
 def test_fedavg_interrupted_on_2_ranks_resumes_to_the_uninterrupted_run(folder: Path) -> None:
