@@ -234,12 +234,13 @@ class ShardServer(ShardCodecs):
         figures = torch.full((self.b, 2), float("nan"), dtype=torch.float64)
         figures[workers] = torch.stack([acc, norms], dim=1)
         every = gather_rows(self.ranks, figures, self.shards)
-        bits = torch.zeros(self.d, dtype=_INT[params.dtype.itemsize])
+        kind = _INT[params.dtype.itemsize]
+        bits = torch.zeros(self.d, dtype=torch.int64)
         if bool((~workers).any()):  # this rank holds the server: its model's bits
-            bits += params[~workers][0].contiguous().view(bits.dtype)
+            bits += params[~workers][0].contiguous().view(kind).to(torch.int64)
         if not reduce_to_first(self.ranks, bits, "the server's model") or every is None:
             return None
-        average = bits.view(params.dtype)
+        average = bits.to(kind).view(params.dtype)
         keep = torch.arange(self.n) != server
         names = tuple(v for i, v in enumerate(self.nodes) if i != server)
         acc_all, norms_all = every[keep, 0].contiguous(), every[keep, 1].contiguous()
@@ -247,5 +248,5 @@ class ShardServer(ShardCodecs):
 
 
 _INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-"""An integer type of each float size: a model's bits summed exactly (one rank's, the
-others' zeros)."""
+"""An integer type of each float size: a model's bits, as int64, summed exactly (one
+rank's, the others' zeros)."""

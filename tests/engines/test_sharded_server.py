@@ -33,7 +33,7 @@ CASES = [
     # FedAvg: a sample of half the workers, two local steps (GRAPHS), FedAvgM's server step
     # and a node optimizer (FedAdam with drops and a crash on 2 ranks: the resume below).
     ("fedavg", "qsgd", False, 3, ["algorithm.server_optimizer=momentum", "optimizer.name=adam"]),
-    ("doublesqueeze", "sign", True, 2, []),
+    ("doublesqueeze", "sign", True, 2, ["run.eval_peers=3"]),  # a sample of the workers
     # APMSqueeze: three warm-up rounds at full precision, then compressed momentum.
     ("apmsqueeze", "topk", True, 2, ["algorithm.precondition_rounds=3"]),
 ]
