@@ -106,6 +106,7 @@ class ShardServer(ShardCodecs):
     objective: StackedObjective
     shards: Any
     placement: Any
+    fulls: list[_Counter]
     round_sent: list[tuple[Messages, torch.Tensor]]
 
     @property
@@ -178,7 +179,8 @@ class ShardServer(ShardCodecs):
         encoded = torch.full((self.b,), not raw)
         far = torch.full((int(halo.recv_rows.numel()),), not raw)
         counts_ = (halo.send_counts, halo.recv_counts)
-        far_t, far_s = self._exchange(decoded, send.scalars, halo.send_rows, counts_, encoded, far)
+        swap = self._exchange_start(decoded, send.scalars, halo.send_rows, counts_, encoded, far)
+        far_t, far_s = swap()
         where = torch.full((self.n,), -1, dtype=torch.long)
         where[self.mine] = torch.arange(self.b)
         where[halo.recv_rows] = self.b + torch.arange(halo.recv_rows.numel())
@@ -199,10 +201,13 @@ class ShardServer(ShardCodecs):
             bad = suspect & ~torch.isfinite(flat).all(dim=1)
             raise_bad(bad, NOT_FINITE, self.local_nodes, t, ProtocolError)
 
-    def _round_traffic(self) -> _Counter:
-        """Rank 0, no fault plan: the round's traffic, every message it sent (as one
-        process counts it)."""
+    def _round_traffic(self, t: int) -> _Counter:
+        """Rank 0, no fault plan: the traffic of round ``t``, every message sent (as one
+        process counts it): a rule that chooses who talks, the round's messages; any other,
+        those of its graph, the same every period (counted once, :attr:`fulls`)."""
         counter = _Counter(self.n, torch.device("cpu"))
+        if not self.chosen:
+            counter.add(self.fulls[t % len(self.fulls)])
         for m, sends in self.round_sent:
             counter.traffic(m, sends)
         return counter

@@ -70,26 +70,24 @@ Design (:func:`setup_refusal` says what it does not run yet):
   counts it once from the graph (as the one-process engine does; a schedule: once a
   graph of its period). With a fault plan each rank counts its own rows' figures, from
   their out- and in-edges, and they travel to rank 0 with the rows' losses (the per-edge
-  fault tables once, at the end:
-  :meth:`ShardedNetwork.finish`). Each round the ranks' losses are gathered on rank 0, and
-  every peer's model at the end (the summary's ``params_sha256``); rank 0 writes the run's
-  files (:mod:`fedcore.simulation.ranks`).
+  fault tables once, at the end: :meth:`ShardedNetwork.finish`). Each round the ranks'
+  losses are gathered on rank 0, and every peer's model at the end (the summary's
+  ``params_sha256``); rank 0 writes the run's files (:mod:`fedcore.simulation.ranks`).
 * **Evaluation** (:meth:`ShardedNetwork.evaluate`): each rank evaluates its own rows (of
   the ``run.eval_peers`` sample, its share) in batched passes, all ranks at once; the
   average model comes from the ranks' exact column sums, added up on every rank (one
   all-reduce of integers: the same sums in any order), and rank 0 gathers two figures a
   peer (its accuracy, its distance to the mean) to make the record, in node order. No
   model travels: one process and any R give the same record, bit for bit
-  (:mod:`fedcore.engines.stacked_eval`).
-  Rank 0's summary also says how the peers were placed: the ``partition`` that ran,
-  the ``cut_fraction`` of edges whose ends are on different ranks (a schedule: of the
-  edges of one period's rounds, an edge counted in each round that uses it), and the
-  ``halo_bytes_per_round`` that crossed ranks (the mean over the rounds run).
+  (:mod:`fedcore.engines.stacked_eval`). Rank 0's summary also says how the peers were
+  placed: the ``partition`` that ran, the ``cut_fraction`` of edges whose ends are on
+  different ranks (a schedule: of the edges of one period's rounds, an edge counted in each
+  round that uses it), and the ``halo_bytes_per_round`` that crossed ranks (the mean over
+  the rounds run).
 * **Checkpoints.** Everything a rank's next round reads is its own: its rows' rule state
-  (its edges' too),
-  their places in their data, their codecs' generators, its fault counts per in-edge, its
-  halo bytes, torch's generator. :meth:`ShardedNetwork.state_dict` holds them
-  (:mod:`fedcore.engines.shard_state`); each rank writes its own file every
+  (its edges' too), their places in their data, their codecs' generators, its fault counts
+  per in-edge, its halo bytes, torch's generator. :meth:`ShardedNetwork.state_dict` holds
+  them (:mod:`fedcore.engines.shard_state`); each rank writes its own file every
   ``run.checkpoint_every`` rounds, rank 0 a manifest once all are written, and ``--resume``
   loads each rank's file of the manifest's round on the same R ranks (the same blocks):
   :mod:`fedcore.simulation.rank_checkpoints`; on another number of ranks each new rank
@@ -105,6 +103,7 @@ import numpy as np
 import torch
 
 from fedcore.algorithms.rule import Rows, Rule, Send, Slot, is_rule
+from fedcore.algorithms.user import is_import_path
 from fedcore.config import Config
 from fedcore.data.batches import StackedBatches
 from fedcore.engines.batched import batched_form, raise_bad
@@ -198,10 +197,10 @@ def config_refusal(config: Config) -> str | None:
     if config.simulate.device != "cpu":
         device = config.simulate.device
         return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"
-    if algorithm.name not in SHARDED_ALGORITHMS:
+    if algorithm.name not in SHARDED_ALGORITHMS and not is_import_path(algorithm.name):
         return (
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
-            f"{', '.join(SHARDED_ALGORITHMS)})"
+            f"{', '.join(SHARDED_ALGORITHMS)} and a user's rule)"
         )
     if config.faults.active and not config.faults.announce:
         return "faults.announce = false loses messages silently, which needs deadline mode"
@@ -222,9 +221,8 @@ def setup_refusal(setup: RunSetup) -> str | None:
     if not is_rule(algorithm):
         return f"algorithm {algorithm.name!r} has no batched form"
     rule = cast(Rule, algorithm)
-    if rule.pattern not in ("neighbours", "none", "edges", "chosen") or (
-        rule.pattern != "chosen" and (rule.server is not None or rule.trains is not None)
-    ):
+    server = rule.pattern != "chosen" and (rule.server is not None or rule.trains is not None)
+    if rule.pattern not in ("neighbours", "none", "edges", "chosen") or server:
         return f"algorithm {rule.name!r} is not sharded yet"
     why = vectorized_refusal(EngineInputs.of(setup.config), algorithm)
     if why is not None:  # what one process refuses (RPS with a stochastic codec)
@@ -495,7 +493,9 @@ class ShardedNetwork(ShardEdges, ShardServer):
             name: value if id(value) in compressed else self._roundtrip(value, up, t)
             for name, value in send.tensors.items()
         }
-        far_t, far_s = self._exchange(decoded, send.scalars, halo.send_rows, counts, up, far_up)
+        far_t, far_s = self._exchange_start(
+            decoded, send.scalars, halo.send_rows, counts, up, far_up
+        )()
         tensors = {k: torch.cat([v, far_t[k]]) for k, v in decoded.items()}
         scalars = {k: torch.cat([v, far_s[k]]) for k, v in send.scalars.items()}
         return slots_of(tensors, scalars, send.weighted, self.nbr, self.slot_weight, arrived)
@@ -562,11 +562,7 @@ class ShardedNetwork(ShardEdges, ShardServer):
             loss_all = gather_rows(self.ranks, loss, self.shards)
             if loss_all is None:
                 return None
-            if self.chosen:  # the round's messages
-                return self._round_traffic().done(t, up_all, loss_all, idle)
-            counter = _Counter(self.n, self.device)
-            counter.add(self.fulls[t % self.period])  # the same every period: counted once
-            return counter.done(t, up_all, loss_all, idle)
+            return self._round_traffic(t).done(t, up_all, loss_all, idle)
         # The rows' counts travel with their losses: one gather, as without faults.
         gathered = gather_rows(self.ranks, pack_counts(loss, counts), self.shards)
         if gathered is None:

@@ -12,7 +12,6 @@ The ranks are forked processes, as in ``tests/engines/test_sharded.py``.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,11 +20,16 @@ import torch
 from fedcore.compression.rowwire import wire_width
 from fedcore.config import Config
 from fedcore.engines.partition import place
+from fedcore.engines.ranks import Ranks
+from fedcore.engines.shard_reshard import merge_parts
+from fedcore.engines.sharded import ShardedNetwork
 from fedcore.engines.stacked_graph import stack_graph
+from fedcore.errors import ConfigError
 from fedcore.setup.prepare import prepare_run
 from fedcore.setup.virtual import row_codec
+from fedcore.simulation.rank_checkpoints import load_parts, read_manifest
 from fedcore.simulation.simulate import simulate
-from tests.engines.test_sharded import SAME, _records, run_ranks
+from tests.engines.test_sharded import SAME, _records, equal_on_ranks
 from tests.engines.test_sharded_faults import _case
 from tests.engines.test_sharded_resume import STOP_AT, run_world
 
@@ -48,23 +52,13 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_server_family_on_ranks_equals_one_process(
     algorithm: str, codec: str, faults: bool, world: int, extra: list[str], folder: Path
 ) -> None:
-    case = f"{algorithm}-{codec}-{faults}-{world}"
     config = _case(algorithm, codec, faults, folder, *extra)
-    one = folder / f"{case}-one"
-    torch.set_num_threads(1)
-    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
-    assert expected["engine"] == "vectorized"
-    out = folder / f"{case}-ranks"
-    assert run_ranks(config, world, out) == dict.fromkeys(range(world), "ok")
-    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    assert got["ranks"] == world
-    for key in SAME:
-        assert got.get(key) == expected.get(key), (world, key)
+    got = equal_on_ranks(config, folder, f"{algorithm}-{codec}-{faults}", world)
+    assert got["ranks"] == world and got["engine"] == "vectorized"
     if faults:
         assert got["traffic"]["messages_dropped"] > 0
     elif algorithm == "fedavg":  # only the round's messages crossed, each row once per rank
         assert 0 < got["halo_bytes"] == _round_messages(config, got["partition"], world)
-    assert _records(out) == _records(one)
 
 
 def _round_messages(config: Config, method: str, world: int) -> int:
@@ -92,8 +86,8 @@ def _round_messages(config: Config, method: str, world: int) -> int:
 def test_fedavg_interrupted_on_2_ranks_resumes_to_the_uninterrupted_run(folder: Path) -> None:
     """FedAdam's server state on the server's rank, a stochastic codec's generators and the
     fault counts go into each rank's checkpoint: resumed on 2 ranks, the run ends with one
-    process's bits; on 3 ranks (a re-sharding) the server's state, kept by one rank alone,
-    is refused in one line."""
+    process's bits; re-sharded, the server's state, which one rank alone keeps, is refused
+    in one line."""
     extra = ("run.checkpoint_every=2", "algorithm.server_optimizer=adam")
     config = _case("fedavg", "qsgd", True, folder, *extra)
     one = folder / "resume-one"
@@ -102,15 +96,19 @@ def test_fedavg_interrupted_on_2_ranks_resumes_to_the_uninterrupted_run(folder: 
     out = folder / "resume-two"
     outcomes = run_world(config, out, stop=STOP_AT)
     assert outcomes[0].startswith(f"KeyboardInterrupt: after round {STOP_AT}"), outcomes
-    moved = folder / "resume-three"
-    shutil.copytree(out, moved)
+    # Re-sharded (on 1 rank here): the server optimizer's state is refused in one line.
+    setup = prepare_run(config)
+    net = ShardedNetwork(setup, Ranks(0, 1))
+    manifest = read_manifest(out)
+    assert manifest is not None
+    _, parts = load_parts(out, manifest, Ranks(0, 1), setup.run_id, net.mine.numpy())
+    with pytest.raises(ConfigError) as caught:
+        merge_parts(net, parts, manifest.world)
+    text = str(caught.value)
+    assert "its rule keeps state that is not one row per peer" in text and "\n" not in text
     assert run_world(config, out, resume=True) == {0: "ok", 1: "ok"}
     got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert got["status"] == "completed" and got["ranks"] == 2
     for key in SAME:
         assert got.get(key) == expected.get(key), key
     assert _records(out) == _records(one)
-    refused = run_world(config, moved, world=3, resume=True)
-    assert "cannot be re-sharded (its rule keeps state that is not one row per peer)" in str(
-        refused
-    ), refused
