@@ -22,6 +22,7 @@ from fedcore.config import Config
 from fedcore.engines.partition import place
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.shard_reshard import merge_parts
+from fedcore.engines.shard_server import round_halo
 from fedcore.engines.sharded import ShardedNetwork
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.errors import ConfigError
@@ -32,12 +33,19 @@ from fedcore.simulation.simulate import simulate
 from tests.engines.test_sharded import SAME, _records, equal_on_ranks
 from tests.engines.test_sharded_faults import _case
 from tests.engines.test_sharded_resume import STOP_AT, run_world
+from tests.engines.test_vectorized import ODD_IDS
+
+SERVER_DOWN = (
+    f"faults.crashes=[{{node={ODD_IDS[3]!r},at=1,back=3}},{{node={ODD_IDS[8]!r},at=4,back=5}}]"
+)
+"""FAULTS' crash of a worker, and the star's server (the last of ODD_IDS) down in round 4."""
 
 CASES = [
     # FedAvg: a sample of half the workers, two local steps (GRAPHS), FedAvgM's server step
     # and a node optimizer (FedAdam with drops and a crash on 2 ranks: the resume below).
     ("fedavg", "qsgd", False, 3, ["algorithm.server_optimizer=momentum", "optimizer.name=adam"]),
-    ("doublesqueeze", "sign", True, 2, ["run.eval_peers=3"]),  # a sample of the workers
+    # A sample of the workers evaluated; the server down in round 4 besides a worker.
+    ("doublesqueeze", "sign", True, 2, ["run.eval_peers=3", SERVER_DOWN]),
     # APMSqueeze: three warm-up rounds at full precision, then compressed momentum.
     ("apmsqueeze", "topk", True, 2, ["algorithm.precondition_rounds=3"]),
 ]
@@ -57,8 +65,32 @@ def test_the_server_family_on_ranks_equals_one_process(
     assert got["ranks"] == world and got["engine"] == "vectorized"
     if faults:
         assert got["traffic"]["messages_dropped"] > 0
+    if SERVER_DOWN in extra:
+        assert got["faults"]["down_rounds"][ODD_IDS[8]] == [[4, 4]]
     elif algorithm == "fedavg":  # only the round's messages crossed, each row once per rank
         assert 0 < got["halo_bytes"] == _round_messages(config, got["partition"], world)
+
+
+def test_a_round_halo_sends_each_sender_once_per_rank_and_both_ends_agree() -> None:
+    """Each rank's plan of a phase's messages: a sender's row once to each rank of its
+    receivers (none to its own), in sorted order, where the receiving rank expects it."""
+    owner = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    src = torch.tensor([0, 3, 6, 1, 4, 2, 5, 0, 0])  # workers to a server (row 7), and more
+    dst = torch.tensor([7, 7, 7, 7, 7, 7, 7, 4, 1])
+    pairs = list(zip(src.tolist(), dst.tolist(), strict=True))
+    mine = [torch.nonzero(owner == r).squeeze(1) for r in range(3)]
+    halos = [round_halo(src, dst, owner, mine[r], Ranks(r, 3)) for r in range(3)]
+    for r, halo in enumerate(halos):
+        at = 0
+        for q, count in enumerate(halo.send_counts):
+            sent = mine[r][halo.send_rows[at : at + count]].tolist()
+            at += count
+            start = sum(halos[q].recv_counts[:r])
+            assert sent == halos[q].recv_rows[start : start + count].tolist()
+            wanted = {u for u, v in pairs if owner[u] == r and owner[v] == q != r}
+            assert sent == sorted(wanted), (r, q)
+    # Rank 0's rows 0, 3 and 6 to the server's rank, row 0 once for its three receivers.
+    assert halos[0].send_counts == [0, 3, 0]
 
 
 def _round_messages(config: Config, method: str, world: int) -> int:
