@@ -165,13 +165,13 @@ class ShardFaults:
         self.outward: list[Messages] = []  # the out-edges' messages
         self.inward: list[Messages] = []
         self.edges: list[torch.Tensor] = []  # the in-edges' indices
-        self.out_edges: list[torch.Tensor] = []  # the out-edges' indices
         self.slots: list[torch.Tensor] = []  # [B, K] positions among them
         self.missing: list[torch.Tensor] = []  # per in-edge: rounds missing
         self.dropped: list[torch.Tensor] = []  # per in-edge: rounds dropped
         self.active = active or [None] * len(messages)
         self.active_out: list[torch.Tensor] = []  # the out-edges' messages sent at all
         self.active_in: list[torch.Tensor] = []
+        self.out_edges: list[torch.Tensor] = []  # the out-edges' indices
         for i, m in enumerate(messages):
             edges = torch.nonzero(own[m.dst]).squeeze(1)
             self.edges.append(edges)
@@ -200,19 +200,6 @@ class ShardFaults:
             return torch.ones(self.n, dtype=torch.bool)
         return ~self.plan.down_mask(t)
 
-    def _lost(self, at: int, edges: torch.Tensor, t: int, phase: int, lost: Lost) -> torch.Tensor:
-        """Which of the messages ``edges`` of entry ``at`` the plan lost in ``(t, phase)``
-        (``lost``: the whole graph's mask, if known), of those the rule sends."""
-        m = self.messages[at]
-        if lost is not None:
-            gone = lost[edges]
-        elif self.plan is not None:
-            gone = self.plan.lost_mask(m.src[edges], m.dst[edges], t, phase)
-        else:
-            gone = torch.zeros(edges.shape, dtype=torch.bool)
-        sends = self.active[at]
-        return gone if sends is None else gone & sends[edges]
-
     def arrived(
         self,
         t: int,
@@ -230,51 +217,105 @@ class ShardFaults:
         bool, :class:`~fedcore.engines.shard_time.ShardTime`), if known: a late message
         was sent but is missing at its receiver."""
         at = self._entry(t, phase)
-        m = self.outward[at]
-        gone = self._lost(at, self.out_edges[at], t, phase, lost)
-        ok = (~gone & self.active_out[at]).to(torch.long)
-        senders = self.local_of[m.src]
+        m = (self.outward[at], self.inward[at])
+        edges = (self.out_edges[at], self.edges[at])
+        gone = None if lost is None else (lost[edges[0]], lost[edges[1]])
+        overdue = None if late is None else (late[edges[0]], late[edges[1]])
+        sends = (self.active_out[at], self.active_in[at])
+        _, ok = self._count(t, phase, up, counts, m, sends, gone, overdue)
+        return torch.cat([ok, ok.new_zeros(1)])[self.slots[at]]
+
+    def chosen(
+        self,
+        t: int,
+        phase: int,
+        up: torch.Tensor,
+        counts: RowCounts,
+        m: Messages,
+        sends: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A rule that chooses who talks (pattern ``"chosen"``): ``(arrived, arrived)`` of
+        this rank's out-edges and in-edges (:attr:`out_edges`, :attr:`edges`) in ``phase``
+        of round ``t``, whose messages ``m`` (every edge's, of this round's sizes) are sent
+        where ``sends`` says; counted as :meth:`arrived` counts."""
+        at = self._entry(t, phase)
+        out, edges = self.out_edges[at], self.edges[at]
+        both = (Messages(*(p[out] for p in m)), Messages(*(p[edges] for p in m)))
+        return self._count(t, phase, up, counts, both, (sends[out], sends[edges]))
+
+    def _gone(self, m: Messages, t: int, phase: int, known: Lost) -> torch.Tensor:
+        """Which of the messages ``m`` the plan lost in ``(t, phase)`` (``known``: their
+        mask, if the caller asked the plan already; no plan: none)."""
+        if known is not None:
+            return known
+        if self.plan is None:
+            return torch.zeros(m.src.shape, dtype=torch.bool)
+        return self.plan.lost_mask(m.src, m.dst, t, phase)
+
+    def _count(
+        self,
+        t: int,
+        phase: int,
+        up: torch.Tensor,
+        counts: RowCounts,
+        m: tuple[Messages, Messages],
+        sends: tuple[torch.Tensor, torch.Tensor],
+        lost: tuple[torch.Tensor, torch.Tensor] | None = None,
+        late: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whether the messages ``m`` (this rank's out-edges', in-edges') of ``phase`` sent
+        where ``sends`` says arrive in round ``t``; their figures into ``counts`` and the
+        per-edge tables. ``lost``, ``late``: theirs, if known (:meth:`arrived`)."""
+        at = self._entry(t, phase)
+        out, into = m
+        gone = self._gone(out, t, phase, None if lost is None else lost[0]) & sends[0]
+        ok_out = ~gone & sends[0]
+        ok = ok_out.to(torch.long)
+        senders = self.local_of[out.src]
         counts.add("sent", senders, ok)
-        counts.add("bytes_sent", senders, m.nbytes * ok)
-        counts.add("fp32", senders, m.fp32 * ok)
-        counts.add("dropped", senders, gone & up[m.src])
-        counts.add("missing_senders", senders, gone & up[m.dst])
+        counts.add("bytes_sent", senders, out.nbytes * ok)
+        counts.add("fp32", senders, out.fp32 * ok)
+        counts.add("dropped", senders, gone & up[out.src])
+        counts.add("missing_senders", senders, gone & up[out.dst])
         if late is not None:
-            counts.add("missing_senders", senders, late[self.out_edges[at]])
-        m = self.inward[at]
-        gone = self._lost(at, self.edges[at], t, phase, lost)
-        ok = ~gone & self.active_in[at]
-        dropped, missing = gone & up[m.src], gone & up[m.dst]
-        receivers = self.local_of[m.dst]
+            counts.add("missing_senders", senders, late[0])
+        gone = self._gone(into, t, phase, None if lost is None else lost[1]) & sends[1]
+        ok_in = ~gone & sends[1]
+        dropped, missing = gone & up[into.src], gone & up[into.dst]
+        receivers = self.local_of[into.dst]
         if late is not None:  # sent, so counted sent, but not received in time
-            overdue = late[self.edges[at]]
-            ok = ok & ~overdue
-            missing = missing.to(torch.long) + overdue
-            counts.add("late", receivers, overdue)
+            ok_in = ok_in & ~late[1]
+            missing = missing.to(torch.long) + late[1]
+            counts.add("late", receivers, late[1])
         self.dropped[at] += dropped
         self.missing[at] += missing
-        counts.add("received", receivers, ok)
-        counts.add("bytes_received", receivers, m.nbytes * ok)
+        counts.add("received", receivers, ok_in)
+        counts.add("bytes_received", receivers, into.nbytes * ok_in)
         counts.add("missing", receivers, missing)
-        return torch.cat([ok, ok.new_zeros(1)])[self.slots[at]]
+        return ok_out, ok_in
 
     def lost_everywhere(
         self,
         t: int,
         up: torch.Tensor,
         counter: _Counter,
+        sent: list[tuple[Messages, torch.Tensor]] | None = None,
         lost: list[Lost] | None = None,
         late: list[Lost] | None = None,
     ) -> None:
         """Put every phase's lost messages of round ``t`` (all edges of its graph) into
         ``counter``'s ``lost``, then its late ones, as the one-process engine lists them
-        for the node records (rank 0, in the rounds whose records it writes); ``lost``,
-        ``late``: per phase, as :meth:`arrived` takes them."""
+        for the node records (rank 0, in the rounds whose records it writes); ``sent``: per
+        phase, the round's messages and which are sent (a rule that chooses who talks);
+        ``lost``, ``late``: per phase, the whole graph's, as :meth:`arrived` takes them."""
         for phase in range(self.phases):
             at = self._entry(t, phase)
-            m = self.messages[at]
-            every = torch.arange(m.src.numel())
-            gone = self._lost(at, every, t, phase, None if lost is None else lost[phase])
+            m, sends = self.messages[at], self.active[at]
+            if sent is not None:
+                m, sends = sent[phase]
+            gone = self._gone(m, t, phase, None if lost is None else lost[phase])
+            if sends is not None:
+                gone = gone & sends
             counter.lost.append((m, (gone & up[m.src]) | (gone & up[m.dst]), False))
             overdue = None if late is None else late[phase]
             if overdue is not None:

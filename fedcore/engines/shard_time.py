@@ -48,7 +48,9 @@ from fedcore.engines.clock import (
     virtual_clock,
 )
 from fedcore.engines.shard_faults import Lost, ShardFaults
+from fedcore.engines.shard_server import SERVER_ALGORITHMS
 from fedcore.engines.stacked_graph import StackedGraph
+from fedcore.errors import ConfigError
 from fedcore.faults import FaultPlan
 from fedcore.setup.prepare import RunSetup
 from fedcore.timing import RoundTimes
@@ -76,6 +78,8 @@ def time_refusal(config: Config) -> str | None:
     name = config.algorithm.name
     if deadline and name in HOLDS_IN_DEADLINE_MODE:
         return f"{name} holds a silent peer's pushes in deadline mode (strict mode runs)"
+    if (deadline or config.time.active) and name in SERVER_ALGORITHMS:
+        return f"virtual time ([time], deadline mode) with {name} is not sharded yet"
     return None
 
 
@@ -193,7 +197,8 @@ def plan_faults_and_time(
 
     Raises:
         ConfigError: the run's costs could take its clock past its ceiling
-            (:func:`~fedcore.engines.clock.virtual_clock`).
+            (:func:`~fedcore.engines.clock.virtual_clock`); virtual time with a rule that
+            chooses who talks or trains (not sharded yet).
     """
     setup = net.setup
     if setup.clock is None:  # a set-up made without its clock: the run's own
@@ -203,6 +208,12 @@ def plan_faults_and_time(
     deadline = clock is not None and clock.deadline
     if setup.faults is None and clock is None:
         return None, None
+    rule = net.form.rule
+    if clock is not None and (rule.trains is not None or rule.pattern == "chosen"):
+        raise ConfigError(  # a user's rule (the server family: time_refusal)
+            f"a sharded run cannot run this config: virtual time ([time], deadline mode) "
+            f"with {rule.name!r}, which chooses who talks or trains, is not sharded yet."
+        )
     phases = net.form.phases
     messages = [  # graph by graph, phase by phase
         net.form.messages(p, g, net._size, net.d) for g in graphs for p in range(phases)

@@ -43,6 +43,9 @@ Design (:func:`setup_refusal` says what it does not run yet):
   sender) as the row halo above. A receiver's in-edges index the extended stack of
   messages (its own out-edges', the received ones) as the slots do here, and a crashed
   row's edges keep their state, as one process keeps them.
+* **A server and its workers** (pattern ``"chosen"``, :mod:`fedcore.engines.shard_server`):
+  only the round's messages that arrive cross ranks, each sender's row once per rank of its
+  receivers, into one process's ``Gathered`` inbox; rows that do not train read no batch.
 * **Order of sums, and why R does not matter.** A receiver's inbox is its row of the
   global neighbour table: its in-neighbours in sorted-id order, padded to the whole graph's
   largest in-degree, exactly the slots the one-process engine builds. The rule adds them
@@ -71,28 +74,27 @@ Design (:func:`setup_refusal` says what it does not run yet):
   counts it once from the graph (as the one-process engine does; a schedule: once a
   graph of its period). With faults (or late messages) each rank counts its rows' figures,
   from their out- and in-edges, and they travel to rank 0 with the rows' losses (the per-edge
-  fault tables once, at the end:
-  :meth:`ShardedNetwork.finish`). Each round the ranks' losses are gathered on rank 0, and
-  every peer's model at the end (the summary's ``params_sha256``); rank 0 writes the run's
-  files (:mod:`fedcore.simulation.ranks`).
+  fault tables once, at the end: :meth:`ShardedNetwork.finish`). Each round the ranks'
+  losses are gathered on rank 0, and every peer's model at the end (the summary's
+  ``params_sha256``); rank 0 writes the run's files (:mod:`fedcore.simulation.ranks`).
 * **Evaluation** (:meth:`ShardedNetwork.evaluate`): each rank evaluates its own rows (of
   the ``run.eval_peers`` sample, its share) in batched passes, all ranks at once; the
   average model comes from the ranks' exact column sums, added up on every rank (one
   all-reduce of integers: the same sums in any order), and rank 0 gathers two figures a
   peer (its accuracy, its distance to the mean) to make the record, in node order. No
   model travels: one process and any R give the same record, bit for bit
-  (:mod:`fedcore.engines.stacked_eval`).
-  Rank 0's summary also says how the peers were placed: the ``partition`` that ran,
-  the ``cut_fraction`` of edges whose ends are on different ranks (a schedule: of the
-  edges of one period's rounds, an edge counted in each round that uses it), and the
-  ``halo_bytes_per_round`` that crossed ranks (the mean over the rounds run).
+  (:mod:`fedcore.engines.stacked_eval`). Rank 0's summary also says how the peers were
+  placed: the ``partition`` that ran, the ``cut_fraction`` of edges whose ends are on
+  different ranks (a schedule: of the edges of one period's rounds, an edge counted in each
+  round that uses it), and the ``halo_bytes_per_round`` that crossed ranks (the mean over
+  the rounds run).
 * **Checkpoints.** Everything a rank's next round reads is its own: its rows' rule state
-  (its edges' too),
-  their places in their data, their codecs' generators, its fault counts per in-edge, its
-  halo bytes, torch's generator, the virtual clock. :meth:`ShardedNetwork.state_dict` holds them
-  (:mod:`fedcore.engines.shard_state`); each rank writes its own file every
-  ``run.checkpoint_every`` rounds, rank 0 a manifest once all are written, and ``--resume``
-  loads each rank's file of the manifest's round on the same R ranks (the same blocks):
+  (its edges' too), their places in their data, their codecs' generators, its fault counts
+  per in-edge, its halo bytes, torch's generator, the virtual clock.
+  :meth:`ShardedNetwork.state_dict` holds them (:mod:`fedcore.engines.shard_state`); each
+  rank writes its own file every ``run.checkpoint_every`` rounds, rank 0 a manifest once
+  all are written, and ``--resume`` loads each rank's file of the manifest's round on the
+  same R ranks (the same blocks):
   :mod:`fedcore.simulation.rank_checkpoints`; on another number of ranks each new rank
   reads the rows it now holds from the old ranks' files (:mod:`fedcore.engines.shard_reshard`).
 """
@@ -130,6 +132,7 @@ from fedcore.engines.shard_plan import (
     plan_halo,
     union_edges,
 )
+from fedcore.engines.shard_server import SERVER_ALGORITHMS, ShardServer
 from fedcore.engines.shard_state import load_rank_state, rank_state
 from fedcore.engines.shard_streams import RowStreams
 from fedcore.engines.shard_time import ShardTime, masks_of, plan_faults_and_time, time_refusal
@@ -168,14 +171,15 @@ SHARDED_ALGORITHMS = (
     "local",
     "ops",
     "rps",
+    *SERVER_ALGORITHMS,
 )
 """The algorithms a sharded run runs: the synchronous rules whose peers send one message to
 every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
 process by ``tests/engines/test_sharded.py``, and those whose state and messages are per
 edge (pattern ``"edges"``: RPS, and ``ops`` with ``robust = true``, robust push-sum), held
-equal by ``tests/engines/test_sharded_edges.py``. The server family waits for a later
-slice (FedAvg over a population shards its cohort on the cohort engine:
-:mod:`fedcore.engines.cohort`); the asynchronous ones run on the event engine."""
+equal by ``tests/engines/test_sharded_edges.py``, and the server family (pattern
+``"chosen"``: :data:`~fedcore.engines.shard_server.SERVER_ALGORITHMS`); the asynchronous
+ones run on the event engine."""
 
 EDGE_ALGORITHMS = ("rps",)
 """The algorithms of :data:`SHARDED_ALGORITHMS` whose state is per edge whatever their
@@ -199,11 +203,6 @@ def config_refusal(config: Config) -> str | None:
     if config.simulate.device != "cpu":
         device = config.simulate.device
         return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"
-    if algorithm.name == "fedavg":
-        return (
-            "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
-            "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
-        )
     if algorithm.name not in SHARDED_ALGORITHMS and not is_import_path(algorithm.name):
         return (
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
@@ -227,11 +226,8 @@ def setup_refusal(setup: RunSetup) -> str | None:
     if not is_rule(algorithm):
         return f"algorithm {algorithm.name!r} has no batched form"
     rule = cast(Rule, algorithm)
-    if (
-        rule.pattern not in ("neighbours", "none", "edges")
-        or rule.server is not None
-        or rule.trains is not None
-    ):
+    server = rule.pattern != "chosen" and (rule.server is not None or rule.trains is not None)
+    if rule.pattern not in ("neighbours", "none", "edges", "chosen") or server:
         return f"algorithm {rule.name!r} is not sharded yet"
     why = vectorized_refusal(EngineInputs.of(setup.config), algorithm)
     if why is not None:  # what one process refuses (RPS with a stochastic codec)
@@ -239,7 +235,7 @@ def setup_refusal(setup: RunSetup) -> str | None:
     return None
 
 
-class ShardedNetwork(ShardEdges):
+class ShardedNetwork(ShardEdges, ShardServer):
     """This rank's block of the peers of ``setup`` (see the module docstring); rank 0 also
     answers what a run's figures need (:meth:`run_round`'s figures, :meth:`model`).
 
@@ -408,6 +404,8 @@ class ShardedNetwork(ShardEdges):
             PeerUnavailableError: a collective failed.
         """
         params = self.rule.model(self.state)
+        if self.setup.algorithm.server in self.nodes:  # the server's model is the average
+            return self._evaluate_server(params, self.nodes.index(self.setup.algorithm.server))
         extremes = sum_extremes(params)  # one window of limbs for every rank's sums
         largest_everywhere(self.ranks, extremes, "an evaluation's sum window")
         window = sum_window(extremes, params.dtype)
@@ -445,10 +443,10 @@ class ShardedNetwork(ShardEdges):
         ) -> torch.Tensor:
             if self.edge_plans:  # messages per edge, or rows of their edges' width
                 out = self._encode_edges(v, up, t, owners, width, where)
-            elif owners is not None or width is not None or where is not None:
+            elif owners is not None or width is not None:
                 raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
-            else:
-                out = self._roundtrip(v, up, t)
+            else:  # only the rows that send (``where``) draw from their codecs
+                out = self._roundtrip(v, up if where is None else up & where, t)
             compressed.add(id(out))
             return out
 
@@ -531,13 +529,18 @@ class ShardedNetwork(ShardEdges):
         up_all = torch.ones(self.n, dtype=torch.bool) if faults is None else faults.up(t)
         up = up_all[self.mine]
         tick = None if self.time is None else self.time.advance(t, up_all)
-        loss, grad = train_rows(self, t, lr, up)  # the optimizer, the local steps
+        training, idle = self._training(t, up_all)  # the others read no batch
+        loss, grad = train_rows(self, t, lr, training)  # the optimizer, the local steps
         compressed: set[int] = set()
-        self.wire, self.edge_wire = {}, {}
+        self.wire, self.edge_wire, self.round_sent = {}, {}, []
         rows = self._rows(t, step_lr(self, lr), up, compressed)
         counts = RowCounts(self.b)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):
+            if self.chosen:  # the round's messages only
+                chosen = self._gathered(send, phase, t, up_all, counts, compressed)
+                state, send = self.rule.mix(state, phase, chosen, rows)
+                continue
             arrived = self.edge_arrived[phase] if self.edge_plans else self.arrived
             if faults is not None:
                 arrived = faults.arrived(t, phase, up_all, counts, *masks_of(tick, phase))
@@ -554,14 +557,12 @@ class ShardedNetwork(ShardEdges):
         self.state = self._kept(up, state)  # a crashed row's (and its edges') as it was
         self.wire, self.edge_wire = {}, {}  # the round's encoded rows, sent
         self.round = t + 1
-        idle = torch.zeros(self.n, dtype=torch.bool)
         if faults is None:
             loss_all = gather_rows(self.ranks, loss, self.shards)
             if loss_all is None:
                 return None
-            counter = _Counter(self.n, self.device)
-            counter.add(self.fulls[t % self.period])  # the same every period: counted once
-            return counter.done(t, up_all, loss_all, idle, None if tick is None else tick.times)
+            times = None if tick is None else tick.times
+            return self._round_traffic(t).done(t, up_all, loss_all, idle, times)
         # The rows' counts travel with their losses: one gather, as without faults.
         gathered = gather_rows(self.ranks, pack_counts(loss, counts), self.shards)
         if gathered is None:
@@ -570,7 +571,8 @@ class ShardedNetwork(ShardEdges):
         if self.records == "all" or (
             self.records == "eval" and is_eval_round(self.setup.config, t)
         ):
-            faults.lost_everywhere(t, up_all, counter, *masks_of(tick))
+            sent = self.round_sent if self.chosen else None
+            faults.lost_everywhere(t, up_all, counter, sent, *masks_of(tick))
         return counter.done(t, up_all, loss_all, idle, None if tick is None else tick.times)
 
     def state_dict(self) -> dict[str, Any]:

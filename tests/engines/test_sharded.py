@@ -1,7 +1,8 @@
 """The vectorized engine sharded over torch.distributed ranks (gloo on 127.0.0.1) against one
 process: R = 1, 2 and 3 ranks end with the one-process run's parameters (``params_sha256``),
 traffic, byte counts, evaluations and per-node records, on a random graph with odd ids (the
-rules whose state is per edge: ``tests/engines/test_sharded_edges.py``); what
+rules whose state is per edge: ``tests/engines/test_sharded_edges.py``; the server family:
+``tests/engines/test_sharded_server.py``); what
 a sharded run cannot run yet is refused in one line before any rank starts; a rank that dies
 stops the others within the group's timeout. Codecs and fault plans on ranks:
 ``tests/engines/test_sharded_faults.py``.
@@ -40,6 +41,7 @@ from fedcore.engines.partition import (
     place,
 )
 from fedcore.engines.ranks import Ranks, blocks, from_environment, join
+from fedcore.engines.shard_server import SERVER_ALGORITHMS
 from fedcore.engines.sharded import (
     EDGE_ALGORITHMS,
     SHARDED_ALGORITHMS,
@@ -225,7 +227,10 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("sharded")
 
 
-@pytest.mark.parametrize("algorithm", [a for a in SHARDED_ALGORITHMS if a not in EDGE_ALGORITHMS])
+@pytest.mark.parametrize(
+    "algorithm",
+    [a for a in SHARDED_ALGORITHMS if a not in (*EDGE_ALGORITHMS, *SERVER_ALGORITHMS)],
+)
 def test_ranks_equal_one_process(algorithm: str, folder: Path) -> None:
     config = _config(algorithm, folder, *(s for s in GRAPHS[algorithm] if "topology" not in s))
     one = folder / f"{algorithm}-one"
@@ -332,8 +337,7 @@ def test_the_halo_sends_each_boundary_row_once_per_rank(method: str) -> None:
 @pytest.mark.parametrize(
     ("setting", "says"),
     [
-        ("algorithm.name='fedavg'", "set simulate.engine = 'cohort'"),
-        ("algorithm.name='doublesqueeze'", "not sharded yet"),
+        ("algorithm.name='fedbuff'", "not sharded yet"),
         ("simulate.device='cuda'", "CPU"),
         ("simulate.engine='messages'", "one process"),
         ("transport.mode='deadline'", "ops holds a silent peer's pushes in deadline mode"),

@@ -132,6 +132,8 @@ def test_a_resumed_run_reads_its_clock(folder: Path, tmp_path: Path) -> None:
         (["algorithm.name=ops", *DEADLINE], "ops holds a silent peer's pushes in deadline mode"),
         (["faults.drop=0.1", "faults.announce=false", *TIME], "needs deadline mode"),
         (["algorithm.name=ops", "time.step_s=0.1"], None),
+        (["algorithm.name=fedavg", "time.step_s=0.1"], "with fedavg is not sharded yet"),
+        (["algorithm.name=doublesqueeze", *DEADLINE], "with doublesqueeze is not sharded"),
         (["algorithm.name=rps", *DEADLINE, "faults.drop=1", "faults.announce=false"], None),
     ],
 )
