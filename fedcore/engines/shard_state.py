@@ -18,8 +18,8 @@ import torch
 
 from fedcore.algorithms.rule import Rule
 from fedcore.compression.batched import RowCodec
-from fedcore.data.batches import StackedBatches
 from fedcore.engines.ranks import Ranks
+from fedcore.engines.shard_batches import RankBatches
 from fedcore.engines.shard_faults import ShardFaults
 from fedcore.errors import ConfigError
 from fedcore.setup import checkpoint
@@ -35,7 +35,7 @@ class RankBlock(Protocol):
     mine: torch.Tensor
     rule: Rule
     state: Any
-    batches: StackedBatches
+    batches: RankBatches
     codec: RowCodec
     faults: ShardFaults | None
     halo_bytes: int

@@ -92,7 +92,9 @@ from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
 from fedcore.engines.partition import METIS_MISSING, metis_available, place
 from fedcore.engines.ranks import Ranks, add_everywhere, gather_rows, largest_everywhere
+from fedcore.engines.shard_batches import RankBatches
 from fedcore.engines.shard_codecs import ShardCodecs
+from fedcore.engines.shard_digests import gathered_digests, start_digests
 from fedcore.engines.shard_faults import (
     RowCounts,
     ShardFaults,
@@ -116,10 +118,10 @@ from fedcore.engines.vectorized import (
     RoundFigures,
     _Counter,
     node_records_mode,
-    stacked_batches,
 )
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.evaluation import column_sums, mean_of_sums, sum_extremes, sum_window
+from fedcore.metrics import ParamDigests
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedObjective
@@ -249,7 +251,7 @@ class ShardedNetwork(ShardCodecs):
         self.samples = torch.from_numpy(held[rows])
         self.state = self.rule.init(self.start.unsqueeze(0).repeat(self.b, 1))
         self.objective = StackedObjective(setup.objective, self.device, setup.evaluator)
-        self.batches = stacked_batches(setup, self.device)  # every node's, read for ours
+        self.batches = RankBatches(setup, self.device, rows)  # our rows' alone
         self.own = np.zeros(self.n, dtype=np.bool_)
         self.own[rows] = True
         self.round = 0
@@ -267,8 +269,8 @@ class ShardedNetwork(ShardCodecs):
                     full.traffic(self.form.messages(p, g, self._size, self.d), None)
             figures = placement_figures(graphs, self.placement.owner, ranks.world)
             self.cut_fraction, self.halo_rows = figures
-        self.last = self.start.unsqueeze(0).repeat(self.n, 1) if ranks.rank == 0 else None
-        """Rank 0: the models of the last gather (what a failed run's summary holds)."""
+        self._last: ParamDigests | None = None
+        """Rank 0: the digests of the last :meth:`digests` (``None``: the start models)."""
         # Faults and codecs: the global row of each local row (its codec's owner), the
         # fault plan asked for this block's in-edges, and which rounds' records list faults.
         self.local_of = torch.full((self.n,), -1, dtype=torch.long)
@@ -331,7 +333,7 @@ class ShardedNetwork(ShardCodecs):
 
     def finish(self) -> tuple[dict[str, int], dict[str, int], int] | None:
         """The end of a run (a collective: every rank calls it once, after the last
-        :meth:`model`): on rank 0 the fault tables (:meth:`fault_counts`) and the bytes
+        :meth:`digests`): on rank 0 the fault tables (:meth:`fault_counts`) and the bytes
         every rank sent in halo exchanges (:attr:`halo_bytes`, added up); ``None`` on the
         others.
 
@@ -348,10 +350,28 @@ class ShardedNetwork(ShardCodecs):
     def model(self) -> torch.Tensor | None:
         """Every node's model, gathered on rank 0 (``[N, d]``); ``None`` on the others.
         A collective: every rank calls it at the same point of the run."""
-        full = gather_rows(self.ranks, self.rule.model(self.state), self.shards)
-        if full is not None:
-            self.last = full
-        return full
+        return gather_rows(self.ranks, self.rule.model(self.state), self.shards)
+
+    def digests(self) -> ParamDigests | None:
+        """The summary's digests of every node's model, made on rank 0 without gathering
+        every model there (``None`` on the others; :mod:`fedcore.engines.shard_digests`).
+        A collective: every rank calls it at the same point of the run.
+
+        Raises:
+            PeerUnavailableError: a gather failed.
+        """
+        made = gathered_digests(self.ranks, self.rule.model(self.state), self.shards, self.nodes)
+        if made is not None:
+            self._last = made
+        return made
+
+    @property
+    def last(self) -> ParamDigests:
+        """Rank 0: the digests of the last :meth:`digests` (before any, of the start
+        models): what a failed run's summary holds (no collective)."""
+        if self._last is None:
+            self._last = start_digests(self.start, self.nodes)
+        return self._last
 
     def evaluate(self) -> dict[str, Any] | None:
         """The evaluation record of every peer's current model on rank 0 (``None`` on the

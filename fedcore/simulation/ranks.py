@@ -31,15 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import torch
-
 from fedcore.config import Config, config_to_dict, dumps_toml
 from fedcore.engines.clock import virtual_clock
 from fedcore.engines.ranks import Ranks, join, leave
 from fedcore.engines.sharded import ShardedNetwork, is_eval_round, setup_refusal
 from fedcore.engines.vectorized import Flusher
 from fedcore.errors import ConfigError, FedcoreError
-from fedcore.metrics import JsonlWriter
+from fedcore.metrics import JsonlWriter, ParamDigests
 from fedcore.progress import Progress, run_warnings
 from fedcore.runtime import PARENT_ENV, auto_threads, usable_cores
 from fedcore.setup import checkpoint
@@ -96,7 +94,7 @@ class _Sharded:
         progress: Progress | None,
         save: Save,
         saved: Any,
-    ) -> dict[str, torch.Tensor] | None:
+    ) -> ParamDigests:
         net = self.net
         # The flusher reads of its network only what a ShardedNetwork answers on rank 0
         # (nodes, setup, device, objective, check, evaluate).
@@ -110,7 +108,7 @@ class _Sharded:
         if saved is not None:  # this rank's file holds the run's figures too
             net.load_state_dict(saved["network"])
             flusher.load_state_dict(saved["flusher"])
-            net.model()  # the models a failed run's summary holds (a collective)
+            net.digests()  # what a failed run's summary holds (a collective)
         every = net.setup.config.run.checkpoint_every
         try:
             while net.round < observer.rounds:
@@ -129,18 +127,18 @@ class _Sharded:
         flusher.flush()
         return self.final(observer, gather=True)
 
-    def final(self, observer: RunObserver, gather: bool = False) -> dict[str, torch.Tensor]:
-        """Every node's parameters: gathered (a collective) at the end of a run, with the
-        fault tables, else (a run that failed, which no collective may wait on) those of
-        the last gather."""
-        params = self.net.model() if gather else self.net.last
-        assert params is not None  # rank 0's
+    def final(self, observer: RunObserver, gather: bool = False) -> ParamDigests:
+        """The digests of every node's parameters, hashed where they are (a collective) at
+        the end of a run, with the fault tables, else (a run that failed, which no
+        collective may wait on) those of the last such digests."""
+        digests = self.net.digests() if gather else self.net.last
+        assert digests is not None  # rank 0's
         if gather:  # the fault tables and halo bytes, added up over the ranks
             ended = self.net.finish()
             assert ended is not None  # rank 0's
             observer.missing_edges.update(ended[0])
             observer.dropped_edges.update(ended[1])
-        return {nid: params[i] for i, nid in enumerate(self.nodes)}
+        return digests
 
     def summary(self) -> dict[str, Any]:
         net = self.net
@@ -160,12 +158,12 @@ def _follow(
     net: ShardedNetwork, config: Config, out: Path | None, saved: dict[str, Any] | None
 ) -> None:
     """A rank other than 0: every round, its peers' evaluation at each evaluation round,
-    the models at the end, then the fault tables and halo bytes, in the order rank 0's
+    the models' digests at the end, then the fault tables and halo bytes, in the order rank 0's
     run asks for them; its
     checkpoints in the run folder ``out`` (continuing from ``saved``, its own)."""
     if saved is not None:
         net.load_state_dict(saved["network"])
-        net.model()  # as rank 0 gathers them
+        net.digests()  # as rank 0 makes them
     rounds, every = config.run.rounds, config.run.checkpoint_every
     while net.round < rounds:
         t = net.round
@@ -187,7 +185,7 @@ def _follow(
                 },
             )
             _seal(net, out)
-    net.model()
+    net.digests()
     net.finish()  # as rank 0's run ends (a collective)
 
 
