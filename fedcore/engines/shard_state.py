@@ -2,12 +2,13 @@
 continues from it (:func:`load_rank_state`): the part of
 :class:`~fedcore.engines.sharded.ShardedNetwork` that checkpoints.
 
-A rank's next round is a function of its rows' rule state, its rows' places in their data
-(generators, positions, epoch orders), the generators of its rows' codecs, and torch's
-global generator; its fault counts (per in-edge of its rows) and the halo bytes it has
-sent are what the run's figures add up at the end. All of it is this rank's own, so each
-rank writes and reads only its own file (:mod:`fedcore.simulation.rank_checkpoints` says
-where, and how a manifest ties the ranks' files of one round together).
+A rank's next round is a function of its rows' rule state and node optimizer state, their
+places in their data (generators, positions, epoch orders), the generators of its rows'
+codecs, and torch's global generator; its fault counts (per in-edge of its rows) and the
+halo bytes it has sent are what the run's figures add up at the end. All of it is this
+rank's own, so each rank writes and reads only its own file
+(:mod:`fedcore.simulation.rank_checkpoints` says where, and how a manifest ties the ranks'
+files of one round together).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from fedcore.compression.batched import RowCodec
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.shard_batches import RankBatches
 from fedcore.engines.shard_faults import ShardFaults
+from fedcore.engines.shard_streams import RowStreams
 from fedcore.errors import ConfigError
 from fedcore.setup import checkpoint
 
@@ -35,7 +37,8 @@ class RankBlock(Protocol):
     mine: torch.Tensor
     rule: Rule
     state: Any
-    batches: RankBatches
+    opt_state: Any
+    batches: RankBatches | RowStreams
     codec: RowCodec
     faults: ShardFaults | None
     halo_bytes: int
@@ -52,6 +55,7 @@ def rank_state(net: RankBlock) -> dict[str, Any]:
         "round": net.round,
         "rows": net.mine.clone(),
         "state": checkpoint.to_tree(net.state),
+        "optimizer": checkpoint.to_tree(net.opt_state),
         "batches": net.batches.state_dict(rows),
         "codec": [generators[i].get_state() for i in rows] if generators else None,
         "faults": None
@@ -79,6 +83,12 @@ def load_rank_state(net: RankBlock, saved: dict[str, Any]) -> None:
         )
     net.state = checkpoint.restore_state(saved["state"], net.state, label, net.rule.name)
     try:
+        if (net.opt_state is None) != (saved.get("optimizer") is None):
+            raise ValueError("a node optimizer in one and not the other")
+        if net.opt_state is not None:
+            net.opt_state = checkpoint.restore_state(
+                saved["optimizer"], net.opt_state, label, "node optimizer"
+            )
         net.batches.load_state_dict(saved["batches"], net.mine.tolist())
         generators = net.codec.generators
         if generators:

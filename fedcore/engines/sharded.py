@@ -50,6 +50,9 @@ Design (:func:`setup_refusal` says what it does not run yet):
 * **Faults.** The fault plan is a keyed hash of ``(round, phase, edge)``: each rank asks it
   about the edges of its rows (:mod:`fedcore.engines.shard_faults`); a crashed row takes
   no step, reads no batch, encodes nothing and keeps its state.
+* **Before the exchange** (:mod:`fedcore.engines.shard_local`): a node optimizer's
+  direction and ``run.local_steps`` are each row's own, as on one process; so are an
+  online source's batches (``data.stream``: :mod:`fedcore.engines.shard_streams`).
 * **Figures.** Traffic of a static graph with no faults is the same every round: rank 0
   counts it once from the graph (as the one-process engine does; a schedule: once a
   graph of its period). With a fault plan each rank counts its own rows' figures, from
@@ -103,6 +106,7 @@ from fedcore.engines.shard_faults import (
     reduce_total,
     unpack_counts,
 )
+from fedcore.engines.shard_local import step_lr, train_rows
 from fedcore.engines.shard_plan import (
     GraphPlan,
     Halo,
@@ -112,6 +116,7 @@ from fedcore.engines.shard_plan import (
     union_edges,
 )
 from fedcore.engines.shard_state import load_rank_state, rank_state
+from fedcore.engines.shard_streams import RowStreams
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.engines.vectorized import (
@@ -162,6 +167,11 @@ def config_refusal(config: Config) -> str | None:
     if config.simulate.device != "cpu":
         device = config.simulate.device
         return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"
+    if algorithm.name == "fedavg":
+        return (
+            "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
+            "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
+        )
     if algorithm.name not in SHARDED_ALGORITHMS:
         return (
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
@@ -173,10 +183,6 @@ def config_refusal(config: Config) -> str | None:
         return "faults.announce = false loses messages silently, which needs deadline mode"
     if config.time.active or config.transport.mode != "strict":
         return "virtual time ([time], deadline mode) is not sharded yet"
-    if config.run.local_steps != 1:
-        return "run.local_steps > 1 is not sharded yet"
-    if config.data.stream:
-        return "an online data stream (data.stream) is not sharded yet"
     if config.simulate.partition == "metis" and not metis_available():
         return METIS_MISSING
     return None
@@ -199,10 +205,6 @@ def setup_refusal(setup: RunSetup) -> str | None:
         or rule.trains is not None
     ):
         return f"algorithm {rule.name!r} is not sharded yet"
-    if setup.optimizer() is not None:
-        return "a node optimizer ([optimizer]) is not sharded yet"
-    if setup.source is not None:
-        return "an online data source is not sharded yet"
     return None
 
 
@@ -248,10 +250,21 @@ class ShardedNetwork(ShardCodecs):
         that of ``t % period``: :meth:`_use` makes it the current one)."""
         self._use(0)
         held = np.asarray([len(p) for p in setup.parts], dtype=np.float64)
+        if setup.source is not None:  # an online stream: no examples held (as one process)
+            held = np.zeros(self.n, dtype=np.float64)
         self.samples = torch.from_numpy(held[rows])
         self.state = self.rule.init(self.start.unsqueeze(0).repeat(self.b, 1))
+        self.optimizer = setup.optimizer()
+        self.opt_state = (
+            self.optimizer.init(self.rule.model(self.state)) if self.optimizer else None
+        )
+        self.local_steps = setup.options.local_steps
         self.objective = StackedObjective(setup.objective, self.device, setup.evaluator)
-        self.batches = RankBatches(setup, self.device, rows)  # our rows' alone
+        self.batches: RankBatches | RowStreams = (  # our rows' alone
+            RankBatches(setup, self.device, rows)
+            if setup.source is None
+            else RowStreams(setup.source, rows, self.n)
+        )
         self.own = np.zeros(self.n, dtype=np.bool_)
         self.own[rows] = True
         self.round = 0
@@ -512,11 +525,10 @@ class ShardedNetwork(ShardCodecs):
         faults = self.faults
         up_all = torch.ones(self.n, dtype=torch.bool) if faults is None else faults.up(t)
         up = up_all[self.mine]
-        params = self.rule.model(self.state)
-        loss, grad = self._gradients(params, up)
+        loss, grad = train_rows(self, t, lr, up)  # the optimizer, the local steps
         compressed: set[int] = set()
         self.wire = {}
-        rows = self._rows(t, lr, up, compressed)
+        rows = self._rows(t, step_lr(self, lr), up, compressed)
         counts = RowCounts(self.b)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):

@@ -39,13 +39,13 @@ from fedcore.engines.partition import (
     place,
 )
 from fedcore.engines.ranks import Ranks, blocks, from_environment, join
-from fedcore.engines.sharded import SHARDED_ALGORITHMS, config_refusal, plan_halo, setup_refusal
+from fedcore.engines.sharded import SHARDED_ALGORITHMS, config_refusal, plan_halo
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.errors import ConfigError
 from fedcore.setup.prepare import RunSetup, prepare_run
 from fedcore.simulation.ranks import LOST, _cause, _Child, free_port, simulate_rank
 from fedcore.simulation.simulate import simulate
-from tests.engines.test_vectorized import GRAPHS, odd_graph
+from tests.engines.test_vectorized import GRAPHS, ODD_IDS, odd_graph
 
 ROUNDS = 6
 
@@ -309,10 +309,10 @@ def test_the_halo_sends_each_boundary_row_once_per_rank(method: str) -> None:
 @pytest.mark.parametrize(
     ("setting", "says"),
     [
-        ("algorithm.name='fedavg'", "not sharded yet"),
+        ("algorithm.name='fedavg'", "set simulate.engine = 'cohort'"),
+        ("algorithm.name='doublesqueeze'", "not sharded yet"),
         ("algorithm.robust=true", "robust push-sum"),
         ("simulate.device='cuda'", "CPU"),
-        ("run.local_steps=2", "local_steps"),
         ("simulate.engine='messages'", "one process"),
         ("transport.mode='deadline'", "deadline mode"),
     ],
@@ -338,16 +338,58 @@ def test_a_sharded_run_is_one_run(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("settings", "says"),
+    ("algorithm", "extra"),
     [
-        (["optimizer.name=adam"], "node optimizer"),
+        ("ops", ["optimizer.name=adam", "run.local_steps=2"]),
+        ("dpsgd", ["optimizer.name=lamb", "optimizer.weight_decay=0.01"]),
     ],
 )
-def test_what_only_the_setup_tells_is_refused(settings: list[str], says: str) -> None:
-    config = load_config(None, ["algorithm.name=ops", "topology.nodes=8", *settings])
-    assert config_refusal(config) is None
-    why = setup_refusal(prepare_run(config))
-    assert why is not None and says in why
+def test_node_optimizers_and_local_steps_on_ranks_equal_one_process(
+    algorithm: str, extra: list[str], folder: Path
+) -> None:
+    """Each row's optimizer state and local steps are its own: 2 ranks (on the graph
+    partition, rows that are not contiguous) end with one process's bits; LAMB's norms run
+    over a row's own layers."""
+    graph = [s for s in GRAPHS[algorithm] if "topology" not in s]
+    config = _config(algorithm, folder, *graph, *extra, "simulate.partition=graph")
+    one = folder / f"{algorithm}-optimizer-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    out = folder / f"{algorithm}-optimizer-2"
+    assert run_ranks(config, 2, out) == {0: "ok", 1: "ok"}
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    assert _records(out) == _records(one)
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        # The synthetic stream gives a round's batches at once; a crash puts a peer a batch
+        # behind the others (two groups of positions), and the regret replays every stream.
+        ["data.stream=synthetic", "model.name=logreg", "run.regret=true", "run.checkpoint_every=4"],
+        # A user's source of one stream a peer (tests/test_streams.py).
+        ["data.stream=tests.test_streams:make_source"],
+    ],
+)
+def test_online_streams_on_ranks_equal_one_process(stream: list[str], folder: Path) -> None:
+    """Each rank draws its own rows' batches, as one process draws them."""
+    crash = f"faults.crashes=[{{node={ODD_IDS[3]!r},at=1,back=3}}]"
+    graph = [s for s in GRAPHS["dog"] if "topology" not in s]
+    config = _config("dog", folder, *graph, *stream, crash)
+    name = stream[0].rpartition(":")[2].rpartition("=")[2]
+    one = folder / f"stream-{name}-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    out = folder / f"stream-{name}-2"
+    assert run_ranks(config, 2, out) == {0: "ok", 1: "ok"}
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    assert _records(out) == _records(one)
+    if "run.regret=true" in stream:
+        assert got["final"]["dynamic_regret"] == expected["final"]["dynamic_regret"]
 
 
 def test_torchrun_environment_is_read() -> None:
@@ -510,15 +552,18 @@ def test_simulate_ranks_through_the_cli(folder: Path, capsys: pytest.CaptureFixt
     assert got["traffic"] == expected["traffic"]
 
 
-def test_a_failed_rank_is_named_in_one_line(capfd: pytest.CaptureFixture[str]) -> None:
-    """What only the set-up tells (a node optimizer) fails every rank before it joins;
-    the launcher says one line, naming the rank, and exits non-zero."""
-    settings = ["--set", "optimizer.name=adam", "--set", "topology.nodes=8"]
+def test_a_failed_rank_is_named_in_one_line(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """What only the set-up tells (a data set that is not there) fails every rank before
+    it joins; the launcher says one line, naming the rank, and exits non-zero."""
+    missing = tmp_path / "no-such-data"
+    settings = ["--set", f"data.dataset='folder:{missing}'", "--set", "topology.nodes=8"]
     assert main(["simulate", "--ranks", "2", "--quiet", *settings]) == 2
     err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1, err
-    assert err[0].startswith("fedcore: error: rank ") and "of 2: a sharded run" in err[0]
-    assert "node optimizer" in err[0]
+    assert err[0].startswith("fedcore: error: rank ") and " of 2: data.dataset " in err[0]
+    assert "is neither a .npz file nor a folder" in err[0]
 
 
 def _shuffled_ring(folder: Path, n: int = 12) -> Path:

@@ -20,6 +20,7 @@ import torch
 
 from fedcore.cli import main
 from fedcore.config import Config
+from fedcore.data import BatchStream, Dataset
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.sharded import ShardedNetwork
 from fedcore.errors import ConfigError
@@ -34,6 +35,7 @@ from fedcore.simulation.ranks import free_port, simulate_rank
 from fedcore.simulation.simulate import resume, simulate
 from tests.engines.test_sharded import RANKS, SAME, _records, in_rank
 from tests.engines.test_sharded_faults import _case
+from tests.engines.test_vectorized import ODD_IDS
 
 STOP_AT = 3
 """The round at whose start the interrupted run stops (after the checkpoint of round 2)."""
@@ -92,8 +94,10 @@ def _two_ranks(config: Config, out: Path, *, resume: bool = False, stop: int = 0
 def stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, Path]:
     """``(config, one-process run, the 2-rank run interrupted at round STOP_AT)``."""
     folder = tmp_path_factory.mktemp("sharded-resume")
-    # A stochastic codec (its generators), drops and a crash (fault counts), all resumed.
-    config = _case("dpsgd", "qsgd", True, folder, "run.checkpoint_every=2")
+    # A stochastic codec (its generators), drops and a crash (fault counts), a node
+    # optimizer's state and local steps, all resumed.
+    extra = ("run.checkpoint_every=2", "optimizer.name=momentum", "run.local_steps=2")
+    config = _case("dpsgd", "qsgd", True, folder, *extra)
     one = folder / "one"
     torch.set_num_threads(1)
     simulate(config, out_dir=one, show_progress=False, threads=1)
@@ -212,3 +216,42 @@ def test_another_number_of_ranks_is_refused_with_the_one_to_use(
     (out / "summary.json").unlink()
     assert main(["simulate", "--ranks", "2", "--resume", str(out)]) == 2
     assert "holds a one-process run: resume it without --ranks" in capsys.readouterr().err
+
+
+def test_a_resumed_rank_reads_its_streams_on_from_where_they_were(tmp_path: Path) -> None:
+    """An online source of one stream a peer (:func:`varied_source`), a peer that crashed:
+    each resumed rank reads its rows' streams forward, and the run ends as one process's."""
+    crash = f"faults.crashes=[{{node={ODD_IDS[3]!r},at=1,back=3}}]"
+    stream = "data.stream=tests.engines.test_sharded_resume:varied_source"
+    config = _case("dog", "fp32", False, tmp_path, stream, crash, "run.checkpoint_every=2")
+    one = tmp_path / "one"
+    torch.set_num_threads(1)
+    simulate(config, out_dir=one, show_progress=False, threads=1)
+    out = tmp_path / "two"
+    assert _two_ranks(config, out, stop=STOP_AT)[1] == "KeyboardInterrupt: "
+    assert _two_ranks(config, out, resume=True) == {0: "ok", 1: "ok"}
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    expected = json.loads((one / "summary.json").read_text(encoding="utf-8"))
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    assert _records(out) == _records(one)
+
+
+class _Varied:
+    """A user's source of one stream a peer (no ``batches``): 32 random examples of 10
+    features, each peer's own shuffle, two a batch."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(32, 10, generator=gen)
+        y = (x[:, 0] > 0).long()
+        self.dataset = Dataset(
+            name="varied", x_train=x, y_train=y, x_test=x, y_test=y, num_classes=2
+        )
+
+    def stream(self, node: int) -> BatchStream:
+        return BatchStream(self.dataset.x_train, self.dataset.y_train, batch_size=2, seed=node)
+
+
+def varied_source(**_: Any) -> _Varied:
+    return _Varied()
