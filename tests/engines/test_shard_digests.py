@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -83,3 +84,26 @@ def test_two_ranks_hash_every_model_in_blocks_as_one_process(tmp_path: Path) -> 
     got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert got["params_sha256_all"] == expected["params_sha256_all"]
     assert "params_sha256" not in got
+
+
+@pytest.mark.parametrize("peers", [10, 400])
+def test_rank_0_holds_a_block_of_rows_at_most(monkeypatch: pytest.MonkeyPatch, peers: int) -> None:
+    """``params_sha256_all`` gathers one block of rows at a time, whatever the peers: rank
+    0 never holds more than a block (here two rows of 3 float32)."""
+    held: list[int] = []
+    gather = shard_digests.gather_rows
+
+    def counting(ranks: Ranks, local: torch.Tensor, shards: Any) -> torch.Tensor | None:
+        got = gather(ranks, local, shards)
+        held.append(0 if got is None else int(got.shape[0]))
+        return got
+
+    monkeypatch.setattr(shard_digests, "gather_rows", counting)
+    monkeypatch.setattr(shard_digests, "NODE_MAPS_NODES", 3)
+    monkeypatch.setattr(shard_digests, "DIGEST_BLOCK_BYTES", 24)
+    rows = torch.randn(peers, 3)
+    nodes = [f"n{i}" for i in range(peers)]
+    shards = [np.arange(peers, dtype=np.int64)]
+    made = shard_digests.gathered_digests(Ranks(0, 1), rows, shards, nodes)
+    assert made is not None and made.digests == {"params_sha256_all": all_params_sha256(rows)}
+    assert max(held) == 2 and sum(held) == peers
