@@ -93,7 +93,7 @@ import torch
 from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
 from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
-from fedcore.engines.partition import METIS_MISSING, metis_available, place
+from fedcore.engines.partition import place
 from fedcore.engines.ranks import Ranks, add_everywhere, gather_rows, largest_everywhere
 from fedcore.engines.shard_batches import RankBatches
 from fedcore.engines.shard_codecs import ShardCodecs
@@ -115,6 +115,7 @@ from fedcore.engines.shard_plan import (
     plan_halo,
     union_edges,
 )
+from fedcore.engines.shard_refusal import SHARDED_ALGORITHMS, config_refusal
 from fedcore.engines.shard_state import load_rank_state, rank_state
 from fedcore.engines.shard_streams import RowStreams
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
@@ -140,52 +141,6 @@ __all__ = [
     "plan_halo",
     "setup_refusal",
 ]
-
-SHARDED_ALGORITHMS = ("central", "choco", "deepsqueeze", "dog", "dol", "dpsgd", "local", "ops")
-"""The algorithms a sharded run runs: the synchronous rules whose peers send one message to
-every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
-process by ``tests/engines/test_sharded.py``. The server family, RPS and robust push-sum
-(state per edge) wait for later slices (FedAvg over a population shards its cohort on the
-cohort engine: :mod:`fedcore.engines.cohort`); the asynchronous ones run on the event
-engine."""
-
-
-def config_refusal(config: Config) -> str | None:
-    """Why a sharded run cannot run ``config``, as far as the config tells (one clause),
-    or None: checked before any rank starts."""
-    algorithm = config.algorithm
-    if config.simulate.engine == "cohort":  # the cohort shards by client (fedcore.engines.cohort)
-        from fedcore.engines.cohort import cohort_refusal
-
-        why = cohort_refusal(config)
-        return None if why is None else f"simulate.engine = 'cohort': {why}"
-    if config.simulate.engine == "messages":
-        return (
-            "simulate.engine = 'messages' runs every peer in one process; ranks shard the "
-            "vectorized engine (simulate.engine = 'auto')"
-        )
-    if config.simulate.device != "cpu":
-        device = config.simulate.device
-        return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"
-    if algorithm.name == "fedavg":
-        return (
-            "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
-            "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
-        )
-    if algorithm.name not in SHARDED_ALGORITHMS:
-        return (
-            f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
-            f"{', '.join(SHARDED_ALGORITHMS)})"
-        )
-    if algorithm.options.get("robust"):
-        return "robust push-sum keeps state per edge, which ranks do not exchange yet"
-    if config.faults.active and not config.faults.announce:
-        return "faults.announce = false loses messages silently, which needs deadline mode"
-    if config.time.active or config.transport.mode != "strict":
-        return "virtual time ([time], deadline mode) is not sharded yet"
-    if config.simulate.partition == "metis" and not metis_available():
-        return METIS_MISSING
-    return None
 
 
 def setup_refusal(setup: RunSetup) -> str | None:

@@ -1,0 +1,71 @@
+"""What a sharded run cannot run, as far as its config tells (:func:`config_refusal`),
+checked before any rank starts, by the launcher of ``fedcore simulate --ranks R`` too,
+which imports no torch (each rank loads its own; the launcher's would be seconds before
+any rank starts). :mod:`fedcore.engines.sharded` re-exports these names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from fedcore.config import Config
+
+__all__ = ["METIS_MISSING", "SHARDED_ALGORITHMS", "config_refusal", "metis_available"]
+
+METIS_MISSING = (
+    "simulate.partition = 'metis' needs pymetis, which is not installed: pip install "
+    "'fedcore[partition]' (or use 'graph')"
+)
+"""What a run that asks for METIS without pymetis is told (one line)."""
+
+
+def metis_available() -> bool:
+    """Whether ``pymetis`` can be imported (the ``partition`` extra)."""
+    return importlib.util.find_spec("pymetis") is not None
+
+
+SHARDED_ALGORITHMS = ("central", "choco", "deepsqueeze", "dog", "dol", "dpsgd", "local", "ops")
+"""The algorithms a sharded run runs: the synchronous rules whose peers send one message to
+every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
+process by ``tests/engines/test_sharded.py``. The server family, RPS and robust push-sum
+(state per edge) wait for later slices (FedAvg over a population shards its cohort on the
+cohort engine: :mod:`fedcore.engines.cohort`); the asynchronous ones run on the event
+engine."""
+
+
+def config_refusal(config: Config) -> str | None:
+    """Why a sharded run cannot run ``config``, as far as the config tells (one clause),
+    or None: checked before any rank starts."""
+    algorithm = config.algorithm
+    if config.simulate.engine == "cohort":  # the cohort shards by client (fedcore.engines.cohort)
+        from fedcore.engines.cohort import cohort_refusal
+
+        why = cohort_refusal(config)
+        return None if why is None else f"simulate.engine = 'cohort': {why}"
+    if config.simulate.engine == "messages":
+        return (
+            "simulate.engine = 'messages' runs every peer in one process; ranks shard the "
+            "vectorized engine (simulate.engine = 'auto')"
+        )
+    if config.simulate.device != "cpu":
+        device = config.simulate.device
+        return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"
+    if algorithm.name == "fedavg":
+        return (
+            "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
+            "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
+        )
+    if algorithm.name not in SHARDED_ALGORITHMS:
+        return (
+            f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
+            f"{', '.join(SHARDED_ALGORITHMS)})"
+        )
+    if algorithm.options.get("robust"):
+        return "robust push-sum keeps state per edge, which ranks do not exchange yet"
+    if config.faults.active and not config.faults.announce:
+        return "faults.announce = false loses messages silently, which needs deadline mode"
+    if config.time.active or config.transport.mode != "strict":
+        return "virtual time ([time], deadline mode) is not sharded yet"
+    if config.simulate.partition == "metis" and not metis_available():
+        return METIS_MISSING
+    return None
