@@ -15,7 +15,7 @@ rank both ends compute (:meth:`Layout.widths`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +23,7 @@ import torch
 
 from fedcore.compression.batched import RowCodec
 from fedcore.compression.rowwire import decode_rows, encode_rows, wire_width
-from fedcore.engines.ranks import Ranks, exchange
+from fedcore.engines.ranks import Ranks, exchange_start
 
 __all__ = [
     "Layout",
@@ -34,6 +34,7 @@ __all__ = [
     "pack_rows",
     "plan_shares",
     "swap_rows",
+    "swap_rows_start",
     "unpack_rows",
 ]
 
@@ -229,14 +230,41 @@ def swap_rows(
     Raises:
         PeerUnavailableError: the exchange failed.
     """
+    return swap_rows_start(ranks, codec, parts, rows, counts, up, far_up)()
+
+
+Swapped = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]
+
+
+def swap_rows_start(
+    ranks: Ranks,
+    codec: RowCodec,
+    parts: tuple[
+        Mapping[str, torch.Tensor], Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]
+    ],
+    rows: torch.Tensor,
+    counts: tuple[list[int], list[int]],
+    up: torch.Tensor,
+    far_up: torch.Tensor,
+) -> Callable[[], Swapped]:
+    """:func:`swap_rows` started (the rows packed and on their way); the returned function
+    waits for the rows that come back and decodes them.
+
+    Raises:
+        PeerUnavailableError: the exchange failed (raised by either call).
+    """
     tensors, encoded, scalars = parts
     layout = layout_of(tensors, scalars, codec)
     flat = pack_rows(layout, tensors, encoded, scalars, rows, up)
     sent = block_sums(layout.widths(up[rows]), counts[0])
     coming = block_sums(layout.widths(far_up), counts[1])
-    got = exchange(ranks, flat, sent, coming)
-    far_tensors, far_scalars = unpack_rows(layout, got, far_up, codec)
-    return far_tensors, far_scalars, int(flat.numel())
+    pending = exchange_start(ranks, flat, sent, coming)
+
+    def finish() -> Swapped:
+        far_tensors, far_scalars = unpack_rows(layout, pending(), far_up, codec)
+        return far_tensors, far_scalars, int(flat.numel())
+
+    return finish
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,6 +24,7 @@ import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +40,7 @@ __all__ = [
     "add_everywhere",
     "blocks",
     "exchange",
+    "exchange_start",
     "from_environment",
     "gather_rows",
     "join",
@@ -256,20 +258,53 @@ def exchange(
     Raises:
         PeerUnavailableError: the exchange failed.
     """
+    return exchange_start(ranks, send, send_counts, recv_counts)()
+
+
+def exchange_start(
+    ranks: Ranks, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]
+) -> Callable[[], torch.Tensor]:
+    """:func:`exchange` started and not waited for: the rows travel (gloo's own thread)
+    while the caller works; the returned function waits for them and returns them.
+
+    Raises:
+        PeerUnavailableError: the exchange failed (raised by either call).
+    """
     out = send.new_empty((sum(recv_counts), *send.shape[1:]))
     if ranks.world == 1:
         out.copy_(send)
-        return out
+        return lambda: out
+    payload = send.contiguous()
     try:
-        dist.all_to_all_single(
+        work = dist.all_to_all_single(
             out,
-            send.contiguous(),
+            payload,
             output_split_sizes=list(recv_counts),
             input_split_sizes=list(send_counts),
+            async_op=True,
         )
     except (RuntimeError, ValueError) as exc:
         raise lost(ranks, "the halo exchange", exc) from exc
-    return out
+    return _Pending(ranks, work, out, payload)
+
+
+@dataclass(eq=False)
+class _Pending:
+    """An exchange on its way (:func:`exchange_start`): calling it waits for the rows."""
+
+    ranks: Ranks
+    work: Any
+    out: torch.Tensor
+    payload: torch.Tensor | None
+    """What goes out, held until the exchange is done."""
+
+    def __call__(self) -> torch.Tensor:
+        try:
+            self.work.wait()
+        except (RuntimeError, ValueError) as exc:
+            raise lost(self.ranks, "the halo exchange", exc) from exc
+        self.payload = None
+        return self.out
 
 
 def reduce_to_first(ranks: Ranks, value: torch.Tensor, what: str) -> bool:

@@ -14,7 +14,7 @@ that changes values, those shares cross ranks instead of rows
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ import torch
 from fedcore.algorithms.rule import Send, Slot
 from fedcore.compression.batched import RowCodec
 from fedcore.engines.batched import _share_units, raise_bad
-from fedcore.engines.halo_rows import Shares, encode_sent, plan_shares, swap_rows
+from fedcore.engines.halo_rows import Shares, encode_sent, plan_shares, swap_rows_start
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.stacked_graph import StackedGraph
 from fedcore.errors import ProtocolError
@@ -111,11 +111,29 @@ class ShardCodecs:
         of ``counts[0]`` per destination rank; their senders ``up[rows]``) go out, each as
         its codec encoded it (:mod:`fedcore.engines.halo_rows`); what comes back (blocks
         of ``counts[1]`` per source rank, from senders ``far_up``) is decoded."""
+        return self._exchange_start(tensors, scalars, rows, counts, up, far_up)()
+
+    def _exchange_start(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        scalars: Mapping[str, torch.Tensor],
+        rows: torch.Tensor,
+        counts: tuple[list[int], list[int]],
+        up: torch.Tensor,
+        far_up: torch.Tensor,
+    ) -> Callable[[], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
+        """:meth:`_exchange` started: the rows go out now; the returned function waits for
+        what comes back and decodes it."""
         encoded = {name: self.wire[id(v)][1] for name, v in tensors.items() if id(v) in self.wire}
         parts = (tensors, encoded, scalars)
-        far_t, far_s, sent = swap_rows(self.ranks, self.codec, parts, rows, counts, up, far_up)
-        self.halo_bytes += sent
-        return far_t, far_s
+        finish = swap_rows_start(self.ranks, self.codec, parts, rows, counts, up, far_up)
+
+        def done() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+            far_t, far_s, sent = finish()
+            self.halo_bytes += sent
+            return far_t, far_s
+
+        return done
 
     def _shares(
         self, send: Send, t: int, up_all: torch.Tensor, arrived: torch.Tensor

@@ -22,6 +22,11 @@ Design (:func:`setup_refusal` says what it does not run yet):
   appended below the rank's own rows, is the *extended stack*: the receiver's in-neighbour
   table (:class:`~fedcore.engines.stacked_graph.StackedGraph`'s ``nbr``, its rows of this
   rank) is re-indexed into it.
+* **Overlap** (:mod:`fedcore.engines.shard_overlap`): a one-phase rule's exchange is
+  started, every row mixed while the boundary rows travel (a remote slot standing in as
+  not arrived), then the boundary rows mixed again with their real slots; the interior
+  rows' results are final after the first mix. The bits are those of one mix after the
+  exchange.
 * **Schedules.** A time-varying topology (a schedule of ``P`` graphs, round ``t`` on the
   graph of ``t % P``) keeps one placement for the whole run, computed from the union of
   the period's edges, and has one plan a graph (:mod:`fedcore.engines.shard_plan`): its
@@ -84,13 +89,12 @@ Design (:func:`setup_refusal` says what it does not run yet):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from fedcore.algorithms.rule import Rows, Rule, Send, SenderRows, Slot, is_rule
+from fedcore.algorithms.rule import Rows, Rule, Send, Slot, is_rule
 from fedcore.config import Config
 from fedcore.engines.batched import batched_form, raise_bad
 from fedcore.engines.partition import place
@@ -107,6 +111,7 @@ from fedcore.engines.shard_faults import (
     unpack_counts,
 )
 from fedcore.engines.shard_local import step_lr, train_rows
+from fedcore.engines.shard_overlap import mix_overlapped, slots_of
 from fedcore.engines.shard_plan import (
     GraphPlan,
     Halo,
@@ -434,21 +439,7 @@ class ShardedNetwork(ShardCodecs):
         far_t, far_s = self._exchange(decoded, send.scalars, halo.send_rows, counts, up, far_up)
         tensors = {k: torch.cat([v, far_t[k]]) for k, v in decoded.items()}
         scalars = {k: torch.cat([v, far_s[k]]) for k, v in send.scalars.items()}
-        slots = []
-        for k in range(self.nbr.shape[1]):
-            at = self.nbr[:, k]
-            w = self.slot_weight[:, k]
-            if send.weighted:  # push-sum: the share W_ji x_j, formed as the sender forms it
-                got_t: Mapping[str, torch.Tensor] = {
-                    name: value.index_select(0, at) * w.to(value.dtype).unsqueeze(1)
-                    for name, value in tensors.items()
-                }
-                got_s = {name: value.index_select(0, at) * w for name, value in scalars.items()}
-            else:
-                got_t = SenderRows(tensors, at)
-                got_s = {name: value.index_select(0, at) for name, value in scalars.items()}
-            slots.append(Slot(got_t, got_s, w, arrived[:, k]))
-        return slots
+        return slots_of(tensors, scalars, send.weighted, self.nbr, self.slot_weight, arrived)
 
     def _gradients(
         self, params: torch.Tensor, up: torch.Tensor
@@ -492,6 +483,10 @@ class ShardedNetwork(ShardCodecs):
                 arrived = faults.arrived(t, phase, up_all, counts)
             inbox: list[Slot] = []
             if send is not None and self.rule.pattern != "none":
+                mixed = mix_overlapped(self, state, send, t, up_all, arrived, compressed, rows)
+                if mixed is not None:  # the exchange overlapped with a first mix
+                    state, send = mixed, None
+                    continue
                 inbox = self._inbox(send, t, up_all, arrived, compressed)
             state, send = self.rule.mix(state, phase, inbox, rows)
         self.state = keep_up(up, state, self.state)
