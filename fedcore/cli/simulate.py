@@ -70,8 +70,9 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="RUN_DIR",
         help="continue the interrupted run in RUN_DIR from its last checkpoint "
         "(run.checkpoint_every); it ends as the uninterrupted run would. A sharded run's "
-        "folder (--ranks): its ranks start again, each from its own checkpoint. A seed "
-        "sweep's folder: run the seeds that did not complete (--jobs allowed)",
+        "folder (--ranks): its ranks start again, each from its own checkpoint (--ranks R': "
+        "a vectorized run's peers re-sharded on R' ranks). A seed sweep's folder: run the "
+        "seeds that did not complete (--jobs allowed)",
     )
     sim.add_argument(
         "--ranks",
@@ -209,8 +210,9 @@ def _check_local_ranks(count: int) -> None:
 
 
 def _resume_ranked(args: argparse.Namespace) -> int:
-    """``--resume RUN_DIR`` of a sharded run: start its ranks (as many as wrote its
-    checkpoints), or, under torchrun's environment, be one."""
+    """``--resume RUN_DIR`` of a sharded run: start its ranks (``--ranks``, else as many
+    as wrote its checkpoints; another number re-shards a vectorized run's rows), or,
+    under torchrun's environment, be one."""
     refuse_beside_resume(args, "run", ("--engine", args.engine), ("--device", args.device))
     if args.ranks is not None and args.ranks < 1:
         raise ConfigError(f"--ranks must be at least 1, got {args.ranks}.")
@@ -233,7 +235,8 @@ def _resume_ranked(args: argparse.Namespace) -> int:
     manifest = read_manifest(run_dir)
     if not _torchrun_environment():
         if manifest is not None:
-            check_world(manifest, args.ranks or world, run_dir, torchrun=False)
+            if config.simulate.engine == "cohort":  # a vectorized run's rows are re-sharded
+                check_world(manifest, args.ranks or world, run_dir, torchrun=False, held="clients")
             verify_files(manifest)
         _check_local_ranks(args.ranks or world)
     return _rank_or_launch(args, config, [], args.ranks or world, resume=run_dir)

@@ -87,19 +87,22 @@ def unpack_counts(packed: torch.Tensor, device: torch.device) -> tuple[torch.Ten
     return packed[:, 0].contiguous(), counter
 
 
-def keep_up(up: torch.Tensor, new: Any, old: Any) -> Any:
+def keep_up(up: torch.Tensor, new: Any, old: Any, skip: set[str] | None = None) -> Any:
     """``new`` for the up rows (``up``: ``[B]`` bool), ``old`` for the crashed ones, field
     by field of a rule's state (a crashed peer keeps its state), as the one-process engine
-    keeps its crashed nodes'."""
+    keeps its crashed nodes'; the fields named in ``skip`` (state per edge) as in ``new``."""
     if bool(up.all()):
         return new
     b = up.shape[0]
     return type(new)(
         *(
             torch.where(up.reshape(-1, *([1] * (a.dim() - 1))), a, o)
-            if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == b
+            if isinstance(a, torch.Tensor)
+            and a.dim() > 0
+            and a.shape[0] == b
+            and not (skip and name in skip)
             else a
-            for a, o in zip(new, old, strict=True)
+            for name, a, o in zip(new._fields, new, old, strict=True)
         )
     )
 
@@ -129,7 +132,10 @@ class ShardFaults:
         local_of: ``[N]`` long: each row's place among this rank's rows (-1: not held).
         slot_edges: Per graph of the period, ``[B, K]`` long: the edge of each slot of
             this rank's rows' inboxes (the graph's ``slot_edge`` rows of this rank;
-            ``E``: padding).
+            ``E``: padding); a rule of pattern ``"edges"``: ``[Ei]``, the edge of each
+            in-edge of this rank's rows (``E``: not in that graph).
+        active: Per entry of ``messages``, the messages the rule sends at all (``None``:
+            every one; RPS sends nothing on an edge of width 0), as one process masks them.
     """
 
     def __init__(
@@ -139,6 +145,7 @@ class ShardFaults:
         own: torch.Tensor,
         local_of: torch.Tensor,
         slot_edges: list[torch.Tensor],
+        active: list[torch.Tensor | None] | None = None,
     ) -> None:
         """Index the in-edges of ``own`` in every phase of every graph."""
         self.plan = plan
@@ -154,12 +161,19 @@ class ShardFaults:
         self.slots: list[torch.Tensor] = []  # [B, K] positions among them
         self.missing: list[torch.Tensor] = []  # per in-edge: rounds missing
         self.dropped: list[torch.Tensor] = []  # per in-edge: rounds dropped
+        self.active = active or [None] * len(messages)
+        self.active_out: list[torch.Tensor] = []  # the out-edges' messages sent at all
+        self.active_in: list[torch.Tensor] = []
         for i, m in enumerate(messages):
             edges = torch.nonzero(own[m.dst]).squeeze(1)
             self.edges.append(edges)
             self.inward.append(Messages(*(part[edges] for part in m)))
             out = torch.nonzero(own[m.src]).squeeze(1)
             self.outward.append(Messages(*(part[out] for part in m)))
+            sends = self.active[i]
+            every = torch.ones_like(m.src, dtype=torch.bool) if sends is None else sends
+            self.active_out.append(every[out])
+            self.active_in.append(every[edges])
             at = torch.full((m.src.numel() + 1,), edges.numel(), dtype=torch.long)
             at[edges] = torch.arange(edges.numel())
             self.slots.append(at[slot_edges[i // self.phases]])
@@ -182,8 +196,8 @@ class ShardFaults:
         per-edge tables, as the one-process engine counts them."""
         at = self._entry(t, phase)
         m = self.outward[at]
-        gone = self.plan.lost_mask(m.src, m.dst, t, phase)
-        ok = (~gone).to(torch.long)
+        gone = self.plan.lost_mask(m.src, m.dst, t, phase) & self.active_out[at]
+        ok = (~gone & self.active_out[at]).to(torch.long)
         senders = self.local_of[m.src]
         counts.add("sent", senders, ok)
         counts.add("bytes_sent", senders, m.nbytes * ok)
@@ -191,8 +205,8 @@ class ShardFaults:
         counts.add("dropped", senders, gone & up[m.src])
         counts.add("missing_senders", senders, gone & up[m.dst])
         m = self.inward[at]
-        gone = self.plan.lost_mask(m.src, m.dst, t, phase)
-        ok = ~gone
+        gone = self.plan.lost_mask(m.src, m.dst, t, phase) & self.active_in[at]
+        ok = ~gone & self.active_in[at]
         dropped, missing = gone & up[m.src], gone & up[m.dst]
         self.dropped[at] += dropped
         self.missing[at] += missing
@@ -207,8 +221,11 @@ class ShardFaults:
         ``counter``'s ``lost``, as the one-process engine lists them for the node records
         (rank 0, in the rounds whose records it writes)."""
         for phase in range(self.phases):
-            m = self.messages[self._entry(t, phase)]
+            at = self._entry(t, phase)
+            m, sends = self.messages[at], self.active[at]
             gone = self.plan.lost_mask(m.src, m.dst, t, phase)
+            if sends is not None:
+                gone = gone & sends
             counter.lost.append((m, (gone & up[m.src]) | (gone & up[m.dst]), False))
 
     def tables(

@@ -10,7 +10,13 @@ import importlib.util
 
 from fedcore.config import Config
 
-__all__ = ["METIS_MISSING", "SHARDED_ALGORITHMS", "config_refusal", "metis_available"]
+__all__ = [
+    "EDGE_ALGORITHMS",
+    "METIS_MISSING",
+    "SHARDED_ALGORITHMS",
+    "config_refusal",
+    "metis_available",
+]
 
 METIS_MISSING = (
     "simulate.partition = 'metis' needs pymetis, which is not installed: pip install "
@@ -24,13 +30,28 @@ def metis_available() -> bool:
     return importlib.util.find_spec("pymetis") is not None
 
 
-SHARDED_ALGORITHMS = ("central", "choco", "deepsqueeze", "dog", "dol", "dpsgd", "local", "ops")
+SHARDED_ALGORITHMS = (
+    "central",
+    "choco",
+    "deepsqueeze",
+    "dog",
+    "dol",
+    "dpsgd",
+    "local",
+    "ops",
+    "rps",
+)
 """The algorithms a sharded run runs: the synchronous rules whose peers send one message to
 every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
-process by ``tests/engines/test_sharded.py``. The server family, RPS and robust push-sum
-(state per edge) wait for later slices (FedAvg over a population shards its cohort on the
-cohort engine: :mod:`fedcore.engines.cohort`); the asynchronous ones run on the event
-engine."""
+process by ``tests/engines/test_sharded.py``, and those whose state and messages are per
+edge (pattern ``"edges"``: RPS, and ``ops`` with ``robust = true``, robust push-sum), held
+equal by ``tests/engines/test_sharded_edges.py``. The server family waits for a later
+slice (FedAvg over a population shards its cohort on the cohort engine:
+:mod:`fedcore.engines.cohort`); the asynchronous ones run on the event engine."""
+
+EDGE_ALGORITHMS = ("rps",)
+"""The algorithms of :data:`SHARDED_ALGORITHMS` whose state is per edge whatever their
+options (robust push-sum is ``ops`` with ``robust = true``)."""
 
 
 def config_refusal(config: Config) -> str | None:
@@ -55,13 +76,11 @@ def config_refusal(config: Config) -> str | None:
             "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
             "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
         )
-    if algorithm.name not in SHARDED_ALGORITHMS:
+    if algorithm.name not in SHARDED_ALGORITHMS and not _import_path(algorithm.name):
         return (
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
-            f"{', '.join(SHARDED_ALGORITHMS)})"
+            f"{', '.join(SHARDED_ALGORITHMS)} and a user's rule)"
         )
-    if algorithm.options.get("robust"):
-        return "robust push-sum keeps state per edge, which ranks do not exchange yet"
     if config.faults.active and not config.faults.announce:
         return "faults.announce = false loses messages silently, which needs deadline mode"
     if config.time.active or config.transport.mode != "strict":
@@ -69,3 +88,11 @@ def config_refusal(config: Config) -> str | None:
     if config.simulate.partition == "metis" and not metis_available():
         return METIS_MISSING
     return None
+
+
+def _import_path(name: str) -> bool:
+    """Whether ``name`` names a user's rule by import path (loaded only where asked: the
+    launcher imports no torch for the algorithms it knows)."""
+    from fedcore.algorithms.user import is_import_path
+
+    return is_import_path(name)

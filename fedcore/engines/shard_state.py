@@ -2,11 +2,12 @@
 continues from it (:func:`load_rank_state`): the part of
 :class:`~fedcore.engines.sharded.ShardedNetwork` that checkpoints.
 
-A rank's next round is a function of its rows' rule state and node optimizer state, their
-places in their data (generators, positions, epoch orders), the generators of its rows'
-codecs, and torch's global generator; its fault counts (per in-edge of its rows) and the
-halo bytes it has sent are what the run's figures add up at the end. All of it is this
-rank's own, so each rank writes and reads only its own file
+A rank's next round is a function of its rows' rule state (a rule whose state is per edge,
+robust push-sum: its rows' out- and in-edges' totals, which never leave the rank) and node
+optimizer state, their places in their data (generators, positions, epoch orders), the
+generators of its rows' codecs, and torch's global generator; its fault counts (per
+in-edge of its rows) and the halo bytes it has sent are what the run's figures add up at
+the end. All of it is this rank's own, so each rank writes and reads only its own file
 (:mod:`fedcore.simulation.rank_checkpoints` says where, and how a manifest ties the ranks'
 files of one round together).
 """

@@ -34,10 +34,15 @@ Design (:func:`setup_refusal` says what it does not run yet):
   graph's largest in-degree, as one process pads it), slot weights, in-degrees, self
   weights, its traffic and its fault plan's edges. Each round uses the plan of
   ``t % P`` (:meth:`ShardedNetwork._use`).
-* **Per-edge state** (robust push-sum's totals, RPS's blocks; not run yet) would travel the
-  same way: a rule of pattern ``"edges"`` sends one row per out-edge, so the halo plan
-  becomes one of cut edges (each cut edge's row once, to its receiver's rank), and a
-  receiver's in-edges index into the extended stack as the slots do here.
+* **Per-edge state** (pattern ``"edges"``: robust push-sum's totals, RPS's blocks;
+  :mod:`fedcore.engines.shard_edges`). A rank's :attr:`~fedcore.algorithms.rule.Rows.edges`
+  are the out- and in-edges of its rows in the one-process engine's edge order, and the
+  rule's state per edge is theirs: it never moves. A send of one message per out-edge
+  crosses as a halo of cut edges (each cut edge's message once, to its receiver's rank,
+  of the edge's width where the rule says ``widths``); a shared send (one message a
+  sender) as the row halo above. A receiver's in-edges index the extended stack of
+  messages (its own out-edges', the received ones) as the slots do here, and a crashed
+  row's edges keep their state, as one process keeps them.
 * **Order of sums, and why R does not matter.** A receiver's inbox is its row of the
   global neighbour table: its in-neighbours in sorted-id order, padded to the whole graph's
   largest in-degree, exactly the slots the one-process engine builds. The rule adds them
@@ -77,13 +82,15 @@ Design (:func:`setup_refusal` says what it does not run yet):
   the ``cut_fraction`` of edges whose ends are on different ranks (a schedule: of the
   edges of one period's rounds, an edge counted in each round that uses it), and the
   ``halo_bytes_per_round`` that crossed ranks (the mean over the rounds run).
-* **Checkpoints.** Everything a rank's next round reads is its own: its rows' rule state,
+* **Checkpoints.** Everything a rank's next round reads is its own: its rows' rule state
+  (its edges' too),
   their places in their data, their codecs' generators, its fault counts per in-edge, its
   halo bytes, torch's generator. :meth:`ShardedNetwork.state_dict` holds them
   (:mod:`fedcore.engines.shard_state`); each rank writes its own file every
   ``run.checkpoint_every`` rounds, rank 0 a manifest once all are written, and ``--resume``
   loads each rank's file of the manifest's round on the same R ranks (the same blocks):
-  :mod:`fedcore.simulation.rank_checkpoints`.
+  :mod:`fedcore.simulation.rank_checkpoints`; on another number of ranks each new rank
+  reads the rows it now holds from the old ranks' files (:mod:`fedcore.engines.shard_reshard`).
 """
 
 from __future__ import annotations
@@ -100,12 +107,11 @@ from fedcore.engines.batched import batched_form, raise_bad
 from fedcore.engines.partition import place
 from fedcore.engines.ranks import Ranks, add_everywhere, gather_rows, largest_everywhere
 from fedcore.engines.shard_batches import RankBatches
-from fedcore.engines.shard_codecs import ShardCodecs
 from fedcore.engines.shard_digests import gathered_digests, start_digests
+from fedcore.engines.shard_edges import ShardEdges
 from fedcore.engines.shard_faults import (
     RowCounts,
     ShardFaults,
-    keep_up,
     pack_counts,
     reduce_total,
     unpack_counts,
@@ -120,11 +126,11 @@ from fedcore.engines.shard_plan import (
     plan_halo,
     union_edges,
 )
-from fedcore.engines.shard_refusal import SHARDED_ALGORITHMS, config_refusal
+from fedcore.engines.shard_refusal import EDGE_ALGORITHMS, SHARDED_ALGORITHMS, config_refusal
 from fedcore.engines.shard_state import load_rank_state, rank_state
 from fedcore.engines.shard_streams import RowStreams
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
-from fedcore.engines.stacked_graph import stack_graph
+from fedcore.engines.stacked_graph import EdgeUnion, stack_graph
 from fedcore.engines.vectorized import (
     RoundFigures,
     _Counter,
@@ -133,11 +139,13 @@ from fedcore.engines.vectorized import (
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.evaluation import column_sums, mean_of_sums, sum_extremes, sum_window
 from fedcore.metrics import ParamDigests
+from fedcore.setup.engine_checks import EngineInputs, vectorized_refusal
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedObjective
 
 __all__ = [
+    "EDGE_ALGORITHMS",
     "SHARDED_ALGORITHMS",
     "Halo",
     "ShardedNetwork",
@@ -159,16 +167,18 @@ def setup_refusal(setup: RunSetup) -> str | None:
         return f"algorithm {algorithm.name!r} has no batched form"
     rule = cast(Rule, algorithm)
     if (
-        rule.pattern not in ("neighbours", "none")
+        rule.pattern not in ("neighbours", "none", "edges")
         or rule.server is not None
-        or rule.robust
         or rule.trains is not None
     ):
         return f"algorithm {rule.name!r} is not sharded yet"
+    why = vectorized_refusal(EngineInputs.of(setup.config), algorithm)
+    if why is not None:  # what one process refuses (RPS with a stochastic codec)
+        return why
     return None
 
 
-class ShardedNetwork(ShardCodecs):
+class ShardedNetwork(ShardEdges):
     """This rank's block of the peers of ``setup`` (see the module docstring); rank 0 also
     answers what a run's figures need (:meth:`run_round`'s figures, :meth:`model`).
 
@@ -186,8 +196,12 @@ class ShardedNetwork(ShardCodecs):
         self.device = torch.device("cpu")
         self.nodes = setup.graph.nodes
         self.n = len(self.nodes)
-        # One graph a round of the period (a static graph: one); one placement for all.
-        graphs = [stack_graph(setup.graph.at(t), device=self.device) for t in range(self.period)]
+        # One graph a round of the period (a static graph: one); one placement for all. A
+        # rule of pattern "edges" numbers the edges of a schedule's graphs as one process.
+        trust = [setup.graph.at(t) for t in range(self.period)]
+        per_edge = cast(Rule, setup.algorithm).pattern == "edges"
+        union = EdgeUnion.of(trust) if per_edge and len(trust) > 1 else None
+        graphs = [stack_graph(g, union=union, device=self.device) for g in trust]
         src, dst = union_edges(graphs)
         self.placement = place(setup.config.simulate.partition, self.n, src, dst, ranks.world)
         self.shards = self.placement.rows
@@ -208,12 +222,13 @@ class ShardedNetwork(ShardCodecs):
         self.plans = [plan_graph(g, self.shards, ranks.rank) for g in graphs]
         """This rank's :class:`GraphPlan` of each graph of the period (round ``t`` runs
         that of ``t % period``: :meth:`_use` makes it the current one)."""
+        self.state = self.rule.init(self.start.unsqueeze(0).repeat(self.b, 1))
+        self._plan_edges(graphs, per_edge)  # a rule of pattern "edges" (after init: widths)
         self._use(0)
         held = np.asarray([len(p) for p in setup.parts], dtype=np.float64)
         if setup.source is not None:  # an online stream: no examples held (as one process)
             held = np.zeros(self.n, dtype=np.float64)
         self.samples = torch.from_numpy(held[rows])
-        self.state = self.rule.init(self.start.unsqueeze(0).repeat(self.b, 1))
         self.optimizer = setup.optimizer()
         self.opt_state = (
             self.optimizer.init(self.rule.model(self.state)) if self.optimizer else None
@@ -237,9 +252,10 @@ class ShardedNetwork(ShardCodecs):
         """Rank 0: rows that cross ranks in one exchange, all ranks together (a schedule:
         the mean over its period's rounds)."""
         if ranks.rank == 0:
-            for full, g in zip(self.fulls, graphs, strict=True):
+            for i, (full, g) in enumerate(zip(self.fulls, graphs, strict=True)):
                 for p in range(self.rule.phases):
-                    full.traffic(self.form.messages(p, g, self._size, self.d), None)
+                    sends = self._sends(i, p)
+                    full.traffic(self.form.messages(p, g, self._size, self.d), sends)
             figures = placement_figures(graphs, self.placement.owner, ranks.world)
             self.cut_fraction, self.halo_rows = figures
         self._last: ParamDigests | None = None
@@ -256,8 +272,8 @@ class ShardedNetwork(ShardCodecs):
                 for p in range(self.rule.phases)
             ]
             own = torch.from_numpy(self.own)
-            slot_edges = [g.slot_edge[self.mine] for g in graphs]
-            self.faults = ShardFaults(setup.faults, messages, own, self.local_of, slot_edges)
+            slots = self._inbox_edges(graphs)
+            self.faults = ShardFaults(setup.faults, messages, own, self.local_of, *slots)
         self.records = node_records_mode(setup.config, self.n)
         self.wire: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         """The round's encoded rows (``[B, width]`` uint8) of each tensor the codec
@@ -279,6 +295,7 @@ class ShardedNetwork(ShardCodecs):
         self.graph, self.halo, self.nbr = plan.graph, plan.halo, plan.nbr
         self.slot_weight, self.arrived = plan.slot_weight, plan.arrived
         self.self_weight, self.in_degree = plan.self_weight, plan.in_degree
+        self._use_edges(slot)
 
     @property
     def halo_bytes_per_round(self) -> int:
@@ -390,9 +407,12 @@ class ShardedNetwork(ShardCodecs):
             owners: torch.Tensor | None,
             width: torch.Tensor | None,
         ) -> torch.Tensor:
-            if owners is not None or width is not None or where is not None:
+            if self.edge_plans:  # messages per edge, or rows of their edges' width
+                out = self._encode_edges(v, up, t, owners, width, where)
+            elif owners is not None or width is not None or where is not None:
                 raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
-            out = self._roundtrip(v, up, t)
+            else:
+                out = self._roundtrip(v, up, t)
             compressed.add(id(out))
             return out
 
@@ -409,6 +429,7 @@ class ShardedNetwork(ShardCodecs):
             samples=self.samples,
             codec=self.codec.name,
             index=self.mine,
+            edges=self.edge_plan.edges if self.edge_plans else None,
         )
 
     def _inbox(
@@ -473,24 +494,26 @@ class ShardedNetwork(ShardCodecs):
         up = up_all[self.mine]
         loss, grad = train_rows(self, t, lr, up)  # the optimizer, the local steps
         compressed: set[int] = set()
-        self.wire = {}
+        self.wire, self.edge_wire = {}, {}
         rows = self._rows(t, step_lr(self, lr), up, compressed)
         counts = RowCounts(self.b)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):
-            arrived = self.arrived
+            arrived = self.edge_arrived[phase] if self.edge_plans else self.arrived
             if faults is not None:
                 arrived = faults.arrived(t, phase, up_all, counts)
-            inbox: list[Slot] = []
-            if send is not None and self.rule.pattern != "none":
+            inbox: Any = []
+            if self.edge_plans:
+                inbox = self._edge_inbox(send, phase, t, up_all, arrived, compressed, rows)
+            elif send is not None and self.rule.pattern != "none":
                 mixed = mix_overlapped(self, state, send, t, up_all, arrived, compressed, rows)
                 if mixed is not None:  # the exchange overlapped with a first mix
                     state, send = mixed, None
                     continue
                 inbox = self._inbox(send, t, up_all, arrived, compressed)
             state, send = self.rule.mix(state, phase, inbox, rows)
-        self.state = keep_up(up, state, self.state)
-        self.wire = {}  # the round's encoded rows, sent
+        self.state = self._kept(up, state)  # a crashed row's (and its edges') as it was
+        self.wire, self.edge_wire = {}, {}  # the round's encoded rows, sent
         self.round = t + 1
         idle = torch.zeros(self.n, dtype=torch.bool)
         if faults is None:

@@ -4,10 +4,16 @@ of clients with only the round's cohort in memory (:mod:`fedcore.engines.cohort`
 The results folder holds ``config.toml``, ``metrics.jsonl`` and ``summary.json`` as a run
 of the other engines does (no ``curves.png``), and with ``run.checkpoint_every`` its
 checkpoints, from which :func:`resume_cohort` (``fedcore simulate --resume``) continues
-to the uninterrupted run's results. ``metrics.jsonl`` has the same ``"kind": "round"``
-records as the vectorized engine's run of the config, and
-``"kind": "eval"`` records with its keys less those that need every client's model
-(``mean_node_accuracy``, ``min_node_accuracy``, ``consensus_distance``,
+to the uninterrupted run's results. Over ranks (:func:`simulate_cohort_rank`) every rank
+writes its own checkpoint (its share of the :class:`~fedcore.engines.cohort.ClientStore`,
+the global model and the server optimizer's state, which every rank holds the same; rank
+0's the run's figures too) and rank 0 a manifest once all are written, as a sharded run
+does (:mod:`fedcore.simulation.rank_checkpoints`); ``--resume`` starts the same number
+of ranks, each from its own file of the manifest's round.
+
+``metrics.jsonl`` has the same ``"kind": "round"`` records as the vectorized engine's run
+of the config, and ``"kind": "eval"`` records with its keys less those that need every
+client's model (``mean_node_accuracy``, ``min_node_accuracy``, ``consensus_distance``,
 ``node_accuracy``). The summary's ``params_sha256`` holds the server's (the global model's)
 digest only; ``population``, ``cohort`` and ``clients_held`` say how many clients the run
 had, sampled a round, and held at its end.
@@ -26,7 +32,7 @@ from typing import Any, TextIO
 
 import torch
 
-from fedcore.config import Config, config_to_dict, dumps_toml
+from fedcore.config import Config, config_to_dict, dumps_toml, fingerprint
 from fedcore.engines.cohort import CohortNetwork, mean_loss
 from fedcore.engines.ranks import Ranks, join, leave
 from fedcore.engines.vectorized import resolve_device
@@ -43,11 +49,29 @@ from fedcore.progress import Progress, current_warnings, run_warnings
 from fedcore.runtime import auto_threads, run_threads, usable_cores
 from fedcore.setup import checkpoint
 from fedcore.setup.prepare import seed_torch
+from fedcore.simulation.rank_checkpoints import (
+    due,
+    load_rank,
+    prior_summary,
+    rank_folder,
+    read_manifest,
+    seal,
+    share_folder,
+)
 from fedcore.simulation.results import CHECKPOINTS, named_run, open_run_dir
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["resume_cohort", "simulate_cohort", "simulate_cohort_rank"]
+__all__ = ["cohort_run_id", "resume_cohort", "simulate_cohort", "simulate_cohort_rank"]
+
+COHORT_RANK = "cohort-rank"
+"""What the checkpoint of a rank other than 0 of a cohort run over ranks says it is."""
+
+
+def cohort_run_id(config: Config) -> str:
+    """The fingerprint of a cohort run (its config: the star is ``topology.nodes``), which
+    its ranks' checkpoints and manifest carry."""
+    return fingerprint(config, ())
 
 
 def _run_name(config: Config, overrides: Sequence[str]) -> str:
@@ -181,12 +205,13 @@ def _execute(
                 if progress is not None:
                     accuracy = account.evals[-1]["avg_model_accuracy"]
                     progress.update(t + 1, loss=train_loss, accuracy=accuracy)
-            if every and net.round % every == 0 and net.round < rounds:
+            if due(every, net.round, rounds):
                 writer.flush()
                 _save(net, account, out, name, overrides, began)
     except KeyboardInterrupt:
         status = "interrupted"
-        raise
+        said = _where_it_stopped(out, account.rounds_done, rounds, every)
+        raise KeyboardInterrupt(said) from None
     except BaseException as exc:
         status, error = "failed", first_line(str(exc)) or type(exc).__name__
         raise
@@ -199,6 +224,16 @@ def _execute(
     return _summary(net, account, name, overrides, wall, status, error, net.clients_held())
 
 
+def _where_it_stopped(out: Path, done: int, rounds: int, every: int) -> str:
+    """What an interrupted run says (after ``fedcore: interrupted``), as the other engines'
+    runs say it: where its results are, and how to continue it."""
+    if not every:
+        how = " (set run.checkpoint_every to make a run resumable)"
+    else:
+        how = f"; continue with: fedcore simulate --resume {out}" if done >= every else ""
+    return f"after round {done} of {rounds}; the results so far are in {out}{how}"
+
+
 def _save(
     net: CohortNetwork,
     account: _Account,
@@ -208,24 +243,29 @@ def _save(
     began: float,
 ) -> None:
     """A checkpoint of the round just ended in ``out/checkpoints`` (what
-    :func:`resume_cohort` continues from)."""
+    :func:`resume_cohort` continues from); over ranks, rank 0's file of it, then (once
+    every rank wrote its own) the manifest (:func:`_follow` writes the others')."""
     figures = dict(vars(account))
     figures["wall_before"] = account.wall_before + time.perf_counter() - began
-    checkpoint.write(
-        out / CHECKPOINTS,
-        net.round,
-        {
-            "kind": "simulate",
-            "engine": "cohort",
-            "round": net.round,
-            "name": name,
-            "overrides": list(overrides),
-            "metrics_bytes": (out / "metrics.jsonl").stat().st_size,
-            "account": figures,
-            "network": net.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-        },
-    )
+    content = {
+        "kind": "simulate",
+        "engine": "cohort",
+        "round": net.round,
+        "name": name,
+        "overrides": list(overrides),
+        "metrics_bytes": (out / "metrics.jsonl").stat().st_size,
+        "account": figures,
+        "network": net.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
+    ranks = net.ranks
+    if ranks is None:
+        checkpoint.write(out / CHECKPOINTS, net.round, content)
+        return
+    run_id = cohort_run_id(net.config)
+    content.update(rank=0, world=ranks.world, run_id=run_id)
+    checkpoint.write(rank_folder(out, 0, ranks.world), net.round, content)
+    seal(ranks, out, net.round, run_id=run_id, placement=None)
 
 
 def _evaluate(
@@ -334,48 +374,118 @@ def simulate_cohort_rank(
     and gathers the others' rows, so every rank mixes the same rows in the same order and
     holds the same global model; rank 0 writes the results folder (as
     :func:`simulate_cohort`, the summary with ``ranks``) and returns the summary, the
-    others ``None``. The arguments are
+    others ``None``. With ``run.checkpoint_every`` each rank writes its own checkpoint and
+    rank 0 the manifest (see the module docstring); with ``resume``, every rank continues
+    the run in ``out_dir`` from its own file of the manifest's round (from round 0, with
+    a warning, where it has none). The arguments are
     :func:`~fedcore.simulation.ranks.simulate_rank`'s.
 
     Raises:
-        ConfigError: ``resume`` or ``run.checkpoint_every`` (a cohort run over ranks
-            writes no checkpoints yet), or what the cohort engine does not run, before
-            joining the others.
+        ConfigError: what the cohort engine does not run, or a checkpoint that does not
+            fit (of another run, another number of ranks, damaged), before joining the
+            others.
         PeerUnavailableError: another rank failed or stopped answering.
     """
-    if resume:
-        raise ConfigError(
-            "a cohort run over ranks writes no checkpoints yet, so it cannot be resumed; run "
-            "it again."
-        )
-    if config.run.checkpoint_every:
-        raise ConfigError(
-            "a cohort run over ranks writes no checkpoints yet: set run.checkpoint_every = 0, "
-            "or run it in one process."
-        )
     with run_warnings(quiet=not show_progress):
         net = CohortNetwork(config, device=resolve_device(config.simulate.device), ranks=ranks)
+        saved: dict[str, Any] | None = None
+        if resume:  # every rank checks its own file before it joins the others
+            assert out_dir is not None
+            manifest = read_manifest(Path(out_dir))
+            if manifest is not None:
+                saved = load_rank(
+                    Path(out_dir), manifest, ranks, cohort_run_id(config), held="clients"
+                )
+                kind = saved.get("engine") if ranks.rank == 0 else saved.get("kind")
+                if kind != ("cohort" if ranks.rank == 0 else COHORT_RANK):
+                    raise ConfigError(
+                        f"{ranks.label}'s checkpoint in {str(out_dir)!r} is not a cohort "
+                        "run's: resume with the config that wrote it."
+                    )
         seed_torch(config)
         join(ranks, config.transport.strict_timeout_s)
+        every = config.run.checkpoint_every
         try:
             with _threads(net, threads):
                 if ranks.rank != 0:
-                    while net.round < config.run.rounds:
-                        net.run_round()
-                    net.clients_held()
+                    _follow(net, share_folder(ranks, None) if every else None, saved)
                     return None
-                name = _run_name(config, overrides)
-                out = open_run_dir(out_dir, name, force=force)
-                text = dumps_toml(config_to_dict(config))
-                (out / "config.toml").write_text(text, encoding="utf-8")
                 stream = progress_stream if progress_stream is not None else sys.stderr
-                summary = _execute(net, out, name, overrides, stream if show_progress else None)
+                if resume:
+                    assert out_dir is not None
+                    out = Path(out_dir)
+                    name, overrides = _resumed(out, config, saved, stream, show_progress)
+                else:
+                    name = _run_name(config, overrides)
+                    out = open_run_dir(out_dir, name, force=force)
+                    text = dumps_toml(config_to_dict(config))
+                    (out / "config.toml").write_text(text, encoding="utf-8")
+                if every:
+                    share_folder(ranks, out)
+                summary = _execute(
+                    net, out, name, overrides, stream if show_progress else None, saved=saved
+                )
             summary["warnings"] = current_warnings()
             write_text_atomic(out / "summary.json", to_json_text(summary, indent=2) + "\n")
             summary["out_dir"] = str(out)
             return summary
         finally:
             leave()
+
+
+def _follow(net: CohortNetwork, out: Path | None, saved: dict[str, Any] | None) -> None:
+    """A rank other than 0: its share of every round (continuing from ``saved``, its own
+    checkpoint), its checkpoints in the run folder ``out`` as rank 0 writes its own, and
+    the count of clients held at the end, in the order rank 0's run asks for them."""
+    if saved is not None:
+        net.load_state_dict(saved["network"])
+        torch.set_rng_state(saved["torch_rng"])
+    ranks = net.ranks
+    assert ranks is not None
+    rounds, every = net.config.run.rounds, net.config.run.checkpoint_every
+    run_id = cohort_run_id(net.config)
+    while net.round < rounds:
+        net.run_round()
+        if out is not None and due(every, net.round, rounds):
+            checkpoint.write(
+                rank_folder(out, ranks.rank, ranks.world),
+                net.round,
+                {
+                    "kind": COHORT_RANK,
+                    "rank": ranks.rank,
+                    "world": ranks.world,
+                    "round": net.round,
+                    "run_id": run_id,
+                    "network": net.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                },
+            )
+            seal(ranks, out, net.round, run_id=run_id, placement=None)
+    net.clients_held()
+
+
+def _resumed(
+    out: Path,
+    config: Config,
+    saved: dict[str, Any] | None,
+    stream: TextIO,
+    show_progress: bool,
+) -> tuple[str, list[str]]:
+    """Rank 0 of a resumed cohort run over ranks: its name and ``--set`` items (as its
+    checkpoint, else its summary, says), having said where it goes on from."""
+    if saved is not None:
+        if show_progress:
+            print(f"simulate: resuming {out} after round {saved['round']}", file=stream)
+        return str(saved["name"]), list(saved["overrides"])
+    logger.warning(
+        "%s has no checkpoint of its ranks (run.checkpoint_every = %d); starting again from "
+        "round 0",
+        out,
+        config.run.checkpoint_every,
+    )
+    prior = prior_summary(out)
+    overrides = list(prior.get("overrides", []))
+    return str(prior.get("name") or _run_name(config, overrides)), overrides
 
 
 def resume_cohort(

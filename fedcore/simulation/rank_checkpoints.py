@@ -13,9 +13,12 @@ crash mid-write thus never leaves a manifest that names a missing or half-writte
 the manifest names the last round whose files every rank wrote.
 
 ``--resume`` reads the manifest (:func:`read_manifest`: the files it names are there and
-of the sizes it says), refuses another number of ranks than the one that wrote it
-(:func:`check_world`), and every rank loads its own file of the manifest's round
-(:func:`load_rank`: its digest, rank, round and run checked). Every rank writes into the
+of the sizes it says), and every rank loads its own file of the manifest's round
+(:func:`load_rank`: its digest, rank, round and run checked). On another number of ranks
+than the one that wrote it, a cohort run is refused (:func:`check_world`: each rank
+resumes its own clients), and a vectorized run is re-sharded: each new rank reads the old
+files that hold its rows (:func:`load_parts`; the manifest lists each file's rows) and
+puts them together (:func:`fedcore.engines.shard_reshard.merge_parts`). Every rank writes into the
 folder rank 0 made (:func:`share_folder`), so ranks on several machines need a run folder
 on a file system they all see.
 """
@@ -29,10 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from fedcore.engines.ranks import Ranks, lost
+from fedcore.engines.shard_reshard import Part
 from fedcore.errors import ConfigError
 from fedcore.metrics import write_text_atomic
 from fedcore.setup import checkpoint
@@ -44,6 +49,7 @@ __all__ = [
     "Manifest",
     "check_world",
     "due",
+    "load_parts",
     "load_rank",
     "prior_summary",
     "rank_file",
@@ -127,10 +133,12 @@ def share_folder(ranks: Ranks, out: Path | None) -> Path:
     return Path(os.fsdecode(text))
 
 
-def seal(ranks: Ranks, out: Path, round: int, *, run_id: str, placement: Any) -> None:
+def seal(ranks: Ranks, out: Path, round: int, *, run_id: str, placement: Any | None) -> None:
     """After every rank wrote its checkpoint of ``round`` (a collective): rank 0 writes the
     manifest naming them all (each rank's file's name is its rank's), with their digests
-    and sizes (one gather of 33 numbers a rank), atomically.
+    and sizes (one gather of 33 numbers a rank), atomically; with the ``placement`` of a
+    sharded run's peers (its method, and each rank's rows), or none (the cohort engine's
+    clients: client ``i`` on rank ``i % world``).
 
     Raises:
         PeerUnavailableError: the gather failed (no manifest is written).
@@ -154,15 +162,14 @@ def seal(ranks: Ranks, out: Path, round: int, *, run_id: str, placement: Any) ->
         }
         for r, part in enumerate(parts)
     ]
-    manifest = {
-        "kind": KIND,
-        "round": round,
-        "world": ranks.world,
-        "run_id": run_id,
-        "partition": placement.method,
-        "rows": [[int(i) for i in rows] for rows in placement.rows],
-        "files": files,
-    }
+    manifest: dict[str, Any] = {"kind": KIND, "round": round, "world": ranks.world}
+    manifest["run_id"] = run_id
+    if placement is not None:
+        manifest["partition"] = placement.method
+        manifest["rows"] = [[int(i) for i in rows] for rows in placement.rows]
+    else:
+        manifest["partition"] = "client % world"
+    manifest["files"] = files
     write_text_atomic(out / CHECKPOINTS / MANIFEST, json.dumps(manifest) + "\n")
 
 
@@ -175,12 +182,15 @@ class Manifest:
         world: The ranks that wrote it.
         run_id: The run's fingerprint (its config and graph).
         files: Per rank, its file (in the run folder), digest and size.
+        rows: Per rank, the global rows of the peers its file holds (a sharded run's;
+            ``None``: a cohort run's, whose clients are ``i % world``).
     """
 
     round: int
     world: int
     run_id: str
     files: tuple[tuple[Path, str, int], ...]
+    rows: tuple[tuple[int, ...], ...] | None = None
 
 
 def _bad(where: Path, why: str) -> ConfigError:
@@ -235,7 +245,15 @@ def read_manifest(run_dir: Path) -> Manifest | None:
                 "cannot be resumed from this folder; start it afresh."
             )
         out.append((path, digest, size))
-    return Manifest(t, world, run_id, tuple(out))
+    rows = raw.get("rows")
+    if rows is not None and not (
+        isinstance(rows, list)
+        and len(rows) == world
+        and all(isinstance(r, list) and all(type(i) is int for i in r) for r in rows)
+    ):
+        raise _bad(where, f"its rows are not {world} lists of whole numbers")
+    held = None if rows is None else tuple(tuple(r) for r in rows)
+    return Manifest(t, world, run_id, tuple(out), held)
 
 
 def verify_files(manifest: Manifest) -> None:
@@ -263,9 +281,11 @@ def _verify(path: Path, digest: str, rank: int, world: int) -> None:
         )
 
 
-def check_world(manifest: Manifest, world: int, run_dir: Path, *, torchrun: bool) -> None:
+def check_world(
+    manifest: Manifest, world: int, run_dir: Path, *, torchrun: bool, held: str = "block of peers"
+) -> None:
     """Refuse to resume ``manifest``'s run on ``world`` ranks when another number wrote
-    it (every rank's state is its block of peers: the same blocks resume).
+    it (every rank's state is its ``held``: the same ones resume).
 
     Raises:
         ConfigError: one line saying how many ranks to start.
@@ -280,13 +300,15 @@ def check_world(manifest: Manifest, world: int, run_dir: Path, *, torchrun: bool
     )
     raise ConfigError(
         f"the checkpoints in {str(run_dir)!r} were written by {manifest.world} ranks, and "
-        f"each rank resumes its own block of peers: {how}; {world} cannot resume them."
+        f"each rank resumes its own {held}: {how}; {world} cannot resume them."
     )
 
 
-def load_rank(run_dir: Path, manifest: Manifest, ranks: Ranks, run_id: str) -> dict[str, Any]:
+def load_rank(
+    run_dir: Path, manifest: Manifest, ranks: Ranks, run_id: str, *, held: str = "block of peers"
+) -> dict[str, Any]:
     """This rank's checkpoint of the manifest's round, checked: the run's, this rank's and
-    that round's, whole.
+    that round's, whole (``held``: what a rank's state is, for :func:`check_world`).
 
     Raises:
         ConfigError: it is not (one line).
@@ -296,25 +318,67 @@ def load_rank(run_dir: Path, manifest: Manifest, ranks: Ranks, run_id: str) -> d
             f"the checkpoints in {str(run_dir)!r} belong to another run than its config.toml "
             "(another config or graph): resume with the config that wrote them."
         )
-    check_world(manifest, ranks.world, run_dir, torchrun=True)
-    path, digest, _ = manifest.files[ranks.rank]
+    check_world(manifest, ranks.world, run_dir, torchrun=True, held=held)
+    return _load_file(manifest, ranks.rank, run_id, ranks.label)
+
+
+def _load_file(manifest: Manifest, rank: int, run_id: str, label: str) -> dict[str, Any]:
+    """Rank ``rank``'s file of ``manifest``, checked: its digest the manifest's, and it
+    says it is that rank's of the manifest's round and world, of run ``run_id``
+    (``label``: the rank that reads it, as its error line names it)."""
+    path, digest, _ = manifest.files[rank]
     try:
         said_digest, _ = checkpoint.header(path)
         saved = checkpoint.read(path) if said_digest == digest else None
     except (OSError, ValueError, RuntimeError) as exc:
         raise ConfigError(
-            f"{ranks.label}'s checkpoint {str(path)!r} cannot be read "
+            f"{label}'s checkpoint {str(path)!r} cannot be read "
             f"({str(exc).splitlines()[0]}): start the run afresh."
         ) from None
     if saved is None:
         raise ConfigError(
-            f"{ranks.label}'s checkpoint {str(path)!r} is not the file the manifest names "
+            f"{label}'s checkpoint {str(path)!r} is not the file the manifest names "
             "(of another round or run): start the run afresh."
         )
     said = tuple(saved.get(k) for k in ("rank", "world", "round", "run_id"))
-    if said != (ranks.rank, ranks.world, manifest.round, run_id):
+    if said != (rank, manifest.world, manifest.round, run_id):
         raise ConfigError(
-            f"{ranks.label}'s checkpoint {str(path)!r} says it is rank {said[0]} of {said[1]}'s "
+            f"{label}'s checkpoint {str(path)!r} says it is rank {said[0]} of {said[1]}'s "
             f"of round {said[2]}, not what the manifest names: start the run afresh."
         )
     return saved
+
+
+def load_parts(
+    run_dir: Path, manifest: Manifest, ranks: Ranks, run_id: str, rows: np.ndarray[Any, Any]
+) -> tuple[dict[str, Any], list[Part]]:
+    """Re-sharding (a manifest of another number of ranks than ``ranks.world``): the old
+    ranks' files that hold any of this rank's ``rows`` (rank 0: every file, for the
+    run's figures and every rank's halo bytes), checked as :func:`load_rank` checks its
+    own, as :class:`~fedcore.engines.shard_reshard.Part` s; and this rank's checkpoint
+    less its ``"network"`` (which :func:`~fedcore.engines.shard_reshard.merge_parts`
+    makes once the network is built): rank 0's the old rank 0's, the run's figures.
+
+    Raises:
+        ConfigError: the manifest is of another run, lists no rows (a cohort run's), or
+            a file does not fit (one line).
+    """
+    if manifest.run_id != run_id:
+        raise ConfigError(
+            f"the checkpoints in {str(run_dir)!r} belong to another run than its config.toml "
+            "(another config or graph): resume with the config that wrote them."
+        )
+    if manifest.rows is None:
+        raise _bad(run_dir / CHECKPOINTS / MANIFEST, "it lists no rows of its ranks")
+    wanted = set(np.asarray(rows).tolist())
+    parts = []
+    head: dict[str, Any] = {}
+    for r, held in enumerate(manifest.rows):
+        if ranks.rank != 0 and wanted.isdisjoint(held):
+            continue
+        saved = _load_file(manifest, r, run_id, ranks.label)
+        parts.append(Part(r, np.asarray(held, dtype=np.int64), saved.pop("network")))
+        if r == 0 and ranks.rank == 0:
+            head = saved
+    head.update(rank=ranks.rank, world=ranks.world, round=manifest.round, run_id=run_id)
+    return head, parts

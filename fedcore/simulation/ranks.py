@@ -29,6 +29,7 @@ from typing import Any, TextIO
 from fedcore.config import Config, config_to_dict, dumps_toml
 from fedcore.engines.clock import virtual_clock
 from fedcore.engines.ranks import Ranks, join, leave
+from fedcore.engines.shard_reshard import Part, merge_parts, placement_rows
 from fedcore.engines.sharded import ShardedNetwork, is_eval_round, setup_refusal
 from fedcore.engines.vectorized import Flusher
 from fedcore.errors import ConfigError, FedcoreError
@@ -41,6 +42,7 @@ from fedcore.simulation.drivers import Save
 from fedcore.simulation.observer import RunObserver
 from fedcore.simulation.rank_checkpoints import (
     due,
+    load_parts,
     load_rank,
     prior_summary,
     rank_folder,
@@ -194,7 +196,9 @@ def simulate_rank(
     results folder and returns the summary, the others return ``None``. Arguments as
     :func:`~fedcore.simulation.simulate.simulate`'s; with ``resume``, continue the run in
     ``out_dir`` from the round of its manifest
-    (:mod:`fedcore.simulation.rank_checkpoints`), or from round 0 where it has none.
+    (:mod:`fedcore.simulation.rank_checkpoints`), or from round 0 where it has none; a
+    manifest of another number of ranks is re-sharded: each rank reads the rows it holds
+    now from the old ranks' files (:mod:`fedcore.engines.shard_reshard`).
 
     Raises:
         ConfigError: what a sharded run cannot run
@@ -258,16 +262,24 @@ def _simulate_rank(
             f"run at most {peers} ranks."
         )
     saved: dict[str, Any] | None = None
-    if resume:  # every rank checks its own file before it joins the others
+    parts: list[Part] | None = None  # re-sharding: the old ranks' files this rank reads
+    old_world = ranks.world
+    if resume:  # every rank checks its own file(s) before it joins the others
         assert out_dir is not None
         manifest = read_manifest(Path(out_dir))
-        if manifest is not None:
+        if manifest is not None and manifest.world == ranks.world:
             saved = load_rank(Path(out_dir), manifest, ranks, setup.run_id)
+        elif manifest is not None:  # written by another number of ranks
+            rows = placement_rows(setup, ranks.world)[ranks.rank]
+            saved, parts = load_parts(Path(out_dir), manifest, ranks, setup.run_id, rows)
+            old_world = manifest.world
     seed_torch(config)
     join(ranks, config.transport.strict_timeout_s)
     try:
         with _threads_for(setup, "vectorized", rank_threads(setup, ranks, threads)):
             net = ShardedNetwork(setup, ranks)
+            if saved is not None and parts is not None:
+                saved["network"] = merge_parts(net, parts, old_world)
             every = config.run.checkpoint_every
             if ranks.rank != 0:
                 _follow(net, config, share_folder(ranks, None) if every else None, saved)

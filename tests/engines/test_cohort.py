@@ -5,6 +5,7 @@ bit, in memory that does not grow with the population, refusing what it does not
 from __future__ import annotations
 
 import json
+import shutil
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -274,16 +275,77 @@ def test_the_population_example_runs_a_million_clients(
     assert again["params_sha256"] == summary["params_sha256"]
 
 
-def test_what_a_cohort_run_over_ranks_does_not_run_is_refused_before_it_joins() -> None:
+def test_a_cohort_run_over_ranks_resumes_to_the_uninterrupted_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """2 ranks, checkpoints every 2 rounds, Ctrl-C at the start of round 3 on every rank,
+    --resume on 2 ranks: the one-process run's global model, records and figures (each
+    rank's clients parked mid-epoch with their Adam states, FedAvgM's velocity on every
+    rank). Another number of ranks, a manifest of another run, or a rank file of another
+    engine is refused in one line before any rank joins the others."""
+    from fedcore.cli import main
     from fedcore.engines.ranks import Ranks
+    from fedcore.setup import checkpoint
     from fedcore.simulation.population import simulate_cohort_rank
+    from fedcore.simulation.rank_checkpoints import MANIFEST, rank_file
+    from tests.engines.test_sharded_resume import run_world
 
-    config = load_config(None, [*POPULATION, "simulate.engine=cohort", "run.checkpoint_every=2"])
-    ranks = Ranks(0, 2, 0, "127.0.0.1", 1)  # nobody there: a join would wait
-    with pytest.raises(ConfigError, match=r"cannot be resumed; run it again\.$"):
-        simulate_cohort_rank(config, ranks, resume=True)
-    with pytest.raises(ConfigError, match=r"over ranks writes no checkpoints yet: set run\."):
-        simulate_cohort_rank(config, ranks, show_progress=False)
+    config = load_config(
+        None,
+        [
+            *POPULATION,
+            "simulate.engine=cohort",
+            "topology.nodes=12",
+            "algorithm.fraction=0.5",
+            "algorithm.server_optimizer=momentum",
+            "optimizer.name=adam",
+            "algorithm.lr=0.01",
+            "data.examples_per_node=5",
+            "data.batch_size=2",
+            "run.local_steps=2",
+            "run.rounds=5",
+            "run.eval_every=2",
+            "run.checkpoint_every=2",
+            "transport.strict_timeout_s=60",
+        ],
+    )
+    torch.set_num_threads(1)
+    whole = simulate(config, out_dir=tmp_path / "whole", show_progress=False, threads=1)
+    out = tmp_path / "two"
+    outcomes = run_world(config, out, stop=3)
+    assert outcomes[0] == (
+        f"KeyboardInterrupt: after round 3 of 5; the results so far are in {out}; continue "
+        f"with: fedcore simulate --resume {out}"
+    ), outcomes
+    assert outcomes[1] == "KeyboardInterrupt: ", outcomes
+    cut = json.loads((out / "summary.json").read_text())
+    assert (cut["status"], cut["rounds_completed"], cut["ranks"]) == ("interrupted", 3, 2)
+    manifest = json.loads((out / "checkpoints" / MANIFEST).read_text())
+    assert (manifest["round"], manifest["world"], len(manifest["files"])) == (2, 2, 2)
+    status, _, err = cli(capsys, "simulate", "--ranks", "3", "--resume", str(out))
+    assert status == 2 and "\n" not in err.strip(), err
+    assert "written by 2 ranks, and each rank resumes its own clients" in err
+    with pytest.raises(ConfigError, match=r"start 2 ranks \(WORLD_SIZE = 2"):  # torchrun's 3
+        simulate_cohort_rank(config, Ranks(2, 3, 0, "127.0.0.1", 1), out_dir=out, resume=True)
+    other = load_config(None, [*POPULATION, "simulate.engine=cohort", "topology.nodes=13"])
+    with pytest.raises(ConfigError, match=r"belong to another run than its config\.toml"):
+        simulate_cohort_rank(other, Ranks(0, 2, 0, "127.0.0.1", 1), out_dir=out, resume=True)
+    swapped = tmp_path / "swapped"  # rank 1's file says it is another engine's
+    shutil.copytree(out, swapped)
+    path = rank_file(swapped, 1, 2, 2)
+    checkpoint.write(path.parent, 2, {**checkpoint.read(path), "kind": "sharded-rank"})
+    digest, size = checkpoint.header(path)
+    manifest["files"][1].update(sha256=digest, bytes=size)
+    (swapped / "checkpoints" / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"rank 1 of 2's checkpoint in .* is not a cohort run's"):
+        simulate_cohort_rank(config, Ranks(1, 2, 0, "127.0.0.1", 1), out_dir=swapped, resume=True)
+    assert run_world(config, out, resume=True) == {0: "ok", 1: "ok"}
+    resumed = json.loads((out / "summary.json").read_text())
+    for key in ("params_sha256", "final", "traffic", "clients_held", "status", "rounds_completed"):
+        assert resumed[key] == whole[key], key
+    assert _records(out) == _records(tmp_path / "whole")
+    assert main(["simulate", "--resume", str(out)]) == 2  # completed
+    assert "nothing to resume" in capsys.readouterr().err
 
 
 def test_the_cohort_sharded_over_ranks_equals_one_process(tmp_path: Path) -> None:

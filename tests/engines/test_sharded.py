@@ -1,6 +1,7 @@
 """The vectorized engine sharded over torch.distributed ranks (gloo on 127.0.0.1) against one
 process: R = 1, 2 and 3 ranks end with the one-process run's parameters (``params_sha256``),
-traffic, byte counts, evaluations and per-node records, on a random graph with odd ids; what
+traffic, byte counts, evaluations and per-node records, on a random graph with odd ids (the
+rules whose state is per edge: ``tests/engines/test_sharded_edges.py``); what
 a sharded run cannot run yet is refused in one line before any rank starts; a rank that dies
 stops the others within the group's timeout. Codecs and fault plans on ranks:
 ``tests/engines/test_sharded_faults.py``.
@@ -39,7 +40,13 @@ from fedcore.engines.partition import (
     place,
 )
 from fedcore.engines.ranks import Ranks, blocks, from_environment, join
-from fedcore.engines.sharded import SHARDED_ALGORITHMS, config_refusal, plan_halo
+from fedcore.engines.sharded import (
+    EDGE_ALGORITHMS,
+    SHARDED_ALGORITHMS,
+    config_refusal,
+    plan_halo,
+    setup_refusal,
+)
 from fedcore.engines.stacked_graph import stack_graph
 from fedcore.errors import ConfigError
 from fedcore.setup.prepare import RunSetup, prepare_run
@@ -202,7 +209,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("sharded")
 
 
-@pytest.mark.parametrize("algorithm", SHARDED_ALGORITHMS)
+@pytest.mark.parametrize("algorithm", [a for a in SHARDED_ALGORITHMS if a not in EDGE_ALGORITHMS])
 def test_ranks_equal_one_process(algorithm: str, folder: Path) -> None:
     config = _config(algorithm, folder, *(s for s in GRAPHS[algorithm] if "topology" not in s))
     one = folder / f"{algorithm}-one"
@@ -311,7 +318,6 @@ def test_the_halo_sends_each_boundary_row_once_per_rank(method: str) -> None:
     [
         ("algorithm.name='fedavg'", "set simulate.engine = 'cohort'"),
         ("algorithm.name='doublesqueeze'", "not sharded yet"),
-        ("algorithm.robust=true", "robust push-sum"),
         ("simulate.device='cuda'", "CPU"),
         ("simulate.engine='messages'", "one process"),
         ("transport.mode='deadline'", "deadline mode"),
@@ -390,6 +396,30 @@ def test_online_streams_on_ranks_equal_one_process(stream: list[str], folder: Pa
     assert _records(out) == _records(one)
     if "run.regret=true" in stream:
         assert got["final"]["dynamic_regret"] == expected["final"]["dynamic_regret"]
+
+
+def test_a_users_rule_on_ranks_equals_one_process(folder: Path) -> None:
+    """A user's rule by import path (the example's momentum gossip) runs stacked on each
+    rank as on one process, a peer crashed on the way; a per-message algorithm (no rule)
+    is refused by every rank before it joins."""
+    path = "examples.user_algorithm.momentum_gossip:MomentumGossip"
+    crash = f"faults.crashes=[{{node={ODD_IDS[3]!r},at=1,back=3}}]"
+    graph = [s for s in GRAPHS["dpsgd"] if "topology" not in s]
+    config = _config("dpsgd", folder, *graph, f"algorithm.name={path}", "algorithm.beta=0.5", crash)
+    assert config_refusal(config) is None
+    one = folder / "user-one"
+    torch.set_num_threads(1)
+    expected = simulate(config, out_dir=one, show_progress=False, threads=1)
+    out = folder / "user-2"
+    assert run_ranks(config, 2, out) == {0: "ok", 1: "ok"}
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    assert _records(out) == _records(one)
+    other = "tests.algorithms.test_user_algorithm:MyCentral"
+    setup = prepare_run(load_config(None, [f"algorithm.name={other}", "topology.nodes=4"]))
+    why = setup_refusal(setup)
+    assert why is not None and "has no batched form" in why
 
 
 def test_torchrun_environment_is_read() -> None:

@@ -21,11 +21,15 @@ import torch
 from fedcore.cli import main
 from fedcore.config import Config
 from fedcore.data import BatchStream, Dataset
+from fedcore.engines.cohort import CohortNetwork
 from fedcore.engines.ranks import Ranks
+from fedcore.engines.shard_reshard import merge_parts
 from fedcore.engines.sharded import ShardedNetwork
 from fedcore.errors import ConfigError
+from fedcore.setup.prepare import prepare_run
 from fedcore.simulation.rank_checkpoints import (
     MANIFEST,
+    load_parts,
     load_rank,
     rank_file,
     read_manifest,
@@ -42,22 +46,23 @@ STOP_AT = 3
 
 
 def _rank(
-    config: Config, rank: int, port: int, out: Path, queue: Any, resume: bool, stop: int
+    config: Config,
+    rank: int,
+    world: int,
+    port: int,
+    out: Path,
+    queue: Any,
+    resume: bool,
+    stop: int,
 ) -> None:
     torch.set_num_threads(1)
     if stop:  # Ctrl-C, as every rank takes it, at the start of round `stop`
-        run_round = ShardedNetwork.run_round
-
-        def stopping(net: ShardedNetwork) -> Any:
-            if net.round == stop:
-                raise KeyboardInterrupt
-            return run_round(net)
-
-        ShardedNetwork.run_round = stopping  # type: ignore[method-assign]
+        for network in (ShardedNetwork, CohortNetwork):
+            _stop_at(network, stop)
     try:
         simulate_rank(
             config,
-            Ranks(rank, 2, 0, "127.0.0.1", port),
+            Ranks(rank, world, 0, "127.0.0.1", port),
             out_dir=out,
             show_progress=False,
             threads=1,
@@ -68,15 +73,33 @@ def _rank(
         queue.put((rank, f"{type(exc).__name__}: {exc}"))
 
 
-def _two_ranks(config: Config, out: Path, *, resume: bool = False, stop: int = 0) -> dict[int, str]:
+def _stop_at(network: Any, stop: int) -> None:
+    """Make ``network``'s rounds raise :class:`KeyboardInterrupt` at the start of round
+    ``stop``."""
+    run_round = network.run_round
+
+    def stopping(net: Any) -> Any:
+        if net.round == stop:
+            raise KeyboardInterrupt
+        return run_round(net)
+
+    network.run_round = stopping
+
+
+def run_world(
+    config: Config, out: Path, *, world: int = 2, resume: bool = False, stop: int = 0
+) -> dict[int, str]:
+    """Every rank's outcome of ``config`` on ``world`` ranks into ``out`` (``"ok"`` or its
+    error): a new run, stopped at the start of round ``stop`` where given, or a resumed
+    one."""
     context = RANKS  # forked from a server with no threads (tests/engines/test_sharded.py)
     queue = context.Queue()
     port = free_port()
     processes = [
         context.Process(
-            target=in_rank, args=(None, _rank, config, r, port, out, queue, resume, stop)
+            target=in_rank, args=(None, _rank, config, r, world, port, out, queue, resume, stop)
         )
-        for r in range(2)
+        for r in range(world)
     ]
     for p in processes:
         p.start()
@@ -102,7 +125,7 @@ def stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, Pat
     torch.set_num_threads(1)
     simulate(config, out_dir=one, show_progress=False, threads=1)
     out = folder / "two"
-    outcomes = _two_ranks(config, out, stop=STOP_AT)
+    outcomes = run_world(config, out, stop=STOP_AT)
     assert outcomes[0].startswith("KeyboardInterrupt: after round 3 of 6"), outcomes
     assert f"continue with: fedcore simulate --resume {out}" in outcomes[0]
     assert outcomes[1] == "KeyboardInterrupt: ", outcomes
@@ -119,7 +142,7 @@ def test_resume_after_an_interrupt_on_2_ranks_equals_the_uninterrupted_run(
     assert summary["status"] == "interrupted" and summary["rounds_completed"] == STOP_AT
     manifest = json.loads((out / "checkpoints" / MANIFEST).read_text(encoding="utf-8"))
     assert (manifest["round"], manifest["world"]) == (2, 2)
-    assert _two_ranks(config, out, resume=True) == {0: "ok", 1: "ok"}
+    assert run_world(config, out, resume=True) == {0: "ok", 1: "ok"}
     got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     expected = json.loads((one / "summary.json").read_text(encoding="utf-8"))
     assert got["status"] == "completed" and got["ranks"] == 2
@@ -127,6 +150,73 @@ def test_resume_after_an_interrupt_on_2_ranks_equals_the_uninterrupted_run(
     for key in SAME:
         assert got.get(key) == expected.get(key), key
     assert _records(out) == _records(one)
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_a_2_rank_run_resumed_on_another_number_of_ranks_equals_the_uninterrupted_run(
+    stopped: tuple[Config, Path, Path], tmp_path: Path, world: int
+) -> None:
+    """Re-sharding: each of the new ranks reads the rows it holds now (the placement of a
+    fresh run on that many ranks) from the 2 ranks' files: their rule state, data places,
+    codec generators and in-edge fault counts, the halo bytes added up on the new rank 0.
+    The run ends with the uninterrupted run's bits; its next checkpoints are of the new
+    ranks."""
+    config, one, stopped_out = stopped
+    out = tmp_path / "resharded"
+    shutil.copytree(stopped_out, out)
+    assert run_world(config, out, world=world, resume=True) == dict.fromkeys(range(world), "ok")
+    got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    expected = json.loads((one / "summary.json").read_text(encoding="utf-8"))
+    assert got["status"] == "completed" and got["ranks"] == world
+    assert got["faults"] and got["params_sha256"] == expected["params_sha256"]
+    for key in SAME:
+        assert got.get(key) == expected.get(key), key
+    assert _records(out) == _records(one)
+    manifest = read_manifest(out)
+    assert manifest is not None and (manifest.round, manifest.world) == (4, world)
+
+
+def _other_generator(network: dict[str, Any]) -> None:
+    network["torch_rng"] = torch.Generator().manual_seed(12345).get_state()
+
+
+def _state_not_per_row(network: dict[str, Any]) -> None:
+    fields = network["state"]["fields"]
+    fields["x"] = fields["x"][:-1]
+
+
+def _more_state(network: dict[str, Any]) -> None:
+    network["edges"] = torch.zeros(3)
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (_other_generator, "its ranks' torch generators differ"),
+        (_state_not_per_row, "its rule keeps state that is not one row per peer"),
+        (_more_state, "it holds 'edges', not placed by row"),
+    ],
+)
+def test_a_checkpoint_that_cannot_be_resharded_is_refused_in_one_line(
+    stopped: tuple[Config, Path, Path], damage: Any, says: str
+) -> None:
+    """Ranks whose torch generators differ (a rank drew from it for its own rows), a rule
+    state with a field that is not one row per peer, or a rank state this fedcore does
+    not place by row: no re-sharding can be exact, so it is refused with the number of
+    ranks to use."""
+    config, _, stopped_out = stopped
+    setup = prepare_run(config, hosts_all=True, simulated=True)
+    net = ShardedNetwork(setup, Ranks(0, 1))
+    manifest = read_manifest(stopped_out)
+    assert manifest is not None
+    _, parts = load_parts(stopped_out, manifest, Ranks(0, 1), setup.run_id, net.mine.numpy())
+    assert [part.rank for part in parts] == [0, 1]
+    merge_parts(net, parts, manifest.world)  # as they are: they fit
+    damage(parts[1].network)
+    with pytest.raises(ConfigError) as caught:
+        merge_parts(net, parts, manifest.world)
+    text = str(caught.value)
+    assert says in text and "resume with --ranks 2" in text and "\n" not in text, text
 
 
 def _missing(out: Path) -> None:
@@ -172,6 +262,7 @@ def _manifest(change: dict[str, Any]) -> Any:
         (_manifest({"kind": "other"}), "it does not say it is one"),
         (_manifest({"round": 0}), "not whole numbers >= 1"),
         (_manifest({"run_id": "f" * 64}), "belong to another run than its config.toml"),
+        (_manifest({"rows": [[0, 1]]}), "its rows are not 2 lists of whole numbers"),
     ],
 )
 def test_a_resume_that_does_not_fit_is_refused_in_one_line(
@@ -192,19 +283,15 @@ def test_a_resume_that_does_not_fit_is_refused_in_one_line(
     assert says.format(out=out) in text and "\n" not in text, text
 
 
-def test_another_number_of_ranks_is_refused_with_the_one_to_use(
+def test_what_a_sharded_resume_does_not_run_is_refused_in_one_line(
     stopped: tuple[Config, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, one, stopped_out = stopped
     out = tmp_path / "two"
     shutil.copytree(stopped_out, out)
-    assert main(["simulate", "--ranks", "3", "--resume", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("fedcore: error: the checkpoints in") and "\n" not in err
-    assert "written by 2 ranks" in err and "resume with --ranks 2" in err
     manifest = read_manifest(out)
     assert manifest is not None
-    with pytest.raises(ConfigError, match="start 2 ranks"):  # each of torchrun's 3 ranks
+    with pytest.raises(ConfigError, match="start 2 ranks"):  # a rank's own file, of 3
         load_rank(out, manifest, Ranks(2, 3), manifest.run_id)
     with pytest.raises(ConfigError, match="is a sharded run's"):  # not on one process
         resume(out, show_progress=False)
@@ -219,8 +306,9 @@ def test_another_number_of_ranks_is_refused_with_the_one_to_use(
 
 
 def test_a_resumed_rank_reads_its_streams_on_from_where_they_were(tmp_path: Path) -> None:
-    """An online source of one stream a peer (:func:`varied_source`), a peer that crashed:
-    each resumed rank reads its rows' streams forward, and the run ends as one process's."""
+    """An online source of one stream a peer (:func:`varied_source`), a peer that crashed,
+    2 ranks resumed on 3: each new rank reads its rows' streams forward from where they
+    were, and the run ends as one process's."""
     crash = f"faults.crashes=[{{node={ODD_IDS[3]!r},at=1,back=3}}]"
     stream = "data.stream=tests.engines.test_sharded_resume:varied_source"
     config = _case("dog", "fp32", False, tmp_path, stream, crash, "run.checkpoint_every=2")
@@ -228,8 +316,9 @@ def test_a_resumed_rank_reads_its_streams_on_from_where_they_were(tmp_path: Path
     torch.set_num_threads(1)
     simulate(config, out_dir=one, show_progress=False, threads=1)
     out = tmp_path / "two"
-    assert _two_ranks(config, out, stop=STOP_AT)[1] == "KeyboardInterrupt: "
-    assert _two_ranks(config, out, resume=True) == {0: "ok", 1: "ok"}
+    assert run_world(config, out, stop=STOP_AT)[1] == "KeyboardInterrupt: "
+    # Re-sharded on 3 ranks: each new rank reads its rows' streams forward.
+    assert run_world(config, out, world=3, resume=True) == dict.fromkeys(range(3), "ok")
     got = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     expected = json.loads((one / "summary.json").read_text(encoding="utf-8"))
     for key in SAME:
