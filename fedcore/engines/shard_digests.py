@@ -72,6 +72,7 @@ def gathered_digests(
             {"params_sha256": {nid: raw[32 * i : 32 * i + 32].hex() for i, nid in enumerate(nodes)}}
         )
     digest = hashlib.sha256()
+    local = local.detach().to(torch.float32)  # the bytes hashed, and no more, travel
     block = _block_rows(int(local.shape[1]))  # the same on every rank
     for lo in range(0, n, block):
         hi = min(n, lo + block)
