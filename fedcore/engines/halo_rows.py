@@ -33,7 +33,6 @@ __all__ = [
     "layout_of",
     "pack_rows",
     "plan_shares",
-    "swap_rows",
     "swap_rows_start",
     "unpack_rows",
 ]
@@ -210,29 +209,6 @@ def encode_sent(
 _Rows = Mapping[str, torch.Tensor]
 
 
-def swap_rows(
-    ranks: Ranks,
-    codec: RowCodec,
-    parts: tuple[
-        Mapping[str, torch.Tensor], Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]
-    ],
-    rows: torch.Tensor,
-    counts: tuple[list[int], list[int]],
-    up: torch.Tensor,
-    far_up: torch.Tensor,
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
-    """One halo exchange: the messages ``rows`` of ``parts`` (``(tensors, their encoded
-    bytes, scalars)`` as :func:`pack_rows` takes them; blocks of ``counts[0]`` rows per
-    destination rank, sent by ``up[rows]``) go out; what comes back (blocks of
-    ``counts[1]`` per source rank, from senders ``far_up``) is decoded. Returns the
-    received ``(tensors, scalars)`` and the bytes sent.
-
-    Raises:
-        PeerUnavailableError: the exchange failed.
-    """
-    return swap_rows_start(ranks, codec, parts, rows, counts, up, far_up)()
-
-
 Swapped = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]
 
 
@@ -247,8 +223,11 @@ def swap_rows_start(
     up: torch.Tensor,
     far_up: torch.Tensor,
 ) -> Callable[[], Swapped]:
-    """:func:`swap_rows` started (the rows packed and on their way); the returned function
-    waits for the rows that come back and decodes them.
+    """One halo exchange, started: the messages ``rows`` of ``parts`` (``(tensors, their
+    encoded bytes, scalars)`` as :func:`pack_rows` takes them; blocks of ``counts[0]`` rows
+    per destination rank, sent by ``up[rows]``) are packed and on their way; the returned
+    function waits for what comes back (blocks of ``counts[1]`` per source rank, from
+    senders ``far_up``) and returns it decoded, ``(tensors, scalars)``, with the bytes sent.
 
     Raises:
         PeerUnavailableError: the exchange failed (raised by either call).

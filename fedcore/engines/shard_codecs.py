@@ -98,21 +98,6 @@ class ShardCodecs:
             self.graph.cache["shard_shares"] = shares
         return shares
 
-    def _exchange(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        scalars: Mapping[str, torch.Tensor],
-        rows: torch.Tensor,
-        counts: tuple[list[int], list[int]],
-        up: torch.Tensor,
-        far_up: torch.Tensor,
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """One halo exchange: the messages ``rows`` of ``tensors`` and ``scalars`` (blocks
-        of ``counts[0]`` per destination rank; their senders ``up[rows]``) go out, each as
-        its codec encoded it (:mod:`fedcore.engines.halo_rows`); what comes back (blocks
-        of ``counts[1]`` per source rank, from senders ``far_up``) is decoded."""
-        return self._exchange_start(tensors, scalars, rows, counts, up, far_up)()
-
     def _exchange_start(
         self,
         tensors: Mapping[str, torch.Tensor],
@@ -122,8 +107,11 @@ class ShardCodecs:
         up: torch.Tensor,
         far_up: torch.Tensor,
     ) -> Callable[[], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
-        """:meth:`_exchange` started: the rows go out now; the returned function waits for
-        what comes back and decodes it."""
+        """One halo exchange, started: the messages ``rows`` of ``tensors`` and ``scalars``
+        (blocks of ``counts[0]`` per destination rank; their senders ``up[rows]``) go out
+        now, each as its codec encoded it (:mod:`fedcore.engines.halo_rows`); the returned
+        function waits for what comes back (blocks of ``counts[1]`` per source rank, from
+        senders ``far_up``) and decodes it."""
         encoded = {name: self.wire[id(v)][1] for name, v in tensors.items() if id(v) in self.wire}
         parts = (tensors, encoded, scalars)
         finish = swap_rows_start(self.ranks, self.codec, parts, rows, counts, up, far_up)
@@ -152,17 +140,17 @@ class ShardCodecs:
             )
             for name, value in send.tensors.items()
         }
-        far_t, _ = self._exchange(
+        far_t, _ = self._exchange_start(
             shares,
             {},
             plan.send,
             (plan.send_counts, plan.recv_counts),
             up[plan.sender],
             up_all[plan.recv_sender],
-        )
+        )()
         far_up = up_all[halo.recv_rows]
         counts = (halo.send_counts, halo.recv_counts)
-        _, far_s = self._exchange({}, send.scalars, halo.send_rows, counts, up, far_up)
+        _, far_s = self._exchange_start({}, send.scalars, halo.send_rows, counts, up, far_up)()
         units = {
             k: torch.cat([v, far_t[k], v.new_zeros((1, *v.shape[1:]))]) for k, v in shares.items()
         }

@@ -164,11 +164,13 @@ class ShardFaults:
         self.active = active or [None] * len(messages)
         self.active_out: list[torch.Tensor] = []  # the out-edges' messages sent at all
         self.active_in: list[torch.Tensor] = []
+        self.out_edges: list[torch.Tensor] = []  # the out-edges' indices
         for i, m in enumerate(messages):
             edges = torch.nonzero(own[m.dst]).squeeze(1)
             self.edges.append(edges)
             self.inward.append(Messages(*(part[edges] for part in m)))
             out = torch.nonzero(own[m.src]).squeeze(1)
+            self.out_edges.append(out)
             self.outward.append(Messages(*(part[out] for part in m)))
             sends = self.active[i]
             every = torch.ones_like(m.src, dtype=torch.bool) if sends is None else sends
@@ -195,34 +197,78 @@ class ShardFaults:
         (its in-edges' and out-edges', see the module docstring) and the in-edges' to the
         per-edge tables, as the one-process engine counts them."""
         at = self._entry(t, phase)
-        m = self.outward[at]
-        gone = self.plan.lost_mask(m.src, m.dst, t, phase) & self.active_out[at]
-        ok = (~gone & self.active_out[at]).to(torch.long)
-        senders = self.local_of[m.src]
-        counts.add("sent", senders, ok)
-        counts.add("bytes_sent", senders, m.nbytes * ok)
-        counts.add("fp32", senders, m.fp32 * ok)
-        counts.add("dropped", senders, gone & up[m.src])
-        counts.add("missing_senders", senders, gone & up[m.dst])
-        m = self.inward[at]
-        gone = self.plan.lost_mask(m.src, m.dst, t, phase) & self.active_in[at]
-        ok = ~gone & self.active_in[at]
-        dropped, missing = gone & up[m.src], gone & up[m.dst]
-        self.dropped[at] += dropped
-        self.missing[at] += missing
-        receivers = self.local_of[m.dst]
-        counts.add("received", receivers, ok)
-        counts.add("bytes_received", receivers, m.nbytes * ok)
-        counts.add("missing", receivers, missing)
+        m = (self.outward[at], self.inward[at])
+        _, ok = self._count(t, phase, up, counts, m, (self.active_out[at], self.active_in[at]))
         return torch.cat([ok, ok.new_zeros(1)])[self.slots[at]]
 
-    def lost_everywhere(self, t: int, up: torch.Tensor, counter: _Counter) -> None:
+    def chosen(
+        self,
+        t: int,
+        phase: int,
+        up: torch.Tensor,
+        counts: RowCounts,
+        m: Messages,
+        sends: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A rule that chooses who talks (pattern ``"chosen"``): ``(arrived, arrived)`` of
+        this rank's out-edges and in-edges (:attr:`out_edges`, :attr:`edges`) in ``phase``
+        of round ``t``, whose messages ``m`` (every edge's, of this round's sizes) are sent
+        where ``sends`` says; counted as :meth:`arrived` counts."""
+        at = self._entry(t, phase)
+        out, edges = self.out_edges[at], self.edges[at]
+        both = (Messages(*(p[out] for p in m)), Messages(*(p[edges] for p in m)))
+        return self._count(t, phase, up, counts, both, (sends[out], sends[edges]))
+
+    def _count(
+        self,
+        t: int,
+        phase: int,
+        up: torch.Tensor,
+        counts: RowCounts,
+        m: tuple[Messages, Messages],
+        sends: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whether the messages ``m`` (this rank's out-edges', in-edges') of ``phase`` sent
+        where ``sends`` says arrive in round ``t``; their figures into ``counts`` and the
+        per-edge tables."""
+        at = self._entry(t, phase)
+        out, into = m
+        gone = self.plan.lost_mask(out.src, out.dst, t, phase) & sends[0]
+        ok_out = ~gone & sends[0]
+        ok = ok_out.to(torch.long)
+        senders = self.local_of[out.src]
+        counts.add("sent", senders, ok)
+        counts.add("bytes_sent", senders, out.nbytes * ok)
+        counts.add("fp32", senders, out.fp32 * ok)
+        counts.add("dropped", senders, gone & up[out.src])
+        counts.add("missing_senders", senders, gone & up[out.dst])
+        gone = self.plan.lost_mask(into.src, into.dst, t, phase) & sends[1]
+        ok_in = ~gone & sends[1]
+        dropped, missing = gone & up[into.src], gone & up[into.dst]
+        self.dropped[at] += dropped
+        self.missing[at] += missing
+        receivers = self.local_of[into.dst]
+        counts.add("received", receivers, ok_in)
+        counts.add("bytes_received", receivers, into.nbytes * ok_in)
+        counts.add("missing", receivers, missing)
+        return ok_out, ok_in
+
+    def lost_everywhere(
+        self,
+        t: int,
+        up: torch.Tensor,
+        counter: _Counter,
+        sent: list[tuple[Messages, torch.Tensor]] | None = None,
+    ) -> None:
         """Put every phase's lost messages of round ``t`` (all edges of its graph) into
         ``counter``'s ``lost``, as the one-process engine lists them for the node records
-        (rank 0, in the rounds whose records it writes)."""
+        (rank 0, in the rounds whose records it writes); ``sent``: per phase, the round's
+        messages and which are sent (a rule that chooses who talks)."""
         for phase in range(self.phases):
             at = self._entry(t, phase)
             m, sends = self.messages[at], self.active[at]
+            if sent is not None:
+                m, sends = sent[phase]
             gone = self.plan.lost_mask(m.src, m.dst, t, phase)
             if sends is not None:
                 gone = gone & sends

@@ -13,6 +13,7 @@ from fedcore.config import Config
 __all__ = [
     "EDGE_ALGORITHMS",
     "METIS_MISSING",
+    "SERVER_ALGORITHMS",
     "SHARDED_ALGORITHMS",
     "config_refusal",
     "metis_available",
@@ -30,6 +31,11 @@ def metis_available() -> bool:
     return importlib.util.find_spec("pymetis") is not None
 
 
+SERVER_ALGORITHMS = ("apmsqueeze", "doublesqueeze", "fedavg")
+"""The algorithms whose rule chooses who talks (a server and its workers on a star), held
+equal to one process by ``tests/engines/test_sharded_server.py``
+(:mod:`fedcore.engines.shard_server`)."""
+
 SHARDED_ALGORITHMS = (
     "central",
     "choco",
@@ -40,14 +46,15 @@ SHARDED_ALGORITHMS = (
     "local",
     "ops",
     "rps",
+    *SERVER_ALGORITHMS,
 )
 """The algorithms a sharded run runs: the synchronous rules whose peers send one message to
 every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
 process by ``tests/engines/test_sharded.py``, and those whose state and messages are per
 edge (pattern ``"edges"``: RPS, and ``ops`` with ``robust = true``, robust push-sum), held
-equal by ``tests/engines/test_sharded_edges.py``. The server family waits for a later
-slice (FedAvg over a population shards its cohort on the cohort engine:
-:mod:`fedcore.engines.cohort`); the asynchronous ones run on the event engine."""
+equal by ``tests/engines/test_sharded_edges.py``, and the server family (pattern
+``"chosen"``: :data:`SERVER_ALGORITHMS`); the asynchronous
+ones run on the event engine."""
 
 EDGE_ALGORITHMS = ("rps",)
 """The algorithms of :data:`SHARDED_ALGORITHMS` whose state is per edge whatever their
@@ -71,11 +78,6 @@ def config_refusal(config: Config) -> str | None:
     if config.simulate.device != "cpu":
         device = config.simulate.device
         return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"
-    if algorithm.name == "fedavg":
-        return (
-            "ranks shard FedAvg's cohort on the cohort engine: set simulate.engine = "
-            "'cohort' (with algorithm.sampler = 'floyd' and data.partition = 'slices')"
-        )
     if algorithm.name not in SHARDED_ALGORITHMS and not _import_path(algorithm.name):
         return (
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "

@@ -17,7 +17,8 @@ bytes of every old rank go to the new rank 0 (the summary adds them up). torch's
 generator must be the same on every old rank (no rank drew from it for its own rows; the
 algorithms and models a sharded run runs draw nothing from it, so it is the run's seed):
 otherwise, or where a rule keeps state that is not one row per peer (an algorithm's
-state per edge), or a rank's checkpoint holds more than the parts above, the checkpoint
+state per edge, a FedAvg server optimizer's on the server's rank alone), or a rank's
+checkpoint holds more than the parts above, the checkpoint
 cannot be re-sharded exactly and is refused in one line that says to resume on ``R``
 ranks.
 """
@@ -196,6 +197,8 @@ def _merge_state(
     together row by row; any other must be the same on every part."""
     first = values[0]
     two, three = probes
+    if two is None and any(v is not None for v in values):  # a server optimizer's state
+        raise _refuse(old_world, "its rule keeps state that is not one row per peer")
     if isinstance(first, torch.Tensor):
         per_row = (
             isinstance(two, torch.Tensor)

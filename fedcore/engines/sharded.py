@@ -43,6 +43,9 @@ Design (:func:`setup_refusal` says what it does not run yet):
   sender) as the row halo above. A receiver's in-edges index the extended stack of
   messages (its own out-edges', the received ones) as the slots do here, and a crashed
   row's edges keep their state, as one process keeps them.
+* **A server and its workers** (pattern ``"chosen"``, :mod:`fedcore.engines.shard_server`):
+  only the round's messages that arrive cross ranks, each sender's row once per rank of its
+  receivers, into one process's ``Gathered`` inbox; rows that do not train read no batch.
 * **Order of sums, and why R does not matter.** A receiver's inbox is its row of the
   global neighbour table: its in-neighbours in sorted-id order, padded to the whole graph's
   largest in-degree, exactly the slots the one-process engine builds. The rule adds them
@@ -67,26 +70,24 @@ Design (:func:`setup_refusal` says what it does not run yet):
   counts it once from the graph (as the one-process engine does; a schedule: once a
   graph of its period). With a fault plan each rank counts its own rows' figures, from
   their out- and in-edges, and they travel to rank 0 with the rows' losses (the per-edge
-  fault tables once, at the end:
-  :meth:`ShardedNetwork.finish`). Each round the ranks' losses are gathered on rank 0, and
-  every peer's model at the end (the summary's ``params_sha256``); rank 0 writes the run's
-  files (:mod:`fedcore.simulation.ranks`).
+  fault tables once, at the end: :meth:`ShardedNetwork.finish`). Each round the ranks'
+  losses are gathered on rank 0, and every peer's model at the end (the summary's
+  ``params_sha256``); rank 0 writes the run's files (:mod:`fedcore.simulation.ranks`).
 * **Evaluation** (:meth:`ShardedNetwork.evaluate`): each rank evaluates its own rows (of
   the ``run.eval_peers`` sample, its share) in batched passes, all ranks at once; the
   average model comes from the ranks' exact column sums, added up on every rank (one
   all-reduce of integers: the same sums in any order), and rank 0 gathers two figures a
   peer (its accuracy, its distance to the mean) to make the record, in node order. No
   model travels: one process and any R give the same record, bit for bit
-  (:mod:`fedcore.engines.stacked_eval`).
-  Rank 0's summary also says how the peers were placed: the ``partition`` that ran,
-  the ``cut_fraction`` of edges whose ends are on different ranks (a schedule: of the
-  edges of one period's rounds, an edge counted in each round that uses it), and the
-  ``halo_bytes_per_round`` that crossed ranks (the mean over the rounds run).
+  (:mod:`fedcore.engines.stacked_eval`). Rank 0's summary also says how the peers were
+  placed: the ``partition`` that ran, the ``cut_fraction`` of edges whose ends are on
+  different ranks (a schedule: of the edges of one period's rounds, an edge counted in each
+  round that uses it), and the ``halo_bytes_per_round`` that crossed ranks (the mean over
+  the rounds run).
 * **Checkpoints.** Everything a rank's next round reads is its own: its rows' rule state
-  (its edges' too),
-  their places in their data, their codecs' generators, its fault counts per in-edge, its
-  halo bytes, torch's generator. :meth:`ShardedNetwork.state_dict` holds them
-  (:mod:`fedcore.engines.shard_state`); each rank writes its own file every
+  (its edges' too), their places in their data, their codecs' generators, its fault counts
+  per in-edge, its halo bytes, torch's generator. :meth:`ShardedNetwork.state_dict` holds
+  them (:mod:`fedcore.engines.shard_state`); each rank writes its own file every
   ``run.checkpoint_every`` rounds, rank 0 a manifest once all are written, and ``--resume``
   loads each rank's file of the manifest's round on the same R ranks (the same blocks):
   :mod:`fedcore.simulation.rank_checkpoints`; on another number of ranks each new rank
@@ -127,6 +128,7 @@ from fedcore.engines.shard_plan import (
     union_edges,
 )
 from fedcore.engines.shard_refusal import EDGE_ALGORITHMS, SHARDED_ALGORITHMS, config_refusal
+from fedcore.engines.shard_server import ShardServer
 from fedcore.engines.shard_state import load_rank_state, rank_state
 from fedcore.engines.shard_streams import RowStreams
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
@@ -166,11 +168,8 @@ def setup_refusal(setup: RunSetup) -> str | None:
     if not is_rule(algorithm):
         return f"algorithm {algorithm.name!r} has no batched form"
     rule = cast(Rule, algorithm)
-    if (
-        rule.pattern not in ("neighbours", "none", "edges")
-        or rule.server is not None
-        or rule.trains is not None
-    ):
+    server = rule.pattern != "chosen" and (rule.server is not None or rule.trains is not None)
+    if rule.pattern not in ("neighbours", "none", "edges", "chosen") or server:
         return f"algorithm {rule.name!r} is not sharded yet"
     why = vectorized_refusal(EngineInputs.of(setup.config), algorithm)
     if why is not None:  # what one process refuses (RPS with a stochastic codec)
@@ -178,7 +177,7 @@ def setup_refusal(setup: RunSetup) -> str | None:
     return None
 
 
-class ShardedNetwork(ShardEdges):
+class ShardedNetwork(ShardEdges, ShardServer):
     """This rank's block of the peers of ``setup`` (see the module docstring); rank 0 also
     answers what a run's figures need (:meth:`run_round`'s figures, :meth:`model`).
 
@@ -372,6 +371,8 @@ class ShardedNetwork(ShardEdges):
             PeerUnavailableError: a collective failed.
         """
         params = self.rule.model(self.state)
+        if self.setup.algorithm.server in self.nodes:  # the server's model is the average
+            return self._evaluate_server(params, self.nodes.index(self.setup.algorithm.server))
         extremes = sum_extremes(params)  # one window of limbs for every rank's sums
         largest_everywhere(self.ranks, extremes, "an evaluation's sum window")
         window = sum_window(extremes, params.dtype)
@@ -409,10 +410,10 @@ class ShardedNetwork(ShardEdges):
         ) -> torch.Tensor:
             if self.edge_plans:  # messages per edge, or rows of their edges' width
                 out = self._encode_edges(v, up, t, owners, width, where)
-            elif owners is not None or width is not None or where is not None:
+            elif owners is not None or width is not None:
                 raise AlgorithmError(f"{self.rule.name!r}: a send the sharded engine does not run.")
-            else:
-                out = self._roundtrip(v, up, t)
+            else:  # only the rows that send (``where``) draw from their codecs
+                out = self._roundtrip(v, up if where is None else up & where, t)
             compressed.add(id(out))
             return out
 
@@ -457,7 +458,9 @@ class ShardedNetwork(ShardEdges):
             name: value if id(value) in compressed else self._roundtrip(value, up, t)
             for name, value in send.tensors.items()
         }
-        far_t, far_s = self._exchange(decoded, send.scalars, halo.send_rows, counts, up, far_up)
+        far_t, far_s = self._exchange_start(
+            decoded, send.scalars, halo.send_rows, counts, up, far_up
+        )()
         tensors = {k: torch.cat([v, far_t[k]]) for k, v in decoded.items()}
         scalars = {k: torch.cat([v, far_s[k]]) for k, v in send.scalars.items()}
         return slots_of(tensors, scalars, send.weighted, self.nbr, self.slot_weight, arrived)
@@ -492,13 +495,18 @@ class ShardedNetwork(ShardEdges):
         faults = self.faults
         up_all = torch.ones(self.n, dtype=torch.bool) if faults is None else faults.up(t)
         up = up_all[self.mine]
-        loss, grad = train_rows(self, t, lr, up)  # the optimizer, the local steps
+        training, idle = self._training(t, up_all)  # the others read no batch
+        loss, grad = train_rows(self, t, lr, training)  # the optimizer, the local steps
         compressed: set[int] = set()
-        self.wire, self.edge_wire = {}, {}
+        self.wire, self.edge_wire, self.round_sent = {}, {}, []
         rows = self._rows(t, step_lr(self, lr), up, compressed)
         counts = RowCounts(self.b)
         state, send = self.rule.step(self.state, grad, rows)
         for phase in range(self.rule.phases):
+            if self.chosen:  # the round's messages only
+                chosen = self._gathered(send, phase, t, up_all, counts, compressed)
+                state, send = self.rule.mix(state, phase, chosen, rows)
+                continue
             arrived = self.edge_arrived[phase] if self.edge_plans else self.arrived
             if faults is not None:
                 arrived = faults.arrived(t, phase, up_all, counts)
@@ -515,14 +523,11 @@ class ShardedNetwork(ShardEdges):
         self.state = self._kept(up, state)  # a crashed row's (and its edges') as it was
         self.wire, self.edge_wire = {}, {}  # the round's encoded rows, sent
         self.round = t + 1
-        idle = torch.zeros(self.n, dtype=torch.bool)
         if faults is None:
             loss_all = gather_rows(self.ranks, loss, self.shards)
             if loss_all is None:
                 return None
-            counter = _Counter(self.n, self.device)
-            counter.add(self.fulls[t % self.period])  # the same every period: counted once
-            return counter.done(t, up_all, loss_all, idle)
+            return self._round_traffic(t).done(t, up_all, loss_all, idle)
         # The rows' counts travel with their losses: one gather, as without faults.
         gathered = gather_rows(self.ranks, pack_counts(loss, counts), self.shards)
         if gathered is None:
@@ -531,7 +536,7 @@ class ShardedNetwork(ShardEdges):
         if self.records == "all" or (
             self.records == "eval" and is_eval_round(self.setup.config, t)
         ):
-            faults.lost_everywhere(t, up_all, counter)
+            faults.lost_everywhere(t, up_all, counter, self.round_sent if self.chosen else None)
         return counter.done(t, up_all, loss_all, idle)
 
     def state_dict(self) -> dict[str, Any]:

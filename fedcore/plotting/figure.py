@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +138,13 @@ def plot_runs(
     # Many curves, or long names, would hide the curves: the legend goes below instead.
     outside = len(curves) >= LEGEND_OUTSIDE or max(len(text) for text in labels) > 40
     rows = 2 + int(with_regret) + int(time)
-    # The object API: no pyplot, no figure manager, nothing global to set or close.
-    fig = Figure(figsize=(11, 3.75 * rows), dpi=_DPI)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, 2)
+    shape = (rows, time, with_regret)
+    fig, axes = _spare_figure(shape)
+    if fig is None:
+        # The object API: no pyplot, no figure manager, nothing global to set or close.
+        fig = Figure(figsize=(11, 3.75 * rows), dpi=_DPI)
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(rows, 2)
     mb = "MB sent per node" + (" (log)" if log_bytes else "")
     styles = [curve_style(i) for i in range(len(curves))]
     handles: list[Any] = []
@@ -224,7 +228,68 @@ def plot_runs(
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=_DPI, bbox_inches=_tight_box(fig, out))
+    _keep_spare(shape, fig, axes)
     return out
+
+
+_spares: dict[tuple[int, bool, bool], list[tuple[Any, Any]]] = {}
+"""Inside :func:`recycling`: figures drawn and saved, emptied of their curves, by shape
+(rows, time panels, regret panels), for the next picture of that shape."""
+
+_recycling: list[bool] = []
+
+
+@contextlib.contextmanager
+def recycling() -> Iterator[None]:
+    """Inside: :func:`plot_runs` draws on a figure it drew before (of the same shape, its
+    curves and legends taken off, its subplot parameters the defaults again) instead of
+    building a new one, keeping its axes and their ticks, and keeps the figure for the
+    next picture: the same picture, byte for byte, for about a fifth less of the time.
+    A figure with a log axis is not kept. Outside, every picture is drawn on a new figure
+    (which a caller may keep: the tests look at the figures they drew)."""
+    _recycling.append(True)
+    try:
+        yield
+    finally:
+        _recycling.pop()
+
+
+def _spare_figure(shape: tuple[int, bool, bool]) -> tuple[Any, Any]:
+    """A kept figure of ``shape`` and its axes, ready to draw on; (None, None): none."""
+    spares = _spares.get(shape) if _recycling else None
+    if not spares:
+        return None, None
+    from matplotlib.figure import SubplotParams
+
+    fig, axes = spares.pop()
+    blank = SubplotParams()  # a new figure's, from which tight_layout starts
+    fig.subplots_adjust(
+        left=blank.left,
+        right=blank.right,
+        bottom=blank.bottom,
+        top=blank.top,
+        wspace=blank.wspace,
+        hspace=blank.hspace,
+    )
+    return fig, axes
+
+
+def _keep_spare(shape: tuple[int, bool, bool], fig: Any, axes: Any) -> None:
+    """Keep a saved figure for the next picture of ``shape`` (inside :func:`recycling`):
+    its curves and legends taken off; not one with a log axis."""
+    if not _recycling or _spares.get(shape):
+        return
+    if any(ax.get_xscale() != "linear" or ax.get_yscale() != "linear" for ax in axes.flat):
+        return
+    for ax in axes.flat:
+        for artist in [*ax.lines, *ax.collections, *ax.patches, *ax.texts]:
+            artist.remove()
+        if (legend := ax.get_legend()) is not None:
+            legend.remove()
+        ax.relim()
+    for legend in list(fig.legends):
+        legend.remove()
+    _spares.setdefault(shape, []).append((fig, axes))
 
 
 def _tight_box(fig: Any, out: Path) -> Any:

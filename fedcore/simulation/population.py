@@ -52,9 +52,9 @@ from fedcore.setup.prepare import seed_torch
 from fedcore.simulation.rank_checkpoints import (
     due,
     load_rank,
-    prior_summary,
     rank_folder,
     read_manifest,
+    resumed_name,
     seal,
     share_folder,
 )
@@ -414,7 +414,14 @@ def simulate_cohort_rank(
                 if resume:
                     assert out_dir is not None
                     out = Path(out_dir)
-                    name, overrides = _resumed(out, config, saved, stream, show_progress)
+                    name, overrides = resumed_name(
+                        out,
+                        config.run.checkpoint_every,
+                        saved,
+                        stream,
+                        show_progress,
+                        lambda sets: _run_name(config, sets),
+                    )
                 else:
                     name = _run_name(config, overrides)
                     out = open_run_dir(out_dir, name, force=force)
@@ -462,30 +469,6 @@ def _follow(net: CohortNetwork, out: Path | None, saved: dict[str, Any] | None) 
             )
             seal(ranks, out, net.round, run_id=run_id, placement=None)
     net.clients_held()
-
-
-def _resumed(
-    out: Path,
-    config: Config,
-    saved: dict[str, Any] | None,
-    stream: TextIO,
-    show_progress: bool,
-) -> tuple[str, list[str]]:
-    """Rank 0 of a resumed cohort run over ranks: its name and ``--set`` items (as its
-    checkpoint, else its summary, says), having said where it goes on from."""
-    if saved is not None:
-        if show_progress:
-            print(f"simulate: resuming {out} after round {saved['round']}", file=stream)
-        return str(saved["name"]), list(saved["overrides"])
-    logger.warning(
-        "%s has no checkpoint of its ranks (run.checkpoint_every = %d); starting again from "
-        "round 0",
-        out,
-        config.run.checkpoint_every,
-    )
-    prior = prior_summary(out)
-    overrides = list(prior.get("overrides", []))
-    return str(prior.get("name") or _run_name(config, overrides)), overrides
 
 
 def resume_cohort(

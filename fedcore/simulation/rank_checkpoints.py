@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -55,11 +57,14 @@ __all__ = [
     "rank_file",
     "rank_folder",
     "read_manifest",
+    "resumed_name",
     "seal",
     "sharded_world",
     "share_folder",
     "verify_files",
 ]
+
+logger = logging.getLogger(__name__)
 
 KIND = "fedcore-sharded-checkpoint"
 """What a manifest says it is."""
@@ -382,3 +387,29 @@ def load_parts(
             head = saved
     head.update(rank=ranks.rank, world=ranks.world, round=manifest.round, run_id=run_id)
     return head, parts
+
+
+def resumed_name(
+    out: Path,
+    every: int,
+    saved: dict[str, Any] | None,
+    stream: TextIO,
+    show_progress: bool,
+    name_of: Callable[[list[str]], str],
+) -> tuple[str, list[str]]:
+    """Rank 0 of a resumed run over ranks: its name and ``--set`` items, as its checkpoint
+    (``saved``), else its summary, says (``name_of(overrides)`` where neither names it),
+    having said where it goes on from (``every``: ``run.checkpoint_every``)."""
+    if saved is not None:
+        if show_progress:
+            print(f"simulate: resuming {out} after round {saved['round']}", file=stream)
+        return str(saved["name"]), list(saved["overrides"])
+    logger.warning(
+        "%s has no checkpoint of its ranks (run.checkpoint_every = %d); starting again from "
+        "round 0",
+        out,
+        every,
+    )
+    prior = prior_summary(out)
+    overrides = list(prior.get("overrides", []))
+    return str(prior.get("name") or name_of(overrides)), overrides

@@ -44,9 +44,9 @@ from fedcore.simulation.rank_checkpoints import (
     due,
     load_parts,
     load_rank,
-    prior_summary,
     rank_folder,
     read_manifest,
+    resumed_name,
     seal,
     share_folder,
 )
@@ -288,7 +288,14 @@ def _simulate_rank(
             if resume:
                 assert out_dir is not None
                 out = Path(out_dir)
-                name, overrides = _resumed(out, config, setup, saved, stream, show_progress)
+                name, overrides = resumed_name(
+                    out,
+                    config.run.checkpoint_every,
+                    saved,
+                    stream,
+                    show_progress,
+                    lambda sets: run_name(config, setup, sets),
+                )
             else:
                 name = run_name(config, setup, overrides)
                 out = open_run_dir(out_dir, name, force=force)
@@ -310,31 +317,6 @@ def _simulate_rank(
             return summary
     finally:
         leave()
-
-
-def _resumed(
-    out: Path,
-    config: Config,
-    setup: RunSetup,
-    saved: dict[str, Any] | None,
-    stream: TextIO,
-    show_progress: bool,
-) -> tuple[str, list[str]]:
-    """Rank 0 of a resumed run: its name and ``--set`` items (as its checkpoint, else its
-    summary, says), having said where it goes on from."""
-    if saved is not None:
-        if show_progress:
-            print(f"simulate: resuming {out} after round {saved['round']}", file=stream)
-        return str(saved["name"]), list(saved["overrides"])
-    logger.warning(
-        "%s has no checkpoint of its ranks (run.checkpoint_every = %d); starting again from "
-        "round 0",
-        out,
-        config.run.checkpoint_every,
-    )
-    prior = prior_summary(out)
-    overrides = list(prior.get("overrides", []))
-    return str(prior.get("name") or run_name(config, setup, overrides)), overrides
 
 
 def rank_threads(setup: RunSetup, ranks: Ranks, threads: int | str | None) -> int | str | None:

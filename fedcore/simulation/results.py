@@ -270,9 +270,11 @@ def write_results(out: Path, summary: dict[str, Any]) -> None:
     if not summary["final"]:
         return  # no evaluation yet: nothing to draw
     try:
-        from fedcore.plotting import plot_runs
+        from fedcore import plotting
+        from fedcore.plotting.figure import recycling
 
-        plot_runs([out], out / "curves.png")
+        with recycling():  # a sweep's next run draws on this run's figure: the same bytes
+            plotting.plot_runs([out], out / "curves.png")
     except Exception as exc:  # a missing picture must not lose a finished run
         logger.warning("could not draw curves.png: %s", exc)
 

@@ -26,6 +26,7 @@ from fedcore.compression.rowwire import encode_rows, wire_width
 from fedcore.config import Config, load_config
 from fedcore.engines.halo_rows import block_sums, layout_of, pack_rows, unpack_rows
 from fedcore.engines.shard_faults import RowCounts, pack_counts, unpack_counts
+from fedcore.engines.shard_server import SERVER_ALGORITHMS
 from fedcore.engines.sharded import EDGE_ALGORITHMS, SHARDED_ALGORITHMS, config_refusal
 from fedcore.errors import FedcoreError
 from fedcore.simulation.simulate import simulate
@@ -54,6 +55,7 @@ CASES = [
     (algorithm, codec, faults)
     for algorithm in SHARDED_ALGORITHMS
     if algorithm not in EDGE_ALGORITHMS  # tests/engines/test_sharded_edges.py
+    and algorithm not in SERVER_ALGORITHMS  # tests/engines/test_sharded_server.py
     for codec in ("fp32", "sign", "topk")
     for faults in (False, True)
     # CHOCO needs every message: a fault plan is refused by one process too.

@@ -562,3 +562,22 @@ def test_bands_are_the_mean_and_sample_std_at_the_common_rounds() -> None:
     assert curve.spread["avg_model_accuracy"] == pytest.approx([0.2645751311, 0.2645751311])
     assert curve.spread["train_loss"] == [0.0, 0.0]
     assert curve.series["bytes_sent_per_node"] == pytest.approx([10.0, 30.0])
+
+
+def test_a_recycled_figure_draws_the_picture_a_new_one_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``recycling``: a picture drawn on the figure the one before left (another run's
+    curves, axes limits and regret panel; one legend in a panel, the other below the
+    panels) is the picture a new figure draws, byte for byte."""
+    from fedcore.plotting import figure
+
+    monkeypatch.setattr(figure, "_spares", {})  # the first picture on a new figure
+    a = fake_run(tmp_path / "a", every_round=True, regret=True, rounds=(1, 3, 5, 40))
+    b = fake_run(tmp_path / "b", seed=7, regret=True, overrides=["algorithm.lr=0.123456789"])
+    with figure.recycling():
+        drawn = [plot_runs([run], tmp_path / "kept.png").read_bytes() for run in (a, b, a)]
+    assert figure._spares  # kept for the next
+    assert drawn[2] == drawn[0]
+    assert drawn[1] == plot_runs([b], tmp_path / "new.png").read_bytes()
+    assert drawn[1] != drawn[0]
