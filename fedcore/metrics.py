@@ -44,6 +44,7 @@ from fedcore.models import Objective
 
 __all__ = [
     "JsonlWriter",
+    "ParamDigests",
     "all_params_sha256",
     "check_eval_peers",
     "consensus_distance",
@@ -255,6 +256,18 @@ def all_params_sha256(params: Iterable[torch.Tensor]) -> str:
         array = p.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
         digest.update(array.tobytes())
     return digest.hexdigest()
+
+
+class ParamDigests(dict[str, torch.Tensor]):
+    """What stands for every node's final parameters where they were hashed where they are
+    (a sharded run's ranks, block by block: no process holds every model): no tensor, only
+    the summary's digest keys in :attr:`digests` (``params_sha256``, else
+    ``params_sha256_all``), the same digests :func:`params_sha256` and
+    :func:`all_params_sha256` give of the parameters."""
+
+    def __init__(self, digests: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.digests = dict(digests)
 
 
 def round_record(

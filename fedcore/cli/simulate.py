@@ -252,22 +252,24 @@ def _rank_or_launch(
 ) -> int:
     """Start ``world`` local ranks of ``config`` (or the run ``resume`` continues), or,
     under torchrun's environment, be one."""
-    from fedcore.engines.ranks import from_environment
-    from fedcore.engines.sharded import config_refusal
+    from fedcore.engines.shard_refusal import config_refusal
 
     why = config_refusal(config)
     if why is not None:
         raise ConfigError(f"a sharded run cannot run this config: {why}.")
-    ranks = from_environment()
-    if ranks is None:  # the launcher of --ranks R
+    if not _torchrun_environment():  # the launcher of --ranks R: it imports no torch
         import signal
 
         from fedcore.cli.common import interrupt
-        from fedcore.simulation.ranks import launch_local
+        from fedcore.simulation.rank_launch import launch_local
 
         assert world is not None
         signal.signal(signal.SIGTERM, interrupt)  # SIGTERM stops the ranks as Ctrl-C does
         return launch_local(args.argv, world, timeout_s=config.transport.strict_timeout_s)
+    from fedcore.engines.ranks import from_environment
+
+    ranks = from_environment()
+    assert ranks is not None  # torchrun's environment is set
     if args.ranks is not None and args.ranks != ranks.world:
         raise ConfigError(
             f"--ranks {args.ranks} but the environment says WORLD_SIZE = {ranks.world}; "

@@ -112,6 +112,12 @@ class StackedBatches:
         self._widest_batch = int(self._batch_np.max())
         self._ragged = bool((self._batch_np != self._widest_batch).any())
 
+    def shape_as(self, widest_batch: int, ragged: bool) -> None:
+        """Give every batch ``widest_batch`` examples, with a mask where ``ragged``: the
+        shape the stack of a larger population gives them (a sharded rank's stack of its
+        own peers, shaped as the stack of every peer, reads the same tensors)."""
+        self._widest_batch, self._ragged = widest_batch, ragged
+
     def state_dict(self, rows: Sequence[int] | None = None) -> dict[str, Any]:
         """Where every node is in its epoch (for a checkpoint): generators, positions and
         orders, as CPU tensors; of the nodes ``rows`` only, in that order, where given (a

@@ -30,13 +30,13 @@ method here is deterministic, a function of the edge arrays and the rank count a
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from fedcore.engines.ranks import blocks
+from fedcore.engines.shard_refusal import METIS_MISSING, metis_available
 
 __all__ = [
     "AUTO_GRAPH_EDGES",
@@ -52,12 +52,6 @@ AUTO_GRAPH_EDGES = 10_000_000
 """Up to this many (directed, non-self) edges ``simulate.partition = "auto"`` runs the
 ``"graph"`` partition (up to about 10 s of every rank's set-up there: 2 to 4 CPU seconds
 for 4 million edges, measured as the module docstring says); above, contiguous blocks."""
-
-METIS_MISSING = (
-    "simulate.partition = 'metis' needs pymetis, which is not installed: pip install "
-    "'fedcore[partition]' (or use 'graph')"
-)
-"""What a run that asks for METIS without pymetis is told (one line)."""
 
 _Array = np.ndarray[Any, Any]
 
@@ -76,11 +70,6 @@ class Placement:
     method: str
     rows: list[_Array]
     owner: _Array
-
-
-def metis_available() -> bool:
-    """Whether ``pymetis`` can be imported (the ``partition`` extra)."""
-    return importlib.util.find_spec("pymetis") is not None
 
 
 def _from_owner(method: str, owner: _Array, world: int) -> Placement:

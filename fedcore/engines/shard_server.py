@@ -48,6 +48,7 @@ from fedcore.engines.ranks import (
 from fedcore.engines.shard_codecs import NOT_FINITE, ShardCodecs
 from fedcore.engines.shard_faults import RowCounts, ShardFaults
 from fedcore.engines.shard_plan import Halo
+from fedcore.engines.shard_refusal import SERVER_ALGORITHMS
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
 from fedcore.engines.stacked_graph import StackedGraph
 from fedcore.engines.vectorized import _Counter
@@ -57,10 +58,6 @@ from fedcore.setup.prepare import RunSetup
 from fedcore.stacked_training import StackedObjective
 
 __all__ = ["SERVER_ALGORITHMS", "ShardServer", "round_halo"]
-
-SERVER_ALGORITHMS = ("apmsqueeze", "doublesqueeze", "fedavg")
-"""The algorithms whose rule chooses who talks (a server and its workers on a star), held
-equal to one process by ``tests/engines/test_sharded_server.py``."""
 
 _TOTAL = torch.float64
 

@@ -21,8 +21,8 @@ import torch
 
 from fedcore.algorithms.rule import Rule
 from fedcore.compression.batched import RowCodec
-from fedcore.data.batches import StackedBatches
 from fedcore.engines.ranks import Ranks
+from fedcore.engines.shard_batches import RankBatches
 from fedcore.engines.shard_faults import ShardFaults
 from fedcore.engines.shard_streams import RowStreams
 from fedcore.engines.shard_time import ShardTime
@@ -41,7 +41,7 @@ class RankBlock(Protocol):
     rule: Rule
     state: Any
     opt_state: Any
-    batches: StackedBatches | RowStreams
+    batches: RankBatches | RowStreams
     codec: RowCodec
     faults: ShardFaults | None
     time: ShardTime | None

@@ -38,7 +38,6 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from fedcore.config import Config
 from fedcore.engines.batched import BatchedRule, Messages
 from fedcore.engines.clock import (
     SharedClock,
@@ -48,39 +47,13 @@ from fedcore.engines.clock import (
     virtual_clock,
 )
 from fedcore.engines.shard_faults import Lost, ShardFaults
-from fedcore.engines.shard_server import SERVER_ALGORITHMS
 from fedcore.engines.stacked_graph import StackedGraph
 from fedcore.errors import ConfigError
 from fedcore.faults import FaultPlan
 from fedcore.setup.prepare import RunSetup
 from fedcore.timing import RoundTimes
 
-__all__ = [
-    "HOLDS_IN_DEADLINE_MODE",
-    "ShardTime",
-    "Tick",
-    "masks_of",
-    "plan_faults_and_time",
-    "time_refusal",
-]
-
-HOLDS_IN_DEADLINE_MODE = ("ops",)
-"""The built-in sharded algorithms whose peers hold their pushes when silent in deadline
-mode (``holds_in_deadline_mode``: push-sum), which only the message engine models."""
-
-
-def time_refusal(config: Config) -> str | None:
-    """Why a sharded run cannot run ``config``'s waits (one clause), or None: what one
-    process refuses too (checked before any rank starts)."""
-    deadline = config.transport.mode == "deadline"
-    if config.faults.active and not config.faults.announce and not deadline:
-        return "faults.announce = false loses messages silently, which needs deadline mode"
-    name = config.algorithm.name
-    if deadline and name in HOLDS_IN_DEADLINE_MODE:
-        return f"{name} holds a silent peer's pushes in deadline mode (strict mode runs)"
-    if (deadline or config.time.active) and name in SERVER_ALGORITHMS:
-        return f"virtual time ([time], deadline mode) with {name} is not sharded yet"
-    return None
+__all__ = ["ShardTime", "Tick", "masks_of", "plan_faults_and_time"]
 
 
 class Tick(NamedTuple):

@@ -108,12 +108,12 @@ import numpy as np
 import torch
 
 from fedcore.algorithms.rule import Rows, Rule, Send, Slot, is_rule
-from fedcore.algorithms.user import is_import_path
 from fedcore.config import Config
-from fedcore.data.batches import StackedBatches
 from fedcore.engines.batched import batched_form, raise_bad
-from fedcore.engines.partition import METIS_MISSING, metis_available, place
+from fedcore.engines.partition import place
 from fedcore.engines.ranks import Ranks, add_everywhere, gather_rows, largest_everywhere
+from fedcore.engines.shard_batches import RankBatches
+from fedcore.engines.shard_digests import gathered_digests, start_digests
 from fedcore.engines.shard_edges import ShardEdges
 from fedcore.engines.shard_faults import (
     RowCounts,
@@ -132,26 +132,28 @@ from fedcore.engines.shard_plan import (
     plan_halo,
     union_edges,
 )
-from fedcore.engines.shard_server import SERVER_ALGORITHMS, ShardServer
+from fedcore.engines.shard_refusal import EDGE_ALGORITHMS, SHARDED_ALGORITHMS, config_refusal
+from fedcore.engines.shard_server import ShardServer
 from fedcore.engines.shard_state import load_rank_state, rank_state
 from fedcore.engines.shard_streams import RowStreams
-from fedcore.engines.shard_time import ShardTime, masks_of, plan_faults_and_time, time_refusal
+from fedcore.engines.shard_time import ShardTime, masks_of, plan_faults_and_time
 from fedcore.engines.stacked_eval import record_of, row_figures_of, sample_of
 from fedcore.engines.stacked_graph import EdgeUnion, stack_graph
 from fedcore.engines.vectorized import (
     RoundFigures,
     _Counter,
     node_records_mode,
-    stacked_batches,
 )
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.evaluation import column_sums, mean_of_sums, sum_extremes, sum_window
+from fedcore.metrics import ParamDigests
 from fedcore.setup.engine_checks import EngineInputs, vectorized_refusal
 from fedcore.setup.prepare import RunSetup
 from fedcore.setup.virtual import row_codec
 from fedcore.stacked_training import StackedObjective
 
 __all__ = [
+    "EDGE_ALGORITHMS",
     "SHARDED_ALGORITHMS",
     "Halo",
     "ShardedNetwork",
@@ -160,60 +162,6 @@ __all__ = [
     "plan_halo",
     "setup_refusal",
 ]
-
-SHARDED_ALGORITHMS = (
-    "central",
-    "choco",
-    "deepsqueeze",
-    "dog",
-    "dol",
-    "dpsgd",
-    "local",
-    "ops",
-    "rps",
-    *SERVER_ALGORITHMS,
-)
-"""The algorithms a sharded run runs: the synchronous rules whose peers send one message to
-every out-neighbour (pattern ``"neighbours"``, or ``"none"``), each held equal to one
-process by ``tests/engines/test_sharded.py``, and those whose state and messages are per
-edge (pattern ``"edges"``: RPS, and ``ops`` with ``robust = true``, robust push-sum), held
-equal by ``tests/engines/test_sharded_edges.py``, and the server family (pattern
-``"chosen"``: :data:`~fedcore.engines.shard_server.SERVER_ALGORITHMS`); the asynchronous
-ones run on the event engine."""
-
-EDGE_ALGORITHMS = ("rps",)
-"""The algorithms of :data:`SHARDED_ALGORITHMS` whose state is per edge whatever their
-options (robust push-sum is ``ops`` with ``robust = true``)."""
-
-
-def config_refusal(config: Config) -> str | None:
-    """Why a sharded run cannot run ``config``, as far as the config tells (one clause),
-    or None: checked before any rank starts."""
-    algorithm = config.algorithm
-    if config.simulate.engine == "cohort":  # the cohort shards by client (fedcore.engines.cohort)
-        from fedcore.engines.cohort import cohort_refusal
-
-        why = cohort_refusal(config)
-        return None if why is None else f"simulate.engine = 'cohort': {why}"
-    if config.simulate.engine == "messages":
-        return (
-            "simulate.engine = 'messages' runs every peer in one process; ranks shard the "
-            "vectorized engine (simulate.engine = 'auto')"
-        )
-    if config.simulate.device != "cpu":
-        device = config.simulate.device
-        return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"
-    if algorithm.name not in SHARDED_ALGORITHMS and not is_import_path(algorithm.name):
-        return (
-            f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
-            f"{', '.join(SHARDED_ALGORITHMS)} and a user's rule)"
-        )
-    why = time_refusal(config)  # deadline mode: what one process refuses too
-    if why is not None:
-        return why
-    if config.simulate.partition == "metis" and not metis_available():
-        return METIS_MISSING
-    return None
 
 
 def setup_refusal(setup: RunSetup) -> str | None:
@@ -292,8 +240,8 @@ class ShardedNetwork(ShardEdges, ShardServer):
         )
         self.local_steps = setup.options.local_steps
         self.objective = StackedObjective(setup.objective, self.device, setup.evaluator)
-        self.batches: StackedBatches | RowStreams = (  # every node's, read for ours
-            stacked_batches(setup, self.device)
+        self.batches: RankBatches | RowStreams = (  # our rows' alone
+            RankBatches(setup, self.device, rows)
             if setup.source is None
             else RowStreams(setup.source, rows, self.n)
         )
@@ -315,8 +263,8 @@ class ShardedNetwork(ShardEdges, ShardServer):
                     full.traffic(self.form.messages(p, g, self._size, self.d), sends)
             figures = placement_figures(graphs, self.placement.owner, ranks.world)
             self.cut_fraction, self.halo_rows = figures
-        self.last = self.start.unsqueeze(0).repeat(self.n, 1) if ranks.rank == 0 else None
-        """Rank 0: the models of the last gather (what a failed run's summary holds)."""
+        self._last: ParamDigests | None = None
+        """Rank 0: the digests of the last :meth:`digests` (``None``: the start models)."""
         # Faults and codecs: the global row of each local row (its codec's owner), the
         # fault plan asked for this block's in-edges, and which rounds' records list faults.
         self.local_of = torch.full((self.n,), -1, dtype=torch.long)
@@ -373,7 +321,7 @@ class ShardedNetwork(ShardEdges, ShardServer):
 
     def finish(self) -> tuple[dict[str, int], dict[str, int], int] | None:
         """The end of a run (a collective: every rank calls it once, after the last
-        :meth:`model`): on rank 0 the fault tables (:meth:`fault_counts`) and the bytes
+        :meth:`digests`): on rank 0 the fault tables (:meth:`fault_counts`) and the bytes
         every rank sent in halo exchanges (:attr:`halo_bytes`, added up); ``None`` on the
         others.
 
@@ -390,10 +338,28 @@ class ShardedNetwork(ShardEdges, ShardServer):
     def model(self) -> torch.Tensor | None:
         """Every node's model, gathered on rank 0 (``[N, d]``); ``None`` on the others.
         A collective: every rank calls it at the same point of the run."""
-        full = gather_rows(self.ranks, self.rule.model(self.state), self.shards)
-        if full is not None:
-            self.last = full
-        return full
+        return gather_rows(self.ranks, self.rule.model(self.state), self.shards)
+
+    def digests(self) -> ParamDigests | None:
+        """The summary's digests of every node's model, made on rank 0 without gathering
+        every model there (``None`` on the others; :mod:`fedcore.engines.shard_digests`).
+        A collective: every rank calls it at the same point of the run.
+
+        Raises:
+            PeerUnavailableError: a gather failed.
+        """
+        made = gathered_digests(self.ranks, self.rule.model(self.state), self.shards, self.nodes)
+        if made is not None:
+            self._last = made
+        return made
+
+    @property
+    def last(self) -> ParamDigests:
+        """Rank 0: the digests of the last :meth:`digests` (before any, of the start
+        models): what a failed run's summary holds (no collective)."""
+        if self._last is None:
+            self._last = start_digests(self.start, self.nodes)
+        return self._last
 
     def evaluate(self) -> dict[str, Any] | None:
         """The evaluation record of every peer's current model on rank 0 (``None`` on the

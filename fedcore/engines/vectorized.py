@@ -30,7 +30,7 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -455,18 +455,23 @@ class VectorizedNetwork:
         return missing, dropped
 
 
-def stacked_batches(setup: RunSetup, device: torch.device) -> StackedBatches:
-    """Every node's batches of ``setup``, drawn as each node's stream draws them."""
+def stacked_batches(
+    setup: RunSetup, device: torch.device, rows: Sequence[int] | None = None
+) -> StackedBatches:
+    """Every node's batches of ``setup``, drawn as each node's stream draws them; of the
+    nodes ``rows`` only (a sharded rank's, in that order: row ``i`` of the stack is node
+    ``rows[i]``, with that node's own part and seed), where given."""
     config = setup.config
+    at = range(len(setup.parts)) if rows is None else rows
     # A node that holds no data (the server family's server) never trains, so it never
     # reads: a stand-in part of one example keeps the stacked batches simple.
-    parts = [p if len(p) else np.zeros(1, dtype=np.int64) for p in setup.parts]
+    parts = [p if len(p) else np.zeros(1, dtype=np.int64) for p in (setup.parts[i] for i in at)]
     return StackedBatches(
         setup.dataset.x_train,
         setup.dataset.y_train,
         parts,
         batch_size=config.data.batch_size,
-        seeds=[config.run.seed * 1_000_003 + i for i in range(len(parts))],
+        seeds=[config.run.seed * 1_000_003 + i for i in at],
         order=config.data.order,
         device=device,
     )
@@ -718,9 +723,9 @@ class Flusher:
         for k, f in enumerate(pending):
             t = f.round
             up = stacked["up"][k]
-            values = stacked["loss"][k].tolist()
-            trained = (up & ~stacked["idle"][k]).tolist()  # an idle node's loss is no loss
-            live = [v for v, a in zip(values, trained, strict=True) if a]
+            values = stacked["loss"][k]
+            trained = up & ~stacked["idle"][k]  # an idle node's loss is no loss
+            live = values[trained].tolist()
             if self.writer is not None and (
                 self.records == "all" or (self.records == "eval" and obs.is_eval_round(t))
             ):
@@ -765,8 +770,7 @@ class Flusher:
                 obs.missing.setdefault(nodes[i], set()).add(t)
             for i in torch.nonzero(~up).flatten().tolist():
                 obs.down.setdefault(nodes[i], []).append(t)
-            for node, v, a in zip(nodes, values, trained, strict=True):
-                obs.losses[node].append(v if a else None)
+            obs.add_losses(values, trained)
         compute = stacked["compute"]
         if not bool(torch.isnan(compute[0, 0])):  # virtual time: the seconds each computed
             # Added round by round, as the message engine's records add up.

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from fedcore.config import Config
@@ -101,9 +102,8 @@ class RunObserver:
         self.loss_sum = 0.0  # over completed rounds only, so it is exact at each evaluation
         self.loss_count = 0
         self.missing: dict[str, set[int]] = {}
-        # None: the node was down that round (a diverged node's NaN losses stay NaN)
-        # (grown as rounds arrive: a run of many rounds allocates nothing up front)
-        self.losses: dict[str, list[float | None]] = {n: [] for n in self.nodes}
+        self._losses: dict[str, list[float | None]] | None = None  # made when first read
+        self._loss_columns: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
         self.missing_edges: dict[str, int] = {}
         self.dropped_edges: dict[str, int] = {}
         self.down: dict[str, list[int]] = {}
@@ -145,6 +145,34 @@ class RunObserver:
         "busy",
         "target_hit",
     )
+
+    @property
+    def losses(self) -> dict[str, list[float | None]]:
+        """Each node's loss of each round, in node order: ``None`` where the node was down
+        or idle (a diverged node's NaN losses stay NaN), grown as rounds arrive (a run of
+        many rounds allocates nothing up front); the rounds :meth:`add_losses` kept as
+        columns are read in first."""
+        if self._losses is None:
+            self._losses = {n: [] for n in self.nodes}
+        if self._loss_columns:
+            columns, self._loss_columns = self._loss_columns, []
+            table = np.empty((len(columns), self.n), dtype=object)
+            for k, (values, trained) in enumerate(columns):
+                table[k] = values.tolist()
+                table[k, ~trained] = None
+            for node, rounds in zip(self.nodes, table.T.tolist(), strict=True):
+                self._losses[node].extend(rounds)
+        return self._losses
+
+    @losses.setter
+    def losses(self, value: dict[str, list[float | None]]) -> None:
+        self._losses, self._loss_columns = value, []
+
+    def add_losses(self, values: torch.Tensor, trained: torch.Tensor) -> None:
+        """Every node's loss of the next round (``values``, ``[N]`` on the CPU, in node
+        order; ``trained`` says which count: the others' are ``None``), kept as one column
+        until :attr:`losses` is read (a vectorized round accounts no node one by one)."""
+        self._loss_columns.append((values.numpy(), trained.numpy()))
 
     def state_dict(self) -> dict[str, Any]:
         """What the observer has accounted (for a checkpoint, between rounds), as plain

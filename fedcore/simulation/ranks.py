@@ -1,5 +1,6 @@
 """``fedcore simulate`` over several ranks: one rank's program (:func:`simulate_rank`) and the
-local launcher of ``--ranks R`` (:func:`launch_local`).
+local launcher of ``--ranks R`` (:func:`launch_local`, from
+:mod:`fedcore.simulation.rank_launch`, which imports no torch).
 
 Every rank runs the same program: it reads the config, builds the same set-up (the same
 graph, data split and start, by the run's seeds), joins the others
@@ -20,18 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
-
-import torch
 
 from fedcore.config import Config, config_to_dict, dumps_toml
 from fedcore.engines.clock import virtual_clock
@@ -40,9 +33,9 @@ from fedcore.engines.shard_reshard import Part, merge_parts, placement_rows
 from fedcore.engines.sharded import ShardedNetwork, is_eval_round, setup_refusal
 from fedcore.engines.vectorized import Flusher
 from fedcore.errors import ConfigError, FedcoreError
-from fedcore.metrics import JsonlWriter
+from fedcore.metrics import JsonlWriter, ParamDigests
 from fedcore.progress import Progress, run_warnings
-from fedcore.runtime import PARENT_ENV, auto_threads, usable_cores
+from fedcore.runtime import auto_threads, usable_cores
 from fedcore.setup import checkpoint
 from fedcore.setup.prepare import RunSetup, prepare_run, seed_torch
 from fedcore.simulation.drivers import Save
@@ -57,27 +50,16 @@ from fedcore.simulation.rank_checkpoints import (
     seal,
     share_folder,
 )
+from fedcore.simulation.rank_launch import LOST, launch_local
+from fedcore.simulation.rank_launch import _cause as _cause  # the tests read them here
+from fedcore.simulation.rank_launch import _Child as _Child
+from fedcore.simulation.rank_launch import free_port as free_port
 from fedcore.simulation.results import open_run_dir, run_name
 from fedcore.simulation.simulate import _execute, _threads_for
 
 __all__ = ["LOST", "launch_local", "rank_threads", "simulate_rank"]
 
 logger = logging.getLogger(__name__)
-
-LOST = "lost contact with the other ranks"
-"""What the error line of a rank that failed only because another did says."""
-
-GRACE_S = 5.0
-"""Seconds the launcher gives the other ranks, beyond the group's timeout, to stop on their
-own once one failed, before it stops them."""
-
-
-INTERRUPT_GRACE_S = 60.0
-"""Seconds the launcher gives rank 0, once interrupted, to write the interrupted run's
-summary and end."""
-
-INTERRUPTED = "fedcore: interrupted"
-"""How an interrupted rank's line begins (what the launcher says once for the run)."""
 
 
 class _Sharded:
@@ -98,7 +80,7 @@ class _Sharded:
         progress: Progress | None,
         save: Save,
         saved: Any,
-    ) -> dict[str, torch.Tensor] | None:
+    ) -> ParamDigests:
         net = self.net
         # The flusher reads of its network only what a ShardedNetwork answers on rank 0
         # (nodes, setup, device, objective, check, evaluate).
@@ -112,7 +94,7 @@ class _Sharded:
         if saved is not None:  # this rank's file holds the run's figures too
             net.load_state_dict(saved["network"])
             flusher.load_state_dict(saved["flusher"])
-            net.model()  # the models a failed run's summary holds (a collective)
+            net.digests()  # what a failed run's summary holds (a collective)
         every = net.setup.config.run.checkpoint_every
         try:
             while net.round < observer.rounds:
@@ -131,18 +113,18 @@ class _Sharded:
         flusher.flush()
         return self.final(observer, gather=True)
 
-    def final(self, observer: RunObserver, gather: bool = False) -> dict[str, torch.Tensor]:
-        """Every node's parameters: gathered (a collective) at the end of a run, with the
-        fault tables, else (a run that failed, which no collective may wait on) those of
-        the last gather."""
-        params = self.net.model() if gather else self.net.last
-        assert params is not None  # rank 0's
+    def final(self, observer: RunObserver, gather: bool = False) -> ParamDigests:
+        """The digests of every node's parameters, hashed where they are (a collective) at
+        the end of a run, with the fault tables, else (a run that failed, which no
+        collective may wait on) those of the last such digests."""
+        digests = self.net.digests() if gather else self.net.last
+        assert digests is not None  # rank 0's
         if gather:  # the fault tables and halo bytes, added up over the ranks
             ended = self.net.finish()
             assert ended is not None  # rank 0's
             observer.missing_edges.update(ended[0])
             observer.dropped_edges.update(ended[1])
-        return {nid: params[i] for i, nid in enumerate(self.nodes)}
+        return digests
 
     def summary(self) -> dict[str, Any]:
         net = self.net
@@ -162,12 +144,12 @@ def _follow(
     net: ShardedNetwork, config: Config, out: Path | None, saved: dict[str, Any] | None
 ) -> None:
     """A rank other than 0: every round, its peers' evaluation at each evaluation round,
-    the models at the end, then the fault tables and halo bytes, in the order rank 0's
+    the models' digests at the end, then the fault tables and halo bytes, in the order rank 0's
     run asks for them; its
     checkpoints in the run folder ``out`` (continuing from ``saved``, its own)."""
     if saved is not None:
         net.load_state_dict(saved["network"])
-        net.model()  # as rank 0 gathers them
+        net.digests()  # as rank 0 makes them
     rounds, every = config.run.rounds, config.run.checkpoint_every
     while net.round < rounds:
         t = net.round
@@ -189,7 +171,7 @@ def _follow(
                 },
             )
             _seal(net, out)
-    net.model()
+    net.digests()
     net.finish()  # as rank 0's run ends (a collective)
 
 
@@ -350,182 +332,3 @@ def rank_threads(setup: RunSetup, ranks: Ranks, threads: int | str | None) -> in
     count = auto_threads(size, max(1, usable_cores() // max(1, local)))
     logger.info("threads: %d (%s of %d on this machine)", count, ranks.label, local)
     return count
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 free now (the rendezvous of local ranks)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class _Child:
-    rank: int
-    process: subprocess.Popen[str]
-    lines: list[str] = field(default_factory=list)
-    error: str | None = None
-    interrupted: str | None = None
-    ended: float | None = None
-    stopped: bool = False
-
-
-def _read(child: _Child, relay: TextIO | None) -> None:
-    """Keep a rank's stderr; rank 0's goes on to ``relay`` as it comes, but its error line,
-    which the launcher says once for the run."""
-    stream = child.process.stderr
-    assert stream is not None
-    for line in stream:
-        if line.startswith("fedcore: error:"):
-            child.error = line.rstrip("\n")
-            continue
-        if line.startswith(INTERRUPTED):  # the launcher says it, once for the run
-            child.interrupted = line.rstrip("\n").removeprefix(INTERRUPTED).strip()
-            continue
-        child.lines.append(line)
-        del child.lines[:-20]
-        if relay is not None:
-            relay.write(line)
-            relay.flush()
-
-
-def launch_local(
-    argv: Sequence[str], world: int, *, timeout_s: float, stderr: TextIO | None = None
-) -> int:
-    """Run ``python -m fedcore ARGV`` as ``world`` local ranks (rendezvous on a free port of
-    127.0.0.1); return the exit status: 0 when every rank ended well, else the first
-    failed rank's, after one line on ``stderr`` (default ``sys.stderr``) naming it.
-
-    Rank 0 keeps this process's stdout (the results table); its stderr comes through as it
-    comes. A failed rank's peers stop within ``timeout_s`` (the group's timeout), plus
-    :data:`GRACE_S`, or are stopped."""
-    err = stderr if stderr is not None else sys.stderr
-    port = free_port()
-    children: list[_Child] = []
-    readers: list[threading.Thread] = []
-    try:
-        for rank in range(world):
-            env = dict(os.environ)
-            env.update(
-                RANK=str(rank),
-                WORLD_SIZE=str(world),
-                LOCAL_RANK=str(rank),
-                LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            )
-            env[PARENT_ENV] = str(os.getpid())  # the ranks end with this process
-            process = subprocess.Popen(
-                [sys.executable, "-m", "fedcore", *argv],
-                env=env,
-                stdout=None if rank == 0 else subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,  # Ctrl-C reaches the launcher, which tells them in turn
-            )
-            child = _Child(rank, process)
-            children.append(child)
-            reader = threading.Thread(
-                target=_read, args=(child, err if rank == 0 else None), daemon=True
-            )
-            reader.start()
-            readers.append(reader)
-        _wait(children, timeout_s + GRACE_S)
-    except KeyboardInterrupt:
-        _interrupt(children)
-        for reader in readers:
-            reader.join(timeout=5)
-        said = children[0].interrupted if children else None
-        raise KeyboardInterrupt(said or "") from None
-    finally:  # a launcher that failed leaves no rank running
-        for child in children:
-            _stop(child)
-        for reader in readers:
-            reader.join(timeout=5)
-        for child in children:
-            if child.process.stderr is not None:
-                child.process.stderr.close()
-    failed = [c for c in children if c.process.returncode != 0]
-    if not failed:
-        return 0
-    cause = _cause(failed)
-    line = cause.error or (cause.lines[-1].strip() if cause.lines else "")
-    if cause.stopped:
-        text = (
-            f"fedcore: error: rank {cause.rank} of {world} stopped answering; it was stopped "
-            f"after the others gave up (transport.strict_timeout_s = {timeout_s:g})."
-        )
-    elif line.startswith("fedcore: error:"):
-        text = line
-    else:
-        text = (
-            f"fedcore: error: rank {cause.rank} of {world} failed (exit status "
-            f"{cause.process.returncode}): {line or 'no message'}"
-        )
-    print(text, file=err)
-    status = cause.process.returncode
-    return status if status and status > 0 else 1
-
-
-def _wait(children: list[_Child], grace_s: float) -> None:
-    """Wait for every rank; once one failed, give the others ``grace_s``, then stop them."""
-    first_failure: float | None = None
-    while True:
-        running = False
-        for child in children:
-            if child.ended is None and child.process.poll() is not None:
-                child.ended = time.monotonic()
-                if child.process.returncode != 0 and first_failure is None:
-                    first_failure = child.ended
-            running = running or child.ended is None
-        if not running:
-            return
-        if first_failure is not None and time.monotonic() - first_failure > grace_s:
-            for child in children:
-                if child.ended is None:
-                    child.stopped = True
-                    _stop(child)
-        time.sleep(0.05)
-
-
-def _interrupt(children: list[_Child]) -> None:
-    """Ctrl-C or SIGTERM to the launcher: SIGTERM (a rank's Ctrl-C) to rank 0 first, which
-    stops between two collectives, writes the summary of the interrupted run and names its
-    ``--resume`` (:data:`INTERRUPT_GRACE_S` at most), then to the others (:data:`GRACE_S`
-    at most); a rank still running after that is killed."""
-    for group, grace in ((children[:1], INTERRUPT_GRACE_S), (children[1:], GRACE_S)):
-        for child in group:
-            if child.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.process.terminate()
-        deadline = time.monotonic() + grace
-        for child in group:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-    for child in children:
-        _stop(child)
-
-
-def _stop(child: _Child) -> None:
-    """End one rank this launcher started: SIGTERM, then SIGKILL after 5 s."""
-    process = child.process
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def _cause(failed: list[_Child]) -> _Child:
-    """The rank whose failure ended the run: the first to fail for a reason of its own
-    (not a lost contact); else one that had to be stopped (it hung); else the first."""
-    by_time = sorted(failed, key=lambda c: (c.ended or float("inf"), c.rank))
-    own = [c for c in by_time if not c.stopped and LOST not in (c.error or "")]
-    if own:
-        return own[0]
-    stopped = [c for c in by_time if c.stopped]
-    return stopped[0] if stopped else by_time[0]

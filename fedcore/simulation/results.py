@@ -33,6 +33,7 @@ from fedcore.errors import ConfigError
 from fedcore.ids import child_path
 from fedcore.metrics import (
     JsonlWriter,
+    ParamDigests,
     all_params_sha256,
     params_sha256,
     to_json_text,
@@ -281,7 +282,9 @@ def write_results(out: Path, summary: dict[str, Any]) -> None:
 def _digests(final: Mapping[str, torch.Tensor], nodes: Sequence[str]) -> dict[str, Any]:
     """``params_sha256``: each node's final parameters' digest; above
     :data:`~fedcore.config.NODE_MAPS_NODES` nodes, ``params_sha256_all`` instead: one digest
-    of every node's, in node order."""
+    of every node's, in node order (or the digests hashed where the parameters are)."""
+    if isinstance(final, ParamDigests):
+        return dict(final.digests)
     if len(nodes) <= NODE_MAPS_NODES:
         return {"params_sha256": {nid: params_sha256(final[nid]) for nid in nodes}}
     return {"params_sha256_all": all_params_sha256(final[nid] for nid in nodes)}
