@@ -180,6 +180,13 @@ def join(ranks: Ranks, timeout_s: float) -> None:
         ) from None
 
     def meet_them() -> None:
+        form_group()
+        # Every rank's connections made before any goes on: a rank that returned while
+        # another still connected, and then died, would fail that one's meeting instead
+        # of its first collective (one process group, one way to lose a rank).
+        dist.barrier()
+
+    def form_group() -> None:
         if ranks.environment and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             dist.init_process_group(
                 "gloo",
