@@ -78,6 +78,27 @@ def write_data(path: Path, peers: int) -> None:
     np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
 
 
+def workload(peers: int, rounds: int, data: Path) -> list[str]:
+    """The ``--set`` settings of the measured run beside its graph's kind: D-PSGD on
+    logistic regression over ``peers`` peers of an undirected graph, ``rounds`` rounds, one
+    evaluation at the end, the data of :func:`write_data` at ``data``."""
+    return [
+        "topology.undirected=true",
+        f"topology.nodes={peers}",
+        "algorithm.name=dpsgd",
+        "algorithm.lr=0.1",
+        "model.name=logreg",
+        f"data.dataset=folder:{data}",
+        "data.partition=iid",
+        "data.batch_size=2",
+        "data.test_fraction=0.2",
+        f"run.rounds={rounds}",
+        f"run.eval_every={rounds}",
+        "run.regret=false",
+        "simulate.node_records=none",
+    ]
+
+
 def run_once(
     topology: str, ranks: int, partition: str, args: argparse.Namespace, data: Path, folder: Path
 ) -> dict[str, Any]:
@@ -89,19 +110,7 @@ def run_once(
     settings = [
         *TOPOLOGIES[topology],
         *shape,
-        "topology.undirected=true",
-        f"topology.nodes={args.peers}",
-        "algorithm.name=dpsgd",
-        "algorithm.lr=0.1",
-        "model.name=logreg",
-        f"data.dataset=folder:{data}",
-        "data.partition=iid",
-        "data.batch_size=2",
-        "data.test_fraction=0.2",
-        f"run.rounds={args.rounds}",
-        f"run.eval_every={args.rounds}",
-        "run.regret=false",
-        "simulate.node_records=none",
+        *workload(args.peers, args.rounds, data),
         f"simulate.partition={partition}",
     ]
     command = [sys.executable, "-m", "fedcore", "simulate", "--ranks", str(ranks)]

@@ -41,7 +41,7 @@ if importlib.util.find_spec("fedcore") is None:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-from sharded import write_data
+from sharded import workload, write_data
 
 TIME = [
     "time.step_s=0.05",
@@ -71,19 +71,7 @@ def settings_of(way: str, args: argparse.Namespace, data: Path) -> list[str]:
     return [
         "topology.kind=random-regular",
         "topology.degree=4",
-        "topology.undirected=true",
-        f"topology.nodes={args.peers}",
-        "algorithm.name=dpsgd",
-        "algorithm.lr=0.1",
-        "model.name=logreg",
-        f"data.dataset=folder:{data}",
-        "data.partition=iid",
-        "data.batch_size=2",
-        "data.test_fraction=0.2",
-        f"run.rounds={args.rounds}",
-        f"run.eval_every={args.rounds}",
-        "run.regret=false",
-        "simulate.node_records=none",
+        *workload(args.peers, args.rounds, data),
         *WAYS[way],
     ]
 
