@@ -34,8 +34,6 @@ class RowStreams:
 
     def __init__(self, source: OnlineSource, mine: np.ndarray[Any, Any], n: int) -> None:
         self.source = source
-        self.mine = mine
-        self.n = n
         self.read = np.zeros(n, dtype=np.int64)
         """Batches each row has read (rows of other ranks stay 0)."""
         self.batched = callable(getattr(source, "batches", None))
