@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,7 @@ from fedcore.data import BatchStream, Dataset
 from fedcore.engines.cohort import CohortNetwork
 from fedcore.engines.ranks import Ranks
 from fedcore.engines.shard_reshard import merge_parts
+from fedcore.engines.shard_streams import RowStreams
 from fedcore.engines.sharded import ShardedNetwork
 from fedcore.errors import ConfigError
 from fedcore.setup.prepare import prepare_run
@@ -344,3 +346,16 @@ class _Varied:
 
 def varied_source(**_: Any) -> _Varied:
     return _Varied()
+
+
+@pytest.mark.parametrize(
+    "read",
+    [torch.tensor([-1, 2]), torch.tensor([1, 2, 3]), torch.tensor([]), torch.tensor([[1, 2]])],
+)
+def test_a_streams_state_that_does_not_fit_is_refused(read: torch.Tensor) -> None:
+    """A rank's stream counts of another length or shape, or negative, are refused (the
+    rank's checkpoint loader turns the refusal into its one line), and nothing is read."""
+    streams = RowStreams(_Varied(), np.array([0, 2]), 4)
+    with pytest.raises(ValueError, match="counts of batches read"):
+        streams.load_state_dict({"read": read}, [0, 2])
+    assert streams.read.tolist() == [0, 0, 0, 0]
