@@ -1,0 +1,22 @@
+"""Differential privacy: the accountant (:mod:`~fedcore.privacy.accountant`, Opacus's, from
+the ``fedcore[dp]`` extra, imported on first use)."""
+
+from __future__ import annotations
+
+from fedcore.privacy.accountant import (
+    ACCOUNTANTS,
+    DP_EXTRA,
+    Mechanism,
+    epsilon,
+    last_step_within,
+    require_accountant,
+)
+
+__all__ = [
+    "ACCOUNTANTS",
+    "DP_EXTRA",
+    "Mechanism",
+    "epsilon",
+    "last_step_within",
+    "require_accountant",
+]
