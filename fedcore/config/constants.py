@@ -36,6 +36,8 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "ORDERS",
     "PARTITIONS",
+    "PRIVACY_ACCOUNTANTS",
+    "PRIVACY_MECHANISMS",
     "RANK_PARTITIONS",
     "REMOVED_KEYS",
     "SEED_LIMIT",
@@ -84,6 +86,14 @@ REMOVED_KEYS = {
     "fedcore launch and fedcore node: gRPC). Delete the line.",
 }
 """Keys a config may no longer set, each with what to do instead (one line, exit 2)."""
+PRIVACY_MECHANISMS = ("none", "dp-sgd", "dp-fedavg", "gossip")
+"""``privacy.mechanism``: none, per-example DP-SGD on each peer, user-level DP-FedAvg
+(noise at the server), or noise on every gossip message (:mod:`fedcore.privacy`)."""
+
+PRIVACY_ACCOUNTANTS = ("prv", "rdp")
+"""``privacy.accountant``: Opacus's accountant that turns a private run's steps into
+epsilon (:mod:`fedcore.privacy.accountant`)."""
+
 ENGINES = ("auto", "vectorized", "messages", "cohort")
 """Values of ``simulate.engine``."""
 

@@ -13,6 +13,7 @@ from fedcore.config.tables.data import DataConfig
 from fedcore.config.tables.faults import FaultsConfig
 from fedcore.config.tables.learning import AlgorithmConfig, ModelConfig, OptimizerConfig
 from fedcore.config.tables.network import CompressionConfig, TransportConfig
+from fedcore.config.tables.privacy import PrivacyConfig
 from fedcore.config.tables.run import RunConfig
 from fedcore.config.tables.simulate import SimulateConfig
 from fedcore.config.tables.time import TimeConfig
@@ -37,6 +38,7 @@ class Config:
     transport: TransportConfig = field(default_factory=TransportConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     time: TimeConfig = field(default_factory=TimeConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
 
     def __post_init__(self) -> None:
@@ -78,6 +80,7 @@ TABLES: dict[str, type[Any]] = {
     "transport": TransportConfig,
     "faults": FaultsConfig,
     "time": TimeConfig,
+    "privacy": PrivacyConfig,
     "simulate": SimulateConfig,
 }
 """The tables of a config file, by name, in the order a config is written."""

@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from fedcore.config.constants import PRIVACY_ACCOUNTANTS
 from fedcore.errors import ConfigError
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
     "require_accountant",
 ]
 
-ACCOUNTANTS = ("prv", "rdp")
+ACCOUNTANTS = PRIVACY_ACCOUNTANTS
 """The accountants :func:`epsilon` takes."""
 
 DP_EXTRA = "pip install 'fedcore[dp]'"
