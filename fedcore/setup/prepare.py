@@ -16,6 +16,7 @@ part (the tables it reads, or a frozen dataclass of them, such as :class:`NodeIn
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from fedcore.algorithms import Algorithm
-from fedcore.algorithms.asynchronous import example_shares
+from fedcore.algorithms.asynchronous import example_shares, is_asynchronous
 from fedcore.algorithms.optim import Optimizer
 from fedcore.compression import Codec, codec_seed, configured_codec
 from fedcore.config import (
@@ -51,6 +52,7 @@ from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord, per_node
 from fedcore.node.arrivals import VirtualClock
 from fedcore.node.asynchronous import AsyncPeer
 from fedcore.node.pace import Pace
+from fedcore.privacy.plan import PrivacyPlan, plan_privacy
 from fedcore.setup.engine_checks import EngineInputs, check_engine
 from fedcore.setup.graph import GraphInputs
 from fedcore.setup.plan import (
@@ -113,6 +115,8 @@ class RunSetup:
     """The durations of ``[time]`` (:meth:`time_model`), once made."""
     shared_objective: Objective | None = field(default=None, repr=False)
     """The objective the nodes of this process share (:meth:`node_objective`), once made."""
+    privacy: PrivacyPlan | None = field(default=None, repr=False)
+    """A private run's plan (``[privacy]``; :func:`~fedcore.privacy.plan.plan_privacy`)."""
 
     def own_tests(self) -> dict[str, Any] | None:
         """Each worker's own test example indices by node id (a ``natural`` partition with
@@ -206,6 +210,7 @@ class RunSetup:
             faults=self.faults,
             clock=self.clock,
             pace=pace,
+            privacy=None if self.privacy is None else self.privacy.dpsgd(),
         )
 
     def make_async_peer(
@@ -368,6 +373,20 @@ def prepare_run(
     evaluator = build_evaluator(config.model, config.run.seed, data.dataset)
     laps.done("built and probed model %s", config.model.name)
     plan = finish_plan(config, outline, model_size(evaluator) if hosts_all else None, laps)
+    privacy = plan_privacy(
+        config.privacy,
+        nodes=plan.graph.nodes,
+        examples=[len(p) for p in data.parts],
+        batch_size=config.data.batch_size,
+        run=config.run,
+        asynchronous=is_asynchronous(plan.algorithm),
+        gradient_mode=(evaluator.rows.mode, evaluator.rows.why),
+        streamed=data.source is not None,
+    )
+    if privacy is not None and privacy.rounds < config.run.rounds:  # privacy.target_epsilon
+        config = dataclasses.replace(
+            config, run=dataclasses.replace(config.run, rounds=privacy.rounds)
+        )
     setup = RunSetup(
         config=config,
         dataset=data.dataset,
@@ -382,6 +401,7 @@ def prepare_run(
         faults=plan.faults,
         source=data.source,
         test_parts=data.test_parts,
+        privacy=privacy,
     )
     _check_eval_peers(config, plan.graph.nodes, plan.algorithm.server)
     logger.info(

@@ -1,0 +1,76 @@
+"""DP-SGD on each peer (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016):
+the gradient a peer steps with is
+
+    g = (sum_b clip_C(g_b) + N(0, sigma^2 C^2 I)) / B,
+
+``g_b`` the gradient of example ``b``'s own loss, ``clip_C(v) = v min(1, C / ||v||)``, ``B``
+the examples of the batch. Clipping bounds what one example can change the sum by (C),
+and the noise makes each step a Gaussian mechanism of noise multiplier sigma; the
+accountant (:mod:`fedcore.privacy.accountant`) composes the steps at sampling rate ``q =
+B / examples held``.
+
+The clipped sum comes from the gradient path every engine shares
+(:func:`fedcore.gradients.per_example.clipped_sums`); the noise from a keyed hash of
+``(run seed, peer, round, local step, coordinate)``
+(:func:`~fedcore.counter_random.gaussian_tensor`), never from a shared generator: so a
+peer draws the same noise alone (a gRPC peer, the message engine) or stacked with every
+other (the vectorized engine), and the two agree bit for bit in the ``batched`` mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedcore.counter_random import gaussian_tensor, make_key, signed64, string_id
+from fedcore.gradients import RowGradient
+from fedcore.gradients.per_example import clipped_sums
+
+__all__ = ["DPSGD", "peer_words"]
+
+
+def peer_words(
+    nodes: list[str] | tuple[str, ...], device: torch.device | None = None
+) -> torch.Tensor:
+    """Each node id's stable 64-bit word (int64), the noise's peer coordinate."""
+    return torch.tensor([signed64(string_id(n)) for n in nodes], dtype=torch.int64, device=device)
+
+
+class DPSGD:
+    """The private gradient of stacked rows (see the module docstring).
+
+    Args:
+        clip: C, the norm each example's gradient is clipped to.
+        noise: sigma, the noise multiplier (0: clipping only).
+        seed: The run's seed, which keys the noise.
+    """
+
+    def __init__(self, clip: float, noise: float, seed: int) -> None:
+        """Key the noise by the run's seed."""
+        self.clip = float(clip)
+        self.noise = float(noise)
+        self.key = make_key("fedcore.privacy.dp-sgd", seed)
+
+    def loss_and_grad(
+        self,
+        rows: RowGradient,
+        params: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        peers: torch.Tensor,
+        round: int,
+        step: int,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-row mean cross-entropy ``[M]`` and private gradient ``[M, d]`` of rows
+        ``params [M, d]`` held by ``peers`` (their :func:`peer_words`, ``[M]``) at local
+        step ``step`` of round ``round`` (``x``, ``y``, ``mask`` as
+        :meth:`RowGradient.loss_and_grad` takes them)."""
+        losses, sums, counts = clipped_sums(rows, params, x, y, self.clip, mask)
+        if self.noise > 0:
+            d = params.shape[1]
+            coords = torch.arange(d, dtype=torch.int64, device=params.device)
+            z = gaussian_tensor(self.key, peers.to(params.device)[:, None], round, step, coords)
+            z *= self.noise * self.clip
+            sums += z.to(sums.dtype)
+        sums /= counts.to(sums.dtype).unsqueeze(1)
+        return losses, sums
