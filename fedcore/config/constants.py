@@ -86,7 +86,7 @@ REMOVED_KEYS = {
     "fedcore launch and fedcore node: gRPC). Delete the line.",
 }
 """Keys a config may no longer set, each with what to do instead (one line, exit 2)."""
-PRIVACY_MECHANISMS = ("none", "dp-sgd", "dp-fedavg", "gossip")
+PRIVACY_MECHANISMS = ("none", "dp-sgd")
 """``privacy.mechanism``: none, per-example DP-SGD on each peer, user-level DP-FedAvg
 (noise at the server), or noise on every gossip message (:mod:`fedcore.privacy`)."""
 

@@ -8,7 +8,9 @@ norm) and sampling rate ``q``. :func:`epsilon` returns the epsilon of such a his
 * ``"prv"`` (the default): the privacy random variable accountant (Gopi, Lee and Wutschitz,
   "Numerical Composition of Differential Privacy", NeurIPS 2021), which composes the
   privacy loss distributions numerically: the tightest of the two, to within its own
-  error bound (``eps_error`` 0.01).
+  error bound, asked for as 0.01 or 0.1 % of RDP's epsilon, whichever is larger (its time
+  grows with epsilon over the error: 18 s for an epsilon of 500 at 0.01, half a second
+  at 0.5).
 * ``"rdp"``: Renyi differential privacy of the sampled Gaussian mechanism (Mironov,
   Talwar and Zhang 2019), converted to ``(epsilon, delta)``: an upper bound, looser than
   PRV by a few percent to tens of percent.
@@ -20,6 +22,7 @@ imported on first use, so fedcore runs without it until a run asks for privacy;
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import warnings
@@ -64,13 +67,15 @@ def require_accountant() -> None:
         )
 
 
-def _accountant(name: str) -> Any:
+def _prv_accountant(name: str) -> Any:
+    """A fresh Opacus PRV accountant for ``"prv"``; None for ``"rdp"`` (computed from
+    Opacus's RDP analysis: :func:`_rdp_epsilon`)."""
     if name not in ACCOUNTANTS:
         raise ConfigError(f"privacy accountant {name!r} is not one of {', '.join(ACCOUNTANTS)}.")
     require_accountant()
-    from opacus.accountants import PRVAccountant, RDPAccountant
+    from opacus.accountants import PRVAccountant
 
-    return PRVAccountant() if name == "prv" else RDPAccountant()
+    return PRVAccountant() if name == "prv" else None
 
 
 def epsilon(history: Sequence[Mechanism], delta: float, accountant: str = "prv") -> float:
@@ -91,11 +96,36 @@ def epsilon(history: Sequence[Mechanism], delta: float, accountant: str = "prv")
         return 0.0
     if any(m.noise == 0 for m in steps):
         return math.inf
-    acc = _accountant(accountant)
-    acc.history = [tuple(m) for m in steps]
+    prv = _prv_accountant(accountant)
     with warnings.catch_warnings():  # numerical remarks of the accountants' own
         warnings.simplefilter("ignore")
-        return float(acc.get_epsilon(delta=delta))
+        bound = _rdp_epsilon(steps, delta)
+        if prv is None:
+            return bound
+        prv.history = [tuple(m) for m in steps]
+        return float(prv.get_epsilon(delta=delta, eps_error=max(0.01, 1e-3 * bound)))
+
+
+def _rdp_epsilon(steps: Sequence[Mechanism], delta: float) -> float:
+    """What Opacus's RDP accountant answers for ``steps``: each mechanism's RDP at every
+    order of its ``DEFAULT_ALPHAS`` (one step's, :func:`_rdp_step`, times its steps:
+    Opacus's own ``compute_rdp``), summed, then converted at ``delta``."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    rdp = sum(m.steps * _rdp_step(m.noise, m.rate) for m in steps)
+    eps, _ = get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+    return float(eps)
+
+
+@functools.lru_cache(maxsize=256)
+def _rdp_step(noise: float, rate: float) -> Any:
+    """One step's RDP at every order (a numpy array), computed once per mechanism: a run
+    asks for the same one at many step counts (:func:`last_step_within`, each summary)."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    return compute_rdp(q=rate, noise_multiplier=noise, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
 
 
 def last_step_within(
@@ -103,20 +133,47 @@ def last_step_within(
 ) -> tuple[int, float]:
     """The most steps ``k <= steps`` of the mechanism ``(noise, rate)`` whose epsilon at
     ``delta`` is at most ``target``, and that epsilon (``(0, 0.0)`` if not even one step
-    is). Epsilon grows with the steps, so a bisection; with PRV, RDP's bound (fast, and at
-    least PRV's) first narrows the range, so PRV is asked only near the target (it is slow
-    far above it)."""
+    is). Epsilon grows with the steps. RDP's answer by bisection (RDP costs little once
+    its one step is known: :func:`_rdp_step`); PRV's, which is at least RDP's (RDP bounds
+    it from above), from a guess: RDP's answer for the target scaled by PRV's gap to RDP
+    at RDP's answer, then steps doubling away from the guess, then a bisection. So PRV, a
+    second or so a call, is asked a few times, near the target."""
 
     def eps(k: int, name: str) -> float:
         return epsilon([Mechanism(noise, rate, k)], delta, name)
 
-    low, high = 0, steps  # eps(low) <= target; the answer is in [low, high]
-    if eps(steps, accountant) <= target:
-        return steps, eps(steps, accountant)
-    if accountant == "prv":  # RDP >= PRV: RDP's last step within is a lower bound
-        low = _bisect(lambda k: eps(k, "rdp") <= target, 0, steps)
-    found = _bisect(lambda k: eps(k, accountant) <= target, low, high)
+    low = _bisect(lambda k: eps(k, "rdp") <= target, 0, steps)
+    if accountant != "prv" or low == steps:
+        return low, eps(low, accountant)
+    guess = 1
+    if low > 0:
+        gap = eps(low, "rdp") / max(eps(low, "prv"), 1e-12)  # >= 1
+        guess = _bisect(lambda k: eps(k, "rdp") <= target * gap, low, steps)
+    found = _bisect_from(lambda k: eps(k, "prv") <= target, low, steps, guess)
     return found, eps(found, accountant)
+
+
+def _bisect_from(within: Any, low: int, high: int, guess: int) -> int:
+    """The largest ``k`` in ``[low, high]`` with ``within(k)`` (given ``within(low)``),
+    asking first at ``guess``, then at steps doubling away from it, then bisecting."""
+    stride = 1
+    if within(guess):
+        low = guess
+        while low < high:
+            k = min(low + stride, high)
+            if not within(k):
+                high = k - 1
+                break
+            low, stride = k, 2 * stride
+    else:
+        high = guess - 1
+        while high > low:
+            k = max(high - stride, low)
+            if within(k):
+                low = k
+                break
+            high, stride = k - 1, 2 * stride
+    return _bisect(within, low, high)
 
 
 def _bisect(within: Any, low: int, high: int) -> int:
