@@ -87,8 +87,7 @@ REMOVED_KEYS = {
 }
 """Keys a config may no longer set, each with what to do instead (one line, exit 2)."""
 PRIVACY_MECHANISMS = ("none", "dp-sgd")
-"""``privacy.mechanism``: none, per-example DP-SGD on each peer, user-level DP-FedAvg
-(noise at the server), or noise on every gossip message (:mod:`fedcore.privacy`)."""
+"""``privacy.mechanism``: none, or per-example DP-SGD on each peer (:mod:`fedcore.privacy`)."""
 
 PRIVACY_ACCOUNTANTS = ("prv", "rdp")
 """``privacy.accountant``: Opacus's accountant that turns a private run's steps into

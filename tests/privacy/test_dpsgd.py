@@ -16,6 +16,7 @@ from fedcore.config.tables.run import RunConfig
 from fedcore.errors import ConfigError, DataError
 from fedcore.gradients.per_example import clipped_sums
 from fedcore.models import Objective
+from fedcore.privacy import dpsgd
 from fedcore.privacy.dpsgd import DPSGD, peer_words
 from fedcore.privacy.plan import plan_privacy
 
@@ -80,7 +81,7 @@ def test_module_mode_is_refused() -> None:
         clipped_sums(obj.rows, params, x, y, 1.0)
 
 
-def test_the_noise_has_the_configured_spread_and_its_keys() -> None:
+def test_the_noise_has_the_configured_spread_and_its_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     obj = _objective("batched", d_in=64)
     params, x, y = _batch(obj, 4, 8, d_in=64)
     clip, sigma = 0.5, 2.0
@@ -99,6 +100,8 @@ def test_the_noise_has_the_configured_spread_and_its_keys() -> None:
         assert not torch.equal(moved[1], grad)  # another seed, another step
     alone = dp.loss_and_grad(obj.rows, params[2:3], x[2:3], y[2:3], peers[2:3], 5, 0)[1]
     assert torch.equal(alone[0], grad[2])  # a peer alone draws its own noise
+    monkeypatch.setattr(dpsgd, "NOISE_BLOCK", 7)  # blocks of rows and of pairs: the same draws
+    assert torch.equal(dp.loss_and_grad(obj.rows, params, x, y, peers, 5, 0)[1], grad)
 
 
 def test_plan_refusals() -> None:
