@@ -167,16 +167,24 @@ def test_engines_agree_bit_for_bit_and_epsilon_is_the_accountants(tmp_path: Path
 
 
 @needs_opacus
-def test_a_target_epsilon_stops_the_run(tmp_path: Path) -> None:
-    summary = _run(
-        tmp_path,
-        "vectorized",
-        "privacy.mechanism=dp-sgd",
-        "privacy.accountant=rdp",
-        "privacy.target_epsilon=5",
-        "run.rounds=30",
-    )
+def test_the_docs_command_stops_at_its_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import shlex
+
+    from fedcore.cli.app import main
+    from tests import docs_text
+
+    lines = [ln for ln in docs_text.page("privacy.md").splitlines() if ln.startswith("fedcore ")]
+    assert len(lines) == 1
+    monkeypatch.chdir(tmp_path)
+    assert main([*shlex.split(lines[0])[1:], "--out", "run"]) == 0
+    table = capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     p = summary["privacy"]
-    assert p["stopped_at_target"] and p["planned_rounds"] == 30
-    assert 0 < summary["rounds"] == summary["rounds_completed"] < 30
-    assert p["epsilon"] <= 5 and summary["status"] == "completed"
+    assert p["stopped_at_target"] and p["planned_rounds"] == 100 and p["accountant"] == "prv"
+    assert 0 < summary["rounds"] == summary["rounds_completed"] < 100
+    assert p["epsilon"] <= 4 and summary["status"] == "completed"
+    assert f"privacy epsilon       {p['epsilon']:.4g} at delta 1e-05" in table
+    assert "stopped at target 4" in table
