@@ -37,7 +37,7 @@ if importlib.util.find_spec("fedcore") is None and (_ROOT / "fedcore").is_dir():
 import _common  # benchmarks/_common.py, beside this script
 
 from fedcore.models import Objective, mlp
-from fedcore.privacy.dpsgd import DPSGD, peer_words
+from fedcore.privacy.dpsgd import DPSGD, add_keyed_noise, peer_words
 
 
 def _variants(n: int, batch: int, hidden: int) -> dict[str, Callable[[], Any]]:
@@ -57,7 +57,7 @@ def _variants(n: int, batch: int, hidden: int) -> dict[str, Callable[[], Any]]:
         out[f"{mode}: plain gradient"] = lambda r=rows, p=params: r.loss_and_grad(p, x, y)
         out[f"{mode}: dp-sgd"] = lambda r=rows, p=params: dp.loss_and_grad(r, p, x, y, peers, 0, 0)
     zeros = torch.zeros_like(params)
-    out["noise alone"] = lambda: dp._add_noise(zeros, peers, 0, 0)
+    out["noise alone"] = lambda: add_keyed_noise(zeros, dp.key, peers, 0, 0, 1.0)
     return out
 
 

@@ -260,9 +260,13 @@ def _privacy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     if not isinstance(p, dict):
         return []
     eps = p.get("epsilon")
+    who = (
+        f"cohort {p['cohort']} of {p['population']} users"
+        if "cohort" in p
+        else f"peer {p.get('peer')}, sampling rate {p['sampling_rate']:.3g}"
+    )
     text = (f"{eps:.4g}" if isinstance(eps, float) else "infinite (no noise)") + (
-        f" at delta {p['delta']:g} ({p['mechanism']}, {p['accountant']}; peer {p['peer']}, "
-        f"sampling rate {p['sampling_rate']:.3g})"
+        f" at delta {p['delta']:g} ({p['mechanism']}, {p['accountant']}; {who})"
     )
     if p.get("stopped_at_target"):
         text += f"; stopped at target {p['target_epsilon']:g}"

@@ -86,8 +86,9 @@ REMOVED_KEYS = {
     "fedcore launch and fedcore node: gRPC). Delete the line.",
 }
 """Keys a config may no longer set, each with what to do instead (one line, exit 2)."""
-PRIVACY_MECHANISMS = ("none", "dp-sgd")
-"""``privacy.mechanism``: none, or per-example DP-SGD on each peer (:mod:`fedcore.privacy`)."""
+PRIVACY_MECHANISMS = ("none", "dp-sgd", "dp-fedavg")
+"""``privacy.mechanism``: none, per-example DP-SGD on each peer, or user-level DP-FedAvg
+(clipping and noise at the server; :mod:`fedcore.privacy`)."""
 
 PRIVACY_ACCOUNTANTS = ("prv", "rdp")
 """``privacy.accountant``: Opacus's accountant that turns a private run's steps into

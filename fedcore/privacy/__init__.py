@@ -1,5 +1,7 @@
 """Differential privacy: the accountant (:mod:`~fedcore.privacy.accountant`, Opacus's, from
-the ``fedcore[dp]`` extra, imported on first use)."""
+the ``fedcore[dp]`` extra, imported on first use), DP-SGD on each peer
+(:mod:`~fedcore.privacy.dpsgd`), user-level DP-FedAvg (:mod:`~fedcore.privacy.dpfedavg`)
+and a private run's plan (:mod:`~fedcore.privacy.plan`)."""
 
 from __future__ import annotations
 

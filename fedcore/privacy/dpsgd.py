@@ -33,7 +33,7 @@ from fedcore.counter_random import gaussian_pair_tensor, make_key, signed64, str
 from fedcore.gradients import RowGradient
 from fedcore.gradients.per_example import clipped_sums
 
-__all__ = ["DPSGD", "NOISE_BLOCK", "peer_words"]
+__all__ = ["DPSGD", "NOISE_BLOCK", "add_keyed_noise", "peer_words"]
 
 NOISE_BLOCK = 1 << 16
 """Pairs of Gaussian draws computed at once (their float64 temporaries stay in cache)."""
@@ -78,28 +78,30 @@ class DPSGD:
         :meth:`RowGradient.loss_and_grad` takes them)."""
         losses, sums, counts = clipped_sums(rows, params, x, y, self.clip, mask)
         if self.noise > 0:
-            self._add_noise(sums, peers.to(params.device), round, step)
+            scale = self.noise * self.clip
+            add_keyed_noise(sums, self.key, peers.to(params.device), round, step, scale)
         sums /= counts.to(sums.dtype).unsqueeze(1)
         return losses, sums
 
-    def _add_noise(self, sums: torch.Tensor, peers: torch.Tensor, round: int, step: int) -> None:
-        """``sums += sigma C z`` in place, ``z`` each row's draws (see the module
-        docstring), in blocks of :data:`NOISE_BLOCK` pairs."""
-        m, d = sums.shape
-        half = (d + 1) // 2
-        scale = self.noise * self.clip
-        width = min(half, NOISE_BLOCK)
-        rows = max(1, NOISE_BLOCK // width)
-        for c0 in range(0, half, width):
-            c1 = min(half, c0 + width)
-            pairs = torch.arange(c0, c1, dtype=torch.int64, device=sums.device)
-            second = min(d, half + c1) - (half + c0)  # pairs whose second draw is used
-            for r0 in range(0, m, rows):
-                r1 = min(m, r0 + rows)
-                first, other = gaussian_pair_tensor(
-                    self.key, peers[r0:r1, None], round, step, pairs
-                )
-                sums[r0:r1, c0:c1] += first.mul_(scale).to(sums.dtype)
-                if second > 0:
-                    block = other[:, :second].mul_(scale).to(sums.dtype)
-                    sums[r0:r1, half + c0 : half + c0 + second] += block
+
+def add_keyed_noise(
+    sums: torch.Tensor, key: int, peers: torch.Tensor, round: int, step: int, scale: float
+) -> None:
+    """``sums [M, d] += scale z`` in place, ``z`` row ``i``'s standard normal draws keyed
+    by ``(key, peers[i], round, step, pair)`` (see the module docstring), in blocks of
+    :data:`NOISE_BLOCK` pairs."""
+    m, d = sums.shape
+    half = (d + 1) // 2
+    width = min(half, NOISE_BLOCK)
+    rows = max(1, NOISE_BLOCK // width)
+    for c0 in range(0, half, width):
+        c1 = min(half, c0 + width)
+        pairs = torch.arange(c0, c1, dtype=torch.int64, device=sums.device)
+        second = min(d, half + c1) - (half + c0)  # pairs whose second draw is used
+        for r0 in range(0, m, rows):
+            r1 = min(m, r0 + rows)
+            first, other = gaussian_pair_tensor(key, peers[r0:r1, None], round, step, pairs)
+            sums[r0:r1, c0:c1] += first.mul_(scale).to(sums.dtype)
+            if second > 0:
+                block = other[:, :second].mul_(scale).to(sums.dtype)
+                sums[r0:r1, half + c0 : half + c0 + second] += block

@@ -8,10 +8,15 @@ run.local_steps`` steps (an upper bound for a peer that sits rounds out: a serve
 unsampled worker, a crashed peer). Epsilon grows with ``q``, so the peer with the highest
 rate has the largest epsilon: the run's epsilon, which the summary reports with that
 peer, its rate and the range of rates.
+
+DP-FedAvg (``"dp-fedavg"``, FedAvg only): each round is one step over users, sampled at
+``q = m / N`` (the cohort of ``m`` of the ``N`` workers), whatever the local steps; the
+summary reports the cohort and the population.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +50,8 @@ class PrivacyPlan:
     planned_rounds: int
     rounds: int
     seed: int
+    cohort: tuple[int, int] = (0, 0)
+    """DP-FedAvg: the cohort size m and the population N (the workers)."""
 
     @property
     def worst(self) -> tuple[str, float]:
@@ -52,8 +59,15 @@ class PrivacyPlan:
         top = max(self.rates.values())
         return next(n for n, q in self.rates.items() if q == top), top
 
-    def dpsgd(self) -> DPSGD:
-        """The private gradient every peer of the run computes with."""
+    @property
+    def user_level(self) -> bool:
+        """Whether each step protects a user's whole data (DP-FedAvg), not one record."""
+        return self.config.mechanism == "dp-fedavg"
+
+    def dpsgd(self) -> DPSGD | None:
+        """The private gradient every peer of the run computes with (DP-SGD), or None."""
+        if self.config.mechanism != "dp-sgd":
+            return None
         return DPSGD(self.config.clip, self.config.noise, self.seed)
 
     def epsilon(self, rounds: int) -> float:
@@ -77,10 +91,13 @@ class PrivacyPlan:
             "clip": p.clip,
             "noise": p.noise,
             "steps": rounds_done * self.steps_per_round,
-            "peer": peer,
             "sampling_rate": q,
-            "sampling_rates": [min(self.rates.values()), q],
         }
+        if self.user_level:
+            out["cohort"], out["population"] = self.cohort
+        else:
+            out["peer"] = peer
+            out["sampling_rates"] = [min(self.rates.values()), q]
         if p.target_epsilon > 0:
             out["target_epsilon"] = p.target_epsilon
             out["stopped_at_target"] = self.rounds < self.planned_rounds
@@ -98,12 +115,14 @@ def plan_privacy(
     asynchronous: bool = False,
     gradient_mode: tuple[str, str] = ("batched", ""),
     streamed: bool = False,
+    cohort: tuple[int, int] | None = None,
 ) -> PrivacyPlan | None:
     """The plan of a private run (None for ``mechanism = "none"``): each peer's rate
     from the ``examples`` it holds (in ``nodes``' order; peers of none, a server, hold no
     data to protect), and the rounds of ``run`` within ``target_epsilon``.
     ``gradient_mode``: the run's gradient mode and why
-    (:attr:`fedcore.gradients.RowGradient.mode`).
+    (:attr:`fedcore.gradients.RowGradient.mode`). ``cohort``: FedAvg's cohort size and
+    workers (None: the algorithm is not FedAvg), which DP-FedAvg samples users at.
 
     Raises:
         ConfigError: what DP-SGD cannot run (an asynchronous algorithm, a model without
@@ -113,6 +132,15 @@ def plan_privacy(
     if not config.active:
         return None
     rounds, local_steps, seed = run.rounds, run.local_steps, run.seed
+    if config.mechanism == "dp-fedavg":
+        if cohort is None:
+            raise ConfigError(
+                "privacy.mechanism = 'dp-fedavg' clips and noises FedAvg's server step: set "
+                "algorithm.name = 'fedavg' (on a star), or use privacy.mechanism = 'dp-sgd'."
+            )
+        m, n = cohort
+        plan = PrivacyPlan(config, {"users": m / n}, 1, rounds, rounds, seed, (m, n))
+        return _within_target(plan)
     if asynchronous:
         raise ConfigError(
             f"privacy.mechanism = {config.mechanism!r} runs with the synchronous "
@@ -136,7 +164,12 @@ def plan_privacy(
     rates = {n: min(1.0, batch_size / k) for n, k in zip(nodes, examples, strict=True) if k > 0}
     if not rates:
         raise ConfigError("privacy: no peer holds training examples to protect.")
-    plan = PrivacyPlan(config, rates, local_steps, rounds, rounds, seed)
+    return _within_target(PrivacyPlan(config, rates, local_steps, rounds, rounds, seed))
+
+
+def _within_target(plan: PrivacyPlan) -> PrivacyPlan:
+    """``plan`` with the rounds within ``target_epsilon`` (itself without a target)."""
+    config, local_steps, rounds = plan.config, plan.steps_per_round, plan.planned_rounds
     if config.target_epsilon <= 0:
         return plan
     steps, _ = last_step_within(
@@ -152,7 +185,7 @@ def plan_privacy(
         raise ConfigError(
             f"privacy.target_epsilon = {config.target_epsilon:g} is spent within the first "
             f"round (epsilon {plan.epsilon(1):.4g} after one round at sampling rate "
-            f"{plan.worst[1]:.4g}); raise privacy.noise, lower data.batch_size, or raise the "
-            "target."
+            f"{plan.worst[1]:.4g}); raise privacy.noise, sample less a step (data.batch_size; "
+            "algorithm.fraction for dp-fedavg), or raise the target."
         )
-    return PrivacyPlan(config, rates, local_steps, rounds, within, seed)
+    return dataclasses.replace(plan, rounds=within)

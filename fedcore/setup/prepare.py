@@ -21,13 +21,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from fedcore.algorithms import Algorithm
 from fedcore.algorithms.asynchronous import example_shares, is_asynchronous
 from fedcore.algorithms.optim import Optimizer
+from fedcore.algorithms.server import FedAvgRule, cohort_size
 from fedcore.compression import Codec, codec_seed, configured_codec
 from fedcore.config import (
     AlgorithmConfig,
@@ -52,6 +53,7 @@ from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord, per_node
 from fedcore.node.arrivals import VirtualClock
 from fedcore.node.asynchronous import AsyncPeer
 from fedcore.node.pace import Pace
+from fedcore.privacy.dpfedavg import private_fedavg
 from fedcore.privacy.plan import PrivacyPlan, plan_privacy
 from fedcore.setup.engine_checks import EngineInputs, check_engine
 from fedcore.setup.graph import GraphInputs
@@ -382,7 +384,13 @@ def prepare_run(
         asynchronous=is_asynchronous(plan.algorithm),
         gradient_mode=(evaluator.rows.mode, evaluator.rows.why),
         streamed=data.source is not None,
+        cohort=_cohort(plan.algorithm, len(plan.graph.nodes)),
     )
+    rule = plan.algorithm
+    if privacy is not None and privacy.user_level:  # DP-FedAvg's server step
+        p = config.privacy
+        dp = private_fedavg(cast(FedAvgRule, rule), p.clip, p.noise, config.run.seed)
+        rule = cast(Algorithm, dp)
     if privacy is not None and privacy.rounds < config.run.rounds:  # privacy.target_epsilon
         config = dataclasses.replace(
             config, run=dataclasses.replace(config.run, rounds=privacy.rounds)
@@ -392,7 +400,7 @@ def prepare_run(
         dataset=data.dataset,
         trust=plan.trust,
         graph=plan.graph,
-        algorithm=plan.algorithm,
+        algorithm=rule,
         parts=data.parts,
         start=evaluator.initial_params(),
         run_id=plan.run_id,
@@ -408,6 +416,14 @@ def prepare_run(
         "prepared %d nodes in %.2f s", len(plan.graph.nodes), time.perf_counter() - laps.began
     )
     return setup
+
+
+def _cohort(algorithm: Algorithm, nodes: int) -> tuple[int, int] | None:
+    """FedAvg's cohort size and number of workers (the server is one of ``nodes``), which
+    DP-FedAvg samples users at; None for any other algorithm."""
+    if not isinstance(algorithm, FedAvgRule):
+        return None
+    return cohort_size(nodes - 1, algorithm.fraction), nodes - 1
 
 
 def _check_eval_peers(config: Config, nodes: Sequence[str], server: str | None) -> None:

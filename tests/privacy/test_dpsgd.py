@@ -167,8 +167,12 @@ def test_engines_agree_bit_for_bit_and_epsilon_is_the_accountants(tmp_path: Path
 
 
 @needs_opacus
-def test_the_docs_command_stops_at_its_target(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("mechanism", ["dp-sgd", "dp-fedavg"])
+def test_the_docs_commands_stop_at_their_targets(
+    mechanism: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import json
     import shlex
@@ -176,15 +180,24 @@ def test_the_docs_command_stops_at_its_target(
     from fedcore.cli.app import main
     from tests import docs_text
 
-    lines = [ln for ln in docs_text.page("privacy.md").splitlines() if ln.startswith("fedcore ")]
+    lines = [
+        ln
+        for ln in docs_text.page("privacy.md").splitlines()
+        if ln.startswith("fedcore ") and f"privacy.mechanism={mechanism} " in ln
+    ]
     assert len(lines) == 1
+    argv = shlex.split(lines[0])[1:]
+    sets = dict(a.split("=", 1) for a in argv if "=" in a)
+    target, rounds = float(sets["privacy.target_epsilon"]), int(sets["run.rounds"])
     monkeypatch.chdir(tmp_path)
-    assert main([*shlex.split(lines[0])[1:], "--out", "run"]) == 0
+    assert main([*argv, "--out", "run"]) == 0
     table = capsys.readouterr().out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     p = summary["privacy"]
-    assert p["stopped_at_target"] and p["planned_rounds"] == 100 and p["accountant"] == "prv"
-    assert 0 < summary["rounds"] == summary["rounds_completed"] < 100
-    assert p["epsilon"] <= 4 and summary["status"] == "completed"
-    assert f"privacy epsilon       {p['epsilon']:.4g} at delta 1e-05" in table
-    assert "stopped at target 4" in table
+    assert p["mechanism"] == mechanism
+    assert p["accountant"] == sets.get("privacy.accountant", "prv")
+    assert p["stopped_at_target"] and p["planned_rounds"] == rounds
+    assert 0 < summary["rounds"] == summary["rounds_completed"] < rounds
+    assert p["epsilon"] <= target and summary["status"] == "completed"
+    assert f"privacy epsilon       {p['epsilon']:.4g} at delta 1e-05 ({mechanism}" in table
+    assert f"stopped at target {target:g}" in table

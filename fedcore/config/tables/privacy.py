@@ -28,9 +28,11 @@ class PrivacyConfig(Table):
     epsilon is accounted (:mod:`fedcore.privacy`; the ``fedcore[dp]`` extra).
 
     ``mechanism``: ``"none"`` (the default: no privacy, and the table's other keys must
-    stay at their defaults) or ``"dp-sgd"`` (each peer clips every example's gradient to
+    stay at their defaults), ``"dp-sgd"`` (each peer clips every example's gradient to
     norm ``clip``, sums them and adds Gaussian noise of standard deviation ``noise *
-    clip``: record-level privacy of each peer's data).
+    clip``: record-level privacy of each peer's data) or ``"dp-fedavg"`` (FedAvg's
+    server clips each worker's update to ``clip`` and adds the noise to their sum:
+    user-level privacy).
     ``delta``: the delta epsilon is reported at (1e-5; it should be below one over the
     number of records protected). ``target_epsilon``: the run stops after the last round
     whose epsilon is within it, and the summary says so (0: no target).
@@ -65,8 +67,8 @@ class PrivacyConfig(Table):
                     value == f.default,
                     f"privacy.{f.name}",
                     value,
-                    "does nothing with privacy.mechanism = 'none'; set privacy.mechanism = "
-                    "'dp-sgd', or leave the key out",
+                    "does nothing with privacy.mechanism = 'none'; set privacy.mechanism "
+                    "('dp-sgd' or 'dp-fedavg'), or leave the key out",
                 )
         require(
             not (self.target_epsilon > 0 and self.noise == 0),
