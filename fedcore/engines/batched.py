@@ -556,6 +556,7 @@ class BatchedRule:
                     {name: value[:, k] for name, value in scalars.items()},
                     weights[:, k],
                     arrived[:, k],
+                    sender=g.nbr[:, k],
                 )
                 for k in range(g.nbr.shape[1])
             ]
@@ -570,6 +571,7 @@ class BatchedRule:
                 {name: value.index_select(0, g.nbr[:, k]) for name, value in send.scalars.items()},
                 weights[:, k],
                 arrived[:, k],
+                sender=g.nbr[:, k],
             )
             for k in range(g.nbr.shape[1])
         ]
