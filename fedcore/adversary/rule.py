@@ -27,7 +27,7 @@ import torch
 from fedcore.adversary import attacks
 from fedcore.adversary.choose import Liars
 from fedcore.algorithms.base import TRAITS
-from fedcore.algorithms.rule import Rows, Rule, Send, Slot, schema_of
+from fedcore.algorithms.rule import Gathered, Rows, Rule, Send, Slot, schema_of
 from fedcore.config.tables.adversary import AdversaryConfig
 from fedcore.counter_random import absorb_tensor, make_key
 from fedcore.errors import AlgorithmError, ConfigError
@@ -72,12 +72,16 @@ class Attacked(Rule):
                 f"[adversary]: algorithm {rule.name!r} keeps state per edge (a message per "
                 "edge), which the attacks do not model yet; choose a gossip or push-sum rule."
             )
-        if adversary.targeted and rule.pattern != "neighbours":
+        if adversary.targeted and rule.pattern not in ("neighbours", "chosen"):
             raise ConfigError(
                 f"adversary.attack = {adversary.attack!r} is made of a target's in-neighbours' "
-                f"values; algorithm {rule.name!r} has no in-neighbour slots (pattern "
-                f"{rule.pattern!r}). Use a sender attack: signflip, scale, gaussian, inflate "
-                "or withhold."
+                f"values; algorithm {rule.name!r} sends nobody anything (pattern "
+                f"{rule.pattern!r})."
+            )
+        if adversary.attack == "dissensus" and rule.pattern != "neighbours":
+            raise ConfigError(
+                f"adversary.attack = 'dissensus' cancels a target's gossip step; algorithm "
+                f"{rule.name!r} does not gossip (pattern {rule.pattern!r}). Use alie or ipm."
             )
         if adversary.attack == "dissensus" and rule.mixing == "push-sum":
             raise ConfigError(
@@ -123,7 +127,9 @@ class Attacked(Rule):
     def mix(self, state: Any, phase: int, inbox: Any, rows: Rows) -> tuple[Any, Send | None]:
         """The rule's mix, the Byzantine slots of an honest row's inbox replaced (targeted
         attacks); what the Byzantine rows send next, changed (sender attacks)."""
-        if self.adversary.targeted and inbox:
+        if self.adversary.targeted and isinstance(inbox, Gathered):
+            inbox = self._targeted_gathered(inbox, rows)
+        elif self.adversary.targeted and inbox:
             inbox = self._targeted(inbox, state, rows)
         new, send = self.rule.mix(state, phase, inbox, rows)
         return new, self._sent(send, rows, phase + 1)
@@ -132,7 +138,7 @@ class Attacked(Rule):
 
     def _sent(self, send: Send | None, rows: Rows, phase: int) -> Send | None:
         a = self.adversary
-        if send is None or a.targeted:
+        if send is None or a.targeted or a.attack == "labelflip":  # labelflip: the data lies
             return send
         liar = self.liars.rows(rows)
         if not bool(liar.any()):
@@ -206,6 +212,42 @@ class Attacked(Rule):
                 Slot(tensors, slot.scalars, slot.weight, slot.arrived, slot.one, slot.sender)
             )
         return out
+
+    def _targeted_gathered(self, inbox: Gathered, rows: Rows) -> Gathered:
+        """A list inbox (a server's): each honest receiver's messages from Byzantine
+        senders replaced by the lie made of its honest messages (``alie``, ``ipm``)."""
+        if inbox.src is None:
+            raise AlgorithmError(
+                "[adversary]: this engine does not say who sent each message, which a "
+                "targeted attack needs; run it on the vectorized or messages engine."
+            )
+        every = self.liars.mask(rows)
+        liar_sent = every[inbox.src]
+        from_liar = liar_sent & ~every[rows.index][inbox.dst]
+        if not bool(from_liar.any()):
+            return inbox
+        a = self.adversary
+        tensors: dict[str, torch.Tensor] = {}
+        for name in inbox.tensors:
+            values = inbox.tensors[name]
+            out = values.clone()
+            for r in torch.unique(inbox.dst[from_liar]).tolist():
+                mine = inbox.dst == r
+                honest = torch.nonzero(mine & ~liar_sent).squeeze(1).tolist()
+                if not honest:  # nothing to make a lie of: the liars' own values stand
+                    continue
+                one = torch.ones(1, dtype=torch.bool, device=values.device)
+                mean, sd, _ = attacks.honest_moments(
+                    [values[m : m + 1] for m in honest], [one] * len(honest)
+                )
+                if a.attack == "alie":
+                    z = a.z or attacks.alie_z(self.liars.population, self.liars.count)
+                    lie = attacks.alie(mean, sd, z)
+                else:
+                    lie = attacks.ipm(mean, a.epsilon)
+                out[mine & from_liar] = lie.to(values.dtype)
+            tensors[name] = out
+        return Gathered(tensors, inbox.scalars, inbox.dst, inbox.b, inbox.src)
 
     def _lie_to(
         self,

@@ -171,12 +171,16 @@ class Gathered:
         scalars: Name -> ``[M]`` float64.
         dst: ``[M]`` long: the row (``0 .. B-1``) that received message ``m``.
         b: Number of rows.
+        src: ``[M]`` long: who sent message ``m``, as an index into
+            :attr:`~fedcore.algorithms.rule.Rows.nodes`; ``None`` where the engine does
+            not say.
     """
 
     tensors: Mapping[str, torch.Tensor]
     scalars: Mapping[str, torch.Tensor]
     dst: torch.Tensor
     b: int
+    src: torch.Tensor | None = None
 
     def total(
         self,

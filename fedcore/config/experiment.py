@@ -65,6 +65,12 @@ class Config:
                 "[adversary] with simulate.engine = 'cohort': the cohort engine does not run "
                 "Byzantine clients yet; use simulate.engine = 'auto'."
             )
+        if self.adversary.active and self.adversary.attack == "labelflip" and self.data.stream:
+            raise ConfigError(
+                "adversary.attack = 'labelflip' poisons a peer's examples; an online stream "
+                f"(data.stream = {clip(self.data.stream)}) holds none fixed. Choose another "
+                "attack, or a dataset."
+            )
         if self.run.regret and self.model.name not in CONVEX_MODELS:
             raise ConfigError(
                 f"run.regret = true needs a model whose loss is convex in its parameters "

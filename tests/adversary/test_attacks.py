@@ -193,7 +193,8 @@ def test_impossible_choices_are_refused(config: AdversaryConfig, nodes: tuple, s
     ("algorithm", "attack", "says"),
     [
         ("rps", "signflip", "per edge"),
-        ("fedavg", "alie", "no in-neighbour slots"),
+        ("fedavg", "dissensus", "does not gossip"),
+        ("local", "alie", "sends nobody anything"),
         ("ops", "dissensus", "push-sum"),
         ("adpsgd", "signflip", "synchronous rules"),
     ],
@@ -203,3 +204,26 @@ def test_attacks_a_rule_cannot_take_are_refused(algorithm: str, attack: str, say
     rule = make_algorithm(algorithm, **options)
     with pytest.raises(ConfigError, match=says):
         attacked(rule, AdversaryConfig(peers=("n1",), attack=attack), 0)
+
+
+def test_label_flipping_poisons_only_the_liars_examples() -> None:
+    import numpy as np
+
+    from fedcore.adversary.poison import flip_labels
+    from fedcore.data.types import Dataset
+
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    data = Dataset(
+        name="t",
+        x_train=torch.arange(6.0).view(6, 1),
+        y_train=y,
+        x_test=torch.zeros(1, 1),
+        y_test=torch.zeros(1, dtype=torch.long),
+        num_classes=3,
+    )
+    parts = [np.array([0, 1]), np.array([2, 3]), np.array([4, 5])]
+    out, new = flip_labels(data, parts, ("a", "b", "c"), {"b"})
+    assert new[0] is parts[0] and new[2] is parts[2]  # the honest parts as they were
+    assert out.x_train[new[1]].view(-1).tolist() == [2.0, 3.0]  # the same examples ...
+    assert out.y_train[new[1]].tolist() == [0, 2]  # ... with labels C - 1 - y
+    assert torch.equal(out.y_train[:6], y)

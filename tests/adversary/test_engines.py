@@ -40,6 +40,8 @@ def _run(tmp_path: Path, name: str, *overrides: str) -> dict[str, Any]:
         ("ipm", ()),
         ("dissensus", ()),
         ("inflate", ("algorithm.name=ops", "topology.kind=social", "adversary.scale=3")),
+        ("alie", ("algorithm.name=fedavg", "topology.kind=star")),
+        ("labelflip", ()),
     ],
 )
 def test_the_engines_agree_bit_for_bit(tmp_path: Path, attack: str, more: tuple[str, ...]) -> None:
@@ -74,6 +76,8 @@ def test_refusals_name_what_cannot_run_liars(tmp_path: Path) -> None:
     config = load_config(None, [*BASE, "adversary.attack=alie"])
     with pytest.raises(ConfigError, match="a real peer does not see"):
         asyncio.run(run_peer(config, "n0", {"n0": "127.0.0.1:1"}, out=tmp_path / "n0"))
+    with pytest.raises(ConfigError, match="holds none fixed"):
+        load_config(None, [*BASE, "adversary.attack=labelflip", "data.stream=synthetic"])
     with pytest.raises(ConfigError, match="cohort engine"):
         load_config(None, [*BASE, "simulate.engine=cohort", "algorithm.name=fedavg"])
     from fedcore.engines.seed_blocks import config_refusal as batch_refusal

@@ -17,9 +17,9 @@ from fedcore.ids import check_node_id
 
 __all__ = ["ATTACKS", "SENDER_ATTACKS", "TARGETED_ATTACKS", "AdversaryConfig"]
 
-SENDER_ATTACKS = ("signflip", "scale", "gaussian", "inflate", "withhold")
-"""Attacks a Byzantine peer makes of its own messages alone: the same on every engine and
-on a real ``fedcore node``."""
+SENDER_ATTACKS = ("signflip", "scale", "gaussian", "inflate", "withhold", "labelflip")
+"""Attacks a Byzantine peer makes of its own messages (or its own data) alone: the same on
+every engine and on a real ``fedcore node``."""
 
 TARGETED_ATTACKS = ("alie", "ipm", "dissensus")
 """Attacks made, for each honest target, of the values its honest in-neighbours send it
@@ -54,6 +54,8 @@ class AdversaryConfig(Table):
       - ``signflip``: ``-scale * v``; ``scale``: ``scale * v``;
       - ``gaussian``: ``v + sigma * N(0, I)`` (keyed by the run, the sender, the round and
         the phase: every receiver gets the same noise);
+      - ``labelflip``: data poisoning: the peer trains on its examples with each label
+        ``y`` read as ``C - 1 - y`` and sends what it honestly computes from them;
       - ``inflate`` (push-sum): the weight and the value each ``scale`` times theirs, so the
         de-biased value looks honest while the mass grows; ``withhold``: the share sent is
         zero (value and weight), so the mass the peer should pass on is lost;
