@@ -19,7 +19,7 @@ checkpointed as any row's, and the run's figures leave it out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
 from typing import Any
 
 import torch
@@ -143,15 +143,40 @@ class Attacked(Rule):
         liar = self.liars.rows(rows)
         if not bool(liar.any()):
             return send
+        if a.attack in ("inflate", "withhold"):
+            return self._mass(send, liar, rows, phase)
         tensors = {
             name: self._lie(value, liar, rows, phase, name) for name, value in send.tensors.items()
         }
-        scalars: Mapping[str, torch.Tensor] = send.scalars
-        if a.attack in ("inflate", "withhold"):
-            factor = a.scale if a.attack == "inflate" else 0.0
-            scalars = {
-                name: torch.where(liar, value * factor, value) for name, value in scalars.items()
-            }
+        return Send(tensors, send.scalars, send.weighted, send.to, send.shared)
+
+    def _mass(self, send: Send, liar: torch.Tensor, rows: Rows, phase: int) -> Send:
+        """``inflate`` and ``withhold``: every tensor and scalar of a Byzantine row times
+        ``scale``, the factor cut where a scalar would pass its schema's upper bound (a
+        push-sum weight stays a legal share: the lie stays well-formed)."""
+        factor = torch.full(liar.shape, self.adversary.scale, dtype=torch.float64)
+        factor = factor.to(liar.device)
+        specs = schema_of(self.rule, phase, rows).scalars
+        for name, value in send.scalars.items():
+            spec = specs.get(name)
+            if spec is None or not math.isfinite(spec.high):
+                continue
+            v = value.to(torch.float64)
+            room = torch.where(v > 0, spec.high / v.clamp(min=1e-300), factor)
+            factor = torch.minimum(factor, room)
+        factor = torch.where(liar, factor, 1.0)
+        tensors = {
+            name: torch.where(
+                liar.view(-1, *([1] * (value.dim() - 1))),
+                value * factor.to(value.dtype).view(-1, *([1] * (value.dim() - 1))),
+                value,
+            )
+            for name, value in send.tensors.items()
+        }
+        scalars = {
+            name: torch.where(liar, value * factor.to(value.dtype), value)
+            for name, value in send.scalars.items()
+        }
         return Send(tensors, scalars, send.weighted, send.to, send.shared)
 
     def _lie(
@@ -160,10 +185,8 @@ class Attacked(Rule):
         a = self.adversary
         if a.attack == "signflip":
             lie = attacks.signflip(value, a.scale)
-        elif a.attack in ("scale", "inflate"):
+        elif a.attack == "scale":
             lie = attacks.scaled(value, a.scale)
-        elif a.attack == "withhold":
-            lie = attacks.scaled(value, 0.0)
         else:  # gaussian: keyed by the sender, the round, the phase and the tensor
             key = absorb_tensor(
                 absorb_tensor(

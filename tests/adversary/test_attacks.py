@@ -167,6 +167,8 @@ def test_the_byzantine_peers_are_chosen_by_keyed_hash() -> None:
         ({"scale": -1.0}, ">= 0"),
         ({"sigma": math.inf}, "adversary.sigma"),
         ({"peers": ["n1"], "push": math.nan}, "adversary.push"),
+        ({"peers": ["n1"], "attack": "withhold"}, "(0, 1)"),
+        ({"peers": ["n1"], "attack": "inflate", "scale": 0.5}, "above 1"),
     ],
 )
 def test_bad_adversary_tables_are_refused_in_one_line(table: dict, says: str) -> None:  # type: ignore[type-arg]
@@ -227,3 +229,19 @@ def test_label_flipping_poisons_only_the_liars_examples() -> None:
     assert out.x_train[new[1]].view(-1).tolist() == [2.0, 3.0]  # the same examples ...
     assert out.y_train[new[1]].tolist() == [0, 2]  # ... with labels C - 1 - y
     assert torch.equal(out.y_train[:6], y)
+
+
+def test_inflated_weights_stay_legal_shares() -> None:
+    """``inflate`` by 1e9 on push-sum: the weight is cut to the schema's bound, and the
+    value with it, so the de-biased value is the honest one and the message well-formed."""
+    rule = attacked(
+        make_algorithm("ops"), AdversaryConfig(peers=("n1",), attack="inflate", scale=1e9), 0
+    )
+    rows = _rows(2, ("n0", "n1"))
+    state = rule.init(torch.tensor([[1.0], [2.0]]))
+    _, send = rule.step(state, torch.zeros(2, 1), rows)
+    assert send is not None
+    omega, x = send.scalars["omega"], send.tensors["x"]
+    spec = rule.schema(0, rows).scalars["omega"]
+    assert spec.problem(float(omega[1])) is None and float(omega[1]) > 1.5
+    assert float(omega[0]) == 1.0 and torch.allclose(x[1] / omega[1].float(), torch.tensor([2.0]))

@@ -56,9 +56,11 @@ class AdversaryConfig(Table):
         the phase: every receiver gets the same noise);
       - ``labelflip``: data poisoning: the peer trains on its examples with each label
         ``y`` read as ``C - 1 - y`` and sends what it honestly computes from them;
-      - ``inflate`` (push-sum): the weight and the value each ``scale`` times theirs, so the
-        de-biased value looks honest while the mass grows; ``withhold``: the share sent is
-        zero (value and weight), so the mass the peer should pass on is lost;
+      - ``inflate`` (push-sum): the weight and the value each ``scale`` (> 1) times theirs,
+        so the de-biased value looks honest while the mass grows (the factor is cut where
+        the weight would leave the legal range of a share, ``(0, n]``); ``withhold``: the
+        same with ``scale`` in ``(0, 1)``, the share of its mass the peer passes on (the
+        rest is lost);
       - ``alie`` (Baruch et al. 2019, "A little is enough"): ``mu - z * sd``, the mean and
         standard deviation (per coordinate) of the values the target's honest
         in-neighbours send it; ``z = 0`` (the default) derives ``z_max`` from the number of
@@ -91,8 +93,18 @@ class AdversaryConfig(Table):
     seed: int = field(default=0, metadata=whole(0, SEED_LIMIT - 1))
 
     def check(self) -> None:
-        """``peers`` as a tuple; not both ``peers`` and ``fraction``."""
+        """``peers`` as a tuple; not both ``peers`` and ``fraction``; ``scale`` that
+        inflates or withholds as the attack says."""
         object.__setattr__(self, "peers", tuple(self.peers))
+        if self.attack == "inflate":
+            require(self.scale > 1, "adversary.scale", self.scale, "must be above 1 to inflate")
+        if self.attack == "withhold":
+            require(
+                0 < self.scale < 1,
+                "adversary.scale",
+                self.scale,
+                "must be in (0, 1) to withhold: the share of its mass the peer passes on",
+            )
         if self.peers and self.fraction:
             raise ConfigError(
                 "adversary.peers and adversary.fraction both choose the Byzantine peers: "
