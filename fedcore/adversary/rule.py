@@ -127,12 +127,36 @@ class Attacked(Rule):
     def mix(self, state: Any, phase: int, inbox: Any, rows: Rows) -> tuple[Any, Send | None]:
         """The rule's mix, the Byzantine slots of an honest row's inbox replaced (targeted
         attacks); what the Byzantine rows send next, changed (sender attacks)."""
+        if isinstance(inbox, list) and inbox:
+            self._refuse_illegal(inbox, phase, rows)
         if self.adversary.targeted and isinstance(inbox, Gathered):
             inbox = self._targeted_gathered(inbox, rows)
         elif self.adversary.targeted and inbox:
             inbox = self._targeted(inbox, state, rows)
         new, send = self.rule.mix(state, phase, inbox, rows)
         return new, self._sent(send, rows, phase + 1)
+
+    def _refuse_illegal(self, inbox: list[Slot], phase: int, rows: Rows) -> None:
+        """Stop the run where an arrived scalar breaks the message schema, as a real peer
+        refuses such a message before its rule reads it (strict mode stops there): a lie
+        can drive an honest peer's own values out of range (push-sum weights that grow
+        past ``n`` under ``inflate``), and the in-process engines must not mix what a
+        peer would refuse."""
+        specs = schema_of(self.rule, phase, rows).scalars
+        for slot in inbox:
+            for name, value in slot.scalars.items():
+                spec = specs.get(name)
+                if spec is None:
+                    continue
+                low = value >= spec.low if spec.low_closed else value > spec.low
+                legal = low & (value <= spec.high) & torch.isfinite(value)
+                rows.check(
+                    slot.arrived & ~legal,
+                    f"node {{node}}, round {{round}}: an in-neighbour's {name!r} is outside "
+                    f"({spec.low:g}, {spec.high:g}] ({spec.why}); a real peer refuses such a "
+                    "message, and strict mode stops there (the lie drove an honest peer's "
+                    "values out of range)",
+                )
 
     # -- sender attacks --------------------------------------------------------------------
 

@@ -41,6 +41,10 @@ def _run(tmp_path: Path, name: str, *overrides: str) -> dict[str, Any]:
         ("dissensus", ()),
         ("inflate", ("algorithm.name=ops", "topology.kind=social", "adversary.scale=1e6")),
         ("withhold", ("algorithm.name=ops", "topology.kind=social", "adversary.scale=0.2")),
+        (
+            "inflate",
+            ("algorithm.name=clipped-push-sum", "topology.kind=social", "adversary.scale=50"),
+        ),
         ("alie", ("algorithm.name=fedavg", "topology.kind=star")),
         ("labelflip", ()),
     ],
