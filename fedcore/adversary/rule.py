@@ -240,9 +240,14 @@ class Attacked(Rule):
         if not any(bool(m.any()) for m in liars):
             return inbox
         names = list(inbox[0].tensors)
+        shares = self.rule.mixing == "push-sum" and "omega" in inbox[0].scalars
         lies: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for name in names:
             values = [slot.tensors[name] for slot in inbox]
+            if shares:  # push-sum: the honest models are the shares' ratios s_k / w_k
+                values = [
+                    _ratio(v, slot.scalars["omega"]) for v, slot in zip(values, inbox, strict=True)
+                ]
             lies[name] = self._lie_to(values, inbox, honest, liars, state)
         out = []
         for slot, from_liar in zip(inbox, liars, strict=True):
@@ -253,6 +258,9 @@ class Attacked(Rule):
             for name in names:
                 value = slot.tensors[name]
                 lie, usable = lies[name]
+                if shares:  # the liar's model as a share of the liar's own weight
+                    w = slot.scalars["omega"].to(lie.dtype).view(-1, *([1] * (lie.dim() - 1)))
+                    lie = lie * w
                 where = (from_liar & usable).view(-1, *([1] * (value.dim() - 1)))
                 tensors[name] = torch.where(where, lie, value)
             out.append(
@@ -328,3 +336,9 @@ class Attacked(Rule):
         else:
             lie = attacks.ipm(mean, a.epsilon)
         return lie.to(dtype), count > 0
+
+
+def _ratio(share: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A push-sum share's model ``s / w`` (``s`` itself where ``w`` is 0)."""
+    w = torch.where(weight > 0, weight, 1.0).to(share.dtype)
+    return share / w.view(-1, *([1] * (share.dim() - 1)))

@@ -46,6 +46,7 @@ def _run(tmp_path: Path, name: str, *overrides: str) -> dict[str, Any]:
             ("algorithm.name=clipped-push-sum", "topology.kind=social", "adversary.scale=50"),
         ),
         ("alie", ("algorithm.name=fedavg", "topology.kind=star")),
+        ("ipm", ("algorithm.name=ops", "topology.kind=social", "adversary.epsilon=2")),
         ("labelflip", ()),
     ],
 )
