@@ -167,12 +167,16 @@ class Gathered:
         scalars: Name -> ``[M]`` float64.
         dst: ``[M]`` long: the row (``0 .. B-1``) that received message ``m``.
         b: Number of rows.
+        src: ``[M]`` long: the sender of message ``m``, as its index in
+            :attr:`~fedcore.algorithms.rule.Rows.nodes` (``None``: not told), for a rule
+            whose result depends on who sent what (a robust aggregator's ties and buckets).
     """
 
     tensors: Mapping[str, torch.Tensor]
     scalars: Mapping[str, torch.Tensor]
     dst: torch.Tensor
     b: int
+    src: torch.Tensor | None = None
 
     def total(
         self,

@@ -468,7 +468,8 @@ class BatchedRule:
             scalars = {name: value[src].to(_TOTAL) for name, value in send.scalars.items()}
         else:
             scalars = {}
-        return Gathered(SenderRows(tensors, rows) if send is not None else {}, scalars, dst, g.n)
+        tensors_ = SenderRows(tensors, rows) if send is not None else {}
+        return Gathered(tensors_, scalars, dst, g.n, src)
 
     def _edge_inbox(
         self, send: Any, phase: int, ctx: BatchRound, compressed: set[int], rows: Rows

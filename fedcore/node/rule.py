@@ -397,7 +397,7 @@ class NodeRule:
         rows = self._rows(ctx)
         if self.rule.pattern == "chosen":
             model = self.rule.model(state)
-            chosen = _gathered(inbox, schema_of(self.rule, phase, rows), model)
+            chosen = _gathered(inbox, schema_of(self.rule, phase, rows), model, self._positions[1])
             state, send = self.rule.mix(state, phase, chosen, rows)
             return state, self._outbox(send, ctx, phase + 1)
         if self.rule.pattern == "edges":
@@ -483,9 +483,15 @@ def _edges_of(ctx: RoundContext, positions: Mapping[str, int]) -> Edges:
     )
 
 
-def _gathered(inbox: Mapping[str, Payload], schema: MessageSchema, model: torch.Tensor) -> Gathered:
+def _gathered(
+    inbox: Mapping[str, Payload],
+    schema: MessageSchema,
+    model: torch.Tensor,
+    positions: Mapping[str, int],
+) -> Gathered:
     """A peer's dict inbox as one list, in sorted sender order, every message to row 0
-    (an empty inbox holds empty tensors of the schema's shapes)."""
+    (an empty inbox holds empty tensors of the schema's shapes); ``positions``: node id ->
+    index in the run's node list (each sender's)."""
     senders = sorted(inbox)
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in schema.tensors.items():
@@ -498,4 +504,5 @@ def _gathered(inbox: Mapping[str, Payload], schema: MessageSchema, model: torch.
         name: torch.tensor([float(inbox[j].scalars[name]) for j in senders], dtype=_TOTAL)
         for name in schema.scalars
     }
-    return Gathered(tensors, scalars, torch.zeros(len(senders), dtype=torch.long), 1)
+    src = torch.tensor([positions.get(j, -1) for j in senders], dtype=torch.long)
+    return Gathered(tensors, scalars, torch.zeros(len(senders), dtype=torch.long), 1, src)

@@ -40,6 +40,7 @@ from fedcore import registry
 from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
 from fedcore.algorithms.base import with_traits
 from fedcore.algorithms.optim import Optimizer, make_optimizer
+from fedcore.algorithms.server import FedAvgRule
 from fedcore.config import (
     AlgorithmConfig,
     CompressionConfig,
@@ -329,6 +330,8 @@ def run_shape(
                 "(or a graph file with its server named by topology.server)."
             )
         server_at = trust.nodes.index(server) if trust is not None else n - 1
+        if isinstance(algorithm, FedAvgRule):  # its aggregator's f against the cohort
+            algorithm.check_workers(n - 1)
         if data.stream:
             raise ConfigError(
                 f"algorithm {algorithm.name!r} has a server that holds no data, but "
