@@ -73,7 +73,7 @@ def krum(p: torch.Tensor, dist: torch.Tensor, f: int, m: int) -> torch.Tensor:
     """
     k = p.shape[0]
     near = k - f - 2
-    others = dist + torch.diag(torch.full((k,), float("inf"), dtype=dist.dtype))
+    others = dist + torch.diag(torch.full((k,), float("inf"), dtype=dist.dtype, device=dist.device))
     nearest = torch.sort(others, dim=1).values[:, :near]
     scores = nearest.sum(dim=1)
     chosen = torch.sort(scores, stable=True).indices[:m]

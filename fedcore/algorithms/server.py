@@ -234,7 +234,8 @@ class FedAvgRule(Rule):
         )
         self.short_rounds = 0
         """Rounds whose arrived models were too few for the aggregator (the server kept
-        its model), counted here and logged (a warning)."""
+        its model), counted here; the 1st, 2nd, 4th, 8th ... logged (a warning: the run
+        summary's ``warnings``, with the count so far)."""
         self._samples: dict[tuple[int, int], tuple[tuple[str, ...], set[str]]] = {}
         self._masks: dict[tuple[tuple[str, ...], int], torch.Tensor] = {}
 
@@ -377,7 +378,13 @@ class FedAvgRule(Rule):
             if why is not None:
                 took[r] = False
                 self.short_rounds += 1
-                logger.warning("round %d: the server keeps its model: %s", t, why)
+                if self.short_rounds & (self.short_rounds - 1) == 0:  # 1, 2, 4, 8, ...
+                    logger.warning(
+                        "round %d: the server kept its model (%d such round(s) so far): %s",
+                        t,
+                        self.short_rounds,
+                        why,
+                    )
                 continue
             if values is None:
                 values = inbox.tensors["x"]

@@ -19,6 +19,7 @@ from fedcore.config import load_config
 from fedcore.errors import ConfigError
 from fedcore.setup.plan import outline_run
 from fedcore.simulation.simulate import simulate
+from tests import docs_text
 from tests.engines.test_cohort import POPULATION
 from tests.engines.test_sharded import equal_on_ranks
 from tests.engines.test_sharded_faults import _case
@@ -259,3 +260,14 @@ def test_ranks_and_the_cohort_engine_aggregate_as_one_process(tmp_path: Path) ->
         summary = simulate(load_config(None, settings), out_dir=tmp_path / engine)
         digests[engine] = summary["params_sha256"]["server"]
     assert digests["cohort"] == digests["vectorized"]
+
+
+def test_the_docs_config_runs(tmp_path: Path) -> None:
+    """The TOML block of "Robust aggregation at the server" (docs/algorithms.md) runs."""
+    block = docs_text.section("Robust aggregation at the server").split("```toml\n")[1]
+    path = tmp_path / "robust.toml"
+    path.write_text(block.split("```")[0], encoding="utf-8")
+    config = load_config(path, ["run.rounds=2", "model.hidden=8"])
+    assert config.algorithm.options == {"aggregator": "krum", "f": 1, "bucket": 2}
+    summary = simulate(config, out_dir=tmp_path / "run")
+    assert summary["rounds"] == 2
