@@ -20,6 +20,7 @@ from fedcore.errors import ConfigError
 from fedcore.setup.plan import outline_run
 from fedcore.simulation.simulate import simulate
 from tests import docs_text
+from tests.clitools import one_line_error
 from tests.engines.test_cohort import POPULATION
 from tests.engines.test_sharded import equal_on_ranks
 from tests.engines.test_sharded_faults import _case
@@ -208,6 +209,23 @@ def test_a_config_whose_cohort_is_too_small_is_refused_at_set_up() -> None:
         outline_run(config)
     assert "\n" not in str(e.value)
     outline_run(load_config(None, [*base, "topology.nodes=5", "algorithm.f=1"]))
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        (["algorithm.aggregator='geo-median'"], "did you mean `median` or `geomed`?"),
+        (["algorithm.aggregator='krum'", "algorithm.f=2"], "more than 2f + 2 = 6 inputs"),
+        (["algorithm.aggregator='median'", "algorithm.f=-1"], "algorithm.f must be a whole"),
+    ],
+    ids=["name", "cohort", "negative"],
+)
+def test_the_cli_refuses_in_one_line(
+    settings: list[str], needle: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    base = ["algorithm.name=fedavg", "topology.kind=star", "topology.nodes=6", *settings]
+    argv = ["simulate", "-q", "--out", str(tmp_path)]
+    one_line_error(capsys, [*argv, *(x for s in base for x in ("--set", s))], needle)
 
 
 def test_too_few_arrivals_keep_the_global_model_and_are_counted() -> None:
