@@ -142,6 +142,9 @@ class Slot:
         one: On one peer (``B = 1``): ``(W_ji, arrived)`` as Python values, so a helper
             can skip tensor ops on one-element tensors (``None``: read ``weight`` and
             ``arrived``).
+        sender: ``[B]`` long: who sent it, as an index into
+            :attr:`~fedcore.algorithms.rule.Rows.nodes` (any index in a padding slot);
+            ``None`` where the engine does not say.
     """
 
     tensors: Mapping[str, torch.Tensor]
@@ -149,6 +152,7 @@ class Slot:
     weight: torch.Tensor
     arrived: torch.Tensor
     one: tuple[float, bool] | None = None
+    sender: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,9 +171,9 @@ class Gathered:
         scalars: Name -> ``[M]`` float64.
         dst: ``[M]`` long: the row (``0 .. B-1``) that received message ``m``.
         b: Number of rows.
-        src: ``[M]`` long: the sender of message ``m``, as its index in
-            :attr:`~fedcore.algorithms.rule.Rows.nodes` (``None``: not told), for a rule
-            whose result depends on who sent what (a robust aggregator's ties and buckets).
+        src: ``[M]`` long: who sent message ``m``, as an index into
+            :attr:`~fedcore.algorithms.rule.Rows.nodes`; ``None`` where the engine does
+            not say.
     """
 
     tensors: Mapping[str, torch.Tensor]

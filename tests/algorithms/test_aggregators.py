@@ -209,6 +209,9 @@ def test_a_config_whose_cohort_is_too_small_is_refused_at_set_up() -> None:
         outline_run(config)
     assert "\n" not in str(e.value)
     outline_run(load_config(None, [*base, "topology.nodes=5", "algorithm.f=1"]))
+    liars = ["adversary.peers=['n1']", "adversary.attack='signflip'"]  # the wrapped rule too
+    with pytest.raises(ConfigError, match=r"more than 2f \+ 2 = 4 inputs"):
+        outline_run(load_config(None, [*base, "topology.nodes=4", "algorithm.f=1", *liars]))
 
 
 @pytest.mark.parametrize(
