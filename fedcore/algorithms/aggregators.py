@@ -25,7 +25,7 @@ would weigh what it liked. ``mean`` keeps FedAvg's weights.
 translation-equivariant (``A(x_k + c) = A(x_k) + c``), so this is the same as aggregating
 the updates ``x_k - x`` around the server's model ``x``; only centered clipping needs a
 centre, which is ``x``. The arithmetic is float64, the result cast back to the model's
-dtype (an input of identical models comes back bit for bit). The server hands the models
+dtype (identical models come back equal to themselves). The server hands the models
 over in the graph order of their senders, whatever order an engine lists them in, and
 every sum adds them in that order; ties (Krum's scores, NNM's distances) go to the
 earlier worker. So every engine gets the same bits.

@@ -25,13 +25,15 @@ __all__ = [
 ]
 
 
-def mean_rows(p: torch.Tensor) -> torch.Tensor:
-    """``[d]``: the mean of the rows of ``p [K, d]`` (K >= 1), added in row order. K
-    identical rows give that row back bit for bit (their sums are exact in float64)."""
-    out = p[0].clone()
-    for row in p[1:]:
-        out.add_(row)
-    return out / p.shape[0]
+def mean_rows(p: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+    """``[d]``: the mean of the rows of ``p [K, d]`` (or of its ``rows``, at least one),
+    added in that order. Identical rows give that row back bit for bit (their sums are
+    exact in float64)."""
+    picked = list(range(p.shape[0])) if rows is None else rows
+    out = p[picked[0]].clone()
+    for i in picked[1:]:
+        out.add_(p[i])
+    return out / len(picked)
 
 
 def _weighted_rows(p: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -48,16 +50,10 @@ def row_norms(p: torch.Tensor) -> torch.Tensor:
 
 
 def squared_distances(p: torch.Tensor) -> torch.Tensor:
-    """``[K, K]``: ``||p_i - p_j||^2``, symmetric bit for bit, 0 on the diagonal. O(K^2 d)
-    time, O(K d) memory a step."""
-    k = p.shape[0]
-    out = p.new_zeros((k, k))
-    for i in range(k - 1):
-        diff = p[i + 1 :] - p[i]
-        row = (diff * diff).sum(dim=1)
-        out[i, i + 1 :] = row
-        out[i + 1 :, i] = row
-    return out
+    """``[K, K]``: ``||p_i - p_j||^2``, each from the differences themselves (never the
+    ``|a|^2 + |b|^2 - 2ab`` shortcut, which cancels), so symmetric bit for bit and 0 on the
+    diagonal. O(K^2 d) time, O(K^2) memory."""
+    return torch.cdist(p, p, compute_mode="donot_use_mm_for_euclid_dist").square()
 
 
 def krum(p: torch.Tensor, dist: torch.Tensor, f: int, m: int) -> torch.Tensor:
@@ -79,7 +75,7 @@ def krum(p: torch.Tensor, dist: torch.Tensor, f: int, m: int) -> torch.Tensor:
     chosen = torch.sort(scores, stable=True).indices[:m]
     if m == 1:
         return p[int(chosen[0])].clone()
-    return mean_rows(p[torch.sort(chosen).values])
+    return mean_rows(p, sorted(chosen.tolist()))
 
 
 def trimmed_mean(p: torch.Tensor, trim: int) -> torch.Tensor:
@@ -170,8 +166,9 @@ def buckets(p: torch.Tensor, size: int, seed: int, t: int, keys: torch.Tensor) -
     buckets on i.i.d. inputs stays robust on heterogeneous ones, its error growing with
     ``size`` times the heterogeneity, when ``f size < K / 2``. Cost: O(K d)."""
     words = hash64_tensor(make_key("fedcore.fedavg.bucket", seed), t, keys.to(torch.int64))
-    order = torch.sort(words, stable=True).indices.to(p.device)
-    return torch.stack([mean_rows(p[order[i : i + size]]) for i in range(0, p.shape[0], size)])
+    order = torch.sort(words, stable=True).indices
+    ranked = order.tolist()
+    return torch.stack([mean_rows(p, ranked[i : i + size]) for i in range(0, len(ranked), size)])
 
 
 def nearest_mixing(p: torch.Tensor, dist: torch.Tensor, f: int) -> torch.Tensor:
@@ -183,4 +180,4 @@ def nearest_mixing(p: torch.Tensor, dist: torch.Tensor, f: int) -> torch.Tensor:
     heterogeneity. Cost: O(K^2 d)."""
     keep = p.shape[0] - f
     nearest = torch.sort(dist, dim=1, stable=True).indices[:, :keep]
-    return torch.stack([mean_rows(p[torch.sort(row).values]) for row in nearest])
+    return torch.stack([mean_rows(p, sorted(row)) for row in nearest.tolist()])

@@ -54,7 +54,7 @@ def _points(draw: st.DrawFn, k: int, d: int, bound: float = 100.0) -> torch.Tens
     st.sampled_from(["", "bucket", "nnm"]),
     st.data(),
 )
-def test_identical_honest_models_come_back_bit_for_bit(
+def test_identical_honest_models_come_back_unchanged(
     name: str, f: int, pre: str, data: st.DataObject
 ) -> None:
     """K identical models (K enough for f): every rule returns that model, with bucketing
