@@ -18,7 +18,8 @@ rule sends as it is, ``lossless``: as values).
 
 Each receiver's inbox is the one-process engine's :class:`~fedcore.algorithms.rule.Gathered`
 list of its rows: the messages that arrived, grouped by receiver, each receiver's in sorted
-sender order (the graph's edge order), so its sums add the same values in the same order.
+sender order (the graph's edge order), so its sums add the same values in the same order;
+each message names its sender (``src``), as FedAvg's robust aggregators read it.
 A sender's codec round-trips its message once when it sends at all (every sender of a
 message of the round that is up, as one process encodes it, whether or not the message is
 lost), drawing from its own generator.
