@@ -292,3 +292,21 @@ def test_the_docs_config_runs(tmp_path: Path) -> None:
     assert config.algorithm.options == {"aggregator": "krum", "f": 1, "bucket": 2}
     summary = simulate(config, out_dir=tmp_path / "run")
     assert summary["rounds"] == 2
+
+
+def test_two_sign_flipping_workers_of_eight_break_the_mean_not_median_or_krum(
+    tmp_path: Path,
+) -> None:
+    """[adversary]: n2 and n5 upload -4 times their models. FedAvg's mean collapses; the
+    median and Krum with f = 2 keep learning (digits, 15 rounds)."""
+    base = ["algorithm.name=fedavg", "topology.kind=star", "topology.nodes=8"]
+    base += ["run.rounds=15", "run.eval_every=15", "algorithm.lr=0.3", "data.partition=iid"]
+    base += ["model.hidden=16", "adversary.peers=['n2','n5']", "adversary.attack='signflip'"]
+    base += ["adversary.scale=4.0"]
+    accuracy = {}
+    for name in ("mean", "median", "krum"):
+        robust = [] if name == "mean" else ["algorithm.f=2"]
+        config = load_config(None, [*base, f"algorithm.aggregator={name}", *robust])
+        summary = simulate(config, out_dir=tmp_path / name)
+        accuracy[name] = summary["final"]["avg_model_accuracy"]
+    assert accuracy["mean"] < 0.5 < 0.85 < min(accuracy["median"], accuracy["krum"]), accuracy
