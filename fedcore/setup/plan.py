@@ -37,10 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedcore import registry
-from fedcore.adversary import attacked, byzantine
+from fedcore.adversary import Attacked, attacked, byzantine
 from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
 from fedcore.algorithms.base import with_traits
 from fedcore.algorithms.optim import Optimizer, make_optimizer
+from fedcore.algorithms.server import FedAvgRule
 from fedcore.config import (
     AdversaryConfig,
     AlgorithmConfig,
@@ -333,6 +334,9 @@ def run_shape(
                 "(or a graph file with its server named by topology.server)."
             )
         server_at = trust.nodes.index(server) if trust is not None else n - 1
+        rule = algorithm.rule if isinstance(algorithm, Attacked) else algorithm
+        if isinstance(rule, FedAvgRule):  # its aggregator's f against the cohort
+            rule.check_workers(n - 1)
         if data.stream:
             raise ConfigError(
                 f"algorithm {algorithm.name!r} has a server that holds no data, but "
