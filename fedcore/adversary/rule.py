@@ -130,7 +130,7 @@ class Attacked(Rule):
         if isinstance(inbox, list) and inbox:
             self._refuse_illegal(inbox, phase, rows)
         if self.adversary.targeted and isinstance(inbox, Gathered):
-            inbox = self._targeted_gathered(inbox, rows)
+            inbox = self._targeted_gathered(inbox, state, rows)
         elif self.adversary.targeted and inbox:
             inbox = self._targeted(inbox, state, rows)
         new, send = self.rule.mix(state, phase, inbox, rows)
@@ -268,9 +268,13 @@ class Attacked(Rule):
             )
         return out
 
-    def _targeted_gathered(self, inbox: Gathered, rows: Rows) -> Gathered:
+    def _targeted_gathered(self, inbox: Gathered, state: Any, rows: Rows) -> Gathered:
         """A list inbox (a server's): each honest receiver's messages from Byzantine
-        senders replaced by the lie made of its honest messages (``alie``, ``ipm``)."""
+        senders replaced by the lie made of its honest messages (``alie``, ``ipm``). A
+        model (tensor ``"x"``) is lied about as an update, relative to the receiver's own
+        model (the server's global model): ``ipm`` sends ``x_s - epsilon * mean_k (x_k -
+        x_s)``, as the federated literature's attacks on updates; other tensors (steps,
+        gradients) as they are."""
         if inbox.src is None:
             raise AlgorithmError(
                 "[adversary]: this engine does not say who sent each message, which a "
@@ -282,24 +286,30 @@ class Attacked(Rule):
         if not bool(from_liar.any()):
             return inbox
         a = self.adversary
+        models = self.rule.model(state)
         tensors: dict[str, torch.Tensor] = {}
         for name in inbox.tensors:
             values = inbox.tensors[name]
             out = values.clone()
+            updates = name == "x" and values.shape[1:] == models.shape[1:]
             for r in torch.unique(inbox.dst[from_liar]).tolist():
                 mine = inbox.dst == r
                 honest = torch.nonzero(mine & ~liar_sent).squeeze(1).tolist()
                 if not honest:  # nothing to make a lie of: the liars' own values stand
                     continue
                 one = torch.ones(1, dtype=torch.bool, device=values.device)
-                mean, sd, _ = attacks.honest_moments(
-                    [values[m : m + 1] for m in honest], [one] * len(honest)
-                )
+                base = models[r : r + 1].to(torch.float64) if updates else None
+                rows_of = [values[m : m + 1].to(torch.float64) for m in honest]
+                if base is not None:
+                    rows_of = [v - base for v in rows_of]
+                mean, sd, _ = attacks.honest_moments(rows_of, [one] * len(honest))
                 if a.attack == "alie":
                     z = a.z or attacks.alie_z(self.liars.population, self.liars.count)
                     lie = attacks.alie(mean, sd, z)
                 else:
                     lie = attacks.ipm(mean, a.epsilon)
+                if base is not None:
+                    lie = base + lie
                 out[mine & from_liar] = lie.to(values.dtype)
             tensors[name] = out
         return Gathered(tensors, inbox.scalars, inbox.dst, inbox.b, inbox.src)
