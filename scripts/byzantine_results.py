@@ -11,12 +11,19 @@ does; one sweep folder per case under ``docs/results/runs/byzantine-<grid>/``), 
   and average model. A run that stops (a lie drove an honest peer's push-sum weight out of
   range, which a real peer refuses) is reported as failed with the round it reached.
 
+* ``byzantine-star.{md,json,png}``: FedAvg's server (``topology.kind = "star"``, 10 workers,
+  all of them every round) with each aggregator, under ByzFL's protocol shape: ``f`` in 1-4
+  Byzantine workers, the worst case over sign flipping (the negated mean honest update,
+  ``ipm`` with epsilon 1), IPM (epsilon 0.1) and ALIE (``z_max``); the server model's
+  accuracy, per ``f``.
+
 The figures are the honest peers' alone (``[adversary]`` leaves the liars out). Means over
 ``--seeds``; plots show the first seed.
 
 Usage::
 
-    python scripts/byzantine_results.py [--grids push-sum] [--seeds 0 1 2] [--rounds 200] [--tiny]
+    python scripts/byzantine_results.py [--grids push-sum star] [--seeds 0 1 2] \\
+        [--rounds 200] [--tiny]
 """
 
 from __future__ import annotations
@@ -68,6 +75,97 @@ def push_sum_cases(args: argparse.Namespace) -> dict[str, list[str]]:
     }
 
 
+AGGREGATORS: dict[str, list[str]] = {
+    "mean": [],
+    "krum": ["algorithm.aggregator=krum"],
+    "trimmed-mean": ["algorithm.aggregator=trimmed-mean"],
+    "median": ["algorithm.aggregator=median"],
+    "geomed": ["algorithm.aggregator=geomed"],
+    "centered-clipping": ["algorithm.aggregator=centered-clipping", "algorithm.tau=1.0"],
+}
+STAR_ATTACKS: dict[str, list[str]] = {
+    "sign flip": ["adversary.attack=ipm", "adversary.epsilon=1"],
+    "ipm": ["adversary.attack=ipm", "adversary.epsilon=0.1"],
+    "alie": ["adversary.attack=alie"],
+}
+
+
+def star_cases(args: argparse.Namespace) -> dict[str, list[str]]:
+    base = [
+        *DATA,
+        "algorithm.name=fedavg",
+        "algorithm.fraction=1.0",
+        f"algorithm.lr={args.star_lr}",
+        "topology.kind=star",
+        "topology.nodes=10",
+        f"run.rounds={args.rounds}",
+        f"run.eval_every={max(1, args.rounds // 20)}",
+    ]
+    aggregators = {k: v for k, v in AGGREGATORS.items() if not args.tiny or k in TINY_STAR}
+    fs = (2,) if args.tiny else (1, 2, 3, 4)
+    attacks = {k: v for k, v in STAR_ATTACKS.items() if not args.tiny or k == "sign flip"}
+    cases: dict[str, list[str]] = {}
+    for name, extra in aggregators.items():
+        cases[f"{name}, no attack"] = [*base, *extra]
+        for f in fs:
+            rule_f = [] if name == "mean" else [f"algorithm.f={f}"]
+            for attack, lie in attacks.items():
+                cases[f"{name}, f={f}, {attack}"] = [
+                    *base,
+                    *extra,
+                    *rule_f,
+                    f"adversary.fraction={f / 10}",
+                    *lie,
+                ]
+    return cases
+
+
+TINY_STAR = ("mean", "median", "krum")
+"""``--tiny``: the average and two rules that must survive two sign-flipping workers."""
+
+
+def star_report(title: str, runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """A row per aggregator: the server model's accuracy with no attack, and for each
+    ``f`` the worst case over the attacks (mean over seeds; which attack was worst)."""
+    labels = list(dict.fromkeys(r["method"] for r in runs))
+    names = list(dict.fromkeys(label.split(", ")[0] for label in labels))
+    fs = sorted({int(label.split("f=")[1].split(",")[0]) for label in labels if "f=" in label})
+    seeds = sorted({r["seed"] for r in runs})
+    head = " | ".join(f"f = {f}: worst (attack)" for f in fs)
+    lines = [
+        f"### {title}, seeds {seeds}",
+        "",
+        f"| aggregator | no attack | {head} |",
+        "|---|---:|" + "---:|" * len(fs),
+    ]
+    rows = []
+    for name in names:
+        clean = finals(runs, f"{name}, no attack", "avg_model_accuracy")
+        row: dict[str, Any] = {"aggregator": name, "no_attack": clean, "worst": {}}
+        cells = [_fmt(clean)]
+        for f in fs:
+            options = [label for label in labels if label.startswith(f"{name}, f={f},")]
+            scored = []
+            for label in options:
+                accs = finals(runs, label, "avg_model_accuracy")
+                failed = [r["failed"] for r in runs if r["method"] == label and "failed" in r]
+                if failed and not accs:
+                    scored.append((-1.0, label, failed[0]))
+                else:
+                    scored.append((mean(accs), label, ""))
+            worst = min(scored)
+            attack = worst[1].split(", ")[-1]
+            if worst[0] < 0:
+                cells.append(f"refused: {worst[2][:60]}")
+                row["worst"][f] = {"refused": worst[2]}
+            else:
+                cells.append(f"{worst[0]:.3f} ({attack})")
+                row["worst"][f] = {"accuracy": worst[0], "attack": attack}
+        rows.append(row)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n", rows
+
+
 def _fmt(values: list[float]) -> str:
     if not values:
         return "-"
@@ -107,18 +205,31 @@ def report(title: str, runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, 
     return "\n".join(lines) + "\n", rows
 
 
-def write(stem: Path, table: str, rows: list, runs: list[dict[str, Any]], title: str) -> None:
+def write(
+    stem: Path,
+    table: str,
+    rows: list,
+    runs: list[dict[str, Any]],
+    title: str,
+    server: bool = False,
+) -> None:
     stem.with_suffix(".md").write_text(table, encoding="utf-8")
     stem.with_suffix(".json").write_text(to_json_text(rows, indent=1), encoding="utf-8")
+    panels = (
+        [("avg_model_accuracy", "server model's accuracy", False)]
+        if server
+        else [
+            ("mean_node_accuracy", "honest peers' mean accuracy", False),
+            ("min_node_accuracy", "worst honest peer's accuracy", False),
+        ]
+    )
+    shown = [r for r in runs if not server or "f=2" in r["method"] or "no attack" in r["method"]]
     plot_curves(
-        runs,
+        shown,
         stem.with_suffix(".png"),
         x=lambda e: e["round"] + 1,
         xlabel="round",
-        panels=[
-            ("mean_node_accuracy", "honest peers' mean accuracy", False),
-            ("min_node_accuracy", "worst honest peer's accuracy", False),
-        ],
+        panels=panels,
         title=title,
     )
     print(table, flush=True)
@@ -129,11 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--grids", nargs="+", choices=("push-sum",), default=["push-sum"])
+    parser.add_argument(
+        "--grids", nargs="+", choices=("push-sum", "star"), default=["push-sum", "star"]
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--liars", type=int, default=2, help="Byzantine peers of the 16")
     parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--star-lr", type=float, default=0.3)
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (1 thread each)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument("--tiny", action="store_true", help="CI size: 1 seed, 40 rounds")
@@ -151,6 +265,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         table, rows = report(title, runs)
         write(args.out / "byzantine-push-sum", table, rows, runs, title)
+    if "star" in args.grids:
+        out = args.out / "runs" / "byzantine-star"
+        runs = run_grid(star_cases(args), args.seeds, out, args.jobs)
+        title = (
+            f"FedAvg's server under attack: digits logreg, 10 workers (all each round), "
+            f"Dirichlet 1.0, {args.rounds} rounds, lr {args.star_lr}"
+        )
+        table, rows = star_report(title, runs)
+        write(args.out / "byzantine-star", table, rows, runs, title, server=True)
     return 0
 
 
