@@ -245,3 +245,46 @@ def test_inflated_weights_stay_legal_shares() -> None:
     spec = rule.schema(0, rows).scalars["omega"]
     assert spec.problem(float(omega[1])) is None and float(omega[1]) > 1.5
     assert float(omega[0]) == 1.0 and torch.allclose(x[1] / omega[1].float(), torch.tensor([2.0]))
+
+
+ANY = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.text(max_size=6), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "peers",
+                "fraction",
+                "attack",
+                "scale",
+                "sigma",
+                "z",
+                "epsilon",
+                "push",
+                "seed",
+                "bogus",
+            ]
+        ),
+        ANY,
+        max_size=4,
+    )
+)
+def test_any_adversary_table_loads_or_is_refused_in_one_line(table: dict) -> None:  # type: ignore[type-arg]
+    """Whatever a config file puts in [adversary]: a table, or one ConfigError line."""
+    try:
+        config = config_from_dict({"adversary": table})
+    except ConfigError as err:
+        assert "\n" not in str(err) and str(err)
+        return
+    a = config.adversary
+    assert isinstance(a.peers, tuple) and 0 <= a.fraction < 1 and math.isfinite(a.scale)
