@@ -78,6 +78,31 @@ def test_a_real_peer_sends_its_lie_itself(tmp_path: Path) -> None:
 test_a_real_peer_sends_its_lie_itself = pytest.mark.grpc(test_a_real_peer_sends_its_lie_itself)
 
 
+@pytest.mark.grpc
+def test_real_peers_keep_going_and_defend_as_simulated(tmp_path: Path) -> None:
+    """An inflating peer among real peers of clipped push-sum: every peer finishes every
+    round (liveness), and the run is the simulated one bit for bit (the defence behaves
+    as in simulation)."""
+    from fedcore.deploy.launch import launch
+
+    config = load_config(
+        None,
+        [
+            *BASE,
+            "algorithm.name=clipped-push-sum",
+            "topology.kind=social",
+            "adversary.attack=inflate",
+            "adversary.scale=1000",
+            "simulate.engine=messages",
+        ],
+    )
+    sim = simulate(config, out_dir=tmp_path / "sim", show_progress=False)
+    real = launch(config, out_dir=tmp_path / "launch", peers_per_process=3)
+    assert real["status"] == sim["status"] == "completed"
+    assert real["params_sha256"] == sim["params_sha256"]
+    assert real["final"]["mean_node_accuracy"] == sim["final"]["mean_node_accuracy"]
+
+
 def test_refusals_name_what_cannot_run_liars(tmp_path: Path) -> None:
     config = load_config(None, [*BASE, "adversary.attack=alie"])
     with pytest.raises(ConfigError, match="a real peer does not see"):
