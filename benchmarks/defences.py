@@ -4,8 +4,9 @@ rule's round, measured in the same run.
     python benchmarks/defences.py [--peers 1000] [--rounds 10] [--repeats 3] [--threads 1]
         [--cases ...] [--out benchmarks/results/defences.json]
 
-Each case is a round of the vectorized engine at ``--peers`` peers (digits, the default
-logistic regression, iid parts, one local step, nothing evaluated), built through the code
+Each case is a round of the vectorized engine at ``--peers`` peers (MNIST-1D generated with
+at least 10,000 examples, the default logistic regression, iid parts, one local step,
+nothing evaluated), built through the code
 ``fedcore simulate`` uses; the builds are not timed. Pairs:
 
 * gossip on a random-regular graph of degree 8: ``dpsgd`` against ``clippedgossip``
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common
 
 from fedcore.config import load_config
+from fedcore.data import mnist1d
 from fedcore.engines.vectorized import VectorizedNetwork
 from fedcore.setup.prepare import prepare_run
 
@@ -74,14 +76,14 @@ def build(overrides: list[str], peers: int) -> VectorizedNetwork:
         [
             *overrides,
             f"topology.nodes={peers}",
-            "data.dataset=digits",
+            "data.dataset=mnist1d",
             "data.partition=iid",
-            "data.batch_size=8",
             "run.eval_every=1000000",
             "run.rounds=1000000",
         ],
     )
-    return VectorizedNetwork(prepare_run(config), device=torch.device("cpu"))
+    data = mnist1d(seed=config.run.seed, num_samples=max(10_000, 6 * peers))
+    return VectorizedNetwork(prepare_run(config, dataset=data), device=torch.device("cpu"))
 
 
 def time_rounds(net: VectorizedNetwork, rounds: int) -> float:

@@ -37,13 +37,14 @@ import math
 import torch
 
 from fedcore.algorithms.ops import PushSumRule, PushSumState, _silent_after
-from fedcore.algorithms.rule import Rows, Slot
+from fedcore.algorithms.rule import Rows, SenderRows, Slot
 from fedcore.compression.codecs import _reduce
 from fedcore.errors import ConfigError
 
 __all__ = ["ClippedPushSum", "ClippedPushSumRule"]
 
 _WIDE = torch.float64
+_TINY = 1e-300
 
 
 class ClippedPushSumRule(PushSumRule):
@@ -79,64 +80,74 @@ class ClippedPushSumRule(PushSumRule):
         self, state: PushSumState, phase: int, inbox: list[Slot], rows: Rows
     ) -> tuple[PushSumState, None]:
         """Keep the own share, add each arrived share clipped and clamped (see the module
-        docstring; a missing one is lost mass, as plain push-sum's)."""
+        docstring; a missing one is lost mass, as plain push-sum's). Each slot is worked
+        on the rows it reached only, row by row the same arithmetic on any engine."""
         holding = self._holding(state, rows)
         own = rows.self_weight
         if holding is not None:
             own = torch.where(holding, torch.ones_like(own), own)
         dtype = state.x.dtype
-        z_i = state.x.to(_WIDE) / state.omega.unsqueeze(1)
+        z_i = state.x / state.omega.to(dtype).unsqueeze(1)
         views = [self._view(slot, z_i) for slot in inbox]
-        radius = self._radius(views, inbox)
+        radius = self._radius(views, inbox, state.omega.shape[0], state.omega.device)
         x = state.x * own.to(dtype).unsqueeze(1)
         omega = state.omega * own
         ceiling = float(rows.n) if rows.n else math.inf  # a share is at most n
         heard = torch.zeros_like(state.silent, dtype=torch.bool)
-        for slot, (delta, distance) in zip(inbox, views, strict=True):
-            w = slot.scalars["omega"]
-            ref = slot.weight.to(_WIDE)  # W_ji times a unit of mass (the mean weight)
+        for slot, (at, share, delta, distance) in zip(inbox, views, strict=True):
+            if at.numel() == 0:
+                continue
+            w = slot.scalars["omega"][at]
+            ref = slot.weight[at].to(_WIDE)  # W_ji times a unit of mass (the mean weight)
             w_kept = torch.minimum(torch.maximum(w, ref / self.kappa), ref * self.kappa)
             w_kept = w_kept.clamp(max=ceiling)
-            factor = torch.where(distance > radius, radius / distance.clamp(min=1e-300), 1.0)
+            r = radius[at]
+            factor = torch.where(distance > r, r / distance.clamp(min=_TINY), 1.0)
             reform = (factor < 1) | (w_kept != w)
-            z = z_i + delta * factor.unsqueeze(1)
-            reformed = (z * w_kept.unsqueeze(1)).to(dtype)
-            share = torch.where(reform.unsqueeze(1), reformed, slot.tensors["x"])
-            x.addcmul_(share, slot.arrived.to(dtype).unsqueeze(1))
-            omega = omega + torch.where(slot.arrived, w_kept, 0.0)
-            heard = heard | slot.arrived
+            z = z_i[at] + delta * factor.to(dtype).unsqueeze(1)
+            reformed = z * w_kept.to(dtype).unsqueeze(1)
+            x.index_add_(0, at, torch.where(reform.unsqueeze(1), reformed, share))
+            omega = omega.index_add(0, at, w_kept)
+            heard[at] = True
         return PushSumState(x, omega, _silent_after(state.silent, heard, omega, rows)), None
 
     @staticmethod
-    def _view(slot: Slot, z_i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(z_j - z_i, ||z_j - z_i||)`` of a slot (float64; 0 where it did not arrive or
-        carries no weight)."""
+    def _view(
+        slot: Slot, z_i: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(at, s_j, z_j - z_i, ||z_j - z_i||)`` over the rows ``at`` that the slot's
+        share reached (its weight positive), in the model's dtype (the norm float64)."""
         w = slot.scalars["omega"]
-        usable = slot.arrived & (w > 0)
-        safe = torch.where(usable, w, 1.0)
-        delta = slot.tensors["x"].to(_WIDE) / safe.unsqueeze(1) - z_i
-        delta = torch.where(usable.unsqueeze(1), delta, 0.0)
+        at = torch.nonzero(slot.arrived & (w > 0)).squeeze(1)
+        tensors = slot.tensors
+        if isinstance(tensors, SenderRows):  # only the rows it reached, read where they are
+            share = tensors.stack("x").index_select(0, tensors.rows("x")[at])
+        else:
+            share = tensors["x"].index_select(0, at)
+        delta = share / w[at].to(share.dtype).unsqueeze(1) - z_i.index_select(0, at)
         length = int(delta.shape[1])
-        distance = _reduce(delta, length, lambda t: torch.linalg.vector_norm(t, dim=-1))
-        return delta, distance
+        norm = _reduce(delta, length, lambda t: torch.linalg.vector_norm(t, dim=-1))
+        return at, share, delta, norm.to(_WIDE)
 
     def _radius(
-        self, views: list[tuple[torch.Tensor, torch.Tensor]], inbox: list[Slot]
+        self,
+        views: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+        inbox: list[Slot],
+        b: int,
+        device: torch.device,
     ) -> torch.Tensor:
         """``[B]``: ``tau``, or each row's lower median distance to its arrived shares
         (``inf`` for a row that heard nobody)."""
         if self.tau > 0 or not inbox:
-            b, device = (inbox[0].arrived.shape[0], inbox[0].arrived.device) if inbox else (0, None)
             tau = self.tau if self.tau > 0 else math.inf
             return torch.full((b,), tau, dtype=_WIDE, device=device)
-        distances = torch.stack(
-            [torch.where(s.arrived, d, math.inf) for s, (_, d) in zip(inbox, views, strict=True)],
-            dim=1,
-        )
+        distances = torch.full((b, len(views)), math.inf, dtype=_WIDE, device=device)
+        for k, (at, _, _, norm) in enumerate(views):
+            distances[at, k] = norm
         ordered = torch.sort(distances, dim=1).values
-        count = torch.stack([s.arrived for s in inbox], dim=1).sum(dim=1)
-        at = ((count - 1).clamp(min=0) // 2).unsqueeze(1)
-        return ordered.gather(1, at).squeeze(1)
+        count = torch.isfinite(distances).sum(dim=1)
+        pick = ((count - 1).clamp(min=0) // 2).unsqueeze(1)
+        return ordered.gather(1, pick).squeeze(1)
 
 
 def ClippedPushSum(
