@@ -25,6 +25,8 @@ from typing import Any, cast
 
 import torch
 
+from fedcore.adversary import Attacked, byzantine
+from fedcore.adversary.poison import flip_labels
 from fedcore.algorithms import Algorithm
 from fedcore.algorithms.asynchronous import example_shares, is_asynchronous
 from fedcore.algorithms.optim import Optimizer
@@ -46,6 +48,7 @@ from fedcore.data import (
     check_partition_size,
     training_examples,
 )
+from fedcore.errors import ConfigError
 from fedcore.faults import FaultPlan
 from fedcore.metrics import check_eval_peers
 from fedcore.models import Objective
@@ -375,6 +378,11 @@ def prepare_run(
     evaluator = build_evaluator(config.model, config.run.seed, data.dataset)
     laps.done("built and probed model %s", config.model.name)
     plan = finish_plan(config, outline, model_size(evaluator) if hosts_all else None, laps)
+    if config.adversary.active and config.adversary.attack == "labelflip":
+        nodes, server = plan.graph.nodes, plan.algorithm.server
+        liars = byzantine(config.adversary, config.run.seed, nodes, server)
+        poisoned, parts = flip_labels(data.dataset, data.parts, nodes, liars)
+        data = dataclasses.replace(data, dataset=poisoned, parts=parts)
     privacy = plan_privacy(
         config.privacy,
         nodes=plan.graph.nodes,
@@ -388,9 +396,7 @@ def prepare_run(
     )
     rule = plan.algorithm
     if privacy is not None and privacy.user_level:  # DP-FedAvg's server step
-        p = config.privacy
-        dp = private_fedavg(cast(FedAvgRule, rule), p.clip, p.noise, config.run.seed)
-        rule = cast(Algorithm, dp)
+        rule = _dp_fedavg(config, rule)
     if privacy is not None and privacy.rounds < config.run.rounds:  # privacy.target_epsilon
         config = dataclasses.replace(
             config, run=dataclasses.replace(config.run, rounds=privacy.rounds)
@@ -421,9 +427,30 @@ def prepare_run(
 def _cohort(algorithm: Algorithm, nodes: int) -> tuple[int, int] | None:
     """FedAvg's cohort size and number of workers (the server is one of ``nodes``), which
     DP-FedAvg samples users at; None for any other algorithm."""
-    if not isinstance(algorithm, FedAvgRule):
+    inner = algorithm.rule if isinstance(algorithm, Attacked) else algorithm
+    if not isinstance(inner, FedAvgRule):
         return None
-    return cohort_size(nodes - 1, algorithm.fraction), nodes - 1
+    return cohort_size(nodes - 1, inner.fraction), nodes - 1
+
+
+def _dp_fedavg(config: Config, algorithm: Algorithm) -> Algorithm:
+    """The run's FedAvg with DP-FedAvg's server step (:mod:`fedcore.privacy.dpfedavg`);
+    refused in one line where the server would not average (a robust aggregator) or a
+    Byzantine peer's rule wraps it."""
+    if isinstance(algorithm, Attacked):
+        raise ConfigError(
+            "privacy.mechanism = 'dp-fedavg' with an [adversary] is not built (the liars "
+            "wrap FedAvg's rule); use privacy.mechanism = 'dp-sgd', or remove [adversary]."
+        )
+    rule = cast(FedAvgRule, algorithm)
+    if rule.aggregator.robust:
+        raise ConfigError(
+            "privacy.mechanism = 'dp-fedavg' replaces the server's mean with its clipped, "
+            f"noised mean, so algorithm.aggregator = {rule.aggregator.name!r} would not run; "
+            "set algorithm.aggregator = 'mean', or use privacy.mechanism = 'dp-sgd'."
+        )
+    p = config.privacy
+    return cast(Algorithm, private_fedavg(rule, p.clip, p.noise, config.run.seed))
 
 
 def _check_eval_peers(config: Config, nodes: Sequence[str], server: str | None) -> None:

@@ -102,3 +102,28 @@ def test_engines_agree_and_epsilon_counts_users(tmp_path: Path) -> None:
     assert p == msg["privacy"]
     assert (p["cohort"], p["population"], p["steps"], p["sampling_rate"]) == (3, 6, 4, 0.5)
     assert p["epsilon"] == epsilon([Mechanism(1.0, 0.5, 4)], 1e-5, "rdp")
+
+
+@needs_opacus
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        ("algorithm.aggregator=median", "algorithm.aggregator = 'median' would not run"),
+        ('adversary.peers=["n0"]', r"with an \[adversary\] is not built"),
+    ],
+)
+def test_what_dp_fedavg_cannot_compose_with_is_refused(extra: str, match: str) -> None:
+    from fedcore.setup.prepare import prepare_run
+
+    config = load_config(
+        None,
+        [
+            "algorithm.name=fedavg",
+            "topology.kind=star",
+            "topology.nodes=4",
+            "privacy.mechanism=dp-fedavg",
+            extra,
+        ],
+    )
+    with pytest.raises(ConfigError, match=match):
+        prepare_run(config)
