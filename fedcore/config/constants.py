@@ -38,6 +38,7 @@ __all__ = [
     "PARTITIONS",
     "PRIVACY_ACCOUNTANTS",
     "PRIVACY_MECHANISMS",
+    "PRIVACY_NOISE_KEYS",
     "RANK_PARTITIONS",
     "REMOVED_KEYS",
     "SEED_LIMIT",
@@ -89,6 +90,10 @@ REMOVED_KEYS = {
 PRIVACY_MECHANISMS = ("none", "dp-sgd", "dp-fedavg")
 """``privacy.mechanism``: none, per-example DP-SGD on each peer, or user-level DP-FedAvg
 (clipping and noise at the server; :mod:`fedcore.privacy`)."""
+
+PRIVACY_NOISE_KEYS = ("seed", "secret")
+"""``privacy.noise_key``: the noise keyed by the run's seed (reproducible; every peer of
+the run could redraw it) or by a secret each process draws from the OS (a deployment)."""
 
 PRIVACY_ACCOUNTANTS = ("prv", "rdp")
 """``privacy.accountant``: Opacus's accountant that turns a private run's steps into

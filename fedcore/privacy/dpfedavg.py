@@ -27,7 +27,7 @@ from fedcore.algorithms.optim import keep_rows
 from fedcore.algorithms.rule import Rows, Send
 from fedcore.algorithms.server import FedAvgRule, FedAvgState, cohort_size
 from fedcore.counter_random import make_key
-from fedcore.privacy.dpsgd import add_keyed_noise, peer_words
+from fedcore.privacy.dpsgd import add_keyed_noise, peer_words, secret_word
 
 __all__ = ["DPFedAvgRule", "private_fedavg"]
 
@@ -76,10 +76,13 @@ class DPFedAvgRule(FedAvgRule):
         return FedAvgState(x, opt), Send({"x": x})
 
 
-def private_fedavg(rule: FedAvgRule, clip: float, noise: float, seed: int) -> DPFedAvgRule:
-    """The run's FedAvg rule ``rule`` (its options as built) with DP-FedAvg's server step."""
+def private_fedavg(
+    rule: FedAvgRule, clip: float, noise: float, seed: int, secret: bool = False
+) -> DPFedAvgRule:
+    """The run's FedAvg rule ``rule`` (its options as built) with DP-FedAvg's server step;
+    ``secret``: its noise keyed with 64 bits from the OS too (``privacy.noise_key``)."""
     private = DPFedAvgRule.__new__(DPFedAvgRule)
     private.__dict__.update(vars(rule))
     private.clip, private.noise = float(clip), float(noise)
-    private._key = make_key("fedcore.privacy.dp-fedavg", seed)
+    private._key = make_key("fedcore.privacy.dp-fedavg", seed, *secret_word(secret))
     return private

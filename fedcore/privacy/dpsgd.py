@@ -20,12 +20,17 @@ agree bit for bit in the ``batched`` mode. The draws are exact operations only (
 bits on every device), computed in blocks of :data:`NOISE_BLOCK` pairs that stay in the
 CPU's cache (5x faster than one pass over ``[M, d]``).
 
-The noise is a function of the run's seed, which every peer of a run knows: it makes a
-run reproducible, and hides a peer's data from whoever sees its models without the
-config (the published model, an eavesdropper), not from the run's own peers.
+With ``privacy.noise_key = "seed"`` (the default) the noise is a function of the run's
+seed, which every peer of a run knows: it makes a run reproducible, and hides a peer's data
+from whoever sees its models without the config (the published model, an eavesdropper),
+not from the run's own peers. ``"secret"`` adds 64 bits each process draws from the OS to
+the key (:func:`secret_word`): no other peer can redraw the noise, and the run is not
+reproducible.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -33,7 +38,7 @@ from fedcore.counter_random import gaussian_pair_tensor, make_key, signed64, str
 from fedcore.gradients import RowGradient
 from fedcore.gradients.per_example import clipped_sums
 
-__all__ = ["DPSGD", "NOISE_BLOCK", "add_keyed_noise", "peer_words"]
+__all__ = ["DPSGD", "NOISE_BLOCK", "add_keyed_noise", "peer_words", "secret_word"]
 
 NOISE_BLOCK = 1 << 16
 """Pairs of Gaussian draws computed at once (their float64 temporaries stay in cache)."""
@@ -53,13 +58,14 @@ class DPSGD:
         clip: C, the norm each example's gradient is clipped to.
         noise: sigma, the noise multiplier (0: clipping only).
         seed: The run's seed, which keys the noise.
+        secret: Key it with a secret of this process's too (``privacy.noise_key``).
     """
 
-    def __init__(self, clip: float, noise: float, seed: int) -> None:
-        """Key the noise by the run's seed."""
+    def __init__(self, clip: float, noise: float, seed: int, secret: bool = False) -> None:
+        """Key the noise by the run's seed (and, with ``secret``, 64 bits from the OS)."""
         self.clip = float(clip)
         self.noise = float(noise)
-        self.key = make_key("fedcore.privacy.dp-sgd", seed)
+        self.key = make_key("fedcore.privacy.dp-sgd", seed, *secret_word(secret))
 
     def loss_and_grad(
         self,
@@ -82,6 +88,12 @@ class DPSGD:
             add_keyed_noise(sums, self.key, peers.to(params.device), round, step, scale)
         sums /= counts.to(sums.dtype).unsqueeze(1)
         return losses, sums
+
+
+def secret_word(secret: bool) -> tuple[int, ...]:
+    """``(64 bits from the OS,)`` with ``secret`` (``privacy.noise_key = "secret"``), else
+    ``()``: the extra coordinate of a noise key."""
+    return (int.from_bytes(os.urandom(8), "little"),) if secret else ()
 
 
 def add_keyed_noise(

@@ -68,7 +68,8 @@ class PrivacyPlan:
         """The private gradient every peer of the run computes with (DP-SGD), or None."""
         if self.config.mechanism != "dp-sgd":
             return None
-        return DPSGD(self.config.clip, self.config.noise, self.seed)
+        secret = self.config.noise_key == "secret"
+        return DPSGD(self.config.clip, self.config.noise, self.seed, secret)
 
     def epsilon(self, rounds: int) -> float:
         """The run's epsilon (its worst peer's) after ``rounds`` rounds."""

@@ -450,7 +450,8 @@ def _dp_fedavg(config: Config, algorithm: Algorithm) -> Algorithm:
             "set algorithm.aggregator = 'mean', or use privacy.mechanism = 'dp-sgd'."
         )
     p = config.privacy
-    return cast(Algorithm, private_fedavg(rule, p.clip, p.noise, config.run.seed))
+    secret = p.noise_key == "secret"
+    return cast(Algorithm, private_fedavg(rule, p.clip, p.noise, config.run.seed, secret))
 
 
 def _check_eval_peers(config: Config, nodes: Sequence[str], server: str | None) -> None:

@@ -100,6 +100,9 @@ def test_the_noise_has_the_configured_spread_and_its_keys(monkeypatch: pytest.Mo
         assert not torch.equal(moved[1], grad)  # another seed, another step
     alone = dp.loss_and_grad(obj.rows, params[2:3], x[2:3], y[2:3], peers[2:3], 5, 0)[1]
     assert torch.equal(alone[0], grad[2])  # a peer alone draws its own noise
+    secret = DPSGD(clip, sigma, seed=3, secret=True)  # privacy.noise_key = "secret"
+    assert len({secret.key, DPSGD(clip, sigma, seed=3, secret=True).key, dp.key}) == 3
+    assert DPSGD(clip, sigma, seed=3).key == dp.key
     monkeypatch.setattr(dpsgd, "NOISE_BLOCK", 7)  # blocks of rows and of pairs: the same draws
     assert torch.equal(dp.loss_and_grad(obj.rows, params, x, y, peers, 5, 0)[1], grad)
 

@@ -29,6 +29,7 @@ DPSGD = "privacy.mechanism=dp-sgd"
         ("privacy.delta=1", "must be in \\(0, 1\\)"),
         ("privacy.target_epsilon=-1", "must be an epsilon > 0"),
         ("privacy.accountant='gdp'", "must be one of prv, rdp"),
+        ("privacy.noise_key='secrets'", "must be one of seed, secret"),
         ("privacy.target_epsilon=inf", "must be an epsilon > 0"),
     ],
 )

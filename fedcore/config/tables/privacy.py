@@ -6,7 +6,11 @@ import importlib.util
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
-from fedcore.config.constants import PRIVACY_ACCOUNTANTS, PRIVACY_MECHANISMS
+from fedcore.config.constants import (
+    PRIVACY_ACCOUNTANTS,
+    PRIVACY_MECHANISMS,
+    PRIVACY_NOISE_KEYS,
+)
 from fedcore.config.rules import Table, choice, number, require, rule, rules
 from fedcore.errors import ConfigError
 
@@ -37,6 +41,10 @@ class PrivacyConfig(Table):
     number of records protected). ``target_epsilon``: the run stops after the last round
     whose epsilon is within it, and the summary says so (0: no target).
     ``accountant``: ``"prv"`` (Opacus's PRV accountant, the tighter) or ``"rdp"``.
+    ``noise_key``: ``"seed"`` (the noise is a keyed hash of the run's seed: reproducible,
+    the engines agree bit for bit, and every peer of the run could redraw another's) or
+    ``"secret"`` (keyed by 64 bits each process draws from the OS: what a deployment
+    wants; the run is then not reproducible).
     """
 
     TABLE: ClassVar[str] = "privacy"
@@ -52,6 +60,7 @@ class PrivacyConfig(Table):
         default=0.0, metadata=number(">= 0", why="must be an epsilon > 0 (0: no target)")
     )
     accountant: str = field(default="prv", metadata=choice(PRIVACY_ACCOUNTANTS))
+    noise_key: str = field(default="seed", metadata=choice(PRIVACY_NOISE_KEYS))
 
     @property
     def active(self) -> bool:
