@@ -72,3 +72,28 @@ def test_fingerprint_leaves_out_an_inactive_table() -> None:
     noisier = fingerprint(load_config(None, [DPSGD, "privacy.noise=2.0"]), edges)
     assert len({plain, private, noisier}) == 3
     # tests/topology/test_pins.py pins the fingerprints of runs without the table.
+
+
+@needs_opacus
+def test_engines_that_do_not_run_privacy_say_so() -> None:
+    from fedcore.engines.cohort import cohort_refusal
+    from fedcore.engines.seed_blocks import config_refusal as seeds_refusal
+    from fedcore.engines.shard_refusal import config_refusal as ranks_refusal
+
+    private = load_config(None, [DPSGD])
+    assert "[privacy] runs in one process" in str(ranks_refusal(private))
+    assert "[privacy] runs one seed at a time" in str(seeds_refusal(private))
+    cohort = load_config(
+        None,
+        [
+            "privacy.mechanism=dp-fedavg",
+            "algorithm.name=fedavg",
+            "topology.kind=star",
+            "algorithm.sampler=floyd",
+            "data.partition=slices",
+            "simulate.node_records=none",
+        ],
+    )
+    assert "without differential privacy" in str(cohort_refusal(cohort))
+    plain = load_config(None, [])
+    assert ranks_refusal(plain) is None and seeds_refusal(plain) is None
