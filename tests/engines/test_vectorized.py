@@ -47,7 +47,12 @@ GRAPHS = {
     "dog": ["topology.kind=exponential", "topology.undirected=true"],
     "clippedgossip": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "trimmed-gossip": ["topology.kind=erdos-renyi", "topology.p=0.5", "topology.undirected=true"],
-    "median-gossip": ["topology.kind=complete", "algorithm.bucket=2"],
+    "median-gossip": [
+        "topology.kind=erdos-renyi",
+        "topology.p=0.5",
+        "topology.undirected=true",
+        "algorithm.bucket=2",
+    ],
     "local": ["topology.kind=ring"],
     "central": ["topology.kind=complete"],
     "deepsqueeze": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
