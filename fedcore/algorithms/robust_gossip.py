@@ -41,7 +41,8 @@ decentralized baselines of the ClippedGossip paper do; a missing message is left
 shrinks ``c``). A peer with too few values to trim (``c <= 2 f``) keeps its own value: the
 rule sees no graph when it is built, so it cannot refuse a graph whose in-degree is too
 small (give every honest peer at least ``2 f`` in-neighbours). Cost: per round a sort of
-``c`` values per coordinate, ``c`` copies of the model a peer.
+the ``c`` values of each coordinate (a sorting network of elementwise min and max over the
+model, :func:`sorting_network`), ``c`` copies of the model a peer.
 
 **Bucketing** (``bucket = s`` on both; Karimireddy, He and Jaggi, "Byzantine-Robust
 Learning on Heterogeneous Datasets via Bucketing", ICLR 2022): the ``c`` values are first
@@ -59,6 +60,7 @@ Every engine runs each as one :class:`~fedcore.algorithms.rule.Rule` (mixing
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -69,7 +71,7 @@ from fedcore.counter_random import hash64_tensor, make_key
 from fedcore.errors import ConfigError
 from fedcore.gradients.blas import one_thread
 
-__all__ = ["ClippedGossip", "MedianGossip", "TrimmedGossip"]
+__all__ = ["ClippedGossip", "MedianGossip", "TrimmedGossip", "sorting_network"]
 
 _TOTAL = torch.float64
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: a shorter CPU reduction is one thread's
@@ -100,10 +102,22 @@ def _distance(slot: Slot, x: torch.Tensor) -> torch.Tensor:
     """``[B]`` float64: ``||x_j - x_i||`` of each row, the same bits on one row and on many
     (a CPU row at least torch's grain long is reduced alone on one thread, as a peer's)."""
     z = slot.tensors["x"] - x
-    if z.device.type == "cpu" and z.shape[1] >= _GRAIN:
+    if z.device.type != "cpu":
+        out: torch.Tensor = torch.linalg.vector_norm(z, dim=1, dtype=_TOTAL)
+        return out
+    # On the CPU in the model's dtype (a float64 pass costs ~20x), a row whose squares
+    # overflow it (a far outlier) again in float64, where no float32 value overflows.
+    if z.shape[1] >= _GRAIN:
         with one_thread():
-            return torch.stack([torch.linalg.vector_norm(r, dtype=_TOTAL) for r in z])
-    out: torch.Tensor = torch.linalg.vector_norm(z, dim=1, dtype=_TOTAL)
+            norms = torch.stack([torch.linalg.vector_norm(r) for r in z])
+    else:
+        norms = torch.linalg.vector_norm(z, dim=1)
+    far = torch.isinf(norms)
+    out = norms.to(_TOTAL)
+    if bool(far.any()):
+        with one_thread():
+            for r in torch.nonzero(far).squeeze(1).tolist():
+                out[r] = torch.linalg.vector_norm(z[r], dtype=_TOTAL)
     return out
 
 
@@ -216,84 +230,127 @@ def _stepped(out: torch.Tensor, state: DPSGDState) -> DPSGDState:
 
 def _values(
     x: torch.Tensor, inbox: list[Slot], bucket: int, seed: int, rows: Rows
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``([B, M, d] values, [B, M] bool valid)``: the peer's own value then each slot's
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """``(M values [B, d], [B, M] bool valid)``: the peer's own value then each slot's
     (``M = K + 1``), valid where it arrived; bucketed into ``ceil(M / s)`` bucket means
     if ``bucket = s > 1``."""
-    values = torch.stack([x, *(slot.tensors["x"] for slot in inbox)], dim=1)
+    values = [x, *(slot.tensors["x"] for slot in inbox)]
     valid = torch.stack(
         [torch.ones_like(rows.self_weight, dtype=torch.bool)] + [slot.arrived for slot in inbox],
         dim=1,
     )
-    if bucket > 1 and values.shape[1] > 1:
+    if bucket > 1 and len(values) > 1:
         return _buckets(values, valid, bucket, make_key("fedcore.bucketing", seed), rows)
     return values, valid
 
 
 def _buckets(
-    values: torch.Tensor, valid: torch.Tensor, s: int, key: int, rows: Rows
-) -> tuple[torch.Tensor, torch.Tensor]:
+    values: list[torch.Tensor], valid: torch.Tensor, s: int, key: int, rows: Rows
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Each row's valid values shuffled by ``hash64(key, round, index, slot)`` (a pure
     function of the row and slot, so each engine draws the same) and averaged ``s`` at a
     time in that order; the means are clamped into their bucket's [min, max] (a bucket of
     equal values gives that value)."""
-    m = values.shape[1]
-    slots = torch.arange(m, device=values.device)
+    m = len(values)
+    stack = torch.stack(values, dim=1)
+    slots = torch.arange(m, device=stack.device)
     words = hash64_tensor(key, rows.round, rows.index.unsqueeze(1), slots.unsqueeze(0))
     order = words.argsort(dim=1, stable=True)
     order = order.gather(1, (~valid.gather(1, order)).to(torch.int8).argsort(dim=1, stable=True))
-    shuffled = values.gather(1, order.unsqueeze(2).expand_as(values))
     count = valid.sum(dim=1)
+
+    def item(at: int) -> torch.Tensor:
+        index = order[:, at].view(-1, 1, 1).expand(-1, 1, stack.shape[2])
+        return stack.gather(1, index).squeeze(1)
+
     means = []
     for start in range(0, m, s):
-        first = shuffled[:, start]
-        total, low, high = first.to(_TOTAL), first, first
+        first = item(start)
+        total, low, high = first, first, first
         for at in range(start + 1, min(start + s, m)):
             take = (at < count).unsqueeze(1)
-            v = shuffled[:, at]
+            v = item(at)
             total = torch.where(take, total + v, total)
             low = torch.where(take, torch.minimum(low, v), low)
             high = torch.where(take, torch.maximum(high, v), high)
         size = (count - start).clamp(min=1, max=s).unsqueeze(1)
-        means.append(torch.clamp((total / size).to(values.dtype), low, high))
-    ready = torch.arange(0, m, s, device=values.device).unsqueeze(0) < count.unsqueeze(1)
-    return torch.stack(means, dim=1), ready
+        means.append(torch.clamp(total / size.to(total.dtype), low, high))
+    ready = torch.arange(0, m, s, device=stack.device).unsqueeze(0) < count.unsqueeze(1)
+    return means, ready
 
 
-def _sorted(values: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(the values sorted per coordinate along dim 1 with the invalid ones last as
-    +inf, [B] long count of valid ones)``."""
-    filled = torch.where(valid.unsqueeze(2), values, math.inf)
-    return filled.sort(dim=1).values, valid.sum(dim=1)
+@functools.cache
+def sorting_network(n: int) -> tuple[tuple[int, int], ...]:
+    """Batcher's odd-even merge sort on ``n`` inputs (Knuth, TAOCP 5.3.4): the comparators
+    ``(i, j)``, ``i < j``, that leave ``min`` at ``i`` and ``max`` at ``j``; the network of
+    the next power of two without the comparators that touch an input beyond ``n`` (which
+    would hold +inf and never move)."""
+    pairs = []
+    p = 1
+    while p < n:
+        k = p
+        while k >= 1:
+            for j in range(k % p, n - k, 2 * k):
+                for i in range(min(k, n - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p):
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        p *= 2
+    return tuple(pairs)
 
 
-def _at(ranked: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """``[B, d]``: each row's value at position ``where [B]`` of dim 1."""
-    index = where.clamp(min=0).view(-1, 1, 1).expand(-1, 1, ranked.shape[2])
-    return ranked.gather(1, index).squeeze(1)
+def _sorted(
+    values: list[torch.Tensor], valid: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """``(the values sorted per coordinate, the invalid ones last as +inf; [B] long count
+    of valid ones)``: a sorting network of elementwise min and max, in place on copies
+    (some ``M log^2 M / 4`` passes over ``[B, d]``; a torch sort along the short axis of a
+    stack is several times slower)."""
+    ranked = [
+        v.clone() if k == 0 else torch.where(valid[:, k].unsqueeze(1), v, math.inf)
+        for k, v in enumerate(values)
+    ]
+    spare = torch.empty_like(ranked[0])
+    for i, j in sorting_network(len(ranked)):
+        a, b = ranked[i], ranked[j]
+        torch.minimum(a, b, out=spare)
+        torch.maximum(a, b, out=b)
+        ranked[i], spare = spare, a
+    return ranked, valid.sum(dim=1)
+
+
+def _at(ranked: list[torch.Tensor], where: torch.Tensor) -> torch.Tensor:
+    """``[B, d]``: each row's value at position ``where [B]`` of ``ranked``."""
+    out = ranked[0]
+    for at in range(1, len(ranked)):
+        out = torch.where((where == at).unsqueeze(1), ranked[at], out)
+    return out
 
 
 def _trimmed_mean(
-    values: torch.Tensor, valid: torch.Tensor, f: int, own: torch.Tensor
+    values: list[torch.Tensor], valid: torch.Tensor, f: int, own: torch.Tensor
 ) -> torch.Tensor:
     """Per coordinate, the mean of the valid values without the ``f`` smallest and ``f``
-    largest (summed in float64 in sorted order, clamped into the kept values' range); a row
-    with ``count <= 2 f`` keeps ``own``."""
+    largest (summed in sorted order, then clamped into the kept values' range, so that it
+    never leaves it by a rounding); a row with ``count <= 2 f`` keeps ``own``."""
+    most = int(valid.sum(dim=1).max())
+    if 2 * f >= most:
+        return own.clone()  # no row has enough values
     ranked, count = _sorted(values, valid)
-    m = ranked.shape[1]
     kept = count - 2 * f
-    if f >= m:
-        return own.clone()
-    total = ranked[:, f].to(_TOTAL)
-    for at in range(f + 1, m):
-        take = (at < count - f).unsqueeze(1)
-        total = torch.where(take, total + ranked[:, at], total)
-    mean = (total / kept.clamp(min=1).unsqueeze(1)).to(values.dtype)
-    mean = torch.clamp(mean, ranked[:, f], _at(ranked, count - f - 1))
+    total = ranked[f].clone()
+    for at in range(f + 1, most - f):  # beyond it no row keeps a value
+        take = at < count - f
+        if bool(take.all()):
+            total.add_(ranked[at])
+        else:
+            total = torch.where(take.unsqueeze(1), total + ranked[at], total)
+    mean = total.div_(kept.clamp(min=1).unsqueeze(1).to(total.dtype))
+    mean = torch.clamp(mean, ranked[f], _at(ranked, count - f - 1))
     return torch.where((kept > 0).unsqueeze(1), mean, own)
 
 
-def _median(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def _median(values: list[torch.Tensor], valid: torch.Tensor) -> torch.Tensor:
     """Per coordinate, the median of the valid values (every row has one: its own)."""
     ranked, count = _sorted(values, valid)
     low, high = _at(ranked, (count - 1) // 2), _at(ranked, count // 2)

@@ -20,7 +20,12 @@ from hypothesis import strategies as st
 
 from fedcore.algorithms import Rows, Slot, make_algorithm
 from fedcore.algorithms.dpsgd import DPSGDRule
-from fedcore.algorithms.robust_gossip import ClippedGossip, MedianGossip, TrimmedGossip
+from fedcore.algorithms.robust_gossip import (
+    ClippedGossip,
+    MedianGossip,
+    TrimmedGossip,
+    sorting_network,
+)
 from fedcore.cli.app import main
 from fedcore.config import load_config
 from fedcore.counter_random import hash64, make_key, signed64
@@ -172,23 +177,29 @@ def test_clipping_nothing_is_dpsgd_bit_for_bit(b: int, k: int, d: int, seed: int
     d=st.integers(1, 4),
     tau=st.floats(1e-3, 10.0),
     seed=st.integers(0, 2**16),
-    scale=st.floats(1e-3, 1e30),
+    scale=st.floats(1e-3, 1e38),
+    wide=st.booleans(),
 )
 def test_a_neighbour_pulls_at_most_its_weight_times_tau(
-    k: int, d: int, tau: float, seed: int, scale: float
+    k: int, d: int, tau: float, seed: int, scale: float, wide: bool
 ) -> None:
-    """Whatever neighbour ``j`` sends, it moves the peer by at most ``W_ji tau`` from where
-    it would be had ``j`` sent the peer's own value."""
+    """Whatever neighbour ``j`` sends (up to float32's largest values, whose squares
+    overflow float32), it moves the peer by at most ``W_ji tau`` from where it would be had
+    ``j`` sent the peer's own value."""
+    kind = F64 if wide else torch.float32
     g = torch.Generator().manual_seed(seed)
     own = torch.randn(1, d, generator=g, dtype=F64)
     values = [own + torch.randn(1, d, generator=g, dtype=F64) for _ in range(k)]
     weights = [torch.rand(1, generator=g, dtype=F64) / (k + 1) for _ in range(k)]
     arrived = [torch.tensor([True])] * k
     rule = ClippedGossip(tau=tau)
-    attacked = [*values[:-1], own + scale * torch.randn(1, d, generator=g, dtype=F64)]
+    far = (own + scale * torch.randn(1, d, generator=g, dtype=F64).clamp(-2, 2)).to(kind)
+    own, values = own.to(kind), [v.to(kind) for v in values]
+    attacked = [*values[:-1], far]
     quiet = [*values[:-1], own.clone()]
     moved = _run(rule, own, attacked, arrived, weights) - _run(rule, own, quiet, arrived, weights)
-    assert float(moved.norm()) <= float(weights[-1]) * tau * (1 + 1e-9) + 1e-12 * scale
+    slack = 1e-9 if wide else 1e-5 * (1 + float(own.abs().max()) + k)
+    assert float(moved.double().norm()) <= float(weights[-1]) * tau + slack
 
 
 @settings(max_examples=30)
@@ -209,6 +220,19 @@ def test_the_adaptive_radius_is_a_fixed_one_at_the_ranked_distance(
     tau = ranked[min(clipped, len(ranked) - 1)]
     adaptive = _run(ClippedGossip(clipped=clipped), own, values, arrived)
     assert torch.equal(adaptive, _run(ClippedGossip(tau=tau), own, values, arrived))
+
+
+def test_distances_whose_squares_overflow_float32_still_rank() -> None:
+    """A float32 model, own value 0, neighbours at distances 1e20 and 1e21 (squares beyond
+    float32) and 1: the adaptive radius is 1e20 (the second largest), so only the 1e21 one
+    is clipped, to 1e20."""
+    own = torch.zeros(1, 2)
+    values = [torch.tensor([[1e20, 0.0]]), torch.tensor([[0.0, -1e21]]), torch.tensor([[1.0, 0.0]])]
+    arrived = [torch.tensor([True])] * 3
+    out = _run(ClippedGossip(clipped=1), own, values, arrived)
+    quarter = 0.25  # each neighbour's weight (1 / (K + 1))
+    expected = torch.tensor([[quarter * (1e20 + 1.0), -quarter * 1e20]])
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=0.0)
 
 
 def test_the_bucket_shuffle_is_the_documented_keyed_hash() -> None:
@@ -283,6 +307,21 @@ def test_many_rows_give_what_each_row_gives_alone(name: str, data: st.DataObject
             index=index[r : r + 1],
         )
         assert torch.equal(many[r : r + 1], one), (name, r)
+
+
+def test_the_sorting_network_sorts_every_input_of_zeros_and_ones() -> None:
+    """The 0-1 principle (Knuth, TAOCP 5.3.4): a comparator network sorts every input if
+    it sorts every one of 0s and 1s; all 2**n of them for n up to 12."""
+    for n in range(1, 13):
+        bits = torch.arange(2**n).unsqueeze(1).bitwise_right_shift(torch.arange(n)) & 1
+        lanes = list(bits.T)
+        for i, j in sorting_network(n):
+            lanes[i], lanes[j] = (
+                torch.minimum(lanes[i], lanes[j]),
+                torch.maximum(lanes[i], lanes[j]),
+            )
+        out = torch.stack(lanes)
+        assert bool((out[1:] >= out[:-1]).all()), n
 
 
 @pytest.mark.parametrize(
