@@ -22,8 +22,9 @@ as ``delta_max`` is small against ``gamma^2``; with no attacker and no clipping 
 D-PSGD. The theoretical radius needs to know who is honest, so the radius is either fixed
 (``tau``) or adaptive (the default): ``tau_i`` is the ``(clipped + 1)``-th largest distance
 ``||x_j - x_i||`` over the arrived neighbours (the smallest of them when fewer arrived), so
-the ``clipped`` farthest (default 1, the rule of the paper's experiments) are clipped to the
-next one's distance and no other neighbour is clipped. A missing message contributes
+the ``clipped`` farthest (default 1, as in the authors' experiment code) are clipped to the
+next one's distance and no other neighbour is clipped (so it bounds at most ``clipped``
+lying neighbours: with more, one of them sets the radius). A missing message contributes
 nothing and its weight goes to the peer itself (as D-PSGD). It is computed in D-PSGD's form,
 ``(W_ii + sum_j W_ji (1 - s_j)) x_i + sum_j W_ji s_j x_j`` with ``s_j = min(1, tau_i /
 ||x_j - x_i||)``, so with no neighbour clipped it is D-PSGD's mix bit for bit.
