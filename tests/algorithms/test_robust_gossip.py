@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(
-    rule: object,
+    rule: DPSGDRule,
     own: torch.Tensor,
     values: list[torch.Tensor],
     arrived: list[torch.Tensor],
@@ -55,16 +56,16 @@ def _run(
         weights = [torch.full((b,), 1.0 / (k + 1), dtype=F64) for _ in values]
     own_weight = 1.0 - torch.stack(weights, 1).sum(1) if weights else torch.ones(b, dtype=F64)
     rows = Rows(round=round, lr=lr, self_weight=own_weight, index=index)
-    state = rule.init(own)  # type: ignore[attr-defined]
-    state, _ = rule.step(state, torch.zeros_like(own) if grad is None else grad, rows)  # type: ignore[attr-defined]
+    state = rule.init(own)
+    state, _ = rule.step(state, torch.zeros_like(own) if grad is None else grad, rows)
     inbox = [Slot({"x": v}, {}, w, a) for v, w, a in zip(values, weights, arrived, strict=True)]
-    new, send = rule.mix(state, 0, inbox, rows)  # type: ignore[attr-defined]
+    new, send = rule.mix(state, 0, inbox, rows)
     assert send is None
     out: torch.Tensor = new.x
     return out
 
 
-RULES = {
+RULES: dict[str, Callable[[], DPSGDRule]] = {
     "clippedgossip": lambda: ClippedGossip(),
     "clippedgossip-tau": lambda: ClippedGossip(tau=0.5),
     "trimmed": lambda: TrimmedGossip(trim=1),
