@@ -31,7 +31,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -106,8 +106,12 @@ def evaluate_models(
     server: str | None = None,
     own_tests: Mapping[str, Any] | None = None,
     sample: torch.Tensor | None = None,
+    liars: Collection[str] = (),
 ) -> dict[str, Any]:
     """Accuracy and loss of the average model and of every node's model on ``(x, y)``.
+
+    ``liars`` (the Byzantine peers of ``[adversary]``) are left out: the average model,
+    the per-node figures and the consensus distance are the honest peers'.
 
     With ``own_tests`` (node id -> indices into ``(x, y)``: per-node test sets), each
     node's accuracy is on its own test examples (:func:`own_test_accuracy`); the average
@@ -126,6 +130,8 @@ def evaluate_models(
     if server is not None:
         average = models[server]
         models = {nid: m for nid, m in models.items() if nid != server}
+    if liars:
+        models = {nid: m for nid, m in models.items() if nid not in liars}
     tensors = list(models.values())
     stacked = torch.stack(tensors)
     mean = exact_mean(stacked)

@@ -410,6 +410,7 @@ ALGORITHMS = Family(
     "algorithm",
     (
         Entry("ops", f"{_ALGORITHMS}.ops:OPS"),
+        Entry("clipped-push-sum", f"{_ALGORITHMS}.clipped_push_sum:ClippedPushSum"),
         Entry("dpsgd", f"{_ALGORITHMS}.dpsgd:DPSGD"),
         Entry("dog", f"{_ALGORITHMS}.online:DOG"),
         Entry("clippedgossip", f"{_ALGORITHMS}.robust_gossip:ClippedGossip"),

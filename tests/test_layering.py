@@ -34,6 +34,7 @@ LAYERS = {
     "progress": 1,
     "compression": 2,
     "algorithms": 2,
+    "adversary": 2,
     "transport": 3,
     "node": 4,
     "plotting": 5,

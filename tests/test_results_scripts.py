@@ -122,6 +122,38 @@ def test_time_results_tiny(tmp_path: Path) -> None:
         assert slow["engine"] == "events" and slow["speedup_to_target"] > 2, (asyn, slow)
 
 
+@pytest.mark.slow  # about 10 s: six short runs
+def test_byzantine_results_tiny(tmp_path: Path) -> None:
+    """Claim (b) at CI size: weight inflation stops plain push-sum (the inflated mass drives
+    honest peers' shares out of range) while clipped push-sum completes within a few
+    points of its honest run, and withheld mass costs it little."""
+    args = ["--tiny", "--jobs", "1", "--out", str(tmp_path)]
+    _run(["scripts/byzantine_results.py", "--grids", "push-sum", *args], 400)
+    stem = tmp_path / "byzantine-push-sum"
+    assert stem.with_suffix(".png").stat().st_size > 0
+    rows = {r["case"]: r for r in json.loads(stem.with_suffix(".json").read_text("utf-8"))}
+    assert rows["ops, inflate"]["failed"] and not rows["ops, no attack"]["failed"]
+    honest = rows["clipped-push-sum, no attack"]["mean_node_accuracy"][0]
+    assert honest > 0.8
+    for attack in ("inflate", "withhold"):
+        row = rows[f"clipped-push-sum, {attack}"]
+        assert not row["failed"] and row["mean_node_accuracy"][0] > honest - 0.05, attack
+
+
+@pytest.mark.slow  # about 8 s: six short runs
+def test_byzantine_star_results_tiny(tmp_path: Path) -> None:
+    """Claim (c) at CI size: the star grid runs every aggregator with and without two
+    Byzantine workers of ten, and the robust rules keep the server's model learning."""
+    args = ["--tiny", "--jobs", "1", "--out", str(tmp_path)]
+    _run(["scripts/byzantine_results.py", "--grids", "star", *args], 400)
+    stem = tmp_path / "byzantine-star"
+    rows = {r["aggregator"]: r for r in json.loads(stem.with_suffix(".json").read_text("utf-8"))}
+    assert set(rows) == {"mean", "median", "krum"}
+    for row in rows.values():
+        worst = row["worst"]["2"]
+        assert worst["attack"] == "sign flip" and worst["accuracy"] > 0.6, row
+
+
 def test_the_table_and_the_summary_give_one_time_to_target(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -142,6 +142,9 @@ class Slot:
         one: On one peer (``B = 1``): ``(W_ji, arrived)`` as Python values, so a helper
             can skip tensor ops on one-element tensors (``None``: read ``weight`` and
             ``arrived``).
+        sender: ``[B]`` long: who sent it, as an index into
+            :attr:`~fedcore.algorithms.rule.Rows.nodes` (any index in a padding slot);
+            ``None`` where the engine does not say.
     """
 
     tensors: Mapping[str, torch.Tensor]
@@ -149,6 +152,7 @@ class Slot:
     weight: torch.Tensor
     arrived: torch.Tensor
     one: tuple[float, bool] | None = None
+    sender: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,12 +171,16 @@ class Gathered:
         scalars: Name -> ``[M]`` float64.
         dst: ``[M]`` long: the row (``0 .. B-1``) that received message ``m``.
         b: Number of rows.
+        src: ``[M]`` long: who sent message ``m``, as an index into
+            :attr:`~fedcore.algorithms.rule.Rows.nodes`; ``None`` where the engine does
+            not say.
     """
 
     tensors: Mapping[str, torch.Tensor]
     scalars: Mapping[str, torch.Tensor]
     dst: torch.Tensor
     b: int
+    src: torch.Tensor | None = None
 
     def total(
         self,

@@ -40,23 +40,35 @@ algorithm's step) use its direction ``u`` where plain SGD uses ``lr * g``; the o
 state stays at the worker across the rounds it is not sampled in. The *server* optimizer
 (``server_optimizer``: ``sgd``, ``momentum`` or ``adam``, with ``server_lr``) is separate:
 it acts on the averaged difference ``x - xbar`` (Reddi et al., ICLR 2021).
+
+**Robust aggregation** (``aggregator``, :mod:`fedcore.algorithms.aggregators`): the
+server's ``xbar`` is the aggregator's value of the models that arrived instead of their
+weighted mean (Krum, Multi-Krum, trimmed mean, median, geometric median, centered
+clipping; bucketing or NNM first), and the server step above applies to it as it is. The
+default ``"mean"`` is the weighted mean above, the same code and bits. A round whose
+arrivals are too few for the aggregator's ``f`` keeps the global model (as when none
+arrived) and is counted in :attr:`FedAvgRule.short_rounds`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from fedcore import registry
+from fedcore.algorithms.aggregators import make_aggregator
 from fedcore.algorithms.base import model_schema
 from fedcore.algorithms.optim import Optimizer, keep_rows, make_optimizer
 from fedcore.algorithms.rule import Gathered, Rows, Rule, Send
 from fedcore.counter_random import MASK64, hash64_tensor, make_key
 from fedcore.errors import ConfigError
 from fedcore.messages import MessageSchema, ScalarSpec
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SAMPLERS",
@@ -140,6 +152,11 @@ class FedAvgRule(Rule):
         server_momentum: ``momentum``'s coefficient.
         sampler: How the round's workers are drawn: ``"sha256"`` or ``"floyd"`` (see the
             module docstring).
+        aggregator: What the server makes of the models that arrived: ``"mean"`` (the
+            weighted mean) or a robust rule of :mod:`fedcore.algorithms.aggregators`.
+        f, m, trim, bucket, nnm, iterations, tau, tolerance, nu: The aggregator's options
+            (``None``: not set; each aggregator takes its own,
+            :data:`~fedcore.algorithms.aggregators.OPTIONS`).
     """
 
     name = "fedavg"
@@ -156,6 +173,16 @@ class FedAvgRule(Rule):
         server_lr: float = 1.0,
         server_momentum: float = 0.9,
         sampler: str = "sha256",
+        aggregator: str = "mean",
+        f: int | None = None,
+        m: int | None = None,
+        trim: int | None = None,
+        bucket: int | None = None,
+        nnm: bool | None = None,
+        iterations: int | None = None,
+        tau: float | None = None,
+        tolerance: float | None = None,
+        nu: float | None = None,
     ) -> None:
         """Check the options."""
         if sampler not in SAMPLERS:
@@ -192,8 +219,37 @@ class FedAvgRule(Rule):
             if server_optimizer == "sgd" and self.server_lr == 1.0
             else make_optimizer(server_optimizer, **options)
         )
+        self.aggregator = make_aggregator(
+            aggregator,
+            seed=self.seed,
+            f=f,
+            m=m,
+            trim=trim,
+            bucket=bucket,
+            nnm=nnm,
+            iterations=iterations,
+            tau=tau,
+            tolerance=tolerance,
+            nu=nu,
+        )
+        self.short_rounds = 0
+        """Rounds whose arrived models were too few for the aggregator (the server kept
+        its model), counted here; the 1st, 2nd, 4th, 8th ... logged (a warning: the run
+        summary's ``warnings``, with the count so far)."""
         self._samples: dict[tuple[int, int], tuple[tuple[str, ...], set[str]]] = {}
         self._masks: dict[tuple[tuple[str, ...], int], torch.Tensor] = {}
+
+    def check_workers(self, workers: int) -> None:
+        """Refuse a run of ``workers`` workers whose cohort is too small for the
+        aggregator's ``f`` (at set-up, when the config is known).
+
+        Raises:
+            ConfigError: in one line, what the aggregator needs.
+        """
+        k = cohort_size(workers, self.fraction)
+        self.aggregator.check(
+            k, f"a cohort of {k}: algorithm.fraction = {self.fraction} of {workers} workers"
+        )
 
     # -- who does what ---------------------------------------------------------------------
 
@@ -283,13 +339,16 @@ class FedAvgRule(Rule):
             x = _where_rows(heard, state.x, lambda rows: inbox.total("x", rows=rows))
             return FedAvgState(x, state.server_opt), None
         x, opt = state.x, state.server_opt
-        weight = inbox.scalar_total("samples").clamp(min=1.0).unsqueeze(1)
+        if self.aggregator.robust:
+            average, heard = self._robust(x, inbox, heard, rows.round)
+        else:
+            weight = inbox.scalar_total("samples").clamp(min=1.0).unsqueeze(1)
 
-        def mean(rows: torch.Tensor | None) -> torch.Tensor:
-            total = inbox.total("x", weight="samples", dtype=torch.float64, rows=rows)
-            return (total / (weight if rows is None else weight[rows])).to(x.dtype)
+            def mean(rows: torch.Tensor | None) -> torch.Tensor:
+                total = inbox.total("x", weight="samples", dtype=torch.float64, rows=rows)
+                return (total / (weight if rows is None else weight[rows])).to(x.dtype)
 
-        average = _where_rows(heard, x, mean)
+            average = _where_rows(heard, x, mean)
         if self._opt is None:
             x = average
         elif bool(heard.any()):
@@ -298,6 +357,40 @@ class FedAvgRule(Rule):
             x = torch.where(heard, x - u, x)
             opt = keep_rows(heard.squeeze(1), after, before)
         return FedAvgState(x, opt), Send({"x": x})
+
+    def _robust(
+        self, x: torch.Tensor, inbox: Gathered, heard: torch.Tensor, t: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(the aggregate of each row that heard (the others' x), [B, 1] the rows it
+        replaced)``: the aggregator over each row's arrived models in graph order of their
+        senders (whatever order an engine lists them in); a row whose arrivals are too few
+        keeps its model (counted, :attr:`short_rounds`)."""
+        out = x.clone()
+        took = heard.clone()
+        values: torch.Tensor | None = None
+        for r in heard.squeeze(1).nonzero().squeeze(1).tolist():
+            picked = (inbox.dst == r).nonzero().squeeze(1)
+            senders = None
+            if inbox.src is not None:
+                senders, order = torch.sort(inbox.src[picked], stable=True)
+                picked = picked[order]
+            why = self.aggregator.short(int(picked.numel()))
+            if why is not None:
+                took[r] = False
+                self.short_rounds += 1
+                if self.short_rounds & (self.short_rounds - 1) == 0:  # 1, 2, 4, 8, ...
+                    logger.warning(
+                        "round %d: the server kept its model (%d such round(s) so far): %s",
+                        t,
+                        self.short_rounds,
+                        why,
+                    )
+                continue
+            if values is None:
+                values = inbox.tensors["x"]
+            points = values.index_select(0, picked)
+            out[r] = self.aggregator(points, x[r], t, senders).to(x.dtype)
+        return out, took
 
 
 FedAvg = FedAvgRule

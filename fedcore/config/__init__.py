@@ -100,6 +100,7 @@ from fedcore.config.experiment import Config, table_keys
 from fedcore.config.fingerprints import fingerprint, fingerprint_json
 from fedcore.config.load import PATH_KEYS, config_from_dict, load_config
 from fedcore.config.overrides import parse_override
+from fedcore.config.tables.adversary import AdversaryConfig
 from fedcore.config.tables.data import DataConfig
 from fedcore.config.tables.faults import Crash, FaultsConfig, Partition
 from fedcore.config.tables.learning import (
@@ -150,6 +151,7 @@ __all__ = [
     "SEED_LIMIT",
     "STREAMS",
     "TRACKING_KEYS",
+    "AdversaryConfig",
     "AlgorithmConfig",
     "ClockCost",
     "CompressionConfig",

@@ -67,7 +67,7 @@ half a millisecond a period, measured on 16 peers with 10,000 periods each), so 
 shorter than the run would hold the run for hours
 (:func:`~fedcore.config.check_clock_horizon`)."""
 
-PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "natural", "slices")
+PARTITIONS = ("iid", "dirichlet", "shards", "sorted", "quantity", "natural", "slices")
 """How training data is split across nodes (``data.partition``)."""
 MODES = ("strict", "deadline")
 """How a node waits for its in-neighbours (``transport.mode``)."""

@@ -9,6 +9,7 @@ from typing import Any
 from fedcore.config.clock import check_clock_horizon
 from fedcore.config.constants import CONVEX_MODELS, FLOAT32_MAX
 from fedcore.config.rules import require
+from fedcore.config.tables.adversary import AdversaryConfig
 from fedcore.config.tables.data import DataConfig
 from fedcore.config.tables.faults import FaultsConfig
 from fedcore.config.tables.learning import AlgorithmConfig, ModelConfig, OptimizerConfig
@@ -37,6 +38,7 @@ class Config:
     transport: TransportConfig = field(default_factory=TransportConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     time: TimeConfig = field(default_factory=TimeConfig)
+    adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
 
     def __post_init__(self) -> None:
@@ -58,6 +60,17 @@ class Config:
                     f"must be at most {FLOAT32_MAX:.4g} with model.dtype = 'float32' (a "
                     "larger step is inf in float32: the run would diverge at round 0)",
                 )
+        if self.adversary.active and self.simulate.engine == "cohort":
+            raise ConfigError(
+                "[adversary] with simulate.engine = 'cohort': the cohort engine does not run "
+                "Byzantine clients yet; use simulate.engine = 'auto'."
+            )
+        if self.adversary.active and self.adversary.attack == "labelflip" and self.data.stream:
+            raise ConfigError(
+                "adversary.attack = 'labelflip' poisons a peer's examples; an online stream "
+                f"(data.stream = {clip(self.data.stream)}) holds none fixed. Choose another "
+                "attack, or a dataset."
+            )
         if self.run.regret and self.model.name not in CONVEX_MODELS:
             raise ConfigError(
                 f"run.regret = true needs a model whose loss is convex in its parameters "
@@ -78,6 +91,7 @@ TABLES: dict[str, type[Any]] = {
     "transport": TransportConfig,
     "faults": FaultsConfig,
     "time": TimeConfig,
+    "adversary": AdversaryConfig,
     "simulate": SimulateConfig,
 }
 """The tables of a config file, by name, in the order a config is written."""

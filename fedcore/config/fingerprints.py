@@ -40,6 +40,8 @@ def fingerprint_json(config: Config, edges_json: Iterable[bytes]) -> str:
     tables["data"].pop("root", None)
     if not config.data.examples_per_node:  # fingerprints of runs without it as they were
         tables["data"].pop("examples_per_node", None)
+    if not config.adversary.active:  # fingerprints of runs without liars as they were
+        tables.pop("adversary", None)
     if not config.time.active:  # fingerprints of runs without [time] as they were
         tables.pop("time", None)
     else:  # the traces' contents are in the run's times, not where a host keeps them

@@ -1,6 +1,7 @@
 """Training examples split across peers: ``iid``, ``dirichlet`` (label skew with
 concentration ``alpha``: small alpha, few labels per node), ``shards`` (sort by label, deal
-``shards_per_node`` contiguous shards to each node), ``quantity`` (quantity skew) and
+``shards_per_node`` contiguous shards to each node), ``sorted`` (one contiguous run of the
+label-sorted examples a node, in node order), ``quantity`` (quantity skew) and
 ``natural`` (whole writers per node, for data with writers) and ``slices`` (node ``i``'s
 examples found by index: :func:`slice_part`, for populations of millions).
 
@@ -127,7 +128,10 @@ def partition(
         n_parts: Number of nodes.
         scheme: ``"iid"``; ``"dirichlet"`` (label skew); ``"shards"`` (pathological: sort
             by label, deal ``shards_per_node`` contiguous shards to each node, so a node
-            sees about that many classes); ``"quantity"`` (quantity skew: node sizes in
+            sees about that many classes); ``"sorted"`` (the label-sorted examples cut into
+            ``n_parts`` contiguous runs, node ``i`` the ``i``-th: neighbouring nodes share
+            labels, so a graph's regions hold different classes, as a dumbbell's two
+            cliques); ``"quantity"`` (quantity skew: node sizes in
             Dirichlet(``alpha``) shares of the examples beyond ``min_size`` each, labels
             iid); ``"natural"`` (one node per writer, or per group of writers: see
             :func:`natural_owners`).
@@ -182,6 +186,8 @@ def partition(
             )
             for i in range(n_parts)
         ]
+    elif scheme == "sorted":  # contiguous runs of the label-sorted examples, in node order
+        parts = np.array_split(np.argsort(y, kind="stable"), n_parts)
     elif scheme == "quantity":
         if not alpha > 0:
             raise DataError(f"data.alpha must be > 0 for a quantity partition, got {alpha}.")

@@ -239,6 +239,12 @@ def _prepare(
     """The run's set-up for the peers ``node_ids`` (checked by :func:`_check_peers`); each
     peer's stage (in ``outs[id]``) is ``preparing`` meanwhile, ``failed`` if it fails.
     With ``stream``, a line there every :data:`TICK_S` seconds while it prepares."""
+    if config.adversary.active and config.adversary.targeted:
+        raise ConfigError(
+            f"adversary.attack = {config.adversary.attack!r} is made of what a target's other "
+            "in-neighbours send it, which a real peer does not see: simulate it, or give "
+            "real peers a sender attack (signflip, scale, gaussian, inflate, withhold)."
+        )
     for n in node_ids:
         write_stage(outs[n], "preparing")
     who = ",".join(node_ids) if len(node_ids) <= 4 else f"{node_ids[0]}..{node_ids[-1]}"

@@ -468,7 +468,8 @@ class BatchedRule:
             scalars = {name: value[src].to(_TOTAL) for name, value in send.scalars.items()}
         else:
             scalars = {}
-        return Gathered(SenderRows(tensors, rows) if send is not None else {}, scalars, dst, g.n)
+        tensors_of = SenderRows(tensors, rows) if send is not None else {}
+        return Gathered(tensors_of, scalars, dst, g.n, src)
 
     def _edge_inbox(
         self, send: Any, phase: int, ctx: BatchRound, compressed: set[int], rows: Rows
@@ -556,6 +557,7 @@ class BatchedRule:
                     {name: value[:, k] for name, value in scalars.items()},
                     weights[:, k],
                     arrived[:, k],
+                    sender=g.nbr[:, k],
                 )
                 for k in range(g.nbr.shape[1])
             ]
@@ -570,6 +572,7 @@ class BatchedRule:
                 {name: value.index_select(0, g.nbr[:, k]) for name, value in send.scalars.items()},
                 weights[:, k],
                 arrived[:, k],
+                sender=g.nbr[:, k],
             )
             for k in range(g.nbr.shape[1])
         ]

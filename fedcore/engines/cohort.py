@@ -311,6 +311,7 @@ class CohortNetwork:
         self.n = config.topology.nodes
         rule = configured_algorithm(AlgorithmInputs.of(config))
         assert isinstance(rule, FedAvgRule)  # cohort_refusal: fedavg
+        rule.check_workers(self.n)
         self.rule = rule
         self.m = cohort_size(self.n, rule.fraction)
         self.dataset = load_dataset(
@@ -390,6 +391,7 @@ class CohortNetwork:
             {"samples": self.samples},
             torch.zeros(self.m, dtype=torch.long, device=self.device),
             1,
+            torch.tensor(clients, dtype=torch.long, device=self.device),  # n{i} at index i
         )
         step_lr = self.options.lr_at(t) if self.optimizer is None else 1.0
         stub = Rows(

@@ -56,6 +56,8 @@ def config_refusal(config: Config) -> str | None:
         )
     if config.time.active:
         return "virtual time ([time]) is not batched"
+    if config.adversary.active:
+        return "Byzantine peers ([adversary]) are not batched"
     if config.transport.mode == "deadline":
         return "deadline mode (transport.mode) runs on the message engine"
     if config.data.stream:

@@ -77,6 +77,8 @@ def config_refusal(config: Config) -> str | None:
             "simulate.engine = 'messages' runs every peer in one process; ranks shard the "
             "vectorized engine (simulate.engine = 'auto')"
         )
+    if config.adversary.active:
+        return "Byzantine peers ([adversary]) are not sharded yet (one process runs them)"
     if config.simulate.device != "cpu":
         device = config.simulate.device
         return f"simulate.device = {device!r}: ranks run on the CPU (gloo) for now"

@@ -18,7 +18,8 @@ rule sends as it is, ``lossless``: as values).
 
 Each receiver's inbox is the one-process engine's :class:`~fedcore.algorithms.rule.Gathered`
 list of its rows: the messages that arrived, grouped by receiver, each receiver's in sorted
-sender order (the graph's edge order), so its sums add the same values in the same order.
+sender order (the graph's edge order), so its sums add the same values in the same order;
+each message names its sender (``src``), as FedAvg's robust aggregators read it.
 A sender's codec round-trips its message once when it sends at all (every sender of a
 message of the round that is up, as one process encodes it, whether or not the message is
 lost), drawing from its own generator.
@@ -152,8 +153,9 @@ class ShardServer(ShardCodecs):
             ok_out, ok_in = self.faults.chosen(t, phase, up_all, counts, m, sends)
         arrived_in = in_edges[ok_in]
         dst = self.local_of[g.dst[arrived_in]]
+        src = g.src[arrived_in]
         if send is None:
-            return Gathered({}, {}, dst, self.b)
+            return Gathered({}, {}, dst, self.b, src)
         # Every message that arrives anywhere, as both ends know it: this rank's sent ones
         # and received ones (a message between two other ranks is no concern of this one).
         edges = torch.cat([out_edges[ok_out], arrived_in])
@@ -187,7 +189,7 @@ class ShardServer(ShardCodecs):
             k: torch.cat([v, far_s[k]]).index_select(0, rows).to(_TOTAL)
             for k, v in send.scalars.items()
         }
-        return Gathered(SenderRows(tensors, rows), scalars, dst, self.b)
+        return Gathered(SenderRows(tensors, rows), scalars, dst, self.b, src)
 
     def _finite(self, values: torch.Tensor, sending: torch.Tensor, t: int) -> None:
         """Stop the run as a strict receiver does if a row ``sending`` sends of ``values``

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fedcore.adversary import byzantine
 from fedcore.evaluation import exact_mean, row_figures
 from fedcore.metrics import eval_peers_sample, evaluation_record, own_test_accuracy
 from fedcore.setup.prepare import RunSetup
@@ -131,6 +132,11 @@ def evaluate_rows(
         at = list(nodes).index(server)
         average = params[at]
         keep = [i for i in range(len(nodes)) if i != at]
+        params = params[torch.tensor(keep, device=params.device)]
+        nodes = tuple(nodes[i] for i in keep)
+    liars = set(byzantine(setup.config.adversary, setup.config.run.seed, nodes, server))
+    if liars:  # as evaluate_models: the honest peers' figures alone
+        keep = [i for i, v in enumerate(nodes) if v not in liars]
         params = params[torch.tensor(keep, device=params.device)]
         nodes = tuple(nodes[i] for i in keep)
     mean = exact_mean(params)

@@ -397,7 +397,7 @@ class NodeRule:
         rows = self._rows(ctx)
         if self.rule.pattern == "chosen":
             model = self.rule.model(state)
-            chosen = _gathered(inbox, schema_of(self.rule, phase, rows), model)
+            chosen = _gathered(inbox, schema_of(self.rule, phase, rows), model, self._positions[1])
             state, send = self.rule.mix(state, phase, chosen, rows)
             return state, self._outbox(send, ctx, phase + 1)
         if self.rule.pattern == "edges":
@@ -420,7 +420,7 @@ class NodeRule:
                     if payload.scalars
                     else {}
                 )
-                slots.append(Slot(tensors, scalars, weight, _YES, (w, True)))
+                slots.append(Slot(tensors, scalars, weight, _YES, (w, True), self._sender(sender)))
                 continue
             x = self.rule.model(state)
             schema = schema_of(self.rule, phase, rows) if self.rule.pattern != "none" else None
@@ -430,9 +430,17 @@ class NodeRule:
                 for n, s in names.items()
             }
             scalars = {n: torch.zeros(1, dtype=_TOTAL) for n in (schema.scalars if schema else ())}
-            slots.append(Slot(tensors, scalars, weight, _NO, (w, False)))
+            slots.append(Slot(tensors, scalars, weight, _NO, (w, False), self._sender(sender)))
         state, send = self.rule.mix(state, phase, slots, rows)
         return state, self._outbox(send, ctx, phase + 1)
+
+    def _sender(self, sender: str) -> torch.Tensor:
+        """``[1]`` long: ``sender``'s index in the run's node order (a slot's sender)."""
+        at = self._positions[1].get(sender, -1)
+        index = self._index.get(at)
+        if index is None:
+            index = self._index[at] = torch.tensor([at])
+        return index
 
     def _in_neighbours(self, in_weights: Mapping[str, float]) -> list[tuple[str, float, Any]]:
         """``(sender, W_ji, W_ji as a [1] float64 tensor)`` in sorted sender order, made
@@ -483,9 +491,15 @@ def _edges_of(ctx: RoundContext, positions: Mapping[str, int]) -> Edges:
     )
 
 
-def _gathered(inbox: Mapping[str, Payload], schema: MessageSchema, model: torch.Tensor) -> Gathered:
+def _gathered(
+    inbox: Mapping[str, Payload],
+    schema: MessageSchema,
+    model: torch.Tensor,
+    positions: Mapping[str, int],
+) -> Gathered:
     """A peer's dict inbox as one list, in sorted sender order, every message to row 0
-    (an empty inbox holds empty tensors of the schema's shapes)."""
+    (an empty inbox holds empty tensors of the schema's shapes); ``positions``: node id
+    -> index in the run's node order."""
     senders = sorted(inbox)
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in schema.tensors.items():
@@ -498,4 +512,5 @@ def _gathered(inbox: Mapping[str, Payload], schema: MessageSchema, model: torch.
         name: torch.tensor([float(inbox[j].scalars[name]) for j in senders], dtype=_TOTAL)
         for name in schema.scalars
     }
-    return Gathered(tensors, scalars, torch.zeros(len(senders), dtype=torch.long), 1)
+    src = torch.tensor([positions.get(j, -1) for j in senders], dtype=torch.long)
+    return Gathered(tensors, scalars, torch.zeros(len(senders), dtype=torch.long), 1, src)

@@ -37,10 +37,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedcore import registry
+from fedcore.adversary import Attacked, attacked, byzantine
 from fedcore.algorithms import Algorithm, algorithm_factory, make_algorithm
 from fedcore.algorithms.base import with_traits
 from fedcore.algorithms.optim import Optimizer, make_optimizer
+from fedcore.algorithms.server import FedAvgRule
 from fedcore.config import (
+    AdversaryConfig,
     AlgorithmConfig,
     CompressionConfig,
     Config,
@@ -139,16 +142,18 @@ class AlgorithmInputs:
         algorithm: ``[algorithm]``: its name and options.
         server: ``topology.server``, for an algorithm of the server family.
         seed: ``run.seed``, for the server family's seeded choices.
+        adversary: ``[adversary]``: the peers that lie, and how.
     """
 
     algorithm: AlgorithmConfig
     server: str
     seed: int
+    adversary: AdversaryConfig = dataclasses.field(default_factory=AdversaryConfig)
 
     @classmethod
     def of(cls, config: Config) -> AlgorithmInputs:
         """The algorithm's part of ``config``."""
-        return cls(config.algorithm, config.topology.server, config.run.seed)
+        return cls(config.algorithm, config.topology.server, config.run.seed, config.adversary)
 
 
 def algorithm_options(inputs: AlgorithmInputs) -> dict[str, Any]:
@@ -266,8 +271,8 @@ def resolve_algorithm(inputs: AlgorithmInputs, algorithm: Any = None) -> Any:
     """``algorithm``, or the one ``[algorithm]`` names: a rule (each engine runs it through
     its own adapter) or an object of the per-message protocol."""
     if algorithm is None:
-        return configured_algorithm(inputs)
-    return with_traits(algorithm)
+        algorithm = configured_algorithm(inputs)
+    return attacked(with_traits(algorithm), inputs.adversary, inputs.seed)
 
 
 def planned_nodes(topology: TopologyConfig) -> int | None:
@@ -329,6 +334,9 @@ def run_shape(
                 "(or a graph file with its server named by topology.server)."
             )
         server_at = trust.nodes.index(server) if trust is not None else n - 1
+        rule = algorithm.rule if isinstance(algorithm, Attacked) else algorithm
+        if isinstance(rule, FedAvgRule):  # its aggregator's f against the cohort
+            rule.check_workers(n - 1)
         if data.stream:
             raise ConfigError(
                 f"algorithm {algorithm.name!r} has a server that holds no data, but "
@@ -525,6 +533,7 @@ def finish_plan(
     faults = None
     if config.faults.active:
         faults = FaultPlan(config.faults, run_seed=config.run.seed, nodes=graph.nodes)
+    byzantine(config.adversary, config.run.seed, graph.nodes, algorithm.server)  # names known
     return RunPlan(config, algorithm, trust, graph, shape, run_id, faults)
 
 

@@ -16,6 +16,7 @@ part (the tables it reads, or a frozen dataclass of them, such as :class:`NodeIn
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +25,8 @@ from typing import Any
 
 import torch
 
+from fedcore.adversary import byzantine
+from fedcore.adversary.poison import flip_labels
 from fedcore.algorithms import Algorithm
 from fedcore.algorithms.asynchronous import example_shares
 from fedcore.algorithms.optim import Optimizer
@@ -368,6 +371,11 @@ def prepare_run(
     evaluator = build_evaluator(config.model, config.run.seed, data.dataset)
     laps.done("built and probed model %s", config.model.name)
     plan = finish_plan(config, outline, model_size(evaluator) if hosts_all else None, laps)
+    if config.adversary.active and config.adversary.attack == "labelflip":
+        nodes, server = plan.graph.nodes, plan.algorithm.server
+        liars = byzantine(config.adversary, config.run.seed, nodes, server)
+        poisoned, parts = flip_labels(data.dataset, data.parts, nodes, liars)
+        data = dataclasses.replace(data, dataset=poisoned, parts=parts)
     setup = RunSetup(
         config=config,
         dataset=data.dataset,

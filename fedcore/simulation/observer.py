@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedcore.adversary import byzantine
 from fedcore.config import Config
 from fedcore.data import Dataset
 from fedcore.metrics import JsonlWriter, eval_peers_sample, evaluate_models, round_record
@@ -78,7 +79,9 @@ class RunObserver:
         self.server = server
         self.records = records
         self.n = len(self.nodes)
-        evaluated = self.n - (server in self.nodes)
+        self.liars = frozenset(byzantine(config.adversary, config.run.seed, self.nodes, server))
+        """The Byzantine peers (``[adversary]``): left out of every evaluation."""
+        evaluated = self.n - (server in self.nodes) - len(self.liars)
         self.sample = eval_peers_sample(config.run.seed, evaluated, config.run.eval_peers)
         """The peers ``run.eval_peers`` samples (places among the evaluated nodes), or
         None for all of them."""
@@ -264,6 +267,7 @@ class RunObserver:
                 server=self.server,
                 own_tests=self.own_tests,
                 sample=self.sample,
+                liars=self.liars,
             )
             self.add_eval(t, train_loss, result)
         if self.progress is not None:

@@ -29,6 +29,7 @@ from fedcore.testing import TestNetwork, make_network
 
 CASES: dict[str, tuple[str, str, dict[str, object]]] = {
     "ops": ("ops", "social:5", {}),
+    "clipped-push-sum": ("clipped-push-sum", "social:5", {}),
     "ops-robust": ("ops", "social:5", {"algorithm.robust": True}),
     "ops-robust-f64": (
         "ops",

@@ -336,6 +336,7 @@ def test_config_to_dict_flattens_options_into_their_table() -> None:
         "transport",
         "faults",
         "time",
+        "adversary",
         "simulate",
     ]
 

@@ -42,6 +42,7 @@ BATCHED = sorted(name for name, factory in ALGORITHMS.items() if has_batched_for
 # A small graph each algorithm can run on (symmetric for the gossip family).
 GRAPHS = {
     "ops": ["topology.kind=erdos-renyi", "topology.p=0.4"],
+    "clipped-push-sum": ["topology.kind=erdos-renyi", "topology.p=0.4"],
     "dol": ["topology.kind=social"],
     "dpsgd": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "dog": ["topology.kind=exponential", "topology.undirected=true"],
