@@ -31,6 +31,7 @@ from fedcore.cli.app import main
 from fedcore.config import load_config
 from fedcore.counter_random import hash64, make_key, signed64
 from fedcore.errors import ConfigError
+from fedcore.simulation.simulate import simulate
 from tests import docs_text
 from tests.engines.test_vectorized import assert_same_run
 
@@ -400,3 +401,40 @@ def test_the_docs_command_runs_as_written(
     assert main([*argv, "--quiet"]) == 0
     (run,) = (tmp_path / "runs").iterdir()
     assert (run / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["algorithm.name=clippedgossip", "adversary.attack=alie", "faults.drop=0.2"],
+        ["algorithm.name=trimmed-gossip", "algorithm.bucket=2", "adversary.attack=dissensus"],
+        ["algorithm.name=median-gossip", "adversary.attack=ipm", "adversary.epsilon=2"],
+    ],
+    ids=["clippedgossip-alie", "trimmed-buckets-dissensus", "median-ipm"],
+)
+def test_each_defence_under_attack_runs_alike_on_both_engines(
+    settings: list[str], tmp_path: Path
+) -> None:
+    """Two lying peers of seven ([adversary]): the honest peers' defended models are the
+    same bits on the vectorized and message engines."""
+    common = [
+        "topology.kind=erdos-renyi",
+        "topology.p=0.6",
+        "topology.undirected=true",
+        "topology.nodes=7",
+        "run.rounds=4",
+        "run.eval_every=4",
+        'adversary.peers=["n1", "n4"]',
+        *settings,
+    ]
+    runs = [
+        simulate(
+            load_config(None, [*common, f"simulate.engine={engine}"]),
+            out_dir=tmp_path / engine,
+            show_progress=False,
+        )
+        for engine in ("vectorized", "messages")
+    ]
+    assert [run["engine"] for run in runs] == ["vectorized", "messages"]
+    assert runs[0]["params_sha256"] == runs[1]["params_sha256"]
+    assert runs[0]["final"] == runs[1]["final"]
