@@ -405,6 +405,7 @@ def _entries(module: str, *items: tuple[Any, ...]) -> tuple[Entry, ...]:
 
 
 _ALGORITHMS = "fedcore.algorithms"
+_ASYNC = frozenset({"asynchronous"})
 ALGORITHMS = Family(
     "algorithm",
     (
@@ -412,6 +413,9 @@ ALGORITHMS = Family(
         Entry("clipped-push-sum", f"{_ALGORITHMS}.clipped_push_sum:ClippedPushSum"),
         Entry("dpsgd", f"{_ALGORITHMS}.dpsgd:DPSGD"),
         Entry("dog", f"{_ALGORITHMS}.online:DOG"),
+        Entry("clippedgossip", f"{_ALGORITHMS}.robust_gossip:ClippedGossip"),
+        Entry("trimmed-gossip", f"{_ALGORITHMS}.robust_gossip:TrimmedGossip"),
+        Entry("median-gossip", f"{_ALGORITHMS}.robust_gossip:MedianGossip"),
         Entry("dol", f"{_ALGORITHMS}.online:DOL"),
         Entry("local", f"{_ALGORITHMS}.reference:Local"),
         Entry("central", f"{_ALGORITHMS}.reference:Central"),
@@ -421,15 +425,10 @@ ALGORITHMS = Family(
         Entry("fedavg", f"{_ALGORITHMS}.server:FedAvg"),
         Entry("doublesqueeze", f"{_ALGORITHMS}.squeeze:DoubleSqueeze"),
         Entry("apmsqueeze", f"{_ALGORITHMS}.squeeze:APMSqueeze"),
-        Entry("adpsgd", f"{_ALGORITHMS}.asynchronous:ADPSGD", (), frozenset({"asynchronous"})),
-        Entry(
-            "async-push-sum",
-            f"{_ALGORITHMS}.asynchronous:AsyncPushSum",
-            (),
-            frozenset({"asynchronous"}),
-        ),
-        Entry("fedbuff", f"{_ALGORITHMS}.asynchronous:FedBuff", (), frozenset({"asynchronous"})),
-        Entry("fedasync", f"{_ALGORITHMS}.asynchronous:FedAsync", (), frozenset({"asynchronous"})),
+        Entry("adpsgd", f"{_ALGORITHMS}.asynchronous:ADPSGD", (), _ASYNC),
+        Entry("async-push-sum", f"{_ALGORITHMS}.asynchronous:AsyncPushSum", (), _ASYNC),
+        Entry("fedbuff", f"{_ALGORITHMS}.asynchronous:FedBuff", (), _ASYNC),
+        Entry("fedasync", f"{_ALGORITHMS}.asynchronous:FedAsync", (), _ASYNC),
     ),
     group="fedcore.algorithms",
 )

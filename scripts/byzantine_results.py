@@ -111,7 +111,10 @@ def gossip_cases(args: argparse.Namespace) -> dict[str, list[str]]:
         cases[f"torus, {name}, no attack"] = [*torus, *rule, *rounds]
         for attack, lie in attacks.items():
             cases[f"torus, {name}, {attack}"] = [*torus, *rule, *rounds, *liars, *lie]
-        cases[f"dumbbell, {name}, no attack"] = [*dumbbell, *rule, *rounds]
+        # A fixed radius at the bridge (the authors' dumbbell runs fix it): the adaptive
+        # one clips the farthest neighbour, and across the bridge that is an honest one.
+        radius = ["algorithm.tau=1.0"] if name == "clippedgossip" else []
+        cases[f"dumbbell, {name}, no attack"] = [*dumbbell, *rule, *radius, *rounds]
     return cases
 
 

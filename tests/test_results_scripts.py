@@ -140,6 +140,21 @@ def test_byzantine_results_tiny(tmp_path: Path) -> None:
         assert not row["failed"] and row["mean_node_accuracy"][0] > honest - 0.05, attack
 
 
+@pytest.mark.slow  # about 6 s: twelve short runs
+def test_byzantine_gossip_results_tiny(tmp_path: Path) -> None:
+    """Claim (a) at CI size: dissensus by two of 16 peers of a torus breaks plain gossip,
+    not self-centered clipping; on the non-IID dumbbell with no attack, the trimmed mean
+    and the median cut the bridge (each clique stays at its own half of the classes)."""
+    args = ["--tiny", "--jobs", "1", "--out", str(tmp_path)]
+    _run(["scripts/byzantine_results.py", "--grids", "gossip", *args], 400)
+    stem = tmp_path / "byzantine-gossip"
+    rows = {r["case"]: r for r in json.loads(stem.with_suffix(".json").read_text("utf-8"))}
+    acc = {case: row["mean_node_accuracy"][0] for case, row in rows.items()}
+    assert acc["torus, dpsgd, dissensus"] < 0.5 < 0.85 < acc["torus, clippedgossip, dissensus"]
+    cut = max(acc["dumbbell, trimmed-gossip, no attack"], acc["dumbbell, median-gossip, no attack"])
+    assert cut < 0.56 < acc["dumbbell, dpsgd, no attack"], acc
+
+
 @pytest.mark.slow  # about 8 s: six short runs
 def test_byzantine_star_results_tiny(tmp_path: Path) -> None:
     """Claim (c) at CI size: the star grid runs every aggregator with and without two

@@ -46,6 +46,21 @@ CASES = {
         "topology.kind=one-peer-exponential",
         "compression.codec=topk",
     ],
+    "clippedgossip-drops": [
+        "algorithm.name=clippedgossip",
+        "topology.kind=ring",
+        "faults.drop=0.2",
+    ],
+    "median-gossip-buckets": [
+        "algorithm.name=median-gossip",
+        "topology.kind=ring",
+        "algorithm.bucket=2",
+    ],
+    "trimmed-gossip": [
+        "algorithm.name=trimmed-gossip",
+        "topology.kind=exponential",
+        "topology.undirected=true",
+    ],
     "mlp-float64": [
         "model.name=mlp",
         "model.hidden=8",
