@@ -188,3 +188,16 @@ def test_the_table_and_the_summary_give_one_time_to_target(
     assert hit["round"] == first["round"] == 1  # rounds 0 and 1 ran: evaluated after round 1
     (line,) = [row for row in printed.splitlines() if "time to target" in row]
     assert f"round {hit['round']}, accuracy {hit['accuracy']:.4f}" in line, line
+
+
+@pytest.mark.slow  # about 7 s: three short runs
+def test_privacy_results_tiny(tmp_path: Path) -> None:
+    """Claim (d) at CI size: DP-SGD's accuracy rises with epsilon toward the non-private
+    run's, each run spending the epsilon it was calibrated to."""
+    args = ["--tiny", "--jobs", "1", "--mechanisms", "dp-sgd", "--out", str(tmp_path)]
+    _run(["scripts/privacy_results.py", *args], 400)
+    rows = {r["case"]: r for r in json.loads((tmp_path / "privacy.json").read_text("utf-8"))}
+    acc = {case: row["avg_model_accuracy"][0] for case, row in rows.items()}
+    assert acc["dp-sgd, epsilon 1"] < acc["dp-sgd, epsilon 8"] < acc["dp-sgd, non-private"]
+    for eps in (1, 8):
+        assert eps * 0.99 < rows[f"dp-sgd, epsilon {eps}"]["epsilon"] <= eps

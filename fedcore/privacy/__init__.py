@@ -11,6 +11,7 @@ from fedcore.privacy.accountant import (
     Mechanism,
     epsilon,
     last_step_within,
+    noise_for,
     require_accountant,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "Mechanism",
     "epsilon",
     "last_step_within",
+    "noise_for",
     "require_accountant",
 ]

@@ -38,6 +38,7 @@ __all__ = [
     "Mechanism",
     "epsilon",
     "last_step_within",
+    "noise_for",
     "require_accountant",
 ]
 
@@ -151,6 +152,33 @@ def last_step_within(
         guess = _bisect(lambda k: eps(k, "rdp") <= target * gap, low, steps)
     found = _bisect_from(lambda k: eps(k, "prv") <= target, low, steps, guess)
     return found, eps(found, accountant)
+
+
+def noise_for(
+    target: float, rate: float, steps: int, delta: float, accountant: str = "rdp"
+) -> float:
+    """The noise multiplier whose ``steps`` at ``rate`` spend ``target`` epsilon at
+    ``delta``: the least sigma (to within 0.1 %, bisected geometrically) whose epsilon is
+    at most ``target``; what a study of accuracy against epsilon sets ``privacy.noise`` to.
+
+    Raises:
+        ConfigError: a target no sigma up to 10,000 reaches.
+    """
+    if not target > 0:
+        raise ConfigError(f"a target epsilon of {target!r} is invalid: it must be > 0.")
+
+    def within(sigma: float) -> bool:
+        return epsilon([Mechanism(sigma, rate, steps)], delta, accountant) <= target
+
+    low, high = 0.05, 1.0
+    while not within(high):
+        low, high = high, 2 * high
+        if high > 1e4:
+            raise ConfigError(f"no noise multiplier up to 10,000 reaches epsilon {target:g}.")
+    while high / low > 1.001:
+        mid = (low * high) ** 0.5
+        low, high = (low, mid) if within(mid) else (mid, high)
+    return high
 
 
 def _bisect_from(within: Any, low: int, high: int, guess: int) -> int:

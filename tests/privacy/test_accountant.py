@@ -9,7 +9,7 @@ import math
 import pytest
 
 from fedcore.errors import ConfigError
-from fedcore.privacy import Mechanism, accountant, epsilon, last_step_within
+from fedcore.privacy import Mechanism, accountant, epsilon, last_step_within, noise_for
 
 needs_opacus = pytest.mark.skipif(
     importlib.util.find_spec("opacus") is None, reason="needs the fedcore[dp] extra (opacus)"
@@ -101,3 +101,12 @@ def test_a_run_without_opacus_is_refused_in_one_line(monkeypatch: pytest.MonkeyP
     with pytest.raises(ConfigError, match=r"pip install 'fedcore\[dp\]'") as caught:
         epsilon([Mechanism(1.0, 0.1, 1)], 1e-5)
     assert "\n" not in str(caught.value)
+
+
+@needs_opacus
+def test_noise_for_a_target() -> None:
+    sigma = noise_for(2.0, 0.05, 300, 1e-5)
+    assert epsilon([Mechanism(sigma, 0.05, 300)], 1e-5, "rdp") <= 2.0
+    assert epsilon([Mechanism(sigma / 1.002, 0.05, 300)], 1e-5, "rdp") > 2.0
+    with pytest.raises(ConfigError, match="must be > 0"):
+        noise_for(0.0, 0.05, 300, 1e-5)
