@@ -110,3 +110,16 @@ def test_noise_for_a_target() -> None:
     assert epsilon([Mechanism(sigma / 1.002, 0.05, 300)], 1e-5, "rdp") > 2.0
     with pytest.raises(ConfigError, match="must be > 0"):
         noise_for(0.0, 0.05, 300, 1e-5)
+
+
+@needs_opacus
+def test_epsilon_is_opacus_own_value() -> None:
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    history = [Mechanism(1.1, 0.02, 500), Mechanism(2.0, 0.05, 100)]
+    rdp = RDPAccountant()
+    rdp.history = [tuple(m) for m in history]
+    assert epsilon(history, 1e-5, "rdp") == rdp.get_epsilon(delta=1e-5)
+    prv = PRVAccountant()  # below an RDP epsilon of 10, the error asked for is Opacus's 0.01
+    prv.history = [tuple(m) for m in history]
+    assert epsilon(history, 1e-5, "prv") == prv.get_epsilon(delta=1e-5)
