@@ -35,6 +35,7 @@ LAYERS = {
     "compression": 2,
     "algorithms": 2,
     "adversary": 2,
+    "privacy": 2,
     "transport": 3,
     "node": 4,
     "plotting": 5,

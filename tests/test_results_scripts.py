@@ -188,3 +188,23 @@ def test_the_table_and_the_summary_give_one_time_to_target(
     assert hit["round"] == first["round"] == 1  # rounds 0 and 1 ran: evaluated after round 1
     (line,) = [row for row in printed.splitlines() if "time to target" in row]
     assert f"round {hit['round']}, accuracy {hit['accuracy']:.4f}" in line, line
+
+
+@pytest.mark.slow  # about 4 s: three short runs, in this process
+def test_privacy_results_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claim (d) at CI size: DP-SGD's accuracy rises with epsilon toward the non-private
+    run's, each run spending the epsilon it was calibrated to. In this process (``--jobs
+    1`` runs the grid here): a new one would import torch and Opacus again."""
+    import runpy
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    argv = ["--tiny", "--jobs", "1", "--mechanisms", "dp-sgd", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["privacy_results.py", *argv])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "scripts" / "privacy_results.py"), run_name="__main__")
+    assert not done.value.code
+    rows = {r["case"]: r for r in json.loads((tmp_path / "privacy.json").read_text("utf-8"))}
+    acc = {case: row["avg_model_accuracy"][0] for case, row in rows.items()}
+    assert acc["dp-sgd, epsilon 1"] < acc["dp-sgd, epsilon 8"] < acc["dp-sgd, non-private"]
+    for eps in (1, 8):
+        assert eps * 0.99 < rows[f"dp-sgd, epsilon {eps}"]["epsilon"] <= eps

@@ -254,6 +254,25 @@ def _time_rows(summary: dict[str, Any], traffic: dict[str, Any]) -> list[tuple[s
     return rows
 
 
+def _privacy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The results table's epsilon of a private run (``summary["privacy"]``)."""
+    p = summary.get("privacy")
+    if not isinstance(p, dict):
+        return []
+    eps = p.get("epsilon")
+    who = (
+        f"cohort {p['cohort']} of {p['population']} users"
+        if "cohort" in p
+        else f"peer {p.get('peer')}, sampling rate {p['sampling_rate']:.3g}"
+    )
+    text = (f"{eps:.4g}" if isinstance(eps, float) else "infinite (no noise)") + (
+        f" at delta {p['delta']:g} ({p['mechanism']}, {p['accountant']}; {who})"
+    )
+    if p.get("stopped_at_target"):
+        text += f"; stopped at target {p['target_epsilon']:g}"
+    return [("privacy epsilon", text)]
+
+
 def _engine(summary: dict[str, Any]) -> str:
     """What ran the run: an in-process engine (``messages``, ``vectorized``), or gRPC
     peers (``grpc peers (4 processes)`` for a ``launch``; peers that ran elsewhere and
@@ -326,6 +345,7 @@ def print_table(summary: dict[str, Any]) -> None:
             f"{traffic.get('messages_dropped', 0)} at their senders)",
         ),
         *_time_rows(summary, traffic),
+        *_privacy_rows(summary),
         ("wall time", f"{summary['wall_seconds']:.1f} s"),
         ("engine", _engine(summary)),
         ("results", summary.get("out_dir", "")),

@@ -1,6 +1,6 @@
 """Experiment configuration: TOML into frozen, validated dataclasses.
 
-A config file has eleven tables; every key is optional and defaults to the built-in run
+A config file has twelve tables; every key is optional and defaults to the built-in run
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew;
 :func:`table_keys` lists a table's keys)::
 
@@ -23,6 +23,7 @@ A config file has eleven tables; every key is optional and defaults to the built
     [time]       seed, step_s, compute, sigma, alpha, slow_fraction, slow_factor, speeds,
                  compute_trace, latency_s, bandwidth_mb_s, edge_latency_s,
                  edge_bandwidth_mb_s, on_s, off_s, availability_trace
+    [privacy]    mechanism, clip, noise, delta, target_epsilon, accountant
     [simulate]   engine, device, node_records, partition  (how ``fedcore simulate`` runs; not part
                  of the experiment: left out of the run fingerprint)
 
@@ -48,7 +49,8 @@ The package, by concern:
   ``whole``, ``number``, ...) and the one loop that checks every table
   (:class:`~fedcore.config.rules.Table`).
 * :mod:`~fedcore.config.tables`: the tables, one frozen dataclass each (``run``,
-  ``topology``, ``learning``, ``data``, ``network``, ``faults``, ``time``, ``simulate``).
+  ``topology``, ``learning``, ``data``, ``network``, ``faults``, ``time``, ``privacy``,
+  ``simulate``).
 * :mod:`~fedcore.config.experiment`: :class:`Config`, the tables together.
 * :mod:`~fedcore.config.clock`: the ceiling of a run's virtual clock.
 * :mod:`~fedcore.config.load`, :mod:`~fedcore.config.overrides`: reading a file and

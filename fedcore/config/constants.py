@@ -36,6 +36,9 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "ORDERS",
     "PARTITIONS",
+    "PRIVACY_ACCOUNTANTS",
+    "PRIVACY_MECHANISMS",
+    "PRIVACY_NOISE_KEYS",
     "RANK_PARTITIONS",
     "REMOVED_KEYS",
     "SEED_LIMIT",
@@ -84,6 +87,18 @@ REMOVED_KEYS = {
     "fedcore launch and fedcore node: gRPC). Delete the line.",
 }
 """Keys a config may no longer set, each with what to do instead (one line, exit 2)."""
+PRIVACY_MECHANISMS = ("none", "dp-sgd", "dp-fedavg")
+"""``privacy.mechanism``: none, per-example DP-SGD on each peer, or user-level DP-FedAvg
+(clipping and noise at the server; :mod:`fedcore.privacy`)."""
+
+PRIVACY_NOISE_KEYS = ("seed", "secret")
+"""``privacy.noise_key``: the noise keyed by the run's seed (reproducible; every peer of
+the run could redraw it) or by a secret each process draws from the OS (a deployment)."""
+
+PRIVACY_ACCOUNTANTS = ("prv", "rdp")
+"""``privacy.accountant``: Opacus's accountant that turns a private run's steps into
+epsilon (:mod:`fedcore.privacy.accountant`)."""
+
 ENGINES = ("auto", "vectorized", "messages", "cohort")
 """Values of ``simulate.engine``."""
 

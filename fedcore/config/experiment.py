@@ -14,6 +14,7 @@ from fedcore.config.tables.data import DataConfig
 from fedcore.config.tables.faults import FaultsConfig
 from fedcore.config.tables.learning import AlgorithmConfig, ModelConfig, OptimizerConfig
 from fedcore.config.tables.network import CompressionConfig, TransportConfig
+from fedcore.config.tables.privacy import PrivacyConfig
 from fedcore.config.tables.run import RunConfig
 from fedcore.config.tables.simulate import SimulateConfig
 from fedcore.config.tables.time import TimeConfig
@@ -39,6 +40,7 @@ class Config:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     time: TimeConfig = field(default_factory=TimeConfig)
     adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
 
     def __post_init__(self) -> None:
@@ -92,6 +94,7 @@ TABLES: dict[str, type[Any]] = {
     "faults": FaultsConfig,
     "time": TimeConfig,
     "adversary": AdversaryConfig,
+    "privacy": PrivacyConfig,
     "simulate": SimulateConfig,
 }
 """The tables of a config file, by name, in the order a config is written."""

@@ -42,6 +42,8 @@ def fingerprint_json(config: Config, edges_json: Iterable[bytes]) -> str:
         tables["data"].pop("examples_per_node", None)
     if not config.adversary.active:  # fingerprints of runs without liars as they were
         tables.pop("adversary", None)
+    if not config.privacy.active:  # fingerprints of runs without [privacy] as they were
+        tables.pop("privacy", None)
     if not config.time.active:  # fingerprints of runs without [time] as they were
         tables.pop("time", None)
     else:  # the traces' contents are in the run's times, not where a host keeps them

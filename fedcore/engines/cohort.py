@@ -105,6 +105,10 @@ def cohort_refusal(config: Config) -> str | None:
             "it runs without virtual time: leave [time] out",
         ),
         (
+            config.privacy.active,
+            "it runs without differential privacy: leave [privacy] out",
+        ),
+        (
             config.transport.mode != "strict",
             "it models strict mode: set transport.mode = 'strict'",
         ),

@@ -64,6 +64,8 @@ def config_refusal(config: Config) -> str | None:
         return "an online data stream (data.stream) is not batched"
     if config.run.checkpoint_every:
         return "run.checkpoint_every: a batch of seeds is not checkpointed"
+    if config.privacy.active:
+        return "[privacy] runs one seed at a time"
     return None
 
 

@@ -87,6 +87,8 @@ def config_refusal(config: Config) -> str | None:
             f"algorithm {algorithm.name!r} is not sharded yet (ranks run "
             f"{', '.join(SHARDED_ALGORITHMS)} and a user's rule)"
         )
+    if config.privacy.active:
+        return "[privacy] runs in one process (simulate.engine 'vectorized' or 'messages')"
     why = time_refusal(config)  # deadline mode: what one process refuses too
     if why is not None:
         return why

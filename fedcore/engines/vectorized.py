@@ -50,6 +50,7 @@ from fedcore.errors import CompressionError, ConfigError
 from fedcore.gradients import model_input
 from fedcore.metrics import JsonlWriter
 from fedcore.node import RoundRecord
+from fedcore.privacy.dpsgd import peer_words
 from fedcore.progress import Progress
 from fedcore.runtime import physical_memory
 from fedcore.setup import checkpoint
@@ -180,6 +181,9 @@ class VectorizedNetwork:
             [self._phase(p, g) for p in range(self.form.phases)] for g in self.graphs
         ]
         self.objective = StackedObjective(setup.objective, device, setup.evaluator)
+        self._privacy = None if setup.privacy is None else setup.privacy.dpsgd()
+        # DP-SGD's noise coordinate of each node (only a private run needs it).
+        self._peers = None if self._privacy is None else peer_words(self.nodes, device)
         if self.objective.mode == "module":
             # Every run says it (its summary's warnings list it); a sweep says it once.
             logger.warning(
@@ -263,6 +267,24 @@ class VectorizedNetwork:
         self.read[rows] += 1
         return groups
 
+    def _loss_and_grad(
+        self,
+        params: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor | None,
+        rows: torch.Tensor | None,
+        t: int,
+        k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' losses and gradients at local step ``k`` of round ``t``: DP-SGD's
+        private ones in a private run (``rows``: which nodes, None: every one), as each
+        node computes them alone (:mod:`fedcore.privacy.dpsgd`)."""
+        if self._privacy is None or self._peers is None:
+            return self.objective.loss_and_grad(params, x, y, mask)
+        peers = self._peers if rows is None else self._peers[rows]
+        return self._privacy.loss_and_grad(self.objective.rows, params, x, y, peers, t, k, mask)
+
     def run_round(self) -> RoundFigures:
         """Run round ``self.round`` for every node; return what it did."""
         t = self.round
@@ -298,13 +320,13 @@ class VectorizedNetwork:
                 # Every node in one group, in order: no gather of the parameters and no
                 # scatter of the gradients (each would be a copy of the whole stack).
                 _, x, y, mask = groups[0]
-                losses, grad = self.objective.loss_and_grad(params, x, y, mask)
+                losses, grad = self._loss_and_grad(params, x, y, mask, None, t, k)
                 loss = losses.to(torch.float64)
             else:
                 loss = torch.full((self.n,), math.nan, dtype=torch.float64, device=self.device)
                 grad = torch.zeros_like(params)
                 for rows, x, y, mask in groups:
-                    losses, grads = self.objective.loss_and_grad(params[rows], x, y, mask)
+                    losses, grads = self._loss_and_grad(params[rows], x, y, mask, rows, t, k)
                     loss[rows] = losses.to(torch.float64)
                     grad[rows] = grads
             if self.optimizer is not None:

@@ -40,6 +40,7 @@ from fedcore.node.pace import Pace
 from fedcore.node.records import RoundRecord, traffic
 from fedcore.node.rule import per_node
 from fedcore.node.schedule import NodeOptions
+from fedcore.privacy.dpsgd import DPSGD, peer_words
 from fedcore.streams import Batches
 from fedcore.topology import Topology
 from fedcore.transport.base import Transport
@@ -97,18 +98,22 @@ class Node:
         faults: FaultPlan | None = None,
         clock: VirtualClock | None = None,
         pace: Pace | None = None,
+        privacy: DPSGD | None = None,
     ) -> None:
         """Initialise the algorithm state from ``params``. ``clock``: a simulation's virtual
         clock; the node then waits for exactly the messages the fault plan did not lose
         and leaves out those the clock says came after the deadline (no wall-clock waits):
         its :class:`~fedcore.node.arrivals.Arrivals` policy (:attr:`arrivals`) is chosen
         here from ``options``, ``faults`` and ``clock``. ``algorithm``: a rule runs through
-        its one-peer adapter (:func:`per_node`)."""
+        its one-peer adapter (:func:`per_node`). ``privacy``: the run's DP-SGD, which
+        then computes every gradient (:mod:`fedcore.privacy.dpsgd`)."""
         self.id = node_id
         self.algorithm: Algorithm = per_node(algorithm)
         algorithm = self.algorithm
         self.graph = graph
         self.objective = objective
+        self.privacy = privacy
+        self._peer = peer_words([node_id]) if privacy is not None else None
         self.stream = stream
         self.transport = transport
         self.options = options
@@ -221,7 +226,7 @@ class Node:
         for k in range(0 if idle else self.options.local_steps):  # the last: the algorithm's
             x, y = self.stream.next_batch()
             self.batches_read += 1
-            grad = self._gradient(x, y, ctx, losses)
+            grad = self._gradient(x, y, ctx, losses, k)
             if k + 1 < self.options.local_steps:
                 self.state = local_step(self.algorithm, self.state, grad, step_ctx)
         loss = losses[0] if len(losses) == 1 else math.fsum(losses) / len(losses)
@@ -272,13 +277,24 @@ class Node:
         return record
 
     def _gradient(
-        self, x: torch.Tensor, y: torch.Tensor, ctx: RoundContext, losses: list[float]
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        ctx: RoundContext,
+        losses: list[float],
+        step: int = 0,
     ) -> torch.Tensor:
         """The gradient (or the node optimizer's direction) of the current model on ``(x,
         y)``; its loss goes to ``losses``. A method of its own so that neither the model it
         was taken at nor the raw gradient outlives it in the round's frame."""
         params = self.algorithm.model(self.state)
-        loss, grad = self.objective.loss_and_grad(params, x, y)
+        if self.privacy is not None and self._peer is not None:  # local step ``step``
+            rows = self.privacy.loss_and_grad(
+                self.objective.rows, params[None], x[None], y[None], self._peer, ctx.round, step
+            )
+            loss, grad = float(rows[0].item()), rows[1][0]
+        else:
+            loss, grad = self.objective.loss_and_grad(params, x, y)
         losses.append(loss)
         if self.optimizer is not None:
             grad, self.opt_state = self.optimizer.update(grad, self.opt_state, params, ctx.lr)

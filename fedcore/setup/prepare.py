@@ -21,15 +21,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from fedcore.adversary import byzantine
+from fedcore.adversary import Attacked, byzantine
 from fedcore.adversary.poison import flip_labels
 from fedcore.algorithms import Algorithm
-from fedcore.algorithms.asynchronous import example_shares
+from fedcore.algorithms.asynchronous import example_shares, is_asynchronous
 from fedcore.algorithms.optim import Optimizer
+from fedcore.algorithms.server import FedAvgRule, cohort_size
 from fedcore.compression import Codec, codec_seed, configured_codec
 from fedcore.config import (
     AlgorithmConfig,
@@ -47,6 +48,7 @@ from fedcore.data import (
     check_partition_size,
     training_examples,
 )
+from fedcore.errors import ConfigError
 from fedcore.faults import FaultPlan
 from fedcore.metrics import check_eval_peers
 from fedcore.models import Objective
@@ -54,6 +56,8 @@ from fedcore.node import DecodeCache, Node, NodeOptions, RoundRecord, per_node
 from fedcore.node.arrivals import VirtualClock
 from fedcore.node.asynchronous import AsyncPeer
 from fedcore.node.pace import Pace
+from fedcore.privacy.dpfedavg import private_fedavg
+from fedcore.privacy.plan import PrivacyPlan, plan_privacy
 from fedcore.setup.engine_checks import EngineInputs, check_engine
 from fedcore.setup.graph import GraphInputs
 from fedcore.setup.plan import (
@@ -116,6 +120,8 @@ class RunSetup:
     """The durations of ``[time]`` (:meth:`time_model`), once made."""
     shared_objective: Objective | None = field(default=None, repr=False)
     """The objective the nodes of this process share (:meth:`node_objective`), once made."""
+    privacy: PrivacyPlan | None = field(default=None, repr=False)
+    """A private run's plan (``[privacy]``; :func:`~fedcore.privacy.plan.plan_privacy`)."""
 
     def own_tests(self) -> dict[str, Any] | None:
         """Each worker's own test example indices by node id (a ``natural`` partition with
@@ -209,6 +215,7 @@ class RunSetup:
             faults=self.faults,
             clock=self.clock,
             pace=pace,
+            privacy=None if self.privacy is None else self.privacy.dpsgd(),
         )
 
     def make_async_peer(
@@ -376,12 +383,30 @@ def prepare_run(
         liars = byzantine(config.adversary, config.run.seed, nodes, server)
         poisoned, parts = flip_labels(data.dataset, data.parts, nodes, liars)
         data = dataclasses.replace(data, dataset=poisoned, parts=parts)
+    privacy = plan_privacy(
+        config.privacy,
+        nodes=plan.graph.nodes,
+        examples=[len(p) for p in data.parts],
+        batch_size=config.data.batch_size,
+        run=config.run,
+        asynchronous=is_asynchronous(plan.algorithm),
+        gradient_mode=(evaluator.rows.mode, evaluator.rows.why),
+        streamed=data.source is not None,
+        cohort=_cohort(plan.algorithm, len(plan.graph.nodes)),
+    )
+    rule = plan.algorithm
+    if privacy is not None and privacy.user_level:  # DP-FedAvg's server step
+        rule = _dp_fedavg(config, rule)
+    if privacy is not None and privacy.rounds < config.run.rounds:  # privacy.target_epsilon
+        config = dataclasses.replace(
+            config, run=dataclasses.replace(config.run, rounds=privacy.rounds)
+        )
     setup = RunSetup(
         config=config,
         dataset=data.dataset,
         trust=plan.trust,
         graph=plan.graph,
-        algorithm=plan.algorithm,
+        algorithm=rule,
         parts=data.parts,
         start=evaluator.initial_params(),
         run_id=plan.run_id,
@@ -390,12 +415,43 @@ def prepare_run(
         faults=plan.faults,
         source=data.source,
         test_parts=data.test_parts,
+        privacy=privacy,
     )
     _check_eval_peers(config, plan.graph.nodes, plan.algorithm.server)
     logger.info(
         "prepared %d nodes in %.2f s", len(plan.graph.nodes), time.perf_counter() - laps.began
     )
     return setup
+
+
+def _cohort(algorithm: Algorithm, nodes: int) -> tuple[int, int] | None:
+    """FedAvg's cohort size and number of workers (the server is one of ``nodes``), which
+    DP-FedAvg samples users at; None for any other algorithm."""
+    inner = algorithm.rule if isinstance(algorithm, Attacked) else algorithm
+    if not isinstance(inner, FedAvgRule):
+        return None
+    return cohort_size(nodes - 1, inner.fraction), nodes - 1
+
+
+def _dp_fedavg(config: Config, algorithm: Algorithm) -> Algorithm:
+    """The run's FedAvg with DP-FedAvg's server step (:mod:`fedcore.privacy.dpfedavg`);
+    refused in one line where the server would not average (a robust aggregator) or a
+    Byzantine peer's rule wraps it."""
+    if isinstance(algorithm, Attacked):
+        raise ConfigError(
+            "privacy.mechanism = 'dp-fedavg' with an [adversary] is not built (the liars "
+            "wrap FedAvg's rule); use privacy.mechanism = 'dp-sgd', or remove [adversary]."
+        )
+    rule = cast(FedAvgRule, algorithm)
+    if rule.aggregator.robust:
+        raise ConfigError(
+            "privacy.mechanism = 'dp-fedavg' replaces the server's mean with its clipped, "
+            f"noised mean, so algorithm.aggregator = {rule.aggregator.name!r} would not run; "
+            "set algorithm.aggregator = 'mean', or use privacy.mechanism = 'dp-sgd'."
+        )
+    p = config.privacy
+    secret = p.noise_key == "secret"
+    return cast(Algorithm, private_fedavg(rule, p.clip, p.noise, config.run.seed, secret))
 
 
 def _check_eval_peers(config: Config, nodes: Sequence[str], server: str | None) -> None:

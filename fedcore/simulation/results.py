@@ -410,6 +410,8 @@ def make_summary(
             "down_rounds": {n: _ranges(r) for n, r in sorted(observer.down.items())},
         },
         **_time_figures(config, observer),
+        # A private run's epsilon after the rounds done ([privacy]; fedcore.privacy.plan).
+        **({"privacy": setup.privacy.report(observer.rounds_done)} if setup.privacy else {}),
         **_digests(final_params, observer.nodes),
         "regret": [{k: v for k, v in r.items() if k != "kind"} for r in regret or []],
     }

@@ -337,6 +337,7 @@ def test_config_to_dict_flattens_options_into_their_table() -> None:
         "faults",
         "time",
         "adversary",
+        "privacy",
         "simulate",
     ]
 
