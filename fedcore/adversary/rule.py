@@ -27,7 +27,7 @@ import torch
 from fedcore.adversary import attacks
 from fedcore.adversary.choose import Liars
 from fedcore.algorithms.base import TRAITS
-from fedcore.algorithms.rule import Gathered, Rows, Rule, Send, Slot, schema_of
+from fedcore.algorithms.rule import Gathered, Rows, Rule, Send, SenderRows, Slot, schema_of
 from fedcore.config.tables.adversary import AdversaryConfig
 from fedcore.counter_random import absorb_tensor, make_key
 from fedcore.errors import AlgorithmError, ConfigError
@@ -82,6 +82,12 @@ class Attacked(Rule):
             raise ConfigError(
                 f"adversary.attack = 'dissensus' cancels a target's gossip step; algorithm "
                 f"{rule.name!r} does not gossip (pattern {rule.pattern!r}). Use alie or ipm."
+            )
+        if adversary.view == "omniscient" and rule.mixing == "push-sum":
+            raise ConfigError(
+                f"adversary.view = 'omniscient' reads every peer's value; algorithm "
+                f"{rule.name!r} sends push-sum shares, one per edge, not values: use view = "
+                "'neighbours'."
             )
         if adversary.attack == "dissensus" and rule.mixing == "push-sum":
             raise ConfigError(
@@ -248,6 +254,9 @@ class Attacked(Rule):
                 values = [
                     _ratio(v, slot.scalars["omega"]) for v, slot in zip(values, inbox, strict=True)
                 ]
+            if self.adversary.view == "omniscient":
+                lies[name] = self._omniscient(inbox[0].tensors, name, every)
+                continue
             lies[name] = self._lie_to(values, inbox, honest, liars, state)
         out = []
         for slot, from_liar in zip(inbox, liars, strict=True):
@@ -267,6 +276,31 @@ class Attacked(Rule):
                 Slot(tensors, slot.scalars, slot.weight, slot.arrived, slot.one, slot.sender)
             )
         return out
+
+    def _omniscient(
+        self, tensors: Any, name: str, every: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lie, usable)`` of ``view = "omniscient"``: ``alie`` or ``ipm`` of every
+        honest peer's value of ``name`` this phase (the senders' whole stack, which only
+        the vectorized engine holds), the same lie to every target."""
+        if not isinstance(tensors, SenderRows):
+            raise AlgorithmError(
+                "adversary.view = 'omniscient' needs every peer's value at once, which only "
+                "the vectorized engine holds; run it there, or use view = 'neighbours'."
+            )
+        stack = tensors.stack(name)
+        honest = stack[~every].to(torch.float64)
+        mean = honest.mean(dim=0, keepdim=True)
+        sd = honest.std(dim=0, correction=0, keepdim=True) if honest.shape[0] else mean * 0
+        a = self.adversary
+        if a.attack == "alie":
+            z = a.z or attacks.alie_z(self.liars.population, self.liars.count)
+            lie = attacks.alie(mean, sd, z)
+        else:
+            lie = attacks.ipm(mean, a.epsilon)
+        b = tensors.rows(name).shape[0]
+        usable = torch.full((b,), honest.shape[0] > 0, dtype=torch.bool, device=stack.device)
+        return lie.to(stack.dtype).expand(b, *stack.shape[1:]), usable
 
     def _targeted_gathered(self, inbox: Gathered, state: Any, rows: Rows) -> Gathered:
         """A list inbox (a server's): each honest receiver's messages from Byzantine

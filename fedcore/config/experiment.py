@@ -62,6 +62,16 @@ class Config:
                     f"must be at most {FLOAT32_MAX:.4g} with model.dtype = 'float32' (a "
                     "larger step is inf in float32: the run would diverge at round 0)",
                 )
+        if (
+            self.adversary.active
+            and self.adversary.view == "omniscient"
+            and self.simulate.engine == "messages"
+        ):
+            raise ConfigError(
+                "adversary.view = 'omniscient' reads every honest peer's value at once, "
+                "which only the vectorized engine holds; use simulate.engine = 'auto' or "
+                "'vectorized', or view = 'neighbours'."
+            )
         if self.adversary.active and self.simulate.engine == "cohort":
             raise ConfigError(
                 "[adversary] with simulate.engine = 'cohort': the cohort engine does not run "

@@ -116,3 +116,26 @@ def test_refusals_name_what_cannot_run_liars(tmp_path: Path) -> None:
 
     assert "not sharded" in (rank_refusal(config) or "")
     assert "not batched" in (batch_refusal(config) or "")
+
+
+def test_omniscient_lies_are_made_of_every_honest_peer(tmp_path: Path) -> None:
+    """view = 'omniscient' on the vectorized engine: one lie from every honest peer's
+    value, another run than the neighbourhood's; the message engine refuses it."""
+    near = _run(tmp_path, "near", "adversary.attack=ipm", "adversary.epsilon=2")
+    far = _run(
+        tmp_path, "far", "adversary.attack=ipm", "adversary.epsilon=2", "adversary.view=omniscient"
+    )
+    assert far["engine"] == "vectorized" and far["status"] == "completed"
+    assert far["params_sha256"]["n0"] != near["params_sha256"]["n0"]
+    with pytest.raises(ConfigError, match="only the vectorized engine"):
+        load_config(
+            None,
+            [
+                *BASE,
+                "adversary.attack=alie",
+                "adversary.view=omniscient",
+                "simulate.engine=messages",
+            ],
+        )
+    with pytest.raises(ConfigError, match="has no such form"):
+        load_config(None, [*BASE, "adversary.attack=dissensus", "adversary.view=omniscient"])

@@ -15,7 +15,7 @@ from fedcore.config.rules import Table, choice, number, require, rule, shown, wh
 from fedcore.errors import ConfigError
 from fedcore.ids import check_node_id
 
-__all__ = ["ATTACKS", "SENDER_ATTACKS", "TARGETED_ATTACKS", "AdversaryConfig"]
+__all__ = ["ATTACKS", "SENDER_ATTACKS", "TARGETED_ATTACKS", "VIEWS", "AdversaryConfig"]
 
 SENDER_ATTACKS = ("signflip", "scale", "gaussian", "inflate", "withhold", "labelflip")
 """Attacks a Byzantine peer makes of its own messages (or its own data) alone: the same on
@@ -27,6 +27,10 @@ in the same phase (what an attacker that sees its targets' neighbourhoods sends)
 the in-process engines, which see every message."""
 
 ATTACKS = SENDER_ATTACKS + TARGETED_ATTACKS
+
+VIEWS = ("neighbours", "omniscient")
+"""What a targeted ``alie`` or ``ipm`` is made of: the values the target's honest
+in-neighbours send it, or every honest peer's (the vectorized engine's whole stack)."""
 
 
 def _peers(key: str, peers: object) -> None:
@@ -77,6 +81,10 @@ class AdversaryConfig(Table):
       targeted ones (``alie``, ``ipm``, ``dissensus``) need the values the target's other
       neighbours send it in the same phase, which only a simulation sees.
     * ``scale``, ``sigma``, ``z``, ``epsilon``, ``push``: the attacks' options.
+    * ``view`` (``alie``, ``ipm``): ``"neighbours"`` (the default: the values the target's
+      honest in-neighbours send it) or ``"omniscient"`` (every honest peer's value this
+      phase, the same lie to every target; the vectorized engine only, which holds them
+      all).
     * ``seed``: the choice of ``fraction`` and the noise of ``gaussian``.
     """
 
@@ -90,6 +98,7 @@ class AdversaryConfig(Table):
     z: float = field(default=0.0, metadata=number(">= 0"))
     epsilon: float = field(default=0.1, metadata=number(">= 0"))
     push: float = field(default=1.5, metadata=number(">= 0"))
+    view: str = field(default="neighbours", metadata=choice(VIEWS))
     seed: int = field(default=0, metadata=whole(0, SEED_LIMIT - 1))
 
     def check(self) -> None:
@@ -104,6 +113,12 @@ class AdversaryConfig(Table):
                 "adversary.scale",
                 self.scale,
                 "must be in (0, 1) to withhold: the share of its mass the peer passes on",
+            )
+        if self.view == "omniscient" and self.attack not in ("alie", "ipm"):
+            raise ConfigError(
+                f"adversary.view = 'omniscient' makes alie or ipm of every honest peer's "
+                f"value; adversary.attack = {self.attack!r} has no such form. Use view = "
+                "'neighbours', or attack = 'alie' or 'ipm'."
             )
         if self.peers and self.fraction:
             raise ConfigError(
