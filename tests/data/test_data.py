@@ -238,7 +238,8 @@ def test_partition_is_deterministic_per_seed(ds: Dataset, scheme: str) -> None:
     b = partition(y, 8, scheme, seed=1, groups=groups)
     c = partition(y, 8, scheme, seed=2, groups=groups)
     assert all(np.array_equal(x, z) for x, z in zip(a, b, strict=True))
-    assert not all(np.array_equal(x, z) for x, z in zip(a, c, strict=True))
+    differ = not all(np.array_equal(x, z) for x, z in zip(a, c, strict=True))
+    assert differ == (scheme != "sorted")  # sorted: label runs in node order, no draw
 
 
 def test_dirichlet_respects_min_size_under_heavy_skew() -> None:

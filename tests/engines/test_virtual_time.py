@@ -16,13 +16,14 @@ from fedcore.engines.batched import has_batched_form
 from fedcore.errors import ConfigError
 from fedcore.simulation.simulate import simulate
 
-HOLDS = ("ops",)
-"""Push-sum rules, whose silent peers hold their pushes in deadline mode."""
-
 SYNCHRONOUS = sorted(name for name, factory in ALGORITHMS.items() if has_batched_form(factory()))
+
+HOLDS = tuple(name for name in SYNCHRONOUS if ALGORITHMS[name]().holds_in_deadline_mode)
+"""Push-sum rules, whose silent peers hold their pushes in deadline mode."""
 
 GRAPHS = {
     "ops": ["topology.kind=exponential"],
+    "clipped-push-sum": ["topology.kind=exponential"],
     "dol": ["topology.kind=social"],
     "local": ["topology.kind=ring"],
     "central": ["topology.kind=complete"],
