@@ -122,13 +122,25 @@ def test_time_results_tiny(tmp_path: Path) -> None:
         assert slow["engine"] == "events" and slow["speedup_to_target"] > 2, (asyn, slow)
 
 
-@pytest.mark.slow  # about 10 s: six short runs
-def test_byzantine_results_tiny(tmp_path: Path) -> None:
+def _byzantine(grid: str, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scripts/byzantine_results.py --grids GRID --tiny`` in this process (``--jobs 1``
+    runs the grid here: a new process would import torch again)."""
+    import runpy
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    argv = ["--grids", grid, "--tiny", "--jobs", "1", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["byzantine_results.py", *argv])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "scripts" / "byzantine_results.py"), run_name="__main__")
+    assert not done.value.code
+
+
+@pytest.mark.slow  # about 4 s: six short runs, in this process
+def test_byzantine_results_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Claim (b) at CI size: weight inflation stops plain push-sum (the inflated mass drives
     honest peers' shares out of range) while clipped push-sum completes within a few
     points of its honest run, and withheld mass costs it little."""
-    args = ["--tiny", "--jobs", "1", "--out", str(tmp_path)]
-    _run(["scripts/byzantine_results.py", "--grids", "push-sum", *args], 400)
+    _byzantine("push-sum", tmp_path, monkeypatch)
     stem = tmp_path / "byzantine-push-sum"
     assert stem.with_suffix(".png").stat().st_size > 0
     rows = {r["case"]: r for r in json.loads(stem.with_suffix(".json").read_text("utf-8"))}
@@ -140,13 +152,12 @@ def test_byzantine_results_tiny(tmp_path: Path) -> None:
         assert not row["failed"] and row["mean_node_accuracy"][0] > honest - 0.05, attack
 
 
-@pytest.mark.slow  # about 6 s: twelve short runs
-def test_byzantine_gossip_results_tiny(tmp_path: Path) -> None:
+@pytest.mark.slow  # about 4 s: twelve short runs, in this process
+def test_byzantine_gossip_results_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Claim (a) at CI size: dissensus by two of 16 peers of a torus breaks plain gossip,
     not self-centered clipping; on the non-IID dumbbell with no attack, the trimmed mean
     and the median cut the bridge (each clique stays at its own half of the classes)."""
-    args = ["--tiny", "--jobs", "1", "--out", str(tmp_path)]
-    _run(["scripts/byzantine_results.py", "--grids", "gossip", *args], 400)
+    _byzantine("gossip", tmp_path, monkeypatch)
     stem = tmp_path / "byzantine-gossip"
     rows = {r["case"]: r for r in json.loads(stem.with_suffix(".json").read_text("utf-8"))}
     acc = {case: row["mean_node_accuracy"][0] for case, row in rows.items()}
@@ -155,12 +166,11 @@ def test_byzantine_gossip_results_tiny(tmp_path: Path) -> None:
     assert cut < 0.56 < acc["dumbbell, dpsgd, no attack"], acc
 
 
-@pytest.mark.slow  # about 8 s: six short runs
-def test_byzantine_star_results_tiny(tmp_path: Path) -> None:
+@pytest.mark.slow  # about 3 s: six short runs, in this process
+def test_byzantine_star_results_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Claim (c) at CI size: the star grid runs every aggregator with and without two
     Byzantine workers of ten, and the robust rules keep the server's model learning."""
-    args = ["--tiny", "--jobs", "1", "--out", str(tmp_path)]
-    _run(["scripts/byzantine_results.py", "--grids", "star", *args], 400)
+    _byzantine("star", tmp_path, monkeypatch)
     stem = tmp_path / "byzantine-star"
     rows = {r["aggregator"]: r for r in json.loads(stem.with_suffix(".json").read_text("utf-8"))}
     assert set(rows) == {"mean", "median", "krum"}
