@@ -87,8 +87,9 @@ REMOVED_KEYS = {
     "fedcore launch and fedcore node: gRPC). Delete the line.",
 }
 """Keys a config may no longer set, each with what to do instead (one line, exit 2)."""
-PRIVACY_MECHANISMS = ("none", "dp-sgd", "dp-fedavg")
-"""``privacy.mechanism``: none, per-example DP-SGD on each peer, or user-level DP-FedAvg
+PRIVACY_MECHANISMS = ("none", "dp-sgd", "dp-peer", "dp-fedavg")
+"""``privacy.mechanism``: none, per-example DP-SGD on each peer, peer-level noise on what
+each peer sends (its whole data, against its neighbours), or user-level DP-FedAvg
 (clipping and noise at the server; :mod:`fedcore.privacy`)."""
 
 PRIVACY_NOISE_KEYS = ("seed", "secret")

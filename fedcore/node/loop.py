@@ -40,7 +40,7 @@ from fedcore.node.pace import Pace
 from fedcore.node.records import RoundRecord, traffic
 from fedcore.node.rule import per_node
 from fedcore.node.schedule import NodeOptions
-from fedcore.privacy.dpsgd import DPSGD, peer_words
+from fedcore.privacy.dpsgd import DPSGD, PeerDP, peer_words
 from fedcore.streams import Batches
 from fedcore.topology import Topology
 from fedcore.transport.base import Transport
@@ -98,7 +98,7 @@ class Node:
         faults: FaultPlan | None = None,
         clock: VirtualClock | None = None,
         pace: Pace | None = None,
-        privacy: DPSGD | None = None,
+        privacy: DPSGD | PeerDP | None = None,
     ) -> None:
         """Initialise the algorithm state from ``params``. ``clock``: a simulation's virtual
         clock; the node then waits for exactly the messages the fault plan did not lose

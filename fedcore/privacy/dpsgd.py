@@ -35,10 +35,10 @@ import os
 import torch
 
 from fedcore.counter_random import gaussian_pair_tensor, make_key, signed64, string_id
-from fedcore.gradients import RowGradient
+from fedcore.gradients import RowGradient, one_thread
 from fedcore.gradients.per_example import clipped_sums
 
-__all__ = ["DPSGD", "NOISE_BLOCK", "add_keyed_noise", "peer_words", "secret_word"]
+__all__ = ["DPSGD", "NOISE_BLOCK", "PeerDP", "add_keyed_noise", "peer_words", "secret_word"]
 
 NOISE_BLOCK = 1 << 16
 """Pairs of Gaussian draws computed at once (their float64 temporaries stay in cache)."""
@@ -88,6 +88,73 @@ class DPSGD:
             add_keyed_noise(sums, self.key, peers.to(params.device), round, step, scale)
         sums /= counts.to(sums.dtype).unsqueeze(1)
         return losses, sums
+
+
+class PeerDP:
+    """Peer-level privacy of what a peer sends (``privacy.mechanism = "dp-peer"``): each
+    local step, the peer's gradient (its batch's mean) is clipped to norm C and noised,
+
+        g = clip_C(grad f_i(x_i)) + N(0, sigma^2 C^2 I),
+
+    before the rule sees it, so every model it sends (a function of its noised steps and
+    of what it received) is a Gaussian mechanism over its *whole* data: against an
+    adjacent run in which the peer holds other data or none (a clipped step moves by at
+    most C), each step has noise multiplier sigma and sampling rate 1, and the accountant
+    composes the steps. What it protects is a peer's data set from its neighbours (who
+    see each message), as DP-FedAvg protects a worker's from the server; DP-SGD protects
+    one record. The noise is keyed as DP-SGD's (:func:`add_keyed_noise`, another domain).
+
+    Args:
+        clip: C, the norm each step's gradient is clipped to.
+        noise: sigma, the noise multiplier (0: clipping only).
+        seed: The run's seed, which keys the noise.
+        secret: Key it with a secret of this process's too (``privacy.noise_key``).
+    """
+
+    def __init__(self, clip: float, noise: float, seed: int, secret: bool = False) -> None:
+        """Key the noise by the run's seed (and, with ``secret``, 64 bits from the OS)."""
+        self.clip = float(clip)
+        self.noise = float(noise)
+        self.key = make_key("fedcore.privacy.dp-peer", seed, *secret_word(secret))
+
+    def loss_and_grad(
+        self,
+        rows: RowGradient,
+        params: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        peers: torch.Tensor,
+        round: int,
+        step: int,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-row mean loss ``[M]`` and the clipped, noised gradient ``[M, d]`` of rows
+        ``params [M, d]`` held by ``peers`` (as :meth:`DPSGD.loss_and_grad`)."""
+        losses, grad = rows.loss_and_grad(params, x, y, mask)
+        grad = grad.clone()
+        norms = _row_norms(grad)
+        scale = torch.where(norms > self.clip, self.clip / norms.clamp(min=1e-300), 1.0)
+        grad *= scale.to(grad.dtype).unsqueeze(1)
+        if self.noise > 0:
+            add_keyed_noise(
+                grad, self.key, peers.to(params.device), round, step, self.noise * self.clip
+            )
+        return losses, grad
+
+
+_GRAIN = 32768
+"""Values from which a CPU reduction splits over threads (``at::internal::GRAIN_SIZE``)."""
+
+
+def _row_norms(values: torch.Tensor) -> torch.Tensor:
+    """Each row's Euclidean norm (float64 ``[M]``), each row reduced on its own so that a
+    row gets the same bits alone (a peer) or stacked (the vectorized engine)."""
+    wide = values.to(torch.float64)
+    if values.device.type == "cpu" and values.shape[1] >= _GRAIN:
+        with one_thread():
+            return torch.stack([torch.linalg.vector_norm(row) for row in wide])
+    norms: torch.Tensor = torch.linalg.vector_norm(wide, dim=1)
+    return norms
 
 
 def secret_word(secret: bool) -> tuple[int, ...]:

@@ -9,6 +9,10 @@ unsampled worker, a crashed peer). Epsilon grows with ``q``, so the peer with th
 rate has the largest epsilon: the run's epsilon, which the summary reports with that
 peer, its rate and the range of rates.
 
+Peer-level noise (``"dp-peer"``): each step clips a peer's batch gradient and noises it, a
+mechanism over the peer's whole data at rate 1, composed over its ``R x run.local_steps``
+steps; every peer has that epsilon, against whoever sees its messages.
+
 DP-FedAvg (``"dp-fedavg"``, FedAvg only): each round is one step over users, sampled at
 ``q = m / N`` (the cohort of ``m`` of the ``N`` workers), whatever the local steps; the
 summary reports the cohort and the population.
@@ -25,7 +29,7 @@ from fedcore.config.tables.privacy import PrivacyConfig
 from fedcore.config.tables.run import RunConfig
 from fedcore.errors import ConfigError
 from fedcore.privacy.accountant import Mechanism, epsilon, last_step_within
-from fedcore.privacy.dpsgd import DPSGD
+from fedcore.privacy.dpsgd import DPSGD, PeerDP
 
 __all__ = ["PrivacyPlan", "plan_privacy"]
 
@@ -64,11 +68,19 @@ class PrivacyPlan:
         """Whether each step protects a user's whole data (DP-FedAvg), not one record."""
         return self.config.mechanism == "dp-fedavg"
 
-    def dpsgd(self) -> DPSGD | None:
-        """The private gradient every peer of the run computes with (DP-SGD), or None."""
+    @property
+    def peer_level(self) -> bool:
+        """Whether each step protects a peer's whole data from its neighbours (dp-peer)."""
+        return self.config.mechanism == "dp-peer"
+
+    def dpsgd(self) -> DPSGD | PeerDP | None:
+        """The private gradient every peer of the run computes with (DP-SGD, or the
+        peer-level ``dp-peer``), or None."""
+        secret = self.config.noise_key == "secret"
+        if self.config.mechanism == "dp-peer":
+            return PeerDP(self.config.clip, self.config.noise, self.seed, secret)
         if self.config.mechanism != "dp-sgd":
             return None
-        secret = self.config.noise_key == "secret"
         return DPSGD(self.config.clip, self.config.noise, self.seed, secret)
 
     def epsilon(self, rounds: int) -> float:
@@ -99,6 +111,7 @@ class PrivacyPlan:
         else:
             out["peer"] = peer
             out["sampling_rates"] = [min(self.rates.values()), q]
+            out["level"] = "peer" if self.peer_level else "record"
         if p.target_epsilon > 0:
             out["target_epsilon"] = p.target_epsilon
             out["stopped_at_target"] = self.rounds < self.planned_rounds
@@ -149,7 +162,7 @@ def plan_privacy(
             "private yet: choose another algorithm.name, or remove the [privacy] table."
         )
     mode, why = gradient_mode
-    if mode == "module":
+    if mode == "module" and config.mechanism == "dp-sgd":
         why = why or "torch.func cannot map it"
         raise ConfigError(
             f"privacy.mechanism = {config.mechanism!r} needs per-example gradients, which "
@@ -162,7 +175,10 @@ def plan_privacy(
             "sample batches from, which a data stream (data.stream) has not; remove "
             "data.stream or the [privacy] table."
         )
-    rates = {n: min(1.0, batch_size / k) for n, k in zip(nodes, examples, strict=True) if k > 0}
+    if config.mechanism == "dp-peer":  # a peer's whole data, every step: rate 1
+        rates = {n: 1.0 for n, k in zip(nodes, examples, strict=True) if k > 0}
+    else:
+        rates = {n: min(1.0, batch_size / k) for n, k in zip(nodes, examples, strict=True) if k > 0}
     if not rates:
         raise ConfigError("privacy: no peer holds training examples to protect.")
     return _within_target(PrivacyPlan(config, rates, local_steps, rounds, rounds, seed))

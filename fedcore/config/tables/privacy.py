@@ -34,7 +34,10 @@ class PrivacyConfig(Table):
     ``mechanism``: ``"none"`` (the default: no privacy, and the table's other keys must
     stay at their defaults), ``"dp-sgd"`` (each peer clips every example's gradient to
     norm ``clip``, sums them and adds Gaussian noise of standard deviation ``noise *
-    clip``: record-level privacy of each peer's data) or ``"dp-fedavg"`` (FedAvg's
+    clip``: record-level privacy of each peer's data), ``"dp-peer"`` (each peer clips
+    each step's gradient to ``clip`` and adds that noise, so every message it sends is
+    private in its whole data set: peer-level privacy against its neighbours) or
+    ``"dp-fedavg"`` (FedAvg's
     server clips each worker's update to ``clip`` and adds the noise to their sum:
     user-level privacy).
     ``delta``: the delta epsilon is reported at (1e-5; it should be below one over the
