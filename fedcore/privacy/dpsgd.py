@@ -61,11 +61,14 @@ class DPSGD:
         secret: Key it with a secret of this process's too (``privacy.noise_key``).
     """
 
+    DOMAIN = "fedcore.privacy.dp-sgd"
+    """The noise key's domain (each mechanism draws its own noise)."""
+
     def __init__(self, clip: float, noise: float, seed: int, secret: bool = False) -> None:
         """Key the noise by the run's seed (and, with ``secret``, 64 bits from the OS)."""
         self.clip = float(clip)
         self.noise = float(noise)
-        self.key = make_key("fedcore.privacy.dp-sgd", seed, *secret_word(secret))
+        self.key = make_key(self.DOMAIN, seed, *secret_word(secret))
 
     def loss_and_grad(
         self,
@@ -90,7 +93,7 @@ class DPSGD:
         return losses, sums
 
 
-class PeerDP:
+class PeerDP(DPSGD):
     """Peer-level privacy of what a peer sends (``privacy.mechanism = "dp-peer"``): each
     local step, the peer's gradient (its batch's mean) is clipped to norm C and noised,
 
@@ -104,18 +107,10 @@ class PeerDP:
     see each message), as DP-FedAvg protects a worker's from the server; DP-SGD protects
     one record. The noise is keyed as DP-SGD's (:func:`add_keyed_noise`, another domain).
 
-    Args:
-        clip: C, the norm each step's gradient is clipped to.
-        noise: sigma, the noise multiplier (0: clipping only).
-        seed: The run's seed, which keys the noise.
-        secret: Key it with a secret of this process's too (``privacy.noise_key``).
+    Its arguments are :class:`DPSGD`'s, ``clip`` bounding each step's whole gradient.
     """
 
-    def __init__(self, clip: float, noise: float, seed: int, secret: bool = False) -> None:
-        """Key the noise by the run's seed (and, with ``secret``, 64 bits from the OS)."""
-        self.clip = float(clip)
-        self.noise = float(noise)
-        self.key = make_key("fedcore.privacy.dp-peer", seed, *secret_word(secret))
+    DOMAIN = "fedcore.privacy.dp-peer"
 
     def loss_and_grad(
         self,
