@@ -412,6 +412,8 @@ ALGORITHMS = Family(
         Entry("ops", f"{_ALGORITHMS}.ops:OPS"),
         Entry("clipped-push-sum", f"{_ALGORITHMS}.clipped_push_sum:ClippedPushSum"),
         Entry("dpsgd", f"{_ALGORITHMS}.dpsgd:DPSGD"),
+        Entry("dsgt", f"{_ALGORITHMS}.tracking:DSGT"),
+        Entry("push-pull", f"{_ALGORITHMS}.tracking:PushPull"),
         Entry("dog", f"{_ALGORITHMS}.online:DOG"),
         Entry("clippedgossip", f"{_ALGORITHMS}.robust_gossip:ClippedGossip"),
         Entry("trimmed-gossip", f"{_ALGORITHMS}.robust_gossip:TrimmedGossip"),

@@ -37,6 +37,8 @@ CASES: dict[str, tuple[str, str, dict[str, object]]] = {
         {"algorithm.robust": True, "model.dtype": "float64", "compression.codec": "raw"},
     ),
     "dpsgd": ("dpsgd", "ring:4", {}),
+    "dsgt": ("dsgt", "ring:4", {}),
+    "push-pull": ("push-pull", "social:5", {}),
     "dog": ("dog", "ring:4", {}),
     "clippedgossip": ("clippedgossip", "ring:4", {}),
     "trimmed-gossip": ("trimmed-gossip", "ring:4", {"algorithm.bucket": 2}),

@@ -46,6 +46,8 @@ GRAPHS = {
     "dol": ["topology.kind=social"],
     "dpsgd": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "dog": ["topology.kind=exponential", "topology.undirected=true"],
+    "dsgt": ["topology.kind=ring"],
+    "push-pull": ["topology.kind=social"],
     "clippedgossip": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "trimmed-gossip": ["topology.kind=erdos-renyi", "topology.p=0.5", "topology.undirected=true"],
     "median-gossip": [

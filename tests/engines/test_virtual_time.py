@@ -25,6 +25,7 @@ GRAPHS = {
     "ops": ["topology.kind=exponential"],
     "clipped-push-sum": ["topology.kind=exponential"],
     "dol": ["topology.kind=social"],
+    "push-pull": ["topology.kind=social"],
     "local": ["topology.kind=ring"],
     "central": ["topology.kind=complete"],
     "rps": ["topology.kind=complete"],
