@@ -81,7 +81,7 @@ class _TrackingRule(Rule):
             AlgorithmError: always.
         """
         raise AlgorithmError(
-            f"{self.name!r} tracks the gradient at every model it sends: run.local_steps must be 1."
+            f"{self.name!r} tracks the gradient at every model it sends: set run.local_steps = 1."
         )
 
     def step(

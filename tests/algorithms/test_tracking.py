@@ -127,5 +127,5 @@ def test_push_pull_weights_are_each_peers_own() -> None:
 def test_local_steps_are_refused() -> None:
     rule = make_algorithm("dsgt")
     rows = Rows(round=0, lr=0.1, self_weight=torch.ones(1, dtype=torch.float64))
-    with pytest.raises(AlgorithmError, match="local_steps must be 1"):
+    with pytest.raises(AlgorithmError, match=r"run\.local_steps = 1"):
         rule.local_step(rule.init(torch.zeros(1, 2)), torch.zeros(1, 2), rows)

@@ -37,8 +37,9 @@ def test_local_training_with_k_steps_is_k_times_the_rounds(optimizer: str) -> No
     assert _params([*base, "run.local_steps=3"], 10) == _params(base, 30)
 
 
-ONE_STEP = ("doublesqueeze", "apmsqueeze")
-"""Algorithms whose compressed value is the round's one step: they refuse local steps."""
+ONE_STEP = ("doublesqueeze", "apmsqueeze", "dsgt", "push-pull")
+"""Algorithms whose compressed value (or tracked gradient) is the round's one step: they
+refuse local steps."""
 
 
 @pytest.mark.parametrize("algorithm", [a for a in BATCHED if a not in ONE_STEP])
