@@ -29,7 +29,7 @@ from fedcore.adversary.choose import Liars
 from fedcore.algorithms.base import TRAITS
 from fedcore.algorithms.rule import Gathered, Rows, Rule, Send, SenderRows, Slot, schema_of
 from fedcore.config.tables.adversary import AdversaryConfig
-from fedcore.counter_random import absorb_tensor, make_key
+from fedcore.counter_random import hash64_tensor, make_key, string_id
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.messages import MessageSchema
 
@@ -218,12 +218,7 @@ class Attacked(Rule):
         elif a.attack == "scale":
             lie = attacks.scaled(value, a.scale)
         else:  # gaussian: keyed by the sender, the round, the phase and the tensor
-            key = absorb_tensor(
-                absorb_tensor(
-                    absorb_tensor(absorb_tensor(self.key, rows.index), rows.round), phase
-                ),
-                len(name),
-            )
+            key = hash64_tensor(self.key, rows.index, rows.round, phase, string_id(name))
             lie = attacks.gaussian(value, a.sigma, key)
         where = liar.view(-1, *([1] * (value.dim() - 1)))
         return torch.where(where, lie.to(value.dtype), value)
