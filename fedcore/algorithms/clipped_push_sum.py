@@ -38,8 +38,8 @@ import torch
 
 from fedcore.algorithms.ops import PushSumRule, PushSumState, _silent_after
 from fedcore.algorithms.rule import Rows, SenderRows, Slot
-from fedcore.compression.codecs import _reduce
 from fedcore.errors import ConfigError
+from fedcore.gradients import row_reduce
 
 __all__ = ["ClippedPushSum", "ClippedPushSumRule"]
 
@@ -126,7 +126,7 @@ class ClippedPushSumRule(PushSumRule):
             share = tensors["x"].index_select(0, at)
         delta = share / w[at].to(share.dtype).unsqueeze(1) - z_i.index_select(0, at)
         length = int(delta.shape[1])
-        norm = _reduce(delta, length, lambda t: torch.linalg.vector_norm(t, dim=-1))
+        norm = row_reduce(delta, length, lambda t: torch.linalg.vector_norm(t, dim=-1))
         return at, share, delta, norm.to(_WIDE)
 
     def _radius(

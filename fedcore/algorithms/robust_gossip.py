@@ -70,12 +70,11 @@ from fedcore.algorithms.dpsgd import DPSGDRule, DPSGDState
 from fedcore.algorithms.rule import Rows, Slot, add_slot, spent
 from fedcore.counter_random import hash64_tensor, make_key
 from fedcore.errors import ConfigError
-from fedcore.gradients.blas import one_thread
+from fedcore.gradients.blas import one_thread, row_reduce
 
 __all__ = ["ClippedGossip", "MedianGossip", "TrimmedGossip", "sorting_network"]
 
 _TOTAL = torch.float64
-_GRAIN = 32768  # at::internal::GRAIN_SIZE: a shorter CPU reduction is one thread's
 
 
 def _count(name: str, key: str, value: object, least: int) -> int:
@@ -108,11 +107,7 @@ def _distance(slot: Slot, x: torch.Tensor) -> torch.Tensor:
         return out
     # On the CPU in the model's dtype (a float64 pass costs ~20x), a row whose squares
     # overflow it (a far outlier) again in float64, where no float32 value overflows.
-    if z.shape[1] >= _GRAIN:
-        with one_thread():
-            norms = torch.stack([torch.linalg.vector_norm(r) for r in z])
-    else:
-        norms = torch.linalg.vector_norm(z, dim=1)
+    norms = row_reduce(z, int(z.shape[1]), lambda t: torch.linalg.vector_norm(t, dim=-1))
     far = torch.isinf(norms)
     out = norms.to(_TOTAL)
     if bool(far.any()):

@@ -32,8 +32,9 @@ other half, and ``roundtrip_rows`` runs both halves on many rows with no bytes b
 So the vectorized engine's rows are the messages' values by construction. Those steps
 round alike on every device: element-wise steps are float32 operations with tensor
 operands (never a division by a Python number, which CUDA turns into a multiplication by
-the reciprocal), and reductions (sign scales, qsgd norms) go through :func:`_reduce`. The
-stochastic codecs draw on the CPU, row ``r`` from ``generators[r]``.
+the reciprocal), and reductions (sign scales, qsgd norms) go through
+:func:`~fedcore.gradients.row_reduce`. The stochastic codecs draw on the CPU, row ``r``
+from ``generators[r]``.
 
 This module holds the casts, ``qsgd`` and ``sign``; ``topk`` and ``randk`` are in
 :mod:`fedcore.compression.sparse`, and the header checks and row helpers every codec
@@ -62,31 +63,12 @@ from fedcore.compression.wire import (
     _rows,
 )
 from fedcore.errors import CompressionError
-from fedcore.gradients import one_thread
+from fedcore.gradients import row_reduce
 from fedcore.messages import EncodedTensor
 
 __all__ = ["CastCodec", "QSGDCodec", "SignCodec"]
 
 _TINY = torch.finfo(torch.float32).tiny
-_GRAIN = 32768  # at::internal::GRAIN_SIZE: shorter CPU reductions run serially
-
-
-def _reduce(
-    values: torch.Tensor, length: int, op: Callable[[torch.Tensor], torch.Tensor]
-) -> torch.Tensor:
-    """``op`` (a reduction over the last dim) of ``values``, in one message's order.
-
-    ``values[r]`` holds row ``r``'s operands. A CPU reduction shorter than torch's grain
-    is serial whatever the other dims; a longer one is split among threads by its own
-    length (so its bits would depend on the thread count), so those rows are reduced one
-    at a time on one thread, each as the lone message is with any ``--threads``.
-    """
-    if values.device.type == "cpu" and length >= _GRAIN:
-        with one_thread():
-            if len(values) == 1:
-                return op(values[0])[None]
-            return torch.stack([op(row) for row in values])
-    return op(values)
 
 
 def _l1(t: torch.Tensor) -> torch.Tensor:
@@ -317,12 +299,12 @@ class QSGDCodec:
         dev = x.device
         s = 2 ** (self.bits - 1) - 1
         if self.chunk == 0:
-            norms = _reduce(x, n, _l2)[:, None]
+            norms = row_reduce(x, n, _l2)[:, None]
         else:
             size = min(self.chunk, max(n, 1))  # the same buckets; no giant padding
             count = -(-n // size)
             padded = torch.cat([x, x.new_zeros(m, count * size - n)], dim=1)
-            norms = _reduce(padded.view(m, count, size), size, _l2)
+            norms = row_reduce(padded.view(m, count, size), size, _l2)
         if not bool(torch.isfinite(norms).all()):
             raise CompressionError(
                 "codec 'qsgd': a norm of the tensor is not finite (values not finite, or so "
@@ -466,15 +448,15 @@ class SignCodec:
         m, n = x.shape
         dev = x.device
         if self.chunk == 0:
-            l1 = _reduce(x, n, _l1).to(torch.float64)[:, None]
+            l1 = row_reduce(x, n, _l1).to(torch.float64)[:, None]
             return l1 / _const(max(n, 1), torch.float64, dev)
         chunk = self.chunk
         full = n // chunk
         cut = full * chunk
-        scales = _reduce(x[:, :cut].view(m, full, chunk), chunk, _l1)
+        scales = row_reduce(x[:, :cut].view(m, full, chunk), chunk, _l1)
         scales = scales / _const(chunk, torch.float32, dev)
         if cut < n:
-            tail = _reduce(x[:, cut:], n - cut, _mean_abs)
+            tail = row_reduce(x[:, cut:], n - cut, _mean_abs)
             scales = torch.cat([scales, tail[:, None]], dim=1)
         return scales
 

@@ -75,7 +75,14 @@ The package: :mod:`~fedcore.gradients.rows` holds :class:`RowGradient`,
 
 from __future__ import annotations
 
-from fedcore.gradients.blas import one_thread, reproducible_blas
+from fedcore.gradients.blas import one_thread, reproducible_blas, row_reduce
 from fedcore.gradients.rows import GRADIENT_MODES, RowGradient, model_input
 
-__all__ = ["GRADIENT_MODES", "RowGradient", "model_input", "one_thread", "reproducible_blas"]
+__all__ = [
+    "GRADIENT_MODES",
+    "RowGradient",
+    "model_input",
+    "one_thread",
+    "reproducible_blas",
+    "row_reduce",
+]

@@ -121,3 +121,26 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+REDUCE_GRAIN = 32768
+"""``at::internal::GRAIN_SIZE``: a CPU reduction shorter than this runs serially."""
+
+
+def row_reduce(
+    values: torch.Tensor, length: int, op: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """``op`` (a reduction over the last dim) of ``values``, each row in the order it has
+    alone (one message, one peer).
+
+    ``values[r]`` holds row ``r``'s operands. A CPU reduction shorter than torch's grain
+    is serial whatever the other dims; a longer one is split among threads by its own
+    length (so its bits would depend on the thread count), so those rows are reduced one
+    at a time on one thread, each as a lone row is with any number of threads.
+    """
+    if values.device.type == "cpu" and length >= REDUCE_GRAIN:
+        with one_thread():
+            if len(values) == 1:
+                return op(values[0])[None]
+            return torch.stack([op(row) for row in values])
+    return op(values)

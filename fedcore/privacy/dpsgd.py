@@ -35,7 +35,7 @@ import os
 import torch
 
 from fedcore.counter_random import gaussian_pair_tensor, make_key, signed64, string_id
-from fedcore.gradients import RowGradient, one_thread
+from fedcore.gradients import RowGradient, row_reduce
 from fedcore.gradients.per_example import clipped_sums
 
 __all__ = ["DPSGD", "NOISE_BLOCK", "PeerDP", "add_keyed_noise", "peer_words", "secret_word"]
@@ -137,19 +137,11 @@ class PeerDP(DPSGD):
         return losses, grad
 
 
-_GRAIN = 32768
-"""Values from which a CPU reduction splits over threads (``at::internal::GRAIN_SIZE``)."""
-
-
 def _row_norms(values: torch.Tensor) -> torch.Tensor:
-    """Each row's Euclidean norm (float64 ``[M]``), each row reduced on its own so that a
-    row gets the same bits alone (a peer) or stacked (the vectorized engine)."""
+    """Each row's Euclidean norm (float64 ``[M]``), a row the same bits alone (a peer) or
+    stacked (the vectorized engine)."""
     wide = values.to(torch.float64)
-    if values.device.type == "cpu" and values.shape[1] >= _GRAIN:
-        with one_thread():
-            return torch.stack([torch.linalg.vector_norm(row) for row in wide])
-    norms: torch.Tensor = torch.linalg.vector_norm(wide, dim=1)
-    return norms
+    return row_reduce(wide, int(wide.shape[1]), lambda t: torch.linalg.vector_norm(t, dim=-1))
 
 
 def secret_word(secret: bool) -> tuple[int, ...]:

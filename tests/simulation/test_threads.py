@@ -7,7 +7,7 @@ usable cores. Because that count follows the machine, a run must give the same b
 any count: the gradient path keeps each row's GEMMs on one thread
 (:mod:`fedcore.gradients`), the updates are elementwise, and the one reduction that torch
 splits by thread count (a codec's scale over a row longer than torch's grain) is computed
-on one thread (``compression.codecs._reduce``). The runs below have rows of 45,610
+on one thread (``fedcore.gradients.row_reduce``). The runs below have rows of 45,610
 parameters, above the grain of 32,768.
 """
 

@@ -14,6 +14,7 @@ import torch
 from fedcore.compression.floats.fp8 import _all_finite, _bad_fp8, _each_row, _finite, _index
 from fedcore.compression.wire import _dtype_name, _expect, _flat, _numel, _restore
 from fedcore.errors import CompressionError
+from fedcore.gradients.blas import REDUCE_GRAIN
 from fedcore.messages import EncodedTensor
 
 _MAX_ALPHA = 2.0**40  # nearly equal magnitudes: a bounded squeeze keeps beta finite
@@ -29,9 +30,6 @@ def _s2fp8_magnitudes(mag: torch.Tensor, alpha: float, beta: float) -> torch.Ten
 def _scalar_loop(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a strided view: torch's CPU kernels run their scalar loop on it."""
     return torch.stack([t, t], dim=1).reshape(-1)[::2]
-
-
-_GRAIN = 32768  # at::internal::GRAIN_SIZE: shorter CPU loops run on one thread
 
 
 @functools.cache
@@ -94,7 +92,7 @@ def _s2fp8_lookup(codes: np.ndarray, alpha: float, beta: float) -> torch.Tensor 
     block = _exp2_block()
     nonzero = np.bitwise_and(codes, 0x7F)
     k = int(np.count_nonzero(nonzero))
-    if block is None or (k >= _GRAIN and torch.get_num_threads() > 1):
+    if block is None or (k >= REDUCE_GRAIN and torch.get_num_threads() > 1):
         return None
     tail = k % block
     if tail:
