@@ -4,6 +4,7 @@ whatever the node order)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -19,7 +20,9 @@ __all__ = ["Liars", "byzantine"]
 def byzantine(
     adversary: AdversaryConfig, run_seed: int, nodes: Sequence[str], server: str | None
 ) -> tuple[str, ...]:
-    """The Byzantine peers among ``nodes`` (in node order); a server never lies.
+    """The Byzantine peers among ``nodes`` (in node order); a server never lies. Made once
+    per run (the set-up, the observer and every evaluation ask; with ``fraction`` each
+    answer hashes every node id).
 
     Raises:
         ConfigError: a named peer that is not in the graph (or is the server), or a
@@ -27,6 +30,13 @@ def byzantine(
     """
     if not adversary.active:
         return ()
+    return _chosen(adversary, run_seed, tuple(nodes), server)
+
+
+@functools.lru_cache(maxsize=8)
+def _chosen(
+    adversary: AdversaryConfig, run_seed: int, nodes: tuple[str, ...], server: str | None
+) -> tuple[str, ...]:
     workers = [v for v in nodes if v != server]
     if adversary.peers:
         known = set(workers)

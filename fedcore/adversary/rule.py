@@ -184,8 +184,9 @@ class Attacked(Rule):
         """``inflate`` and ``withhold``: every tensor and scalar of a Byzantine row times
         ``scale``, the factor cut where a scalar would pass its schema's upper bound (a
         push-sum weight stays a legal share: the lie stays well-formed)."""
-        factor = torch.full(liar.shape, self.adversary.scale, dtype=torch.float64)
-        factor = factor.to(liar.device)
+        factor = torch.full(
+            liar.shape, self.adversary.scale, dtype=torch.float64, device=liar.device
+        )
         specs = schema_of(self.rule, phase, rows).scalars
         for name, value in send.scalars.items():
             spec = specs.get(name)
