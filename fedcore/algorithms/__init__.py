@@ -118,7 +118,7 @@ def make_algorithm(name: str, **options: Any) -> Any:
         plugin = registry.ALGORITHMS.entry(name).target
         factory = load_factory(plugin)
     try:
-        accepted = set(inspect.signature(factory).parameters)
+        accepted = _options_of(factory, set(options))
     except (TypeError, ValueError):  # a plug-in's without a signature: the call tells
         accepted = set(options)
     unknown = sorted(set(options) - accepted)
@@ -131,6 +131,31 @@ def make_algorithm(name: str, **options: Any) -> Any:
     if not plugin:
         return with_traits(factory(**options))
     return _plugged_in(name, plugin, factory, options)
+
+
+def _options_of(factory: Callable[..., Any], given: set[str]) -> set[str]:
+    """The keyword options ``factory`` takes: its named parameters, or every one ``given``
+    where it takes ``**options`` of its own. A rule class with no ``__init__`` of its own
+    (``DPSGDRule``: object's, or the protocol's, ``(*args, **kwargs)``) takes none.
+
+    Raises:
+        TypeError, ValueError: no signature to read.
+    """
+    params = inspect.signature(factory).parameters
+    named = {n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if open_ended and isinstance(factory, type):  # its own __init__, not an inherited default
+        own = [c for c in factory.__mro__ if "__init__" in vars(c)]
+        open_ended = bool(own) and own[0] is not object and not _default_init(own[0])
+    return named | given if open_ended else named
+
+
+def _default_init(cls: type) -> bool:
+    """Whether ``cls.__init__`` is one a protocol class installs (``typing.Protocol``'s
+    placeholder, which puts ``object.__init__`` on the class it first builds), not a
+    constructor someone wrote."""
+    init = vars(cls)["__init__"]
+    return init is object.__init__ or getattr(init, "__module__", "") == "typing"
 
 
 def _plugged_in(name: str, path: str, factory: Callable[..., Any], options: dict[str, Any]) -> Any:
