@@ -184,12 +184,12 @@ class RobustOPSState(NamedTuple):
     seen_omega: torch.Tensor
 
 
-def _check_options(robust: object, step_scale: object) -> None:
+def _check_options(robust: object, step_scale: object, name: str = "ops") -> None:
     if not isinstance(robust, bool):
-        raise ConfigError(f"algorithm.robust for 'ops' must be true or false, not {robust!r}.")
+        raise ConfigError(f"algorithm.robust for {name!r} must be true or false, not {robust!r}.")
     if step_scale not in STEP_SCALES:
         raise ConfigError(
-            f"algorithm.step_scale for 'ops' is {step_scale!r}; use one of "
+            f"algorithm.step_scale for {name!r} is {step_scale!r}; use one of "
             f"{', '.join(repr(s) for s in STEP_SCALES)} ('omega' scales the step by the "
             "push-sum weight, a step of lr on the de-biased model)."
         )
@@ -224,7 +224,7 @@ class PushSumRule(Rule):
 
     def __init__(self, step_scale: str = "none") -> None:
         """Check and keep the option."""
-        _check_options(False, step_scale)
+        _check_options(False, step_scale, self.name)
         self.step_scale = step_scale
 
     def __repr__(self) -> str:
