@@ -97,3 +97,37 @@ def test_engines_that_do_not_run_privacy_say_so() -> None:
     assert "without differential privacy" in str(cohort_refusal(cohort))
     plain = load_config(None, [])
     assert ranks_refusal(plain) is None and seeds_refusal(plain) is None
+
+
+GARBAGE = [
+    None,
+    True,
+    -1,
+    0,
+    2**70,
+    float("nan"),
+    float("inf"),
+    -0.0,
+    "",
+    "dp-sgd ",
+    [1],
+    {"a": 1},
+]
+
+
+@pytest.mark.parametrize(
+    "key", ["mechanism", "clip", "noise", "delta", "target_epsilon", "accountant", "noise_key"]
+)
+@pytest.mark.parametrize("value", GARBAGE, ids=repr)
+def test_garbage_in_any_key_loads_or_is_refused_in_one_line(key: str, value: object) -> None:
+    """Whatever a config file puts in [privacy] (here beside a mechanism, so every key
+    counts): a table, or one ConfigError line naming privacy's key."""
+    from fedcore.config import config_from_dict
+
+    table = {"mechanism": "dp-sgd", key: value}
+    try:
+        config = config_from_dict({"privacy": table})
+    except ConfigError as err:
+        assert "\n" not in str(err) and "privacy" in str(err)
+        return
+    assert config.privacy.clip > 0 and 0 < config.privacy.delta < 1

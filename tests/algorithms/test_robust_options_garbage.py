@@ -1,0 +1,51 @@
+"""The options of the robust and tracking rules (and FedAvg's aggregators) fed garbage:
+each builds, or is refused in one line naming the algorithm or its key; nothing else
+escapes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedcore.algorithms import make_algorithm
+from fedcore.errors import ConfigError
+
+ANY = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.integers(), max_size=3),
+)
+
+OPTIONS = {
+    "clippedgossip": ["tau", "clipped"],
+    "trimmed-gossip": ["trim", "bucket", "seed"],
+    "median-gossip": ["bucket", "seed"],
+    "clipped-push-sum": ["tau", "kappa", "step_scale"],
+    "fedavg": ["aggregator", "f", "m", "trim", "bucket", "nnm", "iterations", "tau", "nu"],
+    "dsgt": ["foo"],
+    "push-pull": ["bogus"],
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(OPTIONS)), st.data())
+def test_garbage_options_build_or_are_refused_in_one_line(name: str, data: st.DataObject) -> None:
+    keys = data.draw(st.lists(st.sampled_from(OPTIONS[name]), max_size=3, unique=True))
+    options = {k: data.draw(ANY) for k in keys}
+    if name == "fedavg":
+        options["server"] = "s"
+    try:
+        make_algorithm(name, **options)
+    except ConfigError as err:
+        text = str(err)
+        assert "\n" not in text and "algorithm" in text  # the key or the algorithm named
+
+
+@pytest.mark.parametrize("name", ["dsgt", "push-pull", "dpsgd"])
+def test_a_rule_without_options_says_it_has_none(name: str) -> None:
+    with pytest.raises(ConfigError, match=r"has no option foo; its options: none\."):
+        make_algorithm(name, foo=0.1)
