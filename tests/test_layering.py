@@ -20,6 +20,7 @@ LAYERS = {
     "runtime": 0,
     "counter_random": 0,
     "registry": 0,
+    "family": 0,
     "faults": 1,
     "timing": 1,
     "topology": 1,
