@@ -97,6 +97,13 @@ of apmsqueeze's are past its 8 precondition rounds; evaluations at rounds 6 and 
             "topology.nodes=7",
             "compression.codec=fp16",
         ],
+        ["algorithm.name=dsgt", "topology.kind=ring", "topology.nodes=4"],
+        [
+            "algorithm.name=push-pull",
+            "topology.kind=social",
+            "topology.nodes=5",
+            "compression.codec=fp16",
+        ],
     ],
     ids=[
         "ops-directed",
@@ -110,6 +117,8 @@ of apmsqueeze's are past its 8 precondition rounds; evaluations at rounds 6 and 
         "central",
         "choco-sign",
         "rps-fp16",
+        "dsgt",
+        "push-pull-fp16",
     ],
 )
 def test_launch_matches_simulate_bit_for_bit(
