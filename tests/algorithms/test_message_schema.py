@@ -39,6 +39,7 @@ CASES: dict[str, tuple[str, str, dict[str, object]]] = {
     "dpsgd": ("dpsgd", "ring:4", {}),
     "dsgt": ("dsgt", "ring:4", {}),
     "push-pull": ("push-pull", "social:5", {}),
+    "exact-diffusion": ("exact-diffusion", "ring:4", {}),
     "dog": ("dog", "ring:4", {}),
     "clippedgossip": ("clippedgossip", "ring:4", {}),
     "trimmed-gossip": ("trimmed-gossip", "ring:4", {"algorithm.bucket": 2}),

@@ -28,6 +28,7 @@ OPTIONS = {
     "fedavg": ["aggregator", "f", "m", "trim", "bucket", "nnm", "iterations", "tau", "nu"],
     "dsgt": ["foo"],
     "push-pull": ["bogus"],
+    "exact-diffusion": ["psi"],
 }
 
 
@@ -45,7 +46,7 @@ def test_garbage_options_build_or_are_refused_in_one_line(name: str, data: st.Da
         assert "\n" not in text and "algorithm" in text  # the key or the algorithm named
 
 
-@pytest.mark.parametrize("name", ["dsgt", "push-pull", "dpsgd"])
+@pytest.mark.parametrize("name", ["dsgt", "push-pull", "exact-diffusion", "dpsgd"])
 def test_a_rule_without_options_says_it_has_none(name: str) -> None:
     with pytest.raises(ConfigError, match=r"has no option foo; its options: none\."):
         make_algorithm(name, foo=0.1)

@@ -48,6 +48,7 @@ GRAPHS = {
     "dog": ["topology.kind=exponential", "topology.undirected=true"],
     "dsgt": ["topology.kind=ring"],
     "push-pull": ["topology.kind=social"],
+    "exact-diffusion": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "clippedgossip": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "trimmed-gossip": ["topology.kind=erdos-renyi", "topology.p=0.5", "topology.undirected=true"],
     "median-gossip": [
