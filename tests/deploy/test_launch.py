@@ -104,6 +104,12 @@ of apmsqueeze's are past its 8 precondition rounds; evaluations at rounds 6 and 
             "topology.nodes=5",
             "compression.codec=fp16",
         ],
+        [
+            "algorithm.name=exact-diffusion",
+            "topology.kind=ring",
+            "topology.nodes=5",
+            "compression.codec=sign",
+        ],
     ],
     ids=[
         "ops-directed",
@@ -119,6 +125,7 @@ of apmsqueeze's are past its 8 precondition rounds; evaluations at rounds 6 and 
         "rps-fp16",
         "dsgt",
         "push-pull-fp16",
+        "exact-diffusion-sign",
     ],
 )
 def test_launch_matches_simulate_bit_for_bit(
