@@ -28,6 +28,7 @@ OPTIONS = {
     "fedavg": ["aggregator", "f", "m", "trim", "bucket", "nnm", "iterations", "tau", "nu"],
     "dsgt": ["foo"],
     "push-pull": ["bogus"],
+    "beer": ["gamma", "eta"],
 }
 
 
