@@ -70,6 +70,7 @@ ALGORITHMS = Family(
         Entry("central", f"{_ALGORITHMS}.reference:Central"),
         Entry("deepsqueeze", f"{_ALGORITHMS}.compressed:DeepSqueeze"),
         Entry("choco", f"{_ALGORITHMS}.compressed:CHOCO"),
+        Entry("beer", f"{_ALGORITHMS}.compressed:BEER"),
         Entry("rps", f"{_ALGORITHMS}.rps:RPS"),
         Entry("fedavg", f"{_ALGORITHMS}.server:FedAvg"),
         Entry("doublesqueeze", f"{_ALGORITHMS}.squeeze:DoubleSqueeze"),

@@ -48,6 +48,7 @@ CASES: dict[str, tuple[str, str, dict[str, object]]] = {
     "central": ("central", "ring:4", {}),
     "deepsqueeze": ("deepsqueeze", "ring:4", {"compression.codec": "sign"}),
     "choco": ("choco", "ring:4", {"compression.codec": "qsgd", "compression.scaled": True}),
+    "beer": ("beer", "ring:4", {"compression.codec": "topk", "compression.ratio": 0.25}),
     "rps": ("rps", "complete:4", {}),
     "fedavg": ("fedavg", "star:4", {}),
     "doublesqueeze": ("doublesqueeze", "star:4", {"compression.codec": "sign"}),

@@ -29,6 +29,7 @@ OPTIONS = {
     "dsgt": ["foo"],
     "push-pull": ["bogus"],
     "exact-diffusion": ["psi"],
+    "beer": ["gamma", "eta"],
 }
 
 
