@@ -110,6 +110,13 @@ of apmsqueeze's are past its 8 precondition rounds; evaluations at rounds 6 and 
             "topology.nodes=5",
             "compression.codec=sign",
         ],
+        [
+            "algorithm.name=beer",
+            "topology.kind=ring",
+            "topology.nodes=5",
+            "compression.codec=topk",
+            "compression.ratio=0.3",
+        ],
     ],
     ids=[
         "ops-directed",
@@ -126,6 +133,7 @@ of apmsqueeze's are past its 8 precondition rounds; evaluations at rounds 6 and 
         "dsgt",
         "push-pull-fp16",
         "exact-diffusion-sign",
+        "beer-topk",
     ],
 )
 def test_launch_matches_simulate_bit_for_bit(
