@@ -9,7 +9,9 @@ models reports the same figures.
 **The personal model** (``mode = "finetune"``): the peer's final model after ``steps``
 plain SGD steps (``w <- w - lr g``, ``g`` the gradient of the mean cross-entropy) on
 minibatches of ``data.batch_size`` drawn from its own training part by a stream keyed by
-the run's seed and the peer's place in node order (not the run's own batch stream).
+the run's seed and the peer's place in node order (not the run's own batch stream); what a
+model draws as it trains (dropout) comes from torch's generator seeded the same way, and
+the process's generator is left as it was.
 
 **The peer's own test set**: under a ``natural`` partition with per-peer test sets, its own
 test examples (those of its writers); otherwise the whole test split weighted by the peer's
@@ -45,12 +47,17 @@ def finetune(
     objective: Objective, params: torch.Tensor, stream: BatchStream, steps: int, lr: float
 ) -> torch.Tensor:
     """``params`` after ``steps`` SGD steps of step ``lr`` on the minibatches of ``stream``
-    (a new tensor; ``params`` itself unchanged)."""
+    (a new tensor; ``params`` itself unchanged, and so are the buffers of ``objective``'s
+    module, which a BatchNorm step updates)."""
     out = params.to(objective.dtype).clone()
+    kept = [b.clone() for b in objective.module.buffers()]
     for _ in range(steps):
         x, y = stream.next_batch()
         _, grad = objective.loss_and_grad(out, x, y)
         out = out - lr * grad
+    with torch.no_grad():  # BatchNorm's running statistics: the next peer's as they were
+        for buffer, value in zip(objective.module.buffers(), kept, strict=True):
+            buffer.copy_(value)
     return out
 
 
@@ -137,7 +144,9 @@ def personal_figures(
             batch_size=config.data.batch_size,
             seed=make_key("fedcore.personal.peer", key, i) & _SEED_BITS,
         )
-        tuned = finetune(objective, start, stream, personal.steps, lr)
+        with torch.random.fork_rng(devices=[]):  # a model that draws (dropout): keyed
+            torch.manual_seed(make_key("fedcore.personal.torch", key, i) & _SEED_BITS)
+            tuned = finetune(objective, start, stream, personal.steps, lr)
         mine.append(accuracy(tuned, peer, mix))
     out: dict[str, Any] = {
         "mode": personal.mode,

@@ -14,11 +14,13 @@ import torch
 from fedcore.cli.common import print_table
 from fedcore.config import Config, config_from_dict, load_config
 from fedcore.config.tables.personal import MAX_PERSONAL_STEPS
+from fedcore.data import BatchStream
 from fedcore.data.standin import write_standin
 from fedcore.engines.shard_refusal import config_refusal
 from fedcore.errors import ConfigError
+from fedcore.models import Objective
 from fedcore.setup.prepare import prepare_run
-from fedcore.simulation.personal import class_mix, weighted_accuracy
+from fedcore.simulation.personal import class_mix, finetune, personal_figures, weighted_accuracy
 from fedcore.simulation.simulate import simulate
 
 FIGURES = (
@@ -173,3 +175,25 @@ def test_where_there_is_no_personal_model_to_make() -> None:
     assert why is not None and "[personal]" in why
     assert load_config(None, [*on, "personal.steps=0"]).personal.steps == 0  # the extreme
     assert math.isclose(load_config(None, [*on, "personal.lr=1e-9"]).personal.lr, 1e-9)
+
+
+def test_fine_tuning_leaves_the_model_buffers_and_torch_generator_as_they_were() -> None:
+    """BatchNorm's running statistics (of the one module every peer's model is loaded into)
+    and torch's generator are the same after a peer's fine-tuning: the next peer's shared
+    figures, and whatever runs next in the process, do not depend on it."""
+    module = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3)
+    )
+    objective = Objective(module)
+    x, y = torch.randn(12, 4), torch.arange(12) % 3
+    before = [b.clone() for b in module.buffers()]
+    start = objective.initial_params()
+    tuned = finetune(objective, start, BatchStream(x, y, batch_size=4, seed=1), 3, 0.1)
+    assert not torch.equal(tuned, start)
+    assert all(torch.equal(a, b) for a, b in zip(before, module.buffers(), strict=True))
+    setup = prepare_run(_digits(steps=2))
+    state = torch.get_rng_state()
+    final = dict.fromkeys(setup.graph.nodes, setup.start)
+    figures = personal_figures(setup, final, nodes=setup.graph.nodes)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert figures == personal_figures(setup, final, nodes=setup.graph.nodes)
