@@ -27,6 +27,7 @@ worst over the peers (the Byzantine peers and a server left out, and only the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -97,6 +98,13 @@ def _peers(
     return evaluated
 
 
+def _mean_and_worst(values: Sequence[float]) -> dict[str, float]:
+    """``{"mean": ..., "worst": ...}`` of ``values`` (NaN where there are none)."""
+    if not values:
+        return {"mean": math.nan, "worst": math.nan}
+    return {"mean": sum(values) / len(values), "worst": min(values)}
+
+
 def personal_figures(
     setup: RunSetup,
     final: Mapping[str, torch.Tensor],
@@ -109,7 +117,9 @@ def personal_figures(
     """The summary's ``personal`` block of a run whose peers ended with the models
     ``final``: each peer's shared model (its final one) and personal model on its own test
     set, and their mean and worst over the peers ``nodes`` (node order; ``server``,
-    ``liars`` and the ``run.eval_peers`` ``sample`` as the run's evaluation has them)."""
+    ``liars`` and the ``run.eval_peers`` ``sample`` as the run's evaluation has them). A
+    peer none of whose classes has a test example is left out of the figures and named
+    under ``unmeasured``."""
     config = setup.config
     personal = config.personal
     lr = personal.lr or setup.options.lr
@@ -148,18 +158,24 @@ def personal_figures(
             torch.manual_seed(make_key("fedcore.personal.torch", key, i) & _SEED_BITS)
             tuned = finetune(objective, start, stream, personal.steps, lr)
         mine.append(accuracy(tuned, peer, mix))
+    # A peer none of whose classes has a test example has no test set: left out, named.
+    unmeasured = [peer for peer, a in zip(peers, shared, strict=True) if math.isnan(a)]
+    kept = [k for k, a in enumerate(shared) if not math.isnan(a)]
     out: dict[str, Any] = {
         "mode": personal.mode,
         "steps": personal.steps,
         "lr": lr,
         "batch_size": config.data.batch_size,
         "test_sets": "own" if own is not None else "class mix",
-        "peers": len(peers),
-        "shared_mean_accuracy": sum(shared) / len(shared) if shared else float("nan"),
-        "shared_worst_accuracy": min(shared, default=float("nan")),
-        "personal_mean_accuracy": sum(mine) / len(mine) if mine else float("nan"),
-        "personal_worst_accuracy": min(mine, default=float("nan")),
+        "peers": len(kept),
+        **{
+            f"{which}_{figure}_accuracy": value
+            for which, values in (("shared", shared), ("personal", mine))
+            for figure, value in _mean_and_worst([values[k] for k in kept]).items()
+        },
     }
+    if unmeasured:
+        out["unmeasured"] = unmeasured
     if len(peers) <= NODE_MAPS_NODES:
         out["node_accuracy"] = {
             peer: {"shared": a, "personal": b}

@@ -91,6 +91,9 @@ def test_the_test_split_is_weighted_by_each_peers_classes() -> None:
     hit = [objective.evaluate(params, x[j : j + 1], y[j : j + 1])[1] for j in range(len(y))]
     expected = sum(h * float(mix[int(c)] / counts[int(c)]) for h, c in zip(hit, y, strict=True))
     assert weighted_accuracy(objective, params, by_class, mix) == pytest.approx(expected, 1e-12)
+    # classes with no test example count for nothing; none at all: no figure
+    none = [(xc[:0], yc[:0]) if mix[c] > 0 else (xc, yc) for c, (xc, yc) in enumerate(by_class)]
+    assert math.isnan(weighted_accuracy(objective, params, none, mix))
 
 
 @pytest.fixture(scope="module")
