@@ -255,3 +255,16 @@ def test_tracking_speedup_results_tiny(tmp_path: Path, monkeypatch: pytest.Monke
     assert [r["peers"] for r in rows] == [4, 16]
     for row in rows:
         assert row["final"][0] > CHANCE + 0.05 and len(row["rounds_to_0.2"]) == 1, row
+
+
+@pytest.mark.slow  # about 3 s: four short digits runs and four least-squares runs, here
+def test_tracking_compressed_results_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claim (c) at CI size: at the same bytes a peer, BEER with 1-bit sign goes far below
+    CHOCO's floor on the heterogeneous least squares, and both learn digits."""
+    _tracking(["compressed"], tmp_path, monkeypatch)
+    rows = json.loads((tmp_path / "tracking-compressed.json").read_text("utf-8"))
+    cell = {(r["codec"], r["rule"]): r for r in rows}
+    beer, choco = cell[("sign", "beer")], cell[("sign", "choco")]
+    assert beer["bytes_per_peer"] == choco["bytes_per_peer"]
+    assert beer["least_squares_distance"][0] < 0.1 < 1.0 < choco["least_squares_distance"][0]
+    assert all(r["avg_model_accuracy"][0] > 0.8 for r in rows), rows
