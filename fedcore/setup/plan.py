@@ -64,6 +64,7 @@ from fedcore.setup.graph import (
     communication_graph,
     estimated_edges,
     period_graphs,
+    with_rounds,
 )
 from fedcore.topology import Topology
 from fedcore.topology.digest import edges_json
@@ -521,7 +522,9 @@ def finish_plan(
     """
     laps = laps or Laps()
     algorithm, trust, shape = outline.algorithm, outline.trust, outline.shape
-    check_run_memory(config.topology, algorithm, shape, trust, model)
+    check_run_memory(
+        with_rounds(config.topology, config.run.rounds), algorithm, shape, trust, model
+    )
     if outline.graph is not None:
         assert trust is not None
         graph = outline.graph
