@@ -395,10 +395,12 @@ def check_run_memory(
         parts.append(
             f"{n:,} models of {model.params:,} parameters x {COPIES} copies ({size_text(models)})"
         )
+    periodic = not topology.file and "period" in registry.TOPOLOGY_KINDS.entry(topology.kind).keys
     raise ConfigError(
         f"this run needs at least {size_text(need)} of memory ({' and '.join(parts)}), more "
-        f"than this machine's {size_text(memory)}. Use fewer nodes (topology.nodes), a "
-        "sparser graph or a smaller model."
+        f"than this machine's {size_text(memory)}. Use fewer nodes (topology.nodes), "
+        + ("a shorter topology.period (the schedule repeats after it), " if periodic else "")
+        + "a sparser graph or a smaller model."
     )
 
 

@@ -159,3 +159,15 @@ def test_the_documented_config_and_command_run(
     argv = shlex.split(line, comments=True)
     assert argv[0] == "fedcore" and main(argv[1:]) == 0
     assert "schedule repeating every 10 rounds" in capsys.readouterr().out
+
+
+def test_a_schedule_past_memory_is_refused_naming_the_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fedcore.setup import plan
+
+    monkeypatch.setattr(plan, "physical_memory", lambda: 1 << 20)  # 1 MiB
+    config = load_config(None, ["topology.kind=epidemic-oracle", "run.rounds=100000"])
+    with pytest.raises(ConfigError, match=r"a shorter topology\.period") as info:
+        prepare_run(config)  # refused before one graph of its 100,000 is drawn
+    assert "about 8,000,000 graph edges" in str(info.value) and "\n" not in str(info.value)
