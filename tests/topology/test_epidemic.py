@@ -171,3 +171,27 @@ def test_a_schedule_past_memory_is_refused_naming_the_period(
     with pytest.raises(ConfigError, match=r"a shorter topology\.period") as info:
         prepare_run(config)  # refused before one graph of its 100,000 is drawn
     assert "about 8,000,000 graph edges" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.grpc
+def test_real_peers_draw_the_same_graphs(tmp_path: Path) -> None:
+    """Each real peer builds the schedule from the seed alone: launch == simulate."""
+    from fedcore.deploy.launch import launch
+    from fedcore.simulation.simulate import simulate
+
+    config = load_config(
+        None,
+        [
+            "algorithm.name=ops",
+            "topology.kind=epidemic-local",
+            "topology.nodes=5",
+            "topology.degree=2",
+            "run.rounds=6",
+            "run.eval_every=6",
+            "simulate.engine=messages",
+        ],
+    )
+    sim = simulate(config, out_dir=tmp_path / "sim", show_progress=False)
+    real = launch(config, out_dir=tmp_path / "launch", show_progress=False, peers_per_process=64)
+    assert real["transport"] == "grpc" and real["params_sha256"] == sim["params_sha256"]
+    assert real["traffic"]["messages_sent"] == sim["traffic"]["messages_sent"] == 5 * 2 * 6
