@@ -146,6 +146,12 @@ def _either_way(p: float, undirected: bool) -> float:
     return p if not undirected else 1 - (1 - p) ** 2
 
 
+def _epidemic(n: int, topology: Any) -> int:
+    """An epidemic schedule's edges over its period: ``degree`` out-edges a node a round and
+    a self-loop (``period`` 0, the run's rounds not resolved yet: one round)."""
+    return int(max(1, topology.period) * n * (topology.degree + 1))
+
+
 def _kind(
     name: str,
     keys: tuple[str, ...],
@@ -173,10 +179,13 @@ TOPOLOGY_KINDS = Family(
         # One edge and one self-loop a node a round, over a period of log2(n) rounds.
         _kind("one-peer-exponential", (), lambda n, t: 2 * n * _log2(n)),
         _kind("star", ("server",), _per_node(lambda n, t: 2), ("server",)),  # to it and back
+        # Each round every node's degree out-edges and its self-loop, over the period.
+        _kind("epidemic-local", ("degree", "period"), lambda n, t: _epidemic(n, t)),
+        _kind("epidemic-oracle", ("degree", "period"), lambda n, t: _epidemic(n, t)),
     ),
     group="fedcore.topology_kinds",
     defaults={"edges": _per_node(lambda n, t: n - 1)},  # a plug-in: at most complete
-    plugin_keys=("rows", "cols", "p", "degree", "server"),  # the built-in kinds' keys
+    plugin_keys=("rows", "cols", "p", "degree", "server", "period"),  # the built-in kinds' keys
     plugin_tags=("unset-at-0", "server"),
 )
 """``topology.kind``; ``keys`` are each kind's parameters besides nodes and seed (the

@@ -48,9 +48,10 @@ def run(args: argparse.Namespace) -> int:
         check_node_id(n, "--nodes", ConfigError)
     if args.config:
         from fedcore.config import load_config
-        from fedcore.setup.graph import build_topology
+        from fedcore.setup.graph import build_topology, with_rounds
 
-        nodes += build_topology(load_config(args.config).topology).nodes
+        config = load_config(args.config)
+        nodes += build_topology(with_rounds(config.topology, config.run.rounds)).nodes
     if not nodes:
         raise ConfigError("certs init needs --nodes ID... or --config FILE.")
     written = init_certs(nodes, args.out, days=args.days, force=args.force)

@@ -41,6 +41,8 @@ def fingerprint_json(config: Config, edges_json: Iterable[bytes]) -> str:
     tables["data"].pop("root", None)
     if not config.data.examples_per_node:  # fingerprints of runs without it as they were
         tables["data"].pop("examples_per_node", None)
+    if not config.topology.period:  # fingerprints of runs without a period as they were
+        tables["topology"].pop("period", None)
     if not config.adversary.active:  # fingerprints of runs without liars as they were
         tables.pop("adversary", None)
     if not config.privacy.active:  # fingerprints of runs without [privacy] as they were

@@ -9,6 +9,7 @@ and the checks of that graph against the config (:func:`check_graph`, of the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fedcore import registry, topology
@@ -24,6 +25,7 @@ __all__ = [
     "communication_graph",
     "estimated_edges",
     "period_graphs",
+    "with_rounds",
 ]
 
 
@@ -43,8 +45,18 @@ class GraphInputs:
 
     @classmethod
     def of(cls, config: Config) -> GraphInputs:
-        """The graph stage's part of ``config``."""
-        return cls(config.topology, config.faults, config.algorithm.name)
+        """The graph stage's part of ``config`` (``topology.period`` 0 read as the rounds)."""
+        return cls(
+            with_rounds(config.topology, config.run.rounds), config.faults, config.algorithm.name
+        )
+
+
+def with_rounds(cfg: TopologyConfig, rounds: int) -> TopologyConfig:
+    """``cfg`` with ``period = 0`` read as ``rounds`` for a kind that takes a period (an
+    epidemic schedule: a fresh graph every round of the run); any other ``cfg`` as it is."""
+    if cfg.period or cfg.file or "period" not in registry.TOPOLOGY_KINDS.entry(cfg.kind).keys:
+        return cfg
+    return dataclasses.replace(cfg, period=rounds)
 
 
 def build_topology(cfg: TopologyConfig) -> Topology:

@@ -64,6 +64,7 @@ from fedcore.setup.graph import (
     communication_graph,
     estimated_edges,
     period_graphs,
+    with_rounds,
 )
 from fedcore.topology import Topology
 from fedcore.topology.digest import edges_json
@@ -394,10 +395,12 @@ def check_run_memory(
         parts.append(
             f"{n:,} models of {model.params:,} parameters x {COPIES} copies ({size_text(models)})"
         )
+    periodic = not topology.file and "period" in registry.TOPOLOGY_KINDS.entry(topology.kind).keys
     raise ConfigError(
         f"this run needs at least {size_text(need)} of memory ({' and '.join(parts)}), more "
-        f"than this machine's {size_text(memory)}. Use fewer nodes (topology.nodes), a "
-        "sparser graph or a smaller model."
+        f"than this machine's {size_text(memory)}. Use fewer nodes (topology.nodes), "
+        + ("a shorter topology.period (the schedule repeats after it), " if periodic else "")
+        + "a sparser graph or a smaller model."
     )
 
 
@@ -521,7 +524,9 @@ def finish_plan(
     """
     laps = laps or Laps()
     algorithm, trust, shape = outline.algorithm, outline.trust, outline.shape
-    check_run_memory(config.topology, algorithm, shape, trust, model)
+    check_run_memory(
+        with_rounds(config.topology, config.run.rounds), algorithm, shape, trust, model
+    )
     if outline.graph is not None:
         assert trust is not None
         graph = outline.graph

@@ -16,6 +16,7 @@ from fedcore import registry
 from fedcore.config import SEED_LIMIT
 from fedcore.errors import FedcoreError, TopologyError
 from fedcore.ids import error_text
+from fedcore.topology.epidemic import epidemic_local, epidemic_oracle
 from fedcore.topology.generators import (
     _check_count,
     complete,
@@ -122,18 +123,42 @@ def _kind_star(n: int, s: int, p: dict[str, object]) -> Topology:
     return star(n, server=str(p.get("server", "server")))
 
 
+def _epidemic(kind: str, params: dict[str, object]) -> tuple[object, object]:
+    """The ``degree`` (default 4, as ``[topology]``'s) and ``period`` of an epidemic kind,
+    left to its generator to check; no period is refused here, in one line."""
+    if "period" not in params:
+        raise TopologyError(
+            f"Topology '{kind}' needs period, the rounds of fresh graphs before it repeats "
+            f"(for example '{kind}:16:degree=2,period=100'; in a config, topology.period = 0 "
+            "is the run's rounds)."
+        )
+    return params.pop("degree", 4), params.pop("period")
+
+
+def _kind_epidemic_local(n: int, s: int, p: dict[str, object]) -> Topology:
+    degree, period = _epidemic("epidemic-local", p)
+    return epidemic_local(n, degree, seed=s, period=period)  # type: ignore[arg-type]
+
+
+def _kind_epidemic_oracle(n: int, s: int, p: dict[str, object]) -> Topology:
+    degree, period = _epidemic("epidemic-oracle", p)
+    return epidemic_oracle(n, degree, seed=s, period=period)  # type: ignore[arg-type]
+
+
 def build(kind: str, *, nodes: int, seed: int = 0, **params: object) -> Topology:
     """Build a topology by kind name, as configs and the CLI name them.
 
     Args:
         kind: One of :data:`KINDS`.
         nodes: Number of nodes.
-        seed: Seed of the random kinds (``erdos-renyi``, ``social``, ``random-regular``);
-            others ignore it.
+        seed: Seed of the random kinds (``erdos-renyi``, ``social``, ``random-regular``,
+            ``epidemic-local``, ``epidemic-oracle``); others ignore it.
         **params: Kind-specific parameters: ``rows`` and ``cols`` for ``torus`` (default: a
             square of side ``isqrt(nodes)``), ``p`` for ``erdos-renyi`` (default 0.3),
             ``degree`` for ``random-regular`` (default 4), ``server`` for ``star`` (the
-            server's id, default ``"server"``; ``nodes`` counts the workers).
+            server's id, default ``"server"``; ``nodes`` counts the workers), ``degree``
+            (default 4) and ``period`` (required) for ``epidemic-local`` and
+            ``epidemic-oracle`` (:mod:`fedcore.topology.epidemic`).
 
     Raises:
         TopologyError: On an unknown kind, an unknown parameter or a bad value.

@@ -165,7 +165,8 @@ def test_one_peer_exponential(n: int) -> None:
 
 def test_build_every_kind() -> None:
     for kind in KINDS:
-        t = build(kind, nodes=16, seed=0)
+        period = {"period": 3} if kind.startswith("epidemic-") else {}  # no default
+        t = build(kind, nodes=16, seed=0, **period)
         server = ("server",) if kind == "star" else ()  # 16 workers and the server
         assert t.nodes == (*(f"n{i}" for i in range(16)), *server)
     assert build("torus", nodes=12, rows=3, cols=4) == torus(3, 4)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from fedcore import registry
-from fedcore.config.constants import MAX_NODES, SEED_LIMIT
+from fedcore.config.constants import MAX_NODES, MAX_ROUNDS, SEED_LIMIT
 from fedcore.config.rules import Table, named, node_id, number, whole
 
 __all__ = ["TopologyConfig"]
@@ -22,7 +22,9 @@ class TopologyConfig(Table):
     one-way edge (an undirected exponential or Erdos-Renyi graph, for algorithms that need
     a symmetric one). ``server``: the parameter server's node id, of a ``star`` (``nodes``
     workers and the server) or of a graph file, for the server family (``fedavg``, ...); it
-    holds no data.
+    holds no data. ``period``: the rounds of fresh graphs of an epidemic schedule
+    (``epidemic-local``, ``epidemic-oracle``) before it repeats; 0 is the run's rounds
+    (:func:`~fedcore.setup.graph.with_rounds`).
     """
 
     TABLE: ClassVar[str] = "topology"
@@ -35,5 +37,6 @@ class TopologyConfig(Table):
     rows: int = field(default=0, metadata=whole(0, MAX_NODES))
     cols: int = field(default=0, metadata=whole(0, MAX_NODES))
     degree: int = field(default=4, metadata=whole(1, MAX_NODES - 1))
+    period: int = field(default=0, metadata=whole(0, MAX_ROUNDS))
     undirected: bool = False
     server: str = field(default="server", metadata=node_id())
