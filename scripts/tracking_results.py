@@ -285,10 +285,91 @@ def compressed(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+EPIDEMIC = [
+    "data.dataset=digits",
+    "data.partition=dirichlet",
+    "data.alpha=0.1",
+    "topology.nodes=16",
+    "simulate.engine=vectorized",
+]
+# label -> the graph and the rule: each epidemic schedule beside a static graph in which
+# every peer sends to as many peers a round (the same bytes).
+EPIDEMIC_CASES: dict[str, list[str]] = {
+    "dpsgd, epidemic-oracle s=2": ["topology.kind=epidemic-oracle", "topology.degree=2"],
+    "dpsgd, ring (static, 2 a round)": ["topology.kind=ring"],
+    "dpsgd, epidemic-oracle s=4": ["topology.kind=epidemic-oracle", "topology.degree=4"],
+    "dpsgd, random-regular d=4 (static)": ["topology.kind=random-regular", "topology.degree=4"],
+    "ops, epidemic-local s=2": ["topology.kind=epidemic-local", "topology.degree=2"],
+    "ops, ring (static, 2 a round)": ["topology.kind=ring"],
+}
+
+
+def epidemic(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Claim (d): epidemic learning against a static graph of the same degree, at equal
+    bytes: every peer sends to ``s`` peers a round either way, drawn afresh each round
+    (``epidemic-oracle``: an ``s``-regular graph; ``epidemic-local``: each peer's own
+    draw, with push-sum) or fixed. Digits split by Dirichlet alpha = 0.1, 16 peers."""
+    rounds = args.rounds or (20 if args.tiny else 60)
+    every = max(1, rounds // 6)
+    grid = {
+        label: [
+            *EPIDEMIC,
+            *graph,
+            f"algorithm.name={label.split(',')[0]}",
+            f"run.rounds={rounds}",
+            f"run.eval_every={every}",
+        ]
+        for label, graph in EPIDEMIC_CASES.items()
+    }
+    records = run_grid(grid, args.seeds, args.out / "runs" / "tracking-epidemic", args.jobs)
+    early = every * 2
+    rows: list[dict[str, Any]] = []
+    lines = [
+        f"| case | bytes a peer a round | mean peer, round {early} | worst peer, round {early} "
+        f"| mean peer, round {rounds} | worst peer, round {rounds} | consensus distance |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label in grid:
+        runs = [r for r in records if r["method"] == label and "summary" in r]
+        at = [next(e for e in r["evals"] if e["round"] + 1 >= early) for r in runs]
+        last = [r["evals"][-1] for r in runs]
+        row = {
+            "case": label,
+            "bytes_per_round": [e["bytes_sent_per_node"] / (e["round"] + 1) for e in last],
+            "early_mean": [e["mean_node_accuracy"] for e in at],
+            "early_worst": [e["min_node_accuracy"] for e in at],
+            "mean": [e["mean_node_accuracy"] for e in last],
+            "worst": [e["min_node_accuracy"] for e in last],
+            "consensus_distance": [e["consensus_distance"] for e in last],
+            "seeds": args.seeds,
+        }
+        rows.append(row)
+        figures = [row[k] for k in ("early_mean", "early_worst", "mean", "worst")]
+        lines.append(
+            f"| {label} | {mean(row['bytes_per_round']):,.0f} | "
+            + " | ".join(f"{mean(v):.4f}" for v in figures)
+            + f" | {mean(row['consensus_distance']):.3f} |"
+        )
+    _write(args.out / "tracking-epidemic", rows, lines)
+    plot_curves(
+        records,
+        args.out / "tracking-epidemic.png",
+        x=lambda e: e["round"] + 1,
+        xlabel="round",
+        panels=[
+            ("mean_node_accuracy", "mean peer accuracy", False),
+            ("min_node_accuracy", "worst peer accuracy", False),
+        ],
+        title="Epidemic learning against static graphs of the same degree (digits, Dirichlet 0.1)",
+    )
+    return rows
+
+
 GRIDS: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
     "bias": bias,
     "speedup": speedup,
     "compressed": compressed,
+    "epidemic": epidemic,
 }
 
 
