@@ -26,6 +26,7 @@ GRAPHS = {
     "clipped-push-sum": ["topology.kind=exponential"],
     "dol": ["topology.kind=social"],
     "push-pull": ["topology.kind=social"],
+    "push-diging": ["topology.kind=social"],
     "local": ["topology.kind=ring"],
     "central": ["topology.kind=complete"],
     "rps": ["topology.kind=complete"],
