@@ -32,12 +32,17 @@ flight and arrives with the next message on its edge.
 Precision and the wire follow robust push-sum's notes: the totals are float64 at both ends,
 the sender keeps exactly what its totals did not grow by, and a total travels in the model's
 dtype as ``"y"`` plus its low-order part ``"y_lo"`` unless the wire carries float64 exactly
-(a float64 model, no codec or ``raw``); a codec whose error is relative to the value
+(a float64 model, no codec or ``raw``; on a float32 model under 30% loss the quadratic of
+``tests/algorithms/test_tracking.py`` ends 1e-6 from its optimum after 300 rounds and after
+3,000 alike: no drift as the totals grow); a codec whose error is relative to the value
 (top-k, rand-k) is refused (:attr:`~fedcore.algorithms.base.Traits.robust`). A robust message
 thus holds three tensors (``v``, ``y``, ``y_lo``) for Push-Pull and DSGT, four for
 Push-DIGing (``x``, ``x_lo``, ``y``, ``y_lo``); the state holds a float64 total per edge and
 tensor at both of its ends. These rules keep state per edge: ``pattern = "edges"``, as
-robust push-sum.
+robust push-sum; a crashed peer's totals wait with it, and a partition's messages arrive
+with the first ones after it. They run on the message and vectorized engines (bit for bit),
+in virtual time and as real peers (``fedcore launch``), not on ranks (``--ranks``, which
+runs none of the tracking rules).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import RoundContext, model_schema
-from fedcore.algorithms.ops import RobustOPSState, RobustPushSumRule, _edges
+from fedcore.algorithms.ops import _SLACK, RobustOPSState, RobustPushSumRule, _edges
 from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Rule, Send
 from fedcore.errors import AlgorithmError, ProtocolError
 from fedcore.messages import MessageSchema, Payload, ScalarSpec
@@ -64,9 +69,6 @@ __all__ = [
 ]
 
 _TOTAL = torch.float64
-
-_SLACK = 1 + 1e-9
-"""Relative tolerance of a total's bounds (rounding of the weights themselves)."""
 
 
 def one_step_refused(name: str) -> AlgorithmError:
