@@ -218,3 +218,40 @@ def test_privacy_results_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert acc["dp-sgd, epsilon 1"] < acc["dp-sgd, epsilon 8"] < acc["dp-sgd, non-private"]
     for eps in (1, 8):
         assert eps * 0.99 < rows[f"dp-sgd, epsilon {eps}"]["epsilon"] <= eps
+
+
+def _tracking(grids: list[str], out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scripts/tracking_results.py --grids ... --tiny`` in this process."""
+    import runpy
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    argv = ["--grids", *grids, "--tiny", "--jobs", "1", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["tracking_results.py", *argv])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "scripts" / "tracking_results.py"), run_name="__main__")
+    assert not done.value.code
+
+
+@pytest.mark.slow  # about 2 s: eight least-squares runs on 8 peers, 150 rounds, in this process
+def test_tracking_bias_results_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claim (a) at CI size: on strongly heterogeneous least squares, D-PSGD and push-sum
+    SGD stop at a floor that grows with the step, and the tracking rules go far below it,
+    on the ring and on the one-way social digraph."""
+    _tracking(["bias"], tmp_path, monkeypatch)
+    rows = json.loads((tmp_path / "tracking-bias.json").read_text("utf-8"))
+    final = {(r["rule"], r["lr"]): r["distance"][0] for r in rows}
+    for biased, tracking in (("dpsgd", "dsgt"), ("ops", "push-pull")):
+        assert final[(biased, 0.02)] < final[(biased, 0.05)]  # the floor grows with the step
+        assert final[(tracking, 0.05)] < 0.05 < 0.5 < final[(biased, 0.02)], final
+    assert (tmp_path / "tracking-bias.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # about 2 s: two Push-Pull runs of 60 rounds, in this process
+def test_tracking_speedup_results_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claim (b)'s grid runs end to end and reports each population's rounds to the target
+    and a final accuracy above chance (the speed-up itself needs the full size)."""
+    _tracking(["speedup"], tmp_path, monkeypatch)
+    rows = json.loads((tmp_path / "tracking-speedup.json").read_text("utf-8"))
+    assert [r["peers"] for r in rows] == [4, 16]
+    for row in rows:
+        assert row["final"][0] > CHANCE + 0.05 and len(row["rounds_to_0.2"]) == 1, row

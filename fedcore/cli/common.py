@@ -273,6 +273,26 @@ def _privacy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return [("privacy epsilon", text)]
 
 
+def _personal_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The results table's personal models (``[personal]``; ``summary["personal"]``): the
+    mean and worst peer's accuracy of the shared and the personal models, each on the
+    peer's own test set."""
+    p = summary.get("personal")
+    if not isinstance(p, dict):
+        return []
+
+    def pair(which: str) -> str:
+        mean, worst = (p.get(f"{which}_{k}_accuracy") for k in ("mean", "worst"))
+        return " / ".join(f"{v:.4f}" if isinstance(v, float) else "-" for v in (mean, worst))
+
+    sets = "own test sets" if p.get("test_sets") == "own" else "test split by each peer's classes"
+    how = f"{p.get('steps')} steps at lr {p.get('lr', math.nan):.4g}"
+    return [
+        ("shared mean / worst peer", pair("shared") + f" ({p.get('peers')} peers, {sets})"),
+        ("personal mean / worst peer", pair("personal") + f" ({how})"),
+    ]
+
+
 def _engine(summary: dict[str, Any]) -> str:
     """What ran the run: an in-process engine (``messages``, ``vectorized``), or gRPC
     peers (``grpc peers (4 processes)`` for a ``launch``; peers that ran elsewhere and
@@ -322,6 +342,7 @@ def print_table(summary: dict[str, Any]) -> None:
                 ("mean node accuracy", f"{final.get('mean_node_accuracy', math.nan):.4f}{own}"),
                 ("min node accuracy", f"{final.get('min_node_accuracy', math.nan):.4f}{own}"),
                 ("consensus distance", f"{final.get('consensus_distance', math.nan):.4g}"),
+                *_personal_rows(summary),
             ]
         ),
         ("average loss", f"{final.get('average_loss', float('nan')):.4f}"),

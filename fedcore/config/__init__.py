@@ -1,6 +1,6 @@
 """Experiment configuration: TOML into frozen, validated dataclasses.
 
-A config file has twelve tables; every key is optional and defaults to the built-in run
+A config file has fourteen tables; every key is optional and defaults to the built-in run
 (OPS on a 16-node directed social trust graph, digits with Dirichlet label skew;
 :func:`table_keys` lists a table's keys)::
 
@@ -24,6 +24,8 @@ A config file has twelve tables; every key is optional and defaults to the built
                  compute_trace, latency_s, bandwidth_mb_s, edge_latency_s,
                  edge_bandwidth_mb_s, on_s, off_s, availability_trace
     [privacy]    mechanism, clip, noise, delta, target_epsilon, accountant
+    [personal]   mode, steps, lr (a personal model per peer after the run; not part of the
+                 run fingerprint)
     [simulate]   engine, device, node_records, partition  (how ``fedcore simulate`` runs; not part
                  of the experiment: left out of the run fingerprint)
 
@@ -50,6 +52,7 @@ The package, by concern:
   (:class:`~fedcore.config.rules.Table`).
 * :mod:`~fedcore.config.tables`: the tables, one frozen dataclass each (``run``,
   ``topology``, ``learning``, ``data``, ``network``, ``faults``, ``time``, ``privacy``,
+  ``personal``,
   ``simulate``).
 * :mod:`~fedcore.config.experiment`: :class:`Config`, the tables together.
 * :mod:`~fedcore.config.clock`: the ceiling of a run's virtual clock.

@@ -14,6 +14,7 @@ from fedcore.config.tables.data import DataConfig
 from fedcore.config.tables.faults import FaultsConfig
 from fedcore.config.tables.learning import AlgorithmConfig, ModelConfig, OptimizerConfig
 from fedcore.config.tables.network import CompressionConfig, TransportConfig
+from fedcore.config.tables.personal import PersonalConfig
 from fedcore.config.tables.privacy import PrivacyConfig
 from fedcore.config.tables.run import RunConfig
 from fedcore.config.tables.simulate import SimulateConfig
@@ -41,6 +42,7 @@ class Config:
     time: TimeConfig = field(default_factory=TimeConfig)
     adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    personal: PersonalConfig = field(default_factory=PersonalConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
 
     def __post_init__(self) -> None:
@@ -54,6 +56,7 @@ class Config:
             for key, value in (
                 ("algorithm.lr", self.algorithm.lr),
                 ("optimizer.weight_decay", self.optimizer.weight_decay),
+                ("personal.lr", self.personal.lr),
             ):
                 require(
                     value <= FLOAT32_MAX,
@@ -83,12 +86,29 @@ class Config:
                 f"(data.stream = {clip(self.data.stream)}) holds none fixed. Choose another "
                 "attack, or a dataset."
             )
+        self._check_personal()
         if self.run.regret and self.model.name not in CONVEX_MODELS:
             raise ConfigError(
                 f"run.regret = true needs a model whose loss is convex in its parameters "
                 f"({', '.join(CONVEX_MODELS)}): model {clip(self.model.name)} has no "
                 "static regret to compute (and the dynamic regret is defined for logreg "
                 "only). Set model.name = 'logreg', or run.regret = false."
+            )
+
+    def _check_personal(self) -> None:
+        """A personal model needs each peer's own fixed training part and its model."""
+        if not self.personal.active:
+            return
+        if self.data.stream:
+            raise ConfigError(
+                "personal.mode = 'finetune' fine-tunes on a peer's own training part; an "
+                f"online stream (data.stream = {clip(self.data.stream)}) holds none fixed. "
+                "Use a dataset, or personal.mode = 'none'."
+            )
+        if self.simulate.engine == "cohort":
+            raise ConfigError(
+                "personal.mode = 'finetune' with simulate.engine = 'cohort': the cohort "
+                "engine holds no client's model after the run; use simulate.engine = 'auto'."
             )
 
 
@@ -105,6 +125,7 @@ TABLES: dict[str, type[Any]] = {
     "time": TimeConfig,
     "adversary": AdversaryConfig,
     "privacy": PrivacyConfig,
+    "personal": PersonalConfig,
     "simulate": SimulateConfig,
 }
 """The tables of a config file, by name, in the order a config is written."""

@@ -35,6 +35,7 @@ def fingerprint_json(config: Config, edges_json: Iterable[bytes]) -> str:
     for key in TRACKING_KEYS:  # what is written beside the records, not what runs
         tables["run"].pop(key, None)
     tables["run"].pop("eval_peers", None)  # whose models are measured, not what runs
+    tables.pop("personal", None)  # made from the models after the run, not what runs
     tables["transport"].pop("tls", None)
     tables["topology"].pop("file", None)
     tables["data"].pop("root", None)

@@ -89,6 +89,8 @@ def config_refusal(config: Config) -> str | None:
         )
     if config.privacy.active:
         return "[privacy] runs in one process (simulate.engine 'vectorized' or 'messages')"
+    if config.personal.active:
+        return "[personal] fine-tunes every peer's final model in one process (no --ranks)"
     why = time_refusal(config)  # deadline mode: what one process refuses too
     if why is not None:
         return why

@@ -41,6 +41,7 @@ from fedcore.metrics import (
 )
 from fedcore.setup.prepare import RunSetup
 from fedcore.simulation.observer import RunObserver
+from fedcore.simulation.personal import personal_figures
 from fedcore.simulation.regret import RegretTracker
 from fedcore.simulation.regret import applies as regret_applies
 from fedcore.simulation.tracking import CSV_FILE, TENSORBOARD_DIR
@@ -195,7 +196,8 @@ def finish_run(
 
     ``status`` is ``completed``, ``interrupted`` (Ctrl-C, SIGTERM, peers stopped) or
     ``failed`` (``error`` says why); the summary's ``rounds_completed`` says how far the
-    run got and its figures are those of the last evaluation reached.
+    run got and its figures are those of the last evaluation reached. A completed run with
+    ``[personal]`` has the ``personal`` block (:mod:`fedcore.simulation.personal`).
     """
     regret = add_regret(setup, observer, out) if status == "completed" else None
     if observer.tracker is not None:
@@ -223,6 +225,15 @@ def finish_run(
         )
     if error is not None:
         summary["error"] = error
+    if status == "completed" and setup.config.personal.active:
+        summary["personal"] = personal_figures(
+            setup,
+            final_params,
+            nodes=observer.nodes,
+            server=observer.server,
+            liars=observer.liars,
+            sample=observer.sample,
+        )
     summary.update(extra or {})
     write_results(out, summary)
     return summary

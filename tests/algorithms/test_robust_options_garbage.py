@@ -29,6 +29,8 @@ OPTIONS = {
     "dsgt": ["foo", "robust"],
     "push-pull": ["bogus", "robust"],
     "push-diging": ["robust", "bogus"],
+    "exact-diffusion": ["psi"],
+    "beer": ["gamma", "eta"],
 }
 
 
@@ -48,7 +50,13 @@ def test_garbage_options_build_or_are_refused_in_one_line(name: str, data: st.Da
 
 @pytest.mark.parametrize(
     ("name", "has"),
-    [("dsgt", "robust"), ("push-pull", "robust"), ("push-diging", "robust"), ("dpsgd", "none")],
+    [
+        ("dsgt", "robust"),
+        ("push-pull", "robust"),
+        ("push-diging", "robust"),
+        ("exact-diffusion", "none"),
+        ("dpsgd", "none"),
+    ],
 )
 def test_a_rule_says_which_options_it_has(name: str, has: str) -> None:
     with pytest.raises(ConfigError, match=rf"has no option foo; its options: {has}\."):

@@ -338,6 +338,7 @@ def test_config_to_dict_flattens_options_into_their_table() -> None:
         "time",
         "adversary",
         "privacy",
+        "personal",
         "simulate",
     ]
 

@@ -97,6 +97,26 @@ of apmsqueeze's are past its 8 precondition rounds; evaluations at rounds 6 and 
             "topology.nodes=7",
             "compression.codec=fp16",
         ],
+        ["algorithm.name=dsgt", "topology.kind=ring", "topology.nodes=4"],
+        [
+            "algorithm.name=push-pull",
+            "topology.kind=social",
+            "topology.nodes=5",
+            "compression.codec=fp16",
+        ],
+        [
+            "algorithm.name=exact-diffusion",
+            "topology.kind=ring",
+            "topology.nodes=5",
+            "compression.codec=sign",
+        ],
+        [
+            "algorithm.name=beer",
+            "topology.kind=ring",
+            "topology.nodes=5",
+            "compression.codec=topk",
+            "compression.ratio=0.3",
+        ],
     ],
     ids=[
         "ops-directed",
@@ -110,6 +130,10 @@ of apmsqueeze's are past its 8 precondition rounds; evaluations at rounds 6 and 
         "central",
         "choco-sign",
         "rps-fp16",
+        "dsgt",
+        "push-pull-fp16",
+        "exact-diffusion-sign",
+        "beer-topk",
     ],
 )
 def test_launch_matches_simulate_bit_for_bit(

@@ -49,6 +49,7 @@ GRAPHS = {
     "dsgt": ["topology.kind=ring"],
     "push-pull": ["topology.kind=social"],
     "push-diging": ["topology.kind=social"],
+    "exact-diffusion": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "clippedgossip": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "trimmed-gossip": ["topology.kind=erdos-renyi", "topology.p=0.5", "topology.undirected=true"],
     "median-gossip": [
@@ -61,6 +62,7 @@ GRAPHS = {
     "central": ["topology.kind=complete"],
     "deepsqueeze": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "choco": ["topology.kind=ring", "algorithm.gamma=0.3"],
+    "beer": ["topology.kind=ring", "algorithm.gamma=0.3"],
     "rps": ["topology.kind=complete"],
     "fedavg": ["topology.kind=star", "algorithm.fraction=0.5", "run.local_steps=2"],
     "doublesqueeze": ["topology.kind=star"],
@@ -230,6 +232,7 @@ REFUSED: dict[tuple[str, str | None, bool | None], str] = {
     # message updates: a lost message would leave it behind for good, so a fault plan that
     # loses messages is refused on both engines (before either is built), whatever the codec.
     ("choco", None, True): "needs every message",
+    ("beer", None, True): "needs every message",  # CHOCO's copies, of the tracker too
     # RPS with a stochastic codec: a worker draws for blocks of two lengths in receiver
     # order, and the vectorized engine's codec calls go one length at a time, so it refuses
     # it (the message engine runs it): there is no second run to be bit-identical with.
