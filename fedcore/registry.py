@@ -60,6 +60,7 @@ ALGORITHMS = Family(
         Entry("dpsgd", f"{_ALGORITHMS}.dpsgd:DPSGD"),
         Entry("dsgt", f"{_ALGORITHMS}.tracking:DSGT"),
         Entry("push-pull", f"{_ALGORITHMS}.tracking:PushPull"),
+        Entry("push-diging", f"{_ALGORITHMS}.tracking:PushDIGing"),
         Entry("exact-diffusion", f"{_ALGORITHMS}.exact:ExactDiffusion"),
         Entry("dog", f"{_ALGORITHMS}.online:DOG"),
         Entry("clippedgossip", f"{_ALGORITHMS}.robust_gossip:ClippedGossip"),

@@ -156,10 +156,12 @@ _SLACK = 1 + 1e-9
 
 
 @functools.lru_cache(maxsize=16)
-def _share_schema(n: float) -> MessageSchema:
-    """Plain push-sum's message: ``"x"`` and a share ``"omega"`` in ``(0, n]``."""
+def _share_schema(n: float, *names: str) -> MessageSchema:
+    """Plain push-sum's message: ``"x"`` (or the tensors ``names``) and a share ``"omega"``
+    in ``(0, n]``."""
     return model_schema(
-        "x", omega=ScalarSpec(0.0, n * _SLACK, f"a share of a push-sum weight of {n} nodes")
+        *(names or ("x",)),
+        omega=ScalarSpec(0.0, n * _SLACK, f"a share of a push-sum weight of {n} nodes"),
     )
 
 
@@ -287,14 +289,20 @@ class PushSumRule(Rule):
         """``"x"`` and the share ``"omega"`` in ``(0, n]``."""
         return _share_schema(rows.n or math.inf)
 
+    def _own(self, state: PushSumState, rows: Rows) -> torch.Tensor:
+        """``[B]`` float64: the share of its own value each row keeps (all of it while it
+        holds: it pushed nothing)."""
+        holding = self._holding(state, rows)
+        own = rows.self_weight
+        if holding is not None:
+            own = torch.where(holding, torch.ones_like(own), own)
+        return own
+
     def mix(
         self, state: PushSumState, phase: int, inbox: list[Slot], rows: Rows
     ) -> tuple[PushSumState, None]:
         """Keep the own share, add the shares that arrived (a missing one is lost mass)."""
-        holding = self._holding(state, rows)
-        own = rows.self_weight
-        if holding is not None:  # it pushed nothing: all of its mass is still its own
-            own = torch.where(holding, torch.ones_like(own), own)
+        own = self._own(state, rows)
         dtype = state.x.dtype
         x = state.x * own.to(dtype).unsqueeze(1)
         omega = state.omega * own

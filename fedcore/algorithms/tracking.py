@@ -1,9 +1,9 @@
-"""Gradient tracking: each peer mixes its model and a tracker of the peers' average
-gradient, so that with a constant step the peers reach the optimum of the *sum* of their
-losses, where D-PSGD and push-sum SGD stop at a floor that grows with how their data
-differ.
+"""Gradient tracking (DSGT, Push-Pull, Push-DIGing): each peer mixes its model and a
+tracker of the peers' average gradient, so that with a constant step the peers reach the
+optimum of the *sum* of their losses, where D-PSGD and push-sum SGD stop at a floor that
+grows with how their data differ.
 
-Both rules take, at round ``t``, the gradient ``g_t = grad f_i(x_t)`` and keep the last one:
+DSGT and Push-Pull take, at round ``t``, the gradient ``g_t = grad f_i(x_t)`` and keep the last one:
 
     y_t     = ybar_t + g_t - g_{t-1}          (the tracker; y_0 = g_0)
     send      v = x_t - lr y_t  and  y_t
@@ -20,13 +20,34 @@ Both rules take, at round ``t``, the gradient ``g_t = grad f_i(x_t)`` and keep t
   (out-degree_j + 1)`` (what ``j`` pushes: push-sum's shares, from the sender's own
   out-neighbours alone).
 
+* ``push-diging`` (Push-DIGing: Nedic, Olshevsky and Shi, "Achieving geometric convergence
+  for distributed optimization over time-varying graphs", SIAM J. Optim. 2017), push-sum
+  with gradient tracking, the directed baseline of Push-Pull: each peer keeps push-sum's
+  value ``u`` and weight ``w`` (:class:`~fedcore.algorithms.ops.PushSumRule`, step scale
+  ``"none"``) and takes its gradient at the de-biased ``x = u / w``::
+
+      y_t     = ybar_t + g_t - g_{t-1}          (g_t = grad f_i(u_t / w_t); y_0 = g_0)
+      u_{t+1} = sum_j C_ij (u_j - lr y_j)
+      w_{t+1} = sum_j C_ij w_j
+      ybar_{t+1} = sum_j C_ij y_j
+
+  with ``C_ij = 1 / (out-degree_j + 1)``, push-sum's shares, which the sender pushes: OPS
+  whose step follows the tracker instead of the gradient, the tracker pushed beside ``u``
+  and ``w`` (a message carries the shares ``"x"`` of ``u - lr y`` and ``"y"``, and the
+  scalar ``"omega"``, a share of ``w`` in ``(0, n]``).
+
 Invariant: since ``C`` is column-stochastic, ``sum_i y_i = sum_i g_i`` (the latest
-gradients) after every round in which every message arrives; with a constant step both
+gradients) after every round in which every message arrives; with a constant step the
 rules converge linearly to the minimiser of ``sum_i f_i`` for strongly convex losses.
 
-A lost message: its model's share goes to the receiver itself (``R``'s row stays
-stochastic), and its tracker share is lost, so the sum invariant breaks by it: the rules
-are exact only over reliable links (``faults.drop`` runs, but the bias returns).
+A lost message (``faults.drop``, a partition, a crashed peer): in ``dsgt`` and
+``push-pull`` its model's share goes to the receiver itself (``R``'s row stays stochastic),
+and its tracker share is lost, so the sum invariant breaks by it for good and the bias
+returns. In ``push-diging`` the shares of ``u``, ``w`` and ``y`` are all lost: the bias
+returns, and the weights shrink round after round, so the step ``lr y / w`` on the
+de-biased model grows until the run diverges. ``robust = true`` (each factory below) gives
+the running-sum form of each rule (:mod:`fedcore.algorithms.robust_tracking`): a lost
+message's mass arrives with the next one on its edge, and the rules stay exact under drops.
 
 With a node optimizer the tracked quantity is the optimizer's direction (the gradient's
 place in the update); ``run.local_steps > 1`` is refused (the tracker needs the gradient at
@@ -35,16 +56,23 @@ every model it sends).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
 from fedcore.algorithms.base import model_schema
+from fedcore.algorithms.ops import PushSumRule, PushSumState, _check_options, _share_schema
+from fedcore.algorithms.robust_tracking import (
+    RobustDSGTRule,
+    RobustPushDIGingRule,
+    RobustPushPullRule,
+    one_step_refused,
+)
 from fedcore.algorithms.rule import Rows, Rule, Send, Slot, gossip, received
-from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema
 
-__all__ = ["DSGT", "PushPull", "TrackingState"]
+__all__ = ["DSGT", "PushDIGing", "PushDIGingState", "PushPull", "TrackingState"]
 
 _TOTAL = torch.float64
 
@@ -80,9 +108,7 @@ class _TrackingRule(Rule):
         Raises:
             AlgorithmError: always.
         """
-        raise AlgorithmError(
-            f"{self.name!r} tracks the gradient at every model it sends: set run.local_steps = 1."
-        )
+        raise one_step_refused(self.name)
 
     def step(
         self, state: TrackingState, grad: torch.Tensor, rows: Rows
@@ -137,5 +163,110 @@ class PushPullRule(_TrackingRule):
         return gossip(v, r, pulled, "v")
 
 
-DSGT = DSGTRule
-PushPull = PushPullRule
+class PushDIGingState(NamedTuple):
+    """Push-sum's state (:class:`~fedcore.algorithms.ops.PushSumState`: ``x`` is the value
+    ``u``), the mixed trackers ``ybar`` and the last gradients ``g`` (``[B, d]``)."""
+
+    x: torch.Tensor
+    omega: torch.Tensor
+    silent: torch.Tensor
+    ybar: torch.Tensor
+    g: torch.Tensor
+
+
+def _pushed(state: PushDIGingState) -> PushSumState:
+    return PushSumState(state.x, state.omega, state.silent)
+
+
+class PushDIGingRule(PushSumRule):
+    """Push-DIGing: push-sum (step scale ``"none"``) stepping along the tracker, which is
+    pushed with the same shares (see the module docstring)."""
+
+    name = "push-diging"
+
+    def __init__(self) -> None:
+        """The paper's step on the value ``u`` (step scale ``"none"``)."""
+        super().__init__("none")
+
+    def __repr__(self) -> str:
+        """The rule."""
+        return "PushDIGingRule()"
+
+    def init(self, params: torch.Tensor) -> PushDIGingState:  # type: ignore[override]
+        """``u = params``, ``omega = 1``, the tracker at zero."""
+        zero = torch.zeros_like(params)
+        return PushDIGingState(*super().init(params), zero, zero.clone())
+
+    def local_step(  # type: ignore[override]
+        self, state: PushDIGingState, grad: torch.Tensor, rows: Rows
+    ) -> PushDIGingState:
+        """Refused: the tracker needs the gradient at every model it sends.
+
+        Raises:
+            AlgorithmError: always.
+        """
+        raise one_step_refused(self.name)
+
+    def step(  # type: ignore[override]
+        self, state: PushDIGingState, grad: torch.Tensor, rows: Rows
+    ) -> tuple[PushDIGingState, Send]:
+        """Complete the tracker with the gradient taken at ``u / omega``; push ``u - lr y``,
+        ``omega`` and ``y`` with the push-sum shares."""
+        y = state.ybar + grad - state.g
+        pushed, send = super().step(_pushed(state), y, rows)
+        tensors = {**send.tensors, "y": y}
+        out = Send(tensors, send.scalars, weighted=True, to=send.to)
+        return PushDIGingState(*pushed, y, grad), out
+
+    def schema(self, phase: int, rows: Rows) -> MessageSchema:
+        """The shares of ``u`` (``"x"``), of the tracker ``"y"`` and of the weight
+        ``"omega"`` in ``(0, n]``."""
+        return _share_schema(rows.n or math.inf, "x", "y")
+
+    def mix(  # type: ignore[override]
+        self, state: PushDIGingState, phase: int, inbox: list[Slot], rows: Rows
+    ) -> tuple[PushDIGingState, None]:
+        """Push-sum's mix of ``u`` and ``omega``, and the same of the tracker: the own
+        share kept, the shares that arrived added (a missing one is lost mass)."""
+        mixed, _ = super().mix(_pushed(state), phase, inbox, rows)
+        dtype = state.ybar.dtype
+        ybar = state.ybar * self._own(_pushed(state), rows).to(dtype).unsqueeze(1)
+        for slot in inbox:
+            ybar.addcmul_(slot.tensors["y"], slot.arrived.to(dtype).unsqueeze(1))
+        return PushDIGingState(*mixed, ybar, state.g), None
+
+
+def _robust(robust: object, name: str) -> bool:
+    """Check ``robust`` (a bool)."""
+    _check_options(robust, "none", name)
+    return bool(robust)
+
+
+def DSGT(robust: bool = False) -> Rule:
+    """DSGT: ``robust = false`` the rule :class:`DSGTRule`, ``robust = true`` the
+    running-totals rule :class:`~fedcore.algorithms.robust_tracking.RobustDSGTRule`.
+
+    Raises:
+        ConfigError: ``robust`` is not a bool.
+    """
+    return RobustDSGTRule() if _robust(robust, "dsgt") else DSGTRule()
+
+
+def PushPull(robust: bool = False) -> Rule:
+    """Push-Pull: ``robust = false`` the rule :class:`PushPullRule`, ``robust = true`` the
+    running-totals rule :class:`~fedcore.algorithms.robust_tracking.RobustPushPullRule`.
+
+    Raises:
+        ConfigError: ``robust`` is not a bool.
+    """
+    return RobustPushPullRule() if _robust(robust, "push-pull") else PushPullRule()
+
+
+def PushDIGing(robust: bool = False) -> Rule:
+    """Push-DIGing: ``robust = false`` the rule :class:`PushDIGingRule`, ``robust = true``
+    the running-totals rule :class:`~fedcore.algorithms.robust_tracking.RobustPushDIGingRule`.
+
+    Raises:
+        ConfigError: ``robust`` is not a bool.
+    """
+    return RobustPushDIGingRule() if _robust(robust, "push-diging") else PushDIGingRule()

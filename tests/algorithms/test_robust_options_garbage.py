@@ -26,8 +26,9 @@ OPTIONS = {
     "median-gossip": ["bucket", "seed"],
     "clipped-push-sum": ["tau", "kappa", "step_scale"],
     "fedavg": ["aggregator", "f", "m", "trim", "bucket", "nnm", "iterations", "tau", "nu"],
-    "dsgt": ["foo"],
-    "push-pull": ["bogus"],
+    "dsgt": ["foo", "robust"],
+    "push-pull": ["bogus", "robust"],
+    "push-diging": ["robust", "bogus"],
     "exact-diffusion": ["psi"],
     "beer": ["gamma", "eta"],
 }
@@ -47,7 +48,16 @@ def test_garbage_options_build_or_are_refused_in_one_line(name: str, data: st.Da
         assert "\n" not in text and "algorithm" in text  # the key or the algorithm named
 
 
-@pytest.mark.parametrize("name", ["dsgt", "push-pull", "exact-diffusion", "dpsgd"])
-def test_a_rule_without_options_says_it_has_none(name: str) -> None:
-    with pytest.raises(ConfigError, match=r"has no option foo; its options: none\."):
+@pytest.mark.parametrize(
+    ("name", "has"),
+    [
+        ("dsgt", "robust"),
+        ("push-pull", "robust"),
+        ("push-diging", "robust"),
+        ("exact-diffusion", "none"),
+        ("dpsgd", "none"),
+    ],
+)
+def test_a_rule_says_which_options_it_has(name: str, has: str) -> None:
+    with pytest.raises(ConfigError, match=rf"has no option foo; its options: {has}\."):
         make_algorithm(name, foo=0.1)

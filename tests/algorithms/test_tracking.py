@@ -1,10 +1,12 @@
-"""Gradient tracking (DSGT, Push-Pull): the trackers' sum is the sum of the latest gradients
-after every round, a quadratic's optimum is reached with a constant step where D-PSGD stops
-at a bias, and Push-Pull's weights are row- and column-stochastic from each peer's own
-neighbours."""
+"""Gradient tracking (DSGT, Push-Pull, Push-DIGing): the trackers' sum is the sum of the
+latest gradients after every round (under drops, the robust forms' trackers plus the mass in
+flight), a quadratic's optimum is reached with a constant step where D-PSGD stops at a bias
+(under drops, the robust forms' and not the plain ones'), and Push-Pull's weights are row-
+and column-stochastic from each peer's own neighbours."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -12,9 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.algorithms import make_algorithm
+from fedcore.algorithms import RoundContext, make_algorithm
 from fedcore.algorithms.rule import Rows, Slot
-from fedcore.errors import AlgorithmError
+from fedcore.errors import AlgorithmError, ConfigError, ProtocolError
+from fedcore.messages import Payload
 from fedcore.testing import lockstep
 from fedcore.topology import Topology, TrustGraph, parse_spec
 from tests.strategies import (
@@ -35,7 +38,7 @@ def _renamed(graph: TrustGraph, seed: int) -> TrustGraph:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.data(), st.sampled_from(["dsgt", "push-pull"]), st.integers(0, 50))
+@given(st.data(), st.sampled_from(["dsgt", "push-pull", "push-diging"]), st.integers(0, 50))
 def test_the_trackers_sum_is_the_sum_of_the_latest_gradients(
     data: Any, algorithm: str, seed: int
 ) -> None:
@@ -58,9 +61,63 @@ def test_the_trackers_sum_is_the_sum_of_the_latest_gradients(
     lockstep(rule, graph, params, rounds=6, lr=0.1, grad=tracked, on_round=check)
 
 
-def _quadratic(algorithm: str, graph: Topology, rounds: int) -> float:
+@settings(max_examples=15, deadline=None)
+@given(
+    st.data(),
+    st.sampled_from(["dsgt", "push-pull", "push-diging"]),
+    st.integers(0, 50),
+    st.floats(0.1, 0.6),
+)
+def test_under_drops_the_robust_trackers_and_the_mass_in_flight_sum_to_the_gradients(
+    data: Any, algorithm: str, seed: int, p: float
+) -> None:
+    """Each round, ``sum_i ybar_i + sum_edges (sigma - rho) = sum_i g_i`` with messages lost
+    at random; the last round delivers them all, and nothing is in flight after it."""
+    shapes = connected_undirected_graphs() if algorithm == "dsgt" else strongly_connected_digraphs()
+    graph = _renamed(data.draw(shapes), seed)
+    grad = random_grad(seed, D, pull=0.5)
+    rounds = 6
+    rng = random.Random(seed)
+    latest: dict[str, torch.Tensor] = {}
+
+    def tracked(node: str, t: int, model: torch.Tensor) -> torch.Tensor:
+        latest[node] = grad(node, t, model)
+        return latest[node]
+
+    def check(t: int, states: dict[str, Any]) -> None:
+        total_y = sum(s.ybar.view(-1) for s in states.values())
+        flight = sum(s.sent_y.sum(0) - s.seen_y.sum(0) for s in states.values())
+        total_g = sum(latest[n] for n in states)
+        torch.testing.assert_close(total_y + flight, total_g, rtol=1e-9, atol=1e-9)
+        if t == rounds - 1:  # every message of the last round arrived
+            torch.testing.assert_close(flight, torch.zeros(D, dtype=torch.float64))
+
+    rule = make_algorithm(algorithm, robust=True)
+    params = random_params(graph, seed, D)
+    lockstep(
+        rule,
+        graph,
+        params,
+        rounds=rounds,
+        lr=0.1,
+        grad=tracked,
+        on_round=check,
+        drop=lambda s, r, t, phase: t < rounds - 1 and rng.random() < p,
+    )
+
+
+def _model(state: Any) -> torch.Tensor:
+    """A peer's model: ``x``, or push-sum's de-biased ``x / omega``."""
+    omega = getattr(state, "omega", None)
+    return state.x.view(-1) if omega is None else state.x.view(-1) / float(omega.view(-1)[0])
+
+
+def _quadratic(
+    algorithm: str, graph: Topology, rounds: int, drop: float = 0.0, **options: Any
+) -> float:
     """The largest distance of any peer's model from the minimiser of sum_i ||x - b_i||^2/2,
-    peers' b_i far apart (strongly heterogeneous), a constant step."""
+    peers' b_i far apart (strongly heterogeneous), a constant step; each message lost with
+    probability ``drop``."""
     gen = torch.Generator().manual_seed(0)
     b = {
         v: torch.randn(D, generator=gen, dtype=torch.float64) * (1 + i)
@@ -68,20 +125,23 @@ def _quadratic(algorithm: str, graph: Topology, rounds: int) -> float:
     }
     optimum = torch.stack(list(b.values())).mean(0)
     params = {v: torch.zeros(D, dtype=torch.float64) for v in graph.nodes}
+    rng = random.Random(1)
     out = lockstep(
-        make_algorithm(algorithm),
+        make_algorithm(algorithm, **options),
         graph,
         params,
         rounds=rounds,
         lr=0.2,
         grad=lambda node, t, x: x - b[node],
+        drop=(lambda *_: rng.random() < drop) if drop else None,
     )
-    return max(float((out[v].x - optimum).abs().max()) for v in graph.nodes)
+    return max(float((_model(out[v]) - optimum).abs().max()) for v in graph.nodes)
 
 
 def test_tracking_reaches_the_optimum_of_the_sum_and_dpsgd_does_not() -> None:
     assert _quadratic("dsgt", parse_spec("ring:8"), 300) < 1e-6
     assert _quadratic("push-pull", parse_spec("social:8"), 300) < 1e-6
+    assert _quadratic("push-diging", parse_spec("social:8"), 300) < 1e-6
     assert _quadratic("dpsgd", parse_spec("ring:8"), 300) > 0.1  # its bias floor
 
 
@@ -129,3 +189,45 @@ def test_local_steps_are_refused() -> None:
     rows = Rows(round=0, lr=0.1, self_weight=torch.ones(1, dtype=torch.float64))
     with pytest.raises(AlgorithmError, match=r"run\.local_steps = 1"):
         rule.local_step(rule.init(torch.zeros(1, 2)), torch.zeros(1, 2), rows)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "spec"),
+    [("dsgt", "ring:6"), ("push-pull", "social:8"), ("push-diging", "social:8")],
+)
+def test_under_drops_the_robust_form_reaches_the_optimum_and_the_plain_one_does_not(
+    algorithm: str, spec: str
+) -> None:
+    """20% of the messages lost: a plain tracker loses their mass for good (Push-DIGing's
+    weights too, whose step then grows without bound); the running totals deliver it later."""
+    graph = parse_spec(spec)
+    assert _quadratic(algorithm, graph, 120, drop=0.2, robust=True) < 1e-6
+    assert not _quadratic(algorithm, graph, 120, drop=0.2) < 0.1  # or NaN: diverged
+
+
+@pytest.mark.parametrize("name", ["dsgt", "push-pull", "push-diging"])
+@pytest.mark.parametrize("robust", [None, 1, 0, "true", 1.0, []])
+def test_robust_must_be_a_bool(name: str, robust: Any) -> None:
+    why = rf"^algorithm\.robust for {name!r} must be true or false"
+    with pytest.raises(ConfigError, match=why) as err:
+        make_algorithm(name, robust=robust)
+    assert "\n" not in str(err.value)
+
+
+def test_a_shares_total_that_goes_backwards_is_refused() -> None:
+    """A robust Push-Pull peer refuses a total of shares below the last it applied on that
+    edge (a replayed or stale message), and accepts one that grew."""
+    rule = make_algorithm("push-pull", robust=True)
+    seen = torch.tensor([0.0, 1.5], dtype=torch.float64)  # per in-edge: a, b
+    state = rule.init(torch.zeros(1, 2))._replace(seen_n=seen)
+    ctx = RoundContext(
+        node="c",
+        round=3,
+        lr=0.1,
+        self_weight=0.5,
+        out_weights={},
+        in_weights={"a": 0.5, "b": 0.5},
+    )
+    rule.accept(state, 0, "b", Payload({}, {"shares": 2.0}), ctx)
+    with pytest.raises(ProtocolError, match=r"smaller than the 1\.5 already applied"):
+        rule.accept(state, 0, "b", Payload({}, {"shares": 1.0}), ctx)

@@ -48,6 +48,7 @@ GRAPHS = {
     "dog": ["topology.kind=exponential", "topology.undirected=true"],
     "dsgt": ["topology.kind=ring"],
     "push-pull": ["topology.kind=social"],
+    "push-diging": ["topology.kind=social"],
     "exact-diffusion": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "clippedgossip": ["topology.kind=erdos-renyi", "topology.p=0.4", "topology.undirected=true"],
     "trimmed-gossip": ["topology.kind=erdos-renyi", "topology.p=0.5", "topology.undirected=true"],
@@ -331,6 +332,21 @@ def test_engines_refuse_what_they_cannot_run(
 @pytest.mark.parametrize("faults", [False, True])
 def test_ops_variants_agree(extra: list[str], faults: bool) -> None:
     assert_same_run(_config("ops", "fp32", faults, *extra))
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [
+        ("dsgt", ["compression.codec=bf16"]),
+        ("push-pull", ["compression.codec=bf16"]),
+        ("push-diging", ["compression.codec=bf16"]),
+        ("push-pull", ["model.dtype='float64'", "compression.codec=raw"]),
+    ],
+)
+def test_robust_tracking_agrees(algorithm: str, extra: list[str]) -> None:
+    """The tracking rules' running-sum forms (state per edge) under drops, a partition and
+    crashes: a cast codec (totals and their low parts) and a float64 wire (totals alone)."""
+    assert_same_run(_config(algorithm, "fp32", True, "algorithm.robust=true", *extra))
 
 
 @pytest.mark.parametrize("algorithm", ["dpsgd", "ops"])

@@ -26,6 +26,7 @@ GRAPHS = {
     "clipped-push-sum": ["topology.kind=exponential"],
     "dol": ["topology.kind=social"],
     "push-pull": ["topology.kind=social"],
+    "push-diging": ["topology.kind=social"],
     "exact-diffusion": ["topology.kind=erdos-renyi", "topology.p=0.5", "topology.undirected=true"],
     "local": ["topology.kind=ring"],
     "central": ["topology.kind=complete"],

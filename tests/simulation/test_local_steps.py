@@ -37,7 +37,15 @@ def test_local_training_with_k_steps_is_k_times_the_rounds(optimizer: str) -> No
     assert _params([*base, "run.local_steps=3"], 10) == _params(base, 30)
 
 
-ONE_STEP = ("doublesqueeze", "apmsqueeze", "dsgt", "push-pull", "exact-diffusion", "beer")
+ONE_STEP = (
+    "doublesqueeze",
+    "apmsqueeze",
+    "dsgt",
+    "push-pull",
+    "push-diging",
+    "exact-diffusion",
+    "beer",
+)
 """Algorithms whose compressed value (or tracked gradient) is the round's one step: they
 refuse local steps."""
 
