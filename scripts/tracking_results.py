@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Claim (a): the graphs and, on each, the rules that stop at a bias and those that track.
 BIAS_GRAPHS: dict[str, tuple[str, ...]] = {
     "ring:16": ("dpsgd", "dsgt", "exact-diffusion"),
-    "social:16": ("ops", "push-pull"),
+    "social:16": ("ops", "push-pull", "push-diging"),
 }
 FEATURES, ROWS = 10, 20  # each peer's least-squares block: ROWS x FEATURES
 

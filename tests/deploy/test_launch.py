@@ -117,6 +117,14 @@ of apmsqueeze's are past its 8 precondition rounds; evaluations at rounds 6 and 
             "compression.codec=topk",
             "compression.ratio=0.3",
         ],
+        ["algorithm.name=push-diging", "topology.kind=social", "topology.nodes=5"],
+        [
+            "algorithm.name=push-pull",
+            "algorithm.robust=true",
+            "topology.kind=social",
+            "topology.nodes=5",
+            "compression.codec=bf16",
+        ],
     ],
     ids=[
         "ops-directed",
@@ -134,6 +142,8 @@ of apmsqueeze's are past its 8 precondition rounds; evaluations at rounds 6 and 
         "push-pull-fp16",
         "exact-diffusion-sign",
         "beer-topk",
+        "push-diging",
+        "push-pull-robust-bf16",
     ],
 )
 def test_launch_matches_simulate_bit_for_bit(
