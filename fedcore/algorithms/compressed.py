@@ -188,7 +188,26 @@ class CHOCOState(NamedTuple):
     q: torch.Tensor
 
 
-class CHOCORule(Rule):
+class _PublicCopiesRule(Rule):
+    """What CHOCO and BEER share: compressed differences to public copies whose
+    neighbours' values each peer keeps as weighted sums (one fixed graph, every message
+    delivered), and the consensus step ``gamma``."""
+
+    mixing = "doubly-stochastic"
+    phases = 1
+    pattern = "neighbours"
+    fixed_graph = True
+    """The engines refuse a schedule (the weighted sums need the same weights)."""
+    needs_every_message = True
+    """A lost message leaves a receiver's sums behind for good: fault plans are refused."""
+
+    def __init__(self, gamma: float = 0.5) -> None:
+        """``gamma`` in (0, 1]; smaller for coarser codecs and smaller spectral gaps."""
+        _check_step(self.name, gamma, "gamma")
+        self.gamma = gamma
+
+
+class CHOCORule(_PublicCopiesRule):
     """CHOCO-SGD (see the module docstring); ``gamma`` is the consensus step.
 
     The copies of the neighbours' ``xhat_j`` are kept as one weighted sum per peer,
@@ -200,18 +219,6 @@ class CHOCORule(Rule):
     """
 
     name = "choco"
-    mixing = "doubly-stochastic"
-    phases = 1
-    pattern = "neighbours"
-    fixed_graph = True
-    """The engines refuse a schedule (the weighted sums need the same weights)."""
-    needs_every_message = True
-    """A lost message leaves a receiver's sum behind for good: fault plans are refused."""
-
-    def __init__(self, gamma: float = 0.5) -> None:
-        """``gamma`` in (0, 1]; smaller for coarser codecs and smaller spectral gaps."""
-        _check_step(self.name, gamma, "gamma")
-        self.gamma = gamma
 
     def init(self, params: torch.Tensor) -> CHOCOState:
         """Public copies start at zero, as in the paper."""
@@ -271,24 +278,12 @@ class BEERState(NamedTuple):
     qv: torch.Tensor
 
 
-class BEERRule(Rule):
+class BEERRule(_PublicCopiesRule):
     """BEER (see the module docstring); ``gamma`` is the consensus step of both the model
     and the tracker. The copies of the neighbours' public values are kept as CHOCO keeps
     them (:class:`CHOCORule`): a fixed graph, every message delivered."""
 
     name = "beer"
-    mixing = "doubly-stochastic"
-    phases = 1
-    pattern = "neighbours"
-    fixed_graph = True
-    """The engines refuse a schedule (the weighted sums need the same weights)."""
-    needs_every_message = True
-    """A lost message leaves a receiver's sums behind for good: fault plans are refused."""
-
-    def __init__(self, gamma: float = 0.5) -> None:
-        """``gamma`` in (0, 1]; smaller for coarser codecs and smaller spectral gaps."""
-        _check_step(self.name, gamma, "gamma")
-        self.gamma = gamma
 
     def init(self, params: torch.Tensor) -> BEERState:
         """Public copies, tracker and last gradient start at zero (so ``v_0 = g_0``)."""

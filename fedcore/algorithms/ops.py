@@ -409,16 +409,9 @@ class RobustPushSumRule(PushSumRule):
         Raises:
             ProtocolError: the total went backwards.
         """
-        senders = ctx.in_union or tuple(sorted(ctx.in_weights))
-        if not isinstance(state, RobustOPSState) or state.seen_omega.shape[0] != len(senders):
-            return  # no total applied yet
-        last = float(state.seen_omega[senders.index(sender)])
-        omega = float(payload.scalars["omega"])
-        if omega < last:
-            raise ProtocolError(
-                f"its omega-total {omega!r} is smaller than the {last!r} already applied "
-                "on that edge (running totals never go backwards)."
-            )
+        if isinstance(state, RobustOPSState):
+            omega = float(payload.scalars["omega"])
+            _refuse_backwards(state.seen_omega, "omega-total", sender, omega, ctx)
 
     def mix(  # type: ignore[override]
         self, state: RobustOPSState, phase: int, inbox: EdgeInbox, rows: Rows
@@ -452,6 +445,27 @@ class RobustPushSumRule(PushSumRule):
             torch.where(fresh.unsqueeze(1), total, seen_x),
             torch.where(fresh, omega_total, seen_omega),
         ), None
+
+
+def _refuse_backwards(
+    seen: torch.Tensor, what: str, sender: str, value: float, ctx: RoundContext
+) -> None:
+    """Refuse a running total ``value`` from ``sender`` smaller than the last one applied
+    on its in-edge (``seen``, per in-edge of the union; empty before the first mix, when
+    nothing is refused).
+
+    Raises:
+        ProtocolError: the total went backwards.
+    """
+    senders = ctx.in_union or tuple(sorted(ctx.in_weights))
+    if seen.shape[0] != len(senders):
+        return
+    last = float(seen[senders.index(sender)])
+    if value < last:
+        raise ProtocolError(
+            f"its {what} {value!r} is smaller than the {last!r} already applied on that edge "
+            "(running totals never go backwards)."
+        )
 
 
 def _silent_after(

@@ -53,9 +53,15 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import RoundContext, model_schema
-from fedcore.algorithms.ops import _SLACK, RobustOPSState, RobustPushSumRule, _edges
+from fedcore.algorithms.ops import (
+    _SLACK,
+    RobustOPSState,
+    RobustPushSumRule,
+    _edges,
+    _refuse_backwards,
+)
 from fedcore.algorithms.rule import EdgeInbox, Edges, Rows, Rule, Send
-from fedcore.errors import AlgorithmError, ProtocolError
+from fedcore.errors import AlgorithmError
 from fedcore.messages import MessageSchema, Payload, ScalarSpec
 
 __all__ = [
@@ -128,22 +134,6 @@ def _applied(
     where = fresh.unsqueeze(1)
     gained = edges.in_total(torch.where(where, total - seen, 0.0))
     return gained, torch.where(where, total, seen)
-
-
-def _refuse_backwards(
-    seen: torch.Tensor, what: str, sender: str, value: float, ctx: RoundContext
-) -> None:
-    """Refuse a total smaller than the last one applied on its in-edge (``seen``, per
-    in-edge of the union; empty before the first mix)."""
-    senders = ctx.in_union or tuple(sorted(ctx.in_weights))
-    if seen.shape[0] != len(senders):
-        return
-    last = float(seen[senders.index(sender)])
-    if value < last:
-        raise ProtocolError(
-            f"its {what} {value!r} is smaller than the {last!r} already applied on that edge "
-            "(running totals never go backwards)."
-        )
 
 
 # -- DSGT and Push-Pull -----------------------------------------------------------------

@@ -6,8 +6,8 @@ A config file has fourteen tables; every key is optional and defaults to the bui
 
     [run]        name, seed, rounds, eval_every, regret, checkpoint_every, local_steps,
                  tensorboard, csv, target_accuracy
-    [topology]   kind, nodes, seed, file, p, rows, cols, degree, undirected, server
-                 (file wins)
+    [topology]   kind, nodes, seed, file, p, rows, cols, degree, period, undirected,
+                 server (file wins)
     [algorithm]  name, lr, lr_schedule, warmup_rounds, lr_power, lr_scaling,
                  base_batch_size, and the algorithm's own options
     [optimizer]  name, momentum, nesterov, betas, eps, weight_decay, eta, trust_clip

@@ -20,6 +20,11 @@ class mix (the share of each class among its training examples): the accuracy is
 distribution measures in expectation, without the noise of drawing one. Under a Dirichlet
 split a peer that holds two classes is measured on those two.
 
+**The shared model** of a peer is the model it ended with; in the server family (a run
+with a ``server``: ``fedavg``, ...) it is the server's final model, the global model a
+worker would start its next round from (a FedAvg worker holds the global model of the
+last round it was sampled in, or its first model if it never was: not the shared part).
+
 Both models of a peer are measured on the same test set; the figures are the mean and the
 worst over the peers (the Byzantine peers and a server left out, and only the
 ``run.eval_peers`` sample where there is one).
@@ -117,7 +122,8 @@ def personal_figures(
     """The summary's ``personal`` block of a run whose peers ended with the models
     ``final``: each peer's shared model (its final one) and personal model on its own test
     set, and their mean and worst over the peers ``nodes`` (node order; ``server``,
-    ``liars`` and the ``run.eval_peers`` ``sample`` as the run's evaluation has them). A
+    ``liars`` and the ``run.eval_peers`` ``sample`` as the run's evaluation has them; a
+    ``server``'s final model is every worker's shared model, see the module docstring). A
     peer none of whose classes has a test example is left out of the figures and named
     under ``unmeasured``."""
     config = setup.config
@@ -141,12 +147,14 @@ def personal_figures(
     shared: list[float] = []
     mine: list[float] = []
     peers = _peers(nodes, server, liars, sample)
+    # the server family: every worker's shared model is the server's (the global model)
+    glob = final.get(server) if server is not None else None
     for peer in peers:
         i = place[peer]
         idx = torch.as_tensor(setup.parts[i], dtype=torch.int64)
         x, y = dataset.x_train[idx], dataset.y_train[idx]
         mix = class_mix(y, classes)
-        start = final[peer].to(objective.dtype)
+        start = (final[peer] if glob is None else glob).to(objective.dtype)
         shared.append(accuracy(start, peer, mix))
         stream = BatchStream(
             x,

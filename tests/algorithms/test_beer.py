@@ -18,7 +18,7 @@ from fedcore.compression import make_codec
 from fedcore.errors import AlgorithmError, ConfigError
 from fedcore.testing import lockstep
 from fedcore.topology import metropolis_hastings, parse_spec
-from tests.algorithms.test_tracking import _renamed
+from tests.algorithms.test_tracking import _renamed, _targets
 from tests.strategies import connected_undirected_graphs, random_grad, random_params
 
 D = 3
@@ -64,12 +64,7 @@ def _distance(algorithm: str, codec: str, rounds: int) -> float:
     (test_tracking.py's peers, b_i far apart) on a ring of 6, lr = 0.1, gamma = 0.5 (the
     default), every peer compressing with ``codec`` (top-k: one value of 3; scaled sign)."""
     graph = parse_spec("ring:6")
-    gen = torch.Generator().manual_seed(0)
-    b = {
-        v: torch.randn(D, generator=gen, dtype=torch.float64) * (1 + i)
-        for i, v in enumerate(graph.nodes)
-    }
-    optimum = torch.stack(list(b.values())).mean(0)
+    b, optimum = _targets(graph, D)
     codecs = {v: make_codec(codec, ratio=0.33, seed=i) for i, v in enumerate(graph.nodes)}
     out = lockstep(
         make_algorithm(algorithm, gamma=0.5),

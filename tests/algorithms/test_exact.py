@@ -18,7 +18,7 @@ from fedcore.algorithms.rule import Rows, Slot
 from fedcore.errors import AlgorithmError
 from fedcore.testing import lockstep
 from fedcore.topology import parse_spec
-from tests.algorithms.test_tracking import D, _quadratic, _renamed
+from tests.algorithms.test_tracking import D, _quadratic, _renamed, _targets
 from tests.strategies import connected_undirected_graphs, random_grad, random_params
 
 LR = 0.1
@@ -88,12 +88,7 @@ def test_lost_messages_leave_a_consensus_off_the_optimum() -> None:
     """A lost share goes to the receiver itself: the peers still agree, but the sum of
     ``x - psi`` has moved, and so has the point they agree on."""
     graph = parse_spec("ring:8")
-    gen = torch.Generator().manual_seed(0)
-    b = {
-        v: torch.randn(D, generator=gen, dtype=torch.float64) * (1 + i)
-        for i, v in enumerate(graph.nodes)
-    }
-    optimum = torch.stack(list(b.values())).mean(0)
+    b, optimum = _targets(graph)
 
     def drop(sender: str, receiver: str, t: int, phase: int) -> bool:
         return zlib.crc32(f"{sender}>{receiver}@{t}".encode()) % 5 == 0  # a fifth of them

@@ -112,18 +112,23 @@ def _model(state: Any) -> torch.Tensor:
     return state.x.view(-1) if omega is None else state.x.view(-1) / float(omega.view(-1)[0])
 
 
+def _targets(graph: Topology, d: int = D) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Each peer's ``b_i`` of the loss ``||x - b_i||^2/2``, far apart (strongly
+    heterogeneous), and the minimiser of their sum, the mean of the ``b_i``."""
+    gen = torch.Generator().manual_seed(0)
+    b = {
+        v: torch.randn(d, generator=gen, dtype=torch.float64) * (1 + i)
+        for i, v in enumerate(graph.nodes)
+    }
+    return b, torch.stack(list(b.values())).mean(0)
+
+
 def _quadratic(
     algorithm: str, graph: Topology, rounds: int, drop: float = 0.0, **options: Any
 ) -> float:
-    """The largest distance of any peer's model from the minimiser of sum_i ||x - b_i||^2/2,
-    peers' b_i far apart (strongly heterogeneous), a constant step; each message lost with
-    probability ``drop``."""
-    gen = torch.Generator().manual_seed(0)
-    b = {
-        v: torch.randn(D, generator=gen, dtype=torch.float64) * (1 + i)
-        for i, v in enumerate(graph.nodes)
-    }
-    optimum = torch.stack(list(b.values())).mean(0)
+    """The largest distance of any peer's model from the minimiser of sum_i ||x - b_i||^2/2
+    (:func:`_targets`), a constant step; each message lost with probability ``drop``."""
+    b, optimum = _targets(graph)
     params = {v: torch.zeros(D, dtype=torch.float64) for v in graph.nodes}
     rng = random.Random(1)
     out = lockstep(

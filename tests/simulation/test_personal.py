@@ -200,3 +200,24 @@ def test_fine_tuning_leaves_the_model_buffers_and_torch_generator_as_they_were()
     figures = personal_figures(setup, final, nodes=setup.graph.nodes)
     assert torch.equal(torch.get_rng_state(), state)
     assert figures == personal_figures(setup, final, nodes=setup.graph.nodes)
+
+
+def test_a_server_familys_workers_fine_tune_the_servers_model() -> None:
+    """FedAvg: a worker holds the global model of the last round it was sampled in (or its
+    first one); its shared model is the server's final model, the global one."""
+    tables = {
+        **_tables("vectorized"),
+        "topology": {"kind": "star", "nodes": 4},
+        "algorithm": {"name": "fedavg", "lr": 0.5, "fraction": 0.5},
+        "personal": {"mode": "finetune", "steps": 1},
+    }
+    setup = prepare_run(config_from_dict(tables))
+    server, workers = "server", [n for n in setup.graph.nodes if n != "server"]
+    trained = setup.start + 0.05 * torch.randn(setup.start.shape, generator=torch.Generator())
+    stale = {**dict.fromkeys(workers, setup.start), server: trained}
+    fresh = dict.fromkeys(setup.graph.nodes, trained)
+    got = personal_figures(setup, stale, nodes=setup.graph.nodes, server=server)
+    assert got == personal_figures(setup, fresh, nodes=setup.graph.nodes, server=server)
+    assert set(got["node_accuracy"]) == set(workers)  # the server is measured as no peer
+    gossip = personal_figures(setup, stale, nodes=workers)  # no server: their own models
+    assert gossip["node_accuracy"]["n0"] != got["node_accuracy"]["n0"]
