@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,46 +28,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _common
-
-from fedcore.config import load_config
-from fedcore.data import mnist1d
-from fedcore.engines.vectorized import VectorizedNetwork
-from fedcore.setup.prepare import prepare_run
+from defences import build, time_rounds  # the same build and clock as the defences' table
 
 GRAPH = ["topology.kind=random-regular", "topology.degree=8"]
 BASELINE = "dpsgd"
 CASES = ["dpsgd", "dsgt", "exact-diffusion", "beer", "ops", "push-pull", "push-diging"]
 
 
-def build(algorithm: str, peers: int) -> VectorizedNetwork:
-    """A built vectorized network of ``algorithm`` at ``peers`` peers."""
-    config = load_config(
-        None,
-        [
-            *GRAPH,
-            f"algorithm.name={algorithm}",
-            f"topology.nodes={peers}",
-            "data.dataset=mnist1d",
-            "data.partition=iid",
-            "run.eval_every=1000000",
-            "run.rounds=1000000",
-        ],
-    )
-    data = mnist1d(seed=config.run.seed, num_samples=max(10_000, 6 * peers))
-    return VectorizedNetwork(prepare_run(config, dataset=data), device=torch.device("cpu"))
-
-
-def time_rounds(net: VectorizedNetwork, rounds: int) -> float:
-    """Seconds a round, over ``rounds`` rounds."""
-    began = time.perf_counter()
-    for _ in range(rounds):
-        net.run_round()
-    return (time.perf_counter() - began) / rounds
-
-
 def measure(peers: int, cases: list[str], rounds: int, repeats: int) -> dict[str, list[float]]:
     """Each case's seconds a round, ``repeats`` times, the cases interleaved."""
-    nets = {name: build(name, peers) for name in cases}
+    nets = {name: build([*GRAPH, f"algorithm.name={name}"], peers) for name in cases}
     for net in nets.values():
         net.run_round()  # untimed: first-round allocations
     times: dict[str, list[float]] = {name: [] for name in cases}
