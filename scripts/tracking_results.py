@@ -16,10 +16,19 @@ Grids, written to ``docs/results/``:
   peers average more samples a round, so the rounds to the target shrink (``fedcore
   simulate --seeds`` runs, one sweep folder per case under
   ``docs/results/runs/tracking-speedup/``).
+* ``tracking-compressed.{md,json,png}`` (claim c): BEER against CHOCO-SGD at the same bytes
+  (CHOCO runs twice BEER's rounds: BEER sends two compressed tensors a round), with 1-bit
+  sign and top-k, on claim (a)'s least squares and on digits split by Dirichlet 0.1.
+* ``tracking-epidemic.{md,json,png}`` (claim d): epidemic learning (``epidemic-oracle``
+  with D-PSGD, ``epidemic-local`` with push-sum) against static graphs in which every peer
+  sends to as many peers a round, digits split by Dirichlet 0.1: the mean and worst peer.
+
+Claim (e), a personal model per peer, is ``scripts/personal_results.py``.
 
 Usage::
 
-    python scripts/tracking_results.py [--grids bias speedup] [--seeds 0 1 2] [--tiny]
+    python scripts/tracking_results.py [--grids bias speedup compressed epidemic]
+        [--seeds 0 1 2] [--rounds N] [--targets ...] [--jobs 2] [--tiny] [--out DIR]
 """
 
 from __future__ import annotations
