@@ -371,6 +371,17 @@ def prepare_run(
     outline = outline_run(config, algorithm=algorithm, trust=trust, laps=laps)
     if simulated:
         check_engine(EngineInputs.of(config), outline.algorithm)
+    if getattr(outline.algorithm, "needs_every_message", False) and (
+        config.transport.mode == "deadline"
+    ):
+        # Said once a set-up: no refusal, since every message may well arrive in time.
+        logger.warning(
+            "algorithm %r needs every message, and transport.mode = 'deadline' loses one "
+            "that comes later than transport.deadline_s for good (the receiver's copy of its "
+            "sender's public model falls behind); set transport.mode = 'strict' unless every "
+            "message arrives in time",
+            config.algorithm.name,
+        )
     if dataset is None:
         _check_split_size(config.data, outline.shape)
     outline = weigh_early(GraphInputs.of(config), outline, laps)

@@ -96,3 +96,29 @@ def test_local_steps_and_bad_gamma_are_refused() -> None:
         with pytest.raises(ConfigError, match=r"'beer': gamma = .* must be a number in \(0, 1\]"):
             make_algorithm("beer", gamma=bad)
     assert make_algorithm("beer", gamma=1).gamma == 1  # the extreme that is allowed
+
+
+@pytest.mark.parametrize("mode", ["deadline", "strict"])
+def test_deadline_mode_warns_that_a_late_message_is_lost_for_good(tmp_path: Any, mode: str) -> None:
+    """CHOCO and BEER keep copies of their neighbours' public values: in deadline mode a
+    message past the deadline leaves them behind for good, which the summary's warnings say
+    (no refusal: every message may well arrive in time); strict mode says nothing."""
+    import fedcore
+
+    result = fedcore.run(
+        None,
+        out_dir=tmp_path,
+        threads=1,
+        **{
+            "algorithm.name": "beer",
+            "topology.kind": "ring",
+            "topology.nodes": 4,
+            "run.rounds": 2,
+            "run.eval_every": 2,
+            "transport.mode": mode,
+        },
+    )
+    said = [w for w in result.summary["warnings"] if "needs every message" in w]
+    assert len(said) == (mode == "deadline"), result.summary["warnings"]
+    if said:
+        assert "'beer'" in said[0] and "transport.mode = 'strict'" in said[0]
