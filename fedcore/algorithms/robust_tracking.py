@@ -346,6 +346,7 @@ class RobustPushDIGingRule(RobustPushSumRule):
         "seen_y": "in",
     }
     """The state kept per edge (the vectorized engine keeps a crashed peer's)."""
+    edge_totals = 4  # sent and seen, of the value u and of the tracker y
 
     def __init__(self) -> None:
         """The paper's step on the numerator (step scale ``"none"``)."""

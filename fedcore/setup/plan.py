@@ -368,8 +368,8 @@ def check_run_memory(
 
     The estimate is a lower bound: the weighted edges (``EDGE_BYTES`` each), and with a
     ``model`` (this machine holds every node's: ``simulate``, ``launch``) every node's
-    model (``COPIES`` buffers each; robust push-sum also keeps two float64 totals an
-    edge). The engines check their own, larger, needs afterwards.
+    model (``COPIES`` buffers each; a robust rule also keeps ``edge_totals`` float64
+    totals an edge, two unless it says more: robust Push-DIGing's four). The engines check their own, larger, needs afterwards.
     """
     memory = physical_memory()
     if memory is None:
@@ -385,8 +385,8 @@ def check_run_memory(
     models = 0
     if model is not None:
         models = n * model.params * model.itemsize * COPIES
-        if algorithm.robust:
-            models += 2 * edges * model.params * 8
+        if algorithm.robust:  # its model-sized float64 totals a graph edge (sent, seen)
+            models += getattr(algorithm, "edge_totals", 2) * edges * model.params * 8
     need = graph + models
     if need <= memory:
         return

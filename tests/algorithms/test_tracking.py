@@ -236,3 +236,30 @@ def test_a_shares_total_that_goes_backwards_is_refused() -> None:
     rule.accept(state, 0, "b", Payload({}, {"shares": 2.0}), ctx)
     with pytest.raises(ProtocolError, match=r"smaller than the 1\.5 already applied"):
         rule.accept(state, 0, "b", Payload({}, {"shares": 1.0}), ctx)
+
+
+def test_the_memory_bound_counts_robust_push_digings_four_totals_an_edge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Robust Push-DIGing keeps four model-sized float64 totals an edge (sent and seen, of
+    u and of y), robust Push-Pull two, as robust push-sum: a machine with room for two but
+    not four refuses the first only, in one line."""
+    import dataclasses
+
+    from fedcore.config import Config
+    from fedcore.errors import ConfigError
+    from fedcore.setup import plan
+
+    topology = dataclasses.replace(Config().topology, kind="social", nodes=6)
+    edges = plan.estimated_edges(topology, 6)
+    model = plan.ModelSize(params=1000, itemsize=4)
+    models = 6 * 1000 * 4 * plan.COPIES
+    room = edges * plan.EDGE_BYTES + models + 3 * edges * 1000 * 8  # two fit, four do not
+    monkeypatch.setattr(plan, "physical_memory", lambda: room)
+    shape = plan.Shape(6, None)
+    pull = make_algorithm("push-pull", robust=True)
+    plan.check_run_memory(topology, pull, shape, None, model)
+    with pytest.raises(ConfigError, match="this run needs at least"):
+        plan.check_run_memory(
+            topology, make_algorithm("push-diging", robust=True), shape, None, model
+        )
