@@ -127,7 +127,8 @@ class Traits(Protocol):
     server, peers only."""
     robust: bool = False
     """It sends running totals that grow without bound (robust push-sum): no codec whose
-    error is relative to them, and two float64 totals a graph edge in memory."""
+    error is relative to them, and float64 totals a graph edge in memory (``edge_totals``
+    of the model's size, two unless the rule says more)."""
     fixed_graph: bool = False
     """It runs on one fixed graph: no topology schedule (CHOCO's copies of its
     neighbours' public models)."""

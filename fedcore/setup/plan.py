@@ -264,7 +264,7 @@ def check_combinations(inputs: CombinationInputs, algorithm: Algorithm) -> None:
         raise ConfigError(
             f"algorithm {inputs.algorithm_name!r} with robust = true sends running totals that "
             f"grow without bound; codec {inputs.compression.codec!r} has an error relative to "
-            "them. Use compression.codec = 'fp32', 'fp16', 'bf16' or 'raw'."
+            "them. Use compression.codec = 'fp32', 'bf16' or 'raw'."
         )
 
 
@@ -369,7 +369,8 @@ def check_run_memory(
     The estimate is a lower bound: the weighted edges (``EDGE_BYTES`` each), and with a
     ``model`` (this machine holds every node's: ``simulate``, ``launch``) every node's
     model (``COPIES`` buffers each; a robust rule also keeps ``edge_totals`` float64
-    totals an edge, two unless it says more: robust Push-DIGing's four). The engines check their own, larger, needs afterwards.
+    totals an edge, two unless it says more: robust Push-DIGing's four). The engines
+    check their own, larger, needs afterwards.
     """
     memory = physical_memory()
     if memory is None:

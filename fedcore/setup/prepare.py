@@ -382,6 +382,13 @@ def prepare_run(
             "message arrives in time",
             config.algorithm.name,
         )
+    if outline.algorithm.robust and config.compression.codec == "fp16":
+        logger.warning(
+            "algorithm %r with robust = true sends running totals that grow every round, "
+            "and fp16's largest value is 65504: a total past it stops the run as not finite; "
+            "compression.codec = 'bf16' is as small on the wire with float32's range",
+            config.algorithm.name,
+        )
     if dataset is None:
         _check_split_size(config.data, outline.shape)
     outline = weigh_early(GraphInputs.of(config), outline, laps)

@@ -263,3 +263,24 @@ def test_the_memory_bound_counts_robust_push_digings_four_totals_an_edge(
         plan.check_run_memory(
             topology, make_algorithm("push-diging", robust=True), shape, None, model
         )
+
+
+def test_a_robust_rule_with_fp16_warns_that_its_totals_may_pass_65504(tmp_path: Any) -> None:
+    """The running totals grow every round; fp16 stops at 65504, bf16 does not: the run
+    goes on and its summary's warnings say so, naming bf16."""
+    import fedcore
+
+    settings = {"topology.kind": "social", "topology.nodes": 4, "run.rounds": 2}
+    warned = {}
+    for codec in ("fp16", "bf16"):
+        result = fedcore.run(
+            None,
+            out_dir=tmp_path / codec,
+            threads=1,
+            **settings,
+            **{"algorithm.name": "push-pull", "algorithm.robust": True},
+            **{"compression.codec": codec, "run.eval_every": 2},
+        )
+        warned[codec] = [w for w in result.summary["warnings"] if "65504" in w]
+    assert len(warned["fp16"]) == 1 and "'bf16'" in warned["fp16"][0]
+    assert warned["bf16"] == []
