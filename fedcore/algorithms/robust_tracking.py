@@ -41,8 +41,8 @@ Push-DIGing (``x``, ``x_lo``, ``y``, ``y_lo``); the state holds a float64 total 
 tensor at both of its ends. These rules keep state per edge: ``pattern = "edges"``, as
 robust push-sum; a crashed peer's totals wait with it, and a partition's messages arrive
 with the first ones after it. They run on the message and vectorized engines (bit for bit),
-in virtual time and as real peers (``fedcore launch``), not on ranks (``--ranks``, which
-runs none of the tracking rules).
+in virtual time, on ranks (``--ranks``: each rank keeps its peers' edges, as for robust
+push-sum) and as real peers (``fedcore launch``).
 """
 
 from __future__ import annotations

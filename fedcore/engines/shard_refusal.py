@@ -39,14 +39,19 @@ equal to one process by ``tests/engines/test_sharded_server.py``
 (:mod:`fedcore.engines.shard_server`)."""
 
 SHARDED_ALGORITHMS = (
+    "beer",
     "central",
     "choco",
     "deepsqueeze",
     "dog",
     "dol",
     "dpsgd",
+    "dsgt",
+    "exact-diffusion",
     "local",
     "ops",
+    "push-diging",
+    "push-pull",
     "rps",
     *SERVER_ALGORITHMS,
 )

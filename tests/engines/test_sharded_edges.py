@@ -63,6 +63,9 @@ CASES = {
     ),
     # its checkpoints are what the resume test interrupts and resumes
     "robust-fp32-faults": ("ops", "fp32", True, (), [*ROBUST, "run.checkpoint_every=2"]),
+    # the gradient trackers' running sums per edge (push-diging: its value's and weight's too)
+    "robust-push-pull-bf16-faults": ("push-pull", "bf16", True, (2,), ROBUST),
+    "robust-push-diging-faults": ("push-diging", "fp32", True, (3,), ROBUST),
 }
 
 
