@@ -51,16 +51,23 @@ FAULTS = [
 """Within the 6 rounds: drops every round, a peer down in rounds 1 and 2, a partition in
 round 4."""
 
+TRACKING = ("beer", "dsgt", "exact-diffusion", "push-diging", "push-pull")
+"""The gradient-tracking rules: each once here, with a compressing codec and the fault plan
+(BEER, which needs every message, without it); without either on R = 1, 2 and 3 in
+tests/engines/test_sharded.py."""
+
 CASES = [
     (algorithm, codec, faults)
     for algorithm in SHARDED_ALGORITHMS
     if algorithm not in EDGE_ALGORITHMS  # tests/engines/test_sharded_edges.py
     and algorithm not in SERVER_ALGORITHMS  # tests/engines/test_sharded_server.py
+    and algorithm not in TRACKING
     for codec in ("fp32", "sign", "topk")
     for faults in (False, True)
     # CHOCO needs every message: a fault plan is refused by one process too.
     if not (algorithm == "choco" and faults)
 ] + [("dpsgd", "qsgd", True), ("deepsqueeze", "randk", True), ("dog", "bf16", False)]
+CASES += [(algorithm, "sign", algorithm != "beer") for algorithm in TRACKING]
 
 
 def _case(algorithm: str, codec: str, faults: bool, folder: Path, *extra: str) -> Config:
