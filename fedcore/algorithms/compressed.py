@@ -69,6 +69,7 @@ from typing import NamedTuple
 import torch
 
 from fedcore.algorithms.base import RoundContext, model_schema
+from fedcore.algorithms.robust_tracking import one_step_refused
 from fedcore.algorithms.rule import Rows, Rule, Send, Slot, pull, received, spent
 from fedcore.compression import Codec, RawCodec
 from fedcore.errors import AlgorithmError, ConfigError
@@ -302,9 +303,7 @@ class BEERRule(_PublicCopiesRule):
         Raises:
             AlgorithmError: always.
         """
-        raise AlgorithmError(
-            f"{self.name!r} tracks the gradient at every model it sends: set run.local_steps = 1."
-        )
+        raise one_step_refused(self.name)
 
     def step(self, state: BEERState, grad: torch.Tensor, rows: Rows) -> tuple[BEERState, Send]:
         """Complete the tracker with the new gradient; ``qx = C(x - xhat)``, ``qv = C(v -
