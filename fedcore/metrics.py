@@ -52,6 +52,7 @@ __all__ = [
     "eval_peers_sample",
     "evaluate_models",
     "evaluation_record",
+    "measured_nodes",
     "minimize",
     "own_test_accuracy",
     "params_sha256",
@@ -69,6 +70,19 @@ def consensus_distance(models: Sequence[torch.Tensor]) -> float:
     stacked = torch.stack(list(models))
     mean = exact_mean(stacked)
     return float((stacked.to(torch.float64) - mean).norm(dim=1).mean())
+
+
+def measured_nodes(
+    nodes: Iterable[str],
+    server: str | None = None,
+    liars: Collection[str] = (),
+    sample: torch.Tensor | None = None,
+) -> list[str]:
+    """The nodes whose own models an evaluation measures, in ``nodes``' order: not the
+    server family's ``server``, not the Byzantine ``liars``, and of the rest only the
+    places ``sample`` (:func:`eval_peers_sample`) names, if given."""
+    evaluated = [n for n in nodes if n != server and n not in liars]
+    return evaluated if sample is None else [evaluated[i] for i in sample.tolist()]
 
 
 def eval_peers_sample(seed: int, population: int, eval_peers: int | str) -> torch.Tensor | None:
@@ -139,9 +153,8 @@ def evaluate_models(
         average = mean.to(stacked.dtype)
     avg_loss, avg_acc = objective.evaluate(average, x, y)
     distance = float((stacked.to(torch.float64) - mean).norm(dim=1).mean())
-    names = list(models)
+    names = measured_nodes(models, sample=sample)
     if sample is not None:
-        names = [names[i] for i in sample.tolist()]
         tensors = [models[nid] for nid in names]
     label = None if sample is None else (len(names), len(models))
     if own_tests is not None:

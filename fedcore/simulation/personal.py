@@ -41,6 +41,7 @@ import torch
 from fedcore.config import NODE_MAPS_NODES
 from fedcore.counter_random import make_key
 from fedcore.data import BatchStream
+from fedcore.metrics import measured_nodes
 from fedcore.models import Objective
 from fedcore.setup.prepare import RunSetup
 
@@ -92,17 +93,6 @@ def weighted_accuracy(
     return total / weight if weight > 0 else float("nan")
 
 
-def _peers(
-    nodes: Sequence[str], server: str | None, liars: frozenset[str], sample: torch.Tensor | None
-) -> list[str]:
-    """The peers measured: as an evaluation's per-node figures
-    (:class:`~fedcore.simulation.observer.RunObserver`)."""
-    evaluated = [n for n in nodes if n != server and n not in liars]
-    if sample is not None:
-        evaluated = [evaluated[i] for i in sample.tolist()]
-    return evaluated
-
-
 def _mean_and_worst(values: Sequence[float]) -> dict[str, float]:
     """``{"mean": ..., "worst": ...}`` of ``values`` (NaN where there are none)."""
     if not values:
@@ -146,7 +136,7 @@ def personal_figures(
 
     shared: list[float] = []
     mine: list[float] = []
-    peers = _peers(nodes, server, liars, sample)
+    peers = measured_nodes(nodes, server, liars, sample)  # as the run's evaluations
     # the server family: every worker's shared model is the server's (the global model)
     glob = final.get(server) if server is not None else None
     for peer in peers:
