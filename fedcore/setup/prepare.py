@@ -371,9 +371,7 @@ def prepare_run(
     outline = outline_run(config, algorithm=algorithm, trust=trust, laps=laps)
     if simulated:
         check_engine(EngineInputs.of(config), outline.algorithm)
-    if getattr(outline.algorithm, "needs_every_message", False) and (
-        config.transport.mode == "deadline"
-    ):
+    if outline.algorithm.needs_every_message and config.transport.mode == "deadline":
         # Said once a set-up: no refusal, since every message may well arrive in time.
         logger.warning(
             "algorithm %r needs every message, and transport.mode = 'deadline' loses one "
